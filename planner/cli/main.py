@@ -1,0 +1,79 @@
+"""``stratagem`` entry point: builds the argument parser from the subcommand modules and runs one.
+
+Each subcommand lives in its own module ``planner.cli.cmd_<name>`` with ``register(subparsers)`` that adds
+its parser and sets ``func=run``. A :class:`StratagemError` becomes one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from planner import __version__
+from planner.errors import StratagemError
+
+# (group, module) pairs; group None = top-level subcommand, "profile" = under `stratagem profile`.
+_COMMANDS: list[tuple[str | None, str]] = [
+    ("profile", "cmd_profile_model"),
+    ("profile", "cmd_profile_cluster"),
+    (None, "cmd_estimate"),
+    (None, "cmd_plan"),
+    (None, "cmd_launch"),
+    (None, "cmd_show"),
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one line naming the fix."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="stratagem",
+        description="Plan, run and inspect parallel training: profile -> plan -> launch -> show.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"stratagem {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    profile = sub.add_parser("profile", help="measure (or derive) a model's or a cluster's profile",
+                             description="Write a versioned profile JSON for a model or a cluster.")
+    profile_sub = profile.add_subparsers(dest="what", metavar="WHAT", parser_class=_Parser)
+    groups = {None: sub, "profile": profile_sub}
+    for group, module_name in _COMMANDS:
+        try:
+            module = importlib.import_module(f"planner.cli.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"planner.cli.{module_name}":
+                continue  # that subcommand is not part of this build yet
+            raise
+        module.register(groups[group])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except StratagemError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

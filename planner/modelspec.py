@@ -1,0 +1,157 @@
+"""Model specifications as plain data: a family name plus its dimensions.
+
+The planner and the runtime share this one description of a model. The runtime builds a module from it
+(``runtime.models.build_model``); the planner only reads its numbers. Presets are named sizes:
+``gpt:tiny``, ``gpt:gpt3-175b``, ``llama:llama2-7b``, ``resnet:resnet50-wide``, ...
+
+Sources of the preset sizes:
+- GPT-2: Radford et al. 2019, Table 2 (layers, d_model); vocab 50257, context 1024.
+- GPT-3 175B and the Megatron sizes: Narayanan et al. SC21 (arXiv:2104.04473) Table 1, vocab 51200,
+  sequence 2048 (shared/reference/published_cases.csv). Megatron ties the LM head to the token embedding,
+  which is how its parameter counts (e.g. 174.6B) are computed (SC21 eq. 2).
+- Korthikanti et al. 2022 (arXiv:2205.05198) Table 3: 22B (48 layers, 6144 hidden, 64 heads), 530B, 1T.
+- Megatron-LM README H100 table: vocab 131072, sequence 4096.
+- Llama 2: Touvron et al. 2023, Table 1 / model cards (ffn 11008/13824/28672, 8 KV heads at 70B).
+- ResNet-50: He et al. 2016, Table 1; the 100,000-class variant is the case Whale (Jia et al., ATC'22)
+  splits while replicating the backbone.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import StratagemError
+
+Family = Literal["gpt", "llama", "resnet", "mlp"]
+DimValue = int | float | bool
+
+
+class ModelSpec(BaseModel):
+    """A model as data. ``dims`` holds the family's constructor arguments (see ``FAMILY_DEFAULTS``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    family: Family
+    preset: str | None = Field(None, description="preset name the dims came from, if any")
+    dims: dict[str, DimValue] = Field(description="family constructor arguments, e.g. layers, hidden")
+
+    @property
+    def name(self) -> str:
+        """``family:preset`` when built from a preset, else ``family`` plus a short size tag."""
+        if self.preset:
+            return f"{self.family}:{self.preset}"
+        return self.family + ":" + "-".join(f"{k}{v}" for k, v in sorted(self.dims.items()))
+
+    def dim(self, key: str) -> DimValue:
+        """One dimension, with the family default where the spec leaves it out."""
+        if key in self.dims:
+            return self.dims[key]
+        return FAMILY_DEFAULTS[self.family][key]
+
+
+# Every dimension a family takes, with its default. A spec may override any of them.
+FAMILY_DEFAULTS: dict[str, dict[str, DimValue]] = {
+    "gpt": dict(layers=2, hidden=64, heads=4, ffn_hidden=0, vocab=256, max_seq=128, dropout=0.0,
+                tie_embeddings=False),
+    "llama": dict(layers=2, hidden=64, heads=4, kv_heads=0, ffn_hidden=0, vocab=256, max_seq=128,
+                  rope_theta=10000.0, tie_embeddings=False),
+    "resnet": dict(depths_0=3, depths_1=4, depths_2=6, depths_3=3, width=64, num_classes=1000,
+                   image_size=224, in_channels=3),
+    "mlp": dict(in_features=64, hidden=128, layers=4, out_features=10),
+}
+# ffn_hidden 0 means 4*hidden (GPT) or the Llama rule; kv_heads 0 means heads (no grouped-query attention).
+
+_MEGATRON = dict(vocab=51200, max_seq=2048, tie_embeddings=True)
+_MEGATRON_H100 = dict(vocab=131072, max_seq=4096, tie_embeddings=True)
+
+PRESETS: dict[str, dict[str, dict[str, DimValue]]] = {
+    "gpt": {
+        "tiny": dict(layers=2, hidden=64, heads=4, vocab=256, max_seq=128),
+        "small": dict(layers=4, hidden=128, heads=4, vocab=512, max_seq=256),
+        "gpt2": dict(layers=12, hidden=768, heads=12, vocab=50257, max_seq=1024, tie_embeddings=True),
+        "gpt2-medium": dict(layers=24, hidden=1024, heads=16, vocab=50257, max_seq=1024, tie_embeddings=True),
+        "gpt2-large": dict(layers=36, hidden=1280, heads=20, vocab=50257, max_seq=1024, tie_embeddings=True),
+        "gpt2-xl": dict(layers=48, hidden=1600, heads=25, vocab=50257, max_seq=1024, tie_embeddings=True),
+        # Megatron-LM SC21 Table 1
+        "megatron-1.7b": dict(layers=24, hidden=2304, heads=24, **_MEGATRON),
+        "megatron-3.6b": dict(layers=30, hidden=3072, heads=32, **_MEGATRON),
+        "megatron-7.5b": dict(layers=36, hidden=4096, heads=32, **_MEGATRON),
+        "megatron-18.4b": dict(layers=40, hidden=6144, heads=48, **_MEGATRON),
+        "megatron-39.1b": dict(layers=48, hidden=8192, heads=64, **_MEGATRON),
+        "megatron-76.1b": dict(layers=60, hidden=10240, heads=80, **_MEGATRON),
+        "megatron-145.6b": dict(layers=80, hidden=12288, heads=96, **_MEGATRON),
+        "megatron-310.1b": dict(layers=96, hidden=16384, heads=128, **_MEGATRON),
+        "megatron-529.6b": dict(layers=105, hidden=20480, heads=128, **_MEGATRON),
+        "megatron-1008b": dict(layers=128, hidden=25600, heads=160, **_MEGATRON),
+        "gpt3-175b": dict(layers=96, hidden=12288, heads=96, **_MEGATRON),
+        # Korthikanti et al. Table 3
+        "korthikanti-22b": dict(layers=48, hidden=6144, heads=64, **_MEGATRON),
+        "korthikanti-530b": dict(layers=105, hidden=20480, heads=128, **_MEGATRON),
+        "korthikanti-1t": dict(layers=128, hidden=25600, heads=160, **_MEGATRON),
+    },
+    "llama": {
+        "tiny": dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, max_seq=128),
+        "llama2-7b": dict(layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, max_seq=4096),
+        "llama2-13b": dict(layers=40, hidden=5120, heads=40, ffn_hidden=13824, vocab=32000, max_seq=4096),
+        "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000,
+                           max_seq=4096),
+    },
+    "resnet": {
+        "tiny": dict(depths_0=1, depths_1=1, depths_2=1, depths_3=1, width=8, num_classes=10, image_size=32),
+        "tiny-wide": dict(depths_0=1, depths_1=1, depths_2=1, depths_3=1, width=8, num_classes=1000,
+                          image_size=32),
+        "resnet50": dict(num_classes=1000),
+        "resnet50-wide": dict(num_classes=100_000),
+    },
+    "mlp": {
+        "tiny": dict(in_features=32, hidden=64, layers=4, out_features=8),
+        "small": dict(in_features=256, hidden=1024, layers=8, out_features=100),
+    },
+}
+PRESETS["gpt"].update({
+    # Megatron-LM README H100 table (vocab 131072, sequence 4096)
+    "megatron-h100-1.7b": dict(layers=24, hidden=2048, heads=16, **_MEGATRON_H100),
+    "megatron-h100-7.1b": dict(layers=30, hidden=4096, heads=32, **_MEGATRON_H100),
+    "megatron-h100-16b": dict(layers=32, hidden=6144, heads=48, **_MEGATRON_H100),
+    "megatron-h100-32b": dict(layers=48, hidden=7168, heads=56, **_MEGATRON_H100),
+    "megatron-h100-70b": dict(layers=84, hidden=8192, heads=64, **_MEGATRON_H100),
+    "megatron-h100-119b": dict(layers=92, hidden=10240, heads=80, **_MEGATRON_H100),
+    "megatron-h100-177b": dict(layers=96, hidden=12288, heads=96, **_MEGATRON_H100),
+    "megatron-h100-314b": dict(layers=96, hidden=16384, heads=128, **_MEGATRON_H100),
+    "megatron-h100-462b": dict(layers=112, hidden=18432, heads=144, **_MEGATRON_H100),
+})
+
+
+def parse_model(text: str, **overrides: DimValue) -> ModelSpec:
+    """Turn ``family`` or ``family:preset`` (plus dimension overrides) into a :class:`ModelSpec`.
+
+    >>> parse_model("gpt:tiny").dims["layers"]
+    2
+    >>> parse_model("gpt", layers=96, hidden=12288, heads=96).dims["hidden"]
+    12288
+    """
+    family, _, preset = text.partition(":")
+    if family not in FAMILY_DEFAULTS:
+        raise StratagemError(
+            f"unknown model family {family!r}; choose one of {', '.join(sorted(FAMILY_DEFAULTS))} "
+            f"(e.g. --model gpt:tiny)"
+        )
+    dims: dict[str, DimValue] = {}
+    if preset:
+        if preset not in PRESETS[family]:
+            raise StratagemError(
+                f"unknown {family} preset {preset!r}; choose one of {', '.join(PRESETS[family])}"
+            )
+        dims.update(PRESETS[family][preset])
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in FAMILY_DEFAULTS[family]:
+            raise StratagemError(
+                f"{family} models have no dimension {key!r}; valid ones: "
+                f"{', '.join(FAMILY_DEFAULTS[family])}"
+            )
+        dims[key] = value
+    return ModelSpec(family=family, preset=preset or None, dims=dims)

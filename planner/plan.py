@@ -1,0 +1,203 @@
+"""The plan file: what the search chose, what it predicts, and how it was found.
+
+A plan is plain data the runtime executes as written. Vocabulary: an *axis* is a DeviceMesh axis
+(``pp``, ``dp``, ``tp``); a *dim* is a tensor dimension. Ranks are laid out on the mesh in the order of
+``mesh.axes`` (row-major, last axis fastest), so tp groups are contiguous ranks, i.e. inside a node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.errors import StratagemError
+from planner.fileio import load_document, save_document
+from planner.modelspec import ModelSpec
+from planner.profiles import Dtype
+
+PLAN_SCHEMA_VERSION = 1
+
+ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+Recompute = Literal["none", "selective", "full"]
+TPStyle = Literal["replicate", "split"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrainingSettings(_Strict):
+    """The training maths the planner must not change."""
+
+    global_batch: int = Field(ge=1, description="samples per optimizer step")
+    seq_len: int = Field(ge=1, description="tokens per sample (1 for non-sequence models)")
+    dtype: Dtype = Field(description="compute dtype (mixed precision keeps fp32 master weights)")
+    optimizer: Literal["adamw"] = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+
+
+class Mesh(_Strict):
+    """DeviceMesh axes and sizes, outermost first."""
+
+    axes: list[Literal["pp", "dp", "tp"]] = ["pp", "dp", "tp"]
+    sizes: list[int]
+
+    @property
+    def world_size(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+    def size(self, axis: str) -> int:
+        return self.sizes[self.axes.index(axis)] if axis in self.axes else 1
+
+
+class Schedule(_Strict):
+    """Pipeline schedule and micro-batching.
+
+    ``micro_batch_size`` samples per micro-batch on one dp replica; ``num_micro_batches`` per step, so
+    each replica processes micro_batch_size * num_micro_batches samples (unless ``batch_shares`` differ).
+    """
+
+    kind: ScheduleKind
+    micro_batch_size: int = Field(ge=1)
+    num_micro_batches: int = Field(ge=1)
+    virtual_stages: int = Field(1, ge=1, description="model chunks per pp rank (interleaved 1F1B)")
+
+
+class Stage(_Strict):
+    """One pipeline stage (a model chunk): its modules, where it runs, and how it is recomputed."""
+
+    index: int = Field(ge=0, description="stage (chunk) index in model order")
+    pp_rank: int = Field(ge=0, description="pp coordinate holding this chunk (index % pp for interleaving)")
+    module_paths: list[str] = Field(min_length=1, description="top-level modules, in order")
+    ranks: list[int] = Field(min_length=1, description="global ranks that hold this stage (dp x tp)")
+    node_type: str
+    recompute: dict[str, Recompute] = Field(default_factory=dict, description="per module path; absent = none")
+
+
+class LayerLayout(_Strict):
+    """Tensor-parallel layout of one module: Whale's replicate-or-split."""
+
+    style: TPStyle
+    sequence_parallel: bool = False
+
+
+class StagePrediction(_Strict):
+    stage: int
+    time_breakdown_s: dict[str, float] = Field(description="per micro-batch forward, backward, ... seconds")
+    memory_breakdown_bytes: dict[str, float] = Field(description="params, grads, optimizer, activations, ...")
+    peak_memory_bytes: float
+    memory_capacity_bytes: float
+
+
+class Predictions(_Strict):
+    """What the cost model predicts for this plan."""
+
+    step_time_s: float
+    tokens_per_s: float
+    samples_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    peak_memory_bytes: float = Field(description="max over ranks")
+    breakdown_s: dict[str, float] = Field(description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
+    stages: list[StagePrediction]
+
+
+class Alternative(_Strict):
+    """A runner-up plan from the search, described by its outer choices."""
+
+    summary: str
+    step_time_s: float
+    peak_memory_bytes: float
+    slowdown: float = Field(description="step_time_s / best step_time_s")
+    choices: dict[str, int | float | str | bool]
+
+
+class SearchRecord(_Strict):
+    solver: str
+    status: Literal["optimal", "feasible", "time_limit", "enumerated"]
+    gap: float = Field(description="proven relative optimality gap (0 = optimal)")
+    wall_time_s: float
+    candidates_solved: int
+    candidates_pruned: int
+    top_k: list[Alternative] = Field(default_factory=list)
+    notes: str = ""
+
+
+class Plan(_Strict):
+    schema_version: Literal[1] = PLAN_SCHEMA_VERSION
+    planner_version: str
+    created_utc: str
+    model: ModelSpec
+    model_profile_hash: str | None
+    cluster_name: str
+    cluster_hash: str | None
+    training: TrainingSettings
+    mesh: Mesh
+    schedule: Schedule
+    stages: list[Stage]
+    layout: dict[str, LayerLayout] = Field(default_factory=dict, description="per module path; absent = replicate")
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    batch_shares: list[float] | None = Field(
+        None, description="fraction of the global batch per dp replica (None = equal); sums to 1")
+    predictions: Predictions | None = None
+    search: SearchRecord | None = None
+    content_hash: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "Plan":
+        pp = self.mesh.size("pp")
+        v = self.schedule.virtual_stages
+        if len(self.stages) != pp * v:
+            raise ValueError(f"{len(self.stages)} stages but pp={pp} x virtual_stages={v}")
+        if self.batch_shares is not None:
+            if len(self.batch_shares) != self.mesh.size("dp"):
+                raise ValueError("batch_shares needs one entry per dp replica")
+            if abs(sum(self.batch_shares) - 1.0) > 1e-9:
+                raise ValueError("batch_shares must sum to 1")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.world_size
+
+
+def validate(plan: Plan, world_size: int) -> None:
+    """Reject a plan that cannot run on ``world_size`` ranks, with the fix in the message."""
+    if plan.world_size != world_size:
+        raise StratagemError(
+            f"plan needs {plan.world_size} ranks but the launch has {world_size}: start with "
+            f"--nproc-per-node/--nnodes giving {plan.world_size}, or re-plan with --gpus {world_size}")
+    seen: set[int] = set()
+    per_pp: dict[int, set[int]] = {}
+    for st in plan.stages:
+        bad = [r for r in st.ranks if not 0 <= r < world_size]
+        if bad:
+            raise StratagemError(f"stage {st.index} names ranks {bad} outside 0..{world_size - 1}; re-plan")
+        per_pp.setdefault(st.pp_rank, set()).update(st.ranks)
+    for ranks in per_pp.values():
+        if ranks & seen:
+            raise StratagemError("two pipeline ranks share a device rank; the plan file is corrupt, re-plan")
+        seen |= ranks
+    if seen != set(range(world_size)):
+        raise StratagemError(f"plan leaves ranks {sorted(set(range(world_size)) - seen)} idle; re-plan")
+    paths = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
+    if len(paths) != len(set(paths)):
+        raise StratagemError("a module is placed on two stages; the plan file is corrupt, re-plan")
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Load and validate a plan file."""
+    return load_document(Plan, path, what="plan", schema_version=PLAN_SCHEMA_VERSION)
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    """Write a plan atomically with its content hash."""
+    return save_document(plan, path)

@@ -1,0 +1,290 @@
+"""Profile schemas: what a model costs per layer, and what a cluster can do.
+
+Two versioned JSON documents cross the boundary between measuring and planning:
+
+- :class:`ModelProfile` — per layer (keyed by module path): FLOPs, parameter bytes, bytes saved for
+  backward, output activation bytes, forward/backward times, and per tensor-parallel degree the shard's
+  figures plus the collectives that layout needs.
+- :class:`ClusterProfile` — node types (device, count per node, memory, compute throughput per dtype)
+  and the alpha-beta fits of each collective per link level, with the raw samples behind them.
+
+Units are in every field name (``_s``, ``_bytes``, ``_flops``, ``_per_s``). Every document carries a
+``schema_version``, its :class:`Provenance`, and a ``content_hash`` over its contents.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.fileio import load_document, save_document
+from planner.modelspec import ModelSpec
+
+MODEL_PROFILE_SCHEMA_VERSION = 1
+CLUSTER_PROFILE_SCHEMA_VERSION = 1
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
+LinkLevel = Literal["intra_node", "inter_node"]
+Origin = Literal["measured", "derived"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Provenance(_Strict):
+    """How a document was made: measured or derived, when, with what, from which sources."""
+
+    method: Literal["measured", "analytic", "datasheet", "mixed"]
+    tool: str = Field(description="program and version that wrote the file, e.g. 'stratagem 0.1.0'")
+    created_utc: str = Field(description="ISO-8601 UTC time the file was written")
+    torch_version: str | None = None
+    device_name: str | None = Field(None, description="device the numbers were measured on, if any")
+    host: str | None = None
+    command: str | None = Field(None, description="command line that produced the file")
+    sources: list[str] = Field(default_factory=list, description="citations for derived numbers")
+    notes: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Model profile
+# ---------------------------------------------------------------------------------------------
+
+class TimingStats(_Strict):
+    """Repeated timing of one measurement: median and spread, in seconds."""
+
+    median_s: float = Field(ge=0)
+    min_s: float = Field(ge=0)
+    max_s: float = Field(ge=0)
+    repeats: int = Field(ge=1)
+    warmup: int = Field(ge=0)
+
+
+class LayerTiming(_Strict):
+    """Forward/backward time of one layer (or its TP shard) at one micro-batch size."""
+
+    micro_batch: int = Field(ge=1)
+    forward: TimingStats
+    backward: TimingStats
+
+
+class CollectiveNeed(_Strict):
+    """A collective a layer's TP layout issues per micro-batch; bytes scale with the micro-batch."""
+
+    op: CollectiveOp
+    phase: Literal["forward", "backward"]
+    axis: Literal["tp"] = "tp"
+    bytes_per_sample: float = Field(ge=0, description="message size per sample, full (unsharded) tensor")
+    count: int = Field(1, ge=1, description="how many such collectives per micro-batch")
+    with_sequence_parallel: bool = Field(
+        False, description="True: issued only with sequence parallelism; False: only without it")
+
+
+class ShardProfile(_Strict):
+    """What one TP rank holds and computes for this layer at tensor-parallel degree ``tp``."""
+
+    tp: int = Field(ge=1)
+    params: int = Field(ge=0, description="parameters held by one rank")
+    param_bytes: int = Field(ge=0)
+    fwd_flops_per_sample: float = Field(ge=0)
+    bwd_flops_per_sample: float = Field(ge=0)
+    saved_bytes_per_sample: float = Field(
+        ge=0, description="bytes autograd saves for backward on one rank, per sample, no sequence parallel")
+    saved_replicated_bytes_per_sample: float = Field(
+        0, ge=0, description="part of saved_bytes that every TP rank holds in full (LayerNorm inputs, "
+                             "dropout masks); sequence parallelism divides it by tp")
+    saved_attention_scores_bytes_per_sample: float = Field(
+        0, ge=0, description="part of saved_bytes that is seq x seq attention scores (softmax, its dropout); "
+                             "selective recompute and flash attention drop it")
+    timings: list[LayerTiming] = Field(default_factory=list, description="measured times per micro-batch")
+    time_origin: Origin = "derived"
+    flops_origin: Origin = "measured"
+    memory_origin: Origin = "measured"
+
+
+class LayerProfile(_Strict):
+    """One top-level layer of the model (a block, an embedding, a head), keyed by module path."""
+
+    path: str = Field(description="module path, e.g. 'blocks.3'")
+    kind: str = Field(description="embedding | block | norm | head | stem | stage | pool | classifier | linear")
+    signature: str = Field(description="layers with equal signatures are identical (aggregated by the ILP)")
+    tp_style: Literal["none", "megatron_block", "vocab_parallel", "column", "row"] = "none"
+    input_bytes_per_sample: float = Field(ge=0, description="activation received from the previous layer")
+    output_bytes_per_sample: float = Field(ge=0, description="activation sent to the next layer")
+    shards: list[ShardProfile] = Field(min_length=1, description="tp=1 first, then each profiled degree")
+    collectives: list[CollectiveNeed] = Field(default_factory=list, description="needs at tp>1")
+
+    def shard(self, tp: int) -> ShardProfile:
+        """The profiled shard at degree ``tp`` (KeyError if that degree was not profiled)."""
+        for s in self.shards:
+            if s.tp == tp:
+                return s
+        raise KeyError(f"layer {self.path} has no profile at tp={tp}")
+
+    @property
+    def params(self) -> int:
+        return self.shards[0].params
+
+
+class ModelProfile(_Strict):
+    """Per-layer costs of one model at one sequence length and dtype."""
+
+    schema_version: Literal[1] = MODEL_PROFILE_SCHEMA_VERSION
+    name: str
+    model: ModelSpec
+    seq_len: int = Field(ge=1, description="tokens per sample (1 for non-sequence models)")
+    dtype: Dtype
+    sample_shape: list[int] = Field(description="input shape of one sample")
+    micro_batches: list[int] = Field(description="micro-batch sizes that were timed")
+    tp_degrees: list[int] = Field(description="tensor-parallel degrees that were profiled")
+    total_params: int
+    layers: list[LayerProfile]
+    provenance: Provenance
+    content_hash: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelProfile":
+        paths = [layer.path for layer in self.layers]
+        if len(set(paths)) != len(paths):
+            raise ValueError("duplicate layer paths")
+        if self.layers and sum(layer.params for layer in self.layers) != self.total_params:
+            raise ValueError("total_params is not the sum of the layers' tp=1 params")
+        for layer in self.layers:
+            if layer.shards[0].tp != 1:
+                raise ValueError(f"layer {layer.path}: the first shard must be tp=1")
+        return self
+
+    def layer(self, path: str) -> LayerProfile:
+        for layer in self.layers:
+            if layer.path == path:
+                return layer
+        raise KeyError(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster profile
+# ---------------------------------------------------------------------------------------------
+
+class CollectiveSample(_Strict):
+    """Raw timings of one collective at one message size (every repeat kept)."""
+
+    bytes: int = Field(ge=0)
+    times_s: list[float] = Field(min_length=1)
+
+
+class CollectiveFit(_Strict):
+    """time(bytes) = alpha_s + bus_factor(op, n) * bytes / bus_bw_bytes_per_s on one link level.
+
+    ``bus_factor`` is NCCL-tests' bus-bandwidth convention: 2(n-1)/n for all-reduce, (n-1)/n for
+    all-gather and reduce-scatter (message = the full output), 1 for send/recv. With it, one bandwidth
+    describes a link whatever the rank count (nccl-tests doc/PERFORMANCE.md).
+    """
+
+    op: CollectiveOp
+    level: LinkLevel
+    n_ranks: int = Field(ge=2, description="ranks the fit was measured or quoted with")
+    alpha_s: float = Field(ge=0, description="latency per collective")
+    bus_bw_bytes_per_s: float = Field(gt=0)
+    origin: Origin
+    source: str = Field(description="how measured, or the citation for a quoted figure")
+    fit_r2: float | None = Field(None, description="coefficient of determination of the fit")
+    fit_max_rel_err: float | None = Field(None, description="largest |fit-median|/median over sizes")
+    run_cv: float | None = Field(None, description="median coefficient of variation across repeats")
+    samples: list[CollectiveSample] = Field(default_factory=list)
+
+
+class ComputeFigure(_Strict):
+    """Throughput of dense matrix multiply in one dtype."""
+
+    dtype: Dtype
+    peak_flops_per_s: float = Field(gt=0, description="datasheet peak, or the measured best")
+    achieved_flops_per_s: float = Field(gt=0, description="what large GEMMs reach in practice")
+    origin: Origin
+    source: str
+
+
+class NodeType(_Strict):
+    """One kind of node: its devices and what links them."""
+
+    name: str = Field(description="short id used by node groups, e.g. 'dgx-a100-80g'")
+    device: str = Field(description="device model, e.g. 'NVIDIA A100-SXM4-80GB' or 'cpu'")
+    devices_per_node: int = Field(ge=1)
+    device_memory_bytes: int = Field(gt=0)
+    device_memory_source: str
+    memory_bw_bytes_per_s: float | None = Field(None, description="device memory bandwidth")
+    compute: list[ComputeFigure] = Field(min_length=1)
+    intra_node: list[CollectiveFit] = Field(default_factory=list, description="fits inside one node")
+    nic_bw_bytes_per_s: float | None = Field(None, description="injection bandwidth per node, all NICs")
+    nic_source: str | None = None
+
+    def compute_for(self, dtype: str) -> ComputeFigure:
+        for c in self.compute:
+            if c.dtype == dtype:
+                return c
+        raise KeyError(f"node type {self.name} has no compute figure for {dtype}")
+
+
+class NodeGroup(_Strict):
+    """``count`` nodes of one node type."""
+
+    node_type: str
+    count: int = Field(ge=1)
+
+
+class ClusterProfile(_Strict):
+    """A cluster: groups of nodes by type (mixed clusters allowed) and the network between nodes."""
+
+    schema_version: Literal[1] = CLUSTER_PROFILE_SCHEMA_VERSION
+    name: str
+    description: str = ""
+    node_types: list[NodeType] = Field(min_length=1)
+    nodes: list[NodeGroup] = Field(min_length=1)
+    inter_node: list[CollectiveFit] = Field(default_factory=list, description="fits across nodes")
+    provenance: Provenance
+    content_hash: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterProfile":
+        names = {nt.name for nt in self.node_types}
+        for group in self.nodes:
+            if group.node_type not in names:
+                raise ValueError(f"node group refers to unknown node type {group.node_type!r}")
+        return self
+
+    def node_type(self, name: str) -> NodeType:
+        for nt in self.node_types:
+            if nt.name == name:
+                return nt
+        raise KeyError(name)
+
+    @property
+    def total_devices(self) -> int:
+        return sum(g.count * self.node_type(g.node_type).devices_per_node for g in self.nodes)
+
+    @property
+    def is_mixed(self) -> bool:
+        return len({g.node_type for g in self.nodes}) > 1
+
+
+# ---------------------------------------------------------------------------------------------
+# I/O
+# ---------------------------------------------------------------------------------------------
+
+def load_model_profile(path: str | Path) -> ModelProfile:
+    """Load and validate a model profile file (errors are one line with the fix)."""
+    return load_document(ModelProfile, path, what="model profile",
+                         schema_version=MODEL_PROFILE_SCHEMA_VERSION)
+
+
+def load_cluster_profile(path: str | Path) -> ClusterProfile:
+    """Load and validate a cluster profile file."""
+    return load_document(ClusterProfile, path, what="cluster profile",
+                         schema_version=CLUSTER_PROFILE_SCHEMA_VERSION)
+
+
+def save_profile(profile: ModelProfile | ClusterProfile, path: str | Path) -> Path:
+    """Write a profile atomically with its content hash."""
+    return save_document(profile, path)
