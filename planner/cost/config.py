@@ -1,0 +1,74 @@
+"""Inputs and outputs of the cost model: a parallel configuration in, an estimate out.
+
+This file is the contract between the cost model (``planner.cost``) and the search (``planner.search``):
+the ILP optimises exactly the step time :func:`planner.cost.estimate` computes, assembled from the
+per-layer, per-option pieces of :class:`LayerCost` with sums and maxima only (see ``planner.cost.pipeline``
+for the exact formula per schedule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+Recompute = Literal["none", "selective", "full"]
+ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+TPStyle = Literal["replicate", "split"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    """One fully specified way to run a model on a cluster.
+
+    Degrees: ``tp * pp * dp`` devices. ``stage_layers`` lists, per pipeline chunk (``pp * virtual_stages``
+    chunks in model order; chunk ``i`` runs on pp rank ``i % pp``), its top-level module paths; ``None``
+    means the cost model splits the repeated blocks as evenly as possible (Megatron style; non-block layers
+    go with the first/last chunk). ``recompute`` is a default mode or a per-path mapping (absent = none).
+    ``layout`` gives Whale's replicate-or-split per module path; layers absent from it are split when they
+    are tensor-parallel capable and ``tp > 1`` (blocks) and replicated otherwise.
+    ``stage_node_types`` names the node type of each pp rank (mixed clusters; ``None`` = the cluster's
+    first node type everywhere). ``batch_shares`` is the fraction of the global batch per dp replica
+    (``None`` = equal).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    num_micro_batches: int = 1
+    schedule: ScheduleKind = "1f1b"
+    virtual_stages: int = 1
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    recompute: Recompute | Mapping[str, Recompute] = "none"
+    stage_layers: tuple[tuple[str, ...], ...] | None = None
+    layout: Mapping[str, TPStyle] = field(default_factory=dict)
+    stage_node_types: tuple[str, ...] | None = None
+    batch_shares: tuple[float, ...] | None = None
+    flash_attention: bool = False
+    overlap_grad_reduce: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerCost:
+    """Cost of one layer under one option, per micro-batch, on one rank.
+
+    Times in seconds per micro-batch; bytes per rank. ``act_bytes`` is what this layer keeps alive for
+    backward per in-flight micro-batch (after recompute and sequence parallel); ``param_bytes`` are the
+    rank's share of the weights (before ZeRO sharding, which the stage-level model applies).
+    """
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    tp_comm_s: float
+    act_bytes: float
+    param_bytes: float
+    params: float
+    output_bytes: float
+    model_flops: float
+    hardware_flops: float
