@@ -1,0 +1,100 @@
+"""``stratagem profile model``: measure (or derive, with --analytic) a model's per-layer profile."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from pathlib import Path
+
+from planner.cli.common import command_line, host_name, int_list, resolve_cluster_path, utc_now
+from planner.errors import StratagemError
+from planner.modelspec import parse_model
+from planner.profiles import load_cluster_profile, save_profile
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "model", help="per-layer FLOPs, memory and times of a model",
+        description="Profile a model layer by layer (each top-level layer run standalone on its saved input; "
+                    "identical layers profiled once) and write a model profile JSON.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="family or family:preset, e.g. gpt:tiny, gpt:gpt3-175b")
+    p.add_argument("--micro-batch", default="1", help="micro-batch sizes to time, e.g. 1,2,4")
+    p.add_argument("--seq", type=int, default=128, help="tokens per sample (ignored for resnet/mlp)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"])
+    p.add_argument("--tp", default="1", help="tensor-parallel degrees to profile shards for, e.g. 1,2,4")
+    p.add_argument("--out", required=True, help="profile file to write")
+    p.add_argument("--analytic", action="store_true",
+                   help="no measurement: run on the meta device, times = FLOPs / the cluster's achieved FLOP/s")
+    p.add_argument("--cluster", help="cluster name or profile file (needed with --analytic)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs before timing")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per layer and micro-batch")
+    p.set_defaults(func=run)
+
+
+def _check_out(path: Path) -> None:
+    """Fail before any work if --out cannot be written (the write itself is atomic, at the end)."""
+    if path.is_dir():
+        raise StratagemError(f"--out {path} is a folder; give a file path such as {path / 'profile.json'}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise StratagemError(f"cannot write {path}: {parent} is not a writable folder; choose a writable --out path")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def _achieved_flops(cluster_name: str | None, dtype: str) -> tuple[float, str]:
+    if not cluster_name:
+        raise StratagemError("--analytic needs --cluster NAME (or a cluster profile file) for its FLOP/s")
+    cluster = load_cluster_profile(resolve_cluster_path(cluster_name))
+    node = cluster.node_types[0]
+    try:
+        figure = node.compute_for(dtype)
+    except KeyError:
+        have = ", ".join(c.dtype for c in node.compute)
+        raise StratagemError(f"cluster {cluster.name} node type {node.name} has no {dtype} throughput "
+                             f"(has {have}); use --dtype among those") from None
+    return figure.achieved_flops_per_s, f"analytic (meta) / {node.device}"
+
+
+def run(args: argparse.Namespace) -> int:
+    # imported here: runtime (torch models) is only needed by this command
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from runtime.models import layer_paths
+    from runtime.profile_model import ProfileSettings, profile_model
+
+    spec = parse_model(args.model)
+    micro_batches, tps = int_list(args.micro_batch), int_list(args.tp)
+    if args.seq < 1 or args.warmup < 0 or args.repeats < 1:
+        raise StratagemError("--seq and --repeats must be >= 1 and --warmup >= 0")
+    out = Path(args.out)
+    _check_out(out)
+    flops_per_s, device_name = _achieved_flops(args.cluster, args.dtype) if args.analytic else (None, _cpu_name())
+    settings = ProfileSettings(
+        micro_batches=tuple(sorted(set(micro_batches))), seq_len=args.seq, dtype=args.dtype,
+        tp_degrees=tuple(sorted(set(tps) | {1})), device="meta" if args.analytic else "cpu",
+        warmup=args.warmup, repeats=args.repeats, achieved_flops_per_s=flops_per_s)
+    paths = layer_paths(spec)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    console = Console(stderr=True)
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task(f"profiling {spec.name}", total=len(paths))
+        profile = profile_model(spec, settings, created_utc=utc_now(), command=command_line(), host=host_name(),
+                                device_name=device_name, on_layer=lambda path: bar.advance(task))
+    save_profile(profile, out)
+    print(f"wrote {out}: {len(profile.layers)} layers, {profile.total_params:,} parameters, "
+          f"{profile.provenance.method}")
+    return 0

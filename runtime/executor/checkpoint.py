@@ -1,0 +1,131 @@
+"""Distributed checkpoints (torch.distributed.checkpoint) that are either complete or ignored.
+
+Layout: ``DIR/step_000004/`` holds the DCP shards, ``meta.json`` (step, model, mesh) and a ``COMPLETE``
+marker. A save goes to ``DIR/step_000004.tmp/``; only after every rank has written its shards does rank
+0 write ``meta.json`` and ``COMPLETE`` into it and rename it to ``DIR/step_000004`` (``os.replace``, atomic
+on POSIX). A save killed half-way therefore leaves a ``.tmp`` folder (or, at worst, a folder without the
+marker), which :func:`find_latest_checkpoint` never picks.
+
+What is saved: model and AdamW state of every pipeline chunk this rank holds (keys are full-model FQNs,
+so chunks merge into one dict; ``flatten_optimizer_state_dict`` keys optimizer state by FQN too), the
+step (= data position, see ``data``), and each rank's RNG state. Note: DCP itself writes its
+``.metadata`` file with pickle; nothing else here does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+    set_optimizer_state_dict)
+
+from planner.errors import StratagemError
+from planner.fileio import atomic_write_text, read_json
+
+log = logging.getLogger(__name__)
+COMPLETE_MARKER = "COMPLETE"
+META_FILE = "meta.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def step_dir(ckpt_dir: str | Path, step: int) -> Path:
+    return Path(ckpt_dir) / f"step_{step:06d}"
+
+
+def find_latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder under ``ckpt_dir`` (``None`` if there is none).
+
+    Complete = named ``step_<digits>`` (not ``.tmp``) and holding the ``COMPLETE`` marker.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return None
+    done = [(int(m.group(1)), p) for p in ckpt_dir.iterdir()
+            if (m := _STEP_DIR.match(p.name)) and (p / COMPLETE_MARKER).is_file()]
+    return max(done)[1] if done else None
+
+
+def read_checkpoint_meta(path: str | Path) -> dict:
+    return read_json(Path(path) / META_FILE, what="checkpoint metadata")
+
+
+def _state(chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer], step: int, rank: int):
+    models = [get_model_state_dict(c, options=_OPTIONS) for c in chunks]
+    optims = [get_optimizer_state_dict(c, o, options=_OPTIONS) for c, o in zip(chunks, optimizers)]
+    state = {
+        "model": {k: v for sd in models for k, v in sd.items()},
+        "optim": {k: v for sd in optims for k, v in sd.items()},
+        "step": torch.tensor(step, dtype=torch.int64),
+        f"rng.rank{rank}": torch.get_rng_state(),
+    }
+    return state, models, optims
+
+
+def save_checkpoint(ckpt_dir: str | Path, step: int, chunks: list[nn.Module],
+                    optimizers: list[torch.optim.Optimizer], *, meta: dict) -> Path:
+    """Collective: every rank calls it after optimizer step ``step``. Returns the final folder."""
+    rank = dist.get_rank()
+    final = step_dir(ckpt_dir, step)
+    tmp = final.with_name(final.name + ".tmp")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    state, _, _ = _state(chunks, optimizers, step, rank)
+    dcp.save(state, checkpoint_id=str(tmp))
+    _maybe_die_while_saving(step)
+    dist.barrier()
+    if rank == 0:
+        atomic_write_text(tmp / META_FILE, json.dumps({"step": step, **meta}, indent=1) + "\n")
+        atomic_write_text(tmp / COMPLETE_MARKER, f"step {step}\n")
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete folder of the same step
+        os.replace(tmp, final)
+        log.info("checkpoint %s written", final)
+    dist.barrier()
+    return final
+
+
+def load_checkpoint(path: str | Path, chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> int:
+    """Collective: restore model, optimizer and RNG state in place; returns the step it was saved at."""
+    rank = dist.get_rank()
+    state, models, optims = _state(chunks, optimizers, 0, rank)
+    dcp.load(state, checkpoint_id=str(path))  # fills the tensors of `state` (shared with models/optims)
+    for chunk, opt, msd, osd in zip(chunks, optimizers, models, optims):
+        set_model_state_dict(chunk, msd, options=_OPTIONS)
+        set_optimizer_state_dict(chunk, opt, osd, options=_OPTIONS)
+    torch.set_rng_state(state[f"rng.rank{rank}"])
+    return int(state["step"])
+
+
+def check_resumable(ckpt_dir: str | Path, *, model_name: str, world_size: int) -> Path:
+    """Launcher-side check for ``--resume``: a complete checkpoint exists and was written by this model."""
+    latest = find_latest_checkpoint(ckpt_dir)
+    if latest is None:
+        raise StratagemError(f"--resume given but {ckpt_dir} holds no complete checkpoint (step_*/COMPLETE); "
+                             f"drop --resume or point --checkpoint-dir at an earlier run")
+    meta = read_checkpoint_meta(latest)
+    if meta.get("model") != model_name:
+        raise StratagemError(f"checkpoint {latest} was written for model {meta.get('model')} but the plan "
+                             f"trains {model_name}; use that run's plan or a fresh --checkpoint-dir")
+    if meta.get("world_size") != world_size:
+        raise StratagemError(f"checkpoint {latest} was written by {meta.get('world_size')} ranks but the plan "
+                             f"has {world_size}; resume with the plan that wrote it")
+    return latest
+
+
+def _maybe_die_while_saving(step: int) -> None:
+    """Test hook: ``STRATAGEM_TEST_DIE_IN_SAVE=<step>`` kills rank 1 after its shards, before the commit."""
+    if os.environ.get("STRATAGEM_TEST_DIE_IN_SAVE") == str(step) and dist.get_rank() == 1 \
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        os._exit(17)

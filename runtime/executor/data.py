@@ -1,0 +1,123 @@
+"""Training data: the global batch of each step, and each dp replica's share of it.
+
+Every rank builds the same global batch for step ``s`` (synthetic data is drawn from a generator seeded
+with ``(seed, s)``; file data is read at position ``s * global_batch``), then keeps the rows of its dp
+replica. So each sample of the global batch is used exactly once per step, a resumed job sees the same
+data as an uninterrupted one (the data position *is* the step), and a single-process run of the full
+batch is the reference for every parallel layout.
+
+Uneven ``batch_shares`` (mixed clusters): replica ``r`` gets ``n_r = share_r * B`` rows. dp gradient
+reduction averages over the ``dp`` replicas, so replica ``r`` scales its mean loss by ``dp * n_r / B``;
+the average of the scaled gradients is then ``sum_r (n_r / B) * grad(mean loss_r)``, the gradient of
+the full-batch mean loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from planner.errors import StratagemError
+from planner.modelspec import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Batch:
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+    def rows(self, start: int, stop: int) -> "Batch":
+        return Batch(inputs=self.inputs[start:stop], targets=self.targets[start:stop])
+
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(inputs=self.inputs.to(device), targets=self.targets.to(device))
+
+
+def rows_per_replica(global_batch: int, shares: list[float] | None, dp: int,
+                     num_micro_batches: int) -> list[int]:
+    """Samples each dp replica processes per step; each must split into ``num_micro_batches``.
+
+    >>> rows_per_replica(8, [0.75, 0.25], 2, 2)
+    [6, 2]
+    """
+    shares = shares or [1.0 / dp] * dp
+    rows = [round(s * global_batch) for s in shares]
+    for r, (share, n) in enumerate(zip(shares, rows)):
+        if abs(share * global_batch - n) > 1e-6 or n < 1:
+            raise StratagemError(
+                f"batch share {share} of dp replica {r} is {share * global_batch} of the {global_batch}-sample "
+                f"global batch, not a whole number >= 1; choose shares that are multiples of 1/{global_batch}")
+        if n % num_micro_batches:
+            raise StratagemError(
+                f"dp replica {r} gets {n} samples, which do not split into {num_micro_batches} micro-batches; "
+                f"choose a global batch or shares so that each replica's rows divide by the micro-batch count")
+    if sum(rows) != global_batch:
+        raise StratagemError(f"batch shares give {sum(rows)} rows, not the global batch {global_batch}; re-plan")
+    return rows
+
+
+def replica_rows(rows: list[int], dp_index: int) -> tuple[int, int]:
+    """``(start, stop)`` of replica ``dp_index``'s rows in the global batch."""
+    start = sum(rows[:dp_index])
+    return start, start + rows[dp_index]
+
+
+def loss_scale(rows: list[int], dp_index: int) -> float:
+    """Factor on replica ``dp_index``'s mean loss so that dp averaging gives the full-batch mean (1.0 if even)."""
+    return len(rows) * rows[dp_index] / sum(rows)
+
+
+def synthetic_batch(spec: ModelSpec, *, batch: int, seq_len: int, seed: int, step: int) -> Batch:
+    """Step ``step``'s global batch of random data shaped for ``spec``'s family (CPU tensors).
+
+    GPT/Llama: token ids ``(batch, seq_len)`` and next-token targets; ResNet: images
+    ``(batch, in_channels, image_size, image_size)`` and class labels; MLP: features and class labels.
+    """
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    if spec.family in ("gpt", "llama"):
+        tokens = torch.randint(0, int(spec.dim("vocab")), (batch, seq_len + 1), generator=gen)
+        return Batch(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
+    if spec.family == "resnet":
+        size, chans = int(spec.dim("image_size")), int(spec.dim("in_channels"))
+        images = torch.randn(batch, chans, size, size, generator=gen)
+        return Batch(inputs=images, targets=torch.randint(0, int(spec.dim("num_classes")), (batch,), generator=gen))
+    if spec.family == "mlp":
+        feats = torch.randn(batch, int(spec.dim("in_features")), generator=gen)
+        return Batch(inputs=feats, targets=torch.randint(0, int(spec.dim("out_features")), (batch,), generator=gen))
+    raise StratagemError(f"no synthetic data for model family {spec.family!r}; pass --data FILE")
+
+
+class FileData:
+    """Samples from a tensor file ``{"inputs": (N, ...), "targets": (N, ...)}`` (``torch.save`` of a dict).
+
+    Loaded with ``weights_only=True``. Step ``s`` takes rows ``s*B .. s*B+B-1`` modulo ``N`` (epochs wrap).
+    """
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        if not path.exists():
+            raise StratagemError(f"data file {path} does not exist; pass --data synthetic or a valid path")
+        try:
+            data = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as exc:  # torch raises several types for a bad file
+            raise StratagemError(f"cannot read data file {path} ({type(exc).__name__}); write it with "
+                                 f"torch.save({{'inputs': X, 'targets': Y}}, path)") from None
+        if not (isinstance(data, dict) and {"inputs", "targets"} <= set(data)):
+            raise StratagemError(f"data file {path} must hold a dict with 'inputs' and 'targets' tensors")
+        self.inputs, self.targets = data["inputs"], data["targets"]
+        if len(self.inputs) != len(self.targets) or len(self.inputs) == 0:
+            raise StratagemError(f"data file {path} has {len(self.inputs)} inputs but {len(self.targets)} targets")
+
+    def batch(self, *, batch: int, step: int) -> Batch:
+        idx = (torch.arange(batch) + step * batch) % len(self.inputs)
+        return Batch(inputs=self.inputs[idx], targets=self.targets[idx])
+
+
+def build_data_source(spec: ModelSpec, data: str, *, global_batch: int, seq_len: int, seed: int):
+    """A function ``step -> Batch`` (the global batch) for ``--data synthetic`` or ``--data FILE``."""
+    if data == "synthetic":
+        return lambda step: synthetic_batch(spec, batch=global_batch, seq_len=seq_len, seed=seed, step=step)
+    source = FileData(data)
+    return lambda step: source.batch(batch=global_batch, step=step)

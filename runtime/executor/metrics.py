@@ -1,0 +1,83 @@
+"""Per-step metrics as JSON lines (rank 0), with the plan's predictions beside the measurements.
+
+Lines: ``{"event": "start", ...}``, one ``{"event": "step", ...}`` per optimizer step, and a final
+``{"event": "summary", ...}`` comparing predicted and measured step time and peak memory. A restarted
+job appends (``attempt`` tells the runs apart); a reader takes the last line of each step.
+Peak memory per rank: on CUDA ``torch.cuda.max_memory_allocated``; on CPU the process's peak resident
+set size (``getrusage`` ``ru_maxrss``, kibibytes on Linux), which includes the Python/torch runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+from pathlib import Path
+
+import torch
+
+from planner.plan import Plan
+
+KIB = 1024  # ru_maxrss unit on Linux (getrusage(2))
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * KIB
+
+
+class MetricsLog:
+    """Appends JSON lines to ``path`` (no-op when ``path`` is None, i.e. on ranks other than 0)."""
+
+    def __init__(self, path: str | Path | None, plan: Plan, *, attempt: int) -> None:
+        self.path = Path(path) if path else None
+        self.attempt = attempt
+        pred = plan.predictions
+        self.pred_time_s = pred.step_time_s if pred else None
+        self.pred_mem_bytes = pred.peak_memory_bytes if pred else None
+        self.step_times_s: list[float] = []
+        self.peak_bytes: list[int] = []
+        self.last_loss: float | None = None
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict) -> None:
+        if self.path is None:
+            return
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps({**record, "attempt": self.attempt}, allow_nan=False) + "\n")
+            fh.flush()
+
+    def step(self, *, step: int, loss: float, step_time_s: float, tokens: int, samples: int,
+             peak_memory_bytes: list[int]) -> None:
+        self.step_times_s.append(step_time_s)
+        self.peak_bytes.append(max(peak_memory_bytes))
+        self.last_loss = loss
+        self.write({"event": "step", "step": step, "loss": loss, "step_time_s": step_time_s,
+                    "tokens_per_s": tokens / step_time_s, "samples_per_s": samples / step_time_s,
+                    "peak_memory_bytes_per_rank": peak_memory_bytes,
+                    "predicted_step_time_s": self.pred_time_s, "predicted_peak_memory_bytes": self.pred_mem_bytes})
+
+    def summary(self) -> dict:
+        """Median step time (first step excluded as warm-up when there are more) vs the prediction."""
+        times = self.step_times_s[1:] or self.step_times_s
+        measured_s = statistics.median(times) if times else None
+        peak = max(self.peak_bytes) if self.peak_bytes else None
+        record = {"event": "summary", "steps": len(self.step_times_s), "final_loss": self.last_loss,
+                  "measured_step_time_s": measured_s, "predicted_step_time_s": self.pred_time_s,
+                  "step_time_ratio": measured_s / self.pred_time_s if measured_s and self.pred_time_s else None,
+                  "measured_peak_memory_bytes": peak, "predicted_peak_memory_bytes": self.pred_mem_bytes,
+                  "memory_ratio": peak / self.pred_mem_bytes if peak and self.pred_mem_bytes else None}
+        self.write(record)
+        return record
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """All records of a metrics file, in order."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def final_step_losses(records: list[dict]) -> dict[int, float]:
+    """step -> loss, the last record of each step winning (so a resumed run overrides the killed one)."""
+    return {r["step"]: r["loss"] for r in records if r.get("event") == "step"}

@@ -1,0 +1,95 @@
+"""Build one rank's pipeline chunk(s) from a plan: cut, init, TP, recompute, data parallelism.
+
+Order (torchtitan's ``parallelize_*``): build on meta -> cut to the stage's module paths -> materialize
+on CPU and init from the seed (per module path, so the values equal a single-process run's) -> move to
+the device -> ``apply_tp`` -> ``apply_ac`` -> ``apply_dp``. Weights are initialized whole and then
+sharded, which keeps the init independent of the layout but needs one stage's full weights in host
+memory per rank; sharded init for models larger than that is not implemented.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from planner.errors import StratagemError
+from planner.plan import Plan, Stage
+from runtime.executor.fsdp import apply_dp
+from runtime.executor.recompute import apply_ac
+from runtime.executor.stage import cut_stage
+from runtime.executor.tp import apply_tp, tp_styles, uses_loss_parallel
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Chunk:
+    """One pipeline chunk this rank runs, with what was applied to it."""
+
+    stage: Stage
+    module: nn.Module
+    tp_styles: dict[str, str] = field(default_factory=dict)
+    recomputed: list[str] = field(default_factory=list)
+    dp_mode: str = "none"
+
+    @property
+    def loss_parallel(self) -> bool:
+        return uses_loss_parallel(self.tp_styles)
+
+
+def check_supported(plan: Plan) -> None:
+    """Reject plan features the runtime cannot execute, before any process starts."""
+    from runtime.models import layer_paths
+
+    if plan.training.dtype != "fp32":
+        raise StratagemError(f"plan trains in {plan.training.dtype}; the runtime runs fp32 only so far "
+                             f"(mixed precision is not wired up); re-plan with --dtype fp32")
+    if bool(plan.model.dim("tie_embeddings")) if plan.model.family in ("gpt", "llama") else False:
+        split = any(plan.layout.get(p) and plan.layout[p].style == "split" for p in ("embed", "head"))
+        if plan.mesh.size("pp") > 1 or (split and plan.mesh.size("tp") > 1):
+            raise StratagemError(f"{plan.model.name} ties its LM head to the token embedding, which the runtime "
+                                 f"cannot split across pipeline stages or TP yet; use tie_embeddings=False or pp=tp=1")
+    paths = layer_paths(plan.model)
+    placed = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
+    if placed != paths:
+        raise StratagemError(f"the plan's stages hold {len(placed)} modules in model order {placed[:3]}..., but "
+                             f"{plan.model.name} has {len(paths)} ({paths[:3]}...); the plan is for another model, re-plan")
+
+
+def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
+    """Build, shard and wrap the chunk of ``stage`` for this rank (collective over the mesh)."""
+    from runtime.models import build_model, init_weights, layer_paths
+
+    paths = layer_paths(plan.model)
+    model = build_model(plan.model, device="meta", dtype=DTYPES[plan.training.dtype])
+    cut_stage(model, stage.module_paths, paths)
+    model.to_empty(device="cpu")
+    init_weights(model, seed=plan.training.seed)
+    model.to(device)
+    styles = tp_styles(plan.model, plan.layout, stage.module_paths) if mesh["tp"].size() > 1 else {}
+    apply_tp(model, mesh["tp"], styles)
+    recomputed = apply_ac(model, stage.recompute)
+    blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
+    dp_mode = apply_dp(model, mesh["dp"], zero_stage=plan.zero_stage, block_paths=blocks)
+    return Chunk(stage=stage, module=model, tp_styles=styles, recomputed=recomputed, dp_mode=dp_mode)
+
+
+def describe_params(module: nn.Module, limit: int = 0) -> dict[str, dict]:
+    """FQN -> {type, placements, mesh_dims, local_shape, global_shape}: what each rank really holds."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in module.named_parameters():
+        info: dict = {"global_shape": list(p.shape)}
+        if isinstance(p, DTensor):
+            info.update(type="DTensor", placements=[str(pl) for pl in p.placements],
+                        mesh_dims=list(p.device_mesh.mesh_dim_names or ()),
+                        local_shape=list(p.to_local().shape))
+        else:
+            info.update(type="Tensor", placements=[], mesh_dims=[], local_shape=list(p.shape))
+        out[name.replace("_checkpoint_wrapped_module.", "")] = info
+        if limit and len(out) >= limit:
+            break
+    return out

@@ -1,0 +1,201 @@
+"""Per-rank entry point, started by torchrun: ``python -m runtime.executor.train --plan plan.json``.
+
+Each rank: reads the plan, joins the process group (NCCL with CUDA, else gloo), builds its chunk(s)
+(``parallelize.build_chunk``), an AdamW per chunk, the step runner (``schedule``), then trains for
+``--steps`` steps on its dp replica's rows of each global batch, checkpointing every K steps and
+resuming from the newest complete checkpoint with ``--resume`` or after an elastic restart.
+Several ``--plan`` (with as many ``--metrics``) run one after another in the same process group, which
+lets tests share one launch between configurations of the same world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import StratagemError
+from planner.fileio import atomic_write_text
+from planner.plan import Plan, load_plan, validate
+from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
+from runtime.executor.data import build_data_source, loss_scale, replica_rows, rows_per_replica
+from runtime.executor.mesh import ParallelDims, build_mesh
+from runtime.executor.metrics import MetricsLog, peak_memory_bytes
+from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
+from runtime.executor.schedule import build_runner
+
+log = logging.getLogger("runtime.executor.train")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="runtime.executor.train", description=__doc__.splitlines()[0])
+    p.add_argument("--plan", action="append", required=True, help="plan file (repeatable)")
+    p.add_argument("--metrics", action="append", default=[], help="JSON-lines metrics file per --plan")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--data", default="synthetic", help="'synthetic' or a tensor file {'inputs','targets'}")
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
+    p.add_argument("--layout-report", action="append", default=[],
+                   help="folder (one per --plan) for one JSON per rank describing what it built")
+    return p.parse_args(argv)
+
+
+def init_distributed(timeout_s: float) -> torch.device:
+    """Join the torchrun process group; returns this rank's device."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+        torch.set_num_threads(1)
+    timeout = timedelta(seconds=timeout_s)
+    store = _attempt_store(timeout)
+    if store is None:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    return device
+
+
+def _attempt_store(timeout: timedelta):
+    """Under torchrun, the agent's store with keys prefixed by the restart count (``None`` otherwise).
+
+    Measured with torch 2.13 ``--standalone --max-restarts 1``: restarted gloo workers sometimes read the
+    killed attempt's peer addresses from the agent store and fail with "Gloo connectFullMesh failed ...
+    Connection refused" (2 of 5 runs); a per-attempt key prefix makes each attempt's keys its own.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"stratagem/attempt_{_restart_count()}", store)
+
+
+def _restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _maybe_die(step: int) -> None:
+    """Test hook: ``STRATAGEM_TEST_KILL_AT_STEP=k`` makes rank ``STRATAGEM_TEST_KILL_RANK`` (default 1)
+    exit abruptly before step k, on the first attempt only."""
+    if os.environ.get("STRATAGEM_TEST_KILL_AT_STEP") == str(step) and _restart_count() == 0 \
+            and dist.get_rank() == int(os.environ.get("STRATAGEM_TEST_KILL_RANK", "1")):
+        log.warning("test hook: rank %d exits at step %d", dist.get_rank(), step)
+        os._exit(13)
+
+
+def write_layout_report(folder: str, rank: int, coords: dict, chunks: list[Chunk]) -> None:
+    report = {"rank": rank, "coords": coords, "chunks": [
+        {"stage": c.stage.index, "module_paths": c.module.layer_paths(), "tp_styles": c.tp_styles,
+         "recomputed": c.recomputed, "dp_mode": c.dp_mode, "loss_parallel": c.loss_parallel,
+         "params": describe_params(c.module)} for c in chunks]}
+    atomic_write_text(Path(folder) / f"rank{rank}.json", json.dumps(report, indent=1) + "\n")
+
+
+def _gather_step(device, loss_part: float, step_time_s: float) -> tuple[float, float, list[int]]:
+    """All ranks: (global loss, max step time, peak memory per rank) in one all_gather."""
+    mine = torch.tensor([loss_part, step_time_s, float(peak_memory_bytes(device))], dtype=torch.float64,
+                        device=device)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, mine)
+    table = torch.stack(parts).cpu()
+    return float(table[:, 0].sum()), float(table[:, 1].max()), [int(v) for v in table[:, 2]]
+
+
+def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metrics_path: str | None = None,
+             report_dir: str | None = None) -> dict:
+    """Train ``plan`` for ``args.steps`` steps on this rank; returns rank 0's summary record."""
+    from runtime.models import loss_fn
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    validate(plan, world)
+    check_supported(plan)
+    dims = ParallelDims.from_plan(plan)
+    coords = dims.coords(rank)
+    mesh = build_mesh(dims, device.type)
+    mine = sorted((s for s in plan.stages if s.pp_rank == coords["pp"]), key=lambda s: s.index)
+    if not mine or any(rank not in s.ranks for s in mine):
+        raise StratagemError(f"rank {rank} (pp={coords['pp']}) is not listed in its stages' ranks; "
+                             f"the plan's rank layout is corrupt, re-plan")
+    chunks = [build_chunk(plan, stage, mesh, device) for stage in mine]
+    if report_dir:
+        write_layout_report(report_dir, rank, coords, chunks)
+    tr = plan.training
+    optimizers = [torch.optim.AdamW(c.module.parameters(), lr=tr.lr, weight_decay=tr.weight_decay) for c in chunks]
+    rows = rows_per_replica(tr.global_batch, plan.batch_shares, dims.dp, plan.schedule.num_micro_batches)
+    start, stop = replica_rows(rows, coords["dp"])
+    scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
+    scaled_loss = base_loss if scale == 1.0 else (lambda out, tgt: base_loss(out, tgt) * scale)
+    runner = build_runner(chunks, kind=plan.schedule.kind, num_stages=len(plan.stages),
+                          num_micro_batches=plan.schedule.num_micro_batches, loss_fn=scaled_loss,
+                          pp_group=mesh["pp"].get_group(), device=device)
+    data = build_data_source(plan.model, args.data, global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed)
+    first = 1
+    if args.checkpoint_dir and (args.resume or _restart_count() > 0):
+        latest = find_latest_checkpoint(args.checkpoint_dir)
+        if latest is not None:
+            first = load_checkpoint(latest, [c.module for c in chunks], optimizers) + 1
+            log.info("rank %d resumed from %s", rank, latest)
+    metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
+    metrics.write({"event": "start", "model": plan.model.name, "mesh": dict(zip(dims.axes, plan.mesh.sizes)),
+                   "schedule": plan.schedule.kind, "zero_stage": plan.zero_stage, "first_step": first,
+                   "device": device.type, "world_size": world})
+    counts_loss = runner.is_last and coords["tp"] == 0
+    seq = tr.seq_len if plan.model.family in ("gpt", "llama") else 1
+    for step in range(first, args.steps + 1):
+        _maybe_die(step)
+        batch = data(step).rows(start, stop).to(device)
+        t0 = time.perf_counter()
+        losses = runner.step(batch)
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed_s = time.perf_counter() - t0
+        part = float(torch.stack(losses).mean()) / dims.dp if counts_loss and losses else 0.0
+        loss, step_time_s, peaks = _gather_step(device, part, elapsed_s)
+        metrics.step(step=step, loss=loss, step_time_s=step_time_s, tokens=tr.global_batch * seq,
+                     samples=tr.global_batch, peak_memory_bytes=peaks)
+        if rank == 0:
+            log.info("step %d loss %.6f step_time %.3fs", step, loss, step_time_s)
+        if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
+            save_checkpoint(args.checkpoint_dir, step, [c.module for c in chunks], optimizers,
+                            meta={"model": plan.model.name, "world_size": world, "mesh": plan.mesh.sizes,
+                                  "plan_hash": plan.content_hash})
+    return metrics.summary()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for name, values in (("--metrics", args.metrics), ("--layout-report", args.layout_report)):
+        if values and len(values) != len(args.plan):
+            raise SystemExit(f"error: give one {name} per --plan")
+    device = init_distributed(args.timeout_s)
+    try:
+        for i, path in enumerate(args.plan):
+            run_plan(load_plan(path), args, device, metrics_path=args.metrics[i] if args.metrics else None,
+                     report_dir=args.layout_report[i] if args.layout_report else None)
+            dist.barrier()
+    except StratagemError as exc:
+        print(f"error: rank {dist.get_rank()}: {exc}", file=sys.stderr)
+        os._exit(exc.exit_status)  # peers are blocked in collectives; the process group is unusable
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

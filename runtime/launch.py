@@ -1,0 +1,150 @@
+"""``stratagem launch``: check a plan against the launch, then run it under torchrun.
+
+Everything that can be checked without processes is checked first (plan file, world size, model,
+data file, checkpoint), so a mismatch is one ``StratagemError`` line and nothing starts. The command is
+``python -m torch.distributed.run [--standalone | rendezvous] --nproc-per-node N [--max-restarts R]
+-m runtime.executor.train --plan PLAN ...``; each rank then picks NCCL when CUDA is present, else gloo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import StratagemError
+from planner.plan import Plan, validate
+
+log = logging.getLogger(__name__)
+KILL_GRACE_S = 10.0  # after SIGTERM on timeout, how long torchrun gets to stop its workers
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchOptions:
+    plan_path: Path
+    steps: int = 10
+    data: str = "synthetic"
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    metrics: Path | None = None
+    max_restarts: int = 0
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    nproc_per_node: int | None = None
+    timeout_s: float = 1800.0
+    layout_report: Path | None = None
+
+    def procs_per_node(self, plan: Plan) -> int:
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        if plan.world_size % self.nnodes:
+            raise StratagemError(f"plan needs {plan.world_size} ranks, which do not split over --nnodes "
+                                 f"{self.nnodes}; use a node count dividing {plan.world_size}")
+        return plan.world_size // self.nnodes
+
+
+def check_launch(plan: Plan, opts: LaunchOptions) -> None:
+    """Every check that needs no process: raises ``StratagemError`` naming the fix."""
+    from runtime.executor.checkpoint import check_resumable
+    from runtime.executor.data import rows_per_replica
+    from runtime.executor.parallelize import check_supported
+    from runtime.executor.tp import tp_styles
+
+    if opts.steps < 1:
+        raise StratagemError(f"--steps {opts.steps} must be >= 1")
+    if opts.nnodes > 1 and not opts.rdzv_endpoint:
+        raise StratagemError(f"--nnodes {opts.nnodes} needs --rdzv-endpoint HOST:PORT of the first node")
+    validate(plan, opts.nnodes * opts.procs_per_node(plan))
+    check_supported(plan)
+    rows_per_replica(plan.training.global_batch, plan.batch_shares, plan.mesh.size("dp"),
+                     plan.schedule.num_micro_batches)
+    for stage in plan.stages:
+        if plan.mesh.size("tp") > 1:
+            tp_styles(plan.model, plan.layout, stage.module_paths)
+    if opts.data != "synthetic" and not Path(opts.data).is_file():
+        raise StratagemError(f"data file {opts.data} does not exist; pass --data synthetic or a valid path")
+    if opts.checkpoint_every and opts.checkpoint_dir is None:
+        raise StratagemError("--checkpoint-every needs --checkpoint-dir DIR")
+    if opts.resume:
+        if opts.checkpoint_dir is None:
+            raise StratagemError("--resume needs --checkpoint-dir DIR (the folder of the run to resume)")
+        check_resumable(opts.checkpoint_dir, model_name=plan.model.name, world_size=plan.world_size)
+    if opts.max_restarts and not (opts.checkpoint_dir and opts.checkpoint_every):
+        log.warning("--max-restarts without --checkpoint-dir/--checkpoint-every restarts from step 1")
+
+
+def train_args(opts: LaunchOptions) -> list[str]:
+    """Arguments of ``runtime.executor.train`` for these options."""
+    args = ["--plan", str(opts.plan_path), "--steps", str(opts.steps), "--data", opts.data,
+            "--timeout-s", str(opts.timeout_s)]
+    if opts.metrics:
+        args += ["--metrics", str(opts.metrics)]
+    if opts.checkpoint_dir:
+        args += ["--checkpoint-dir", str(opts.checkpoint_dir), "--checkpoint-every", str(opts.checkpoint_every)]
+    if opts.resume:
+        args.append("--resume")
+    if opts.layout_report:
+        args += ["--layout-report", str(opts.layout_report)]
+    return args
+
+
+def build_command(plan: Plan, opts: LaunchOptions) -> list[str]:
+    """The torchrun command line for this node."""
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if opts.nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        rdzv_id = "stratagem-" + hashlib.sha256(str(opts.plan_path.resolve()).encode()).hexdigest()[:8]
+        cmd += ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", opts.rdzv_endpoint or "", "--rdzv-id", rdzv_id]
+    cmd += ["--nproc-per-node", str(opts.procs_per_node(plan))]
+    if opts.max_restarts:
+        cmd += ["--max-restarts", str(opts.max_restarts)]
+    return cmd + ["-m", "runtime.executor.train", *train_args(opts)]
+
+
+def build_slurm_script(plan: Plan, opts: LaunchOptions) -> str:
+    """An sbatch script running the plan on ``--nnodes`` nodes (one torchrun per node, c10d rendezvous)."""
+    nproc = opts.procs_per_node(plan)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(opts.nnodes),
+                "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", '"$HEAD:29500"',
+                "--rdzv-id", '"$SLURM_JOB_ID"']
+    if opts.max_restarts:
+        torchrun += ["--max-restarts", str(opts.max_restarts)]
+    body = " ".join(torchrun) + " -m runtime.executor.train " + shlex.join(train_args(opts))
+    return "\n".join([
+        "#!/bin/bash", f"#SBATCH --job-name=stratagem-{plan.model.name.replace(':', '-')}",
+        f"#SBATCH --nodes={opts.nnodes}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={nproc}",
+        "set -euo pipefail", f"cd {shlex.quote(os.getcwd())}",
+        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"srun {body}", ""])
+
+
+def run_command(cmd: list[str], *, timeout_s: float) -> int:
+    """Run torchrun in its own process group; on timeout stop the whole group and raise."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    log.info("running %s", shlex.join(cmd))
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise StratagemError(f"the job ran past --timeout-s {timeout_s:g} and was stopped; raise --timeout-s "
+                             f"or lower --steps") from None
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=KILL_GRACE_S)
+        raise

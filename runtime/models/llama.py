@@ -1,0 +1,143 @@
+"""Llama (Touvron et al. 2023): RMSNorm, rotary position embedding, grouped-query attention, SwiGLU.
+
+Written with explicit math attention like :mod:`runtime.models.gpt` so FLOPs and saved tensors are
+countable on CPU and meta. Rotary tables are computed in ``forward`` (no buffers), so a model
+materialized from meta with ``to_empty`` needs no buffer re-initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.models.dims import LlamaDims
+from runtime.models.gpt import VocabShardEmbedding, causal_bias, embedding_table
+from runtime.models.layered import LayeredModel, blocks_dict
+
+RMS_EPS = 1e-5  # Meta llama ModelArgs.norm_eps
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim: int, eps: float = RMS_EPS) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary_tables(seq_len: int, head_dim: int, theta: float, *, device: torch.device,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (s, head_dim/2): angle = pos * theta^(-2i/d) (Su et al. 2021, RoFormer eq. 34)."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x (b, s, heads, d) by the position angles."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal GQA attention with ``local_heads`` query heads sharing ``local_kv`` key/value heads."""
+
+    def __init__(self, dims: LlamaDims, tp: int = 1) -> None:
+        super().__init__()
+        self.head_dim, self.theta = dims.head_dim, dims.rope_theta
+        self.group = dims.heads // dims.kv_heads  # query heads per kv head
+        local_heads, local_kv = dims.heads // tp, dims.kv_heads // tp
+        self.wq = nn.Linear(dims.hidden, local_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dims.hidden, local_kv * self.head_dim, bias=False)
+        self.wv = nn.Linear(dims.hidden, local_kv * self.head_dim, bias=False)
+        self.wo = nn.Linear(local_heads * self.head_dim, dims.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        cos, sin = rotary_tables(s, self.head_dim, self.theta, device=x.device, dtype=x.dtype)
+        q = apply_rotary(self.wq(x).view(b, s, -1, self.head_dim), cos, sin)
+        k = apply_rotary(self.wk(x).view(b, s, -1, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        k, v = (t.repeat_interleave(self.group, dim=2) for t in (k, v))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        probs = F.softmax(scores + causal_bias(s, device=x.device, dtype=scores.dtype), dim=-1)
+        return self.wo((probs @ v).transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x) (Shazeer 2020)."""
+
+    def __init__(self, hidden: int, local_ffn: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(hidden, local_ffn, bias=False)
+        self.w3 = nn.Linear(hidden, local_ffn, bias=False)
+        self.w2 = nn.Linear(local_ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """x + attn(ln1(x)), then x + mlp(ln2(x)) with RMSNorms."""
+
+    def __init__(self, dims: LlamaDims, tp: int = 1) -> None:
+        super().__init__()
+        self.ln1 = RMSNorm(dims.hidden)
+        self.attn = Attention(dims, tp)
+        self.ln2 = RMSNorm(dims.hidden)
+        self.mlp = FeedForward(dims.hidden, dims.ffn_hidden // tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embedding(nn.Module):
+    """Token embedding only (positions enter through rotary attention)."""
+
+    def __init__(self, dims: LlamaDims, tp: int = 1) -> None:
+        super().__init__()
+        self.tok = embedding_table(dims.vocab, dims.hidden) if tp == 1 else \
+            VocabShardEmbedding(dims.vocab // tp, dims.hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tok(ids)
+
+
+def build_llama_layer(dims: LlamaDims, path: str, tp: int = 1) -> nn.Module:
+    """One top-level layer (``embed``, ``blocks.i``, ``norm``, ``head``); ``tp`` > 1 gives one rank's shard."""
+    if path == "embed":
+        return Embedding(dims, tp)
+    if path.startswith("blocks."):
+        return Block(dims, tp)
+    if path == "norm":
+        return RMSNorm(dims.hidden)
+    if path == "head":
+        return nn.Linear(dims.hidden, dims.vocab // tp, bias=False)
+    raise KeyError(path)
+
+
+def llama_paths(dims: LlamaDims) -> list[str]:
+    return ["embed", *(f"blocks.{i}" for i in range(dims.layers)), "norm", "head"]
+
+
+def build_llama(dims: LlamaDims) -> LayeredModel:
+    """The whole Llama; the head shares the token embedding's weight when ``tie_embeddings``."""
+    model = LayeredModel({
+        "embed": Embedding(dims),
+        "blocks": blocks_dict([Block(dims) for _ in range(dims.layers)]),
+        "norm": RMSNorm(dims.hidden),
+        "head": build_llama_layer(dims, "head"),
+    }, tie_embeddings=dims.tie_embeddings)
+    if dims.tie_embeddings:
+        model.head.weight = model.embed.tok.weight
+    return model

@@ -1,0 +1,133 @@
+"""Tensor parallelism as plain data: per top-level layer, which submodule is split how, and what it costs.
+
+Styles (values of :func:`tp_layout`; keys are submodule paths relative to the layer, "" = the layer itself):
+- "colwise": Linear split over output features (Megatron-LM SC21 §2.3, the first GEMM "A = [A1, A2]").
+- "rowwise": Linear split over input features; partial outputs are all-reduced (the second GEMM).
+- "vocab_embedding": embedding rows split by vocabulary; partial outputs all-reduced, output replicated.
+- "colwise_sharded_output": head/classifier split over classes, output left sharded for a parallel loss.
+- "sequence_parallel": norms (and dropout) that run on a sequence shard under sequence parallelism
+  (Korthikanti et al. 2022 §4.2.2); without SP they are replicated.
+A layout with no split style (empty, or only "sequence_parallel") means the layer is replicated.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from planner.errors import StratagemError
+from planner.modelspec import ModelSpec
+from planner.profiles import CollectiveNeed
+from runtime.models.dims import GPTDims, LlamaDims, MLPDims, ResNetDims, resolve_dims
+from runtime.models.zoo import DeviceLike, build_layer, check_layer_path, layer_kind, num_classes
+
+SPLIT_STYLES = ("colwise", "rowwise", "vocab_embedding", "colwise_sharded_output")
+FP32_BYTES = 4  # the parallel cross-entropy exchanges fp32 per-token max / sum-exp / target logit
+
+_GPT_BLOCK = {"ln1": "sequence_parallel", "attn.qkv": "colwise", "attn.proj": "rowwise",
+              "ln2": "sequence_parallel", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}
+_LLAMA_BLOCK = {"ln1": "sequence_parallel", "attn.wq": "colwise", "attn.wk": "colwise", "attn.wv": "colwise",
+                "attn.wo": "rowwise", "ln2": "sequence_parallel", "mlp.w1": "colwise", "mlp.w3": "colwise",
+                "mlp.w2": "rowwise"}
+
+
+def tp_layout(spec: ModelSpec, path: str) -> dict[str, str]:
+    """Submodule path (relative to the layer) -> TP style for top-level layer ``path``.
+
+    >>> tp_layout(parse_model("gpt:tiny"), "blocks.0")["attn.qkv"]
+    'colwise'
+    """
+    check_layer_path(spec, path)
+    kind = layer_kind(path)
+    if spec.family in ("gpt", "llama"):
+        if kind == "block":
+            return dict(_GPT_BLOCK if spec.family == "gpt" else _LLAMA_BLOCK)
+        return {"embedding": {"tok": "vocab_embedding"}, "norm": {"": "sequence_parallel"},
+                "head": {"": "colwise_sharded_output"}}[kind]
+    if kind in ("classifier", "head"):  # resnet fc, mlp out: Whale-style split classifier
+        return {"": "colwise_sharded_output"}
+    return {}
+
+
+def is_splittable(spec: ModelSpec, path: str) -> bool:
+    """True when the layer's layout splits weights (so tp > 1 shards differ from the full layer)."""
+    return any(style in SPLIT_STYLES for style in tp_layout(spec, path).values())
+
+
+def tp_constraints(spec: ModelSpec, path: str) -> dict[str, int]:
+    """Dimensions the TP degree must divide for this layer, e.g. {"heads": 12, "ffn_hidden": 3072}."""
+    if not is_splittable(spec, path):
+        return {}
+    dims = resolve_dims(spec)
+    if layer_kind(path) == "block" and isinstance(dims, GPTDims):
+        return {"heads": dims.heads, "ffn_hidden": dims.ffn_hidden}
+    if layer_kind(path) == "block" and isinstance(dims, LlamaDims):
+        return {"heads": dims.heads, "kv_heads": dims.kv_heads, "ffn_hidden": dims.ffn_hidden}
+    key = {"gpt": "vocab", "llama": "vocab", "resnet": "num_classes", "mlp": "out_features"}[spec.family]
+    return {key: num_classes(spec)}
+
+
+def check_tp(spec: ModelSpec, path: str, tp: int) -> None:
+    """Raise :class:`StratagemError` unless ``tp`` divides every constraint of the layer."""
+    if tp < 1:
+        raise StratagemError(f"tensor-parallel degree {tp} must be a positive integer")
+    if tp > 1 and not is_splittable(spec, path):
+        raise StratagemError(f"layer {path} of {spec.name} cannot be split by tensor parallelism; "
+                             f"replicate it (tp=1)")
+    for key, value in tp_constraints(spec, path).items():
+        if value % tp:
+            divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 64]
+            raise StratagemError(f"tp={tp} does not divide {key}={value} of {spec.name} layer {path}; "
+                                 f"choose tp among {divisors}")
+
+
+def _need(op: str, phase: str, nbytes: float, count: int, sp: bool) -> CollectiveNeed:
+    return CollectiveNeed(op=op, phase=phase, bytes_per_sample=float(nbytes), count=count,  # type: ignore[arg-type]
+                          with_sequence_parallel=sp)
+
+
+def tp_collectives(spec: ModelSpec, path: str, seq_len: int, *,
+                   dtype: torch.dtype = torch.float32) -> list[CollectiveNeed]:
+    """Collectives the layer's TP layout issues at tp > 1, per sample (full, unsharded message sizes).
+
+    Transformer block, without SP: 2 all-reduces of the s*h activation in forward (after attention and
+    MLP, the "g" operators) and 2 in backward ("f") — Megatron-LM SC21 §2.3. With SP each all-reduce
+    becomes an all-gather + reduce-scatter pair, forward and backward (Korthikanti et al. 2022 §4.2.2).
+    Vocab embedding: forward all-reduce (SP: reduce-scatter; backward all-gather). Split head: backward
+    all-reduce of the input gradient (SP: forward all-gather, backward reduce-scatter), plus the parallel
+    cross-entropy's 3 fp32 all-reduces per token (max, target logit, sum of exp; Megatron-LM
+    ``vocab_parallel_cross_entropy``).
+    """
+    check_layer_path(spec, path)
+    if not is_splittable(spec, path):
+        return []
+    dims = resolve_dims(spec)
+    elem = torch.empty((), dtype=dtype).element_size()
+    kind = layer_kind(path)
+    if isinstance(dims, (ResNetDims, MLPDims)):  # split classifier: input gradient + one loss "token"
+        features = dims.features if isinstance(dims, ResNetDims) else dims.hidden
+        return [_need("all_reduce", "backward", features * elem, 1, False),
+                _need("all_reduce", "forward", FP32_BYTES, 3, False)]
+    act = seq_len * dims.hidden * elem
+    if kind == "block":
+        return [_need("all_reduce", "forward", act, 2, False), _need("all_reduce", "backward", act, 2, False),
+                _need("all_gather", "forward", act, 2, True), _need("reduce_scatter", "forward", act, 2, True),
+                _need("all_gather", "backward", act, 2, True), _need("reduce_scatter", "backward", act, 2, True)]
+    if kind == "embedding":
+        return [_need("all_reduce", "forward", act, 1, False),
+                _need("reduce_scatter", "forward", act, 1, True), _need("all_gather", "backward", act, 1, True)]
+    loss = [_need("all_reduce", "forward", seq_len * FP32_BYTES, 3, sp) for sp in (False, True)]
+    return [_need("all_reduce", "backward", act, 1, False),
+            _need("all_gather", "forward", act, 1, True), _need("reduce_scatter", "backward", act, 1, True), *loss]
+
+
+def build_tp_shard(spec: ModelSpec, path: str, tp: int, *, device: DeviceLike = "cpu",
+                   dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A module computing exactly what ONE of ``tp`` ranks computes for layer ``path``.
+
+    GPT block: heads/tp heads and ffn/tp MLP units with full LayerNorms (and full row-parallel biases);
+    embedding: vocab/tp rows (masked lookup); head: vocab/tp output classes. ``tp=1`` is the full layer.
+    """
+    check_layer_path(spec, path)
+    check_tp(spec, path, tp)
+    return build_layer(spec, path, tp, device=device, dtype=dtype)

@@ -1,0 +1,139 @@
+"""Family dispatch: build a whole model or one top-level layer from a :class:`ModelSpec`."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.errors import StratagemError
+from planner.modelspec import ModelSpec
+from runtime.models.dims import GPTDims, LlamaDims, ResNetDims, resolve_dims
+from runtime.models.gpt import build_gpt, build_gpt_layer, gpt_paths
+from runtime.models.layered import LayeredModel
+from runtime.models.llama import build_llama, build_llama_layer, llama_paths
+from runtime.models.mlp import build_mlp, build_mlp_layer, mlp_paths
+from runtime.models.resnet import build_resnet, build_resnet_layer, resnet_paths
+
+# family -> (whole-model builder, layer builder (dims, path, tp), layer paths in forward order)
+_FAMILIES = {
+    "gpt": (build_gpt, build_gpt_layer, gpt_paths),
+    "llama": (build_llama, build_llama_layer, llama_paths),
+    "resnet": (build_resnet, build_resnet_layer, resnet_paths),
+    "mlp": (build_mlp, build_mlp_layer, mlp_paths),
+}
+# first path component -> LayerProfile.kind
+_KINDS = {"embed": "embedding", "blocks": "block", "norm": "norm", "head": "head", "stem": "stem",
+          "pool": "pool", "fc": "classifier", "out": "head"}
+SEQUENCE_FAMILIES = ("gpt", "llama")
+
+DeviceLike = str | torch.device
+
+
+def _built(build: Callable[[], nn.Module], device: DeviceLike, dtype: torch.dtype) -> nn.Module:
+    with torch.device(device):
+        module = build()
+    return module.to(dtype=dtype)
+
+
+def build_model(spec: ModelSpec, *, device: DeviceLike = "cpu", dtype: torch.dtype = torch.float32) -> LayeredModel:
+    """Build the model ``spec`` describes on ``device`` ("cpu", "meta", ...) in ``dtype``.
+
+    Weights on a real device come from PyTorch's default init; call :func:`init_weights` for the
+    deterministic, placement-independent init (the runtime: build on meta, ``to_empty``, ``init_weights``).
+
+    >>> build_model(parse_model("gpt:tiny")).layer_paths()[:2]
+    ['embed', 'blocks.0']
+    """
+    dims = resolve_dims(spec)
+    return _built(lambda: _FAMILIES[spec.family][0](dims), device, dtype)  # type: ignore[operator]
+
+
+def spec_layer_paths(spec: ModelSpec) -> list[str]:
+    """Top-level layer paths of the full model ``spec`` describes, in forward order."""
+    return _FAMILIES[spec.family][2](resolve_dims(spec))  # type: ignore[operator]
+
+
+def layer_paths(model_or_spec: LayeredModel | ModelSpec) -> list[str]:
+    """Top-level layer paths in forward order: of a (possibly pipeline-cut) model, or of a spec's full model."""
+    if isinstance(model_or_spec, ModelSpec):
+        return spec_layer_paths(model_or_spec)
+    return model_or_spec.layer_paths()
+
+
+def layer_kind(path: str) -> str:
+    """``LayerProfile.kind`` of a top-level path: embedding, block, norm, head, stem, pool or classifier."""
+    try:
+        return _KINDS[path.split(".")[0]]
+    except KeyError:
+        raise StratagemError(f"{path!r} is not a top-level layer path; use one of layer_paths(spec)") from None
+
+
+def check_layer_path(spec: ModelSpec, path: str) -> None:
+    paths = spec_layer_paths(spec)
+    if path not in paths:
+        shown = ", ".join(paths[:3] + (["...", paths[-1]] if len(paths) > 4 else paths[3:]))
+        raise StratagemError(f"{spec.name} has no top-level layer {path!r}; its layers are {shown}")
+
+
+def build_layer(spec: ModelSpec, path: str, tp: int = 1, *, device: DeviceLike = "cpu",
+                dtype: torch.dtype = torch.float32) -> nn.Module:
+    """One top-level layer alone; ``tp`` > 1 gives one TP rank's shard (checks are in ``build_tp_shard``)."""
+    check_layer_path(spec, path)
+    dims = resolve_dims(spec)
+    return _built(lambda: _FAMILIES[spec.family][1](dims, path, tp), device, dtype)  # type: ignore[operator]
+
+
+def loss_fn(spec: ModelSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """(output, target) -> scalar mean cross-entropy; for language models over every token."""
+    if spec.family in SEQUENCE_FAMILIES:
+        def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+        return lm_loss
+
+    def classifier_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), target)
+    return classifier_loss
+
+
+def sample_shape(spec: ModelSpec, seq_len: int) -> list[int]:
+    """Shape of one input sample: [seq] token ids, [C, H, W] images, or [features]."""
+    dims = resolve_dims(spec)
+    if isinstance(dims, (GPTDims, LlamaDims)):
+        return [seq_len]
+    if isinstance(dims, ResNetDims):
+        return [dims.in_channels, dims.image_size, dims.image_size]
+    return [dims.in_features]
+
+
+def num_classes(spec: ModelSpec) -> int:
+    """Classes of the model's output: the vocabulary, ``num_classes`` or ``out_features``."""
+    dims = resolve_dims(spec)
+    if isinstance(dims, (GPTDims, LlamaDims)):
+        return dims.vocab
+    return dims.num_classes if isinstance(dims, ResNetDims) else dims.out_features
+
+
+def example_batch(spec: ModelSpec, micro_batch: int, seq_len: int, *, device: DeviceLike = "cpu",
+                  dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random (inputs, targets) batch of the right shapes and types, reproducible from ``seed``.
+
+    Language models: token ids (b, s) and targets (b, s); classifiers: float inputs and targets (b,).
+    """
+    dims = resolve_dims(spec)
+    shape = [micro_batch, *sample_shape(spec, seq_len)]
+    is_lm = isinstance(dims, (GPTDims, LlamaDims))
+    if is_lm and seq_len > dims.max_seq:
+        raise StratagemError(f"sequence length {seq_len} exceeds {spec.name}'s max_seq={dims.max_seq}; "
+                             f"use --seq <= {dims.max_seq} or a larger max_seq")
+    target_shape = shape if is_lm else [micro_batch]
+    if torch.device(device).type == "meta":
+        inputs = torch.empty(shape, device="meta", dtype=torch.long if is_lm else dtype)
+        return inputs, torch.empty(target_shape, device="meta", dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed)
+    inputs = torch.randint(num_classes(spec), shape, generator=gen) if is_lm else \
+        torch.randn(shape, generator=gen).to(dtype)
+    targets = torch.randint(num_classes(spec), target_shape, generator=gen)
+    return inputs.to(device), targets.to(device)
