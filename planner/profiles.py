@@ -99,6 +99,9 @@ class ShardProfile(_Strict):
     saved_attention_scores_bytes_per_sample: float = Field(
         0, ge=0, description="part of saved_bytes that is seq x seq attention scores (softmax, its dropout); "
                              "selective recompute and flash attention drop it")
+    attention_scores_flops_per_sample: float = Field(
+        0, ge=0, description="part of fwd_flops that computes and applies the seq x seq scores (QK^T, "
+                             "probs x V); selective recompute repeats it in backward (0 = unknown/none)")
     timings: list[LayerTiming] = Field(default_factory=list, description="measured times per micro-batch")
     time_origin: Origin = "derived"
     flops_origin: Origin = "measured"

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from planner.cost.constants import DDP_BUCKET_BYTES
+
 Recompute = Literal["none", "selective", "full"]
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 TPStyle = Literal["replicate", "split"]
@@ -23,7 +25,9 @@ class ParallelConfig:
     Degrees: ``tp * pp * dp`` devices. ``stage_layers`` lists, per pipeline chunk (``pp * virtual_stages``
     chunks in model order; chunk ``i`` runs on pp rank ``i % pp``), its top-level module paths; ``None``
     means the cost model splits the repeated blocks as evenly as possible (Megatron style; non-block layers
-    go with the first/last chunk). ``recompute`` is a default mode or a per-path mapping (absent = none).
+    go with the first/last chunk). ``recompute`` is a per-path mapping (absent = none) or a default mode for
+    every layer but embeddings, norms and heads (Megatron recomputes transformer layers only; see
+    ``planner.cost.placement.NOT_RECOMPUTED_BY_DEFAULT``).
     ``layout`` gives Whale's replicate-or-split per module path; layers absent from it are split when they
     are tensor-parallel capable and ``tp > 1`` (blocks) and replicated otherwise.
     ``stage_node_types`` names the node type of each pp rank (mixed clusters; ``None`` = the cluster's
@@ -47,6 +51,11 @@ class ParallelConfig:
     batch_shares: tuple[float, ...] | None = None
     flash_attention: bool = False
     overlap_grad_reduce: bool = True
+    # Hide TP collectives behind the layer's GEMMs (Megatron-Core/Transformer Engine --tp-comm-overlap).
+    overlap_tp_comm: bool = False
+    # Data-parallel gradient bucket (bytes): torch DDP's default 25 MiB; None = one collective for all
+    # gradients (Megatron-LM's 2021 "local" DDP, a contiguous buffer).
+    grad_bucket_bytes: float | None = DDP_BUCKET_BYTES
 
     @property
     def world_size(self) -> int:

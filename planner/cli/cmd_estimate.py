@@ -1,0 +1,220 @@
+"""``stratagem estimate``: predicted step time and per-rank memory of one parallel configuration.
+
+Example (GPT-3 175B on 1024 A100s, Megatron's configuration)::
+
+    stratagem estimate --model gpt:gpt3-175b --cluster dgx-a100-80g --gpus 1024 --global-batch 1536 \\
+        --micro-batch 1 --tp 8 --pp 16 --dp 8 --schedule 1f1b --recompute full
+
+``--gpus N`` rescales a single-type shipped cluster to ``ceil(N / devices_per_node)`` nodes; a mixed
+cluster keeps its nodes and its pipeline ranks are placed on node types in order (``--stage-node-types``
+overrides). Without ``--model-profile`` a GPT/Llama model gets the closed-form profile
+(``planner.gpt_profile``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from planner.cost import ParallelConfig, estimate, with_gpus
+from planner.cost.placement import fill_stage_node_types
+from planner.errors import StratagemError
+from planner.modelspec import parse_model
+from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
+
+from .common import resolve_cluster_path
+
+SCHEDULE_ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved_1f1b",
+                    "interleaved_1f1b": "interleaved_1f1b", "interleaved-1f1b": "interleaved_1f1b"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("estimate", help="predict step time and memory of one configuration",
+                              description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    m = p.add_argument_group("model")
+    m.add_argument("--model", required=True,
+                   help="family or family:preset, e.g. gpt, gpt:gpt3-175b, llama:llama2-7b")
+    for dim in ("layers", "hidden", "heads", "vocab", "ffn-hidden", "kv-heads"):
+        m.add_argument(f"--{dim}", type=int, default=None, help=f"override the model's {dim}")
+    m.add_argument("--seq", type=int, default=None, help="tokens per sample (default: the model's max_seq)")
+    m.add_argument("--dropout", type=float, default=None, help="GPT dropout (Megatron used 0.1)")
+    m.add_argument("--model-profile", type=Path, default=None, help="a measured model profile JSON to use")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
+    c.add_argument("--gpus", type=int, default=None, help="GPUs to use (default tp*pp*dp)")
+    c.add_argument("--stage-node-types", default=None, help="node type per pp rank, comma-separated (mixed)")
+    s = p.add_argument_group("configuration")
+    s.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
+    s.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch")
+    s.add_argument("--tp", type=int, default=1)
+    s.add_argument("--pp", type=int, default=1)
+    s.add_argument("--dp", type=int, default=None, help="default: gpus / (tp * pp)")
+    s.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULE_ALIASES))
+    s.add_argument("--virtual-stages", type=int, default=1, help="chunks per pp rank (interleaved)")
+    s.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
+    s.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    s.add_argument("--sequence-parallel", action="store_true")
+    s.add_argument("--flash-attention", action="store_true")
+    s.add_argument("--no-overlap-grad-reduce", action="store_true", help="gradient sync after the backward")
+    s.add_argument("--overlap-tp-comm", action="store_true", help="hide TP collectives behind GEMMs (TE)")
+    s.add_argument("--dtype", default=None, help="compute dtype (default bf16, else fp16, else a shared one)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
+    if args.model_profile is not None:
+        return load_model_profile(args.model_profile)
+    overrides = dict(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab,
+                     ffn_hidden=args.ffn_hidden, kv_heads=args.kv_heads, dropout=args.dropout)
+    family = args.model.partition(":")[0]
+    if family == "llama":
+        overrides.pop("dropout")
+    else:
+        overrides.pop("kv_heads")
+    if args.seq is not None:
+        overrides["max_seq"] = args.seq
+    spec = parse_model(args.model, **overrides)
+    if spec.family not in ("gpt", "llama"):
+        raise StratagemError(f"{spec.family} models need a measured profile: run `stratagem profile model --model "
+                             f"{args.model}` and pass --model-profile")
+    from planner.gpt_profile import build_gpt_profile
+    return build_gpt_profile(spec, seq_len=args.seq, dtype=dtype)
+
+
+def _dtype(args: argparse.Namespace, cluster: ClusterProfile) -> str:
+    if args.dtype:
+        return args.dtype
+    common = [c.dtype for c in cluster.node_types[0].compute
+              if all(any(o.dtype == c.dtype for o in nt.compute) for nt in cluster.node_types)]
+    for preferred in ("bf16", "fp16"):
+        if preferred in common:
+            return preferred
+    if not common:
+        raise StratagemError(f"the node types of {cluster.name} share no compute dtype; pass --dtype")
+    return common[0]
+
+
+def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[ParallelConfig, int]:
+    """The ParallelConfig the arguments describe, and the GPU count (checked against tp*pp*dp)."""
+    gpus = args.gpus
+    dp = args.dp if args.dp is not None else (gpus // (args.tp * args.pp) if gpus else 1)
+    world = args.tp * args.pp * max(dp, 1)
+    if gpus is None:
+        gpus = world
+    if dp < 1 or world != gpus:
+        raise StratagemError(f"tp {args.tp} x pp {args.pp} x dp {dp} = {world} but --gpus is {gpus}; make the "
+                             f"degrees multiply to the GPU count")
+    per_step = dp * args.micro_batch
+    if args.global_batch % per_step:
+        raise StratagemError(f"global batch {args.global_batch} is not a multiple of dp {dp} x micro-batch "
+                             f"{args.micro_batch} = {per_step}; change --global-batch or --micro-batch")
+    stage_types = tuple(args.stage_node_types.split(",")) if args.stage_node_types else None
+    config = ParallelConfig(
+        tp=args.tp, pp=args.pp, dp=dp, micro_batch=args.micro_batch, num_micro_batches=args.global_batch // per_step,
+        schedule=SCHEDULE_ALIASES[args.schedule], virtual_stages=args.virtual_stages, zero_stage=args.zero,
+        sequence_parallel=args.sequence_parallel, recompute=args.recompute, stage_node_types=stage_types,
+        flash_attention=args.flash_attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
+        overlap_tp_comm=args.overlap_tp_comm)
+    if cluster.is_mixed and stage_types is None:
+        config = fill_stage_node_types(cluster, config)
+    return config, gpus
+
+
+def estimate_to_json(est, config: ParallelConfig) -> dict:
+    """The ``--json`` document: headline figures, breakdown, per pp rank and per chunk."""
+    return {
+        "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s, "samples_per_s": est.samples_per_s,
+        "model_tflops_per_gpu": est.model_tflops_per_gpu, "hardware_tflops_per_gpu": est.hardware_tflops_per_gpu,
+        "mfu": est.mfu, "hfu": est.hfu, "peak_mem_bytes": est.peak_mem_bytes, "fits_in_memory": est.fits_in_memory,
+        "flop_convention": est.flop_convention, "breakdown": est.breakdown_s,
+        "config": {"tp": config.tp, "pp": config.pp, "dp": config.dp, "micro_batch": config.micro_batch,
+                   "num_micro_batches": config.num_micro_batches, "schedule": config.schedule,
+                   "virtual_stages": config.virtual_stages, "zero_stage": config.zero_stage,
+                   "recompute": config.recompute if isinstance(config.recompute, str) else dict(config.recompute),
+                   "sequence_parallel": config.sequence_parallel,
+                   "stage_node_types": list(config.stage_node_types or [])},
+        "per_rank": [{"pp_rank": r.pp_rank, "node_type": r.node_type, "microbatch_s": r.microbatch_s,
+                      "inflight_microbatches": r.inflight_microbatches, "dp_sync_s": r.dp_sync_s,
+                      "dp_sync_exposed_s": r.dp_sync_exposed_s, "zero_comm_s": r.zero_comm_s,
+                      "optimizer_s": r.optimizer_s, "peak_mem_bytes": r.memory.peak_bytes,
+                      "memory_bytes": r.memory.as_dict()} for r in est.per_rank],
+        "per_stage": [{"stage": ch.index, "pp_rank": ch.pp_rank, "node_type": ch.node_type,
+                       "layers": len(ch.module_paths), "first": ch.module_paths[0], "last": ch.module_paths[-1],
+                       "time_per_microbatch_s": ch.time_s} for ch in est.per_stage],
+    }
+
+
+def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: ClusterProfile, gpus: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    gib = 2**30
+    console = Console()
+    head = Table(title=f"{model.name} on {gpus} x {cluster.name}: tp={config.tp} pp={config.pp} "
+                       f"dp={config.dp} {config.schedule} v={config.virtual_stages} mb={config.micro_batch} "
+                       f"x{config.num_micro_batches} zero={config.zero_stage}")
+    head.add_column("quantity")
+    head.add_column("value", justify="right")
+    head.add_row("step time", f"{est.step_time_s:.4g} s")
+    head.add_row("throughput", f"{est.samples_per_s:.4g} samples/s, {est.tokens_per_s:.4g} tokens/s")
+    head.add_row("model TFLOP/s per GPU (MFU)", f"{est.model_tflops_per_gpu:.1f} ({100 * est.mfu:.1f} %)")
+    head.add_row("hardware TFLOP/s per GPU (HFU)", f"{est.hardware_tflops_per_gpu:.1f} ({100 * est.hfu:.1f} %)")
+    head.add_row("peak memory per GPU", f"{est.peak_mem_bytes / gib:.2f} GiB"
+                 + ("" if est.fits_in_memory else "  [red]DOES NOT FIT[/red]"))
+    for key, value in est.breakdown_s.items():
+        head.add_row(f"  {key}", f"{value:.4g} s")
+    console.print(head)
+    ranks = Table(title="per pipeline rank (memory in GiB)")
+    for col in ("pp rank", "node type", "T/micro-batch s", "in flight", "params", "grads", "optimizer",
+                "activations", "buffers", "reserve", "peak", "capacity"):
+        ranks.add_column(col, justify="right")
+    for r in est.per_rank:
+        mem = r.memory
+        ranks.add_row(str(r.pp_rank), r.node_type, f"{r.microbatch_s:.4g}", f"{r.inflight_microbatches:.3g}",
+                      *(f"{v / gib:.2f}" for v in (mem.params, mem.grads, mem.optimizer, mem.activations,
+                                                   mem.comm_buffers, mem.reserve, mem.peak_bytes, mem.capacity)))
+    console.print(ranks)
+    if config.dp > 1:
+        console.print(_algorithm_comparison(est, config, cluster))
+    console.print(f"[dim]{est.flop_convention}[/dim]")
+
+
+def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) -> str:
+    """One all-reduce of pp rank 0's gradients over its DP group, per algorithm (for comparison)."""
+    from planner.cost import collective_time, dp_group
+    from planner.cost.constants import STATE_BYTES_PER_PARAM
+    node = cluster.node_type(est.per_rank[0].node_type)
+    group = dp_group(config.dp, config.tp, node.devices_per_node)
+    per = STATE_BYTES_PER_PARAM["mixed"]
+    params = est.per_rank[0].memory.params / per["params"] * (config.dp if config.zero_stage == 3 else 1)
+    grad_bytes = params * per["grads"]
+    parts = []
+    for algorithm in ("ring", "tree", "hierarchical", "parameter_server"):
+        try:
+            t = collective_time(cluster, "all_reduce", grad_bytes, group.n_ranks, node_type=node,
+                                spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node,
+                                algorithm=algorithm)
+        except StratagemError:
+            continue
+        parts.append(f"{algorithm} {t:.3g} s")
+    head = f"one all-reduce of rank 0's gradients ({grad_bytes / 2**30:.2f} GiB) over dp={config.dp}: "
+    return head + ", ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
+    gpus_hint = args.gpus or args.tp * args.pp * (args.dp or 1)
+    cluster = with_gpus(cluster, gpus_hint)
+    config, gpus = build_config(args, cluster)
+    dtype = _dtype(args, cluster)
+    model = _model(args, dtype)
+    est = estimate(model, cluster, config, global_batch=args.global_batch, dtype=dtype)
+    if args.json:
+        json.dump(estimate_to_json(est, config), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        _print_table(est, config, model, cluster, gpus)
+    return 0

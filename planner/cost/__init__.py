@@ -1,0 +1,42 @@
+"""The cost model: step time and per-rank memory of a parallel configuration.
+
+Public API (stable; the search builds on it)::
+
+    estimate(model, cluster, config, *, global_batch, dtype="bf16") -> Estimate
+    layer_cost(layer, *, node, cluster, tp, style, recompute, sequence_parallel, micro_batch,
+               flash_attention, dtype, tp_group_spans_nodes=False) -> LayerCost
+    layout_change_cost(prev, next, prev_style, next_style, *, node, cluster, tp, micro_batch, ...) -> float
+    inflight_microbatches(schedule, pp, pp_rank, num_micro_batches, virtual_stages) -> float
+    pipeline_step_time(rank_times_s, num_micro_batches, virtual_stages, schedule) -> float
+    collective_time(cluster, op, bytes, n_ranks, *, node_type, spans_nodes, ranks_per_node,
+                    algorithm="auto") -> float
+    model_states_bytes(params_per_rank, zero_stage, dp, dtype) -> ModelStates
+
+Rules a mirror of ``estimate`` (the ILP tables) must follow — each is documented where it is applied:
+
+- step time: formulae (P) and (S) in ``pipeline.py``; per-rank tail in ``estimate.py`` (3.);
+- pipeline send/recv: every boundary costs BOTH adjacent chunks one one-way transfer per micro-batch;
+- Whale ``replicate``: the full layer on the whole micro-batch on every TP rank (the runtime's
+  behaviour), full weights, no TP collectives, gradients synced over the DP group only; a layout change
+  costs one all-gather only with sequence parallelism or after a column-parallel (sharded-output) layer;
+- a default recompute string applies to every layer except kinds in
+  ``placement.NOT_RECOMPUTED_BY_DEFAULT`` (embedding, norm, head, pool, classifier);
+- data-parallel collectives are bucketed (``ParallelConfig.grad_bucket_bytes``): linear in the bytes;
+- identical signatures give identical :class:`LayerCost` (``estimate`` computes each once).
+"""
+
+from planner.cost.collectives import collective_time
+from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
+from planner.cost.config import LayerCost, ParallelConfig
+from planner.cost.estimate import dp_collective_time, estimate
+from planner.cost.memory import MemoryBreakdown, ModelStates, model_states_bytes
+from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
+from planner.cost.placement import assign_chunks, dp_group, tp_group, with_gpus
+from planner.cost.records import ChunkEstimate, Estimate, RankEstimate
+
+__all__ = [
+    "ChunkEstimate", "Estimate", "LayerCost", "MemoryBreakdown", "ModelStates", "ParallelConfig",
+    "RankEstimate", "assign_chunks", "collective_time", "dp_collective_time", "dp_group", "estimate",
+    "full_saved_bytes", "inflight_microbatches", "layer_cost", "layout_change_cost", "model_states_bytes",
+    "pipeline_step_time", "tp_group", "with_gpus",
+]

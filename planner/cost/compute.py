@@ -1,0 +1,193 @@
+"""Per-layer costs: one layer, one option (tp degree, replicate/split, recompute), one micro-batch.
+
+Compute time. When the layer's shard carries measured timings on this device, they are used (linear
+interpolation in the micro-batch, proportional extrapolation outside the measured range). Otherwise a
+two-term roofline, summed (kernels run one after another on a GPU stream):
+
+    forward_s  = fwd_flops / achieved_flops_per_s  +  traffic_bytes / (memory_bw * MEMORY_BW_EFFICIENCY)
+    backward_s = bwd_flops / achieved_flops_per_s  +  BACKWARD_TRAFFIC_FACTOR * traffic time
+
+``achieved_flops_per_s`` = GEMM efficiency x datasheet peak (``constants.GEMM_EFFICIENCY``); the traffic of
+memory-bound kernels is estimated from the saved-activation bytes by category (``TRAFFIC_PER_SAVED_BYTE``,
+derived from Megatron-LM's fused kernels). Sequence parallelism divides the replicated (LayerNorm/dropout)
+part by ``tp``; that reproduces the forward-time gain Korthikanti et al. 2022 Table 4 report (7.7 -> 7.2 ms).
+
+Recompute (Korthikanti et al. 2022 §5): *full* re-runs the layer's forward, its TP collectives included;
+*selective* re-runs only the attention-score part (its FLOPs ``attention_scores_flops_per_sample`` and
+its score traffic); with flash attention there are no stored scores, selective costs nothing, and the
+flash backward recomputes QK^T itself (half of the score FLOPs, Dao et al. 2022 Alg. 4).
+
+Whale styles (Jia et al., ATC'22): ``split`` shards the layer over the TP group (Megatron layout, the
+shard at ``tp``); ``replicate`` keeps the full layer on every TP rank, which computes it on the whole
+micro-batch — redundantly, as the runtime does (``runtime/executor/tp.py`` leaves replicated modules
+untouched by ``parallelize_module``, and TP ranks share their input) — with no TP collectives.
+"""
+
+from __future__ import annotations
+
+from planner.cost.collectives import collective_time
+from planner.cost.config import LayerCost, Recompute, TPStyle
+from planner.cost.constants import (BACKWARD_TRAFFIC_FACTOR, MEMORY_BW_EFFICIENCY, TRAFFIC_PER_SAVED_BYTE)
+from planner.errors import StratagemError
+from planner.profiles import ClusterProfile, LayerProfile, LayerTiming, NodeType, ShardProfile
+
+
+def _shard_for(layer: LayerProfile, tp: int, style: TPStyle) -> tuple[ShardProfile, bool]:
+    """The shard the rank runs and whether the layer is tensor-split at this option."""
+    if tp == 1 or style == "replicate":
+        return layer.shards[0], False
+    if style != "split":
+        raise StratagemError(f"layer {layer.path}: unknown TP style {style!r}; use 'split' or 'replicate'")
+    if layer.tp_style == "none":
+        raise StratagemError(f"layer {layer.path} ({layer.kind}) cannot be tensor-split; set its layout to "
+                             f"'replicate'")
+    try:
+        return layer.shard(tp), True
+    except KeyError:
+        have = ", ".join(str(s.tp) for s in layer.shards)
+        raise StratagemError(f"layer {layer.path} was profiled at tp in {{{have}}}, not tp={tp}; choose one "
+                             f"of those or re-profile with --tp {tp}") from None
+
+
+def _interpolate(timings: list[LayerTiming], samples: float) -> tuple[float, float]:
+    """(forward_s, backward_s) at ``samples`` from measured medians: piecewise-linear, proportional outside."""
+    pts = sorted(timings, key=lambda t: t.micro_batch)
+    if samples <= pts[0].micro_batch or len(pts) == 1:
+        nearest = pts[0] if samples <= pts[0].micro_batch else pts[-1]
+        scale = samples / nearest.micro_batch
+        return nearest.forward.median_s * scale, nearest.backward.median_s * scale
+    if samples >= pts[-1].micro_batch:
+        scale = samples / pts[-1].micro_batch
+        return pts[-1].forward.median_s * scale, pts[-1].backward.median_s * scale
+    for lo, hi in zip(pts, pts[1:]):
+        if lo.micro_batch <= samples <= hi.micro_batch:
+            w = (samples - lo.micro_batch) / (hi.micro_batch - lo.micro_batch)
+            fwd = lo.forward.median_s + w * (hi.forward.median_s - lo.forward.median_s)
+            bwd = lo.backward.median_s + w * (hi.backward.median_s - lo.backward.median_s)
+            return fwd, bwd
+    raise AssertionError("unreachable")
+
+
+def _saved_parts(shard: ShardProfile, samples: int, tp: int, sp: bool) -> tuple[float, float, float]:
+    """(replicated, scores, rest) saved bytes for ``samples`` samples; SP divides the replicated part."""
+    replicated = shard.saved_replicated_bytes_per_sample * samples / (tp if sp else 1)
+    scores = shard.saved_attention_scores_bytes_per_sample * samples
+    rest = max(0.0, shard.saved_bytes_per_sample - shard.saved_replicated_bytes_per_sample
+               - shard.saved_attention_scores_bytes_per_sample) * samples
+    return replicated, scores, rest
+
+
+def _traffic_s(node: NodeType, nbytes: float) -> float:
+    if node.memory_bw_bytes_per_s is None or nbytes <= 0:
+        return 0.0
+    return nbytes / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
+
+
+def _achieved_flops(node: NodeType, dtype: str) -> float:
+    try:
+        return node.compute_for(dtype).achieved_flops_per_s
+    except KeyError:
+        have = ", ".join(c.dtype for c in node.compute)
+        raise StratagemError(f"node type {node.name} has no {dtype} compute figure (has {have}); use "
+                             f"--dtype with one of those") from None
+
+
+def _tp_comm_s(layer: LayerProfile, cluster: ClusterProfile, node: NodeType, tp: int, samples: int,
+               sp: bool, spans_nodes: bool) -> tuple[float, float]:
+    """(forward_s, backward_s) of the layer's TP collectives for one micro-batch."""
+    times = {"forward": 0.0, "backward": 0.0}
+    for need in layer.collectives:
+        if need.axis != "tp" or need.with_sequence_parallel != sp:
+            continue
+        t = collective_time(cluster, need.op, need.bytes_per_sample * samples, tp, node_type=node,
+                            spans_nodes=spans_nodes,
+                            ranks_per_node=node.devices_per_node if spans_nodes else tp)
+        times[need.phase] += need.count * t
+    return times["forward"], times["backward"]
+
+
+def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, tp: int, style: TPStyle,
+               recompute: Recompute, sequence_parallel: bool, micro_batch: int, flash_attention: bool,
+               dtype: str, tp_group_spans_nodes: bool = False, use_timings: bool = True,
+               overlap_tp_comm: bool = False) -> LayerCost:
+    """Per-micro-batch cost of ``layer`` on one rank of a TP group of ``tp`` (see the module docstring).
+
+    ``use_timings=False`` ignores measured timings (e.g. timings from another device than ``node``).
+    ``overlap_tp_comm``: TP collectives run under the layer's GEMMs (Transformer Engine userbuffers,
+    Megatron-Core ``--tp-comm-overlap``); only the part longer than the GEMM time stays exposed.
+    """
+    shard, split = _shard_for(layer, tp, style)
+    samples = micro_batch
+    sp = sequence_parallel and split and tp > 1
+    rate = _achieved_flops(node, dtype)
+    replicated, scores, rest = _saved_parts(shard, samples, tp, sp)
+    scores_traffic_s = 0.0 if flash_attention else _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["scores"] * scores)
+    score_flops = shard.attention_scores_flops_per_sample * samples
+    if use_timings and shard.timings:
+        forward_s, backward_s = _interpolate(shard.timings, samples)
+    else:
+        fwd_traffic_s = _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["replicated"] * replicated
+                                   + TRAFFIC_PER_SAVED_BYTE["split"] * rest) + scores_traffic_s
+        forward_s = shard.fwd_flops_per_sample * samples / rate + fwd_traffic_s
+        backward_s = shard.bwd_flops_per_sample * samples / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
+    flash_bwd_flops = score_flops / 2 if flash_attention else 0.0
+    backward_s += flash_bwd_flops / rate
+    comm_fwd_s, comm_bwd_s = _tp_comm_s(layer, cluster, node, tp, samples, sp, tp_group_spans_nodes) if (
+        split and tp > 1) else (0.0, 0.0)
+    model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples
+    if overlap_tp_comm:
+        comm_fwd_s = max(0.0, comm_fwd_s - shard.fwd_flops_per_sample * samples / rate)
+        comm_bwd_s = max(0.0, comm_bwd_s - shard.bwd_flops_per_sample * samples / rate)
+    if recompute == "full":
+        recompute_s, recompute_flops = forward_s + comm_fwd_s, shard.fwd_flops_per_sample * samples
+    elif recompute == "selective" and not flash_attention:
+        recompute_s, recompute_flops = score_flops / rate + scores_traffic_s, score_flops
+    elif recompute in ("none", "selective"):
+        recompute_s, recompute_flops = 0.0, 0.0
+    else:
+        raise StratagemError(f"unknown recompute mode {recompute!r}; use none, selective or full")
+    if recompute == "full":
+        act_bytes = layer.input_bytes_per_sample * samples / (tp if sp else 1)
+    elif recompute == "selective" or flash_attention:
+        act_bytes = replicated + rest
+    else:
+        act_bytes = replicated + scores + rest
+    return LayerCost(
+        forward_s=forward_s, backward_s=backward_s, recompute_s=recompute_s,
+        tp_comm_s=comm_fwd_s + comm_bwd_s, act_bytes=act_bytes, param_bytes=float(shard.param_bytes),
+        params=float(shard.params), output_bytes=layer.output_bytes_per_sample * micro_batch,
+        model_flops=model_flops, hardware_flops=model_flops + recompute_flops + flash_bwd_flops,
+    )
+
+
+def full_saved_bytes(layer: LayerProfile, *, tp: int, style: TPStyle, sequence_parallel: bool,
+                     micro_batch: int, flash_attention: bool) -> float:
+    """Bytes the layer saves for one micro-batch with no recompute (the backward working set of full
+    recompute, which re-materialises them)."""
+    shard, split = _shard_for(layer, tp, style)
+    replicated, scores, rest = _saved_parts(shard, micro_batch, tp, sequence_parallel and split and tp > 1)
+    return replicated + rest + (0.0 if flash_attention else scores)
+
+
+def layout_change_cost(prev: LayerProfile, next: LayerProfile, prev_style: TPStyle,  # noqa: A002
+                       next_style: TPStyle, *, node: NodeType, cluster: ClusterProfile, tp: int,
+                       micro_batch: int, sequence_parallel: bool = False,
+                       tp_group_spans_nodes: bool = False) -> float:
+    """Seconds per micro-batch to re-lay-out ``prev``'s output for ``next`` (Whale, Jia et al. ATC'22 §4).
+
+    0 when the styles agree or ``tp == 1``. A Megatron split layer (row-parallel end, all-reduced) leaves
+    its output whole on every TP rank, as a replicated layer does, so they chain for free. The output must
+    be re-gathered — one all-gather of the boundary activation, forward or backward — when the split side
+    is sharded: with sequence parallelism (sequence-sharded activations; a replicated neighbour needs them
+    whole forward, or whole gradients backward), or when ``prev`` is a column-parallel layer whose output
+    stays sharded (``tp_style == "column"``, e.g. a split classifier) and ``next`` is replicated.
+    """
+    del next  # the boundary tensor is prev's output
+    if tp == 1 or prev_style == next_style:
+        return 0.0
+    sharded_output = prev_style == "split" and prev.tp_style == "column"
+    if not (sequence_parallel or sharded_output):
+        return 0.0
+    return collective_time(cluster, "all_gather", prev.output_bytes_per_sample * micro_batch, tp, node_type=node,
+                           spans_nodes=tp_group_spans_nodes,
+                           ranks_per_node=node.devices_per_node if tp_group_spans_nodes else tp)

@@ -1,0 +1,112 @@
+"""Named constants of the cost model, each with where it came from.
+
+Hardware *datasheet* numbers live in the cluster profiles (built by ``planner.hardware_catalog`` from
+``shared/reference/hardware_specs.csv``); this file holds the few *modelling* constants: how much of the
+datasheet a real training step reaches, and what the framework costs in memory and bytes.
+
+GEMM efficiency — ONE constant per GPU type
+--------------------------------------------
+``GEMM_EFFICIENCY[gpu]`` is the achieved fraction of dense tensor-core peak for the matrix multiplies of a
+transformer layer (the cluster profile's ``achieved_flops_per_s = efficiency * peak_flops_per_s``). Every
+other part of a layer's time is modelled separately (memory-bound element-wise traffic, TP collectives),
+so this constant is the GEMM rate alone. How each was chosen (one named reference, then held fixed):
+
+- **A100**: Korthikanti et al. 2022 (arXiv:2205.05198) Table 4, the GPT-22B layer *baseline* (tp 8, micro
+  batch 4, seq 2048, no recompute, no SP): forward 7.7 ms + backward 11.9 ms = 19.6 ms. Subtracting this
+  model's element-wise traffic time and its four TP all-reduces leaves the GEMM time; 3 x the layer's
+  forward FLOPs over that time gives the rate: 0.741, used as 0.74 (``tests/test_cost_calibration.py``
+  re-derives it). The per-layer rows are not end-to-end validation cases: nothing validated was fitted.
+- **H100**: Megatron-LM README H100 table, the GPT-177B row (tp 8, pp 6, 2304 GPUs, 432.8 TFLOP/s/GPU) —
+  the GPT-3 architecture of the A100 reference and the middle of the table — solved for the constant
+  (``benchmarks/cost_accuracy.py --calibrate``) with the configuration assumed there (micro-batch 1, no
+  recompute, SP, flash attention, distributed optimizer, TP-comm overlap: the table does not state
+  them); it solves to 0.595, rounded to 0.60; that row is marked "calib" and left out of the error mean.
+  The other rows imply 0.46 (1.7B) to 0.64 (314B): small GEMMs do not fill an H100, which one constant
+  cannot express. H200 shares the GH100 die and clocks (hardware_specs.csv "H200 ... same GH100 compute
+  die"), so it shares the constant.
+- **V100**: Megatron-LM ``images/tables.tex`` GPT-2 1.2B on one V100 (1121 ms/iteration, batch 8), solved
+  the same way (0.764, used as 0.76); that row is marked "calib".
+- **P100**: no reference run with a complete configuration is available here (the seed papers report
+  time-to-accuracy only), so P100 uses the V100 value as a stated assumption, unvalidated.
+"""
+
+from __future__ import annotations
+
+# Achieved fraction of dense fp16/bf16 tensor peak for transformer GEMMs (see the module docstring).
+GEMM_EFFICIENCY: dict[str, float] = {
+    "A100": 0.74,
+    "H100": 0.60,
+    "H200": 0.60,
+    "V100": 0.76,
+    "P100": 0.76,
+}
+
+# Achieved fraction of datasheet HBM bandwidth for streaming element-wise kernels. BabelStream-class
+# measurements reach 85-92 % of datasheet on A100/H100/V100 (Deakin et al., BabelStream results); the low
+# end is used because training kernels are shorter than the benchmark's. Assumption, not fitted.
+MEMORY_BW_EFFICIENCY = 0.85
+
+# HBM traffic of memory-bound (non-GEMM) kernels per byte saved for backward, forward pass, by category of
+# saved bytes (ShardProfile fields). Derived by counting the reads and writes of Megatron-LM's fused
+# kernels in one GPT block (LayerNorm, bias-dropout-add, bias-GeLU, scale-mask-softmax, dropout) against
+# Korthikanti et al. 2022 §4's saved-activation terms:
+#   replicated (LN/dropout region):  22 sbh traffic / 10 sbh saved  = 2.2
+#   attention scores:                13 as^2b     / 5 as^2b         = 2.6
+#   tensor-split rest (GEMM inputs): 16 sbh/t     / 24 sbh/t        = 0.67
+# (A dropout-free layer would be 8 as^2b / 2 as^2b = 4.0 for the scores; the profile does not say whether
+# dropout is on, so the Megatron value is used for every layer — an under-estimate without dropout.)
+TRAFFIC_PER_SAVED_BYTE = {"replicated": 2.2, "scores": 2.6, "split": 0.67}
+# Backward element-wise kernels read the saved input and the incoming gradient and write the outgoing one
+# (softmax-backward 3 tensors vs 2 forward, LayerNorm-backward 3 vs 2, GeLU-backward 3 vs 2): ~1.3x the
+# forward traffic per kernel; the dropout backward only re-reads the mask (~1x). Weighted: 1.2.
+BACKWARD_TRAFFIC_FACTOR = 1.2
+
+# Bytes per parameter of mixed-precision AdamW: fp16/bf16 weights (2) + fp16/bf16 gradients (2) + fp32
+# master weights, momentum and variance (4 + 4 + 4 = 12). Rajbhandari et al. 2020 (ZeRO) §3.1: "2Ψ + 2Ψ +
+# KΨ with K = 12". In fp32 training there is no master copy: 4 + 4 + 8.
+STATE_BYTES_PER_PARAM = {
+    "mixed": {"params": 2, "grads": 2, "optimizer": 12},
+    "fp32": {"params": 4, "grads": 4, "optimizer": 8},
+}
+
+# HBM bytes one AdamW step touches per parameter (apex/Megatron multi-tensor FusedAdam): read fp32 master,
+# m, v, grad (16); write master, m, v (12); write the 16-bit copy (2); gradient-norm clipping re-reads the
+# gradient (2 in 16-bit). Total 32 bytes; the step is memory-bound (arithmetic intensity < 1 FLOP/byte).
+OPTIMIZER_BYTES_PER_PARAM = 32
+# AdamW arithmetic per parameter (for devices without a memory-bandwidth figure): ~12 FLOPs
+# (two moment updates, bias corrections, sqrt, divide, decay, update). PyTorch torch.optim.AdamW source.
+OPTIMIZER_FLOPS_PER_PARAM = 12
+
+# Framework memory on each GPU that the model's tensors do not account for: the CUDA context with
+# PyTorch's kernels loaded, cuBLAS workspaces and NCCL's per-peer buffers. PyTorch "CUDA semantics"
+# notes the context is outside the caching allocator; ~0.5-1 GiB is the commonly reported size on
+# A100/H100 with torch 2.x. Assumption: 1 GiB per GPU, 0 on CPU devices.
+CUDA_CONTEXT_BYTES = 1 << 30
+# Caching-allocator fragmentation as a fraction of allocated bytes. ZeRO (Rajbhandari et al. 2020 §3.2,
+# "memory fragmentation ... OOM with over 30 % of memory still available" in extreme cases) motivates a
+# margin; 10 % is the assumption used here, applied to every device.
+FRAGMENTATION_FRACTION = 0.10
+# Gradient-bucket buffers of data parallelism: torch DDP's default bucket_cap_mb = 25 (torch.nn.parallel.
+# DistributedDataParallel docs); one bucket reducing while the next fills -> 2 buckets.
+DDP_BUCKET_BYTES = 25 * 2**20
+DDP_BUCKETS_IN_FLIGHT = 2
+# FSDP/ZeRO-3 keeps the current and the prefetched layer unsharded (FSDP limit_all_gathers: 2 in flight).
+ZERO3_LAYERS_IN_FLIGHT = 2
+
+# Bytes per element of the compute dtype.
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def gpu_family(device: str) -> str | None:
+    """``'A100'`` for ``'NVIDIA A100-SXM4-80GB'`` etc.; ``None`` when the device is not a known GPU."""
+    upper = device.upper()
+    for family in GEMM_EFFICIENCY:
+        if family in upper:
+            return family
+    return None
+
+
+def is_gpu(device: str) -> bool:
+    """Whether a device name is a GPU (it then carries a CUDA context in memory)."""
+    lower = device.lower()
+    return gpu_family(device) is not None or any(tag in lower for tag in ("gpu", "nvidia", "tesla", "cuda"))

@@ -1,0 +1,307 @@
+"""``estimate``: step time and per-rank peak memory of one parallel configuration.
+
+Composition (exact formula, reproduced by the ILP; see ``pipeline.py`` for (P) and (S)):
+
+1. Per chunk ``c`` and micro-batch: the sum over its layers of :func:`layer_cost` terms (forward,
+   backward, recompute, TP collectives), Whale layout changes between neighbours that disagree (charged
+   to the chunk holding the second layer), and pipeline send/recv: each boundary costs BOTH its chunks
+   one one-way transfer per micro-batch (Megatron's paired send-forward/receive-backward exchanges).
+   With ``tp > 1`` each TP rank sends ``1/tp`` of the activation and the receiver all-gathers it over
+   the TP group — Megatron's scatter/gather optimisation (SC21 §4.1); with sequence parallelism the
+   activation is already sharded.
+2. ``T_r`` = sum over the chunks of pp rank ``r``; the pipeline time is (P) over ``T_r``.
+3. Per rank ``r``, once per step (``W_r`` = backward + recompute time of one micro-batch over the rank's
+   chunks, ``F_r`` = its forward time, ``G_r`` = gradient bytes, ``k`` = seconds per byte of
+   :func:`dp_collective_time`):
+
+   - gradient sync ``sync_r = k * G_r`` over the DP group (all-reduce at ZeRO-0, reduce-scatter at
+     ZeRO-1/2; TP-replicated layers too: their TP ranks hold identical gradients); exposed
+     ``max(sync_r - W_r, min(t(bucket), sync_r))`` when ``overlap_grad_reduce`` (PyTorch DDP, Megatron
+     ``--overlap-grad-reduce``: it runs under the last micro-batch's backward, but the last bucket only
+     starts after it), else ``sync_r``;
+   - ZeRO-1/2: parameter all-gather ``k_ag * P_r`` after the step, exposed ``max(. - F_r, 0)`` when
+     overlapping (``--overlap-param-gather``), else all of it;
+   - ZeRO-3: per micro-batch and layer, two all-gathers of its weights and a reduce-scatter of its
+     gradients (ZeRO §5.3: 1.5x the all-reduce volume): ``m * max(C_r - (F_r + W_r), 0) + g_first``
+     when overlapping (the rank's first layer's gather cannot be prefetched), else ``m * C_r``;
+   - the AdamW step, memory-bound: ``OPTIMIZER_BYTES_PER_PARAM * params_r / (0.85 * HBM bandwidth)``
+     (params after ZeRO sharding).
+
+   The step time adds the maximum over ranks of this tail (S).
+
+Gradients are communicated in the 16-bit compute dtype (ZeRO paper's 2-byte gradients). Tied embeddings
+on different pipeline ranks keep a copy of the word embedding on the head's rank (SC21 eq. 2 note); its
+gradient all-reduce between the two ranks (one message per step) is not modelled.
+"""
+
+from __future__ import annotations
+
+
+from planner.cost.collectives import collective_time
+from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
+from planner.cost.config import LayerCost, ParallelConfig
+from planner.cost.constants import (DDP_BUCKETS_IN_FLIGHT, MEMORY_BW_EFFICIENCY,
+                                    OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_FLOPS_PER_PARAM,
+                                    STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT, is_gpu)
+from planner.cost.memory import build_memory_breakdown, model_states_bytes, precision_kind
+from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
+from planner.cost.placement import (GroupShape, assign_chunks, dp_group, layer_recompute, layer_style,
+                                    rank_node_types, tp_group)
+from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate
+from planner.cost.validate import check_config, micro_batches_per_replica
+from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
+
+
+def _coll(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape) -> float:
+    return collective_time(cluster, op, nbytes, group.n_ranks, node_type=node, spans_nodes=group.spans_nodes,
+                           ranks_per_node=group.ranks_per_node)
+
+
+def dp_collective_time(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape,
+                       bucket_bytes: float | None) -> float:
+    """Seconds to move ``nbytes`` of gradients (or ZeRO-1/2 weights) over a data-parallel group.
+
+    In buckets of ``bucket_bytes``, one collective each with the algorithm chosen at the bucket size
+    (torch DDP ``bucket_cap_mb``; Megatron-Core buckets alike): ``nbytes * t(bucket) / bucket``, linear in
+    the bytes — a sum of per-layer terms the ILP can carry. ``None``: one collective, ``t(nbytes)``.
+    """
+    if nbytes <= 0:
+        return 0.0
+    if bucket_bytes is None:
+        return _coll(cluster, node, op, nbytes, group)
+    return nbytes * _coll(cluster, node, op, bucket_bytes, group) / bucket_bytes
+
+
+def _timings_apply(model: ModelProfile, node: NodeType) -> bool:
+    """Measured timings are used only on the device they were measured on."""
+    measured_on = (model.provenance.device_name or "").lower()
+    device = node.device.lower()
+    return bool(measured_on) and (measured_on == device or ("cpu" in measured_on and "cpu" in device))
+
+
+class _Assembler:
+    """Builds the chunk and rank records of one configuration (one instance per ``estimate`` call)."""
+
+    def __init__(self, model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, dtype: str,
+                 global_batch: int):
+        self.model, self.cluster, self.cfg, self.dtype = model, cluster, config, dtype
+        self.global_batch = global_batch
+        self.m = micro_batches_per_replica(config, global_batch)
+        self.chunks = assign_chunks(model, config)
+        self.node_names = rank_node_types(cluster, config)
+        self.costs: list[list[LayerCost]] = []
+        self._cache: dict[tuple[str, str, str, str], LayerCost] = {}
+
+    def node(self, pp_rank: int) -> NodeType:
+        return self.cluster.node_type(self.node_names[pp_rank])
+
+    def _cost(self, layer: LayerProfile, node: NodeType) -> LayerCost:
+        """layer_cost, computed once per (signature, option, node type): equal signatures are identical."""
+        cfg = self.cfg
+        style, recompute = layer_style(cfg, layer), layer_recompute(cfg, layer)
+        key = (layer.signature, style, recompute, node.name)
+        if key not in self._cache:
+            self._cache[key] = layer_cost(
+                layer, node=node, cluster=self.cluster, tp=cfg.tp, style=style, recompute=recompute,
+                sequence_parallel=cfg.sequence_parallel, micro_batch=cfg.micro_batch,
+                flash_attention=cfg.flash_attention, dtype=self.dtype,
+                tp_group_spans_nodes=tp_group(cfg.tp, node.devices_per_node).spans_nodes,
+                use_timings=_timings_apply(self.model, node), overlap_tp_comm=cfg.overlap_tp_comm)
+        return self._cache[key]
+
+    def _layout_s(self, prev: LayerProfile, nxt: LayerProfile, node: NodeType) -> float:
+        cfg = self.cfg
+        return layout_change_cost(prev, nxt, layer_style(cfg, prev), layer_style(cfg, nxt), node=node,
+                                  cluster=self.cluster, tp=cfg.tp, micro_batch=cfg.micro_batch,
+                                  sequence_parallel=cfg.sequence_parallel,
+                                  tp_group_spans_nodes=tp_group(cfg.tp, node.devices_per_node).spans_nodes)
+
+    def _boundary_s(self, c: int) -> float:
+        """One-way time of the activation crossing the boundary after chunk ``c`` (per micro-batch)."""
+        cfg = self.cfg
+        src, dst = c % cfg.pp, (c + 1) % cfg.pp
+        node = self.node(src)
+        last = self.chunks[c][-1]
+        full_bytes = last.output_bytes_per_sample * cfg.micro_batch
+        spans = (self.node_names[src] != self.node_names[dst] or cfg.dp * cfg.tp >= node.devices_per_node)
+        one_way = collective_time(self.cluster, "send_recv", full_bytes / cfg.tp, 2, node_type=node,
+                                  spans_nodes=spans, ranks_per_node=1)
+        if cfg.tp > 1 and not cfg.sequence_parallel and layer_style(cfg, last) == "split":
+            one_way += _coll(self.cluster, node, "all_gather", full_bytes, tp_group(cfg.tp, node.devices_per_node))
+        return one_way
+
+    def _p2p_s(self, c: int) -> float:
+        """Pipeline send/recv time of chunk ``c`` per micro-batch.
+
+        Megatron pairs each send with the opposite receive (``send_forward_recv_backward``,
+        ``send_backward_recv_forward``), so a boundary costs each of its two chunks one one-way transfer
+        per micro-batch: a chunk pays its inbound and its outbound boundary.
+        """
+        if self.cfg.pp == 1:
+            return 0.0
+        inbound = self._boundary_s(c - 1) if c > 0 else 0.0
+        outbound = self._boundary_s(c) if c < len(self.chunks) - 1 else 0.0
+        return inbound + outbound
+
+    def build_chunks(self) -> list[ChunkEstimate]:
+        out = []
+        for c, layers in enumerate(self.chunks):
+            node = self.node(c % self.cfg.pp)
+            costs = [self._cost(layer, node) for layer in layers]
+            self.costs.append(costs)
+            neighbours = list(zip(layers, layers[1:]))
+            if c > 0:
+                neighbours.insert(0, (self.chunks[c - 1][-1], layers[0]))
+            time_s = {
+                "forward": sum(k.forward_s for k in costs), "backward": sum(k.backward_s for k in costs),
+                "recompute": sum(k.recompute_s for k in costs), "tp_comm": sum(k.tp_comm_s for k in costs),
+                "layout": sum(self._layout_s(a, b, node) for a, b in neighbours), "pp_comm": self._p2p_s(c),
+            }
+            out.append(ChunkEstimate(index=c, pp_rank=c % self.cfg.pp, node_type=node.name,
+                                     module_paths=tuple(layer.path for layer in layers), time_s=time_s,
+                                     model_flops=sum(k.model_flops for k in costs),
+                                     hardware_flops=sum(k.hardware_flops for k in costs)))
+        return out
+
+    def _rank_params(self, r: int) -> tuple[float, list[tuple[LayerProfile, LayerCost]]]:
+        """(parameters held by one rank of pp rank r, its (layer, cost) pairs). TP ranks of a replicated
+        layer hold identical weights and gradients, so every parameter syncs over the DP group only."""
+        cfg = self.cfg
+        pairs = [(layer, cost) for c in range(r, len(self.chunks), cfg.pp)
+                 for layer, cost in zip(self.chunks[c], self.costs[c])]
+        return sum(k.params for _, k in pairs) + self._tied_copy(r), pairs
+
+    def _tied_copy(self, r: int) -> float:
+        """Word-embedding copy held by the head's pp rank when tied and on another rank."""
+        if not bool(self.model.model.dims.get("tie_embeddings", False)) or self.cfg.pp == 1:
+            return 0.0
+        where = {layer.path: c % self.cfg.pp for c, chunk in enumerate(self.chunks) for layer in chunk}
+        if "embed" not in where or "head" not in where or where["embed"] == where["head"] or where["head"] != r:
+            return 0.0
+        embed = self.model.layer("embed")
+        style_tp = self.cfg.tp if layer_style(self.cfg, embed) == "split" else 1
+        return float(embed.shard(style_tp).params)
+
+    def build_rank(self, r: int, chunks: list[ChunkEstimate]) -> RankEstimate:
+        cfg, node = self.cfg, self.node(r)
+        mine = [ch for ch in chunks if ch.pp_rank == r]
+        params, pairs = self._rank_params(r)
+        dp_g = dp_group(cfg.dp, cfg.tp, node.devices_per_node)
+        grad_b = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
+        weight_b = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["params"]
+        bwd_window = sum(ch.time_s["backward"] + ch.time_s["recompute"] for ch in mine)
+        fwd_window = sum(ch.time_s["forward"] for ch in mine)
+        sync_s = exposed_s = zero_s = 0.0
+        if cfg.zero_stage < 3:
+            op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"
+            bucket = cfg.grad_bucket_bytes
+            sync_s = dp_collective_time(self.cluster, node, op, params * grad_b, dp_g, bucket)
+            if cfg.overlap_grad_reduce:
+                # the last bucket only starts when the backward ends: it is exposed whatever the overlap
+                last_s = min(dp_collective_time(self.cluster, node, op, bucket or 0.0, dp_g, bucket), sync_s)
+                exposed_s = max(sync_s - bwd_window, last_s)
+            else:
+                exposed_s = sync_s
+            if cfg.zero_stage > 0:
+                gather_s = dp_collective_time(self.cluster, node, "all_gather", params * weight_b, dp_g, bucket)
+                zero_s = max(gather_s - fwd_window, 0.0) if cfg.overlap_grad_reduce else gather_s
+        else:
+            zero_s = self._zero3_s(pairs, node, dp_g, weight_b, grad_b, fwd_window + bwd_window)
+        return RankEstimate(pp_rank=r, node_type=node.name, microbatch_s=sum(ch.total_s for ch in mine),
+                            inflight_microbatches=inflight_microbatches(cfg.schedule, cfg.pp, r, self.m,
+                                                                        cfg.virtual_stages),
+                            dp_sync_s=sync_s, dp_sync_exposed_s=exposed_s, zero_comm_s=zero_s,
+                            optimizer_s=self._optimizer_s(node, params),
+                            memory=self._memory(r, node, params, pairs))
+
+    def _zero3_s(self, pairs: list[tuple[LayerProfile, LayerCost]], node: NodeType, dp_g: GroupShape,
+                 weight_b: float, grad_b: float, window_s: float) -> float:
+        """ZeRO-3/FSDP per step: per layer and micro-batch, gather weights for the forward and for the
+        backward and reduce-scatter the gradients; with overlap only what exceeds the compute shows."""
+        cfg = self.cfg
+        per_mb, first = 0.0, None
+        for _, k in pairs:
+            gather = _coll(self.cluster, node, "all_gather", k.params * weight_b, dp_g)
+            first = gather if first is None else first
+            per_mb += 2 * gather + _coll(self.cluster, node, "reduce_scatter", k.params * grad_b, dp_g)
+        if not cfg.overlap_grad_reduce:
+            return self.m * per_mb
+        return self.m * max(per_mb - window_s, 0.0) + (first or 0.0)  # nothing hides the first gather
+
+    def _optimizer_s(self, node: NodeType, params: float) -> float:
+        params = params / (self.cfg.dp if self.cfg.zero_stage >= 1 else 1)
+        if node.memory_bw_bytes_per_s:
+            return params * OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
+        return params * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
+
+    def _memory(self, r: int, node: NodeType, params: float, pairs: list[tuple[LayerProfile, LayerCost]]):
+        cfg = self.cfg
+        states = [model_states_bytes(params, cfg.zero_stage, cfg.dp, self.dtype)]
+        act = sum(k.act_bytes for _, k in pairs)
+        working = max([full_saved_bytes(layer, tp=cfg.tp, style=layer_style(cfg, layer),
+                                        sequence_parallel=cfg.sequence_parallel, micro_batch=cfg.micro_batch,
+                                        flash_attention=cfg.flash_attention)
+                       for layer, _ in pairs if layer_recompute(cfg, layer) == "full"], default=0.0)
+        buffers = 0.0
+        grad_bytes = params * STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
+        if cfg.zero_stage < 3 and cfg.dp > 1:
+            buffers += min(DDP_BUCKETS_IN_FLIGHT * (cfg.grad_bucket_bytes or grad_bytes), grad_bytes)
+        if cfg.zero_stage == 3:
+            buffers += ZERO3_LAYERS_IN_FLIGHT * max((k.param_bytes for _, k in pairs), default=0.0)
+        if cfg.pp > 1:
+            buffers += 2 * sum(self.chunks[c][-1].output_bytes_per_sample * cfg.micro_batch / cfg.tp
+                               for c in range(r, len(self.chunks), cfg.pp))
+        inflight = inflight_microbatches(cfg.schedule, cfg.pp, r, self.m, cfg.virtual_stages)
+        return build_memory_breakdown(states=states, act_bytes_per_microbatch=act, inflight_microbatches=inflight,
+                                      working_set_bytes=working, comm_buffer_bytes=buffers,
+                                      capacity_bytes=float(node.device_memory_bytes),
+                                      is_gpu=is_gpu(node.device))
+
+
+def _breakdown(chunks: list[ChunkEstimate], ranks: list[RankEstimate], pipeline_s: float, m: int) -> dict:
+    slow = max(ranks, key=lambda rk: rk.microbatch_s)
+    tail = max(ranks, key=lambda rk: rk.tail_s)
+    mine = [ch for ch in chunks if ch.pp_rank == slow.pp_rank]
+    out = {k: 0.0 for k in BREAKDOWN_KEYS}
+    for key in ("forward", "backward", "recompute", "tp_comm", "pp_comm"):
+        out[key] = m * sum(ch.time_s[key] for ch in mine)
+    out["tp_comm"] += m * sum(ch.time_s["layout"] for ch in mine)
+    out["bubble"] = pipeline_s - m * slow.microbatch_s
+    out["dp_sync_exposed"] = tail.dp_sync_exposed_s
+    out["dp_sync_overlapped"] = tail.dp_sync_s - tail.dp_sync_exposed_s
+    out["zero_comm"] = tail.zero_comm_s
+    out["optimizer"] = tail.optimizer_s
+    return out
+
+
+def estimate(model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int,
+             dtype: str = "bf16") -> Estimate:
+    """Predict one training step of ``model`` on ``cluster`` under ``config`` (pure function).
+
+    Raises :class:`StratagemError` naming the fix for impossible configurations. Peak memory over the
+    device capacity is reported (``fits_in_memory=False``), not raised: the search needs the number.
+    """
+    check_config(model, cluster, config, global_batch=global_batch, dtype=dtype)
+    asm = _Assembler(model, cluster, config, dtype, global_batch)
+    chunks = asm.build_chunks()
+    ranks = [asm.build_rank(r, chunks) for r in range(config.pp)]
+    pipeline_s = pipeline_step_time([rk.microbatch_s for rk in ranks], asm.m, config.virtual_stages,
+                                    config.schedule)
+    step_s = pipeline_s + max(rk.tail_s for rk in ranks)
+    micro_batches_total = global_batch / config.micro_batch
+    model_flops = micro_batches_total * config.tp * sum(ch.model_flops for ch in chunks)
+    hardware_flops = micro_batches_total * config.tp * sum(ch.hardware_flops for ch in chunks)
+    peak_flops = sum(asm.node(r).compute_for(dtype).peak_flops_per_s for r in range(config.pp))
+    peak_flops *= config.dp * config.tp
+    world = config.world_size
+    peak_mem = max(rk.memory.peak_bytes for rk in ranks)
+    return Estimate(
+        step_time_s=step_s, tokens_per_s=global_batch * model.seq_len / step_s,
+        samples_per_s=global_batch / step_s, model_tflops_per_gpu=model_flops / step_s / world / 1e12,
+        hardware_tflops_per_gpu=hardware_flops / step_s / world / 1e12,
+        mfu=model_flops / step_s / peak_flops, hfu=hardware_flops / step_s / peak_flops,
+        peak_mem_bytes=peak_mem, fits_in_memory=all(rk.memory.peak_bytes <= rk.memory.capacity for rk in ranks),
+        breakdown_s=_breakdown(chunks, ranks, pipeline_s, asm.m), per_stage=tuple(chunks), per_rank=tuple(ranks))
+
+
+__all__ = ["estimate", "Estimate"]

@@ -1,0 +1,164 @@
+"""Where a configuration puts things: layers into chunks, pp ranks onto node types, groups onto nodes.
+
+Rank layout follows the plan file (``planner.plan``): mesh axes ``(pp, dp, tp)``, tp fastest, so a TP
+group is ``tp`` consecutive ranks and a stage's ``dp * tp`` ranks are consecutive. With ``d`` devices per
+node (and groups aligned to node boundaries), a TP group spans nodes iff ``tp > d``; a DP group has
+``min(dp, d // tp)`` ranks per node and spans nodes iff ``dp * tp > d``; consecutive pipeline ranks sit on
+different nodes iff ``dp * tp >= d`` or their node types differ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from planner.cost.config import ParallelConfig, Recompute, TPStyle
+from planner.errors import StratagemError
+from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeGroup
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupShape:
+    """One communication group: its size, ranks per node, and whether it crosses nodes."""
+
+    n_ranks: int
+    ranks_per_node: int
+    spans_nodes: bool
+
+
+def tp_group(tp: int, devices_per_node: int) -> GroupShape:
+    spans = tp > devices_per_node
+    return GroupShape(n_ranks=tp, ranks_per_node=min(tp, devices_per_node), spans_nodes=spans)
+
+
+def dp_group(dp: int, tp: int, devices_per_node: int, *, include_tp: bool = False) -> GroupShape:
+    """The DP group of one rank: ``dp`` ranks ``tp`` apart (``include_tp``: the whole ``tp * dp`` block of
+    a stage; the cost model no longer syncs anything over it — replicated layers sync over DP alone)."""
+    if include_tp:
+        n = dp * tp
+        return GroupShape(n_ranks=n, ranks_per_node=min(n, devices_per_node), spans_nodes=n > devices_per_node)
+    per_node = max(1, min(dp, devices_per_node // tp)) if tp <= devices_per_node else 1
+    return GroupShape(n_ranks=dp, ranks_per_node=per_node, spans_nodes=dp * tp > devices_per_node)
+
+
+def with_gpus(cluster: ClusterProfile, gpus: int) -> ClusterProfile:
+    """``cluster`` resized to hold ``gpus`` devices: a single-type cluster gets ``ceil(gpus / d)`` nodes
+    (the shipped profiles describe a node type and its network; the node count is the user's choice).
+    A mixed cluster is returned unchanged and must already hold ``gpus`` devices."""
+    if gpus < 1:
+        raise StratagemError(f"--gpus must be >= 1, got {gpus}")
+    if cluster.is_mixed:
+        if gpus > cluster.total_devices:
+            raise StratagemError(f"mixed cluster {cluster.name} has {cluster.total_devices} devices, not "
+                                 f"{gpus}; use --gpus <= {cluster.total_devices} or edit its node groups")
+        return cluster
+    node_type = cluster.nodes[0].node_type
+    per_node = cluster.node_type(node_type).devices_per_node
+    nodes = [NodeGroup(node_type=node_type, count=math.ceil(gpus / per_node))]
+    return cluster.model_copy(update={"nodes": nodes, "content_hash": None})
+
+
+def default_style(layer: LayerProfile, tp: int) -> TPStyle:
+    """Split TP-capable layers when tp > 1, replicate the rest (ParallelConfig.layout's default)."""
+    return "split" if tp > 1 and layer.tp_style != "none" else "replicate"
+
+
+def layer_style(config: ParallelConfig, layer: LayerProfile) -> TPStyle:
+    return config.layout.get(layer.path, default_style(layer, config.tp))
+
+
+# Layer kinds a *default* recompute mode (``recompute="full"``) leaves alone: Megatron-LM recomputes
+# transformer layers only (``--recompute-granularity``), and SC21 eq. 3 counts no recompute of the head.
+NOT_RECOMPUTED_BY_DEFAULT = frozenset({"embedding", "head", "norm", "pool", "classifier"})
+
+
+def layer_recompute(config: ParallelConfig, layer: LayerProfile) -> Recompute:
+    """The layer's recompute mode: from the per-path mapping (absent = none), or the default mode for
+    every layer whose kind is not in ``NOT_RECOMPUTED_BY_DEFAULT``."""
+    if isinstance(config.recompute, str):
+        return "none" if layer.kind in NOT_RECOMPUTED_BY_DEFAULT else config.recompute
+    return config.recompute.get(layer.path, "none")
+
+
+def assign_chunks(model: ModelProfile, config: ParallelConfig) -> list[list[LayerProfile]]:
+    """Layers of each chunk (``pp * v`` chunks in model order; chunk ``i`` runs on pp rank ``i % pp``).
+
+    Without ``stage_layers``: blocks split as evenly as possible, earlier chunks taking the remainder
+    (Megatron requires equal counts; the ILP may choose any boundaries); the layers before the first
+    block join the first chunk, the layers after the last block join the last.
+    """
+    n_chunks = config.pp * config.virtual_stages
+    by_path = {layer.path: layer for layer in model.layers}
+    if config.stage_layers is not None:
+        return _explicit_chunks(model, config, by_path, n_chunks)
+    blocks = [i for i, layer in enumerate(model.layers) if layer.kind == "block"]
+    if not blocks:
+        blocks = list(range(len(model.layers)))
+    if len(blocks) < n_chunks:
+        raise StratagemError(f"the model has {len(blocks)} blocks but pp={config.pp} x virtual stages="
+                             f"{config.virtual_stages} needs {n_chunks} chunks; reduce --pp or --virtual-stages")
+    base, extra = divmod(len(blocks), n_chunks)
+    chunks: list[list[LayerProfile]] = []
+    start = 0
+    for c in range(n_chunks):
+        size = base + (1 if c < extra else 0)
+        chunks.append([model.layers[i] for i in blocks[start:start + size]])
+        start += size
+    chunks[0] = model.layers[:blocks[0]] + chunks[0]
+    chunks[-1] = chunks[-1] + model.layers[blocks[-1] + 1:]
+    return chunks
+
+
+def _explicit_chunks(model: ModelProfile, config: ParallelConfig, by_path: dict[str, LayerProfile],
+                     n_chunks: int) -> list[list[LayerProfile]]:
+    stage_layers = config.stage_layers or ()
+    if len(stage_layers) != n_chunks:
+        raise StratagemError(f"stage_layers lists {len(stage_layers)} chunks but pp={config.pp} x virtual "
+                             f"stages={config.virtual_stages} = {n_chunks}; give one entry per chunk")
+    flat = [p for chunk in stage_layers for p in chunk]
+    if flat != [layer.path for layer in model.layers]:
+        unknown = sorted(set(flat) - set(by_path))
+        missing = sorted(set(by_path) - set(flat))
+        raise StratagemError(f"stage_layers must list every layer once, in model order (unknown {unknown[:3]}, "
+                             f"missing {missing[:3]}); fix the stage boundaries")
+    if any(not chunk for chunk in stage_layers):
+        raise StratagemError("a pipeline chunk in stage_layers is empty; give every chunk at least one layer")
+    return [[by_path[p] for p in chunk] for chunk in stage_layers]
+
+
+def rank_node_types(cluster: ClusterProfile, config: ParallelConfig) -> list[str]:
+    """Node type of each pp rank; checks that every type has the devices its stages need."""
+    names = [nt.name for nt in cluster.node_types]
+    types = list(config.stage_node_types) if config.stage_node_types else [cluster.nodes[0].node_type] * config.pp
+    if len(types) != config.pp:
+        raise StratagemError(f"stage_node_types names {len(types)} node types for pp={config.pp}; give one per "
+                             f"pipeline rank")
+    for t in types:
+        if t not in names:
+            raise StratagemError(f"stage node type {t!r} is not in cluster {cluster.name} ({', '.join(names)})")
+    for name in set(types):
+        need = types.count(name) * config.dp * config.tp
+        have = sum(g.count for g in cluster.nodes if g.node_type == name) * cluster.node_type(name).devices_per_node
+        if need > have:
+            raise StratagemError(f"the stages placed on {name} need {need} devices but the cluster has {have}; "
+                                 f"move stages to another node type or use a larger cluster")
+    return types
+
+
+def fill_stage_node_types(cluster: ClusterProfile, config: ParallelConfig) -> ParallelConfig:
+    """``config`` with pp ranks placed on node types in cluster order, each taking ``dp * tp`` devices
+    from the first type with room (the default placement on a mixed cluster)."""
+    free = {}
+    for group in cluster.nodes:
+        free[group.node_type] = free.get(group.node_type, 0) + group.count * cluster.node_type(
+            group.node_type).devices_per_node
+    need = config.dp * config.tp
+    types = []
+    for r in range(config.pp):
+        name = next((t for t, n in free.items() if n >= need), None)
+        if name is None:
+            raise StratagemError(f"pipeline rank {r} needs {need} devices of one node type but none is left in "
+                                 f"{cluster.name}; reduce dp*tp or pp")
+        free[name] -= need
+        types.append(name)
+    return replace(config, stage_node_types=tuple(types))

@@ -1,0 +1,94 @@
+"""Reject impossible configurations with one line naming what to change."""
+
+from __future__ import annotations
+
+import math
+
+from planner.cost.config import ParallelConfig
+from planner.cost.pipeline import SCHEDULES
+from planner.errors import StratagemError
+from planner.profiles import ClusterProfile, ModelProfile
+
+
+def micro_batches_per_replica(config: ParallelConfig, global_batch: int) -> int:
+    """Micro-batches the busiest DP replica runs per step (``num_micro_batches`` with equal shares)."""
+    if config.batch_shares is None:
+        return config.num_micro_batches
+    return max(math.ceil(share * global_batch / config.micro_batch) for share in config.batch_shares)
+
+
+def _check_degrees(config: ParallelConfig, cluster: ClusterProfile) -> None:
+    for name in ("tp", "pp", "dp", "micro_batch", "num_micro_batches", "virtual_stages"):
+        if getattr(config, name) < 1:
+            raise StratagemError(f"{name} must be >= 1, got {getattr(config, name)}")
+    if config.world_size > cluster.total_devices:
+        raise StratagemError(f"tp {config.tp} x pp {config.pp} x dp {config.dp} = {config.world_size} GPUs but "
+                             f"cluster {cluster.name} has {cluster.total_devices}; use --gpus "
+                             f"{config.world_size} (single-type clusters scale) or smaller degrees")
+    if config.zero_stage not in (0, 1, 2, 3):
+        raise StratagemError(f"ZeRO stage {config.zero_stage} does not exist; use 0, 1, 2 or 3")
+
+
+def _check_schedule(config: ParallelConfig) -> None:
+    if config.schedule not in SCHEDULES:
+        raise StratagemError(f"unknown schedule {config.schedule!r}; use one of {', '.join(SCHEDULES)}")
+    v = config.virtual_stages
+    if config.schedule == "interleaved_1f1b":
+        if v < 2:
+            raise StratagemError("interleaved_1f1b needs --virtual-stages >= 2; use 1f1b for one chunk per rank")
+        if config.pp < 2:
+            raise StratagemError("interleaved_1f1b needs pp >= 2; use 1f1b with pp 1")
+        if config.num_micro_batches % config.pp:
+            raise StratagemError(f"interleaved 1F1B needs the micro-batch count ({config.num_micro_batches}) to "
+                                 f"be a multiple of pp={config.pp} (Megatron-LM); change --global-batch or "
+                                 f"--micro-batch")
+    elif v != 1:
+        raise StratagemError(f"{config.schedule} runs one chunk per rank but virtual_stages={v}; use "
+                             f"--schedule interleaved_1f1b or --virtual-stages 1")
+
+
+def _check_batch(config: ParallelConfig, global_batch: int) -> None:
+    if config.batch_shares is not None:
+        if len(config.batch_shares) != config.dp or abs(sum(config.batch_shares) - 1) > 1e-9:
+            raise StratagemError(f"batch_shares needs {config.dp} fractions summing to 1, got "
+                                 f"{list(config.batch_shares)}")
+        return
+    per_step = config.dp * config.micro_batch * config.num_micro_batches
+    if per_step != global_batch:
+        per_replica = global_batch / (config.dp * config.micro_batch)
+        fix = (f"use {int(per_replica)} micro-batches" if per_replica.is_integer() and per_replica >= 1 else
+               "choose dp and micro-batch whose product divides the global batch")
+        raise StratagemError(f"global batch {global_batch} != dp {config.dp} x micro-batch {config.micro_batch} x "
+                             f"{config.num_micro_batches} micro-batches = {per_step}; {fix}")
+
+
+def _check_model(model: ModelProfile, config: ParallelConfig) -> None:
+    if config.tp > 1 and model.model.family in ("gpt", "llama"):
+        heads = int(model.model.dim("heads"))
+        if heads % config.tp:
+            raise StratagemError(f"{heads} attention heads are not divisible by tp={config.tp}; choose a tp "
+                                 f"that divides {heads}")
+    for path, style in config.layout.items():
+        if style not in ("split", "replicate"):
+            raise StratagemError(f"layout of {path} is {style!r}; use 'split' or 'replicate'")
+    if not isinstance(config.recompute, str):
+        known = {layer.path for layer in model.layers}
+        unknown = sorted(set(config.recompute) - known)
+        if unknown:
+            raise StratagemError(f"recompute names unknown layers {unknown[:3]}; use module paths of the profile")
+
+
+def check_config(model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int,
+                 dtype: str) -> None:
+    """Raise :class:`StratagemError` for a configuration that cannot run (chunk/placement checks are in
+    ``placement``)."""
+    if global_batch < 1:
+        raise StratagemError(f"global batch must be >= 1, got {global_batch}")
+    _check_degrees(config, cluster)
+    _check_schedule(config)
+    _check_batch(config, global_batch)
+    _check_model(model, config)
+    for nt in cluster.node_types:
+        if not any(c.dtype == dtype for c in nt.compute):
+            raise StratagemError(f"node type {nt.name} has no {dtype} compute figure; use --dtype "
+                                 f"{nt.compute[0].dtype} or add the figure to the cluster profile")

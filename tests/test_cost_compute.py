@@ -1,0 +1,77 @@
+"""layer_cost details: measured timings, roofline traffic, flash attention, TP-comm overlap, layouts."""
+
+import pytest
+from test_cost_helpers import INTRA_BW, MEM_BW, RATE, block, cluster
+
+from planner.cost import layer_cost, layout_change_cost
+from planner.cost.constants import BACKWARD_TRAFFIC_FACTOR, MEMORY_BW_EFFICIENCY, TRAFFIC_PER_SAVED_BYTE
+from planner.profiles import LayerTiming, TimingStats
+
+CL = cluster()
+NODE = CL.node_types[0]
+
+
+def _cost(layer, **kw):
+    args = dict(node=NODE, cluster=CL, tp=1, style="split", recompute="none", sequence_parallel=False,
+                micro_batch=1, flash_attention=False, dtype="bf16")
+    args.update(kw)
+    return layer_cost(layer, **args)
+
+
+def _stats(t):
+    return TimingStats(median_s=t, min_s=t, max_s=t, repeats=3, warmup=1)
+
+
+def test_measured_timings_interpolate_and_extrapolate():
+    layer = block("blocks.0")
+    timed = layer.shards[0].model_copy(update={"timings": [
+        LayerTiming(micro_batch=1, forward=_stats(1.0), backward=_stats(2.0)),
+        LayerTiming(micro_batch=3, forward=_stats(2.0), backward=_stats(5.0))]})
+    layer = layer.model_copy(update={"shards": [timed, *layer.shards[1:]]})
+    assert _cost(layer, micro_batch=2).forward_s == pytest.approx(1.5)
+    assert _cost(layer, micro_batch=2).backward_s == pytest.approx(3.5)
+    assert _cost(layer, micro_batch=6).forward_s == pytest.approx(4.0)   # proportional beyond the range
+    assert _cost(layer, micro_batch=1, use_timings=False).forward_s == pytest.approx(1e12 / RATE)
+
+
+def test_roofline_adds_memory_traffic_of_saved_bytes():
+    layer = block("blocks.0", saved=1e9)  # all "rest" (no replicated/scores split in the helper)
+    k = _cost(layer)
+    traffic_s = TRAFFIC_PER_SAVED_BYTE["split"] * 1e9 / (MEM_BW * MEMORY_BW_EFFICIENCY)
+    assert k.forward_s == pytest.approx(1e12 / RATE + traffic_s)
+    assert k.backward_s == pytest.approx(2e12 / RATE + BACKWARD_TRAFFIC_FACTOR * traffic_s)
+    assert k.act_bytes == pytest.approx(1e9)
+
+
+def test_overlapped_tp_comm_hides_behind_gemms():
+    layer = block("blocks.0", act_bytes=1e9)
+    plain = _cost(layer, tp=2)
+    hidden = _cost(layer, tp=2, overlap_tp_comm=True)
+    comm = 2e-6 + 1.0 * 1e9 / INTRA_BW   # one all-reduce of 1 GB over 2 ranks per phase
+    assert plain.tp_comm_s == pytest.approx(2 * comm)
+    # forward GEMMs 1e12/2/RATE = 10 ms hide all of the 10 ms collective but its latency
+    assert hidden.tp_comm_s == pytest.approx(max(0.0, comm - 0.01) + max(0.0, comm - 0.02))
+
+
+def test_column_parallel_output_is_regathered_for_a_replicated_neighbour():
+    col = block("cls").model_copy(update={"tp_style": "column"})
+    nxt = block("next")
+    t = layout_change_cost(col, nxt, "split", "replicate", node=NODE, cluster=CL, tp=2, micro_batch=2)
+    assert t == pytest.approx(1e-6 + 0.5 * 2e6 / INTRA_BW)
+    assert layout_change_cost(nxt, col, "split", "replicate", node=NODE, cluster=CL, tp=2, micro_batch=2) == 0
+    assert layout_change_cost(col, nxt, "split", "split", node=NODE, cluster=CL, tp=2, micro_batch=2) == 0
+
+
+def test_flash_attention_drops_scores_and_makes_selective_free():
+    from planner.gpt_profile import build_gpt_profile
+    from planner.modelspec import parse_model
+    blk = build_gpt_profile(parse_model("gpt:korthikanti-22b", dropout=0.1), tp_degrees=[1, 2]).layer("blocks.0")
+    shard = blk.shard(2)
+    plain = _cost(blk, tp=2, micro_batch=1)
+    flash = _cost(blk, tp=2, micro_batch=1, flash_attention=True)
+    assert plain.act_bytes - flash.act_bytes == pytest.approx(shard.saved_attention_scores_bytes_per_sample)
+    assert _cost(blk, tp=2, recompute="selective", flash_attention=True).recompute_s == 0
+    assert _cost(blk, tp=2, recompute="selective").recompute_s > 0
+    # the flash backward recomputes QK^T: half of the score FLOPs
+    extra = shard.attention_scores_flops_per_sample / 2
+    assert flash.hardware_flops - flash.model_flops == pytest.approx(extra)
