@@ -22,6 +22,9 @@ Rules a mirror of ``estimate`` (the ILP tables) must follow — each is document
 - a default recompute string applies to every layer except kinds in
   ``placement.NOT_RECOMPUTED_BY_DEFAULT`` (embedding, norm, head, pool, classifier);
 - data-parallel collectives are bucketed (``ParallelConfig.grad_bucket_bytes``): linear in the bytes;
+- ZeRO-3 (``zero3.py``): the mirror covers the default ``ParallelConfig.zero3_*`` fields (per-layer
+  collectives, 2 gathers, overlap as ``overlap_grad_reduce``); the other values model DeepSpeed's 2021
+  ZeRO-3 for published-run comparisons (``benchmarks/cost_accuracy.py``), not for the search;
 - identical signatures give identical :class:`LayerCost` (``estimate`` computes each once).
 """
 

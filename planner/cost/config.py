@@ -56,6 +56,19 @@ class ParallelConfig:
     # Data-parallel gradient bucket (bytes): torch DDP's default 25 MiB; None = one collective for all
     # gradients (Megatron-LM's 2021 "local" DDP, a contiguous buffer).
     grad_bucket_bytes: float | None = DDP_BUCKET_BYTES
+    # How ZeRO-3 communicates (``planner.cost.zero3``). The defaults are FSDP-like: one all-gather per layer
+    # for the forward and one for the backward, one reduce-scatter per layer, hidden behind compute when
+    # ``overlap_grad_reduce``. DeepSpeed's 2021 ZeRO-3 (Narayanan et al. SC21 Table 2) is
+    # zero3_overlap=False, zero3_param_gathers=3, zero3_granularity="tensor", zero3_list_collectives=True.
+    # None = follow overlap_grad_reduce; False = every gather and reduce-scatter waits for compute and vice versa.
+    zero3_overlap: bool | None = None
+    # All-gathers of each weight per micro-batch: 2 = forward + backward (the recompute reuses the backward's).
+    zero3_param_gathers: int = 2
+    # "layer": one collective per layer's weights; "tensor": one per parameter tensor, tensors under
+    # DeepSpeed's 1e5-element persistence threshold stay replicated (not gathered, gradients still reduced).
+    zero3_granularity: Literal["layer", "tensor"] = "layer"
+    # torch < 1.9 list-based all_gather / reduce_scatter: per-rank views and copies on the host (O(ranks)).
+    zero3_list_collectives: bool = False
 
     @property
     def world_size(self) -> int:

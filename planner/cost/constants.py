@@ -92,6 +92,15 @@ DDP_BUCKET_BYTES = 25 * 2**20
 DDP_BUCKETS_IN_FLIGHT = 2
 # FSDP/ZeRO-3 keeps the current and the prefetched layer unsharded (FSDP limit_all_gathers: 2 in flight).
 ZERO3_LAYERS_IN_FLIGHT = 2
+# DeepSpeed ZeRO-3 keeps parameters with fewer elements than this replicated ("stage3_param_persistence_
+# threshold", default 1e5 in the DeepSpeed config docs; the early-2021 _allgather_param skipped tensors of
+# <= 100000 elements the same way): biases and LayerNorm weights of a GPT block are never gathered.
+DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS = 100_000
+# Host time of one light eager ATen call on CUDA tensors (a view, narrow, or the dispatch of a copy_):
+# PyTorch's operator micro-benchmark printed in pytorch/pytorch PR #32194 (Jan 2020, the torch 1.4-1.8 era):
+# `split` on CUDA tensors, eager, 3.3 us per call. A copy_ also launches a kernel (cudaLaunchKernel adds a
+# few us more), so as the cost of a copy this is a lower bound.
+EAGER_OP_OVERHEAD_S = 3.3e-6
 
 # Bytes per element of the compute dtype.
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

@@ -23,7 +23,8 @@ Composition (exact formula, reproduced by the ILP; see ``pipeline.py`` for (P) a
      overlapping (``--overlap-param-gather``), else all of it;
    - ZeRO-3: per micro-batch and layer, two all-gathers of its weights and a reduce-scatter of its
      gradients (ZeRO §5.3: 1.5x the all-reduce volume): ``m * max(C_r - (F_r + W_r), 0) + g_first``
-     when overlapping (the rank's first layer's gather cannot be prefetched), else ``m * C_r``;
+     when overlapping (the rank's first layer's gather cannot be prefetched), else ``m * C_r``
+     (``zero3.py``; its non-default ``ParallelConfig.zero3_*`` settings model DeepSpeed's 2021 ZeRO-3);
    - the AdamW step, memory-bound: ``OPTIMIZER_BYTES_PER_PARAM * params_r / (0.85 * HBM bandwidth)``
      (params after ZeRO sharding).
 
@@ -49,6 +50,7 @@ from planner.cost.placement import (GroupShape, assign_chunks, dp_group, layer_r
                                     rank_node_types, tp_group)
 from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate
 from planner.cost.validate import check_config, micro_batches_per_replica
+from planner.cost.zero3 import Zero3Comm
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
 
 
@@ -216,17 +218,13 @@ class _Assembler:
 
     def _zero3_s(self, pairs: list[tuple[LayerProfile, LayerCost]], node: NodeType, dp_g: GroupShape,
                  weight_b: float, grad_b: float, window_s: float) -> float:
-        """ZeRO-3/FSDP per step: per layer and micro-batch, gather weights for the forward and for the
-        backward and reduce-scatter the gradients; with overlap only what exceeds the compute shows."""
-        cfg = self.cfg
-        per_mb, first = 0.0, None
-        for _, k in pairs:
-            gather = _coll(self.cluster, node, "all_gather", k.params * weight_b, dp_g)
-            first = gather if first is None else first
-            per_mb += 2 * gather + _coll(self.cluster, node, "reduce_scatter", k.params * grad_b, dp_g)
-        if not cfg.overlap_grad_reduce:
-            return self.m * per_mb
-        return self.m * max(per_mb - window_s, 0.0) + (first or 0.0)  # nothing hides the first gather
+        """ZeRO-3 per step: per layer and micro-batch, gather the weights ``zero3_param_gathers`` times and
+        reduce-scatter the gradients; with overlap only what exceeds the compute shows (``zero3.py``)."""
+        spec = self.model.model
+        comm = Zero3Comm(cfg=self.cfg, cluster=self.cluster, node=node, group=dp_g, weight_bytes=weight_b,
+                         grad_bytes=grad_b, family=spec.family, hidden=int(spec.dims.get("hidden", 0) or 0),
+                         ffn_hidden=int(spec.dims.get("ffn_hidden", 0) or 0))
+        return comm.step_s(pairs, micro_batches=self.m, window_s=window_s)
 
     def _optimizer_s(self, node: NodeType, params: float) -> float:
         params = params / (self.cfg.dp if self.cfg.zero_stage >= 1 else 1)

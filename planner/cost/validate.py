@@ -78,6 +78,14 @@ def _check_model(model: ModelProfile, config: ParallelConfig) -> None:
             raise StratagemError(f"recompute names unknown layers {unknown[:3]}; use module paths of the profile")
 
 
+def _check_zero3(config: ParallelConfig) -> None:
+    if config.zero3_param_gathers < 1:
+        raise StratagemError(f"zero3_param_gathers must be >= 1 (2 = forward + backward), got "
+                             f"{config.zero3_param_gathers}")
+    if config.zero3_granularity not in ("layer", "tensor"):
+        raise StratagemError(f"zero3_granularity {config.zero3_granularity!r} is unknown; use 'layer' or 'tensor'")
+
+
 def check_config(model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int,
                  dtype: str) -> None:
     """Raise :class:`StratagemError` for a configuration that cannot run (chunk/placement checks are in
@@ -85,6 +93,7 @@ def check_config(model: ModelProfile, cluster: ClusterProfile, config: ParallelC
     if global_batch < 1:
         raise StratagemError(f"global batch must be >= 1, got {global_batch}")
     _check_degrees(config, cluster)
+    _check_zero3(config)
     _check_schedule(config)
     _check_batch(config, global_batch)
     _check_model(model, config)

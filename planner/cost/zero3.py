@@ -1,0 +1,137 @@
+"""ZeRO-3 communication of one rank per step: the FSDP-like default and DeepSpeed's early-2021 ZeRO-3.
+
+Per layer and micro-batch a rank all-gathers the layer's 16-bit weights ``G`` times and reduce-scatters its
+gradients once, over the flat data-parallel group (ZeRO, Rajbhandari et al. 2020 §5.3: with ``G = 2`` that
+is 1.5x data parallelism's all-reduce volume). Every collective is a flat NCCL ring over the whole group:
+NCCL 2.x implements all-gather and reduce-scatter with the ring algorithm only (``collectives.py``; the
+hierarchical and tree algorithms there apply to all-reduce). With ``C`` the per-micro-batch sum of these
+collectives, ``m`` micro-batches and ``W`` the rank's forward + backward + recompute time of one micro-batch,
+the step pays ``m * max(C - W, 0) + g_first`` when overlapping (nothing hides the first layer's gather) and
+``m * C`` when not. The defaults of the four ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
+in ``planner.search`` mirrors it); the other values describe DeepSpeed ZeRO-3 as the SC21 Table 2 runs used
+it ("We integrated ZeRO into our codebase using the DeepSpeed Python library", Narayanan et al. SC21 §5.2;
+arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
+
+1. ``zero3_overlap=False`` — nothing overlaps. Prefetching never ran: a sub-module pre-forward hook fired
+   before the module hook that resets the step counter, so every step id was off by one against the
+   recorded trace "which was causing the prefetches to be skipped" (DeepSpeed issue #1069, 2021-05-27;
+   fixed by PR #1170, June 2021). And each on-demand gather called ``torch.cuda.synchronize()`` first:
+   "the async version is not async at all, because each all_gather calls torch.cuda.synchronize()"
+   (PR #1188, 2021-06-25), so compute and communication alternate.
+2. ``zero3_param_gathers=3`` (with full recompute) — the same off-by-one made the reuse test
+   (``get_reuse_distance_in_numel``: "Tracing failed. Cannot tell if the sub_module is reused") report no
+   reuse, so a module's weights were released after every use and gathered again for the forward, the
+   recompute forward and the backward (2021 ``stage3.py``, ``release_sub_module`` / ``_keep_for_later``).
+3. ``zero3_granularity="tensor"`` — one collective per parameter tensor: ``_allgather_param`` per tensor
+   and ``_reduce_scatter_gradient`` per tensor (2021 ``partition_parameters.py``), so the ring latency is
+   paid per tensor, not per layer. Tensors under ``DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS`` (biases,
+   LayerNorms) stay replicated and are not gathered, but their gradients are reduce-scattered like the rest.
+   A GPT block (Megatron layout, Shoeybi et al. 2019) has 12 tensors: QKV 3h^2 and 3h, projection h^2 and
+   h, two LayerNorms 2 x (h, h), FC1 h f and f, FC2 f h and h; other layers count as one tensor.
+4. ``zero3_list_collectives=True`` — torch 1.8 list-based collectives (``_all_gather_base`` came later,
+   PR #1188 "Notes"). Per all-gather: DeepSpeed builds ``n`` views of a zero-filled ``S``-byte buffer
+   (one ``narrow`` per rank, while the GPU writes ``S`` bytes), then ``ProcessGroupNCCL::allgather``
+   copies its flat output into the ``n`` views (``n`` ``copy_`` calls, ``S`` read + ``S`` written). Per
+   reduce-scatter: DeepSpeed slices the gradient per rank (``view`` + ``narrow``: 2 calls per rank), then
+   ``ProcessGroupNCCL::reduce_scatter`` flattens the ``n`` inputs (``n`` ``copy_``, ``2 S`` bytes). Each
+   phase takes the longer of its host calls (``EAGER_OP_OVERHEAD_S`` each) and its HBM traffic (at
+   ``MEMORY_BW_EFFICIENCY`` of the datasheet bandwidth): the host issues, the GPU copies, concurrently.
+
+Not modelled: the allocator work of the per-gather ``torch.zeros`` / flat buffers, the Python overhead of
+DeepSpeed's hooks per sub-module, and the persistent parameters' optimizer all-gather after the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.cost.collectives import collective_time
+from planner.cost.config import LayerCost, ParallelConfig
+from planner.cost.constants import (DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS, EAGER_OP_OVERHEAD_S,
+                                    MEMORY_BW_EFFICIENCY)
+from planner.cost.placement import GroupShape
+from planner.profiles import ClusterProfile, LayerProfile, NodeType
+
+
+def parameter_tensors(layer: LayerProfile, family: str, hidden: int, ffn_hidden: int) -> list[int]:
+    """Element counts of the layer's parameter tensors at tp=1 (see the module docstring, 3.).
+
+    A GPT ``megatron_block`` is split into its 12 tensors when they add up to the profile's parameter
+    count (h = 4, f = 16: 48, 12, 16, 4, 4, 4, 4, 4, 64, 16, 64, 4); every other layer is one tensor.
+    """
+    if family == "gpt" and layer.tp_style == "megatron_block" and hidden > 0:
+        h, f = hidden, ffn_hidden or 4 * hidden
+        tensors = [3 * h * h, 3 * h, h * h, h, h, h, h, h, h * f, f, f * h, h]
+        if sum(tensors) == layer.params:
+            return tensors
+    return [layer.params]
+
+
+def _ring_s(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape) -> float:
+    return collective_time(cluster, op, nbytes, group.n_ranks, node_type=node, spans_nodes=group.spans_nodes,
+                           ranks_per_node=group.ranks_per_node)
+
+
+def list_collective_overhead_s(op: str, nbytes: float, n_ranks: int, hbm_bytes_per_s: float | None) -> float:
+    """Host + copy time a torch-1.8 list-based ``op`` adds to one collective of ``nbytes`` (docstring, 4.).
+
+    >>> round(list_collective_overhead_s("all_gather", 0.0, 1000, None), 6)  # 2 x 1000 calls x 3.3 us
+    0.0066
+    """
+    if n_ranks <= 1:
+        return 0.0
+    host_s = n_ranks * EAGER_OP_OVERHEAD_S  # one call per rank
+    bw = hbm_bytes_per_s * MEMORY_BW_EFFICIENCY if hbm_bytes_per_s else None
+
+    def hbm(traffic_bytes: float) -> float:
+        return traffic_bytes / bw if bw else 0.0
+
+    if op == "all_gather":  # narrow per rank || zero-fill S; then copy_ per rank || read + write S
+        return max(host_s, hbm(nbytes)) + max(host_s, hbm(2 * nbytes))
+    # reduce_scatter: view + narrow per rank; then copy_ per rank || read + write S
+    return 2 * host_s + max(host_s, hbm(2 * nbytes))
+
+
+class Zero3Comm:
+    """ZeRO-3 collectives of one rank (one instance per rank and ``estimate`` call)."""
+
+    def __init__(self, *, cfg: ParallelConfig, cluster: ClusterProfile, node: NodeType, group: GroupShape,
+                 weight_bytes: float, grad_bytes: float, family: str, hidden: int, ffn_hidden: int):
+        self.cfg, self.cluster, self.node, self.group = cfg, cluster, node, group
+        self.weight_bytes, self.grad_bytes = weight_bytes, grad_bytes
+        self.family, self.hidden, self.ffn_hidden = family, hidden, ffn_hidden
+
+    def _one_s(self, op: str, nbytes: float) -> float:
+        t = _ring_s(self.cluster, self.node, op, nbytes, self.group)
+        if self.cfg.zero3_list_collectives and t > 0:
+            t += list_collective_overhead_s(op, nbytes, self.group.n_ranks, self.node.memory_bw_bytes_per_s)
+        return t
+
+    def layer_s(self, layer: LayerProfile, cost: LayerCost) -> tuple[float, float]:
+        """(one gather of the layer's weights, its gradient reduce-scatter), seconds per micro-batch."""
+        if self.cfg.zero3_granularity == "layer":
+            return (self._one_s("all_gather", cost.params * self.weight_bytes),
+                    self._one_s("reduce_scatter", cost.params * self.grad_bytes))
+        tensors = parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden)
+        share = cost.params / layer.params if layer.params else 0.0  # this rank's part (TP shards)
+        gather = sum(self._one_s("all_gather", t * share * self.weight_bytes) for t in tensors
+                     if t >= DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS)
+        scatter = sum(self._one_s("reduce_scatter", t * share * self.grad_bytes) for t in tensors)
+        return gather, scatter
+
+    def step_s(self, pairs: Sequence[tuple[LayerProfile, LayerCost]], *, micro_batches: int,
+               window_s: float) -> float:
+        """Seconds of ZeRO-3 communication the step pays on this rank (module docstring)."""
+        cfg = self.cfg
+        per_mb, first = 0.0, None
+        for layer, k in pairs:
+            gather, scatter = self.layer_s(layer, k)
+            first = gather if first is None else first
+            per_mb += cfg.zero3_param_gathers * gather + scatter
+        overlap = cfg.overlap_grad_reduce if cfg.zero3_overlap is None else cfg.zero3_overlap
+        if not overlap:
+            return micro_batches * per_mb
+        return micro_batches * max(per_mb - window_s, 0.0) + (first or 0.0)  # nothing hides the first gather
+
+
+__all__ = ["Zero3Comm", "list_collective_overhead_s", "parameter_tensors"]
