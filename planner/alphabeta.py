@@ -6,6 +6,8 @@ alpha-beta (latency + size / bandwidth) with NCCL-tests' bus-bandwidth conventio
 
 Fitting minimises the *relative* error (weighted least squares, weight ``1/t^2``): collective timings
 span three or more decades, and an unweighted fit would let the largest message decide ``alpha`` alone.
+If noise makes that slope non-positive, the fit falls back to ordinary (absolute-error) least squares and
+says so in ``weighting``; a fitted latency below zero is clamped to zero and the slope refitted.
 Quality figures: ``r2`` (ordinary coefficient of determination of the medians against the line),
 ``max_rel_err`` (worst ``|fit - median| / median``) and ``run_cv`` (median over sizes of the coefficient of
 variation across repeats — run-to-run noise, independent of the model).
@@ -19,12 +21,15 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.errors import StratagemError
+
+log = logging.getLogger(__name__)
 
 
 def bus_factor(op: str, n_ranks: int) -> float:
@@ -57,15 +62,15 @@ class AlphaBetaFit:
     r2: float
     max_rel_err: float
     run_cv: float | None
+    weighting: str = "relative"  # "absolute" when the relative fit had no positive slope (a fallback)
 
     def predict_s(self, op: str, n_ranks: int, message_bytes: float) -> float:
         """Predicted time of one collective of ``message_bytes`` on ``n_ranks`` ranks, in seconds."""
         return self.alpha_s + bus_factor(op, n_ranks) * message_bytes / self.bus_bw_bytes_per_s
 
 
-def _weighted_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Intercept and slope minimising sum(((a + b x - y) / y)^2), with a >= 0 (else refit through 0)."""
-    ws = [1.0 / (y * y) for y in ys]
+def _weighted_line(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> tuple[float, float]:
+    """Intercept a and slope b minimising sum(w (a + b x - y)^2), with a >= 0 (else refit through 0)."""
     sw = sum(ws)
     sx = sum(w * x for w, x in zip(ws, xs))
     sy = sum(w * y for w, y in zip(ws, ys))
@@ -103,7 +108,15 @@ def fit_alpha_beta(op: str, n_ranks: int, samples: Sequence[tuple[int, Sequence[
     factor = bus_factor(op, n_ranks)
     xs = [factor * b for b, _ in samples]
     ys = [statistics.median(t) for _, t in samples]
-    alpha_s, slope_s_per_byte = _weighted_line(xs, ys)
+    weighting = "relative"
+    alpha_s, slope_s_per_byte = _weighted_line(xs, ys, [1.0 / (y * y) for y in ys])
+    if slope_s_per_byte <= 0:
+        # Noise at small sizes can tilt the relative fit downwards (seen on shared VMs); absolute errors let
+        # the large messages, where bandwidth shows, decide the slope.
+        weighting = "absolute"
+        alpha_s, slope_s_per_byte = _weighted_line(xs, ys, [1.0] * len(ys))
+        log.warning("%s: relative-error fit gave no positive slope; fell back to absolute-error least squares",
+                    op)
     if slope_s_per_byte <= 0:
         raise StratagemError(f"{op}: time does not grow with message size (slope {slope_s_per_byte:.3g} s/B), "
                              f"so no bandwidth can be fitted; extend --sizes to larger messages")
@@ -117,4 +130,5 @@ def fit_alpha_beta(op: str, n_ranks: int, samples: Sequence[tuple[int, Sequence[
         r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
         max_rel_err=max(abs(f - y) / y for y, f in zip(ys, fitted)),
         run_cv=_run_cv([t for _, t in samples]),
+        weighting=weighting,
     )

@@ -191,6 +191,7 @@ def run_benchmarks(args: argparse.Namespace, device: torch.device) -> RawBench:
     """Every rank runs this; only rank 0's return value is written."""
     t_start = time.perf_counter()
     cpu0 = read_cpu_times()
+    load_avg_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     rank, world = dist.get_rank(), dist.get_world_size()
     nproc = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -228,6 +229,7 @@ def run_benchmarks(args: argparse.Namespace, device: torch.device) -> RawBench:
         world_size=world, nnodes=world // nproc, nproc_per_node=nproc, backend=dist.get_backend(),
         device_name=name, device_memory_bytes=mem_bytes, device_memory_source=mem_source,
         torch_version=torch.__version__, host=socket.gethostname(), cpu_steal_fraction=steal,
+        load_avg_1m=load_avg_1m,
         not_measured=missing, collectives=results, compute=compute, wall_s=time.perf_counter() - t_start)
 
 

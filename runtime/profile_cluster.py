@@ -74,6 +74,7 @@ class RawBench(_Raw):
     torch_version: str
     host: str
     cpu_steal_fraction: float | None = Field(None, description="steal / total CPU time during the run")
+    load_avg_1m: float | None = Field(None, description="1-minute load average when the run started")
     not_measured: list[str] = Field(default_factory=list, description="levels that could not be measured")
     collectives: list[RawCollective]
     compute: list[RawCompute]
@@ -146,19 +147,12 @@ def _failure_line(lines: list[str], returncode: int) -> str:
     return f"torchrun exited with status {returncode}"
 
 
-def _run_bounded(cmd: list[str], timeout_s: float, on_progress: ProgressFn | None) -> None:
-    """Run torchrun in its own process group; stream progress; one-line error on failure or timeout."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    log.info("running %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    for stream, tag in ((proc.stdout, "out"), (proc.stderr, "err")):
-        threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True).start()
+def _follow(proc: subprocess.Popen, lines: queue.Queue, timeout_s: float,
+            on_progress: ProgressFn | None) -> list[str]:
+    """Consume torchrun's output until it exits; progress lines go to ``on_progress``. Returns stderr."""
     deadline, open_streams, err_lines = time.monotonic() + timeout_s, 2, []
     while open_streams or proc.poll() is None:
         if time.monotonic() > deadline:
-            _kill_group(proc)
             raise StratagemError(f"cluster profiling did not finish within --timeout-s {timeout_s:g}; "
                                  f"raise --timeout-s, or use --quick / fewer --sizes")
         try:
@@ -174,6 +168,23 @@ def _run_bounded(cmd: list[str], timeout_s: float, on_progress: ProgressFn | Non
             log.debug("torchrun %s: %s", tag, line)
             if tag == "err":
                 err_lines.append(line)
+    return err_lines
+
+
+def _run_bounded(cmd: list[str], timeout_s: float, on_progress: ProgressFn | None) -> None:
+    """Run torchrun in its own process group; one-line error on failure; kill the group on timeout/^C."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    log.info("running %s", " ".join(cmd))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    for stream, tag in ((proc.stdout, "out"), (proc.stderr, "err")):
+        threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True).start()
+    try:
+        err_lines = _follow(proc, lines, timeout_s, on_progress)
+    except BaseException:  # timeout, Ctrl-C: the workers live in their own session, so end them here
+        _kill_group(proc)
+        raise
     if proc.wait() != 0:
         raise StratagemError(f"cluster benchmark failed: {_failure_line(err_lines, proc.returncode)}; "
                              f"fix the failing rank (run with -v for torchrun's log) and re-run")
@@ -204,7 +215,9 @@ def _fit(coll, source: str) -> CollectiveFit:
     fit = fit_alpha_beta(coll.op, coll.n_ranks, [(s.bytes, s.times_s) for s in coll.samples])
     return CollectiveFit(
         op=coll.op, level=coll.level, n_ranks=coll.n_ranks, alpha_s=fit.alpha_s,
-        bus_bw_bytes_per_s=fit.bus_bw_bytes_per_s, origin="measured", source=source, fit_r2=fit.r2,
+        bus_bw_bytes_per_s=fit.bus_bw_bytes_per_s, origin="measured", fit_r2=fit.r2,
+        source=source + ("" if fit.weighting == "relative" else
+                         "; fitted by absolute-error least squares (relative-error fit had no positive slope)"),
         fit_max_rel_err=fit.max_rel_err, run_cv=fit.run_cv,
         samples=[CollectiveSample(bytes=s.bytes, times_s=s.times_s) for s in coll.samples])
 
@@ -224,6 +237,8 @@ def _notes(raw: RawBench) -> str:
     if raw.cpu_steal_fraction is not None:
         notes.append(f"CPU steal during the run {100 * raw.cpu_steal_fraction:.1f}% (from /proc/stat); on "
                      f"shared VMs timings vary 2-5x between runs (shared/notes/torch-distributed-on-cpu.md)")
+    if raw.load_avg_1m is not None:
+        notes.append(f"load average {raw.load_avg_1m:.1f} at the start (other processes compete for the CPUs)")
     notes.append(f"benchmark wall time {raw.wall_s:.1f} s")
     return "; ".join(notes)
 
