@@ -1,0 +1,162 @@
+"""``stratagem show plan.json [--metrics run.jsonl] [--html report.html] [--png DIR]``: read a plan.
+
+Prints a summary (degrees, schedule, predictions, stages, step-time terms, runner-ups, and predicted vs
+measured when a launch's metrics file is given); writes a self-contained HTML report and/or PNG pictures.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from planner.inspect.frames import plan_label, stage_frame
+from planner.inspect.measured import metrics_frame, predicted_vs_measured
+from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
+from planner.plan import Plan, load_plan
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "show", help="summarize a plan file; write HTML or PNG pictures of it",
+        description="Print a readable summary of a plan (and of a launch's metrics beside its predictions); "
+                    "optionally write a self-contained HTML report or the pictures as PNG files.")
+    parser.add_argument("plan", help="plan file written by `stratagem plan`")
+    parser.add_argument("--metrics", metavar="FILE", help="metrics JSON lines written by `stratagem launch`")
+    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report here")
+    parser.add_argument("--png", metavar="DIR", help="write one PNG per picture into this folder")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan)
+    metrics = metrics_frame(args.metrics) if args.metrics else None
+    console = Console(highlight=False)
+    console.print(_overview(plan))
+    console.print(_stages_table(plan))
+    if plan.predictions is not None:
+        console.print(_stage_costs_table(plan))
+        console.print(_terms_table(plan))
+    if plan.search is not None and plan.search.top_k:
+        console.print(_alternatives_table(plan))
+    if metrics is not None:
+        console.print(_measured_table(plan, metrics))
+    if args.html or args.png:
+        from planner.inspect.report import render_pngs, save_html, save_pngs  # matplotlib only if asked
+        pngs = render_pngs(plan, metrics)
+        if args.html:
+            console.print(f"wrote {save_html(plan, args.html, metrics, pngs)}")
+        if args.png:
+            for path in save_pngs(plan, args.png, metrics, pngs):
+                console.print(f"wrote {path}")
+    return 0
+
+
+def _overview(plan: Plan) -> Table:
+    table = Table(title=f"plan: {plan.model.name} on {plan.cluster_name}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    s = plan.schedule
+    table.add_row("ranks", f"{plan.world_size} = pp {plan.mesh.size('pp')} x dp {plan.mesh.size('dp')} x "
+                           f"tp {plan.mesh.size('tp')}  (axes {', '.join(plan.mesh.axes)})")
+    table.add_row("schedule", f"{s.kind}, {s.num_micro_batches} micro-batches of {s.micro_batch_size}, "
+                              f"{s.virtual_stages} chunk(s) per pp rank")
+    table.add_row("training", f"global batch {plan.training.global_batch}, seq {plan.training.seq_len}, "
+                              f"{plan.training.dtype}, ZeRO stage {plan.zero_stage}")
+    p = plan.predictions
+    if p is None:
+        table.add_row("predictions", "none (the plan was not costed)")
+    else:
+        capacity = min(sp.memory_capacity_bytes for sp in p.stages) if p.stages else float("nan")
+        table.add_row("step time", f"{fmt_seconds(p.step_time_s)}  ({p.tokens_per_s:,.0f} tokens/s, "
+                                   f"{p.samples_per_s:,.2f} samples/s)")
+        table.add_row("compute", f"{p.model_tflops_per_gpu:.1f} model TFLOP/s per GPU, MFU {p.mfu:.1%}")
+        table.add_row("peak memory", f"{fmt_bytes(p.peak_memory_bytes)} of {fmt_bytes(capacity)} "
+                                     f"({p.peak_memory_bytes / capacity:.0%})")
+    if plan.search is not None:
+        sr = plan.search
+        table.add_row("search", f"{sr.solver}: {sr.status}, gap {sr.gap:.2g}, {sr.wall_time_s:.3g} s, "
+                                f"{sr.candidates_solved} solved / {sr.candidates_pruned} pruned")
+    table.add_row("label", plan_label(plan))
+    return table
+
+
+def _stages_table(plan: Plan) -> Table:
+    """Where each stage runs: modules, ranks, node type, recompute, tensor-parallel split modules."""
+    frame = stage_frame(plan, simulated=False)
+    table = Table(title="stages: placement", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("stage", "pp", "modules", "n", "ranks", "node type", "recompute", "tp split"):
+        left = name in ("modules", "node type", "recompute")
+        table.add_column(name, justify="left" if left else "right", no_wrap=left)
+    for index, row in frame.iterrows():
+        modules = row["first_module"] if row["modules"] == 1 else f"{row['first_module']}..{row['last_module']}"
+        table.add_row(str(index), str(row["pp_rank"]), modules, str(row["modules"]), str(row["ranks"]),
+                      row["node_type"],
+                      row["recompute"], str(row["tp_split_modules"]))
+    return table
+
+
+def _stage_costs_table(plan: Plan) -> Table:
+    """Predicted seconds per micro-batch by term and memory per device of each stage."""
+    frame = stage_frame(plan, simulated=False)
+    table = Table(title="stages: predicted time per micro-batch and memory per device", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    terms = ("forward", "backward", "recompute", "tp_comm", "pp_comm")
+    for name in ("stage", *terms, "peak/capacity"):
+        table.add_column(name, justify="right", no_wrap=name == "peak/capacity")
+    for index, row in frame.iterrows():
+        cells = [fmt_seconds(row[f"{t}_s_per_micro_batch"]) if row[f"{t}_s_per_micro_batch"] else "-"
+                 for t in terms]
+        table.add_row(str(index), *cells, _peak_of_capacity(row["peak_memory_bytes"], row["memory_capacity_bytes"]))
+    return table
+
+
+def _peak_of_capacity(peak_bytes: float, capacity_bytes: float) -> str:
+    """``"5.84/80 GiB"`` (both in the capacity's unit when the peak reads well in it)."""
+    scale, unit = bytes_unit(capacity_bytes)
+    if peak_bytes * scale < 0.1:
+        return f"{fmt_bytes(peak_bytes)}/{fmt_bytes(capacity_bytes)}"
+    return f"{peak_bytes * scale:.3g}/{capacity_bytes * scale:.3g} {unit}"
+
+
+def _terms_table(plan: Plan) -> Table:
+    p = plan.predictions
+    table = Table(title="step-time terms", caption=f"predicted step {fmt_seconds(p.step_time_s)}")
+    table.add_column("term")
+    table.add_column("time", justify="right")
+    table.add_column("share", justify="right")
+    for term, seconds in p.breakdown_s.items():
+        if seconds == 0:
+            continue
+        if "overlapped" in term:  # hidden behind compute: not part of the step time
+            table.add_row(term, fmt_seconds(seconds), "hidden")
+        else:
+            table.add_row(term, fmt_seconds(seconds), f"{seconds / p.step_time_s:.1%}")
+    return table
+
+
+def _alternatives_table(plan: Plan) -> Table:
+    table = Table(title="runner-up plans from the search")
+    for name in ("plan", "step time", "slowdown", "peak memory"):
+        table.add_column(name, justify="left" if name == "plan" else "right")
+    for alt in plan.search.top_k:
+        table.add_row(alt.summary, fmt_seconds(alt.step_time_s), f"{alt.slowdown:.3f}x",
+                      fmt_bytes(alt.peak_memory_bytes))
+    return table
+
+
+def _measured_table(plan: Plan, metrics) -> Table:
+    frame = predicted_vs_measured(plan, metrics)
+    steady = metrics.index[1:] if len(metrics) > 1 else metrics.index
+    table = Table(title=f"predicted vs measured (measured = median of steps {steady[0]}..{steady[-1]})")
+    for name in ("quantity", "predicted", "measured", "measured / predicted"):
+        table.add_column(name, justify="left" if name == "quantity" else "right")
+    fmt = {"step_time_s": fmt_seconds, "peak_memory_bytes": fmt_bytes, "tokens_per_s": lambda v: f"{v:,.0f}"}
+    for quantity, row in frame.iterrows():
+        show = fmt[quantity]
+        cells = [show(row[c]) if row[c] == row[c] else "-" for c in ("predicted", "measured")]
+        ratio = row["measured_over_predicted"]
+        table.add_row(quantity, *cells, f"{ratio:.2f}" if ratio == ratio else "-")
+    return table

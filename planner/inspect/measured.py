@@ -1,0 +1,121 @@
+"""A launch's metrics file as a table, and predicted vs measured side by side.
+
+The metrics file (written by ``stratagem launch --metrics``, see ``runtime/executor/metrics.py``) holds one
+JSON object per line: ``{"event": "start"}``, then per step ``step``, ``loss``, ``step_time_s``,
+``tokens_per_s``, peak memory per rank (``peak_memory_bytes_per_rank``, or ``peak_mem_bytes``: a list, a
+``{rank: bytes}`` object or one number) and the plan's ``predicted_*`` figures; a last line with
+``"event": "summary"`` (or ``"summary": true``). A restarted job appends, re-logging steps: the last line
+of each step wins. Unknown scalar fields are kept as columns, so the table follows the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from planner.errors import StratagemError
+from planner.plan import Plan
+
+PEAK_KEYS = ("peak_mem_bytes", "peak_memory_bytes", "peak_memory_bytes_per_rank")
+
+
+def load_metrics(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(step records, summary record or None) from a metrics JSON-lines file."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise StratagemError(f"metrics file {path} does not exist; pass the --metrics file that "
+                             f"`stratagem launch` wrote") from None
+    except OSError as exc:
+        raise StratagemError(f"cannot read metrics file {path}: {exc.strerror or exc}") from None
+    steps: dict[int, dict[str, Any]] = {}
+    summary = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise StratagemError(f"metrics file {path} line {number} is not JSON ({exc.msg}); the launch "
+                                 f"was probably interrupted while writing: delete that line") from None
+        if not isinstance(record, dict):
+            raise StratagemError(f"metrics file {path} line {number} is not a JSON object; re-run the launch")
+        if record.get("summary") or record.get("event") == "summary":
+            summary = record
+        elif "step" in record and record.get("event", "step") == "step":
+            steps[record["step"]] = record  # a restarted attempt re-logs a step: the last line wins
+    if not steps:
+        raise StratagemError(f"metrics file {path} has no step lines; run `stratagem launch` with --steps >= 1")
+    return [steps[k] for k in sorted(steps)], summary
+
+
+def _flatten(record: dict[str, Any]) -> dict[str, Any]:
+    """Scalars as they are; per-rank peak memory as ``peak_mem_bytes_rank<r>`` plus its maximum."""
+    row: dict[str, Any] = {}
+    for key, value in record.items():
+        if key in PEAK_KEYS:
+            per_rank = _per_rank(value)
+            row.update({f"peak_mem_bytes_rank{r}": v for r, v in per_rank.items()})
+            row["peak_mem_bytes_max"] = max(per_rank.values()) if per_rank else math.nan
+        elif key == "event":
+            continue
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            row[key] = value
+    return row
+
+
+def _per_rank(value: Any) -> dict[int, float]:
+    if isinstance(value, list):
+        return {r: float(v) for r, v in enumerate(value) if v is not None}
+    if isinstance(value, dict):
+        return {int(r): float(v) for r, v in value.items() if v is not None}
+    return {0: float(value)} if value is not None else {}
+
+
+def metrics_frame(path: str | Path) -> pd.DataFrame:
+    """One row per step of a metrics file, indexed by ``step`` (the summary line is left out)."""
+    steps, _ = load_metrics(path)
+    return pd.DataFrame([_flatten(r) for r in steps]).set_index("step").sort_index()
+
+
+def predicted_vs_measured(plan: Plan | None, metrics: pd.DataFrame | str | Path,
+                          *, skip_steps: int = 1) -> pd.DataFrame:
+    """Predicted and measured step time, throughput and peak memory, with their ratio.
+
+    Measured = median over the steps after the first ``skip_steps`` (warm-up: allocation, autotuning);
+    predictions come from ``plan`` or, without one, from the metrics file's ``predicted_*`` columns.
+    """
+    frame = metrics if isinstance(metrics, pd.DataFrame) else metrics_frame(metrics)
+    steady = frame.iloc[skip_steps:] if len(frame) > skip_steps else frame
+    predicted = _predicted(plan, frame)
+    measured = {"step_time_s": _median(steady, "step_time_s"), "tokens_per_s": _median(steady, "tokens_per_s"),
+                "peak_memory_bytes": _median(steady, "peak_mem_bytes_max")}
+    rows = []
+    for quantity, value in measured.items():
+        pred = predicted.get(quantity, math.nan)
+        rows.append(dict(quantity=quantity, predicted=pred, measured=value,
+                         measured_over_predicted=value / pred if pred and not math.isnan(pred) else math.nan))
+    return pd.DataFrame(rows).set_index("quantity")
+
+
+def _predicted(plan: Plan | None, frame: pd.DataFrame) -> dict[str, float]:
+    if plan is not None and plan.predictions is not None:
+        p = plan.predictions
+        return {"step_time_s": p.step_time_s, "tokens_per_s": p.tokens_per_s,
+                "peak_memory_bytes": p.peak_memory_bytes}
+    out = {}
+    for quantity in ("step_time_s", "tokens_per_s", "peak_memory_bytes"):
+        for column in (f"predicted_{quantity}", "predicted_peak_mem_bytes" if "memory" in quantity else ""):
+            if column in frame and frame[column].notna().any():
+                out[quantity] = float(frame[column].dropna().iloc[0])
+                break
+    return out
+
+
+def _median(frame: pd.DataFrame, column: str) -> float:
+    return float(frame[column].median()) if column in frame and frame[column].notna().any() else math.nan

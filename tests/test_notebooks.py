@@ -1,0 +1,68 @@
+"""Execute the notebooks with nbclient on a kernel running this interpreter (sys.executable).
+
+A notebook that drives a `stratagem` subcommand not in this build yet is skipped, naming the command.
+Notebooks are committed without outputs; that is checked too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+CELL_TIMEOUT_S = 420
+# notebook -> the CLI modules it drives (skip, naming the command, when one is missing)
+NEEDS = {
+    "01_profile_and_plan.ipynb": ["cmd_profile_model", "cmd_profile_cluster", "cmd_plan", "cmd_show"],
+    "02_inspect_a_plan.ipynb": [],
+    "03_compare_strategies.ipynb": ["cmd_plan"],
+    "04_predicted_vs_measured.ipynb": ["cmd_profile_model", "cmd_plan", "cmd_launch", "cmd_show"],
+}
+
+
+def _kernel_dir(root: Path) -> Path:
+    """A kernelspec whose argv is this interpreter, so the kernel sees the project's venv."""
+    spec_dir = root / "kernels" / "stratagem-test"
+    spec_dir.mkdir(parents=True)
+    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "stratagem test kernel", "language": "python"}
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    return root
+
+
+def test_every_notebook_is_listed_and_committed_without_outputs():
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(NEEDS)
+    for path in NOTEBOOKS.glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None, f"{path.name} has outputs"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(NEEDS))
+def test_notebook_runs(name, tmp_path, monkeypatch):
+    missing = [m for m in NEEDS[name] if importlib.util.find_spec(f"planner.cli.{m}") is None]
+    if missing:
+        commands = ", ".join("stratagem " + m.removeprefix("cmd_").replace("_", " ") for m in missing)
+        pytest.skip(f"{name} drives `{commands}`, not in this build yet (planner/cli/{missing[0]}.py missing)")
+    monkeypatch.setenv("JUPYTER_PATH", str(_kernel_dir(tmp_path / "jupyter")))
+    monkeypatch.setenv("STRATAGEM_NB_OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    # notebook 1 re-measures the cluster when run by hand; here it reuses the shipped measured profile
+    # (tests/test_profile_cluster.py covers `stratagem profile cluster --quick`) to keep the suite short
+    monkeypatch.setenv("STRATAGEM_NB_MEASURE_CLUSTER", "0")
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    client = NotebookClient(nb, kernel_name="stratagem-test", timeout=CELL_TIMEOUT_S,
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute()
+    images = sum("image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
+                 for out in cell.outputs)
+    assert images >= 1, f"{name} drew no picture"
