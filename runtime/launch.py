@@ -51,26 +51,32 @@ class LaunchOptions:
         return plan.world_size // self.nnodes
 
 
-def check_launch(plan: Plan, opts: LaunchOptions) -> None:
-    """Every check that needs no process: raises ``StratagemError`` naming the fix."""
+def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> None:
+    """Every check that needs no process: raises ``StratagemError`` naming the fix.
+
+    ``slurm``: the launch is written as an sbatch script, whose rendezvous endpoint is the first node.
+    """
     from runtime.executor.checkpoint import check_resumable
-    from runtime.executor.data import rows_per_replica
+    from runtime.executor.data import FileData, rows_per_replica
     from runtime.executor.parallelize import check_supported
+    from runtime.executor.schedule import check_schedule
     from runtime.executor.tp import tp_styles
 
     if opts.steps < 1:
         raise StratagemError(f"--steps {opts.steps} must be >= 1")
-    if opts.nnodes > 1 and not opts.rdzv_endpoint:
+    if opts.nnodes > 1 and not opts.rdzv_endpoint and not slurm:
         raise StratagemError(f"--nnodes {opts.nnodes} needs --rdzv-endpoint HOST:PORT of the first node")
     validate(plan, opts.nnodes * opts.procs_per_node(plan))
     check_supported(plan)
+    check_schedule(plan.schedule.kind, pp=plan.mesh.size("pp"), virtual_stages=plan.schedule.virtual_stages,
+                   num_micro_batches=plan.schedule.num_micro_batches)
     rows_per_replica(plan.training.global_batch, plan.batch_shares, plan.mesh.size("dp"),
                      plan.schedule.num_micro_batches)
     for stage in plan.stages:
         if plan.mesh.size("tp") > 1:
             tp_styles(plan.model, plan.layout, stage.module_paths)
-    if opts.data != "synthetic" and not Path(opts.data).is_file():
-        raise StratagemError(f"data file {opts.data} does not exist; pass --data synthetic or a valid path")
+    if opts.data != "synthetic":
+        FileData(opts.data).check_shapes(plan.model, plan.training.seq_len)
     if opts.checkpoint_every and opts.checkpoint_dir is None:
         raise StratagemError("--checkpoint-every needs --checkpoint-dir DIR")
     if opts.resume:

@@ -92,7 +92,8 @@ def synthetic_batch(spec: ModelSpec, *, batch: int, seq_len: int, seed: int, ste
 class FileData:
     """Samples from a tensor file ``{"inputs": (N, ...), "targets": (N, ...)}`` (``torch.save`` of a dict).
 
-    Loaded with ``weights_only=True``. Step ``s`` takes rows ``s*B .. s*B+B-1`` modulo ``N`` (epochs wrap).
+    Loaded with ``weights_only=True``. Batch ``i`` (0-based) takes rows ``i*B .. i*B+B-1`` modulo ``N``
+    (epochs wrap); training step ``s`` (1-based) reads batch ``s - 1``.
     """
 
     def __init__(self, path: str | Path):
@@ -110,8 +111,17 @@ class FileData:
         if len(self.inputs) != len(self.targets) or len(self.inputs) == 0:
             raise StratagemError(f"data file {path} has {len(self.inputs)} inputs but {len(self.targets)} targets")
 
-    def batch(self, *, batch: int, step: int) -> Batch:
-        idx = (torch.arange(batch) + step * batch) % len(self.inputs)
+    def check_shapes(self, spec: ModelSpec, seq_len: int) -> None:
+        """Samples must have the shape the model takes (``sample_shape``), e.g. ``[seq_len]`` token ids."""
+        from runtime.models import sample_shape
+
+        expected = sample_shape(spec, seq_len)
+        if list(self.inputs.shape[1:]) != expected:
+            raise StratagemError(f"data file samples have shape {list(self.inputs.shape[1:])} but {spec.name} at "
+                                 f"seq_len {seq_len} takes {expected}; regenerate the file or re-plan")
+
+    def batch(self, *, batch: int, index: int) -> Batch:
+        idx = (torch.arange(batch) + index * batch) % len(self.inputs)
         return Batch(inputs=self.inputs[idx], targets=self.targets[idx])
 
 
@@ -120,4 +130,4 @@ def build_data_source(spec: ModelSpec, data: str, *, global_batch: int, seq_len:
     if data == "synthetic":
         return lambda step: synthetic_batch(spec, batch=global_batch, seq_len=seq_len, seed=seed, step=step)
     source = FileData(data)
-    return lambda step: source.batch(batch=global_batch, step=step)
+    return lambda step: source.batch(batch=global_batch, index=step - 1)

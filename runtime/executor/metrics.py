@@ -1,10 +1,16 @@
 """Per-step metrics as JSON lines (rank 0), with the plan's predictions beside the measurements.
 
-Lines: ``{"event": "start", ...}``, one ``{"event": "step", ...}`` per optimizer step, and a final
-``{"event": "summary", ...}`` comparing predicted and measured step time and peak memory. A restarted
-job appends (``attempt`` tells the runs apart); a reader takes the last line of each step.
-Peak memory per rank: on CUDA ``torch.cuda.max_memory_allocated``; on CPU the process's peak resident
-set size (``getrusage`` ``ru_maxrss``, kibibytes on Linux), which includes the Python/torch runtime.
+Lines: ``{"event": "start", ...}``, one ``{"event": "step", ...}`` per optimizer step (``peak_memory_bytes``
+and ``peak_rss_bytes`` are lists, one value per rank), and a final ``{"event": "summary", "summary": true, ...}`` comparing
+predicted and measured step time and peak memory — the format ``planner.inspect.measured`` reads. A
+restarted job appends (``attempt`` tells the runs apart); a reader takes the last line of each step.
+Peak memory per rank: on CUDA ``torch.cuda.max_memory_allocated`` (reset when a plan starts); on CPU the
+growth of the resident set over its size when the plan started: the peak (``VmHWM`` in /proc/self/status,
+reset by writing 5 to /proc/self/clear_refs, proc(5)) minus the ``VmRSS`` before the model was built. So
+it counts what training added (weights, gradients, optimizer state, activations, communication
+buffers, allocator slack) and not the ~300 MiB of Python/torch runtime. Without /proc it falls back to
+``getrusage`` ``ru_maxrss`` (the whole process, never reset). ``peak_rss_bytes`` is the whole process's
+peak resident set (runtime included) on either device.
 """
 
 from __future__ import annotations
@@ -21,10 +27,42 @@ from planner.plan import Plan
 KIB = 1024  # ru_maxrss unit on Linux (getrusage(2))
 
 
-def peak_memory_bytes(device: torch.device) -> int:
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * KIB  # "VmHWM:   123456 kB"
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """Start a new peak-memory window; returns the baseline that :func:`peak_memory_bytes` subtracts."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return 0
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return 0
+    return _proc_status_bytes("VmRSS") or 0
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set since the last reset (whole process, runtime included)."""
+    hwm = _proc_status_bytes("VmHWM")
+    return hwm if hwm is not None else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * KIB
+
+
+def peak_memory_bytes(device: torch.device, baseline_bytes: int = 0) -> int:
+    """Peak bytes this rank used since :func:`reset_peak_memory` returned ``baseline_bytes``."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * KIB
+    hwm = _proc_status_bytes("VmHWM") if baseline_bytes else None
+    if hwm is None:
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * KIB
+    return max(0, hwm - baseline_bytes)
 
 
 class MetricsLog:
@@ -50,13 +88,13 @@ class MetricsLog:
             fh.flush()
 
     def step(self, *, step: int, loss: float, step_time_s: float, tokens: int, samples: int,
-             peak_memory_bytes: list[int]) -> None:
+             peak_memory_bytes: list[int], peak_rss_bytes: list[int] | None = None) -> None:
         self.step_times_s.append(step_time_s)
         self.peak_bytes.append(max(peak_memory_bytes))
         self.last_loss = loss
         self.write({"event": "step", "step": step, "loss": loss, "step_time_s": step_time_s,
                     "tokens_per_s": tokens / step_time_s, "samples_per_s": samples / step_time_s,
-                    "peak_memory_bytes_per_rank": peak_memory_bytes,
+                    "peak_memory_bytes": peak_memory_bytes, "peak_rss_bytes": peak_rss_bytes,
                     "predicted_step_time_s": self.pred_time_s, "predicted_peak_memory_bytes": self.pred_mem_bytes})
 
     def summary(self) -> dict:
@@ -64,7 +102,7 @@ class MetricsLog:
         times = self.step_times_s[1:] or self.step_times_s
         measured_s = statistics.median(times) if times else None
         peak = max(self.peak_bytes) if self.peak_bytes else None
-        record = {"event": "summary", "steps": len(self.step_times_s), "final_loss": self.last_loss,
+        record = {"event": "summary", "summary": True, "steps": len(self.step_times_s), "final_loss": self.last_loss,
                   "measured_step_time_s": measured_s, "predicted_step_time_s": self.pred_time_s,
                   "step_time_ratio": measured_s / self.pred_time_s if measured_s and self.pred_time_s else None,
                   "measured_peak_memory_bytes": peak, "predicted_peak_memory_bytes": self.pred_mem_bytes,

@@ -19,9 +19,12 @@ from planner.plan import Plan, Stage
 from runtime.executor.fsdp import apply_dp
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
+from runtime.executor.tied import check_tied, retie
 from runtime.executor.tp import apply_tp, tp_styles, uses_loss_parallel
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# plan dtype -> autocast compute dtype (None = fp32). Weights, gradients and AdamW state stay fp32 (the plan
+# schema: "mixed precision keeps fp32 master weights"); tf32 is fp32 with TF32 matmuls on CUDA.
+AUTOCAST_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,14 +46,10 @@ def check_supported(plan: Plan) -> None:
     """Reject plan features the runtime cannot execute, before any process starts."""
     from runtime.models import layer_paths
 
-    if plan.training.dtype != "fp32":
-        raise StratagemError(f"plan trains in {plan.training.dtype}; the runtime runs fp32 only so far "
-                             f"(mixed precision is not wired up); re-plan with --dtype fp32")
-    if bool(plan.model.dim("tie_embeddings")) if plan.model.family in ("gpt", "llama") else False:
-        split = any(plan.layout.get(p) and plan.layout[p].style == "split" for p in ("embed", "head"))
-        if plan.mesh.size("pp") > 1 or (split and plan.mesh.size("tp") > 1):
-            raise StratagemError(f"{plan.model.name} ties its LM head to the token embedding, which the runtime "
-                                 f"cannot split across pipeline stages or TP yet; use tie_embeddings=False or pp=tp=1")
+    if plan.training.dtype not in AUTOCAST_DTYPES:
+        raise StratagemError(f"plan trains in {plan.training.dtype}, which the runtime does not run (it needs loss "
+                             f"scaling); re-plan with --dtype bf16 or fp32")
+    check_tied(plan)
     paths = layer_paths(plan.model)
     placed = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     if placed != paths:
@@ -63,13 +62,14 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
     from runtime.models import build_model, init_weights, layer_paths
 
     paths = layer_paths(plan.model)
-    model = build_model(plan.model, device="meta", dtype=DTYPES[plan.training.dtype])
+    model = build_model(plan.model, device="meta")  # fp32 master weights
     cut_stage(model, stage.module_paths, paths)
     model.to_empty(device="cpu")
     init_weights(model, seed=plan.training.seed)
     model.to(device)
     styles = tp_styles(plan.model, plan.layout, stage.module_paths) if mesh["tp"].size() > 1 else {}
     apply_tp(model, mesh["tp"], styles)
+    retie(model, plan)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
     dp_mode = apply_dp(model, mesh["dp"], zero_stage=plan.zero_stage, block_paths=blocks)

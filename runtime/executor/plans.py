@@ -38,8 +38,10 @@ def make_plan(spec: ModelSpec, *, pp: int = 1, dp: int = 1, tp: int = 1, schedul
               global_batch: int = 8, seq_len: int = 16, num_micro_batches: int = 1, virtual_stages: int = 1,
               zero_stage: int = 0, split: Sequence[str] = (), batch_shares: list[float] | None = None,
               recompute: Mapping[str, str] | None = None, lr: float = 1e-3, seed: int = 0,
-              stage_paths: list[list[str]] | None = None) -> Plan:
-    """A valid plan for ``spec`` on a (pp, dp, tp) mesh; ``split`` names the tensor-parallel layers.
+              stage_paths: list[list[str]] | None = None, dtype: str = "fp32",
+              sequence_parallel: Sequence[str] = ()) -> Plan:
+    """A valid plan for ``spec`` on a (pp, dp, tp) mesh; ``split`` names the tensor-parallel layers,
+    ``sequence_parallel`` the (split) layers that also run sequence-parallel.
 
     ``micro_batch_size`` is ``global_batch / (dp * num_micro_batches)`` (for uneven shares it describes
     an even split; each replica's real rows come from ``batch_shares``).
@@ -58,9 +60,11 @@ def make_plan(spec: ModelSpec, *, pp: int = 1, dp: int = 1, tp: int = 1, schedul
     return Plan(
         planner_version=__version__, created_utc="2026-01-01T00:00:00+00:00", model=spec,
         model_profile_hash=None, cluster_name="hand-made", cluster_hash=None,
-        training=TrainingSettings(global_batch=global_batch, seq_len=seq_len, dtype="fp32", lr=lr, seed=seed),
+        training=TrainingSettings(global_batch=global_batch, seq_len=seq_len, dtype=dtype, lr=lr, seed=seed),
         mesh=Mesh(sizes=[pp, dp, tp]),
         schedule=Schedule(kind=schedule, micro_batch_size=max(1, global_batch // (dp * num_micro_batches)),
                           num_micro_batches=num_micro_batches, virtual_stages=virtual_stages),
-        stages=stages, layout={p: LayerLayout(style="split") for p in split}, zero_stage=zero_stage,
+        stages=stages, zero_stage=zero_stage,
+        layout={p: LayerLayout(style="split", sequence_parallel=p in sequence_parallel)
+                for p in [*split, *(q for q in sequence_parallel if q not in split)]},
         batch_shares=batch_shares)

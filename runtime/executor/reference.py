@@ -9,14 +9,14 @@ import torch
 
 from planner.plan import Plan
 from runtime.executor.data import build_data_source
-from runtime.executor.parallelize import DTYPES
+from runtime.executor.parallelize import AUTOCAST_DTYPES
 
 
 def reference_losses(plan: Plan, steps: int, *, data: str = "synthetic") -> list[float]:
     """Global-batch mean loss of steps 1..``steps`` trained on one process (CPU)."""
     from runtime.models import build_model, init_weights, loss_fn
 
-    model = build_model(plan.model, device="meta", dtype=DTYPES[plan.training.dtype])
+    model = build_model(plan.model, device="meta")
     model.to_empty(device="cpu")
     init_weights(model, seed=plan.training.seed)
     tr = plan.training
@@ -25,7 +25,9 @@ def reference_losses(plan: Plan, steps: int, *, data: str = "synthetic") -> list
     fn, losses = loss_fn(plan.model), []
     for step in range(1, steps + 1):
         batch = source(step)
-        loss = fn(model(batch.inputs), batch.targets)
+        compute_dtype = AUTOCAST_DTYPES[plan.training.dtype]
+        with torch.autocast("cpu", dtype=compute_dtype, enabled=compute_dtype is not None):
+            loss = fn(model(batch.inputs), batch.targets)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -16,6 +16,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,11 +28,12 @@ from planner.errors import StratagemError
 from planner.fileio import atomic_write_text
 from planner.plan import Plan, load_plan, validate
 from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
-from runtime.executor.data import build_data_source, loss_scale, replica_rows, rows_per_replica
+from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows, rows_per_replica
 from runtime.executor.mesh import ParallelDims, build_mesh
-from runtime.executor.metrics import MetricsLog, peak_memory_bytes
-from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
+from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
+from runtime.executor.parallelize import AUTOCAST_DTYPES, Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.schedule import build_runner
+from runtime.executor.tied import TiedGradSync, build_tied_sync
 
 log = logging.getLogger("runtime.executor.train")
 
@@ -104,26 +107,58 @@ def write_layout_report(folder: str, rank: int, coords: dict, chunks: list[Chunk
     atomic_write_text(Path(folder) / f"rank{rank}.json", json.dumps(report, indent=1) + "\n")
 
 
-def _gather_step(device, loss_part: float, step_time_s: float) -> tuple[float, float, list[int]]:
-    """All ranks: (global loss, max step time, peak memory per rank) in one all_gather."""
-    mine = torch.tensor([loss_part, step_time_s, float(peak_memory_bytes(device))], dtype=torch.float64,
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepResult:
+    loss: float
+    step_time_s: float
+    peak_memory_bytes: list[int]
+    peak_rss_bytes: list[int]
+
+
+def _gather_step(device, loss_part: float, step_time_s: float, peak_bytes: int) -> StepResult:
+    """All ranks: global loss (sum of parts), max step time, and per-rank memory, in one all_gather."""
+    mine = torch.tensor([loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes())], dtype=torch.float64,
                         device=device)
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, mine)
     table = torch.stack(parts).cpu()
-    return float(table[:, 0].sum()), float(table[:, 1].max()), [int(v) for v in table[:, 2]]
+    return StepResult(loss=float(table[:, 0].sum()), step_time_s=float(table[:, 1].max()),
+                      peak_memory_bytes=[int(v) for v in table[:, 2]], peak_rss_bytes=[int(v) for v in table[:, 3]])
 
 
-def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metrics_path: str | None = None,
-             report_dir: str | None = None) -> dict:
-    """Train ``plan`` for ``args.steps`` steps on this rank; returns rank 0's summary record."""
+@dataclass(kw_only=True)
+class Job:
+    """Everything one rank needs to train one plan."""
+
+    plan: Plan
+    dims: ParallelDims
+    coords: dict[str, int]
+    device: torch.device
+    chunks: list[Chunk]
+    optimizers: list[torch.optim.Optimizer]
+    runner: object
+    data: Callable[[int], Batch]
+    rows: tuple[int, int]
+    tied: TiedGradSync | None = None
+    memory_baseline_bytes: int = 0
+
+    @property
+    def modules(self) -> list[torch.nn.Module]:
+        return [c.module for c in self.chunks]
+
+
+def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | None = None) -> Job:
+    """Build this rank's chunks, optimizers, step runner and data view for ``plan`` (collective)."""
     from runtime.models import loss_fn
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    validate(plan, world)
+    rank = dist.get_rank()
+    baseline = reset_peak_memory(device)
+    validate(plan, dist.get_world_size())
     check_supported(plan)
     dims = ParallelDims.from_plan(plan)
     coords = dims.coords(rank)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = plan.training.dtype == "tf32"
     mesh = build_mesh(dims, device.type)
     mine = sorted((s for s in plan.stages if s.pp_rank == coords["pp"]), key=lambda s: s.index)
     if not mine or any(rank not in s.ranks for s in mine):
@@ -133,48 +168,69 @@ def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metr
     if report_dir:
         write_layout_report(report_dir, rank, coords, chunks)
     tr = plan.training
-    optimizers = [torch.optim.AdamW(c.module.parameters(), lr=tr.lr, weight_decay=tr.weight_decay) for c in chunks]
     rows = rows_per_replica(tr.global_batch, plan.batch_shares, dims.dp, plan.schedule.num_micro_batches)
-    start, stop = replica_rows(rows, coords["dp"])
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
     scaled_loss = base_loss if scale == 1.0 else (lambda out, tgt: base_loss(out, tgt) * scale)
     runner = build_runner(chunks, kind=plan.schedule.kind, num_stages=len(plan.stages),
                           num_micro_batches=plan.schedule.num_micro_batches, loss_fn=scaled_loss,
-                          pp_group=mesh["pp"].get_group(), device=device)
-    data = build_data_source(plan.model, args.data, global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed)
-    first = 1
+                          pp_group=mesh["pp"].get_group(), device=device,
+                          autocast_dtype=AUTOCAST_DTYPES[tr.dtype])
+    return Job(plan=plan, dims=dims, coords=coords, device=device, chunks=chunks, runner=runner,
+               optimizers=[torch.optim.AdamW(c.module.parameters(), lr=tr.lr, weight_decay=tr.weight_decay)
+                           for c in chunks],
+               data=build_data_source(plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len,
+                                      seed=tr.seed),
+               rows=replica_rows(rows, coords["dp"]), memory_baseline_bytes=baseline,
+               tied=build_tied_sync(plan, dims, coords, [c.module for c in chunks]))
+
+
+def train_step(job: Job, step: int) -> StepResult:
+    """One optimizer step; returns the global-batch mean loss, max step time over ranks, memory per rank."""
+    batch = job.data(step).rows(*job.rows).to(job.device)
+    t0 = time.perf_counter()
+    losses = job.runner.step(batch)
+    if job.tied is not None:
+        job.tied.sync()
+    for opt in job.optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if job.device.type == "cuda":
+        torch.cuda.synchronize(job.device)
+    elapsed_s = time.perf_counter() - t0
+    # each replica's last-stage, tp-rank-0 rank adds its (share-scaled) mean loss / dp: the sum over ranks
+    # is the global-batch mean (see data.loss_scale)
+    counts = job.runner.is_last and job.coords["tp"] == 0 and losses
+    part = float(torch.stack(losses).mean()) / job.dims.dp if counts else 0.0
+    return _gather_step(job.device, part, elapsed_s, peak_memory_bytes(job.device, job.memory_baseline_bytes))
+
+
+def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metrics_path: str | None = None,
+             report_dir: str | None = None) -> dict:
+    """Train ``plan`` for ``args.steps`` steps on this rank; returns the summary record (rank 0's is real)."""
+    job = build_job(plan, device, data=args.data, report_dir=report_dir)
+    rank, first = dist.get_rank(), 1
     if args.checkpoint_dir and (args.resume or _restart_count() > 0):
         latest = find_latest_checkpoint(args.checkpoint_dir)
         if latest is not None:
-            first = load_checkpoint(latest, [c.module for c in chunks], optimizers) + 1
+            first = load_checkpoint(latest, job.modules, job.optimizers) + 1
             log.info("rank %d resumed from %s", rank, latest)
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
-    metrics.write({"event": "start", "model": plan.model.name, "mesh": dict(zip(dims.axes, plan.mesh.sizes)),
+    metrics.write({"event": "start", "model": plan.model.name, "mesh": dict(zip(job.dims.axes, plan.mesh.sizes)),
                    "schedule": plan.schedule.kind, "zero_stage": plan.zero_stage, "first_step": first,
-                   "device": device.type, "world_size": world})
-    counts_loss = runner.is_last and coords["tp"] == 0
-    seq = tr.seq_len if plan.model.family in ("gpt", "llama") else 1
+                   "device": device.type, "world_size": dist.get_world_size()})
+    tr = plan.training
+    tokens = tr.global_batch * (tr.seq_len if plan.model.family in ("gpt", "llama") else 1)
     for step in range(first, args.steps + 1):
         _maybe_die(step)
-        batch = data(step).rows(start, stop).to(device)
-        t0 = time.perf_counter()
-        losses = runner.step(batch)
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed_s = time.perf_counter() - t0
-        part = float(torch.stack(losses).mean()) / dims.dp if counts_loss and losses else 0.0
-        loss, step_time_s, peaks = _gather_step(device, part, elapsed_s)
-        metrics.step(step=step, loss=loss, step_time_s=step_time_s, tokens=tr.global_batch * seq,
-                     samples=tr.global_batch, peak_memory_bytes=peaks)
+        res = train_step(job, step)
+        metrics.step(step=step, loss=res.loss, step_time_s=res.step_time_s, tokens=tokens, samples=tr.global_batch,
+                     peak_memory_bytes=res.peak_memory_bytes, peak_rss_bytes=res.peak_rss_bytes)
         if rank == 0:
-            log.info("step %d loss %.6f step_time %.3fs", step, loss, step_time_s)
+            log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
-            save_checkpoint(args.checkpoint_dir, step, [c.module for c in chunks], optimizers,
-                            meta={"model": plan.model.name, "world_size": world, "mesh": plan.mesh.sizes,
-                                  "plan_hash": plan.content_hash})
+            save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers,
+                            meta={"model": plan.model.name, "world_size": dist.get_world_size(),
+                                  "mesh": plan.mesh.sizes, "plan_hash": plan.content_hash})
     return metrics.summary()
 
 

@@ -1,0 +1,91 @@
+"""``stratagem launch plan.json``: run a plan with torch.distributed (torchrun), or show what would run."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import tempfile
+from pathlib import Path
+
+from planner.errors import StratagemError
+from planner.plan import load_plan
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "launch", help="execute a plan with torch.distributed (torchrun)",
+        description="Check the plan against this launch, then start torchrun with the plan's world size "
+                    "(NCCL with CUDA, else gloo). Mismatches stop here with one line and exit 2.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("plan", type=Path, help="plan file written by `stratagem plan`")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps to train")
+    p.add_argument("--data", default="synthetic", help="'synthetic' or a tensor file {'inputs','targets'}")
+    p.add_argument("--checkpoint-dir", type=Path, help="folder for DCP checkpoints (step_NNNNNN/)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (0 = never)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--metrics", type=Path, help="JSON-lines metrics file (default: a temporary file)")
+    p.add_argument("--max-restarts", type=int, default=0, help="elastic restarts after a rank dies")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--rdzv-endpoint", help="HOST:PORT of the first node (multi-node)")
+    p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: world size / nnodes)")
+    p.add_argument("--slurm", type=Path, help="write an sbatch script for this launch to FILE instead of running")
+    p.add_argument("--dry-run", action="store_true", help="print the command and each rank's build, start nothing")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="wall-clock limit of the job and of each collective")
+    p.add_argument("--layout-report", type=Path, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def _options(args: argparse.Namespace, metrics: Path | None):
+    from runtime.launch import LaunchOptions
+
+    return LaunchOptions(plan_path=args.plan, steps=args.steps, data=args.data, checkpoint_dir=args.checkpoint_dir,
+                         checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=metrics,
+                         max_restarts=args.max_restarts, nnodes=args.nnodes, node_rank=args.node_rank,
+                         rdzv_endpoint=args.rdzv_endpoint, nproc_per_node=args.nproc_per_node,
+                         timeout_s=args.timeout_s, layout_report=args.layout_report)
+
+
+def _print_summary(metrics: Path, *, keep: bool) -> None:
+    from runtime.executor.metrics import read_metrics
+
+    summary = [r for r in read_metrics(metrics) if r.get("event") == "summary"] if metrics.exists() else []
+    if not summary:
+        return
+    s = summary[-1]
+    pred = s["predicted_step_time_s"]
+    print(f"trained {s['steps']} steps: final loss {s['final_loss']:.6f}, step time "
+          f"{s['measured_step_time_s']:.4f} s (predicted {'n/a' if pred is None else f'{pred:.4f} s'}), "
+          f"peak memory {s['measured_peak_memory_bytes'] / 2**20:.0f} MiB" + (f"; metrics in {metrics}" if keep else ""))
+
+
+def run(args: argparse.Namespace) -> int:
+    from runtime.executor.describe import describe_ranks
+    from runtime.launch import build_command, build_slurm_script, check_launch, run_command
+
+    plan = load_plan(args.plan)
+    tmp = None
+    metrics = args.metrics
+    if metrics is None and not (args.dry_run or args.slurm):
+        tmp = tempfile.TemporaryDirectory(prefix="stratagem-launch-")
+        metrics = Path(tmp.name) / "metrics.jsonl"
+    opts = _options(args, metrics)
+    check_launch(plan, opts, slurm=args.slurm is not None)
+    if args.slurm:
+        from planner.fileio import atomic_write_text
+        atomic_write_text(args.slurm, build_slurm_script(plan, opts))
+        print(f"wrote {args.slurm}; submit it with: sbatch {args.slurm}")
+        return 0
+    cmd = build_command(plan, opts)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        for line in describe_ranks(plan):
+            print(line)
+        return 0
+    status = run_command(cmd, timeout_s=args.timeout_s)
+    if status != 0:
+        raise StratagemError(f"the training job failed (torchrun exit status {status}); see the rank logs above")
+    _print_summary(metrics, keep=tmp is None)
+    if tmp is not None:
+        tmp.cleanup()
+    return 0

@@ -1,0 +1,66 @@
+"""Checkpoints and faults, through ``stratagem launch``: a rank killed mid-run is restarted by torchrun
+and the job resumes from its last complete checkpoint with the same final loss as an uninterrupted run;
+a checkpoint whose save was interrupted is never resumed from."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from planner.modelspec import parse_model
+from planner.plan import save_plan
+from runtime.executor.checkpoint import COMPLETE_MARKER, find_latest_checkpoint
+from runtime.executor.metrics import final_step_losses, read_metrics
+from runtime.executor.plans import make_plan
+from runtime.executor.reference import reference_losses
+from runtime_helpers import REPO
+
+pytestmark = pytest.mark.slow
+STEPS = 6
+GPT = parse_model("gpt:tiny")
+
+
+def _launch(tmp_path, plan, hook: dict) -> tuple[list[dict], subprocess.CompletedProcess]:
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    metrics = tmp_path / "metrics.jsonl"
+    cmd = [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(STEPS),
+           "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2", "--max-restarts", "1",
+           "--metrics", str(metrics), "--timeout-s", "200"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **hook}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return read_metrics(metrics), proc
+
+
+def _assert_resumed_and_equal(records: list[dict], plan) -> None:
+    starts = [r for r in records if r["event"] == "start"]
+    assert [(s["attempt"], s["first_step"]) for s in starts] == [(0, 1), (1, 3)]  # resumed after step 2
+    losses = final_step_losses(records)
+    expected = reference_losses(plan, STEPS)  # = the uninterrupted run (test_runtime_parity)
+    assert [losses[s] for s in range(1, STEPS + 1)] == pytest.approx(expected, rel=1e-5)
+    assert records[-1]["event"] == "summary" and records[-1]["final_loss"] == pytest.approx(expected[-1], rel=1e-5)
+
+
+def test_killed_rank_restarts_and_resumes_from_checkpoint(tmp_path):
+    plan = make_plan(GPT, dp=2, zero_stage=3)
+    records, proc = _launch(tmp_path, plan, {"STRATAGEM_TEST_KILL_AT_STEP": "4"})
+    assert "rank 1 exits at step 4" in proc.stderr
+    _assert_resumed_and_equal(records, plan)
+    assert "trained 4 steps: final loss" in proc.stdout  # the resumed attempt trained steps 3..6
+    assert find_latest_checkpoint(tmp_path / "ck") == tmp_path / "ck" / "step_000006"
+
+
+def test_interrupted_save_is_never_resumed_from(tmp_path):
+    # rank 1 dies after writing its step-4 shards but before the commit: step_000004.tmp has no
+    # COMPLETE, so the restart must resume from step 2. An interleaved pipeline: each rank holds two
+    # chunks whose model and optimizer states merge into one checkpoint and split back on resume.
+    plan = make_plan(GPT, pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_micro_batches=2)
+    records, _ = _launch(tmp_path, plan, {"STRATAGEM_TEST_DIE_IN_SAVE": "4"})
+    _assert_resumed_and_equal(records, plan)
+    ck = tmp_path / "ck"
+    assert sorted(p.name for p in ck.iterdir()) == ["step_000002", "step_000004", "step_000006"]
+    assert all((ck / n / COMPLETE_MARKER).is_file() for n in ("step_000002", "step_000004", "step_000006"))
+

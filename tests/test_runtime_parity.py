@@ -1,0 +1,173 @@
+"""Loss parity of every parallel layout with a single-process run, and proof each axis is applied.
+
+Two torchrun jobs run all configurations (one per world size: 2 ranks, then 4 for the 2-axis cases);
+each plan trains 3 steps of tiny models with AdamW in fp32. The reference is ``reference_losses``: the
+same model, seed and data on one process with the whole global batch. Besides the loss, the per-rank
+layout reports show DTensor placements on TP parameters, the module paths each pipeline rank holds, and
+sharded FSDP parameters.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.modelspec import parse_model
+from planner.plan import save_plan
+from runtime.executor.metrics import final_step_losses, read_metrics
+from runtime.executor.plans import make_plan
+from runtime.executor.reference import reference_losses
+from runtime_helpers import tail, torchrun
+
+pytestmark = pytest.mark.slow
+STEPS = 3
+REL_TOL = 1e-5  # fp32
+BF16_REL_TOL = 1e-3  # bf16 autocast on both sides; reductions run in a different order per layout
+GPT = parse_model("gpt:tiny")
+ALL_SPLIT = ["embed", "blocks.0", "blocks.1", "head"]
+
+PLANS_2 = {
+    "dp2": dict(dp=2),
+    "fsdp_zero3": dict(dp=2, zero_stage=3),
+    "fsdp_zero2_accum": dict(dp=2, zero_stage=2, num_micro_batches=2),
+    "tp2": dict(tp=2, split=ALL_SPLIT),
+    "pp2_gpipe": dict(pp=2, schedule="gpipe", num_micro_batches=4),
+    "pp2_1f1b": dict(pp=2, schedule="1f1b", num_micro_batches=4),
+    "pp2_interleaved": dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_micro_batches=4),
+    "dp2_uneven": dict(dp=2, batch_shares=[0.75, 0.25]),
+    "dp2_recompute": dict(dp=2, recompute={"blocks.0": "full", "blocks.1": "selective"}),
+    "whale_resnet": dict(tp=2, split=["fc"], spec="resnet:tiny-wide"),
+    "tp2_sequence_parallel": dict(tp=2, split=["embed", "head"], sequence_parallel=["blocks.0", "blocks.1", "norm"]),
+    "llama_tp2_sp_mixed": dict(tp=2, split=["embed", "blocks.1", "head"], sequence_parallel=["blocks.0"],
+                               spec="llama:tiny"),
+    "bf16_pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2, dtype="bf16"),
+    "bf16_tp2": dict(tp=2, split=ALL_SPLIT, dtype="bf16"),
+    "tied_pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2, spec="gpt:tiny", tie=True),
+    "tied_tp2": dict(tp=2, split=ALL_SPLIT, spec="gpt:tiny", tie=True),
+}
+PLANS_4 = {
+    "pp2_tp2": dict(pp=2, tp=2, schedule="1f1b", num_micro_batches=2, split=ALL_SPLIT),
+    "dp2_tp2": dict(dp=2, tp=2, split=ALL_SPLIT),
+    "pp2_tp2_sp": dict(pp=2, tp=2, schedule="gpipe", num_micro_batches=2, split=["embed", "head"],
+                            sequence_parallel=["blocks.0", "blocks.1", "norm"]),
+    "dp2_tp2_zero3": dict(dp=2, tp=2, split=ALL_SPLIT, zero_stage=3),
+    "tied_pp2_tp2": dict(pp=2, tp=2, schedule="1f1b", num_micro_batches=2, split=ALL_SPLIT, tie=True),
+}
+
+
+def _run_job(tmp_path_factory, plans: dict, nproc: int, timeout_s: float) -> dict:
+    root = tmp_path_factory.mktemp(f"parity{nproc}")
+    args, out = ["--steps", str(STEPS), "--timeout-s", "60"], {}
+    for name, cfg in plans.items():
+        cfg = dict(cfg)
+        spec = parse_model(cfg.pop("spec", "gpt:tiny"), tie_embeddings=cfg.pop("tie", None))
+        plan = make_plan(spec, global_batch=8, seq_len=16, **cfg)
+        path = save_plan(plan, root / f"{name}.json")
+        args += ["--plan", str(path), "--metrics", str(root / f"{name}.jsonl"),
+                 "--layout-report", str(root / name)]
+        out[name] = (plan, root / f"{name}.jsonl", root / name)
+    proc = torchrun(nproc, args, timeout_s=timeout_s)
+    assert proc.returncode == 0, tail(proc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def job2(tmp_path_factory):
+    return _run_job(tmp_path_factory, PLANS_2, 2, timeout_s=240)
+
+
+@pytest.fixture(scope="module")
+def job4(tmp_path_factory):
+    return _run_job(tmp_path_factory, PLANS_4, 4, timeout_s=240)
+
+
+def _report(folder, rank: int) -> dict:
+    return json.loads((folder / f"rank{rank}.json").read_text())
+
+
+def _param(report: dict, name: str, chunk: int = 0) -> dict:
+    return report["chunks"][chunk]["params"][name]
+
+
+def _check_parity(entry) -> None:
+    plan, metrics, _ = entry
+    measured = final_step_losses(read_metrics(metrics))
+    expected = reference_losses(plan, STEPS)
+    assert sorted(measured) == list(range(1, STEPS + 1))
+    tol = BF16_REL_TOL if plan.training.dtype == "bf16" else REL_TOL
+    for step, ref in enumerate(expected, start=1):
+        assert measured[step] == pytest.approx(ref, rel=tol), (step, measured, expected)
+
+
+@pytest.mark.parametrize("name", list(PLANS_2))
+def test_two_rank_layouts_match_single_process(job2, name):
+    _check_parity(job2[name])
+
+
+@pytest.mark.parametrize("name", list(PLANS_4))
+def test_four_rank_layouts_match_single_process(job4, name):
+    _check_parity(job4[name])
+
+
+def test_dp_and_fsdp_placements(job2):
+    qkv = "blocks.0.attn.qkv.weight"  # (3*64, 64)
+    rep = _report(job2["dp2"][2], 0)
+    assert rep["chunks"][0]["dp_mode"] == "replicate"
+    assert _param(rep, qkv)["placements"] == ["R"] and _param(rep, qkv)["mesh_dims"] == ["dp"]
+    for name in ("fsdp_zero3", "fsdp_zero2_accum"):
+        p = _param(_report(job2[name][2], 1), qkv)
+        assert p["placements"] == ["S(0)"] and p["local_shape"] == [96, 64] and p["global_shape"] == [192, 64]
+    assert "reshard_after_forward=True" in _report(job2["fsdp_zero3"][2], 0)["chunks"][0]["dp_mode"]
+    assert "reshard_after_forward=False" in _report(job2["fsdp_zero2_accum"][2], 0)["chunks"][0]["dp_mode"]
+
+
+def test_tp_placements_and_whale_split_classifier(job2):
+    rep = _report(job2["tp2"][2], 1)
+    assert _param(rep, "blocks.1.attn.qkv.weight")["placements"] == ["S(0)"]
+    assert _param(rep, "blocks.1.mlp.fc2.weight")["placements"] == ["S(1)"]
+    assert _param(rep, "embed.tok.weight")["local_shape"] == [128, 64]
+    assert rep["chunks"][0]["loss_parallel"]
+    whale = _report(job2["whale_resnet"][2], 0)
+    fc = _param(whale, "fc.weight")
+    assert fc["placements"] == ["S(0)"] and fc["local_shape"][0] * 2 == fc["global_shape"][0] == 1000
+    assert _param(whale, "blocks.0.conv1.weight")["type"] == "Tensor"  # the backbone stays replicated
+    assert whale["chunks"][0]["loss_parallel"]
+
+
+def test_pipeline_ranks_hold_their_stages(job2):
+    for name in ("pp2_gpipe", "pp2_1f1b"):
+        plan, _, folder = job2[name]
+        for rank in (0, 1):
+            held = _report(folder, rank)["chunks"]
+            assert [c["module_paths"] for c in held] == [plan.stages[rank].module_paths]
+    plan, _, folder = job2["pp2_interleaved"]
+    held = [[c["stage"] for c in _report(folder, r)["chunks"]] for r in (0, 1)]
+    assert held == [[0, 2], [1, 3]]  # stage i on pp rank i % pp
+    assert _report(folder, 1)["chunks"][1]["module_paths"] == plan.stages[3].module_paths
+
+
+def test_recompute_is_applied(job2):
+    assert _report(job2["dp2_recompute"][2], 0)["chunks"][0]["recomputed"] == ["blocks.0", "blocks.1"]
+
+
+def test_two_axis_placements(job4):
+    _, _, folder = job4["pp2_tp2"]
+    last = _report(folder, 3)
+    assert last["coords"] == {"pp": 1, "dp": 0, "tp": 1}
+    assert last["chunks"][0]["module_paths"] == ["norm", "head"]
+    assert _param(last, "head.weight")["placements"] == ["S(0)"]
+    assert _param(_report(folder, 0), "blocks.0.attn.qkv.weight")["mesh_dims"] == ["tp"]
+    p = _param(_report(job4["dp2_tp2"][2], 2), "blocks.0.attn.qkv.weight")
+    assert p["placements"] == ["R", "S(0)"] and p["mesh_dims"] == ["dp", "tp"]
+    p = _param(_report(job4["dp2_tp2_zero3"][2], 2), "blocks.0.attn.qkv.weight")
+    # FSDP over TP shards dim 0 again (a strided shard, "_S(0, 2)"): 192 rows / (dp 2 x tp 2)
+    assert p["placements"][1] == "S(0)" and "S(0" in p["placements"][0] and p["local_shape"] == [48, 64]
+
+
+def test_sequence_parallel_is_applied(job2, job4):
+    styles = _report(job2["tp2_sequence_parallel"][2], 0)["chunks"][0]["tp_styles"]
+    assert styles["blocks.1.ln1"] == "sequence_parallel" and styles["blocks.1.mlp.fc2"] == "rowwise_to_sequence"
+    assert _param(_report(job2["tp2_sequence_parallel"][2], 0), "norm.weight")["placements"] == ["R"]
+    last = _report(job4["pp2_tp2_sp"][2], 2)["chunks"][0]
+    assert last["module_paths"] == ["norm", "head"] and last["tp_styles"]["norm"] == "sequence_parallel_local"

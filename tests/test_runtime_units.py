@@ -1,0 +1,249 @@
+"""Runtime pieces that need no process group: mesh coordinates, batch shares, stage cutting, recompute,
+TP plans, checkpoint selection, and the launcher's pre-start checks (nothing may start on bad input)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from planner.cli.main import main as cli_main
+from planner.errors import StratagemError
+from planner.modelspec import parse_model
+from planner.plan import LayerLayout, save_plan
+from runtime.executor.checkpoint import COMPLETE_MARKER, find_latest_checkpoint
+from runtime.executor.data import loss_scale, replica_rows, rows_per_replica, synthetic_batch
+from runtime.executor.describe import describe_ranks
+from runtime.executor.mesh import ParallelDims
+from runtime.executor.plans import make_plan, split_layers
+from runtime.executor.recompute import apply_ac
+from runtime.executor.stage import cut_stage
+from runtime.executor.tp import tp_styles
+from runtime.launch import LaunchOptions, build_command, build_slurm_script
+from runtime.models import build_model, init_weights, layer_paths, loss_fn
+
+GPT = parse_model("gpt:tiny")
+
+
+def _model(spec=GPT):
+    m = build_model(spec, device="meta")
+    m.to_empty(device="cpu")
+    return init_weights(m, seed=0)
+
+
+def test_rank_coordinates_are_row_major_pp_dp_tp():
+    dims = ParallelDims(pp=2, dp=2, tp=2)
+    assert dims.coords(5) == {"pp": 1, "dp": 0, "tp": 1}  # 5 = 1*4 + 0*2 + 1
+    assert dims.coords(6) == {"pp": 1, "dp": 1, "tp": 0}
+    assert [dims.rank_of(**dims.coords(r)) for r in range(8)] == list(range(8))
+
+
+def test_uneven_batch_shares_give_whole_rows_and_full_batch_weights():
+    rows = rows_per_replica(8, [0.75, 0.25], 2, 2)
+    assert rows == [6, 2]
+    assert replica_rows(rows, 1) == (6, 8)
+    # dp-averaged scaled losses: (1.5 * L0 + 0.5 * L1) / 2 = 0.75 L0 + 0.25 L1, the full-batch mean
+    assert (loss_scale(rows, 0), loss_scale(rows, 1)) == (1.5, 0.5)
+    with pytest.raises(StratagemError, match="whole number"):
+        rows_per_replica(8, [0.7, 0.3], 2, 1)
+    with pytest.raises(StratagemError, match="micro-batches"):
+        rows_per_replica(8, [0.75, 0.25], 2, 4)
+
+
+def test_synthetic_batch_depends_on_step_only():
+    a = synthetic_batch(GPT, batch=4, seq_len=8, seed=0, step=3)
+    b = synthetic_batch(GPT, batch=4, seq_len=8, seed=0, step=3)
+    c = synthetic_batch(GPT, batch=4, seq_len=8, seed=0, step=4)
+    assert torch.equal(a.inputs, b.inputs) and not torch.equal(a.inputs, c.inputs)
+    assert torch.equal(a.inputs[:, 1:], a.targets[:, :-1])  # next-token targets
+
+
+def test_file_data_wraps_around_and_rejects_bad_files(tmp_path):
+    from runtime.executor.data import FileData
+
+    path = tmp_path / "data.pt"
+    torch.save({"inputs": torch.arange(10).view(5, 2), "targets": torch.arange(5)}, path)
+    batch = FileData(path).batch(batch=2, index=2)  # rows 4, 0 (5 rows, wrapping)
+    assert batch.targets.tolist() == [4, 0] and batch.inputs.tolist() == [[8, 9], [0, 1]]
+    torch.save({"x": torch.zeros(2)}, tmp_path / "bad.pt")
+    with pytest.raises(StratagemError, match="'inputs' and 'targets'"):
+        FileData(tmp_path / "bad.pt")
+
+
+def test_split_layers_is_contiguous_and_complains_when_too_many_stages():
+    assert split_layers(list("abcde"), 2) == [["a", "b", "c"], ["d", "e"]]
+    with pytest.raises(StratagemError, match="reduce pp"):
+        split_layers(list("ab"), 3)
+
+
+def test_two_cut_stages_compose_to_the_full_model():
+    x = synthetic_batch(GPT, batch=2, seq_len=8, seed=0, step=1).inputs
+    paths = layer_paths(GPT)
+    full = _model()
+    first, second = cut_stage(_model(), paths[:2], paths), cut_stage(_model(), paths[2:], paths)
+    assert first.layer_paths() == ["embed", "blocks.0"] and second.layer_paths() == ["blocks.1", "norm", "head"]
+    assert torch.allclose(second(first(x)), full(x), rtol=0, atol=1e-6)
+    assert set(dict(first.named_parameters())) | set(dict(second.named_parameters())) == \
+        set(dict(full.named_parameters()))
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_recompute_keeps_gradients(mode):
+    batch = synthetic_batch(GPT, batch=2, seq_len=8, seed=0, step=1)
+    ref, ac = _model(), _model()
+    assert apply_ac(ac, {"blocks.0": mode, "blocks.1": "none"}) == ["blocks.0"]
+    assert type(ac.blocks["0"]).__name__ == "CheckpointWrapper"
+    for m in (ref, ac):
+        loss_fn(GPT)(m(batch.inputs), batch.targets).backward()
+    g_ref = ref.blocks["0"].mlp.fc1.weight.grad
+    g_ac = ac.blocks["0"]._checkpoint_wrapped_module.mlp.fc1.weight.grad
+    assert torch.allclose(g_ref, g_ac, rtol=0, atol=1e-7)
+
+
+def test_tp_styles_follow_the_plan_layout():
+    layout = {"blocks.0": LayerLayout(style="split"), "head": LayerLayout(style="split"),
+              "blocks.1": LayerLayout(style="replicate")}
+    styles = tp_styles(GPT, layout, ["blocks.0", "blocks.1", "norm", "head"])
+    assert styles == {"blocks.0.attn.qkv": "colwise", "blocks.0.attn.proj": "rowwise",
+                      "blocks.0.mlp.fc1": "colwise", "blocks.0.mlp.fc2": "rowwise",
+                      "head": "colwise_sharded_output"}
+
+
+
+def test_sequence_parallel_styles_convert_at_layer_boundaries():
+    # blocks.0 sequence-parallel between replicated neighbours: the embedding's output is sliced to a
+    # sequence shard (R -> S) and blocks.1 gathers it back (S -> R); inside the block the norms run on the
+    # shard, the colwise Linears' parents all-gather and the rowwise Linears reduce-scatter.
+    layout = {"blocks.0": LayerLayout(style="split", sequence_parallel=True)}
+    styles = tp_styles(GPT, layout, layer_paths(GPT))
+    assert styles == {"embed": "scatter_sequence", "blocks.0.ln1": "sequence_parallel",
+                      "blocks.0.attn": "gather_sequence", "blocks.0.attn.qkv": "colwise",
+                      "blocks.0.attn.proj": "rowwise_to_sequence", "blocks.0.ln2": "sequence_parallel",
+                      "blocks.0.mlp": "gather_sequence", "blocks.0.mlp.fc1": "colwise",
+                      "blocks.0.mlp.fc2": "rowwise_to_sequence", "blocks.1": "gather_sequence"}
+    # a split head fed by a sequence-parallel norm gathers inside its own ColwiseParallel
+    layout = {"norm": LayerLayout(style="split", sequence_parallel=True), "head": LayerLayout(style="split")}
+    assert tp_styles(GPT, layout, ["norm", "head"]) == {
+        "norm": "sequence_parallel_local", "head": "colwise_sharded_output_from_sequence"}
+    with pytest.raises(StratagemError, match="no sequence dimension"):
+        tp_styles(parse_model("resnet:tiny"), {"fc": LayerLayout(style="split", sequence_parallel=True)}, ["fc"])
+
+
+def test_only_complete_checkpoints_are_chosen(tmp_path):
+    for name, complete in [("step_000002", True), ("step_000004.tmp", True), ("step_000006", False)]:
+        (tmp_path / name).mkdir()
+        if complete:
+            (tmp_path / name / COMPLETE_MARKER).write_text("x")
+    assert find_latest_checkpoint(tmp_path) == tmp_path / "step_000002"
+    assert find_latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_dry_run_describes_every_rank():
+    plan = make_plan(GPT, pp=2, tp=2, schedule="1f1b", num_micro_batches=2, split=["blocks.0", "head"])
+    lines = describe_ranks(plan)
+    assert len(lines) == 4
+    assert lines[3].startswith("rank 3 (pp 1, dp 0, tp 1): stage 1 [norm, head]")  # 5 layers -> 3 + 2
+    assert "head=colwise_sharded_output +loss_parallel" in lines[3]
+    assert "blocks.0.attn.qkv=colwise" in lines[0]
+
+
+def test_command_and_slurm_script(tmp_path):
+    plan = make_plan(GPT, dp=2)
+    opts = LaunchOptions(plan_path=tmp_path / "p.json", steps=3, max_restarts=1)
+    cmd = build_command(plan, opts)
+    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    assert cmd[cmd.index("--max-restarts") + 1] == "1" and "runtime.executor.train" in cmd
+    multi = LaunchOptions(plan_path=tmp_path / "p.json", nnodes=2, rdzv_endpoint="h:29500")
+    assert build_command(plan, multi)[build_command(plan, multi).index("--nproc-per-node") + 1] == "1"
+    script = build_slurm_script(plan, multi)
+    assert "#SBATCH --nodes=2" in script and "--rdzv-backend c10d" in script
+
+
+@pytest.fixture
+def no_processes(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a process was started")
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+def _launch_error(capsys, argv) -> str:
+    assert cli_main(["launch", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    return err
+
+
+def test_bad_launches_fail_in_one_line_before_starting(tmp_path, capsys, no_processes):
+    plan_path = save_plan(make_plan(GPT, dp=2), tmp_path / "plan.json")
+    assert "plan needs 2 ranks but the launch has 4" in _launch_error(
+        capsys, [str(plan_path), "--nproc-per-node", "4"])
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text(plan_path.read_text()[:100])
+    assert "not valid JSON" in _launch_error(capsys, [str(corrupt)])
+    assert "no complete checkpoint" in _launch_error(
+        capsys, [str(plan_path), "--resume", "--checkpoint-dir", str(tmp_path / "ck")])
+    other = tmp_path / "ck" / "step_000002"
+    other.mkdir(parents=True)
+    (other / COMPLETE_MARKER).write_text("x")
+    (other / "meta.json").write_text(json.dumps({"model": "gpt:small", "world_size": 2}))
+    assert "written for model gpt:small but the plan trains gpt:tiny" in _launch_error(
+        capsys, [str(plan_path), "--resume", "--checkpoint-dir", str(tmp_path / "ck")])
+    torch.save({"inputs": torch.zeros(4, 32, dtype=torch.long), "targets": torch.zeros(4, 32, dtype=torch.long)},
+               tmp_path / "long.pt")
+    assert "samples have shape [32] but gpt:tiny at seq_len 16 takes [16]" in _launch_error(
+        capsys, [str(plan_path), "--data", str(tmp_path / "long.pt")])
+    data = json.loads(plan_path.read_text())
+    data["model"]["dims"]["layers"] = 3  # stages no longer cover the model's layers
+    data.pop("content_hash")
+    wrong = tmp_path / "wrong_model.json"
+    wrong.write_text(json.dumps(data))
+    assert "plan is for another model" in _launch_error(capsys, [str(wrong)])
+
+
+def test_unbuildable_schedules_are_rejected():
+    from runtime.executor.schedule import check_schedule
+
+    with pytest.raises(StratagemError, match="at least one micro-batch per stage"):
+        check_schedule("1f1b", pp=4, virtual_stages=1, num_micro_batches=2)
+    with pytest.raises(StratagemError, match="virtual_stages=2"):
+        check_schedule("gpipe", pp=2, virtual_stages=2, num_micro_batches=4)
+    with pytest.raises(StratagemError, match="3 rounds"):  # max(1, 7 // 2) = 3 rounds; 7 % 3 != 0
+        check_schedule("interleaved_1f1b", pp=2, virtual_stages=2, num_micro_batches=7)
+    check_schedule("interleaved_1f1b", pp=4, virtual_stages=2, num_micro_batches=10)  # 2 rounds of 5
+    check_schedule("interleaved_1f1b", pp=4, virtual_stages=2, num_micro_batches=3)  # 1 round
+    check_schedule("gpipe", pp=4, virtual_stages=1, num_micro_batches=1)
+
+
+def test_tied_head_and_embedding_must_share_a_layout():
+    from runtime.executor.tied import check_tied
+
+    tied = parse_model("gpt:tiny", tie_embeddings=True)
+    check_tied(make_plan(tied, tp=2, split=["embed", "head"]))
+    with pytest.raises(StratagemError, match="splits only head"):
+        check_tied(make_plan(tied, tp=2, split=["blocks.0", "head"]))
+
+
+def test_metrics_summary_compares_with_the_prediction(tmp_path):
+    from planner.plan import Predictions
+    from runtime.executor.metrics import MetricsLog, read_metrics
+
+    pred = Predictions(step_time_s=0.15, tokens_per_s=1.0, samples_per_s=1.0, model_tflops_per_gpu=0.0,
+                       hardware_tflops_per_gpu=0.0, mfu=0.0, peak_memory_bytes=100.0, breakdown_s={}, stages=[])
+    log = MetricsLog(tmp_path / "m.jsonl", make_plan(GPT).model_copy(update={"predictions": pred}), attempt=0)
+    for step, t in enumerate([1.0, 0.2, 0.4], start=1):
+        log.step(step=step, loss=5.0 - step, step_time_s=t, tokens=128, samples=8, peak_memory_bytes=[150, 200])
+    summary = log.summary()
+    assert summary["measured_step_time_s"] == pytest.approx(0.3)  # median of steps 2..3 (step 1 = warm-up)
+    assert summary["step_time_ratio"] == pytest.approx(2.0) and summary["memory_ratio"] == pytest.approx(2.0)
+    records = read_metrics(tmp_path / "m.jsonl")
+    assert records[1]["tokens_per_s"] == pytest.approx(640.0) and records[-1]["summary"] is True
+
+
+def test_dry_run_prints_command_and_starts_nothing(tmp_path, capsys, no_processes):
+    plan_path = save_plan(make_plan(GPT, dp=2), tmp_path / "plan.json")
+    assert cli_main(["launch", str(plan_path), "--dry-run", "--steps", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "torch.distributed.run --standalone --nproc-per-node 2" in out[0]
+    assert out[1].startswith("rank 0 (pp 0, dp 0, tp 0)") and "batch rows 0..3" in out[1]
