@@ -77,7 +77,8 @@ P100_SRC = f"{CSV} 'P100 SXM2 (NVLink)' rows (tech4gamers Tesla P100 table)"
 def a100_node() -> NodeType:
     return NodeType(
         name="dgx-a100-80g", device="NVIDIA A100-SXM4-80GB", devices_per_node=8, device_memory_bytes=int(80 * GIB),
-        device_memory_source="80 GB HBM2e per GPU (NVIDIA A100 datasheet; nvidia-smi reports 81920 MiB)",
+        device_memory_source=f"80 GB HBM2e per GPU (NVIDIA A100 datasheet; nvidia-smi reports 81920 MiB); HBM2e "
+                             f"bandwidth 2039 GB/s: {CSV} 'A100 SXM4 80GB' row",
         memory_bw_bytes_per_s=2039 * GB,
         compute=_compute("A100", {"bf16": (312e12, A100_SRC), "fp16": (312e12, A100_SRC),
                                   "tf32": (156e12, A100_SRC), "fp32": (19.5e12, A100_SRC)}),
@@ -97,8 +98,9 @@ def h100_node(*, h200: bool = False) -> NodeType:
     return NodeType(
         name=name, device=device, devices_per_node=8,
         device_memory_bytes=int(141 * GB) if h200 else int(80 * GIB),
-        device_memory_source=(f"{CSV}: H200 HBM3e capacity 141 GB" if h200 else
-                              "80 GB HBM3 per GPU (NVIDIA H100 SXM5 datasheet; nvidia-smi reports 81559 MiB)"),
+        device_memory_source=(f"{CSV}: H200 HBM3e capacity 141 GB, HBM3e bandwidth 4800 GB/s" if h200 else
+                              "80 GB HBM3 per GPU (NVIDIA H100 SXM5 datasheet; nvidia-smi reports 81559 MiB); HBM3 "
+                              f"bandwidth 3350 GB/s: {CSV} 'H100 SXM5 80GB' row"),
         memory_bw_bytes_per_s=(4800 if h200 else 3350) * GB,
         compute=_compute("H200" if h200 else "H100", {
             "bf16": (989.4e12, src), "fp16": (989.4e12, src), "fp8": (1978.9e12, H100_SRC),
@@ -114,7 +116,8 @@ def h100_node(*, h200: bool = False) -> NodeType:
 def v100_node() -> NodeType:
     return NodeType(
         name="p3.16xlarge", device="Tesla V100-SXM2-16GB", devices_per_node=8, device_memory_bytes=int(16 * GIB),
-        device_memory_source=f"{CSV}: V100 HBM capacity 16 GB (Alpa artifact p3.16xlarge)",
+        device_memory_source=f"{CSV}: V100 HBM capacity 16 GB (Alpa artifact p3.16xlarge); HBM2 bandwidth 900 GB/s "
+                             f"(NVIDIA SXM2 datasheet value noted in the 'V100 (PCIe 16GB)' row)",
         memory_bw_bytes_per_s=900 * GB,
         compute=_compute("V100", {"fp16": (125e12, V100_SRC), "fp32": (15.7e12, V100_SRC)}),
         intra_node=_fits("intra_node", _Link(
@@ -128,7 +131,7 @@ def v100_node() -> NodeType:
 def p100_node() -> NodeType:
     return NodeType(
         name="minsky", device="Tesla P100-SXM2-16GB", devices_per_node=4, device_memory_bytes=int(16 * GIB),
-        device_memory_source=f"{CSV}: P100 16GB (HBM2)", memory_bw_bytes_per_s=720 * GB,
+        device_memory_source=f"{CSV}: P100 16GB (HBM2), HBM2 bandwidth 720 GB/s", memory_bw_bytes_per_s=720 * GB,
         compute=_compute("P100", {"fp16": (21.2e12, P100_SRC), "fp32": (10.6e12, P100_SRC)}),
         intra_node=_fits("intra_node", _Link(
             bus_bw=34 * GB, hw="nvlink", n_ranks=4,

@@ -23,6 +23,9 @@ def test_shipped_file_matches_catalog(name):
     for nt in shipped.node_types:
         assert nt.device_memory_source and nt.nic_source
         assert all(c.source for c in nt.compute) and all(f.source for f in nt.intra_node)
+        # the memory bandwidth has no field of its own for a source: its figure is cited in device_memory_source
+        assert f"bandwidth {nt.memory_bw_bytes_per_s / 1e9:.0f} GB/s" in nt.device_memory_source
+        assert "Gb/s" in nt.nic_source  # the NIC line rate the nic_bw figure comes from
     assert all(f.source and f.origin == "derived" for f in shipped.inter_node)
 
 

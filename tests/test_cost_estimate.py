@@ -123,3 +123,25 @@ def test_impossible_configs_name_the_fix(change, match):
     gb = cfg.dp * cfg.micro_batch * 4
     with pytest.raises(StratagemError, match=match):
         estimate(model(2), CL, cfg, global_batch=gb)
+
+
+def test_mixed_cluster_stage_on_the_slower_node_type_hand_computed():
+    """pp=2 on a mixed cluster: pp rank 1 on a node type with half the FLOP/s takes twice the compute, and the
+    uneven pipeline runs (m - 1) x the slowest rank + the sum over ranks (SC21 §2.2 with unequal stages)."""
+    from test_cost_helpers import fits, node
+
+    from planner.profiles import ComputeFigure, NodeGroup
+    slow = node("slow").model_copy(update={"compute": [ComputeFigure(
+        dtype="bf16", peak_flops_per_s=100e12, achieved_flops_per_s=RATE / 2, origin="derived", source="test")]})
+    groups = [NodeGroup(node_type="fast", count=1), NodeGroup(node_type="slow", count=1)]
+    mixed = CL.model_copy(update={"node_types": [node("fast"), slow], "nodes": groups,
+                                  "inter_node": fits("inter_node", 30e-6, 10e9, 16)})
+    cfg = ParallelConfig(pp=2, micro_batch=1, num_micro_batches=4, stage_node_types=("fast", "slow"))
+    est = estimate(model(2), mixed, cfg, global_batch=4)
+    fast, slow_rank = est.per_rank
+    assert (fast.node_type, slow_rank.node_type) == ("fast", "slow")
+    compute_fast, compute_slow = 3e12 / RATE, 3e12 / (RATE / 2)  # fwd 1e12 + bwd 2e12 FLOPs per block
+    p2p = fast.microbatch_s - compute_fast
+    assert p2p > 0 and slow_rank.microbatch_s == pytest.approx(compute_slow + p2p)
+    pipeline = (4 - 1) * slow_rank.microbatch_s + fast.microbatch_s + slow_rank.microbatch_s
+    assert est.step_time_s == pytest.approx(pipeline + OPT_S)

@@ -169,6 +169,26 @@ def _cli(args: list[str], env_extra: dict[str, str] | None = None, timeout_s: fl
                           env=env, timeout=timeout_s)
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--sizes", "4 parsecs"], "malformed message size"),
+    (["--sizes", "8KiB..1KiB"], "malformed size range"),
+    (["--nproc-per-node", "0"], "bad topology"),
+    (["--repeats", "0"], "must be positive"),  # 0 is refused, not silently replaced by the default
+    (["--iters", "0"], "must be positive"),
+    (["--out-parent-is-a-file"], "not a writable folder"),
+])
+def test_bad_cli_input_exits_2_before_torchrun_and_writes_nothing(tmp_path, capsys, args, needle):
+    from planner.cli.main import main
+    out = tmp_path / "p.json"
+    if args == ["--out-parent-is-a-file"]:
+        (tmp_path / "file.txt").write_text("x")
+        out, args = tmp_path / "file.txt" / "p.json", []
+    rc = main(["profile", "cluster", "--nproc-per-node", "2", "--quick", *args, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and needle in err and "\n" not in err and err.startswith("error: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["file.txt"] if "file.txt" in str(out) else [])
+
+
 @pytest.mark.slow
 def test_quick_profile_on_two_gloo_ranks(tmp_path):
     out = tmp_path / "local.json"

@@ -181,6 +181,17 @@ def test_bad_input_exits_2_with_one_line_and_no_file(tmp_path, capsys, args, nee
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("breakage,needle", [("corrupt", "not valid JSON"), ("version", "schema_version 7")])
+def test_corrupt_or_wrong_version_cluster_profile_exits_2(tmp_path, capsys, breakage, needle):
+    good = json.loads(_cluster_file(tmp_path).read_text())
+    bad = tmp_path / "cluster.json"
+    bad.write_text("{ truncated" if breakage == "corrupt" else json.dumps({**good, "schema_version": 7}))
+    out = tmp_path / "p.json"
+    rc, err = _run_cli(["--model", "gpt:tiny", "--analytic", "--cluster", str(bad), "--out", str(out)], capsys)
+    assert rc == 2 and needle in err and "regenerate" in err and "\n" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.json"]
+
+
 def test_unwritable_out_exits_2(tmp_path, capsys):
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")

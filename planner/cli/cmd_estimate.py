@@ -24,6 +24,7 @@ from planner.errors import StratagemError
 from planner.modelspec import parse_model
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 
+from .cmd_profile_model import DefaultsHelpFormatter
 from .common import resolve_cluster_path
 
 SCHEDULE_ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved_1f1b",
@@ -32,36 +33,52 @@ SCHEDULE_ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleave
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("estimate", help="predict step time and memory of one configuration",
-                              description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              description="Predict the step time and per-rank peak memory of one parallel "
+                                          "configuration of a model on a cluster.",
+                              formatter_class=DefaultsHelpFormatter)
     m = p.add_argument_group("model")
     m.add_argument("--model", required=True,
                    help="family or family:preset, e.g. gpt, gpt:gpt3-175b, llama:llama2-7b")
-    for dim in ("layers", "hidden", "heads", "vocab", "ffn-hidden", "kv-heads"):
-        m.add_argument(f"--{dim}", type=int, default=None, help=f"override the model's {dim}")
-    m.add_argument("--seq", type=int, default=None, help="tokens per sample (default: the model's max_seq)")
-    m.add_argument("--dropout", type=float, default=None, help="GPT dropout (Megatron used 0.1)")
-    m.add_argument("--model-profile", type=Path, default=None, help="a measured model profile JSON to use")
+    for dim, what in (("layers", "transformer blocks, count"), ("hidden", "hidden size, features per token"),
+                      ("heads", "attention heads, count"), ("vocab", "vocabulary size, tokens"),
+                      ("ffn-hidden", "MLP inner size, features (default 4 x hidden)"),
+                      ("kv-heads", "key/value heads for grouped-query attention, count (llama)")):
+        m.add_argument(f"--{dim}", type=int, default=None, help=f"override the preset's {what}")
+    m.add_argument("--seq", type=int, default=None,
+                   help="sequence length, tokens per sample (default: the model's max_seq)")
+    m.add_argument("--dropout", type=float, default=None,
+                   help="GPT dropout probability, 0..1 (adds 1-byte masks to activation memory; Megatron used 0.1)")
+    m.add_argument("--model-profile", type=Path, default=None,
+                   help="a model profile JSON (from `stratagem profile model`) instead of the closed-form GPT one")
     c = p.add_argument_group("cluster")
     c.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
-    c.add_argument("--gpus", type=int, default=None, help="GPUs to use (default tp*pp*dp)")
-    c.add_argument("--stage-node-types", default=None, help="node type per pp rank, comma-separated (mixed)")
+    c.add_argument("--gpus", type=int, default=None, help="GPUs to use, count (default: tp*pp*dp)")
+    c.add_argument("--stage-node-types", default=None,
+                   help="node type name per pipeline rank, comma-separated (mixed clusters; default: in cluster order)")
     s = p.add_argument_group("configuration")
     s.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
     s.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch")
-    s.add_argument("--tp", type=int, default=1)
-    s.add_argument("--pp", type=int, default=1)
-    s.add_argument("--dp", type=int, default=None, help="default: gpus / (tp * pp)")
-    s.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULE_ALIASES))
-    s.add_argument("--virtual-stages", type=int, default=1, help="chunks per pp rank (interleaved)")
+    s.add_argument("--tp", type=int, default=1, help="tensor-parallel degree, GPUs per layer")
+    s.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree, stages (GPUs per replica / tp)")
+    s.add_argument("--dp", type=int, default=None, help="data-parallel degree, replicas (default: gpus / (tp * pp))")
+    s.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULE_ALIASES),
+                   help="pipeline schedule (interleaved = interleaved 1F1B, needs --virtual-stages >= 2)")
+    s.add_argument("--virtual-stages", type=int, default=1,
+                   help="model chunks per pipeline rank, count (interleaved schedule)")
     s.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
-    s.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
-    s.add_argument("--sequence-parallel", action="store_true")
-    s.add_argument("--flash-attention", action="store_true")
-    s.add_argument("--no-overlap-grad-reduce", action="store_true", help="gradient sync after the backward")
+    s.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
+                   help="activation recompute of every block (selective = attention core only, Korthikanti et al.)")
+    s.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron sequence parallelism: norms/dropout sharded over tp, all-reduce -> RS + AG")
+    s.add_argument("--flash-attention", action="store_true",
+                   help="fused attention: the s x s scores are not stored (less activation memory)")
+    s.add_argument("--no-overlap-grad-reduce", action="store_true",
+                   help="gradient sync after the backward (default: overlapped with it)")
     s.add_argument("--overlap-tp-comm", action="store_true", help="hide TP collectives behind GEMMs (TE)")
-    s.add_argument("--dtype", default=None, help="compute dtype (default bf16, else fp16, else a shared one)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
+    s.add_argument("--dtype", default=None,
+                   help="compute dtype, e.g. bf16 (default: bf16, else fp16, else one every node type has)")
+    p.add_argument("--json", action="store_true",
+                   help="print the estimate as JSON (times in s, memory in bytes) instead of a table")
     p.set_defaults(func=run)
 
 

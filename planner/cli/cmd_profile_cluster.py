@@ -15,6 +15,7 @@ from planner.errors import StratagemError
 from planner.fileio import save_document
 from planner.profiles import ClusterProfile, CollectiveFit
 
+from .cmd_profile_model import DefaultsHelpFormatter, check_out_path
 from .common import command_line, utc_now
 
 # The quick sweep reaches 16 MiB because on a loaded 2-core VM small-message times jitter by ~2 ms (wake-up
@@ -56,25 +57,31 @@ def parse_sizes(text: str) -> list[int]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "cluster", help="measure collectives (alpha-beta) and matmul throughput with torchrun",
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--nproc-per-node", type=int, required=True, help="ranks (devices) per node")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes; >1 also measures the inter-node level")
+        description="Time collectives and matmul on this cluster with torchrun, fit alpha-beta per collective and "
+                    "link level, and write a cluster profile JSON.", formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--nproc-per-node", type=int, required=True, help="ranks (devices) per node, count")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes, count; >1 also measures the inter-node level")
     p.add_argument("--node-rank", type=int, default=0, help="this node's index (0 writes the profile)")
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0 when --nnodes > 1")
     p.add_argument("--sizes", default=None,
-                   help=f"message sizes: LOW..HIGH[:xF] or a list (default {FULL_SIZES}, --quick {QUICK_SIZES})")
-    p.add_argument("--repeats", type=int, default=None, help="repeats per size (default 5, --quick 3)")
-    p.add_argument("--iters", type=int, default=None, help="most timed iterations per repeat (default 10, "
-                                                            "--quick 5)")
-    p.add_argument("--quick", action="store_true", help="small sweep that finishes in seconds")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="kill the whole run after this long")
+                   help=f"message sizes in bytes (suffix B, KiB, MiB, GiB, KB, MB, GB): LOW..HIGH[:xF] (x4 steps "
+                        f"unless F is given) or a list 4KiB,1MiB (default {FULL_SIZES}, --quick {QUICK_SIZES})")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repeats (count) per size, for the run-to-run spread (default 5, --quick 3)")
+    p.add_argument("--iters", type=int, default=None,
+                   help="most timed iterations (count) per repeat (default 10, --quick 5)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"small sweep that finishes in seconds ({QUICK_SIZES}, 3 repeats, 5 iterations)")
+    p.add_argument("--timeout-s", type=float, default=300.0,
+                   help="kill the whole run after this many seconds (exit 2, no file)")
     p.add_argument("--name", default=None, help="profile and node-type name (default: the --out file stem)")
-    p.add_argument("--out", required=True, type=Path, help="profile JSON to write")
+    p.add_argument("--out", required=True, type=Path,
+                   help="cluster profile JSON file to write (atomically; only node 0 writes)")
     p.set_defaults(func=run)
     check = subparsers.add_parser(
         "check", help="validate profile files (schema version, fields, content hash)",
         description="Load each cluster or model profile file as the planner would; exit 2 on the first bad one.")
-    check.add_argument("files", nargs="+", type=Path, help="profile JSON files")
+    check.add_argument("files", nargs="+", type=Path, help="cluster or model profile JSON files to validate")
     check.set_defaults(func=run_check)
 
 
@@ -140,10 +147,13 @@ def run(args: argparse.Namespace) -> int:
         nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
         sizes_bytes=tuple(parse_sizes(args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES))),
-        repeats=args.repeats or (3 if args.quick else 5), iters=args.iters or (5 if args.quick else 10),
+        repeats=(3 if args.quick else 5) if args.repeats is None else args.repeats,
+        iters=(5 if args.quick else 10) if args.iters is None else args.iters,
         timeout_s=args.timeout_s)
     if cfg.repeats < 1 or cfg.iters < 1 or cfg.timeout_s <= 0:
         raise StratagemError("--repeats, --iters and --timeout-s must be positive; e.g. --repeats 3")
+    if args.node_rank == 0:
+        check_out_path(args.out)  # fail before the benchmark, not after it
     with Progress(transient=True) as progress:
         task = progress.add_task("profiling cluster", total=None)
 

@@ -13,27 +13,41 @@ from planner.modelspec import parse_model
 from planner.profiles import load_cluster_profile, save_profile
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Like argparse's, but shows no "(default: None/False)" and none where the help states its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "model", help="per-layer FLOPs, memory and times of a model",
         description="Profile a model layer by layer (each top-level layer run standalone on its saved input; "
                     "identical layers profiled once) and write a model profile JSON.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="family or family:preset, e.g. gpt:tiny, gpt:gpt3-175b")
-    p.add_argument("--micro-batch", default="1", help="micro-batch sizes to time, e.g. 1,2,4")
-    p.add_argument("--seq", type=int, default=128, help="tokens per sample (ignored for resnet/mlp)")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"])
-    p.add_argument("--tp", default="1", help="tensor-parallel degrees to profile shards for, e.g. 1,2,4")
-    p.add_argument("--out", required=True, help="profile file to write")
+    p.add_argument("--micro-batch", default="1", help="micro-batch sizes to time, in samples, e.g. 1,2,4")
+    p.add_argument("--seq", type=int, default=128, help="sequence length in tokens per sample (ignored for "
+                                                         "resnet/mlp)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"],
+                   help="parameter and activation dtype (sets bytes per element and the matmul precision)")
+    p.add_argument("--tp", default="1", help="tensor-parallel degrees (ranks per layer) to profile shards for, "
+                                             "e.g. 1,2,4; 1 is always included")
+    p.add_argument("--out", required=True, help="model profile JSON file to write (atomically)")
     p.add_argument("--analytic", action="store_true",
                    help="no measurement: run on the meta device, times = FLOPs / the cluster's achieved FLOP/s")
     p.add_argument("--cluster", help="cluster name or profile file (needed with --analytic)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs before timing")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per layer and micro-batch")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs (count) per layer before timing")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs (count) per layer and micro-batch; the "
+                                                           "file keeps their median and spread in seconds")
     p.set_defaults(func=run)
 
 
-def _check_out(path: Path) -> None:
+def check_out_path(path: Path) -> None:
     """Fail before any work if --out cannot be written (the write itself is atomic, at the end)."""
     if path.is_dir():
         raise StratagemError(f"--out {path} is a folder; give a file path such as {path / 'profile.json'}")
@@ -81,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seq < 1 or args.warmup < 0 or args.repeats < 1:
         raise StratagemError("--seq and --repeats must be >= 1 and --warmup >= 0")
     out = Path(args.out)
-    _check_out(out)
+    check_out_path(out)
     flops_per_s, device_name = _achieved_flops(args.cluster, args.dtype) if args.analytic else (None, _cpu_name())
     settings = ProfileSettings(
         micro_batches=tuple(sorted(set(micro_batches))), seq_len=args.seq, dtype=args.dtype,
