@@ -24,7 +24,7 @@ from planner.errors import StratagemError
 from planner.modelspec import parse_model
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 
-from .cmd_profile_model import DefaultsHelpFormatter
+from planner.cli.common import DefaultsHelpFormatter
 from .common import resolve_cluster_path
 
 SCHEDULE_ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved_1f1b",

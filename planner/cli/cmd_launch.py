@@ -7,6 +7,7 @@ import shlex
 import tempfile
 from pathlib import Path
 
+from planner.cli.common import DefaultsHelpFormatter
 from planner.errors import StratagemError
 from planner.plan import load_plan
 
@@ -16,7 +17,7 @@ def register(subparsers) -> None:
         "launch", help="execute a plan with torch.distributed (torchrun)",
         description="Check the plan against this launch, then start torchrun with the plan's world size "
                     "(NCCL with CUDA, else gloo). Mismatches stop here with one line and exit 2.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("plan", type=Path, help="plan file written by `stratagem plan`")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps to train")
     p.add_argument("--data", default="synthetic", help="'synthetic' or a tensor file {'inputs','targets'}")

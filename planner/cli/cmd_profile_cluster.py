@@ -15,7 +15,7 @@ from planner.errors import StratagemError
 from planner.fileio import save_document
 from planner.profiles import ClusterProfile, CollectiveFit
 
-from .cmd_profile_model import DefaultsHelpFormatter, check_out_path
+from planner.cli.common import DefaultsHelpFormatter, check_out_path
 from .common import command_line, utc_now
 
 # The quick sweep reaches 16 MiB because on a loaded 2-core VM small-message times jitter by ~2 ms (wake-up

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 from pathlib import Path
 
-from planner.cli.common import command_line, host_name, int_list, resolve_cluster_path, utc_now
+from planner.cli.common import (DefaultsHelpFormatter, check_out_path, command_line, host_name, int_list,
+                                 resolve_cluster_path, utc_now)
 from planner.errors import StratagemError
 from planner.modelspec import parse_model
 from planner.profiles import load_cluster_profile, save_profile
-
-
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Like argparse's, but shows no "(default: None/False)" and none where the help states its default."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default is None or action.default is False or "default" in text:
-            return text
-        return super()._get_help_string(action)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,17 +35,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed runs (count) per layer and micro-batch; the "
                                                            "file keeps their median and spread in seconds")
     p.set_defaults(func=run)
-
-
-def check_out_path(path: Path) -> None:
-    """Fail before any work if --out cannot be written (the write itself is atomic, at the end)."""
-    if path.is_dir():
-        raise StratagemError(f"--out {path} is a folder; give a file path such as {path / 'profile.json'}")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise StratagemError(f"cannot write {path}: {parent} is not a writable folder; choose a writable --out path")
 
 
 def _cpu_name() -> str:

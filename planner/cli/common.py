@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import os
 import platform
@@ -52,3 +53,24 @@ def command_line() -> str:
 
 def host_name() -> str:
     return os.environ.get("HOSTNAME") or platform.node()
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Like argparse's, but shows no "(default: None/False)" and none where the help states its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def check_out_path(path: Path) -> None:
+    """Fail before any work if --out cannot be written (the write itself is atomic, at the end)."""
+    if path.is_dir():
+        raise StratagemError(f"--out {path} is a folder; give a file path such as {path / 'profile.json'}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise StratagemError(f"cannot write {path}: {parent} is not a writable folder; choose a writable --out path")

@@ -12,6 +12,7 @@ import logging
 import sys
 
 from planner import __version__
+from planner.cli.common import DefaultsHelpFormatter
 from planner.errors import StratagemError
 
 # (group, module) pairs; group None = top-level subcommand, "profile" = under `stratagem profile`.
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="stratagem",
         description="Plan, run and inspect parallel training: profile -> plan -> launch -> show.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"stratagem {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
