@@ -1,16 +1,30 @@
-"""Measured step time and peak memory of `stratagem launch` next to the plan's predictions.
+"""Measured step time and peak memory of `stratagem launch` next to the cost model's predictions.
 
-    python benchmarks/runtime_vs_prediction.py                 # plan + launch gpt:tiny, 2 CPU ranks
-    python benchmarks/runtime_vs_prediction.py a.json b.json   # launch existing plan files
+    python benchmarks/runtime_vs_prediction.py                  # DP2, TP2, PP2, FSDP2 x gpt:tiny, gpt:small
+    python benchmarks/runtime_vs_prediction.py --models gpt:tiny --layouts dp,tp --repeats 3
 
-Without plan files, ``stratagem plan`` is run once per restriction of the search (``--allow dp``,
-``tp``, ``pp``) for gpt:tiny on the shipped ``local-cpu-2core`` cluster profile, so each
-layout comes with the cost model's prediction. Each plan is launched for ``--steps`` steps; the
-measured figure is the median step time over steps 2.. (the first is warm-up). On CPU the measured
-peak memory is the growth of the process RSS while the plan ran (runtime/executor/metrics.py), which
-also holds allocator slack and gloo buffers, so it bounds the prediction from above rather than
-matching it. This host's CPU steal makes single timings vary 2-5x
-(shared/notes/torch-distributed-on-cpu.md); run it more than once.
+Each layout is a hand-made plan (``runtime.executor.plans.make_plan``; no search, so
+the figures do not depend on the ILP) on 2 CPU ranks, global batch 8 x seq 64, fp32:
+
+- ``dp``: dp 2, ZeRO-0 (FSDP2 ``replicate``), one micro-batch of 4 per replica;
+- ``tp``: tp 2, every splittable layer split, one micro-batch of 8;
+- ``pp``: pp 2, 1F1B, 4 micro-batches of 2, layers cut evenly by count;
+- ``fsdp``: dp 2, ZeRO-3 (FSDP2 ``fully_shard`` per block).
+
+The prediction is :func:`planner.cost.estimate` on the measured model profile
+(``profiles/models/gpt-<preset>.json``) and the measured cluster profile ``local-cpu-2core`` with the
+plan's configuration (other ``ParallelConfig`` fields at their defaults, as the search uses them); it is
+written into the plan, so the launch's summary compares the two. Measured = median step time over steps
+2.. (max over ranks per step); peak memory on CPU = growth of the process RSS while the plan ran
+(runtime/executor/metrics.py), which also holds allocator slack and gloo buffers. This host's CPU
+steal and the other users of its 2 cores make single timings vary 2-5x
+(shared/notes/torch-distributed-on-cpu.md): the 2-process matmul rate moved between 63 and 185 GFLOP/s
+within an hour here. So each launch is bracketed by the cluster profiler's matmul benchmark run by two
+processes at once, and the prediction is repeated with that rate as the cluster's compute figure
+("at load"): the model profile's timings are then scaled by its reference matmul over this rate
+(``planner.cost.framework.timings_scale``). Blocking collectives are also given the per-call latency
+measured after compute (``runtime/profiling/sync_latency.py``: ~1 ms here, vs the back-to-back alpha
+of ~0.2 ms) as their alpha. Measured, nothing fitted; use ``--repeats`` and read the spread.
 """
 
 from __future__ import annotations
@@ -18,69 +32,188 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ALLOW_SETS = ["dp", "tp", "pp"]
+sys.path.insert(0, str(REPO))
+CLUSTER = REPO / "profiles/hardware/local-cpu-2core.json"
+LAYOUTS = ("dp", "tp", "pp", "fsdp")
+GLOBAL_BATCH, SEQ = 8, 64
 
 
-def _stratagem(*args: str, timeout_s: float = 600) -> None:
+def build_plan(model: str, layout: str):
+    """The hand-made plan of ``layout`` (see the module docstring)."""
+    from planner.modelspec import parse_model
+    from runtime.executor.plans import make_plan
+    from runtime.models import is_splittable, layer_paths
+
+    spec = parse_model(model)
+    kw = dict(global_batch=GLOBAL_BATCH, seq_len=SEQ)
+    if layout == "dp":
+        return make_plan(spec, dp=2, **kw)
+    if layout == "fsdp":
+        return make_plan(spec, dp=2, zero_stage=3, **kw)
+    if layout == "tp":
+        return make_plan(spec, tp=2, split=[p for p in layer_paths(spec) if is_splittable(spec, p)], **kw)
+    if layout == "pp":
+        return make_plan(spec, pp=2, schedule="1f1b", num_micro_batches=4, **kw)
+    raise SystemExit(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+
+
+def config_for_plan(plan):
+    """The cost model's ParallelConfig for ``plan`` (mesh, schedule, stages, layout, recompute, ZeRO)."""
+    from planner.cost import ParallelConfig
+
+    stages = sorted(plan.stages, key=lambda s: s.index)
+    recompute = {p: m for s in stages for p, m in s.recompute.items()}
+    return ParallelConfig(
+        tp=plan.mesh.size("tp"), pp=plan.mesh.size("pp"), dp=plan.mesh.size("dp"),
+        micro_batch=plan.schedule.micro_batch_size, num_micro_batches=plan.schedule.num_micro_batches,
+        schedule=plan.schedule.kind, virtual_stages=plan.schedule.virtual_stages, zero_stage=plan.zero_stage,
+        recompute=recompute, stage_layers=tuple(tuple(s.module_paths) for s in stages),
+        layout={p: lay.style for p, lay in plan.layout.items()},
+        sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()))
+
+
+def _bare(profile):
+    """The profile without wrapper overheads and reference matmul: what the cost model used before them."""
+    return profile.model_copy(update={"reference_matmul": None, "layers": [
+        la.model_copy(update={"runtime_overhead": None}) for la in profile.layers]})
+
+
+# Blocking collectives take the per-call latency measured after compute (runtime/profiling/sync_latency.py);
+# pipeline transfers keep the profile's fit: torch.distributed.pipelining posts them as non-blocking
+# batch_isend_irecv, and the time a stage waits for its peer is the pipeline model's bubble.
+SYNC_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def at_load(cluster, rate_flops_per_s: float, latency_s: dict[str, float] | None = None):
+    """``cluster`` with its fp32 achieved matmul rate, and the alpha of its 2-rank intra-node fits for
+    ``SYNC_OPS``, replaced by figures measured now."""
+    node = cluster.node_types[0]
+    compute = [c.model_copy(update={"achieved_flops_per_s": rate_flops_per_s}) if c.dtype == "fp32" else c
+               for c in node.compute]
+    fits = [f.model_copy(update={"alpha_s": latency_s[f.op]})
+            if latency_s and f.op in SYNC_OPS and f.op in latency_s and f.n_ranks == 2 else f
+            for f in node.intra_node]
+    node = node.model_copy(update={"compute": compute, "intra_node": fits})
+    return cluster.model_copy(update={"node_types": [node, *cluster.node_types[1:]]})
+
+
+def host_sync_latency(folder: Path) -> dict[str, float]:
+    """Per-call collective latency after compute on 2 ranks, now (runtime/profiling/sync_latency.py)."""
+    out = folder / "latency.json"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                    "runtime.profiling.sync_latency", "--out", str(out)], cwd=REPO, check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=300)
+    return json.loads(out.read_text())
+
+
+RATE_SNIPPET = ("import sys, torch; torch.set_num_threads(1); sys.path.insert(0, {repo!r}); "
+                "from runtime.cluster_bench import time_matmul; "
+                "r = time_matmul('fp32', 1024, device=torch.device('cpu'), repeats=5); "
+                "print(' '.join(str(r.flops_per_matmul / t) for t in r.times_s))")
+
+
+def host_matmul_rates(ranks: int = 2) -> list[float]:
+    """The cluster profiler's fp32 matmul benchmark run by ``ranks`` processes at once, now (FLOP/s each)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
+    procs = [subprocess.Popen([sys.executable, "-c", RATE_SNIPPET.format(repo=str(REPO))], env=env,
+                              stdout=subprocess.PIPE, text=True) for _ in range(ranks)]
+    return [float(v) for proc in procs for v in proc.communicate(timeout=120)[0].split()]
+
+
+def make_case(model: str, layout: str, folder: Path, cluster_path: Path) -> dict:
+    """Plan of ``layout`` with the static predictions written in, and what is needed to re-predict."""
+    from planner.cost import estimate
+    from planner.plan import save_plan
+    from planner.profiles import load_cluster_profile, load_model_profile
+
+    plan = build_plan(model, layout)
+    profile = load_model_profile(REPO / f"profiles/models/{model.replace(':', '-')}.json")
+    cluster, config = load_cluster_profile(cluster_path), config_for_plan(plan)
+    est = estimate(profile, cluster, config, global_batch=GLOBAL_BATCH, dtype=plan.training.dtype)
+    before = estimate(_bare(profile), cluster, config, global_batch=GLOBAL_BATCH, dtype=plan.training.dtype)
+    plan = plan.model_copy(update={"predictions": est.to_predictions(), "cluster_name": cluster.name})
+    path = save_plan(plan, folder / f"{model.replace(':', '-')}_{layout}.json")
+    return dict(name=path.stem, path=path, profile=profile, cluster=cluster, config=config,
+                before_s=before.step_time_s, pred_s=est.step_time_s, pred_mem=est.peak_mem_bytes)
+
+
+def predict_at(case: dict, rate_flops_per_s: float, latency_s: dict[str, float] | None) -> float:
+    """The case's predicted step time with the host's matmul rate and sync latency measured at the run."""
+    from planner.cost import estimate
+    return estimate(case["profile"], at_load(case["cluster"], rate_flops_per_s, latency_s), case["config"],
+                    global_batch=GLOBAL_BATCH, dtype="fp32").step_time_s
+
+
+def measure(plan_path: Path, folder: Path, steps: int, attempt: int) -> dict:
+    metrics = folder / f"{plan_path.stem}_{attempt}.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(steps),
+                           "--metrics", str(metrics), "--timeout-s", "300"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
     if proc.returncode:
-        raise SystemExit(f"stratagem {args[0]} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
-
-
-def make_plans(folder: Path, *, gpus: int, global_batch: int, seq: int) -> list[Path]:
-    paths = []
-    for allow in ALLOW_SETS:
-        out = folder / f"plan_{allow.replace(',', '_')}.json"
-        _stratagem("plan", "--model", "gpt:tiny", "--model-profile", str(REPO / "profiles/models/gpt-tiny.json"),
-                   "--cluster", str(REPO / "profiles/hardware/local-cpu-2core.json"), "--gpus", str(gpus),
-                   "--global-batch", str(global_batch), "--seq", str(seq), "--dtype", "fp32", "--allow", allow,
-                   "--out", str(out))
-        paths.append(out)
-    return paths
-
-
-def measure(plan_path: Path, folder: Path, steps: int) -> dict:
-    metrics = folder / (plan_path.stem + ".jsonl")
-    _stratagem("launch", str(plan_path), "--steps", str(steps), "--metrics", str(metrics), "--timeout-s", "600")
+        log_tail = (proc.stdout + proc.stderr)[-3000:]
+        print(f"stratagem launch {plan_path.name} failed (exit {proc.returncode}); tail:\n{log_tail}", file=sys.stderr)
+        return {}
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    start = next(r for r in records if r["event"] == "start")
-    summary = records[-1]
-    return {"plan": plan_path.stem, "mesh": start["mesh"], "schedule": start["schedule"],
-            "zero": start["zero_stage"], **summary}
+    return records[-1]
 
 
-def _fmt(v, scale=1.0, unit="") -> str:
-    return "n/a" if v is None else f"{v * scale:.4g}{unit}"
+def _ms(v) -> str:
+    return "n/a" if v is None else f"{v * 1e3:.3g}"
+
+
+HEADER = (f"{'plan':<16} {'before':>7} {'static':>7} {'at load (rate)':>15} {'+ sync latency':>15} "
+          f"{'measured':>15} {'meas/pred':>9} {'pred MiB':>8} {'meas MiB':>8}")
+
+
+def run_case(case: dict, folder: Path, steps: int, repeats: int) -> str:
+    """Launch ``repeats`` times, each between host measurements (matmul rate, sync latency); one table row."""
+    preds, plain, times, peaks = [], [], [], []
+    for i in range(repeats):
+        rates, latency = host_matmul_rates(), host_sync_latency(folder)
+        summary = measure(case["path"], folder, steps, i) or measure(case["path"], folder, steps, i + 100)
+        if not summary:
+            continue  # failed twice: the tail was printed
+        rates += host_matmul_rates()
+        plain.append(predict_at(case, statistics.median(rates), None))
+        preds.append(predict_at(case, statistics.median(rates), latency))
+        times.append(summary["measured_step_time_s"])
+        peaks.append(summary["measured_peak_memory_bytes"])
+    if not times:
+        return f"{case['name']:<16} launch failed"
+    ratio = statistics.median(t / p for t, p in zip(times, preds))
+    return (f"{case['name']:<16} {_ms(case['before_s']):>7} {_ms(case['pred_s']):>7} "
+            f"{'/'.join(map(_ms, plain)):>15} {'/'.join(map(_ms, preds)):>15} {'/'.join(map(_ms, times)):>15} "
+            f"{ratio:>8.2f}x "
+            f"{case['pred_mem'] / 2**20:>8.3g} {max(peaks) / 2**20:>8.3g}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("plans", nargs="*", type=Path)
+    p.add_argument("--models", default="gpt:tiny,gpt:small")
+    p.add_argument("--layouts", default=",".join(LAYOUTS))
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--gpus", type=int, default=2)
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2, help="launches per plan")
+    p.add_argument("--cluster", type=Path, default=CLUSTER, help="cluster profile for the predictions")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="rt-vs-pred-") as tmp:
         folder = Path(tmp)
-        plans = args.plans or make_plans(folder, gpus=args.gpus, global_batch=args.global_batch, seq=args.seq)
-        rows = [measure(path, folder, args.steps) for path in plans]
-    print(f"{'plan':<16} {'mesh pp/dp/tp':<14} {'sched':<6} {'zero':<4} {'pred step':>10} {'meas step':>10} "
-          f"{'meas/pred':>9} {'pred mem':>10} {'meas peak':>10}")
-    for r in rows:
-        mesh = "/".join(str(r["mesh"][a]) for a in ("pp", "dp", "tp"))
-        print(f"{r['plan']:<16} {mesh:<14} {r['schedule']:<6} {r['zero']:<4} "
-              f"{_fmt(r['predicted_step_time_s'], 1e3, ' ms'):>10} {_fmt(r['measured_step_time_s'], 1e3, ' ms'):>10} "
-              f"{_fmt(r['step_time_ratio'], 1, 'x'):>9} {_fmt(r['predicted_peak_memory_bytes'], 2**-20, ' MiB'):>10} "
-              f"{_fmt(r['measured_peak_memory_bytes'], 2**-20, ' MiB'):>10}")
+        cases = [make_case(m, lay, folder, args.cluster) for m in args.models.split(",")
+                 for lay in args.layouts.split(",")]
+        print("step times in ms; before = no wrapper overheads, no timing scale (the cost model before); static ="
+              " now, with the cluster profile as shipped; at load = now, with the cluster's fp32 matmul rate measured"
+              " around each launch (2 processes at once); + sync latency = also the collectives' per-call latency"
+              " after compute measured before each launch; meas/pred = median of measured / the last")
+        print(HEADER)
+        for case in cases:
+            print(run_case(case, folder, args.steps, args.repeats), flush=True)
 
 
 if __name__ == "__main__":

@@ -108,6 +108,32 @@ class ShardProfile(_Strict):
     memory_origin: Origin = "measured"
 
 
+class RuntimeOverhead(_Strict):
+    """Host time ``stratagem launch``'s torch.distributed wrappers add to this layer (measured, one process).
+
+    Forward/backward figures are per micro-batch (measured at ``micro_batch``; fixed costs, not scaled):
+    the wrapped layer's median time minus the plain layer's on a one-rank gloo group, floored at 0
+    (``runtime/profiling/overhead.py``). Optimizer figures are per optimizer step over the layer's
+    full (tp=1) parameters. Collective wire time is not included (the cluster profile prices it).
+    """
+
+    micro_batch: int = Field(ge=1)
+    tp_forward_s: float = Field(0, ge=0, description="DTensor tensor-parallel dispatch, forward")
+    tp_backward_s: float = Field(0, ge=0, description="DTensor tensor-parallel dispatch, backward")
+    replicate_forward_s: float = Field(
+        0, ge=0, description="FSDP2 replicate (ZeRO-0 data parallel): this layer's marginal cost inside a unit")
+    replicate_backward_s: float = Field(0, ge=0)
+    fully_shard_forward_s: float = Field(
+        0, ge=0, description="FSDP2 fully_shard (ZeRO-1/2/3): this layer's marginal cost inside a unit")
+    fully_shard_backward_s: float = Field(0, ge=0)
+    replicate_unit_forward_s: float = Field(0, ge=0, description="fixed cost of one replicate unit")
+    replicate_unit_backward_s: float = Field(0, ge=0)
+    fully_shard_unit_forward_s: float = Field(0, ge=0, description="fixed cost of one fully_shard unit")
+    fully_shard_unit_backward_s: float = Field(0, ge=0)
+    optimizer_step_s: float = Field(0, ge=0, description="AdamW step + zero_grad, plain tensor parameters")
+    optimizer_step_dtensor_s: float = Field(0, ge=0, description="the same on DTensor parameters (TP or FSDP2)")
+
+
 class LayerProfile(_Strict):
     """One top-level layer of the model (a block, an embedding, a head), keyed by module path."""
 
@@ -119,6 +145,8 @@ class LayerProfile(_Strict):
     output_bytes_per_sample: float = Field(ge=0, description="activation sent to the next layer")
     shards: list[ShardProfile] = Field(min_length=1, description="tp=1 first, then each profiled degree")
     collectives: list[CollectiveNeed] = Field(default_factory=list, description="needs at tp>1")
+    runtime_overhead: RuntimeOverhead | None = Field(
+        None, description="measured host overhead of the runtime's wrappers (None: not measured, e.g. analytic)")
 
     def shard(self, tp: int) -> ShardProfile:
         """The profiled shard at degree ``tp`` (KeyError if that degree was not profiled)."""
@@ -145,6 +173,9 @@ class ModelProfile(_Strict):
     tp_degrees: list[int] = Field(description="tensor-parallel degrees that were profiled")
     total_params: int
     layers: list[LayerProfile]
+    reference_matmul: "ComputeFigure | None" = Field(
+        None, description="the cluster profiler's matmul benchmark run in the model profiler's process while "
+                          "it timed the layers: relates these timings to a cluster profile's compute figure")
     provenance: Provenance
     content_hash: str | None = None
 
@@ -291,3 +322,6 @@ def load_cluster_profile(path: str | Path) -> ClusterProfile:
 def save_profile(profile: ModelProfile | ClusterProfile, path: str | Path) -> Path:
     """Write a profile atomically with its content hash."""
     return save_document(profile, path)
+
+
+ModelProfile.model_rebuild()

@@ -17,6 +17,7 @@ dropout masks do not shrink with t), fitted from the tp=1 and the smallest tp>1 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from runtime.models import (build_layer, build_tp_shard, check_tp, example_batch
                             layer_kind, layer_paths, loss_fn, sample_shape, tp_collectives, tp_constraints)
 from runtime.models.zoo import SEQUENCE_FAMILIES
 from runtime.profiling.measure import count_flops, derived_timing, make_input, saved_bytes, time_layer
+from runtime.profiling.overhead import (measure_runtime_overhead, reference_matmul_figure, reference_matmul_rates,
+                                       single_rank_group)
 
 log = logging.getLogger(__name__)
 
@@ -248,8 +251,24 @@ def _profile_one(job: _Layer, module: nn.Module, signature: str,
         tp_style=_tp_style(job.spec, kind) if splittable else "none",  # type: ignore[arg-type]
         input_bytes_per_sample=job.x_full.numel() * job.x_full.element_size() / batch,
         output_bytes_per_sample=out_bytes, shards=_shards(job, s),
-        collectives=tp_collectives(job.spec, job.path, s.seq_len, dtype=torch_dtype(s.dtype)) if splittable else [])
+        collectives=tp_collectives(job.spec, job.path, s.seq_len, dtype=torch_dtype(s.dtype)) if splittable else [],
+        runtime_overhead=_overhead(job, splittable, s))
     return profile, out.detach()
+
+
+def _overhead(job: _Layer, splittable: bool, s: ProfileSettings):
+    """Measured wrapper overheads at the smallest micro-batch (``runtime.profiling.overhead``); None when
+    nothing is timed (meta device, derived times)."""
+    if s.device == "meta" or s.achieved_flops_per_s:
+        return None
+
+    def build() -> nn.Module:
+        layer = build_layer(job.spec, job.path, device=s.device, dtype=torch_dtype(s.dtype))
+        init_weights(layer, seed=0)
+        return layer
+
+    return measure_runtime_overhead(build, job.spec, job.path, job.x_full[:s.micro_batches[0]], first=job.first,
+                                    splittable=splittable, warmup=s.warmup, repeats=s.repeats)
 
 
 def _tp_style(spec: ModelSpec, kind: str) -> str:
@@ -281,12 +300,17 @@ def profile_model(spec: ModelSpec, settings: ProfileSettings, *, created_utc: st
     check_settings(spec, settings)
     seq_len = effective_seq_len(spec, settings.seq_len)
     s = ProfileSettings(**{**{f: getattr(settings, f) for f in settings.__slots__}, "seq_len": seq_len})
-    layers = profile_layers(spec, s, on_layer=on_layer)
+    timed = s.device != "meta" and not s.achieved_flops_per_s
+    rates = reference_matmul_rates(s) if timed else []
+    with single_rank_group() if timed else contextlib.nullcontext():
+        layers = profile_layers(spec, s, on_layer=on_layer)
+    rates += reference_matmul_rates(s) if timed else []
     analytic = s.device == "meta"
     return ModelProfile(
         name=f"{spec.name}-s{seq_len}-{s.dtype}", model=spec, seq_len=seq_len, dtype=s.dtype,  # type: ignore[arg-type]
         sample_shape=sample_shape(spec, seq_len), micro_batches=list(s.micro_batches),
         tp_degrees=list(s.tp_degrees), total_params=sum(layer.params for layer in layers), layers=layers,
+        reference_matmul=reference_matmul_figure(s.dtype, rates),
         provenance=Provenance(
             method="analytic" if analytic else "measured", tool=f"stratagem {__version__}",
             created_utc=created_utc, torch_version=torch.__version__,

@@ -4,7 +4,8 @@ Public API (stable; the search builds on it)::
 
     estimate(model, cluster, config, *, global_batch, dtype="bf16") -> Estimate
     layer_cost(layer, *, node, cluster, tp, style, recompute, sequence_parallel, micro_batch,
-               flash_attention, dtype, tp_group_spans_nodes=False) -> LayerCost
+               flash_attention, dtype, tp_group_spans_nodes=False, use_timings=True, overlap_tp_comm=False,
+               dp_wrapper="none", timings_scale=1.0) -> LayerCost
     layout_change_cost(prev, next, prev_style, next_style, *, node, cluster, tp, micro_batch, ...) -> float
     inflight_microbatches(schedule, pp, pp_rank, num_micro_batches, virtual_stages) -> float
     pipeline_step_time(rank_times_s, num_micro_batches, virtual_stages, schedule) -> float
@@ -25,13 +26,19 @@ Rules a mirror of ``estimate`` (the ILP tables) must follow — each is document
 - ZeRO-3 (``zero3.py``): the mirror covers the default ``ParallelConfig.zero3_*`` fields (per-layer
   collectives, 2 gathers, overlap as ``overlap_grad_reduce``); the other values model DeepSpeed's 2021
   ZeRO-3 for published-run comparisons (``benchmarks/cost_accuracy.py``), not for the search;
-- identical signatures give identical :class:`LayerCost` (``estimate`` computes each once).
+- identical signatures give identical :class:`LayerCost` (``estimate`` computes each once);
+- measured runtime overheads (``framework.py``; only where ``use_timings``): pass
+  ``dp_wrapper=dp_wrapper(dp, zero_stage)`` and ``timings_scale=timings_scale(model, node)`` to
+  ``layer_cost``; add ``LayerCost.optimizer_s`` of every layer of rank ``r`` to its tail (per step), and
+  ``sum(chunk_overhead_s(model, dp_wrapper(dp, zero), timings_scale(model, node)))`` once per chunk and
+  micro-batch to ``T_r`` (a constant per chunk, 0 at dp 1).
 """
 
 from planner.cost.collectives import collective_time
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig
 from planner.cost.estimate import dp_collective_time, estimate
+from planner.cost.framework import chunk_overhead_s, dp_wrapper, layer_overhead_s, timings_scale
 from planner.cost.memory import MemoryBreakdown, ModelStates, model_states_bytes
 from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
 from planner.cost.placement import assign_chunks, dp_group, tp_group, with_gpus
@@ -39,7 +46,7 @@ from planner.cost.records import ChunkEstimate, Estimate, RankEstimate
 
 __all__ = [
     "ChunkEstimate", "Estimate", "LayerCost", "MemoryBreakdown", "ModelStates", "ParallelConfig",
-    "RankEstimate", "assign_chunks", "collective_time", "dp_collective_time", "dp_group", "estimate",
+    "RankEstimate", "assign_chunks", "chunk_overhead_s", "dp_wrapper", "layer_overhead_s", "timings_scale", "collective_time", "dp_collective_time", "dp_group", "estimate",
     "full_saved_bytes", "inflight_microbatches", "layer_cost", "layout_change_cost", "model_states_bytes",
     "pipeline_step_time", "tp_group", "with_gpus",
 ]

@@ -28,6 +28,7 @@ from __future__ import annotations
 from planner.cost.collectives import collective_time
 from planner.cost.config import LayerCost, Recompute, TPStyle
 from planner.cost.constants import (BACKWARD_TRAFFIC_FACTOR, MEMORY_BW_EFFICIENCY, TRAFFIC_PER_SAVED_BYTE)
+from planner.cost.framework import DPWrapper, layer_overhead_s
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, LayerTiming, NodeType, ShardProfile
 
@@ -109,12 +110,17 @@ def _tp_comm_s(layer: LayerProfile, cluster: ClusterProfile, node: NodeType, tp:
 def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, tp: int, style: TPStyle,
                recompute: Recompute, sequence_parallel: bool, micro_batch: int, flash_attention: bool,
                dtype: str, tp_group_spans_nodes: bool = False, use_timings: bool = True,
-               overlap_tp_comm: bool = False) -> LayerCost:
+               overlap_tp_comm: bool = False, dp_wrapper: DPWrapper = "none",
+               timings_scale: float = 1.0) -> LayerCost:
     """Per-micro-batch cost of ``layer`` on one rank of a TP group of ``tp`` (see the module docstring).
 
     ``use_timings=False`` ignores measured timings (e.g. timings from another device than ``node``).
     ``overlap_tp_comm``: TP collectives run under the layer's GEMMs (Transformer Engine userbuffers,
     Megatron-Core ``--tp-comm-overlap``); only the part longer than the GEMM time stays exposed.
+    ``dp_wrapper`` (``framework.dp_wrapper(dp, zero_stage)``): with measured timings, the runtime's
+    measured wrapper overheads (``framework.layer_overhead_s``) are added to the forward and backward,
+    and the layer's AdamW step time is returned in ``optimizer_s``. ``timings_scale``
+    (``framework.timings_scale``) multiplies every measured time (timings and overheads).
     """
     shard, split = _shard_for(layer, tp, style)
     samples = micro_batch
@@ -123,8 +129,14 @@ def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, 
     replicated, scores, rest = _saved_parts(shard, samples, tp, sp)
     scores_traffic_s = 0.0 if flash_attention else _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["scores"] * scores)
     score_flops = shard.attention_scores_flops_per_sample * samples
+    optimizer_s = 0.0
     if use_timings and shard.timings:
         forward_s, backward_s = _interpolate(shard.timings, samples)
+        extra_fwd_s, extra_bwd_s, optimizer_s = layer_overhead_s(layer, split_tp=split and tp > 1,
+                                                                 wrapper=dp_wrapper)
+        forward_s = (forward_s + extra_fwd_s) * timings_scale
+        backward_s = (backward_s + extra_bwd_s) * timings_scale
+        optimizer_s *= timings_scale
     else:
         fwd_traffic_s = _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["replicated"] * replicated
                                    + TRAFFIC_PER_SAVED_BYTE["split"] * rest) + scores_traffic_s
@@ -157,6 +169,7 @@ def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, 
         tp_comm_s=comm_fwd_s + comm_bwd_s, act_bytes=act_bytes, param_bytes=float(shard.param_bytes),
         params=float(shard.params), output_bytes=layer.output_bytes_per_sample * micro_batch,
         model_flops=model_flops, hardware_flops=model_flops + recompute_flops + flash_bwd_flops,
+        optimizer_s=optimizer_s,
     )
 
 

@@ -94,3 +94,6 @@ class LayerCost:
     output_bytes: float
     model_flops: float
     hardware_flops: float
+    # Per optimizer step (not per micro-batch): the measured AdamW host time over this layer's parameters
+    # (``planner.cost.framework``); 0 without a measured runtime overhead. Added to the rank's tail.
+    optimizer_s: float = 0.0

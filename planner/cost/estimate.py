@@ -8,7 +8,10 @@ Composition (exact formula, reproduced by the ILP; see ``pipeline.py`` for (P) a
    one one-way transfer per micro-batch (Megatron's paired send-forward/receive-backward exchanges).
    With ``tp > 1`` each TP rank sends ``1/tp`` of the activation and the receiver all-gathers it over
    the TP group — Megatron's scatter/gather optimisation (SC21 §4.1); with sequence parallelism the
-   activation is already sharded.
+   activation is already sharded. With measured timings (``planner.cost.framework``), ``layer_cost``
+   already holds the runtime's per-layer wrapper overheads (DTensor TP dispatch, FSDP2 hooks), and each
+   chunk adds ONE constant per micro-batch when ``dp > 1``: its root FSDP2 unit's fixed cost
+   (``framework.chunk_overhead_s``, to forward and backward).
 2. ``T_r`` = sum over the chunks of pp rank ``r``; the pipeline time is (P) over ``T_r``.
 3. Per rank ``r``, once per step (``W_r`` = backward + recompute time of one micro-batch over the rank's
    chunks, ``F_r`` = its forward time, ``G_r`` = gradient bytes, ``k`` = seconds per byte of
@@ -26,7 +29,11 @@ Composition (exact formula, reproduced by the ILP; see ``pipeline.py`` for (P) a
      when overlapping (the rank's first layer's gather cannot be prefetched), else ``m * C_r``
      (``zero3.py``; its non-default ``ParallelConfig.zero3_*`` settings model DeepSpeed's 2021 ZeRO-3);
    - the AdamW step, memory-bound: ``OPTIMIZER_BYTES_PER_PARAM * params_r / (0.85 * HBM bandwidth)``
-     (params after ZeRO sharding).
+     (params after ZeRO sharding), plus the sum over the rank's layers of ``LayerCost.optimizer_s`` (the
+     measured per-layer AdamW host time; 0 without measured timings).
+
+   On a rank whose device is not a GPU nothing overlaps (``overlap_grad_reduce`` and ``zero3_overlap``
+   are taken as False: no side streams; gloo collectives block the rank).
 
    The step time adds the maximum over ranks of this tail (S).
 
@@ -37,10 +44,12 @@ gradient all-reduce between the two ranks (one message per step) is not modelled
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 from planner.cost.collectives import collective_time
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig
+from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.constants import (DDP_BUCKETS_IN_FLIGHT, MEMORY_BW_EFFICIENCY,
                                     OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_FLOPS_PER_PARAM,
                                     STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT, is_gpu)
@@ -108,7 +117,8 @@ class _Assembler:
                 sequence_parallel=cfg.sequence_parallel, micro_batch=cfg.micro_batch,
                 flash_attention=cfg.flash_attention, dtype=self.dtype,
                 tp_group_spans_nodes=tp_group(cfg.tp, node.devices_per_node).spans_nodes,
-                use_timings=_timings_apply(self.model, node), overlap_tp_comm=cfg.overlap_tp_comm)
+                use_timings=_timings_apply(self.model, node), overlap_tp_comm=cfg.overlap_tp_comm,
+                dp_wrapper=dp_wrapper(cfg.dp, cfg.zero_stage), timings_scale=timings_scale(self.model, node))
         return self._cache[key]
 
     def _layout_s(self, prev: LayerProfile, nxt: LayerProfile, node: NodeType) -> float:
@@ -145,6 +155,13 @@ class _Assembler:
         outbound = self._boundary_s(c) if c < len(self.chunks) - 1 else 0.0
         return inbound + outbound
 
+    def _chunk_unit_s(self, node: NodeType) -> tuple[float, float]:
+        """Fixed per-chunk host cost of the chunk's root FSDP2 unit (``framework.chunk_overhead_s``)."""
+        if not _timings_apply(self.model, node):
+            return 0.0, 0.0
+        return chunk_overhead_s(self.model, dp_wrapper(self.cfg.dp, self.cfg.zero_stage),
+                                timings_scale(self.model, node))
+
     def build_chunks(self) -> list[ChunkEstimate]:
         out = []
         for c, layers in enumerate(self.chunks):
@@ -154,8 +171,10 @@ class _Assembler:
             neighbours = list(zip(layers, layers[1:]))
             if c > 0:
                 neighbours.insert(0, (self.chunks[c - 1][-1], layers[0]))
+            unit_fwd_s, unit_bwd_s = self._chunk_unit_s(node)
             time_s = {
-                "forward": sum(k.forward_s for k in costs), "backward": sum(k.backward_s for k in costs),
+                "forward": sum(k.forward_s for k in costs) + unit_fwd_s,
+                "backward": sum(k.backward_s for k in costs) + unit_bwd_s,
                 "recompute": sum(k.recompute_s for k in costs), "tp_comm": sum(k.tp_comm_s for k in costs),
                 "layout": sum(self._layout_s(a, b, node) for a, b in neighbours), "pp_comm": self._p2p_s(c),
             }
@@ -186,6 +205,11 @@ class _Assembler:
 
     def build_rank(self, r: int, chunks: list[ChunkEstimate]) -> RankEstimate:
         cfg, node = self.cfg, self.node(r)
+        if not is_gpu(node.device):
+            # No side streams on CPU: gloo collectives issued by FSDP2 block the rank (torch.profiler on
+            # 2 gloo ranks, gpt:tiny ZeRO-3: FSDP::all_gather and reduce_scatter time spent inside the hooks),
+            # and replicate reduces its one unit after the backward. Nothing overlaps.
+            cfg = replace(cfg, overlap_grad_reduce=False, zero3_overlap=False)
         mine = [ch for ch in chunks if ch.pp_rank == r]
         params, pairs = self._rank_params(r)
         dp_g = dp_group(cfg.dp, cfg.tp, node.devices_per_node)
@@ -208,20 +232,20 @@ class _Assembler:
                 gather_s = dp_collective_time(self.cluster, node, "all_gather", params * weight_b, dp_g, bucket)
                 zero_s = max(gather_s - fwd_window, 0.0) if cfg.overlap_grad_reduce else gather_s
         else:
-            zero_s = self._zero3_s(pairs, node, dp_g, weight_b, grad_b, fwd_window + bwd_window)
+            zero_s = self._zero3_s(pairs, node, dp_g, weight_b, grad_b, fwd_window + bwd_window, cfg)
         return RankEstimate(pp_rank=r, node_type=node.name, microbatch_s=sum(ch.total_s for ch in mine),
                             inflight_microbatches=inflight_microbatches(cfg.schedule, cfg.pp, r, self.m,
                                                                         cfg.virtual_stages),
                             dp_sync_s=sync_s, dp_sync_exposed_s=exposed_s, zero_comm_s=zero_s,
-                            optimizer_s=self._optimizer_s(node, params),
+                            optimizer_s=self._optimizer_s(node, params) + sum(k.optimizer_s for _, k in pairs),
                             memory=self._memory(r, node, params, pairs))
 
     def _zero3_s(self, pairs: list[tuple[LayerProfile, LayerCost]], node: NodeType, dp_g: GroupShape,
-                 weight_b: float, grad_b: float, window_s: float) -> float:
+                 weight_b: float, grad_b: float, window_s: float, cfg: ParallelConfig) -> float:
         """ZeRO-3 per step: per layer and micro-batch, gather the weights ``zero3_param_gathers`` times and
         reduce-scatter the gradients; with overlap only what exceeds the compute shows (``zero3.py``)."""
         spec = self.model.model
-        comm = Zero3Comm(cfg=self.cfg, cluster=self.cluster, node=node, group=dp_g, weight_bytes=weight_b,
+        comm = Zero3Comm(cfg=cfg, cluster=self.cluster, node=node, group=dp_g, weight_bytes=weight_b,
                          grad_bytes=grad_b, family=spec.family, hidden=int(spec.dims.get("hidden", 0) or 0),
                          ffn_hidden=int(spec.dims.get("ffn_hidden", 0) or 0))
         return comm.step_s(pairs, micro_batches=self.m, window_s=window_s)

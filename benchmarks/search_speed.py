@@ -1,0 +1,108 @@
+"""Search wall time and plan quality: the planner vs a Megatron-style grid search under the same cost model.
+
+Cases: GPT-3 175B on 1,024 A100 (batch 1536, seq 2048); the Megatron-LM SC21 Table 1 models at their GPU
+counts and batches (shared/reference/published_cases.csv); a 10,000-GPU case (1T parameters); and the mixed
+cluster (16 A100 + 16 V100) against the best plan that ignores the difference (planned as if every GPU
+were the smaller V100, then placed in cluster order). Prints one row per case; never a timed test.
+
+    .venv/bin/python benchmarks/search_speed.py [--quick] [--cases 175b,table1,10k,mixed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import replace
+
+from planner.cli.common import resolve_cluster_path
+from planner.cost import estimate
+from planner.cost.placement import fill_stage_node_types
+from planner.gpt_profile import build_gpt_profile
+from planner.modelspec import parse_model
+from planner.profiles import ClusterProfile, load_cluster_profile
+from planner.search.config import DEFAULT_DIMENSIONS, SearchConfig
+from planner.search.grid import grid_search
+from planner.search.planner import plan_search
+
+MIXED_ALLOW = frozenset({"tp", "pp", "dp", "zero", "recompute", "mixed"})
+# Narayanan et al. SC21 Table 1 (shared/reference/published_cases.csv): preset, GPUs, global batch.
+TABLE_1 = [("megatron-1.7b", 32, 512), ("megatron-3.6b", 64, 512), ("megatron-7.5b", 128, 512),
+           ("megatron-18.4b", 256, 1024), ("megatron-39.1b", 512, 1536), ("megatron-76.1b", 1024, 1792),
+           ("megatron-145.6b", 1536, 2304), ("megatron-310.1b", 1920, 2160), ("megatron-529.6b", 2520, 2520),
+           ("megatron-1008b", 3072, 3072)]
+
+
+def _row(name: str, gpus: int, wall_s: float, plan_s: float, summary: str, status: str, grid) -> str:
+    grid_s = f"{grid.step_time_s:9.3f}" if grid else "  no fit "
+    ok = "yes" if grid is None or plan_s <= grid.step_time_s * (1 + 1e-9) else "NO"
+    return f"{name:18s} {gpus:6d} {wall_s:8.2f} {plan_s:9.3f} {grid_s} {ok:>5s}  {status:28s} {summary}"
+
+
+def run_case(name: str, preset: str, gpus: int, batch: int, config: SearchConfig,
+             cluster: ClusterProfile, seq: int = 2048) -> None:
+    profile = build_gpt_profile(parse_model(f"gpt:{preset}"), seq_len=seq)
+    start = time.perf_counter()
+    result = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+    wall_s = time.perf_counter() - start
+    grid = grid_search(profile, cluster, n_devices=gpus, global_batch=batch,
+                       memory_fraction=config.memory_fraction)
+    status = result.status if result.status == "optimal" else f"{result.status} gap<={result.gap:.2%}"
+    print(_row(name, gpus, wall_s, result.best.step_s, result.best.outer.summary(),
+               f"{status} ({result.candidates_solved} ILPs)", grid), flush=True)
+
+
+def run_mixed(config: SearchConfig) -> None:
+    """16 A100 + 16 V100: the planner vs the best plan that ignores the difference (planned as if every GPU
+    were a V100 — the smaller one, so it fits — then run with pp ranks placed in cluster order)."""
+    cluster = load_cluster_profile(resolve_cluster_path("mixed-a100-v100"))
+    profile = build_gpt_profile(parse_model("gpt:megatron-1.7b"), seq_len=2048, dtype="fp16")  # V100: no bf16
+    gpus, batch = cluster.total_devices, 64
+    config = replace(config, allow=MIXED_ALLOW)
+    start = time.perf_counter()
+    mixed = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+    wall_s = time.perf_counter() - start
+    v100 = cluster.nodes[-1].node_type
+    uniform = cluster.model_copy(update={"nodes": [g.model_copy(update={"node_type": v100}) for g in cluster.nodes],
+                                         "content_hash": None})
+    naive = plan_search(profile, uniform, n_devices=gpus, global_batch=batch,
+                        config=replace(config, allow=MIXED_ALLOW - {"mixed"}))
+    placed = fill_stage_node_types(cluster, replace(naive.best.config, stage_node_types=None))
+    real = estimate(profile, cluster, placed, global_batch=batch, dtype=profile.dtype)
+    a100 = cluster.nodes[0].node_type
+    on_a100 = sum(len(st.module_paths) for st in mixed.best.estimate.per_stage if st.node_type == a100)
+    print(f"\nmixed 16 x A100 + 16 x V100, gpt:megatron-1.7b fp16, batch {batch} (dims {sorted(MIXED_ALLOW)}): "
+          f"search {wall_s:.2f} s, {mixed.status}")
+    print(f"  planner (node type per stage) : {mixed.best.step_s:8.3f} s  {mixed.best.outer.summary()}")
+    print(f"     layers per stage: {[(st.node_type[:4], len(st.module_paths)) for st in mixed.best.estimate.per_stage]}"
+          f" -> {on_a100} of {len(profile.layers)} layers on A100")
+    print(f"  ignoring the difference       : {real.step_time_s:8.3f} s  {naive.best.outer.summary()} "
+          f"(planned as all-V100, placed in cluster order; fits={real.fits_in_memory})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="175b,table1,10k,mixed")
+    parser.add_argument("--time-limit", type=float, default=30.0, help="CBC limit per ILP, seconds")
+    parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--budget", type=float, default=60.0, help="search budget per case, seconds")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    config = SearchConfig(time_limit_s=args.time_limit, top_k=args.top_k, allow=DEFAULT_DIMENSIONS,
+                          budget_s=args.budget)
+    cluster = load_cluster_profile(resolve_cluster_path("dgx-a100-80g"))
+    cases = set(args.cases.split(","))
+    print(f"{'case':18s} {'GPUs':>6s} {'search_s':>8s} {'plan_s':>9s} {'grid_s':>9s} {'<=grid':>5s}  status / strategy")
+    if "175b" in cases:
+        run_case("gpt3-175b", "gpt3-175b", 1024, 1536, config, cluster)
+    if "table1" in cases:
+        for preset, gpus, batch in TABLE_1:
+            run_case(preset, preset, gpus, batch, config, cluster)
+    if "10k" in cases:
+        run_case("1T on 10k GPUs", "megatron-1008b", 10_000, 10_000, config, cluster)
+    if "mixed" in cases:
+        run_mixed(config)
+
+
+if __name__ == "__main__":
+    main()

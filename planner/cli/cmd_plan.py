@@ -1,0 +1,133 @@
+"""``stratagem plan``: search the fastest parallel plan for a model on a cluster and write the plan file.
+
+Example::
+
+    stratagem plan --model gpt:gpt3-175b --cluster dgx-a100-80g --gpus 1024 --global-batch 1536 \\
+        --seq 2048 --out plan.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from planner.errors import StratagemError
+from planner.modelspec import ModelSpec, parse_model
+from planner.plan import Plan, TrainingSettings, save_plan, validate
+from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
+from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
+
+from .common import resolve_cluster_path
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="find the fastest parallel plan (exact ILP under the cost model)",
+                              description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="family:preset, e.g. gpt:gpt3-175b or gpt:tiny")
+    p.add_argument("--model-profile", type=Path, default=None,
+                   help="model profile JSON (default: derived analytically for the model)")
+    p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile JSON")
+    p.add_argument("--gpus", type=int, required=True, help="devices to plan for (CPU ranks on a CPU cluster)")
+    p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step (fixed)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per sample (default: the model's max_seq)")
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"])
+    p.add_argument("--memory-fraction", type=float, default=0.9, help="share of device memory a plan may use")
+    p.add_argument("--time-limit", type=float, default=30.0, help="CBC time limit per ILP, seconds")
+    p.add_argument("--gap", type=float, default=0.0, help="relative optimality gap CBC may stop at")
+    p.add_argument("--top-k", type=int, default=5, help="plans to keep (the best and its runners-up)")
+    p.add_argument("--allow", default=None,
+                   help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})")
+    p.add_argument("--out", type=Path, required=True, help="plan JSON to write")
+    p.set_defaults(func=run)
+
+
+def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> ModelProfile:
+    """The given profile file, else the closed-form GPT/Llama profile, else the runtime's meta profiler."""
+    if args.model_profile is not None:
+        profile = load_model_profile(args.model_profile)
+        if profile.model.family != spec.family:
+            raise StratagemError(f"--model-profile {args.model_profile} profiles {profile.model.name}, not "
+                                 f"{spec.name}; pass the matching profile or drop --model-profile")
+        if args.seq is not None and args.seq != profile.seq_len:
+            raise StratagemError(f"--seq {args.seq} but {args.model_profile} was profiled at seq {profile.seq_len}; "
+                                 f"drop --seq or re-profile with --seq {args.seq}")
+        return profile
+    if spec.family in ("gpt", "llama"):
+        from planner.gpt_profile import build_gpt_profile
+        return build_gpt_profile(spec, seq_len=seq_len, dtype=args.dtype)
+    try:
+        from runtime.profile_model import profile_model_analytic
+    except ImportError:
+        raise StratagemError(f"no analytic profile for {spec.family} models in this build; run "
+                             f"'stratagem profile model --model {spec.name}' and pass --model-profile") from None
+    return profile_model_analytic(spec, seq_len=seq_len, dtype=args.dtype)
+
+
+def _summary_table(plan: Plan, cluster: ClusterProfile):
+    from rich.table import Table
+    pred = plan.predictions
+    table = Table(title=f"plan for {plan.model.name} on {plan.world_size} x {cluster.name}")
+    table.add_column("item")
+    table.add_column("value")
+    sched = plan.schedule
+    table.add_row("strategy", f"pp={plan.mesh.size('pp')} dp={plan.mesh.size('dp')} tp={plan.mesh.size('tp')} "
+                              f"{sched.kind} v={sched.virtual_stages} mb={sched.micro_batch_size} "
+                              f"x{sched.num_micro_batches} zero={plan.zero_stage}")
+    table.add_row("predicted step time", f"{pred.step_time_s:.4g} s")
+    table.add_row("throughput", f"{pred.samples_per_s:.4g} samples/s, {pred.tokens_per_s:.4g} tokens/s")
+    table.add_row("MFU", f"{pred.mfu * 100:.1f} % ({pred.model_tflops_per_gpu:.3g} TFLOP/s per GPU)")
+    for sp in pred.stages:
+        table.add_row(f"stage {sp.stage} peak memory",
+                      f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB")
+    search = plan.search
+    table.add_row("search", f"{search.status}, gap {search.gap:.2g}, {search.wall_time_s:.2f} s, "
+                            f"{search.candidates_solved} solved / {search.candidates_pruned} pruned")
+    return table
+
+
+def _alternatives_table(plan: Plan):
+    from rich.table import Table
+    table = Table(title="runners-up")
+    for col in ("#", "strategy", "step time", "slowdown", "peak memory"):
+        table.add_column(col)
+    for i, alt in enumerate(plan.search.top_k, start=2):
+        table.add_row(str(i), alt.summary, f"{alt.step_time_s:.4g} s", f"{alt.slowdown:.3f}x",
+                      f"{alt.peak_memory_bytes / 2**30:.2f} GiB")
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from planner.search.plan_file import build_plan
+    from planner.search.planner import plan_search
+
+    if args.gpus < 1 or args.global_batch < 1 or args.top_k < 1:
+        raise StratagemError("--gpus, --global-batch and --top-k must be positive integers, e.g. --gpus 8")
+    spec = parse_model(args.model)
+    seq_len = int(args.seq or spec.dim("max_seq")) if spec.family in ("gpt", "llama") else int(args.seq or 1)
+    cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
+    profile = _model_profile(spec, args, seq_len)
+    config = SearchConfig(time_limit_s=args.time_limit, gap_rel=args.gap, top_k=args.top_k,
+                          allow=parse_allow(args.allow), memory_fraction=args.memory_fraction)
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("searching", total=None)
+        result = plan_search(profile, cluster, n_devices=args.gpus, global_batch=args.global_batch,
+                             config=config, progress=lambda done, total: bar.update(task, completed=done,
+                                                                                     total=total))
+    training = TrainingSettings(global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype)
+    plan = build_plan(result, model=spec, profile=profile, cluster=cluster, training=training)
+    validate(plan, args.gpus)
+    save_plan(plan, args.out)
+    out = Console()
+    out.print(_summary_table(plan, cluster))
+    if plan.search.top_k:
+        out.print(_alternatives_table(plan))
+    out.print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,56 @@
+"""User settings of the search: solver limits and which parallelism dimensions may be used."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.errors import StratagemError
+
+# Every dimension `--allow` can name. Absent from the set = that dimension stays at its trivial value.
+ALL_DIMENSIONS = ("tp", "pp", "dp", "zero", "recompute", "sp", "interleave", "gpipe", "layout", "mixed",
+                  "cross_node_tp")
+DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchConfig:
+    """Limits of one search.
+
+    ``time_limit_s``, ``gap_rel``, ``threads``: per CBC solve (``PULP_CBC_CMD``). ``top_k``: plans kept,
+    the best and its runners-up, each solved exactly; the runners-up are the best of the candidates
+    solved before the bound proved the best optimal, unless ``exhaustive_top_k`` (then the search goes
+    on until they are proven the k best, which can take much longer). ``allow``: dimensions the search may use
+    (:data:`ALL_DIMENSIONS`). ``max_micro_batch``: largest micro-batch size tried. ``memory_fraction``:
+    share of device memory the plan may use (the rest is left to the allocator and workspaces).
+    """
+
+    time_limit_s: float = 30.0
+    gap_rel: float = 0.0
+    threads: int = 1
+    top_k: int = 5
+    exhaustive_top_k: bool = False
+    allow: frozenset[str] = field(default=DEFAULT_DIMENSIONS)
+    max_micro_batch: int = 16
+    max_virtual_stages: int = 8
+    memory_fraction: float = 0.9
+    budget_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.allow) - set(ALL_DIMENSIONS)
+        if unknown:
+            raise StratagemError(f"unknown --allow entries {sorted(unknown)}; choose from "
+                                 f"{','.join(ALL_DIMENSIONS)}")
+        if not 0 < self.memory_fraction <= 1:
+            raise StratagemError(f"--memory-fraction {self.memory_fraction} must be in (0, 1]; e.g. 0.9")
+        if self.time_limit_s <= 0:
+            raise StratagemError(f"--time-limit {self.time_limit_s} must be positive seconds, e.g. 30")
+
+    def allows(self, dimension: str) -> bool:
+        return dimension in self.allow
+
+
+def parse_allow(text: str | None) -> frozenset[str]:
+    """``"tp,pp,dp"`` -> frozenset; None -> everything."""
+    if text is None:
+        return DEFAULT_DIMENSIONS
+    return frozenset(p.strip() for p in text.split(",") if p.strip())

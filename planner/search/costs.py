@@ -1,0 +1,291 @@
+"""Coefficients of the ILP from the cost model: :class:`CandidateCosts` turns an outer choice into
+:class:`planner.search.tables.Tables` by calling the same ``planner.cost`` functions ``estimate`` uses
+(``layer_cost``, ``layout_change_cost``, ``collective_time``, ``model_states_bytes``,
+``inflight_microbatches``), and turns an ILP answer back into a :class:`ParallelConfig`.
+
+Layer costs are cached by (signature, node type, tp, style, recompute, sp, micro-batch): candidates that
+differ only in pp, dp, ZeRO or schedule reuse them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.cost import estimate as estimate_fn
+from planner.cost.collectives import collective_time
+from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
+from planner.cost.config import LayerCost, ParallelConfig
+from planner.cost.constants import (CUDA_CONTEXT_BYTES, DDP_BUCKETS_IN_FLIGHT,
+                                    FRAGMENTATION_FRACTION, MEMORY_BW_EFFICIENCY, OPTIMIZER_BYTES_PER_PARAM,
+                                    OPTIMIZER_FLOPS_PER_PARAM, STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT,
+                                    is_gpu)
+from planner.cost.estimate import _timings_apply, dp_collective_time   # the rules estimate applies
+from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
+from planner.cost.memory import model_states_bytes, precision_kind
+from planner.cost.pipeline import inflight_microbatches
+from planner.cost.placement import GroupShape, dp_group, tp_group
+from planner.errors import StratagemError
+from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
+from planner.search.config import SearchConfig
+from planner.search.space import OuterChoice
+from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables
+
+_ALGORITHMS = ("ring", "tree", "hierarchical")   # what collective_time(algorithm="auto") minimises over
+
+
+def concave_collective(cluster: ClusterProfile, node: NodeType, op: str, group: GroupShape,
+                       bytes_per_param: float, bucket_bytes: float | None) -> Concave:
+    """``estimate.dp_collective_time`` of ``params * bytes_per_param`` bytes as a :class:`Concave`.
+
+    Bucketed: ``bytes * t(bucket) / bucket`` (one piece through 0). Unbucketed: ``collective_time`` with the
+    best algorithm, i.e. the min over the algorithms' affine pieces (each recovered from two evaluations
+    and checked at a third).
+    """
+    if group.n_ranks <= 1:
+        return Concave()
+    if bucket_bytes is not None:
+        per_byte = dp_collective_time(cluster, node, op, bucket_bytes, group, bucket_bytes) / bucket_bytes
+        return Concave(pieces=((0.0, per_byte * bytes_per_param),))
+    pieces = []
+    for alg in _ALGORITHMS:
+        def t(params: float) -> float:
+            return collective_time(cluster, op, params * bytes_per_param, group.n_ranks, node_type=node,
+                                   spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node,
+                                   algorithm=alg)
+        try:
+            lo, hi = t(1e3), t(1e9)
+        except StratagemError:
+            continue   # algorithm does not apply to this op/group
+        beta = (hi - lo) / (1e9 - 1e3)
+        alpha = lo - beta * 1e3
+        mid = t(3e6)
+        if abs(alpha + beta * 3e6 - mid) > 1e-12 * mid:
+            raise RuntimeError(f"collective_time({op}, {alg}) is not affine in bytes; the ILP needs it to be")
+        pieces.append((alpha, beta))
+    return Concave(pieces=tuple(pieces))
+
+
+def group_layers(profile: ModelProfile) -> list[list[LayerProfile]]:
+    """Consecutive layers with equal signatures (identical by the profile's contract) form one group."""
+    groups: list[list[LayerProfile]] = []
+    for layer in profile.layers:
+        if groups and groups[-1][-1].signature == layer.signature:
+            groups[-1].append(layer)
+        else:
+            groups.append([layer])
+    return groups
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Candidate:
+    outer: OuterChoice
+    config: ParallelConfig
+
+
+class CandidateCosts:
+    """Builds ILP tables for outer choices of one (model, cluster, global batch, search config)."""
+
+    def __init__(self, profile: ModelProfile, cluster: ClusterProfile, *, global_batch: int,
+                 config: SearchConfig):
+        self.profile, self.cluster, self.global_batch, self.search = profile, cluster, global_batch, config
+        self.dtype = profile.dtype
+        self.groups = group_layers(profile)
+        self._cache: dict[tuple, LayerCost] = {}
+
+    # -- configuration ------------------------------------------------------------------------
+    def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
+        return ParallelConfig(tp=outer.tp, pp=outer.pp, dp=outer.dp, micro_batch=outer.micro_batch,
+                              num_micro_batches=outer.num_micro_batches, schedule=outer.schedule,
+                              virtual_stages=outer.virtual_stages, zero_stage=outer.zero_stage,
+                              sequence_parallel=outer.sequence_parallel,
+                              stage_node_types=outer.rank_node_types, **extra)
+
+    def options(self, layers: list[LayerProfile], tp: int) -> tuple[Option, ...]:
+        """Recompute modes x styles allowed for this group (see the module docstring)."""
+        layer = layers[0]
+        modes = ("none", "selective", "full") if self.search.allows("recompute") else ("none",)
+        if tp == 1 or layer.tp_style == "none":
+            styles = ("replicate",)
+        elif layer.kind == "block" or not self.search.allows("layout"):
+            styles = ("split",)
+        else:
+            styles = ("split", "replicate")
+        return tuple(Option(recompute=r, style=s) for s in styles for r in modes)
+
+    def _layer_cost(self, layer: LayerProfile, nt: str, tp: int, style: str, recompute: str,
+                    sp: bool, mb: int, dp: int, zero: int) -> LayerCost:
+        key = (layer.signature, nt, tp, style, recompute, sp, mb, dp_wrapper(dp, zero))
+        if key not in self._cache:
+            self._cache[key] = self._layer_cost_uncached(layer, nt, tp, style, recompute, sp, mb, dp, zero)
+        return self._cache[key]
+
+    def _layer_cost_uncached(self, layer: LayerProfile, nt: str, tp: int, style: str, recompute: str,
+                             sp: bool, mb: int, dp: int, zero: int) -> LayerCost:
+        node = self.cluster.node_type(nt)
+        return layer_cost(layer, node=node, cluster=self.cluster, tp=tp, style=style, recompute=recompute,
+                          sequence_parallel=sp, micro_batch=mb, flash_attention=False, dtype=self.dtype,
+                          tp_group_spans_nodes=tp_group(tp, node.devices_per_node).spans_nodes,
+                          use_timings=_timings_apply(self.profile, node), dp_wrapper=dp_wrapper(dp, zero),
+                          timings_scale=timings_scale(self.profile, node))
+
+    def _option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
+        k = self._layer_cost(layer, nt, outer.tp, opt.style, opt.recompute, outer.sequence_parallel,
+                             outer.micro_batch, outer.dp, outer.zero_stage)
+        node = self.cluster.node_type(nt)
+        z3_mb = z3_gather = 0.0
+        if outer.zero_stage == 3:   # every parameter syncs over the dp group (estimate._zero3_s)
+            group = dp_group(outer.dp, outer.tp, node.devices_per_node)
+            per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
+            coll = dict(node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node)
+            z3_gather = collective_time(self.cluster, "all_gather", k.params * per["params"], group.n_ranks, **coll)
+            z3_mb = 2 * z3_gather + collective_time(self.cluster, "reduce_scatter", k.params * per["grads"],
+                                                    group.n_ranks, **coll)
+        ws = full_saved_bytes(layer, tp=outer.tp, style=opt.style, sequence_parallel=outer.sequence_parallel,
+                              micro_batch=outer.micro_batch, flash_attention=False) if opt.recompute == "full" else 0.0
+        return OptionCost(time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s, fwd_s=k.forward_s,
+                          bwd_s=k.backward_s + k.recompute_s, act_bytes=k.act_bytes,
+                          params_dp=k.params,
+                          param_bytes=k.param_bytes, ws_bytes=ws, z3_mb_s=z3_mb, z3_gather_s=z3_gather,
+                          opt_s=k.optimizer_s)
+
+    def _group(self, layers: list[LayerProfile], outer: OuterChoice, types: list[str]) -> Group:
+        options = self.options(layers, outer.tp)
+        costs = {nt: tuple(self._option_cost(layers[0], nt, outer, o) for o in options) for nt in types}
+        keep = [i for i, o in enumerate(options)   # drop an option identical to an earlier one everywhere
+                if not any(options[j].style == o.style and all(costs[nt][j] == costs[nt][i] for nt in types)
+                           for j in range(i))]
+        last = layers[-1]
+        return Group(paths=tuple(layer.path for layer in layers), options=tuple(options[i] for i in keep),
+                     costs={nt: tuple(costs[nt][i] for i in keep) for nt in types},
+                     boundary_s={(sty, a, b): self._boundary_s(last, sty, a, b, outer)
+                                 for sty in dict.fromkeys(options[i].style for i in keep)
+                                 for a in types for b in types} if outer.pp > 1 else {},
+                     out_buffer_bytes=last.output_bytes_per_sample * outer.micro_batch / outer.tp)
+
+    def _boundary_s(self, last: LayerProfile, style: str, src: str, dst: str, outer: OuterChoice) -> float:
+        """One-way transfer after a chunk ending in ``last`` (``estimate._Assembler._boundary_s``)."""
+        node = self.cluster.node_type(src)
+        full_bytes = last.output_bytes_per_sample * outer.micro_batch
+        spans = src != dst or outer.dp * outer.tp >= node.devices_per_node
+        one_way = collective_time(self.cluster, "send_recv", full_bytes / outer.tp, 2, node_type=node,
+                                  spans_nodes=spans, ranks_per_node=1)
+        if outer.tp > 1 and not outer.sequence_parallel and style == "split":
+            g = tp_group(outer.tp, node.devices_per_node)
+            one_way += collective_time(self.cluster, "all_gather", full_bytes, g.n_ranks, node_type=node,
+                                       spans_nodes=g.spans_nodes, ranks_per_node=g.ranks_per_node)
+        return one_way
+
+    def _changes(self, groups: list[Group], outer: OuterChoice, types: list[str]) -> dict:
+        out = {}
+        for g in range(len(groups) - 1):
+            prev, nxt = self.groups[g][-1], self.groups[g + 1][0]
+            for a in groups[g].styles:
+                for b in groups[g + 1].styles:
+                    for nt in types:
+                        node = self.cluster.node_type(nt)
+                        out[g, a, b, nt] = layout_change_cost(
+                            prev, nxt, a, b, node=node, cluster=self.cluster, tp=outer.tp,
+                            micro_batch=outer.micro_batch, sequence_parallel=outer.sequence_parallel,
+                            tp_group_spans_nodes=tp_group(outer.tp, node.devices_per_node).spans_nodes)
+        return out
+
+    def _rank_model(self, nt: str, outer: OuterChoice) -> RankModel:
+        """Tail and memory terms of a pp rank on node type ``nt`` (``estimate._Assembler.build_rank``)."""
+        node = self.cluster.node_type(nt)
+        tp, dp, zero = outer.tp, outer.dp, outer.zero_stage
+        per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
+        dp_g = dp_group(dp, tp, node.devices_per_node)
+        op = "all_reduce" if zero == 0 else "reduce_scatter"
+        bucket = ParallelConfig().grad_bucket_bytes   # the search plans with the default DDP bucket
+        last_bucket_s = dp_collective_time(self.cluster, node, op, bucket or 0.0, dp_g, bucket)
+        if node.memory_bw_bytes_per_s:
+            opt_per_param = OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
+        else:
+            opt_per_param = OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
+        ddp = "always" if zero < 3 and dp > 1 else "never"
+        return RankModel(
+            capacity_bytes=node.device_memory_bytes * self.search.memory_fraction,
+            state_bytes_per_param_dp=model_states_bytes(1.0, zero, dp, self.dtype).total_bytes,
+            state_bytes_per_param_dpt=0.0,
+            reserve_factor=1.0 + FRAGMENTATION_FRACTION,
+            reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
+            ddp_buffer=ddp, ddp_buffer_cap_bytes=DDP_BUCKETS_IN_FLIGHT * bucket if bucket else math.inf,
+            grad_bytes_per_param=per["grads"],
+            zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0, pp_buffers=outer.pp > 1,
+            sync_dp=concave_collective(self.cluster, node, op, dp_g, per["grads"], bucket),
+            sync_dpt=Concave(),
+            last_bucket_s=last_bucket_s,
+            gather_dp=concave_collective(self.cluster, node, "all_gather", dp_g, per["params"], bucket),
+            gather_dpt=Concave(),
+            optimizer_s_per_param_dp=opt_per_param / (dp if zero >= 1 else 1),
+            optimizer_s_per_param_dpt=0.0)
+
+    def _tied(self, outer: OuterChoice) -> dict[str, float]:
+        """Embedding copy on the LM head's rank when tied and pp > 1 (``estimate._Assembler._tied_copy``)."""
+        paths = [layer.path for layer in self.profile.layers]
+        if not bool(self.profile.model.dims.get("tie_embeddings", False)) or outer.pp == 1:
+            return {}
+        if "embed" not in paths or "head" not in paths:
+            return {}
+        if paths[0] != "embed" or paths[-1] != "head":
+            raise StratagemError("tied embeddings need 'embed' first and 'head' last in the model profile; "
+                                 "re-profile the model")
+        embed = self.profile.layer("embed")
+        return {sty: float(embed.shard(outer.tp if sty == "split" else 1).params)
+                for sty in ("split", "replicate")}
+
+    # -- public ---------------------------------------------------------------------------------
+    def quick_bound_s(self, outer: OuterChoice) -> float:
+        """A cheap lower bound from layer times alone (``space.lower_bound_s`` without sends, optimizer
+        or memory): (m - 1/v) max(sum t_min / pp, max t_min) + sum t_min / v."""
+        t_min = []
+        for layers in self.groups:
+            costs = [self._layer_cost(layers[0], nt, outer.tp, o.style, o.recompute, outer.sequence_parallel,
+                                      outer.micro_batch, outer.dp, outer.zero_stage)
+                     for nt in set(outer.rank_node_types) for o in self.options(layers, outer.tp)]
+            t_min.append((min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s for k in costs), len(layers)))
+        total = sum(t * size for t, size in t_min)
+        v, m = outer.virtual_stages, outer.num_micro_batches
+        return (m - 1 / v) * max(total / outer.pp, max(t for t, _ in t_min)) + total / v
+
+    def tables(self, outer: OuterChoice) -> Tables:
+        """All ILP coefficients of ``outer``."""
+        types = sorted(set(outer.rank_node_types))
+        groups = [self._group(layers, outer, types) for layers in self.groups]
+        return Tables(groups=tuple(groups), pp=outer.pp, v=outer.virtual_stages, m=outer.num_micro_batches,
+                      zero_stage=outer.zero_stage, rank_node_types=outer.rank_node_types,
+                      inflight=tuple(inflight_microbatches(outer.schedule, outer.pp, r, outer.num_micro_batches,
+                                                           outer.virtual_stages) for r in range(outer.pp)),
+                      ranks={nt: self._rank_model(nt, outer) for nt in types},
+                      change_s=self._changes(groups, outer, types), tied_params=self._tied(outer), tied_group=0,
+                      chunk_unit_s={nt: self._chunk_unit_s(nt, outer) for nt in types})
+
+    def _chunk_unit_s(self, nt: str, outer: OuterChoice) -> tuple[float, float]:
+        """Per-chunk (forward, backward) host cost of its root FSDP2 unit (``estimate._chunk_unit_s``)."""
+        node = self.cluster.node_type(nt)
+        if not _timings_apply(self.profile, node):
+            return 0.0, 0.0
+        return chunk_overhead_s(self.profile, dp_wrapper(outer.dp, outer.zero_stage),
+                                timings_scale(self.profile, node))
+
+    def parallel_config(self, outer: OuterChoice, tables: Tables, assignment: Assignment) -> ParallelConfig:
+        """The :class:`ParallelConfig` an assignment stands for: explicit chunks, per-layer recompute and
+        layout (identical layers of a chunk take their options in option order)."""
+        stage_layers, recompute, layout = [], {}, {}
+        taken = [0] * len(tables.groups)
+        for row in assignment.counts:
+            chunk = []
+            for g, (grp, opts) in enumerate(zip(tables.groups, row)):
+                for i, n in enumerate(opts):
+                    for path in grp.paths[taken[g]:taken[g] + n]:
+                        chunk.append(path)
+                        recompute[path] = grp.options[i].recompute
+                        layout[path] = grp.options[i].style
+                    taken[g] += n
+            stage_layers.append(tuple(chunk))
+        return self.base_config(outer, stage_layers=tuple(stage_layers), recompute=recompute, layout=layout)
+
+    def estimate(self, config: ParallelConfig):
+        """``planner.cost.estimate`` of ``config`` for this model, cluster and global batch."""
+        return estimate_fn(self.profile, self.cluster, config, global_batch=self.global_batch, dtype=self.dtype)

@@ -1,0 +1,392 @@
+"""The exact inner search: one mixed-integer program per outer candidate, built with PuLP, solved by CBC.
+
+:func:`build_problem` states the maths (its docstring is the model); :func:`solve` runs CBC with the
+limits of :class:`planner.search.config.SearchConfig` and reports status and proven gap honestly;
+:func:`extract_assignment` reads the chosen placement and options back as an
+:class:`planner.search.tables.Assignment`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulp
+
+from planner.search.config import SearchConfig
+from planner.search.ilp_cuts import add_block_cuts
+from planner.search.ilp_terms import at_least, concave_term, conjunction, indicator
+from planner.search.tables import Assignment, Tables
+
+log = logging.getLogger(__name__)
+
+OBJECTIVE_RESOLUTION = 1e4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Problem:
+    """A built program and the variables needed to read its answer back."""
+
+    prob: pulp.LpProblem
+    tables: Tables
+    count: dict[tuple[int, int, int], Any]   # (pp rank r, group g, option i) -> integer variable
+    cumulative: dict[tuple[int, int], Any]   # (group g, chunk s) -> layers of g in chunks <= s
+    objective_scale_s: float                 # the objective is in units of this many seconds
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SolveResult:
+    """Outcome of one CBC run. ``status``: optimal | feasible | time_limit | infeasible."""
+
+    status: str
+    objective_s: float | None
+    gap: float
+    wall_time_s: float
+
+
+def _cumulative(prob: pulp.LpProblem, tables: Tables) -> tuple[dict, dict]:
+    """(a) contiguity: cumulative counts c[g,s], 'started' st[g,s] and 'finished' f[g,s] flags."""
+    groups, chunks = tables.groups, tables.chunks
+    keys = [(g, s) for g in range(len(groups)) for s in range(chunks)]
+    c = prob.add_variable_dicts("c", keys, lowBound=0, cat="Integer")
+    st = prob.add_variable_dicts("st", keys, cat="Binary")
+    fin = prob.add_variable_dicts("f", keys, cat="Binary")
+    for g, group in enumerate(groups):
+        n = group.size
+        prob += (c[g, chunks - 1] == n, f"a_all_placed[{g}]")
+        for s in range(chunks):
+            prob += (c[g, s] <= n * st[g, s], f"a_start_ub[{g},{s}]")
+            prob += (c[g, s] >= st[g, s], f"a_start_lb[{g},{s}]")
+            prob += (c[g, s] >= n * fin[g, s], f"a_finish[{g},{s}]")
+            if s > 0:
+                prob += (c[g, s] >= c[g, s - 1], f"a_monotone[{g},{s}]")
+            if g + 1 < len(groups):
+                prob += (st[g + 1, s] <= fin[g, s], f"a_order[{g},{s}]")
+        for s in range(chunks):
+            prev = c[g, s - 1] if s > 0 else 0
+            prob += (c[g, s] - prev <= n, f"a_bound[{g},{s}]")
+    for s in range(chunks):
+        prob += (pulp.lpSum(c[g, s] - (c[g, s - 1] if s > 0 else 0) for g in range(len(groups))) >= 1,
+                 f"e_nonempty[{s}]")
+    return c, st
+
+
+def _options(prob: pulp.LpProblem, tables: Tables, c: dict) -> tuple[dict, dict, dict]:
+    """(b) rank totals R[g,r] = sum of the rank's chunk counts (integer, so CBC branches on them) and
+    options at rank level, sum_i n[r,g,i] = R[g,r] — a rank's cost depends only on its option totals;
+    (c) one style per group through u[g,style]."""
+    pp, chunks = tables.pp, tables.chunks
+    keys = [(r, g, i) for r in range(pp) for g, grp in enumerate(tables.groups) for i in range(len(grp.options))]
+    n = prob.add_variable_dicts("n", keys, lowBound=0, cat="Integer")
+    rank_total = prob.add_variable_dicts("R", [(g, r) for g in range(len(tables.groups)) for r in range(pp)],
+                                         lowBound=0, cat="Integer")
+    u: dict[tuple[int, str], Any] = {}
+    for g, group in enumerate(tables.groups):
+        for r in range(pp):
+            in_rank = pulp.lpSum(c[g, s] - (c[g, s - 1] if s > 0 else 0) for s in range(r, chunks, pp))
+            prob += (rank_total[g, r] == in_rank, f"b_rank_total[{g},{r}]")
+            prob += (pulp.lpSum(n[r, g, i] for i in range(len(group.options))) == rank_total[g, r],
+                     f"b_options[{r},{g}]")
+        styles = group.styles
+        if len(styles) == 1:
+            u[g, styles[0]] = 1
+            continue
+        ug = prob.add_variable_dicts(f"u{g}", list(styles), cat="Binary")
+        prob += (pulp.lpSum(ug.values()) == 1, f"c_one_style[{g}]")
+        for i, opt in enumerate(group.options):
+            for r in range(pp):
+                prob += (n[r, g, i] <= group.size * ug[opt.style], f"c_style[{r},{g},{i}]")
+        u.update({(g, sty): var for sty, var in ug.items()})
+    return n, u, rank_total
+
+
+def _style(u: dict, g: int, style: str):
+    return u.get((g, style), 0)
+
+
+def _chunk_extras(prob: pulp.LpProblem, tables: Tables, st: dict, u: dict) -> list:
+    """(d) per-chunk time terms besides the layers' own (those are summed per rank): layout change a->b at the start of group g+1
+    (start[g+1,s] = st[g+1,s] - st[g+1,s-1]); the boundary after chunk s (it ends in g iff
+    end[g,s] = st[g,s] - st[g+1,s] = 1), charged to chunks s and s+1."""
+    groups, chunks = tables.groups, tables.chunks
+    terms: list[list] = [[] for _ in range(chunks)]
+    for s in range(chunks):
+        nt = tables.node_type_of_chunk(s)
+        for g in range(len(groups) - 1):
+            start = st[g + 1, s] - (st[g + 1, s - 1] if s > 0 else 0)
+            for a in groups[g].styles:
+                for b in groups[g + 1].styles:
+                    cost = tables.change_s.get((g, a, b, nt), 0.0)
+                    if cost:
+                        flag = conjunction(prob, f"w[{s},{g},{a},{b}]", "d_change",
+                                           [_style(u, g, a), _style(u, g + 1, b), start])
+                        terms[s].append(cost * flag)
+    if tables.pp > 1:
+        for s in range(chunks - 1):
+            key_nt = (tables.node_type_of_chunk(s), tables.node_type_of_chunk(s + 1))
+            for g, grp in enumerate(groups):
+                end = st[g, s] - (st[g + 1, s] if g + 1 < len(groups) else 0)
+                for sty in grp.styles:
+                    cost = grp.boundary_s[(sty, *key_nt)]
+                    term = cost * conjunction(prob, f"e[{s},{g},{sty}]", "d_boundary", [_style(u, g, sty), end])
+                    terms[s].append(term)       # sender and receiver each pay one transfer
+                    terms[s + 1].append(term)
+    return [pulp.lpSum(t) for t in terms]
+
+
+def _presence(prob: pulp.LpProblem, tables: Tables, n: dict, r: int, g: int, i: int) -> Any:
+    return indicator(prob, f"y[{r},{g},{i}]", "h_presence", n[r, g, i], tables.groups[g].size)
+
+
+def _first_gather(prob: pulp.LpProblem, tables: Tables, c: dict, u: dict, r: int) -> Any:
+    """ZeRO-3's first weight gather of rank r, never hidden: that of the first layer of chunk r. b[g]
+    marks the first group present in the chunk (b <= present, b[g] + present[h] <= 1 for h < g)."""
+    groups, nt = tables.groups, tables.rank_node_types[r]
+    pres, terms = [], []
+    for g, grp in enumerate(groups):
+        here = c[g, r] - (c[g, r - 1] if r > 0 else 0)     # layers of g in chunk r
+        pres.append(indicator(prob, f"p[{r},{g}]", "g_first", here, grp.size))
+        prob += (here >= pres[g], f"g_first_lb[{r},{g}]")
+    b = prob.add_variable_dicts(f"b{r}", list(range(len(groups))), cat="Binary")
+    prob += (pulp.lpSum(b.values()) == 1, f"g_first_one[{r}]")
+    for g, grp in enumerate(groups):
+        prob += (b[g] <= pres[g], f"g_first_present[{r},{g}]")
+        for h in range(g):
+            prob += (b[g] + pres[h] <= 1, f"g_first_earliest[{r},{g},{h}]")
+        for sty in grp.styles:
+            gather_s = next(k.z3_gather_s for o, k in zip(grp.options, grp.costs[nt]) if o.style == sty)
+            if gather_s:
+                flag = conjunction(prob, f"bq[{r},{g},{sty}]", "g_first", [b[g], _style(u, g, sty)])
+                terms.append(gather_s * flag)
+    return pulp.lpSum(terms)
+
+
+def _rank_sums(tables: Tables, n: dict, u: dict, st: dict, r: int) -> dict[str, Any]:
+    nt = tables.rank_node_types[r]
+    items = [(n[r, g, i], grp.costs[nt][i]) for g, grp in enumerate(tables.groups) for i in range(len(grp.options))]
+    sums = {key: pulp.lpSum(var * getattr(k, attr) for var, k in items)
+            for key, attr in (("time", "time_s"), ("P", "params_dp"), ("Q", "params_dpt"), ("Wf", "fwd_s"),
+                              ("Wb", "bwd_s"), ("act", "act_bytes"), ("z3", "z3_mb_s"), ("opt", "opt_s"))}
+    if tables.chunk_unit_s:   # every chunk is non-empty: its root unit's host cost is a constant
+        unit_f, unit_b = tables.chunk_unit_s[nt]
+        sums["time"] += tables.v * (unit_f + unit_b)
+        sums["Wf"] += tables.v * unit_f
+        sums["Wb"] += tables.v * unit_b
+    groups = tables.groups
+    sums["out"] = pulp.lpSum((st[g, s] - (st[g + 1, s] if g + 1 < len(groups) else 0)) * grp.out_buffer_bytes
+                             for s in range(r, tables.chunks, tables.pp) for g, grp in enumerate(groups))
+    if r == tables.pp - 1 and tables.pp > 1 and tables.tied_params:
+        sums["P"] += pulp.lpSum(p * _style(u, tables.tied_group, sty) for sty, p in tables.tied_params.items())
+    return sums
+
+
+def _tail(prob, tables: Tables, c: dict, u: dict, r: int, x: dict, limits: dict) -> list:
+    """(g) tail_r pieces: exposed sync max(S - Wb, min(S, last bucket)) with S = sync_dp(P) + sync_dpt(Q),
+    plus ZeRO-1/2 max(gather - Wf, 0); or ZeRO-3 m max(z3 - Wf - Wb, 0) + first gather; plus the
+    optimizer (linear)."""
+    rm = tables.ranks[tables.rank_node_types[r]]
+    opt = rm.optimizer_s_per_param_dp * x["P"] + rm.optimizer_s_per_param_dpt * x["Q"] + x["opt"]
+    if tables.zero_stage == 3:
+        first = _first_gather(prob, tables, c, u, r)
+        return [tables.m * (x["z3"] - x["Wf"] - x["Wb"]) + first + opt, first + opt]
+    e_p = indicator(prob, f"eP[{r}]", "g_active", x["P"], limits["P"])
+    e_q = indicator(prob, f"eQ[{r}]", "g_active", x["Q"], limits["Q"]) if limits["Q"] > 0 else 0
+    sync = (concave_term(prob, f"Sd[{r}]", "g_sync", rm.sync_dp, x["P"], e_p, limits["P"])
+            + concave_term(prob, f"Sq[{r}]", "g_sync", rm.sync_dpt, x["Q"], e_q, limits["Q"]))
+    last = 0
+    if rm.last_bucket_s > 0:
+        sync_max = rm.sync_dp(limits["P"]) + rm.sync_dpt(limits["Q"])
+        sel = prob.add_variable(f"last_sel[{r}]", cat="Binary")
+        last = at_least(prob, f"L[{r}]", "g_last_bucket",
+                        [sync - sync_max * (1 - sel), rm.last_bucket_s * (1 - sel)])
+    zero = [0]
+    if tables.zero_stage > 0:
+        zero.append(concave_term(prob, f"Gd[{r}]", "g_gather", rm.gather_dp, x["P"], e_p, limits["P"])
+                    + concave_term(prob, f"Gq[{r}]", "g_gather", rm.gather_dpt, x["Q"], e_q, limits["Q"])
+                    - x["Wf"])
+    return [a + b + opt for a in (sync - x["Wb"], last) for b in zero]
+
+
+def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> None:
+    """(h) memory of rank r: reserve * (states + act * inflight + working set + buffers) + const <= cap."""
+    nt = tables.rank_node_types[r]
+    rm = tables.ranks[nt]
+    parts = [rm.state_bytes_per_param_dp * x["P"], rm.state_bytes_per_param_dpt * x["Q"],
+             tables.inflight[r] * x["act"]]
+    groups = tables.groups
+    flags: dict[tuple[int, int], Any] = {}
+
+    def present(g: int, i: int) -> Any:
+        if (g, i) not in flags:
+            flags[g, i] = _presence(prob, tables, n, r, g, i)
+        return flags[g, i]
+
+    ws = [k.ws_bytes * present(g, i)
+          for g, grp in enumerate(groups) for i, k in enumerate(grp.costs[nt]) if k.ws_bytes > 0]
+    if ws:
+        parts.append(at_least(prob, f"WS[{r}]", "h_working_set", ws))
+    if rm.zero3_buffer_layers:
+        mx = [k.param_bytes * present(g, i)
+              for g, grp in enumerate(groups) for i, k in enumerate(grp.costs[nt]) if k.param_bytes > 0]
+        if mx:
+            parts.append(rm.zero3_buffer_layers * at_least(prob, f"MX[{r}]", "h_zero3_buffer", mx))
+    if rm.ddp_buffer != "never":   # min(cap, gradient bytes), only with replicated layers when dp = 1
+        grads = rm.grad_bytes_per_param * (x["P"] + x["Q"])
+        big = limits["grad_bytes"]
+        off = 0
+        if rm.ddp_buffer == "if_replicated":
+            off = big * (1 - indicator(prob, f"eQm[{r}]", "h_ddp", x["Q"], max(limits["Q"], 1.0)))
+        if math.isinf(rm.ddp_buffer_cap_bytes) or rm.ddp_buffer_cap_bytes >= big:
+            parts.append(at_least(prob, f"DDP[{r}]", "h_ddp", [grads - off]))
+        else:
+            cap = rm.ddp_buffer_cap_bytes
+            sel = prob.add_variable(f"ddp_sel[{r}]", cat="Binary")
+            parts.append(at_least(prob, f"DDP[{r}]", "h_ddp", [cap * (1 - sel) - off, grads - big * (1 - sel) - off]))
+    if rm.pp_buffers:
+        parts.append(2 * x["out"])
+    cap = rm.capacity_bytes
+    prob += (pulp.lpSum(parts) * (rm.reserve_factor / cap) <= 1 - rm.reserve_const_bytes / cap, f"h_mem[{r}]")
+
+
+def _limits(tables: Tables) -> dict[str, float]:
+    """Big-M bounds: the most parameters (and gradient bytes) one rank can hold."""
+    p_max = q_max = 0.0
+    for grp in tables.groups:
+        p_max += grp.size * max(k.params_dp for ks in grp.costs.values() for k in ks)
+        q_max += grp.size * max(k.params_dpt for ks in grp.costs.values() for k in ks)
+    p_max += max(tables.tied_params.values(), default=0.0)
+    grad = max(rm.grad_bytes_per_param for rm in tables.ranks.values())
+    return {"P": max(p_max, 1.0), "Q": q_max, "grad_bytes": grad * (p_max + q_max) + 1.0}
+
+
+def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
+    """Build the program for one outer candidate.
+
+    Index sets: groups g of identical consecutive layers (size N_g); options i of a group (recompute x
+    style); chunks s = 0..S-1, S = pp*v, in model order; pp ranks r (chunk s on rank s mod pp).
+
+    Variables: c[g,s] in 0..N_g layers of g in chunks <= s; st[g,s], f[g,s] binary (g started / finished
+    by chunk s); R[g,r] integer layers of g on pp rank r; n[r,g,i] integer layers of g on rank r with
+    option i; u[g,style] binary; T (slowest rank per micro-batch), Z (slowest tail); auxiliaries of the
+    linearisations (ilp_terms).
+
+    Objective (seconds / scale): minimise (m - 1/v) T + (1/v) sum_r T_r + Z — the cost model's formula
+    for every schedule: GPipe and 1F1B have v = 1 ((m-1) max + sum, fill and drain); interleaved 1F1B has
+    v chunks per rank (bubble (p-1)/v).
+
+    (a) contiguity: c[g,S-1] = N_g; st <= c <= N_g st; c >= N_g f; c monotone in s; st[g+1,s] <= f[g,s]
+        (a later group starts only after the earlier one is complete) => chunks are contiguous ranges.
+    (b) rank totals R[g,r] = sum_{s on r} (c[g,s] - c[g,s-1]); options sum_i n[r,g,i] = R[g,r].
+    (c) one style per group: sum_style u[g,style] = 1; n[r,g,i] <= N_g u[g, style(i)].
+    (d) rank time: sum n*time over the rank's options + per chunk: layout changes at group starts + the one-way transfer of every
+        boundary, charged to both of its chunks; products of binaries linearised.
+    (e) non-empty chunks: sum_g (c[g,s] - c[g,s-1]) >= 1.
+    (f) slowest rank: T >= T_r = sum of its chunks' times.
+    (g) slowest tail: Z >= tail_r for every combination of the max() pieces of tail_r (exposed sync,
+        ZeRO communication) in the rank's parameters P_r, Q_r and forward/backward windows; min() terms
+        (last bucket, unbucketed collectives' best algorithm) via selector binaries.
+    (h) memory per rank: reserve * (states(P, Q) + inflight_r * act_r + working set + buffers) + context
+        <= capacity (scaled to 1); working set / ZeRO-3 buffers are maxima over present layers (presence
+        binaries), the DDP bucket buffer a min(cap, gradient bytes) via a selector.
+    """
+    prob = pulp.LpProblem("stratagem_plan", pulp.LpMinimize)
+    c, st = _cumulative(prob, tables)
+    n, u, rank_total = _options(prob, tables, c)
+    chunk_extra = _chunk_extras(prob, tables, st, u)
+    groups, pp = tables.groups, tables.pp
+    # objective unit: 1/OBJECTIVE_RESOLUTION of the layers' least total time, so that differences of a
+    # few 1e-5 relative are far above CBC's absolute tolerances (its preprocessing otherwise loses them)
+    scale = (max(sum(min(k.time_s for k in grp.costs[nt]) * grp.size for grp in groups)
+                 for nt in set(tables.rank_node_types)) or 1.0) / OBJECTIVE_RESOLUTION
+    limits = _limits(tables)
+    if cuts:
+        add_block_cuts(prob, tables, n, rank_total, scale)
+    t_max = prob.add_variable("T", lowBound=0)
+    z_max = prob.add_variable("Z", lowBound=0)
+    rank_time = []
+    for r in range(pp):
+        x = _rank_sums(tables, n, u, st, r)
+        rank_time.append((x["time"] + pulp.lpSum(chunk_extra[s] for s in range(r, tables.chunks, pp))) * (1 / scale))
+        prob += (t_max >= rank_time[r], f"f_slowest[{r}]")
+        for j, piece in enumerate(_tail(prob, tables, c, u, r, x, limits)):
+            prob += (z_max >= piece * (1 / scale), f"g_tail[{r},{j}]")
+        _memory(prob, tables, n, r, x, limits)
+    v, m = tables.v, tables.m
+    prob += (m - 1 / v) * t_max + (1 / v) * pulp.lpSum(rank_time) + z_max
+    return Problem(prob=prob, tables=tables, count=n, cumulative=c, objective_scale_s=scale)
+
+
+_BOUND = re.compile(r"^(?:Lower bound|best possible)\s*:?\s*(-?[\d.eE+-]+)", re.MULTILINE)
+_BEST_POSSIBLE = re.compile(r"best possible (-?[\d.eE+-]+)")
+
+
+def _proven_gap(log_text: str, objective: float) -> float | None:
+    """Relative gap from CBC's best bound in its log (None if the log states no bound)."""
+    found = _BOUND.findall(log_text) or _BEST_POSSIBLE.findall(log_text)
+    if not found:
+        return None
+    bound = float(found[-1])
+    return max(0.0, (objective - bound) / abs(objective)) if objective else 0.0
+
+
+def solve(problem: Problem, config: SearchConfig) -> SolveResult:
+    """Run CBC with the config's time limit, relative gap and threads.
+
+    Status: ``optimal`` (proven within ``gap_rel``), ``time_limit`` (stopped with a feasible answer; its
+    proven gap is reported), ``feasible`` (a solution without a stated bound), ``infeasible`` (nothing fits).
+    A stopped search is never reported as optimal.
+    """
+    fd, log_path = tempfile.mkstemp(prefix="stratagem-cbc-", suffix=".log")
+    os.close(fd)
+    with warnings.catch_warnings():   # PuLP 3.3 flags PULP_CBC_CMD for a 4.0 rename; it is the current API
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cmd = pulp.PULP_CBC_CMD(msg=False, timeLimit=config.time_limit_s, gapRel=config.gap_rel, gapAbs=0.0,
+                                threads=config.threads, logPath=log_path)
+    start = time.perf_counter()
+    try:
+        problem.prob.solve(cmd)
+        log_text = Path(log_path).read_text(errors="replace")
+    finally:
+        Path(log_path).unlink(missing_ok=True)
+    wall_s = time.perf_counter() - start
+    sol = problem.prob.sol_status
+    if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return SolveResult(status="infeasible", objective_s=None, gap=math.inf, wall_time_s=wall_s)
+    scaled = pulp.value(problem.prob.objective)
+    objective_s = scaled * problem.objective_scale_s
+    gap = _proven_gap(log_text, scaled)
+    if sol == pulp.LpSolutionOptimal and "Stopped on" not in log_text:
+        return SolveResult(status="optimal", objective_s=objective_s,
+                           gap=min(gap, config.gap_rel) if gap is not None else 0.0, wall_time_s=wall_s)
+    status = "time_limit" if "Stopped on time" in log_text else "feasible"
+    log.warning("CBC stopped before proving optimality (%s, gap %s)", status, gap)
+    return SolveResult(status=status, objective_s=objective_s,
+                       gap=gap if gap is not None else math.inf, wall_time_s=wall_s)
+
+
+def extract_assignment(problem: Problem) -> Assignment:
+    """Chunk x group x option counts: chunk sizes from c[g,s], each rank's option totals dealt over its
+    chunks in order (any dealing costs the same). Values are rounded to the integers CBC found."""
+    t = problem.tables
+    def val(var) -> int:
+        return int(round(var.value() or 0.0))
+    counts = [[[0] * len(grp.options) for grp in t.groups] for _ in range(t.chunks)]
+    for g, grp in enumerate(t.groups):
+        for r in range(t.pp):
+            left = [val(problem.count[r, g, i]) for i in range(len(grp.options))]
+            for s in range(r, t.chunks, t.pp):
+                size = val(problem.cumulative[g, s]) - (val(problem.cumulative[g, s - 1]) if s > 0 else 0)
+                for i in range(len(grp.options)):
+                    take = min(size, left[i])
+                    counts[s][g][i] += take
+                    left[i] -= take
+                    size -= take
+    return Assignment(counts=tuple(tuple(tuple(row) for row in chunk) for chunk in counts))

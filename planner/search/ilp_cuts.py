@@ -1,0 +1,111 @@
+"""Valid inequalities that tighten the ILP's relaxation without changing its integer optimum.
+
+The hard part of the program is a knapsack per pp rank: how many of its repeated blocks to recompute so
+that they fit in memory, inside a max over ranks. The LP relaxation mixes options fractionally and so
+under-estimates the slowest rank by up to one block's recompute; branch-and-bound then struggles to close
+that gap. :func:`block_time_floor` computes, for every block count ``k`` a rank could hold, the exact
+least time of ``k`` blocks under the most generous memory the rank could have (every other term of its
+memory at its lower bound). ``(i)``: with one-hot z[r,k] over the rank's block count,
+``sum_i n[r,g,i] t_i >= sum_k floor_r(k) z[r,k]``. Every integer solution satisfies it, so the optimum is
+unchanged (it is the convex hull of each rank's block knapsack, per count).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.search.tables import Group, RankModel, Tables
+
+CUT_SLACK = 1e-7         # relative weakening of each cut (keeps exact ties feasible under float rounding)
+MAX_OPTIONS = 3          # full enumeration of counts is cubic in the block count; skip larger option sets
+
+
+def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0) -> np.ndarray | None:
+    """``floor[k]`` = least time of ``k`` layers of group ``g`` on rank ``r`` that can fit (inf if none).
+
+    Memory lower bound used: reserve * (sum n_i (state_i + inflight_r act_i) + working set of the present
+    options + DDP buffer of these layers' gradients alone + ZeRO-3 buffer of the largest present layer +
+    the pipeline buffers of the rank's chunks at their smallest + ``extra_bytes`` of other layers known
+    to be there) + context <= capacity. None when not applicable (more than three options).
+
+    Exact enumeration in O(k^2): options sorted by time (t0 <= t1 <= t2); for each count k and n2 the
+    rest splits into n0 + n1 with time falling in n0, so the best n0 is 0, all, or the largest interior
+    value the (then linear) memory constraint allows.
+    """
+    group: Group = tables.groups[g]
+    nt = tables.rank_node_types[r]
+    rm: RankModel = tables.ranks[nt]
+    costs = sorted(group.costs[nt], key=lambda c: c.time_s)
+    if len(costs) > MAX_OPTIONS or group.size < 2:
+        return None
+    while len(costs) < MAX_OPTIONS:   # pad with copies of the slowest option (never better)
+        costs.append(costs[-1])
+    t = np.array([c.time_s for c in costs])
+    each = np.array([rm.state_bytes_per_param_dp * c.params_dp + rm.state_bytes_per_param_dpt * c.params_dpt
+                     + tables.inflight[r] * c.act_bytes for c in costs])
+    ws = np.array([c.ws_bytes for c in costs])
+    pbytes = np.array([c.param_bytes for c in costs])
+    params = np.array([c.params_dp + c.params_dpt for c in costs])
+    fixed = extra_bytes + (2 * tables.v * min(grp.out_buffer_bytes for grp in tables.groups) if rm.pp_buffers else 0.0)
+    limit = (rm.capacity_bytes - rm.reserve_const_bytes) / rm.reserve_factor
+
+    def memory(n: np.ndarray) -> np.ndarray:     # n: (..., 3) counts
+        present = n > 0
+        mem = n @ each + np.max(np.where(present, ws, 0.0), axis=-1) + fixed
+        if rm.ddp_buffer == "always":
+            mem = mem + np.minimum(rm.ddp_buffer_cap_bytes, rm.grad_bytes_per_param * (n @ params))
+        if rm.zero3_buffer_layers:
+            mem = mem + rm.zero3_buffer_layers * np.max(np.where(present, pbytes, 0.0), axis=-1)
+        return mem
+
+    size = group.size
+    k, n2 = np.meshgrid(np.arange(size + 1), np.arange(size + 1), indexing="ij")
+    valid = n2 <= k
+    rest = np.where(valid, k - n2, 0)
+    if each[0] > each[1]:   # memory grows with n0 inside (0, rest): the largest n0 the limit allows
+        probe = np.stack([np.ones_like(rest), np.maximum(rest - 1, 0), n2], axis=-1)
+        slack = limit - memory(probe)
+        interior = np.clip(1 + np.floor(slack / (each[0] - each[1])), 1, np.maximum(rest - 1, 1)).astype(int)
+    else:
+        interior = np.maximum(rest - 1, 1)
+    best = np.full(k.shape, np.inf)
+    for n0 in (np.zeros_like(rest), rest, np.minimum(interior, rest)):
+        n = np.stack([n0, rest - n0, n2], axis=-1)
+        ok = valid & (memory(n) <= limit)
+        best = np.where(ok, np.minimum(best, n @ t), best)
+    floor = np.full(size + 1, np.inf)
+    np.minimum.at(floor, k.ravel(), best.ravel())
+    return floor
+
+
+def blocks_worth_cutting(tables: Tables) -> list[int]:
+    """Groups that get the cut: repeated layers (size >= 2) with few options."""
+    return [g for g, grp in enumerate(tables.groups)
+            if grp.size >= 2 and all(len(ks) <= MAX_OPTIONS for ks in grp.costs.values())]
+
+
+
+def add_block_cuts(prob, tables: Tables, n: dict, rank_total: dict, scale: float) -> int:
+    """(i) for every cut group and rank: one-hot z over its feasible block counts, tied to R[g,r], and the
+    group's time on the rank >= the floor of its count. Returns the number of cuts added."""
+    import pulp
+
+    added = 0
+    for g in blocks_worth_cutting(tables):
+        grp = tables.groups[g]
+        for r in range(tables.pp):
+            floor = block_time_floor(tables, g, r)
+            if floor is None:
+                continue
+            counts = [k for k in range(len(floor)) if np.isfinite(floor[k])]
+            z = prob.add_variable_dicts(f"z{g}_{r}", counts, cat="Binary")
+            prob += (pulp.lpSum(z.values()) == 1, f"i_one_count[{g},{r}]")
+            prob += (rank_total[g, r] == pulp.lpSum(k * z[k] for k in counts), f"i_count[{g},{r}]")
+            nt = tables.rank_node_types[r]
+            own = pulp.lpSum(n[r, g, i] * c.time_s for i, c in enumerate(grp.costs[nt]))
+            # weakened by CUT_SLACK: the floor is met with equality by the best split, and presolve's
+            # integer rounding of n >= 3.0000000000000004 would otherwise cut that split off
+            prob += (own * (1 / scale) >= pulp.lpSum(float(floor[k]) * (1 - CUT_SLACK) / scale * z[k]
+                                                     for k in counts), f"i_floor[{g},{r}]")
+            added += 1
+    return added

@@ -1,0 +1,95 @@
+"""Turn a :class:`planner.search.planner.SearchResult` into a versioned :class:`planner.plan.Plan`.
+
+Rank layout (``planner/plan.py``): mesh axes ``pp, dp, tp`` row-major, last axis fastest, so global rank
+``(p * dp + d) * tp + t`` and tp groups are contiguous ranks (inside a node when tp <= devices per node).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import pulp
+
+from planner import __version__
+from planner.modelspec import ModelSpec
+from planner.plan import (Alternative, LayerLayout, Mesh, Plan, Schedule, SearchRecord, Stage,
+                          TrainingSettings)
+from planner.profiles import ClusterProfile, ModelProfile
+from planner.search.planner import Candidate, SearchResult
+
+
+def stage_ranks(pp_rank: int, *, dp: int, tp: int) -> list[int]:
+    """Global ranks of pp rank ``pp_rank`` on a row-major (pp, dp, tp) mesh.
+
+    >>> stage_ranks(1, dp=2, tp=2)
+    [4, 5, 6, 7]
+    """
+    return [(pp_rank * dp + d) * tp + t for d in range(dp) for t in range(tp)]
+
+
+def _recompute_of(config, path: str) -> str:
+    if isinstance(config.recompute, str):
+        return config.recompute
+    return config.recompute.get(path, "none")
+
+
+def build_stages(candidate: Candidate) -> list[Stage]:
+    """One :class:`Stage` per pipeline chunk, with its modules, ranks, node type and recompute modes."""
+    outer, config = candidate.outer, candidate.config
+    stages = []
+    for s, paths in enumerate(config.stage_layers):
+        pp_rank = s % outer.pp
+        recompute = {p: _recompute_of(config, p) for p in paths if _recompute_of(config, p) != "none"}
+        stages.append(Stage(index=s, pp_rank=pp_rank, module_paths=list(paths),
+                            ranks=stage_ranks(pp_rank, dp=outer.dp, tp=outer.tp),
+                            node_type=outer.rank_node_types[pp_rank], recompute=recompute))
+    return stages
+
+
+def build_layout(candidate: Candidate) -> dict[str, LayerLayout]:
+    """Replicate-or-split of every module (explicit for all, so the runtime never guesses)."""
+    config = candidate.config
+    return {path: LayerLayout(style=style, sequence_parallel=bool(config.sequence_parallel and style == "split"))
+            for path, style in config.layout.items()}
+
+
+def _alternative(c: Candidate, best_s: float) -> Alternative:
+    return Alternative(summary=c.outer.summary(), step_time_s=c.step_s,
+                       peak_memory_bytes=float(c.estimate.to_predictions().peak_memory_bytes),
+                       slowdown=c.step_s / best_s, choices=c.outer.choices())
+
+
+def build_search_record(result: SearchResult) -> SearchRecord:
+    best_s = result.best.step_s
+    return SearchRecord(
+        solver=f"CBC via PuLP {pulp.__version__} (branch-and-bound over outer choices)",
+        status=result.status, gap=result.gap, wall_time_s=result.wall_time_s,
+        candidates_solved=result.candidates_solved, candidates_pruned=result.candidates_pruned,
+        top_k=[_alternative(c, best_s) for c in result.ranked[1:]],
+        notes=(f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
+               f"{result.candidates_dominated} dominated (same time, more memory than a solved one); the "
+               f"best is proven under the cost model, runners-up are the best other candidates solved. "
+               f"{result.notes}").strip())
+
+
+def build_plan(result: SearchResult, *, model: ModelSpec, profile: ModelProfile, cluster: ClusterProfile,
+               training: TrainingSettings) -> Plan:
+    """The plan file for the best candidate of ``result`` (predictions from ``Estimate.to_predictions``)."""
+    best = result.best
+    outer = best.outer
+    return Plan(
+        planner_version=__version__,
+        created_utc=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        model=model, model_profile_hash=profile.content_hash,
+        cluster_name=cluster.name, cluster_hash=cluster.content_hash,
+        training=training,
+        mesh=Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp]),
+        schedule=Schedule(kind=outer.schedule, micro_batch_size=outer.micro_batch,
+                          num_micro_batches=outer.num_micro_batches, virtual_stages=outer.virtual_stages),
+        stages=build_stages(best),
+        layout=build_layout(best),
+        zero_stage=outer.zero_stage,
+        batch_shares=list(best.config.batch_shares) if best.config.batch_shares else None,
+        predictions=best.estimate.to_predictions(),
+        search=build_search_record(result),
+    )

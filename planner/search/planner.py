@@ -1,0 +1,220 @@
+"""The search driver: enumerate outer candidates best-first by lower bound, solve each ILP, keep the top k.
+
+:func:`plan_search` is the entry point. Branch-and-bound over the outer choices: every candidate gets a
+lower bound (:func:`planner.search.space.lower_bound_s`); candidates are solved in increasing bound order
+and the loop stops once the next bound cannot beat the k-th best plan found. Each ILP answer is
+re-evaluated with ``planner.cost.estimate`` and must agree to 1e-9 relative — that is what "exact under our
+cost model" means here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from planner.cost.placement import with_gpus
+from planner.errors import StratagemError
+from planner.profiles import ClusterProfile, ModelProfile
+from planner.search.config import SearchConfig
+from planner.search.costs import CandidateCosts
+from planner.search.ilp import SolveResult, build_problem, extract_assignment, solve
+from planner.search.space import (OuterChoice, enumerate_outer, lower_bound_s, memory_shortfall_bytes,
+                                   refined_lower_bound_s)
+from planner.search.tables import Assignment, Tables, dominates, evaluate
+
+log = logging.getLogger(__name__)
+
+EXACT_REL_TOL = 1e-9       # ILP objective (at its integer solution) vs planner.cost.estimate
+SOLVER_REL_TOL = 1e-6      # CBC's reported objective vs the same solution evaluated exactly
+QUICK_SOLVE_S = 1.0        # first attempt without cuts; most candidates are proven optimal well within it
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """One solved outer candidate: its choices, the ILP's assignment and the cost model's verdict."""
+
+    outer: OuterChoice
+    assignment: Assignment
+    step_s: float
+    estimate: object            # planner.cost.Estimate
+    config: object              # planner.cost.config.ParallelConfig
+    solve: SolveResult
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    """Best plan, runners-up (best first), and the search record's figures."""
+
+    best: Candidate
+    ranked: tuple[Candidate, ...]
+    status: str
+    gap: float
+    candidates_total: int
+    candidates_solved: int
+    candidates_pruned: int
+    candidates_infeasible: int
+    candidates_dominated: int
+    wall_time_s: float
+    notes: str = ""
+
+
+def check_exact(tables: Tables, assignment: Assignment, est, outer: OuterChoice,
+                problem_obj_s: float | None = None, optimal: bool = True) -> float:
+    """The ILP's objective and memory at ``assignment`` (closed form) must equal ``planner.cost.estimate``
+    to 1e-9 relative; CBC's own objective value must agree to its tolerance. Returns the step time."""
+    ev = evaluate(tables, assignment)
+    estimated_s = est.step_time_s
+    if abs(ev.step_s - estimated_s) > EXACT_REL_TOL * estimated_s:
+        raise RuntimeError(f"ILP tables disagree with planner.cost.estimate for {outer.summary()}: "
+                           f"{ev.step_s!r} vs {estimated_s!r} s; the search's cost decomposition is stale")
+    for r, (mine, rank) in enumerate(zip(ev.rank_mem_bytes, est.per_rank)):
+        if abs(mine - rank.memory.peak_bytes) > EXACT_REL_TOL * rank.memory.peak_bytes:
+            raise RuntimeError(f"ILP memory of pp rank {r} ({mine!r} B) disagrees with planner.cost.estimate "
+                               f"({rank.memory.peak_bytes!r} B) for {outer.summary()}")
+    if problem_obj_s is not None and abs(problem_obj_s - ev.step_s) > SOLVER_REL_TOL * ev.step_s and (
+            problem_obj_s < ev.step_s or optimal):   # a stopped search may leave auxiliaries above their floor
+        raise RuntimeError(f"CBC objective {problem_obj_s!r} s differs from its own solution's value "
+                           f"{ev.step_s!r} s for {outer.summary()}")
+    return estimated_s
+
+
+def _solve_candidate(costs: CandidateCosts, outer: OuterChoice, tables: Tables,
+                     config: SearchConfig) -> Candidate | SolveResult:
+    """Solve the plain program for a short while; if that does not prove optimality, rebuild it with the
+    tightening cuts (planner.search.ilp_cuts) and solve again for the remaining time limit."""
+    quick = replace(config, time_limit_s=min(config.time_limit_s, QUICK_SOLVE_S))
+    problem = build_problem(tables, cuts=False)
+    result = solve(problem, quick)
+    if result.status not in ("optimal", "infeasible") and config.time_limit_s > QUICK_SOLVE_S:
+        problem = build_problem(tables, cuts=True)
+        result = solve(problem, replace(config, time_limit_s=config.time_limit_s - QUICK_SOLVE_S))
+    if result.objective_s is None:
+        return result
+    assignment = extract_assignment(problem)
+    pconfig = costs.parallel_config(outer, tables, assignment)
+    est = costs.estimate(pconfig)
+    step_s = check_exact(tables, assignment, est, outer, result.objective_s, result.status == "optimal")
+    return Candidate(outer=outer, assignment=assignment, step_s=step_s, estimate=est, config=pconfig,
+                     solve=result)
+
+
+def _quick_bounded(costs: CandidateCosts, outers: list[OuterChoice]) -> list[tuple]:
+    """Heap entries (bound, index, stage 0, outer, None) with the cheap layer-time bound; candidates the
+    cost model rejects (e.g. a missing collective fit) are dropped."""
+    entries = []
+    for idx, outer in enumerate(outers):
+        try:
+            entries.append((costs.quick_bound_s(outer), idx, 0, outer, None))
+        except StratagemError as exc:
+            log.debug("skipping %s: %s", outer.summary(), exc)
+    return entries
+
+
+def _dominated(tables: Tables, outer: OuterChoice, solved: dict) -> bool:
+    """True when a solved candidate with the same degrees and micro-batching has the same time terms and
+    no more memory in every term (ZeRO-1 vs ZeRO-2, GPipe vs 1F1B): its optimum is at least as good."""
+    key = (outer.tp, outer.pp, outer.dp, outer.micro_batch, outer.virtual_stages, outer.sequence_parallel,
+           outer.rank_node_types)
+    return any(dominates(other, tables) for other in solved.get(key, ()))
+
+
+def _no_plan_error(shortfall_bytes: float, n_devices: int) -> StratagemError:
+    fix = ("use more GPUs, allow recompute and zero (--allow), or a smaller micro-batch / sequence length")
+    if not math.isfinite(shortfall_bytes):
+        return StratagemError(f"no plan fits in memory on {n_devices} devices: every candidate overflows some "
+                              f"pipeline rank once its layers are placed; {fix}")
+    gib = shortfall_bytes / 2**30
+    return StratagemError(
+        f"no plan fits in memory on {n_devices} devices: the leanest candidate is still {gib:.2f} GiB "
+        f"({shortfall_bytes:.0f} bytes) short; {fix}")
+
+
+def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int,
+                config: SearchConfig, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Find the fastest plan under the cost model for ``n_devices`` devices and a fixed global batch.
+
+    ``progress(done, total)`` is called as candidates are bounded and solved (for a CLI progress bar).
+    Raises :class:`StratagemError` when nothing fits, naming the smallest memory shortfall.
+    """
+    start = time.perf_counter()
+    cluster = with_gpus(cluster, n_devices)
+    costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
+    outers = list(enumerate_outer(cluster=cluster, n_devices=n_devices, global_batch=global_batch,
+                                  n_layers=len(profile.layers), tp_degrees=profile.tp_degrees, config=config))
+    if not outers:
+        raise StratagemError(f"no way to split global batch {global_batch} over {n_devices} devices with "
+                             f"the allowed dimensions; pick a global batch divisible by a dp degree or "
+                             f"allow more (--allow tp,pp,dp)")
+    heap = _quick_bounded(costs, outers)
+    heapq.heapify(heap)
+    total = len(heap)
+    keep = max(1, config.top_k)
+    need = keep if config.exhaustive_top_k else 1
+    ranked: list[Candidate] = []
+    solved_tables: dict[tuple, list[Tables]] = {}
+    costs_tables: dict[int, Tables] = {}
+    counts = dict(solved=0, infeasible=0, dominated=0, refined=0)
+    shortfall, status, gap, notes = math.inf, "optimal", 0.0, ""
+    while heap:
+        bound, idx, stage, outer, tables = heapq.heappop(heap)
+        if progress:
+            progress(total - len(heap), total)
+        if len(ranked) >= need and bound >= ranked[need - 1].step_s:
+            break                        # best-first: nothing left can beat the best (or enter the top k)
+        if stage == 0:                   # build the coefficients, bound with sends, optimizer, memory
+            try:
+                tables = costs.tables(outer)
+            except StratagemError as exc:
+                log.debug("skipping %s: %s", outer.summary(), exc)
+                continue
+            short = memory_shortfall_bytes(tables)
+            if short > 0:
+                shortfall = min(shortfall, short)
+                counts["infeasible"] += 1
+                continue
+            heapq.heappush(heap, (max(bound, lower_bound_s(tables)), idx, 1, outer, tables))
+            continue
+        if stage == 1:                   # tighten with the memory-aware block floor
+            counts["refined"] += 1
+            tighter = refined_lower_bound_s(tables)
+            if math.isfinite(tighter):
+                heapq.heappush(heap, (max(bound, tighter), idx, 2, outer, tables))
+            else:
+                counts["infeasible"] += 1
+            continue
+        if _dominated(tables, outer, solved_tables):
+            counts["dominated"] += 1
+            continue
+        if time.perf_counter() - start > config.budget_s:
+            # every unexplored candidate is >= bound: the best found is within this gap of the optimum
+            status, notes = "feasible", f"search budget of {config.budget_s} s ran out"
+            if ranked:
+                gap = max(gap, (ranked[0].step_s - bound) / ranked[0].step_s)
+            break
+        out = _solve_candidate(costs, outer, tables, config)
+        counts["solved"] += 1
+        key = (outer.tp, outer.pp, outer.dp, outer.micro_batch, outer.virtual_stages, outer.sequence_parallel,
+               outer.rank_node_types)
+        solved_tables.setdefault(key, []).append(tables)
+        if isinstance(out, SolveResult):
+            counts["infeasible"] += 1
+            continue
+        if out.solve.status != "optimal":
+            status, gap = out.solve.status, max(gap, out.solve.gap)
+        ranked = [c for c in ranked if not dominates(tables, costs_tables[id(c)])]   # keep alternatives distinct
+        costs_tables[id(out)] = tables
+        ranked = sorted([*ranked, out], key=lambda c: c.step_s)[:keep]
+    if progress:
+        progress(total, total)
+    if not ranked:
+        raise _no_plan_error(shortfall, n_devices)
+    log.info("search: %d candidates, %s", len(outers), counts)
+    return SearchResult(best=ranked[0], ranked=tuple(ranked), status=status, gap=gap,
+                        candidates_total=len(outers), candidates_solved=counts["solved"],
+                        candidates_pruned=len(outers) - counts["solved"],
+                        candidates_infeasible=counts["infeasible"], candidates_dominated=counts["dominated"],
+                        wall_time_s=time.perf_counter() - start, notes=notes)

@@ -1,0 +1,267 @@
+"""The outer search space (the non-linear choices) and lower bounds that prune whole branches.
+
+An :class:`OuterChoice` fixes everything the ILP cannot express linearly: the degrees ``tp x pp x dp``,
+the schedule and its virtual stages, micro-batch size and count, ZeRO stage, sequence parallelism and the
+node type of every pp rank. The global batch is fixed: ``dp * micro_batch * num_micro_batches`` equals it
+(the planner never changes the training maths).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from planner.profiles import ClusterProfile
+from planner.search.config import SearchConfig
+from planner.search.tables import Tables
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OuterChoice:
+    """One outer candidate. ``rank_node_types[r]`` is the node type of pp rank ``r``."""
+
+    tp: int
+    pp: int
+    dp: int
+    schedule: str
+    virtual_stages: int
+    micro_batch: int
+    num_micro_batches: int
+    zero_stage: int
+    sequence_parallel: bool
+    rank_node_types: tuple[str, ...]
+
+    def summary(self) -> str:
+        """Short human form, e.g. ``tp8 pp16 dp8 1f1b mb1x192 zero1 sp``."""
+        sched = self.schedule if self.virtual_stages == 1 else f"{self.schedule}(v={self.virtual_stages})"
+        types = sorted(set(self.rank_node_types))
+        where = "" if len(types) == 1 else " on " + "/".join(self.rank_node_types)
+        return (f"tp{self.tp} pp{self.pp} dp{self.dp} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
+                f"zero{self.zero_stage}{' sp' if self.sequence_parallel else ''}{where}")
+
+    def choices(self) -> dict[str, int | str | bool]:
+        return dict(tp=self.tp, pp=self.pp, dp=self.dp, schedule=self.schedule,
+                    virtual_stages=self.virtual_stages, micro_batch=self.micro_batch,
+                    num_micro_batches=self.num_micro_batches, zero_stage=self.zero_stage,
+                    sequence_parallel=self.sequence_parallel, node_types="/".join(self.rank_node_types))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def devices_by_type(cluster: ClusterProfile, n_devices: int) -> dict[str, int]:
+    """Devices of each node type used when the plan takes the first ``n_devices`` of the cluster."""
+    left, used = n_devices, {}
+    for group in cluster.nodes:
+        per_node = cluster.node_type(group.node_type).devices_per_node
+        take = min(left, group.count * per_node)
+        if take:
+            used[group.node_type] = used.get(group.node_type, 0) + take
+        left -= take
+    return used
+
+
+def _tp_degrees(cluster: ClusterProfile, profiled: list[int], config: SearchConfig) -> list[int]:
+    """tp degrees: profiled ones that fit inside one node (or span whole nodes, if allowed)."""
+    if not config.allows("tp"):
+        return [1]
+    per_node = min(nt.devices_per_node for nt in cluster.node_types)
+    out = []
+    for tp in sorted(set(profiled)):
+        inside = tp <= per_node and per_node % tp == 0
+        across = tp > per_node and tp % per_node == 0 and config.allows("cross_node_tp")
+        if inside or across:
+            out.append(tp)
+    return out
+
+
+def _rank_type_orders(by_type: dict[str, int], pp: int, per_rank: int, limit: int = 8) -> list[tuple[str, ...]]:
+    """Node type per pp rank: every arrangement when few, else the contiguous ones (each type in a block)."""
+    if any(n % per_rank for n in by_type.values()):
+        return []
+    counts = {t: n // per_rank for t, n in by_type.items()}
+    if sum(counts.values()) != pp:
+        return []
+    if len(counts) == 1:
+        return [tuple(next(iter(counts)) for _ in range(pp))]
+    base = [t for t, k in counts.items() for _ in range(k)]
+    orders = sorted(set(itertools.permutations(base))) if math.comb(pp, min(counts.values())) <= limit else []
+    if not orders:
+        orders = [tuple(t for t in perm for _ in range(counts[t])) for perm in itertools.permutations(counts)]
+    return orders
+
+
+def _schedules(pp: int, m: int, n_layers: int, config: SearchConfig) -> Iterator[tuple[str, int]]:
+    """(schedule, virtual stages): 1F1B always; GPipe when allowed; interleaved when m % pp == 0
+    (Megatron-LM's requirement for its interleaved schedule) and every chunk gets a layer."""
+    yield "1f1b", 1
+    if pp == 1:
+        return
+    if config.allows("gpipe"):
+        yield "gpipe", 1
+    if config.allows("interleave") and m % pp == 0:
+        for v in range(2, config.max_virtual_stages + 1):
+            if pp * v <= n_layers:
+                yield "interleaved_1f1b", v
+
+
+def enumerate_outer(*, cluster: ClusterProfile, n_devices: int, global_batch: int, n_layers: int,
+                    tp_degrees: list[int], config: SearchConfig) -> Iterator[OuterChoice]:
+    """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch."""
+    by_type = devices_by_type(cluster, n_devices)
+    if len(by_type) > 1 and not config.allows("mixed"):
+        by_type = {next(iter(by_type)): n_devices}   # treat as uniform (the 'ignore the difference' plan)
+    for tp in _tp_degrees(cluster, tp_degrees, config):
+        for pp in _divisors(n_devices // tp) if n_devices % tp == 0 else []:
+            if pp > 1 and not config.allows("pp") or pp > n_layers:
+                continue
+            dp = n_devices // (tp * pp)
+            if dp > 1 and not config.allows("dp") or global_batch % dp:
+                continue
+            orders = _rank_type_orders(by_type, pp, tp * dp)
+            per_replica = global_batch // dp
+            for mb in _divisors(per_replica):
+                if mb > config.max_micro_batch:
+                    break
+                m = per_replica // mb
+                for schedule, v in _schedules(pp, m, n_layers, config):
+                    for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
+                        for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
+                            for order in orders:
+                                yield OuterChoice(tp=tp, pp=pp, dp=dp, schedule=schedule, virtual_stages=v,
+                                                  micro_batch=mb, num_micro_batches=m, zero_stage=zero,
+                                                  sequence_parallel=sp, rank_node_types=order)
+
+
+def lower_bound_s(tables: Tables) -> float:
+    """A step time no assignment of ``tables`` can beat (valid whatever the memory limits).
+
+    With t_min a layer's fastest option on the fastest node type in use and b_min the cheapest pipeline
+    transfer: sum_r T_r >= sum_l t_min + 2 (S - 1) b_min (each boundary is paid by both its chunks) and
+    max_r T_r >= max(that sum / pp, max_l t_min); the tail is >= the optimizer step, whose per-parameter
+    cost is linear, so max_r tail_r >= its total / pp. Layout changes and other tail terms are >= 0.
+    """
+    types = set(tables.rank_node_types)
+    t_min = [min(min(k.time_s for k in grp.costs[nt]) for nt in types) for grp in tables.groups]
+    total = sum(t * grp.size for t, grp in zip(t_min, tables.groups))
+    if tables.pp > 1:
+        total += 2 * (tables.chunks - 1) * min(min(grp.boundary_s.values()) for grp in tables.groups)
+    slowest = _slowest_bound(tables)
+    v, m = tables.v, tables.m
+    return (m - 1 / v) * slowest + total / v + _optimizer_floor(tables)
+
+
+def _optimizer_floor(tables: Tables) -> float:
+    types = set(tables.rank_node_types)
+    opt_coef = min(min(rm.optimizer_s_per_param_dp, rm.optimizer_s_per_param_dpt) for rm in tables.ranks.values())
+    params = sum(grp.size * min(k.params_dp + k.params_dpt for nt in types for k in grp.costs[nt])
+                 for grp in tables.groups)
+    return opt_coef * params / tables.pp
+
+
+def memory_shortfall_bytes(tables: Tables) -> float:
+    """Bytes by which even the leanest assignment overflows (<= 0: may fit), from a relaxation: the
+    cheapest per-layer states and activations summed over the model against the ranks' total capacity."""
+    types = set(tables.rank_node_types)
+    least_inflight = min(tables.inflight)
+    need = 0.0
+    for grp in tables.groups:
+        need += grp.size * min(min(tables.ranks[nt].reserve_factor * (
+            min(tables.ranks[nt].state_bytes_per_param_dp, tables.ranks[nt].state_bytes_per_param_dpt)
+            * (k.params_dp + k.params_dpt) + least_inflight * k.act_bytes) for k in grp.costs[nt]) for nt in types)
+    free = sum(tables.ranks[nt].capacity_bytes - tables.ranks[nt].reserve_const_bytes
+               for nt in tables.rank_node_types)
+    return need - free
+
+
+def _end_groups(tables: Tables, g: int) -> dict[int, tuple[float, float]]:
+    """(least time, least bytes) of the first and last groups, which always sit on rank 0 and rank
+    pp - 1 (chunk 0 and chunk S - 1), when they are not the block group ``g`` itself."""
+    out: dict[int, tuple[float, float]] = {}
+    for h, r in ((0, 0), (len(tables.groups) - 1, tables.pp - 1)):
+        if h == g:
+            continue
+        nt = tables.rank_node_types[r]
+        rm = tables.ranks[nt]
+        costs = tables.groups[h].costs[nt]
+        t_h = min(k.time_s for k in costs)
+        b_h = min(rm.state_bytes_per_param_dp * k.params_dp + rm.state_bytes_per_param_dpt * k.params_dpt
+                  + tables.inflight[r] * k.act_bytes for k in costs)
+        prev = out.get(r, (0.0, 0.0))
+        out[r] = (prev[0] + t_h, prev[1] + b_h)
+    return out
+
+
+def _tail_floor(tables: Tables, g: int, k_star: int) -> float:
+    """A lower bound on the slowest tail: the rank holding >= k_star blocks of group g pays at least the
+    optimizer step of its blocks, min(their sync, the last bucket), and under ZeRO-3 m times what its
+    blocks' gathers exceed their compute by (other layers counted at their most favourable)."""
+    best = float("inf")
+    for nt in set(tables.rank_node_types):
+        rm, costs = tables.ranks[nt], tables.groups[g].costs[nt]
+        params = min(k.params_dp for k in costs)
+        opt = min(rm.optimizer_s_per_param_dp, rm.optimizer_s_per_param_dpt or rm.optimizer_s_per_param_dp)
+        tail = opt * k_star * params
+        others = sum(min(min(0.0, c.z3_mb_s - c.fwd_s - c.bwd_s) for c in grp.costs[nt]) * grp.size
+                     for h, grp in enumerate(tables.groups) if h != g)
+        if tables.zero_stage == 3:
+            per_block = min(c.z3_mb_s - c.fwd_s - c.bwd_s for c in costs)
+            tail += tables.m * max(0.0, k_star * per_block + others)
+        else:
+            tail += min(rm.sync_dp(k_star * params), rm.last_bucket_s)
+        best = min(best, tail)
+    return best
+
+
+def refined_lower_bound_s(tables: Tables) -> float:
+    """:func:`lower_bound_s`, tightened by memory: each rank's repeated blocks take at least the exact
+    least time of their count under its most generous memory (``ilp_cuts.block_time_floor``; the first
+    and last groups, whose ranks are known, added), so the slowest rank is at least the smallest T for
+    which the ranks' largest block counts with time <= T add up to the group's size; plus a tail floor
+    (:func:`_tail_floor`). Returns inf when no split of the blocks can fit."""
+    from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting
+
+    base = lower_bound_s(tables)
+    cut = blocks_worth_cutting(tables)
+    if not cut:
+        return base
+    g = max(cut, key=lambda h: tables.groups[h].size)
+    ends = _end_groups(tables, g)
+    floors = []
+    for r in range(tables.pp):
+        extra_t, extra_b = ends.get(r, (0.0, 0.0))
+        f = block_time_floor(tables, g, r, extra_b)
+        if f is None:
+            return base
+        floors.append(f + extra_t)
+    size = tables.groups[g].size
+    levels = sorted({float(x) for f in floors for x in f if x != float("inf")})
+
+    def most(t: float) -> list[int]:
+        return [max((k for k, x in enumerate(f) if x <= t), default=-1) for f in floors]
+
+    if not levels or sum(most(levels[-1])) < size or min(most(levels[-1])) < 0:
+        return float("inf")
+    lo, hi = 0, len(levels) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if min(most(levels[mid])) >= 0 and sum(most(levels[mid])) >= size:
+            hi = mid
+        else:
+            lo = mid + 1
+    v, m = tables.v, tables.m
+    tail = _tail_floor(tables, g, -(-size // tables.pp))
+    old_tail = _optimizer_floor(tables)
+    return base + (m - 1 / v) * max(0.0, levels[lo] - _slowest_bound(tables)) + max(0.0, tail - old_tail)
+
+
+def _slowest_bound(tables: Tables) -> float:
+    types = set(tables.rank_node_types)
+    t_min = [min(min(k.time_s for k in grp.costs[nt]) for nt in types) for grp in tables.groups]
+    total = sum(t * grp.size for t, grp in zip(t_min, tables.groups))
+    if tables.pp > 1:
+        total += 2 * (tables.chunks - 1) * min(min(grp.boundary_s.values()) for grp in tables.groups)
+    return max(total / tables.pp, max(t_min))

@@ -1,0 +1,82 @@
+"""The plan file the search writes: every field filled, load == saved, validate() against world sizes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cli.common import PROFILES_DIR, resolve_cluster_path
+from planner.cli.main import main
+from planner.errors import StratagemError
+from planner.plan import TrainingSettings, load_plan, save_plan, validate
+from planner.profiles import load_cluster_profile, load_model_profile
+from planner.search.config import SearchConfig
+from planner.search.plan_file import build_plan, stage_ranks
+from planner.search.planner import plan_search
+
+TINY = PROFILES_DIR / "models" / "gpt-tiny.json"
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    profile = load_model_profile(TINY)
+    cluster = load_cluster_profile(resolve_cluster_path("local-cpu-2core"))
+    result = plan_search(profile, cluster, n_devices=2, global_batch=8, config=SearchConfig(top_k=3))
+    training = TrainingSettings(global_batch=8, seq_len=profile.seq_len, dtype=profile.dtype)
+    return build_plan(result, model=profile.model, profile=profile, cluster=cluster, training=training), result
+
+
+def test_stage_ranks_row_major():
+    # mesh (pp=2, dp=2, tp=2): pp rank 1 holds global ranks 4..7, tp pairs contiguous
+    assert stage_ranks(1, dp=2, tp=2) == [4, 5, 6, 7]
+    assert stage_ranks(0, dp=3, tp=1) == [0, 1, 2]
+
+
+def test_plan_fields_filled_and_valid(tiny_plan):
+    plan, result = tiny_plan
+    validate(plan, 2)
+    assert plan.planner_version and plan.model_profile_hash and plan.cluster_hash
+    assert plan.predictions.step_time_s == pytest.approx(result.best.step_s, rel=1e-12)
+    assert plan.search.status == "optimal" and plan.search.gap == 0.0
+    assert plan.search.candidates_solved >= 1
+    assert len(plan.search.top_k) == len(result.ranked) - 1
+    assert all(alt.slowdown >= 1.0 for alt in plan.search.top_k)
+    paths = [p for st in plan.stages for p in st.module_paths]
+    assert paths == [layer.path for layer in load_model_profile(TINY).layers]
+    assert set(plan.layout) == set(paths)
+    assert len(plan.predictions.stages) == len(plan.stages)
+
+
+def test_round_trip(tiny_plan, tmp_path):
+    plan, _ = tiny_plan
+    path = save_plan(plan, tmp_path / "plan.json")
+    loaded = load_plan(path)
+    assert loaded.model_dump(exclude={"content_hash"}) == plan.model_dump(exclude={"content_hash"})
+    assert loaded.content_hash and loaded.content_hash.startswith("sha256:")
+
+
+def test_validate_rejects_wrong_world_size(tiny_plan):
+    plan, _ = tiny_plan
+    with pytest.raises(StratagemError, match="plan needs 2 ranks but the launch has 4"):
+        validate(plan, 4)
+
+
+def test_cli_plan_on_cpu_writes_a_valid_plan(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--model", "gpt:tiny", "--model-profile", str(TINY), "--cluster", "local-cpu-2core",
+                 "--gpus", "2", "--global-batch", "8", "--seq", "64", "--top-k", "2", "--out", str(out)])
+    assert code == 0
+    plan = load_plan(out)
+    validate(plan, 2)
+    assert "predicted step time" in capsys.readouterr().out
+    assert json.loads(out.read_text())["schema_version"] == 1
+
+
+def test_no_plan_fits_names_the_shortfall(tmp_path, capsys):
+    code = main(["plan", "--model", "gpt:tiny", "--model-profile", str(TINY), "--cluster", "local-cpu-2core",
+                 "--gpus", "2", "--global-batch", "8", "--memory-fraction", "0.000001",
+                 "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "no plan fits in memory" in err and "bytes) short" in err and "more GPUs" in err

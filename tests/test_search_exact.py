@@ -1,0 +1,118 @@
+"""Exactness: on random small instances the ILP optimum equals brute-force enumeration of every layer
+placement and option scored by ``planner.cost.estimate`` itself, to 1e-9 relative.
+
+Instances vary the model (GPT blocks, tied or untied embeddings), the cluster (A100 nodes, the mixed
+A100 + V100 cluster, this machine's CPU profile), and the outer choice (tp, pp, dp, schedule incl.
+interleaved, micro-batching, ZeRO 0-3, sequence parallel); the memory limit is set between the leanest
+and the fattest assignment so that it binds (and some instances have no feasible assignment at all).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from planner.cost.placement import with_gpus
+from planner.gpt_profile import build_gpt_profile
+from planner.modelspec import parse_model
+from planner.profiles import load_cluster_profile
+from planner.cli.common import resolve_cluster_path
+from planner.search.brute import iter_layer_assignments, to_assignment
+from planner.search.config import SearchConfig
+from planner.search.costs import CandidateCosts
+from planner.search.ilp import build_problem, extract_assignment, solve
+from planner.search.planner import check_exact
+from planner.search.space import enumerate_outer
+
+N_INSTANCES = 56
+MAX_BRUTE = 700          # assignments per instance (keeps the whole test well under a minute)
+
+
+def _instance(rng: random.Random):
+    cluster_name, dtype, n_devices = rng.choice([("dgx-a100-80g", "bf16", rng.choice([2, 4, 8, 16])),
+                                                 ("mixed-a100-v100", "fp16", 32),
+                                                 ("local-cpu-2core", "fp32", 2)])
+    cluster = load_cluster_profile(resolve_cluster_path(cluster_name))
+    cluster = with_gpus(cluster, n_devices)
+    spec = parse_model("gpt", layers=rng.choice([1, 2]), hidden=rng.choice([64, 128]), heads=4,
+                       vocab=rng.choice([256, 1024]), max_seq=64, tie_embeddings=rng.random() < 0.5)
+    profile = build_gpt_profile(spec, seq_len=64, dtype=dtype, tp_degrees=[1, 2, 4])
+    allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "layout", "mixed", "recompute"}
+    if rng.random() < 0.3:
+        allow.discard("recompute")
+    config = SearchConfig(time_limit_s=30, allow=frozenset(allow))
+    outers = list(enumerate_outer(cluster=cluster, n_devices=n_devices, global_batch=8 * n_devices // 2,
+                                  n_layers=len(profile.layers), tp_degrees=profile.tp_degrees, config=config))
+    return profile, cluster, config, rng.choice(outers), 8 * n_devices // 2
+
+
+def _brute(costs: CandidateCosts, outer, tables, capacity: dict[str, float]):
+    """Every assignment scored by estimate: (best fitting step time or None, peak memories seen)."""
+    best, peaks = None, []
+    for choice in iter_layer_assignments(tables):
+        est = costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, choice)))
+        peaks.append(max(rk.memory.peak_bytes / capacity[rk.node_type] for rk in est.per_rank))
+        fits = all(rk.memory.peak_bytes <= capacity[rk.node_type] * costs.search.memory_fraction
+                   for rk in est.per_rank)
+        if fits and (best is None or est.step_time_s < best):
+            best = est.step_time_s
+    return best, peaks
+
+
+def test_ilp_equals_brute_force_under_estimate():
+    rng = random.Random(4)
+    checked = feasible = infeasible = binding = 0
+    while checked < N_INSTANCES:
+        profile, cluster, config, outer, global_batch = _instance(rng)
+        costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
+        tables = costs.tables(outer)
+        size = sum(1 for _ in iter_layer_assignments(tables))
+        if size > MAX_BRUTE:
+            continue
+        capacity = {nt.name: float(nt.device_memory_bytes) for nt in cluster.node_types}
+        _, peaks = _brute(costs, outer, tables, capacity)
+        # a memory limit midway between two assignments' peaks (so it binds; no knife-edge ties within the
+        # solver's 1e-7 feasibility tolerance), or below the leanest, or above the fattest
+        levels = sorted(set(peaks))
+        j = rng.randrange(len(levels) - 1) if len(levels) > 1 else 0
+        fraction = rng.choice([min(peaks) * 0.99, (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2,
+                               (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2, max(peaks) * 1.01])
+        costs.search = SearchConfig(time_limit_s=30, allow=config.allow, memory_fraction=min(fraction, 1.0))
+        tables = costs.tables(outer)
+        best, _ = _brute(costs, outer, tables, capacity)
+        problem = build_problem(tables, cuts=rng.random() < 0.5)
+        result = solve(problem, costs.search)
+        checked += 1
+        if best is None:
+            assert result.status == "infeasible", outer.summary()
+            infeasible += 1
+            continue
+        assert result.status == "optimal", outer.summary()
+        assignment = extract_assignment(problem)
+        est = costs.estimate(costs.parallel_config(outer, tables, assignment))
+        step_s = check_exact(tables, assignment, est, outer, result.objective_s)
+        assert math.isclose(step_s, best, rel_tol=1e-9), (outer.summary(), step_s, best)
+        feasible += 1
+        binding += best > min(costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, ch)))
+                              .step_time_s for ch in iter_layer_assignments(tables)) * (1 + 1e-12)
+    assert feasible >= 30 and infeasible >= 3 and binding >= 5, (feasible, infeasible, binding)
+
+
+@pytest.mark.parametrize("cuts", [False, True])
+def test_cuts_do_not_change_the_optimum(cuts):
+    """The valid inequalities tighten the relaxation only: same optimum with and without them."""
+    profile = build_gpt_profile(parse_model("gpt", layers=6, hidden=128, heads=4, vocab=512, max_seq=64),
+                                seq_len=64, dtype="bf16", tp_degrees=[1, 2])
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 8)
+    config = SearchConfig(time_limit_s=30, memory_fraction=0.0135)
+    costs = CandidateCosts(profile, cluster, global_batch=32, config=config)
+    outer = next(o for o in enumerate_outer(cluster=cluster, n_devices=8, global_batch=32,
+                                            n_layers=len(profile.layers), tp_degrees=[1, 2], config=config)
+                 if o.pp == 4 and o.tp == 2 and o.schedule == "1f1b" and o.micro_batch == 2)
+    tables = costs.tables(outer)
+    plain = solve(build_problem(tables, cuts=False), config)
+    with_cuts = solve(build_problem(tables, cuts=cuts), config)
+    assert plain.status == with_cuts.status == "optimal"
+    assert math.isclose(plain.objective_s, with_cuts.objective_s, rel_tol=1e-7)
