@@ -13,7 +13,8 @@ the figures do not depend on the ILP) on 2 CPU ranks, global batch 8 x seq 64, f
 
 The prediction is :func:`planner.cost.estimate` on the measured model profile
 (``profiles/models/gpt-<preset>.json``) and the measured cluster profile ``local-cpu-2core`` with the
-plan's configuration (other ``ParallelConfig`` fields at their defaults, as the search uses them); it is
+plan's configuration (``overlap_grad_reduce=False``, see ``config_for_plan``; other fields at their
+defaults, as the search uses them); it is
 written into the plan, so the launch's summary compares the two. Measured = median step time over steps
 2.. (max over ranks per step); peak memory on CPU = growth of the process RSS while the plan ran
 (runtime/executor/metrics.py), which also holds allocator slack and gloo buffers. This host's CPU
@@ -65,7 +66,13 @@ def build_plan(model: str, layout: str):
 
 
 def config_for_plan(plan):
-    """The cost model's ParallelConfig for ``plan`` (mesh, schedule, stages, layout, recompute, ZeRO)."""
+    """The cost model's ParallelConfig for ``plan`` (mesh, schedule, stages, layout, recompute, ZeRO).
+
+    ``overlap_grad_reduce=False``: how the runtime runs on CPU. FSDP2 has no side stream there and its
+    gloo all-gathers and reduce-scatters block the rank (torch.profiler, 2 gloo ranks, gpt:tiny ZeRO-3:
+    the collectives' time is spent inside FSDP::all_gather / post_backward_reduce), and ``replicate``
+    reduces its single unit after the whole backward.
+    """
     from planner.cost import ParallelConfig
 
     stages = sorted(plan.stages, key=lambda s: s.index)
@@ -76,7 +83,7 @@ def config_for_plan(plan):
         schedule=plan.schedule.kind, virtual_stages=plan.schedule.virtual_stages, zero_stage=plan.zero_stage,
         recompute=recompute, stage_layers=tuple(tuple(s.module_paths) for s in stages),
         layout={p: lay.style for p, lay in plan.layout.items()},
-        sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()))
+        sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()), overlap_grad_reduce=False)
 
 
 def _bare(profile):

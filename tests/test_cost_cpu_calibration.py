@@ -125,7 +125,9 @@ def test_dp2_step_grows_by_the_hand_summed_overheads(zero):
 
 
 def test_one_root_unit_per_chunk_with_pipelining():
-    model, cluster = load_model_profile(TINY), load_cluster_profile(CPU)
+    model, cpu = load_model_profile(TINY), load_cluster_profile(CPU)
+    # 4 ranks in one node (the measured node has 2; the fits are reused as they are)
+    cluster = cpu.model_copy(update={"node_types": [cpu.node_types[0].model_copy(update={"devices_per_node": 4})]})
     s = timings_scale(model, cluster.node_types[0])
     unit_f, unit_b = chunk_overhead_s(model, "replicate", s)
     with_dp = estimate(model, cluster, ParallelConfig(pp=2, dp=2, micro_batch=1, num_micro_batches=2),
@@ -143,7 +145,7 @@ def test_gpu_estimates_ignore_cpu_measurements():
     """Measured CPU overheads never reach a GPU cluster (timings apply on their device only)."""
     model = load_model_profile(TINY)
     cluster = load_cluster_profile(REPO / "profiles/hardware/dgx-a100-80g.json")
-    cfg = ParallelConfig(tp=2, dp=2, micro_batch=2)
+    cfg = ParallelConfig(tp=2, dp=2, micro_batch=2, num_micro_batches=2)
     a = estimate(model, cluster, cfg, global_batch=8, dtype="bf16")
     b = estimate(_bare(model), cluster, cfg, global_batch=8, dtype="bf16")
     assert a.step_time_s == b.step_time_s

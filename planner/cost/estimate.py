@@ -32,9 +32,6 @@ Composition (exact formula, reproduced by the ILP; see ``pipeline.py`` for (P) a
      (params after ZeRO sharding), plus the sum over the rank's layers of ``LayerCost.optimizer_s`` (the
      measured per-layer AdamW host time; 0 without measured timings).
 
-   On a rank whose device is not a GPU nothing overlaps (``overlap_grad_reduce`` and ``zero3_overlap``
-   are taken as False: no side streams; gloo collectives block the rank).
-
    The step time adds the maximum over ranks of this tail (S).
 
 Gradients are communicated in the 16-bit compute dtype (ZeRO paper's 2-byte gradients). Tied embeddings
@@ -43,8 +40,6 @@ gradient all-reduce between the two ranks (one message per step) is not modelled
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from planner.cost.collectives import collective_time
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
@@ -205,11 +200,6 @@ class _Assembler:
 
     def build_rank(self, r: int, chunks: list[ChunkEstimate]) -> RankEstimate:
         cfg, node = self.cfg, self.node(r)
-        if not is_gpu(node.device):
-            # No side streams on CPU: gloo collectives issued by FSDP2 block the rank (torch.profiler on
-            # 2 gloo ranks, gpt:tiny ZeRO-3: FSDP::all_gather and reduce_scatter time spent inside the hooks),
-            # and replicate reduces its one unit after the backward. Nothing overlaps.
-            cfg = replace(cfg, overlap_grad_reduce=False, zero3_overlap=False)
         mine = [ch for ch in chunks if ch.pp_rank == r]
         params, pairs = self._rank_params(r)
         dp_g = dp_group(cfg.dp, cfg.tp, node.devices_per_node)
@@ -232,7 +222,7 @@ class _Assembler:
                 gather_s = dp_collective_time(self.cluster, node, "all_gather", params * weight_b, dp_g, bucket)
                 zero_s = max(gather_s - fwd_window, 0.0) if cfg.overlap_grad_reduce else gather_s
         else:
-            zero_s = self._zero3_s(pairs, node, dp_g, weight_b, grad_b, fwd_window + bwd_window, cfg)
+            zero_s = self._zero3_s(pairs, node, dp_g, weight_b, grad_b, fwd_window + bwd_window)
         return RankEstimate(pp_rank=r, node_type=node.name, microbatch_s=sum(ch.total_s for ch in mine),
                             inflight_microbatches=inflight_microbatches(cfg.schedule, cfg.pp, r, self.m,
                                                                         cfg.virtual_stages),
@@ -241,11 +231,11 @@ class _Assembler:
                             memory=self._memory(r, node, params, pairs))
 
     def _zero3_s(self, pairs: list[tuple[LayerProfile, LayerCost]], node: NodeType, dp_g: GroupShape,
-                 weight_b: float, grad_b: float, window_s: float, cfg: ParallelConfig) -> float:
+                 weight_b: float, grad_b: float, window_s: float) -> float:
         """ZeRO-3 per step: per layer and micro-batch, gather the weights ``zero3_param_gathers`` times and
         reduce-scatter the gradients; with overlap only what exceeds the compute shows (``zero3.py``)."""
         spec = self.model.model
-        comm = Zero3Comm(cfg=cfg, cluster=self.cluster, node=node, group=dp_g, weight_bytes=weight_b,
+        comm = Zero3Comm(cfg=self.cfg, cluster=self.cluster, node=node, group=dp_g, weight_bytes=weight_b,
                          grad_bytes=grad_b, family=spec.family, hidden=int(spec.dims.get("hidden", 0) or 0),
                          ffn_hidden=int(spec.dims.get("ffn_hidden", 0) or 0))
         return comm.step_s(pairs, micro_batches=self.m, window_s=window_s)

@@ -104,15 +104,16 @@ def _interleaved(layers: dict[str, nn.Module], x: torch.Tensor, *, first: bool, 
     Interleaving makes a burst of load on a shared host hit every mode alike, so the differences
     (the overheads) stay meaningful where two separate medians would not.
     """
-    opts = {m: torch.optim.AdamW([p for p in layer.parameters() if p.requires_grad], lr=LR)
-            for m, layer in layers.items()}
+    opts = {m: torch.optim.AdamW(params, lr=LR) if (params := [p for p in layer.parameters() if p.requires_grad])
+            else None for m, layer in layers.items()}
     times: dict[str, list[tuple[float, float, float]]] = {m: [] for m in layers}
     for i in range(warmup + rounds):
         for mode, layer in layers.items():
             fwd, bwd = _fwd_bwd_s(layer, make_input(x, needs_grad=not first))
             t0 = time.perf_counter()
-            opts[mode].step()
-            opts[mode].zero_grad(set_to_none=True)
+            if opts[mode] is not None:  # a layer without parameters (a pooling layer) has no step
+                opts[mode].step()
+                opts[mode].zero_grad(set_to_none=True)
             if i >= warmup:
                 times[mode].append((fwd, bwd, time.perf_counter() - t0))
     return {m: tuple(statistics.median(t[k] for t in v) for k in range(3)) for m, v in times.items()}
@@ -124,7 +125,8 @@ def measure_runtime_overhead(build: Callable[[], nn.Module], spec: ModelSpec, pa
 
     ``build()`` returns a fresh, initialised full layer (tp=1); ``first``: the input needs no gradient.
     """
-    modes = ("plain",) + (("tp",) if splittable else ()) + ("replicate", "fully_shard")
+    has_params = any(p.requires_grad for p in build().parameters())
+    modes = ("plain",) + (("tp",) if splittable else ()) + (("replicate", "fully_shard") if has_params else ())
     layers = {m: _wrap(build(), spec, path, m) for m in modes}
     med = _interleaved(layers, x, first=first, rounds=max(repeats, ROUNDS), warmup=warmup)
     unit = _unit_overhead(warmup=warmup, rounds=max(repeats, ROUNDS))
@@ -141,7 +143,8 @@ def measure_runtime_overhead(build: Callable[[], nn.Module], spec: ModelSpec, pa
         fully_shard_forward_s=marginal("fully_shard", 0), fully_shard_backward_s=marginal("fully_shard", 1),
         replicate_unit_forward_s=unit["replicate"][0], replicate_unit_backward_s=unit["replicate"][1],
         fully_shard_unit_forward_s=unit["fully_shard"][0], fully_shard_unit_backward_s=unit["fully_shard"][1],
-        optimizer_step_s=med["plain"][2], optimizer_step_dtensor_s=max(med["replicate"][2], med["plain"][2]))
+        optimizer_step_s=med["plain"][2],
+        optimizer_step_dtensor_s=max(med["replicate"][2], med["plain"][2]) if has_params else 0.0)
 
 
 UNIT_PROBE_FEATURES = 8  # the unit-cost probe: one nn.Linear(8, 8) on a (1, 8) input
