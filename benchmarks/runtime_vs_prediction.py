@@ -114,10 +114,14 @@ def at_load(cluster, rate_flops_per_s: float, latency_s: dict[str, float] | None
 def host_sync_latency(folder: Path) -> dict[str, float]:
     """Per-call collective latency after compute on 2 ranks, now (runtime/profiling/sync_latency.py)."""
     out = folder / "latency.json"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                    "runtime.profiling.sync_latency", "--out", str(out)], cwd=REPO, check=True,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=300)
-    return json.loads(out.read_text())
+    for _ in range(3):  # gloo on this host sometimes aborts a rank at start-up; try again
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               "-m", "runtime.profiling.sync_latency", "--out", str(out)], cwd=REPO,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+        if proc.returncode == 0:
+            return json.loads(out.read_text())
+        print(f"sync-latency probe failed (exit {proc.returncode}):\n{proc.stderr[-1500:]}", file=sys.stderr)
+    raise SystemExit("the sync-latency probe failed 3 times; see above")
 
 
 RATE_SNIPPET = ("import sys, torch; torch.set_num_threads(1); sys.path.insert(0, {repo!r}); "
