@@ -18,18 +18,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# profile -> plan -> launch on the small built-in default, on this machine's CPU.
+# profile -> plan -> launch -> show on the small built-in default (gpt:tiny), on this machine's CPU.
 demo: $(STAMP)
 	@mkdir -p $(OUT)
-	$(BIN)/stratagem profile model --model gpt:tiny --micro-batch 1,2 --seq 64 --tp 1,2 --out $(OUT)/gpt-tiny.json
+	$(BIN)/stratagem profile model --model gpt:tiny --micro-batch 1,2,4 --seq 64 --tp 1,2 --out $(OUT)/gpt-tiny.json
 	$(BIN)/stratagem profile cluster --nproc-per-node 2 --quick --out $(OUT)/local-cpu.json
-	@if $(BIN)/stratagem plan --help >/dev/null 2>&1; then \
-	  $(BIN)/stratagem plan --model gpt:tiny --model-profile $(OUT)/gpt-tiny.json --cluster $(OUT)/local-cpu.json \
-	    --gpus 2 --global-batch 8 --seq 64 --out $(OUT)/plan.json; fi
-	@if $(BIN)/stratagem launch --help >/dev/null 2>&1 && [ -f $(OUT)/plan.json ]; then \
-	  $(BIN)/stratagem launch $(OUT)/plan.json --steps 5 --metrics $(OUT)/metrics.jsonl; fi
-	@if $(BIN)/stratagem show --help >/dev/null 2>&1 && [ -f $(OUT)/plan.json ]; then \
-	  $(BIN)/stratagem show $(OUT)/plan.json $$( [ -f $(OUT)/metrics.jsonl ] && echo --metrics $(OUT)/metrics.jsonl ); fi
+	$(BIN)/stratagem plan --model gpt:tiny --model-profile $(OUT)/gpt-tiny.json --cluster $(OUT)/local-cpu.json \
+	  --gpus 2 --global-batch 8 --seq 64 --out $(OUT)/plan.json
+	$(BIN)/stratagem launch $(OUT)/plan.json --steps 5 --metrics $(OUT)/metrics.jsonl
+	$(BIN)/stratagem show $(OUT)/plan.json --metrics $(OUT)/metrics.jsonl --html $(OUT)/report.html
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
