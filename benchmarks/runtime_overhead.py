@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def ddp_worker(args: argparse.Namespace) -> None:
     from runtime.models import build_model, init_weights, loss_fn
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))  # a hung rank fails, not waits 30 min
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = parse_model(args.model)
     model = build_model(spec, device="meta")

@@ -80,3 +80,39 @@ def test_no_plan_fits_names_the_shortfall(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert "no plan fits in memory" in err and "bytes) short" in err and "more GPUs" in err
+
+
+def test_a_stopped_search_is_reported_as_not_optimal(tmp_path, capsys, monkeypatch):
+    """A CBC run stopped by its time limit without a bound (gap inf) stays 'time_limit' in the plan file
+    (gap 1 = the trivial bound 0; JSON has no inf), loads back, and the terminal says it is not optimal."""
+    import math
+    from dataclasses import replace
+
+    import planner.search.planner as search_planner
+
+    real_solve = search_planner.solve
+
+    def stopped(problem, config):
+        return replace(real_solve(problem, config), status="time_limit", gap=math.inf)
+
+    monkeypatch.setattr(search_planner, "solve", stopped)
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--model", "gpt:tiny", "--model-profile", str(TINY), "--cluster", "local-cpu-2core",
+                 "--gpus", "2", "--global-batch", "8", "--seq", "64", "--top-k", "1", "--time-limit", "1",
+                 "--out", str(out)])
+    assert code == 0
+    plan = load_plan(out)
+    assert plan.search.status == "time_limit" and plan.search.gap == 1.0   # no bound: the trivial bound 0
+    assert "NOT proven optimal (time_limit)" in plan.search.notes
+    assert "not proven optimal" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["plan", "launch"])
+def test_every_flag_has_help_and_no_none_default_noise(command):
+    from planner.cli.main import build_parser
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    parser = sub.choices[command]
+    text = parser.format_help()
+    missing = [a.option_strings or a.dest for a in parser._actions if not a.help]
+    assert not missing, f"flags without help: {missing}"
+    assert "(default: None)" not in text and "(default: False)" not in text and "``" not in text

@@ -147,6 +147,13 @@ def test_pipeline_ranks_hold_their_stages(job2):
     assert _report(folder, 1)["chunks"][1]["module_paths"] == plan.stages[3].module_paths
 
 
+def test_uneven_batch_shares_are_applied(job2):
+    # global batch 8, shares 0.75 / 0.25: replica 0 trains rows 0..5 with loss x1.5, replica 1 rows 6..7 x0.5
+    reports = [_report(job2["dp2_uneven"][2], r) for r in (0, 1)]
+    assert [(r["rows"], r["loss_scale"]) for r in reports] == [([0, 6], 1.5), ([6, 8], 0.5)]
+    assert _report(job2["dp2"][2], 1)["rows"] == [4, 8]
+
+
 def test_recompute_is_applied(job2):
     assert _report(job2["dp2_recompute"][2], 0)["chunks"][0]["recomputed"] == ["blocks.0", "blocks.1"]
 

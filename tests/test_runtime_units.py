@@ -200,6 +200,11 @@ def test_bad_launches_fail_in_one_line_before_starting(tmp_path, capsys, no_proc
     wrong = tmp_path / "wrong_model.json"
     wrong.write_text(json.dumps(data))
     assert "plan is for another model" in _launch_error(capsys, [str(wrong)])
+    if not torch.cuda.is_available():   # a plan for a shipped GPU cluster cannot run on this CPU machine
+        gpu_plan = save_plan(make_plan(GPT, dp=2).model_copy(update={"cluster_name": "dgx-a100-80g"}),
+                             tmp_path / "gpu_plan.json")
+        assert "made for cluster dgx-a100-80g (NVIDIA A100-SXM4-80GB) and needs 2 GPUs on this node but it has 0" \
+            in _launch_error(capsys, [str(gpu_plan)])
 
 
 def test_unbuildable_schedules_are_rejected():

@@ -60,6 +60,31 @@ def _print_summary(metrics: Path, *, keep: bool) -> None:
           f"peak memory {s['measured_peak_memory_bytes'] / 2**20:.0f} MiB" + (f"; metrics in {metrics}" if keep else ""))
 
 
+GPU_VENDORS = ("NVIDIA", "Tesla", "AMD", "GPU")  # words in a shipped profile's device name marking a GPU
+
+
+def check_cluster(plan, nproc_per_node: int) -> None:
+    """A plan made for a shipped GPU cluster needs CUDA and ``nproc_per_node`` devices here.
+
+    Plans for measured or hand-made clusters (no shipped profile of that name) are not checked."""
+    from planner.cli.common import PROFILES_DIR
+    from planner.profiles import load_cluster_profile
+
+    path = PROFILES_DIR / "hardware" / f"{plan.cluster_name}.json"
+    if not path.exists():
+        return
+    devices = {nt.device for nt in load_cluster_profile(path).node_types}
+    if not any(word in d for d in devices for word in GPU_VENDORS):
+        return
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < nproc_per_node:
+        raise StratagemError(f"plan was made for cluster {plan.cluster_name} ({', '.join(sorted(devices))}) and "
+                             f"needs {nproc_per_node} GPUs on this node but it has {have}; launch on that "
+                             f"cluster or re-plan here with --cluster local-cpu-2core (or a measured profile)")
+
+
 def run(args: argparse.Namespace) -> int:
     from runtime.executor.describe import describe_ranks
     from runtime.launch import build_command, build_slurm_script, check_launch, run_command
@@ -72,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         metrics = Path(tmp.name) / "metrics.jsonl"
     opts = _options(args, metrics)
     check_launch(plan, opts, slurm=args.slurm is not None)
+    if not (args.slurm or args.dry_run):   # those may be prepared on a machine without the cluster's GPUs
+        check_cluster(plan, opts.procs_per_node(plan))
     if args.slurm:
         from planner.fileio import atomic_write_text
         atomic_write_text(args.slurm, build_slurm_script(plan, opts))

@@ -18,30 +18,37 @@ from planner.plan import Plan, TrainingSettings, save_plan, validate
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
-from .common import resolve_cluster_path
+from .common import DefaultsHelpFormatter, check_out_path, resolve_cluster_path
 
 log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="find the fastest parallel plan (exact ILP under the cost model)",
-                              description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              description=__doc__.split("\n\n")[0].replace("``", "'"),
+                              formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="family:preset, e.g. gpt:gpt3-175b or gpt:tiny")
     p.add_argument("--model-profile", type=Path, default=None,
                    help="model profile JSON (default: derived analytically for the model)")
     p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile JSON")
-    p.add_argument("--gpus", type=int, required=True, help="devices to plan for (CPU ranks on a CPU cluster)")
-    p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step (fixed)")
-    p.add_argument("--seq", type=int, default=None, help="tokens per sample (default: the model's max_seq)")
-    p.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"])
-    p.add_argument("--memory-fraction", type=float, default=0.9, help="share of device memory a plan may use")
-    p.add_argument("--time-limit", type=float, default=30.0, help="CBC time limit per ILP, seconds")
-    p.add_argument("--gap", type=float, default=0.0, help="relative optimality gap CBC may stop at")
-    p.add_argument("--top-k", type=int, default=5, help="plans to keep (the best and its runners-up)")
+    p.add_argument("--gpus", type=int, required=True, metavar="N",
+                   help="devices to plan for, a count (CPU ranks on a CPU cluster)")
+    p.add_argument("--global-batch", type=int, required=True, metavar="SAMPLES",
+                   help="samples per optimizer step (fixed; the plan never changes it)")
+    p.add_argument("--seq", type=int, default=None, metavar="TOKENS",
+                   help="tokens per sample (default: the model's max_seq)")
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"],
+                   help="training precision of the analytic profile (ignored with --model-profile)")
+    p.add_argument("--memory-fraction", type=float, default=0.9, metavar="FRACTION",
+                   help="share of each device's memory a plan may use, 0..1")
+    p.add_argument("--time-limit", type=float, default=30.0, metavar="SECONDS",
+                   help="CBC time limit per ILP, seconds; a stopped solve is reported as not optimal")
+    p.add_argument("--gap", type=float, default=0.0, metavar="FRACTION",
+                   help="relative optimality gap CBC may stop at (0.01 = 1 %%)")
+    p.add_argument("--top-k", type=int, default=5, metavar="K", help="plans to keep (the best and its runners-up)")
     p.add_argument("--allow", default=None,
                    help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})")
-    p.add_argument("--out", type=Path, required=True, help="plan JSON to write")
+    p.add_argument("--out", type=Path, required=True, metavar="FILE", help="plan JSON to write")
     p.set_defaults(func=run)
 
 
@@ -109,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.gpus < 1 or args.global_batch < 1 or args.top_k < 1:
         raise StratagemError("--gpus, --global-batch and --top-k must be positive integers, e.g. --gpus 8")
+    check_out_path(args.out)
     spec = parse_model(args.model)
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.family in ("gpt", "llama") else int(args.seq or 1)
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
@@ -129,5 +137,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(_summary_table(plan, cluster))
     if plan.search.top_k:
         out.print(_alternatives_table(plan))
+    if plan.search.status != "optimal":
+        out.print(f"[bold yellow]not proven optimal[/]: search {plan.search.status}, best within "
+                  f"{plan.search.gap:.2%} of the optimum under the cost model; raise --time-limit to prove it")
     out.print(f"wrote {args.out}")
     return 0

@@ -7,6 +7,7 @@ Rank layout (``planner/plan.py``): mesh axes ``pp, dp, tp`` row-major, last axis
 from __future__ import annotations
 
 import datetime as _dt
+import math
 
 import pulp
 
@@ -61,14 +62,19 @@ def _alternative(c: Candidate, best_s: float) -> Alternative:
 
 def build_search_record(result: SearchResult) -> SearchRecord:
     best_s = result.best.step_s
+    # step times are >= 0, so 0 is always a valid bound: a relative gap never exceeds 1 (JSON has no inf)
+    gap = min(result.gap, 1.0)
+    proven = ("the best is proven optimal under the cost model" if result.status == "optimal" else
+              f"NOT proven optimal ({result.status}): the best is within {gap:.2%} of the optimum"
+              + (" (no bound was proven)" if not math.isfinite(result.gap) else ""))
     return SearchRecord(
         solver=f"CBC via PuLP {pulp.__version__} (branch-and-bound over outer choices)",
-        status=result.status, gap=result.gap, wall_time_s=result.wall_time_s,
+        status=result.status, gap=gap, wall_time_s=result.wall_time_s,
         candidates_solved=result.candidates_solved, candidates_pruned=result.candidates_pruned,
         top_k=[_alternative(c, best_s) for c in result.ranked[1:]],
         notes=(f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
-               f"{result.candidates_dominated} dominated (same time, more memory than a solved one); the "
-               f"best is proven under the cost model, runners-up are the best other candidates solved. "
+               f"{result.candidates_dominated} dominated (same time, more memory than a solved one); {proven}; "
+               f"runners-up are the best other candidates solved. "
                f"{result.notes}").strip())
 
 

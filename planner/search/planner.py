@@ -123,7 +123,8 @@ def _dominated(tables: Tables, outer: OuterChoice, solved: dict) -> bool:
 
 
 def _no_plan_error(shortfall_bytes: float, n_devices: int) -> StratagemError:
-    fix = ("use more GPUs, allow recompute and zero (--allow), or a smaller micro-batch / sequence length")
+    fix = ("use more GPUs, allow per-layer recompute and ZeRO-3 (--allow recompute,zero), or a smaller "
+           "micro-batch / sequence length")
     if not math.isfinite(shortfall_bytes):
         return StratagemError(f"no plan fits in memory on {n_devices} devices: every candidate overflows some "
                               f"pipeline rank once its layers are placed; {fix}")

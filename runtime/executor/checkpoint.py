@@ -8,15 +8,22 @@ marker), which :func:`find_latest_checkpoint` never picks.
 
 What is saved: model and AdamW state of every pipeline chunk this rank holds (keys are full-model FQNs,
 so chunks merge into one dict; ``flatten_optimizer_state_dict`` keys optimizer state by FQN too), the
-step (= data position, see ``data``), and each rank's RNG state. Note: DCP itself writes its
-``.metadata`` file with pickle; nothing else here does.
+step (= data position, see ``data``), and each rank's RNG state.
+
+Loading is restricted (the checkpoint folder is user input): torch 2.13's ``FileSystemReader`` reads DCP's
+``.metadata`` with a plain ``pickle.load`` and ``DefaultLoadPlanner.load_bytes`` uses
+``torch.load(weights_only=False)`` for non-tensor entries (AdamW's param_groups), see pytorch/pytorch
+#189308. :class:`SafeFileSystemReader` unpickles only DCP's metadata classes and :class:`SafeLoadPlanner`
+loads bytes with ``weights_only=True``; anything else fails the resume.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -25,6 +32,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
     set_optimizer_state_dict)
@@ -37,6 +49,52 @@ COMPLETE_MARKER = "COMPLETE"
 META_FILE = "meta.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+# what DCP 2.13 pickles into .metadata for our state (model, flattened AdamW state, step, RNG)
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "ChunkStorageMetadata",
+        "TensorProperties", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+     ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only DCP metadata records and torch dtypes; any other global is refused."""
+
+    def find_class(self, module: str, name: str):
+        torch_value = getattr(torch, name, None) if module == "torch" else None
+        if (module, name) in _METADATA_GLOBALS or isinstance(torch_value, (torch.dtype, torch.memory_format,
+                                                                           torch.layout)):
+            return super().find_class(module, name)
+        raise StratagemError(f"checkpoint metadata asks for {module}.{name}, which a DCP checkpoint never holds; "
+                             f"the checkpoint is corrupt or not from stratagem, use a fresh --checkpoint-dir")
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """``FileSystemReader`` whose ``.metadata`` is read with :class:`_MetadataUnpickler`."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as metadata_file:
+            metadata = _MetadataUnpickler(metadata_file).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """``DefaultLoadPlanner`` loading non-tensor entries with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        value = torch.load(value, weights_only=True)
+        fqn = read_item.dest_index.fqn
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], value)
+        else:
+            self.state_dict[fqn] = value
 
 
 def step_dir(ckpt_dir: str | Path, step: int) -> Path:
@@ -100,8 +158,11 @@ def load_checkpoint(path: str | Path, chunks: list[nn.Module], optimizers: list[
     """Collective: restore model, optimizer and RNG state in place; returns the step it was saved at."""
     rank = dist.get_rank()
     state, models, optims = _state(chunks, optimizers, 0, rank)
-    dcp.load(state, checkpoint_id=str(path))  # fills the tensors of `state` (shared with models/optims)
+    reader = SafeFileSystemReader(str(path))
+    reader.read_metadata()  # DCP would wrap a refusal in CheckpointException; fail with the one-line error here
+    dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())  # fills the tensors of `state` in place
     for chunk, opt, msd, osd in zip(chunks, optimizers, models, optims):
+        osd.update({k: state["optim"][k] for k in osd})  # non-tensor entries (param_groups) were replaced
         set_model_state_dict(chunk, msd, options=_OPTIONS)
         set_optimizer_state_dict(chunk, opt, osd, options=_OPTIONS)
     torch.set_rng_state(state[f"rng.rank{rank}"])
@@ -121,6 +182,7 @@ def check_resumable(ckpt_dir: str | Path, *, model_name: str, world_size: int) -
     if meta.get("world_size") != world_size:
         raise StratagemError(f"checkpoint {latest} was written by {meta.get('world_size')} ranks but the plan "
                              f"has {world_size}; resume with the plan that wrote it")
+    SafeFileSystemReader(str(latest)).read_metadata()  # refuses metadata that is not DCP's, before any rank starts
     return latest
 
 

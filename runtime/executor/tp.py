@@ -40,7 +40,7 @@ from planner.modelspec import ModelSpec
 from planner.plan import LayerLayout
 
 SEQ = Shard(1)  # (batch, seq, hidden): dim 1 is the sequence
-_STYLES = {
+TP_STYLES = {  # style name -> factory of the torch ParallelStyle (public: the overhead profiler uses it too)
     "colwise": lambda: ColwiseParallel(),
     "rowwise": lambda: RowwiseParallel(),
     "rowwise_to_sequence": lambda: RowwiseParallel(output_layouts=SEQ),
@@ -123,4 +123,4 @@ def apply_tp(model: nn.Module, tp_mesh, styles: Mapping[str, str]) -> None:
     """Shard ``model``'s submodules in place over ``tp_mesh`` per ``styles`` (from :func:`tp_styles`)."""
     if tp_mesh.size() == 1 or not styles:
         return
-    parallelize_module(model, tp_mesh, {path: _STYLES[style]() for path, style in styles.items()})
+    parallelize_module(model, tp_mesh, {path: TP_STYLES[style]() for path, style in styles.items()})

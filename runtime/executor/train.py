@@ -99,8 +99,11 @@ def _maybe_die(step: int) -> None:
         os._exit(13)
 
 
-def write_layout_report(folder: str, rank: int, coords: dict, chunks: list[Chunk]) -> None:
-    report = {"rank": rank, "coords": coords, "chunks": [
+def write_layout_report(folder: str, rank: int, coords: dict, chunks: list[Chunk], *,
+                        rows: tuple[int, int], loss_scale: float) -> None:
+    """Per-rank JSON of what was built: chunks, placements, and the rows [start, end) of each global batch
+    this rank's dp replica trains on with its loss scale (uneven batch shares)."""
+    report = {"rank": rank, "coords": coords, "rows": list(rows), "loss_scale": loss_scale, "chunks": [
         {"stage": c.stage.index, "module_paths": c.module.layer_paths(), "tp_styles": c.tp_styles,
          "recomputed": c.recomputed, "dp_mode": c.dp_mode, "loss_parallel": c.loss_parallel,
          "params": describe_params(c.module)} for c in chunks]}
@@ -165,11 +168,12 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
         raise StratagemError(f"rank {rank} (pp={coords['pp']}) is not listed in its stages' ranks; "
                              f"the plan's rank layout is corrupt, re-plan")
     chunks = [build_chunk(plan, stage, mesh, device) for stage in mine]
-    if report_dir:
-        write_layout_report(report_dir, rank, coords, chunks)
     tr = plan.training
     rows = rows_per_replica(tr.global_batch, plan.batch_shares, dims.dp, plan.schedule.num_micro_batches)
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
+    if report_dir:
+        write_layout_report(report_dir, rank, coords, chunks, rows=replica_rows(rows, coords["dp"]),
+                            loss_scale=scale)
     scaled_loss = base_loss if scale == 1.0 else (lambda out, tgt: base_loss(out, tgt) * scale)
     runner = build_runner(chunks, kind=plan.schedule.kind, num_stages=len(plan.stages),
                           num_micro_batches=plan.schedule.num_micro_batches, loss_fn=scaled_loss,

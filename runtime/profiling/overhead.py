@@ -74,11 +74,11 @@ def _wrap(layer: nn.Module, spec: ModelSpec, path: str, mode: str) -> nn.Module:
         # runtime.executor.tp.apply_tp skips 1-rank meshes, so parallelize_module is called directly
         from torch.distributed.tensor.parallel import parallelize_module
 
-        from runtime.executor.tp import _STYLES
+        from runtime.executor.tp import TP_STYLES
         styles = _tp_styles(spec, path)
         if "" in styles:
-            return parallelize_module(layer, _mesh()["x"], _STYLES[styles[""]]())
-        parallelize_module(layer, _mesh()["x"], {k: _STYLES[v]() for k, v in styles.items()})
+            return parallelize_module(layer, _mesh()["x"], TP_STYLES[styles[""]]())
+        parallelize_module(layer, _mesh()["x"], {k: TP_STYLES[v]() for k, v in styles.items()})
     elif mode == "replicate":
         from torch.distributed._composable.replicate_with_fsdp import replicate
         replicate(layer, mesh=_mesh()["x"])

@@ -1,0 +1,68 @@
+"""Checkpoint loading never unpickles arbitrary objects: a one-rank (gloo) save/load round trip through the
+restricted reader and planner, and a planted ``.metadata`` that would run code is refused."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from planner.errors import StratagemError
+from runtime.executor.checkpoint import load_checkpoint, save_checkpoint
+
+
+@pytest.fixture()
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _model_and_optimizer(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_round_trip_through_the_restricted_loader(one_rank, tmp_path):
+    model, opt = _model_and_optimizer(0)
+    path = save_checkpoint(tmp_path / "ck", 3, [model], [opt], meta={"model": "linear", "world_size": 1})
+    other, other_opt = _model_and_optimizer(1)
+    other_opt.param_groups[0]["lr"] = 5.0
+    assert not torch.equal(other.weight, model.weight)
+    assert load_checkpoint(path, [other], [other_opt]) == 3
+    assert torch.equal(other.weight, model.weight) and torch.equal(other.bias, model.bias)
+    assert other_opt.param_groups[0]["lr"] == 1e-3       # a non-tensor entry, loaded with weights_only=True
+    state = other_opt.state[other.weight]["exp_avg"]
+    assert torch.equal(state, opt.state[model.weight]["exp_avg"])
+
+
+def test_metadata_that_would_run_code_is_refused(one_rank, tmp_path):
+    model, opt = _model_and_optimizer(0)
+    path = save_checkpoint(tmp_path / "ck", 1, [model], [opt], meta={"model": "linear", "world_size": 1})
+    (path / ".metadata").write_bytes(pickle.dumps(_RunsCode()))
+    with pytest.raises(StratagemError, match="posix.system|os.system"):
+        load_checkpoint(path, [model], [opt])
+
+
+def test_launcher_refuses_planted_metadata_before_starting(tmp_path):
+    from runtime.executor.checkpoint import COMPLETE_MARKER, META_FILE, check_resumable
+
+    folder = tmp_path / "step_000002"
+    folder.mkdir()
+    (folder / COMPLETE_MARKER).write_text("step 2\n")
+    (folder / META_FILE).write_text('{"step": 2, "model": "gpt:tiny", "world_size": 2}\n')
+    (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode()))
+    with pytest.raises(StratagemError, match="never holds"):
+        check_resumable(tmp_path, model_name="gpt:tiny", world_size=2)
