@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="share of each device's memory a plan may use, 0..1")
     p.add_argument("--time-limit", type=float, default=30.0, metavar="SECONDS",
                    help="CBC time limit per ILP, seconds; a stopped solve is reported as not optimal")
+    p.add_argument("--budget", type=float, default=600.0, metavar="SECONDS",
+                   help="wall-clock budget of the whole search, seconds; when it runs out the best plan so far "
+                        "is written and reported with its proven gap, not as optimal")
     p.add_argument("--gap", type=float, default=0.0, metavar="FRACTION",
                    help="relative optimality gap CBC may stop at (0.01 = 1 %%)")
     p.add_argument("--top-k", type=int, default=5, metavar="K", help="plans to keep (the best and its runners-up)")
@@ -122,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
     profile = _model_profile(spec, args, seq_len)
     config = SearchConfig(time_limit_s=args.time_limit, gap_rel=args.gap, top_k=args.top_k,
-                          allow=parse_allow(args.allow), memory_fraction=args.memory_fraction)
+                          allow=parse_allow(args.allow), memory_fraction=args.memory_fraction,
+                          budget_s=args.budget)
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("searching", total=None)

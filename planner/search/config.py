@@ -44,6 +44,8 @@ class SearchConfig:
             raise StratagemError(f"--memory-fraction {self.memory_fraction} must be in (0, 1]; e.g. 0.9")
         if self.time_limit_s <= 0:
             raise StratagemError(f"--time-limit {self.time_limit_s} must be positive seconds, e.g. 30")
+        if self.budget_s <= 0:
+            raise StratagemError(f"--budget {self.budget_s} must be positive seconds, e.g. 600")
 
     def allows(self, dimension: str) -> bool:
         return dimension in self.allow
