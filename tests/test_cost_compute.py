@@ -53,13 +53,31 @@ def test_overlapped_tp_comm_hides_behind_gemms():
     assert hidden.tp_comm_s == pytest.approx(max(0.0, comm - 0.01) + max(0.0, comm - 0.02))
 
 
-def test_column_parallel_output_is_regathered_for_a_replicated_neighbour():
+def test_whale_layout_changes_gather_along_the_batch():
     col = block("cls").model_copy(update={"tp_style": "column"})
     nxt = block("next")
-    t = layout_change_cost(col, nxt, "split", "replicate", node=NODE, cluster=CL, tp=2, micro_batch=2)
-    assert t == pytest.approx(1e-6 + 0.5 * 2e6 / INTRA_BW)
-    assert layout_change_cost(nxt, col, "split", "replicate", node=NODE, cluster=CL, tp=2, micro_batch=2) == 0
-    assert layout_change_cost(col, nxt, "split", "split", node=NODE, cluster=CL, tp=2, micro_batch=2) == 0
+    gather = 1e-6 + 0.5 * 2e6 / INTRA_BW   # all-gather of 2 samples x 1e6 B over 2 ranks (ring, 1 step)
+
+    def change(prev, a, b):
+        return layout_change_cost(prev, nxt, a, b, node=NODE, cluster=CL, tp=2, micro_batch=2)
+    # column-split output (sharded features) -> batch-split replica: gather forward, gather the grad backward
+    assert change(col, "split", "replicate") == pytest.approx(2 * gather)
+    # whole output -> replica: a local slice forward, an all-gather of the batch-sliced gradient backward
+    assert change(nxt, "split", "replicate") == pytest.approx(gather)
+    # replica -> split: all-gather along the batch forward, reduce-scatter (same ring volume) backward
+    assert change(nxt, "replicate", "split") == pytest.approx(2 * gather)
+    assert change(col, "split", "split") == 0 and change(nxt, "replicate", "replicate") == 0
+    assert layout_change_cost(col, nxt, "split", "replicate", node=NODE, cluster=CL, tp=1, micro_batch=2) == 0
+
+
+def test_replica_computes_a_batch_slice_under_tp():
+    layer = block("blocks.0", saved=1e9)
+    whole = _cost(layer, tp=1, style="replicate", micro_batch=1)
+    sliced = _cost(layer, tp=2, style="replicate", micro_batch=2)   # each TP rank: 1 of the 2 samples
+    assert sliced.forward_s == pytest.approx(whole.forward_s) and sliced.act_bytes == pytest.approx(1e9)
+    assert sliced.params == whole.params and sliced.tp_comm_s == 0
+    odd = _cost(layer, tp=2, style="replicate", micro_batch=3)     # the busiest rank gets ceil(3 / 2) = 2
+    assert odd.act_bytes == pytest.approx(2e9)
 
 
 def test_flash_attention_drops_scores_and_makes_selective_free():

@@ -6,6 +6,7 @@ import pytest
 from test_cost_helpers import INTRA_BW, MEM_BW, RATE, cluster, model
 
 from planner.cost import ParallelConfig, estimate
+from planner.cost.collectives import collective_time
 from planner.cost.constants import (CUDA_CONTEXT_BYTES, DDP_BUCKET_BYTES, FRAGMENTATION_FRACTION,
                                     MEMORY_BW_EFFICIENCY, OPTIMIZER_BYTES_PER_PARAM)
 from planner.errors import StratagemError
@@ -84,21 +85,31 @@ def test_more_data_parallelism_lowers_per_rank_compute():
     assert t4.step_time_s < t1.step_time_s
 
 
-def test_replicate_style_runs_the_full_layer_on_every_tp_rank():
+def test_replicate_style_is_data_parallel_inside_the_tp_group():
     m = model(2)
     split = estimate(m, CL, ParallelConfig(tp=2, micro_batch=2, num_micro_batches=1), global_batch=2)
+    single = estimate(m, CL, ParallelConfig(micro_batch=1, num_micro_batches=1), global_batch=1)
     both = {"blocks.0": "replicate", "blocks.1": "replicate"}
     repl = estimate(m, CL, ParallelConfig(tp=2, micro_batch=2, num_micro_batches=1, layout=both), global_batch=2)
     assert repl.breakdown_s["tp_comm"] == 0  # no TP collectives, no layout change between equal styles
-    assert repl.breakdown_s["forward"] == pytest.approx(2 * split.breakdown_s["forward"])  # redundant compute
+    # Whale's replica: each TP rank runs the whole layer on half the micro-batch (1 sample)
+    assert repl.breakdown_s["forward"] == pytest.approx(single.breakdown_s["forward"])
     assert repl.per_rank[0].memory.params == pytest.approx(2 * split.per_rank[0].memory.params)
+    # its gradients are averaged over dp x tp = 2 ranks although dp = 1: one all-reduce of all of them
+    grads = repl.per_rank[0].memory.grads
+    assert split.per_rank[0].dp_sync_s == 0
+    per_bucket_s = collective_time(CL, "all_reduce", DDP_BUCKET_BYTES, 2, node_type=CL.node_types[0],
+                                   spans_nodes=False, ranks_per_node=2)
+    assert repl.per_rank[0].dp_sync_s == pytest.approx(grads * per_bucket_s / DDP_BUCKET_BYTES)
     one = {"blocks.1": "replicate"}
     mixed = estimate(m, CL, ParallelConfig(tp=2, micro_batch=2, num_micro_batches=1, layout=one), global_batch=2)
-    assert mixed.per_stage[0].time_s["layout"] == 0  # a Megatron block's output is whole on every TP rank
+    # whole -> batch slice: local forward, one all-gather of the 2-sample x 1e6 B gradient backward
+    gather = 1e-6 + 0.5 * 2e6 / INTRA_BW
+    assert mixed.per_stage[0].time_s["layout"] == pytest.approx(gather)
     mixed_sp = estimate(m, CL, ParallelConfig(tp=2, micro_batch=2, num_micro_batches=1, layout=one,
                                               sequence_parallel=True), global_batch=2)
-    # sequence-sharded -> whole: one all-gather of 2 samples x 1e6 B over 2 ranks (1 step of 1 us)
-    assert mixed_sp.per_stage[0].time_s["layout"] == pytest.approx(1e-6 + 0.5 * 2e6 / INTRA_BW)
+    # sequence-sharded -> whole -> slice: one more all-gather forward
+    assert mixed_sp.per_stage[0].time_s["layout"] == pytest.approx(2 * gather)
 
 
 def test_to_predictions_is_a_valid_plan_section():

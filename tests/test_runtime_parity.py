@@ -38,6 +38,7 @@ PLANS_2 = {
     "dp2_uneven": dict(dp=2, batch_shares=[0.75, 0.25]),
     "dp2_recompute": dict(dp=2, recompute={"blocks.0": "full", "blocks.1": "selective"}),
     "whale_resnet": dict(tp=2, split=["fc"], spec="resnet:tiny-wide"),
+    "whale_resnet_replicated_fc": dict(tp=2, split=[], spec="resnet:tiny-wide"),
     "tp2_sequence_parallel": dict(tp=2, split=["embed", "head"], sequence_parallel=["blocks.0", "blocks.1", "norm"]),
     "llama_tp2_sp_mixed": dict(tp=2, split=["embed", "blocks.1", "head"], sequence_parallel=["blocks.0"],
                                spec="llama:tiny"),
@@ -100,9 +101,25 @@ def _check_parity(entry) -> None:
         assert measured[step] == pytest.approx(ref, rel=tol), (step, measured, expected)
 
 
-@pytest.mark.parametrize("name", list(PLANS_2))
+# Whale's replica runs the ResNet backbone on half the batch per TP rank, so its BatchNorm normalises with
+# half-batch statistics (as plain DP without SyncBatchNorm does): not the single-process loss. Known gap.
+BATCHNORM_SPLIT = pytest.mark.xfail(strict=True, reason="batch-split replica: per-slice BatchNorm statistics")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=BATCHNORM_SPLIT) if n.startswith("whale_resnet") else n
+                                  for n in PLANS_2])
 def test_two_rank_layouts_match_single_process(job2, name):
     _check_parity(job2[name])
+
+
+def test_whale_split_classifier_matches_replicated_classifier(job2):
+    """Whale's split classifier (class-sharded fc, parallel loss) gives the losses of the same TP2 plan with
+    the classifier replicated: both run the backbone as batch-split replicas (same BatchNorm slices)."""
+    split = final_step_losses(read_metrics(job2["whale_resnet"][1]))
+    replicated = final_step_losses(read_metrics(job2["whale_resnet_replicated_fc"][1]))
+    assert sorted(split) == sorted(replicated) == list(range(1, STEPS + 1))
+    for step in split:
+        assert split[step] == pytest.approx(replicated[step], rel=REL_TOL), (step, split, replicated)
 
 
 @pytest.mark.parametrize("name", list(PLANS_4))
@@ -128,11 +145,22 @@ def test_tp_placements_and_whale_split_classifier(job2):
     assert _param(rep, "blocks.1.mlp.fc2.weight")["placements"] == ["S(1)"]
     assert _param(rep, "embed.tok.weight")["local_shape"] == [128, 64]
     assert rep["chunks"][0]["loss_parallel"]
+    # the final norm is replicated: a Whale replica computing 4 of the 8 rows on each TP rank, and the
+    # split head all-gathers along the batch; the loss above matches the single process to 1e-5
+    assert rep["chunks"][0]["tp_styles"]["norm"] == "batch_slice" and rep["chunks"][0]["replica_rows"] == {"norm": 4}
+    assert rep["chunks"][0]["tp_styles"]["head"] == "colwise_sharded_output_from_batch"
     whale = _report(job2["whale_resnet"][2], 0)
     fc = _param(whale, "fc.weight")
     assert fc["placements"] == ["S(0)"] and fc["local_shape"][0] * 2 == fc["global_shape"][0] == 1000
     assert _param(whale, "blocks.0.conv1.weight")["type"] == "Tensor"  # the backbone stays replicated
     assert whale["chunks"][0]["loss_parallel"]
+    # Whale's replica: the backbone is data parallel inside the TP group, each TP rank computing half of
+    # the 8-sample micro-batch; the split classifier all-gathers the pooled features along the batch
+    styles = whale["chunks"][0]["tp_styles"]
+    assert styles["stem"] == "batch_slice" and styles["fc"] == "colwise_sharded_output_from_batch"
+    for rank in (0, 1):
+        rows = _report(job2["whale_resnet"][2], rank)["chunks"][0]["replica_rows"]
+        assert rows["stem"] == rows["blocks.0"] == rows["pool"] == 4
 
 
 def test_pipeline_ranks_hold_their_stages(job2):

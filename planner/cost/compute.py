@@ -18,9 +18,11 @@ its score traffic); with flash attention there are no stored scores, selective c
 flash backward recomputes QK^T itself (half of the score FLOPs, Dao et al. 2022 Alg. 4).
 
 Whale styles (Jia et al., ATC'22): ``split`` shards the layer over the TP group (Megatron layout, the
-shard at ``tp``); ``replicate`` keeps the full layer on every TP rank, which computes it on the whole
-micro-batch — redundantly, as the runtime does (``runtime/executor/tp.py`` leaves replicated modules
-untouched by ``parallelize_module``, and TP ranks share their input) — with no TP collectives.
+shard at ``tp``); ``replicate`` keeps the full layer on every TP rank and, as Whale's replica does, data-
+parallelises it INSIDE the TP group: each of the ``tp`` ranks computes (and saves activations for) a
+batch slice of ``ceil(micro_batch / tp)`` samples (the busiest rank of ``torch.tensor_split``), with no TP
+collectives; its gradients are averaged over the ``dp x tp`` group (``estimate``). Between a replicated
+(batch-sharded) and a split neighbour, the activation is re-laid-out (``layout_change_cost``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ def _shard_for(layer: LayerProfile, tp: int, style: TPStyle) -> tuple[ShardProfi
         have = ", ".join(str(s.tp) for s in layer.shards)
         raise StratagemError(f"layer {layer.path} was profiled at tp in {{{have}}}, not tp={tp}; choose one "
                              f"of those or re-profile with --tp {tp}") from None
+
+
+def replica_samples(micro_batch: int, tp: int, style: TPStyle) -> int:
+    """Samples one rank computes: a batch slice of a replicated layer under ``tp > 1`` (Whale), else all."""
+    return -(-micro_batch // tp) if style == "replicate" and tp > 1 else micro_batch
 
 
 def _interpolate(timings: list[LayerTiming], samples: float) -> tuple[float, float]:
@@ -123,7 +130,7 @@ def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, 
     (``framework.timings_scale``) multiplies every measured time (timings and overheads).
     """
     shard, split = _shard_for(layer, tp, style)
-    samples = micro_batch
+    samples = replica_samples(micro_batch, tp, style)
     sp = sequence_parallel and split and tp > 1
     rate = _achieved_flops(node, dtype)
     replicated, scores, rest = _saved_parts(shard, samples, tp, sp)
@@ -178,7 +185,8 @@ def full_saved_bytes(layer: LayerProfile, *, tp: int, style: TPStyle, sequence_p
     """Bytes the layer saves for one micro-batch with no recompute (the backward working set of full
     recompute, which re-materialises them)."""
     shard, split = _shard_for(layer, tp, style)
-    replicated, scores, rest = _saved_parts(shard, micro_batch, tp, sequence_parallel and split and tp > 1)
+    samples = replica_samples(micro_batch, tp, style)
+    replicated, scores, rest = _saved_parts(shard, samples, tp, sequence_parallel and split and tp > 1)
     return replicated + rest + (0.0 if flash_attention else scores)
 
 
@@ -188,19 +196,23 @@ def layout_change_cost(prev: LayerProfile, next: LayerProfile, prev_style: TPSty
                        tp_group_spans_nodes: bool = False) -> float:
     """Seconds per micro-batch to re-lay-out ``prev``'s output for ``next`` (Whale, Jia et al. ATC'22 §4).
 
-    0 when the styles agree or ``tp == 1``. A Megatron split layer (row-parallel end, all-reduced) leaves
-    its output whole on every TP rank, as a replicated layer does, so they chain for free. The output must
-    be re-gathered — one all-gather of the boundary activation, forward or backward — when the split side
-    is sharded: with sequence parallelism (sequence-sharded activations; a replicated neighbour needs them
-    whole forward, or whole gradients backward), or when ``prev`` is a column-parallel layer whose output
-    stays sharded (``tp_style == "column"``, e.g. a split classifier) and ``next`` is replicated.
+    0 when the styles agree or ``tp == 1``. A replicated layer under ``tp > 1`` holds a batch slice of the
+    activation (Whale's replica), a split layer the whole micro-batch:
+
+    * replicate -> split: all-gather the boundary activation along the batch (forward) and reduce-scatter
+      its gradient (backward);
+    * split -> replicate: a local slice forward — preceded by an all-gather when the split side is
+      sharded (sequence parallelism, or a column-parallel ``prev`` such as a split classifier) — and an
+      all-gather of the batch-sliced gradient backward.
     """
     del next  # the boundary tensor is prev's output
     if tp == 1 or prev_style == next_style:
         return 0.0
-    sharded_output = prev_style == "split" and prev.tp_style == "column"
-    if not (sequence_parallel or sharded_output):
-        return 0.0
-    return collective_time(cluster, "all_gather", prev.output_bytes_per_sample * micro_batch, tp, node_type=node,
-                           spans_nodes=tp_group_spans_nodes,
-                           ranks_per_node=node.devices_per_node if tp_group_spans_nodes else tp)
+    nbytes = prev.output_bytes_per_sample * micro_batch
+    coll = dict(node_type=node, spans_nodes=tp_group_spans_nodes,
+                ranks_per_node=node.devices_per_node if tp_group_spans_nodes else tp)
+    gather = collective_time(cluster, "all_gather", nbytes, tp, **coll)
+    if prev_style == "replicate":
+        return gather + collective_time(cluster, "reduce_scatter", nbytes, tp, **coll)
+    sharded_output = sequence_parallel or prev.tp_style == "column"
+    return gather * (2 if sharded_output else 1)

@@ -179,13 +179,18 @@ class _Assembler:
                                      hardware_flops=sum(k.hardware_flops for k in costs)))
         return out
 
-    def _rank_params(self, r: int) -> tuple[float, list[tuple[LayerProfile, LayerCost]]]:
-        """(parameters held by one rank of pp rank r, its (layer, cost) pairs). TP ranks of a replicated
-        layer hold identical weights and gradients, so every parameter syncs over the DP group only."""
+    def _rank_params(self, r: int) -> tuple[float, float, list[tuple[LayerProfile, LayerCost]]]:
+        """(parameters of pp rank r synced over the DP group, those synced over the ``dp x tp`` group, its
+        (layer, cost) pairs). A replicated layer under ``tp > 1`` is data-parallel inside the TP group
+        (Whale), so its gradients average over ``dp x tp``; a split layer's shard syncs over DP alone."""
         cfg = self.cfg
         pairs = [(layer, cost) for c in range(r, len(self.chunks), cfg.pp)
                  for layer, cost in zip(self.chunks[c], self.costs[c])]
-        return sum(k.params for _, k in pairs) + self._tied_copy(r), pairs
+        wide = sum(k.params for layer, k in pairs if self._batch_split(layer))
+        return sum(k.params for _, k in pairs) - wide + self._tied_copy(r), wide, pairs
+
+    def _batch_split(self, layer: LayerProfile) -> bool:
+        return self.cfg.tp > 1 and layer_style(self.cfg, layer) == "replicate"
 
     def _tied_copy(self, r: int) -> float:
         """Word-embedding copy held by the head's pp rank when tied and on another rank."""
@@ -201,8 +206,9 @@ class _Assembler:
     def build_rank(self, r: int, chunks: list[ChunkEstimate]) -> RankEstimate:
         cfg, node = self.cfg, self.node(r)
         mine = [ch for ch in chunks if ch.pp_rank == r]
-        params, pairs = self._rank_params(r)
+        params, wide, pairs = self._rank_params(r)
         dp_g = dp_group(cfg.dp, cfg.tp, node.devices_per_node)
+        dpt_g = dp_group(cfg.dp, cfg.tp, node.devices_per_node, include_tp=True)
         grad_b = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
         weight_b = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["params"]
         bwd_window = sum(ch.time_s["backward"] + ch.time_s["recompute"] for ch in mine)
@@ -211,7 +217,8 @@ class _Assembler:
         if cfg.zero_stage < 3:
             op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"
             bucket = cfg.grad_bucket_bytes
-            sync_s = dp_collective_time(self.cluster, node, op, params * grad_b, dp_g, bucket)
+            sync_s = (dp_collective_time(self.cluster, node, op, params * grad_b, dp_g, bucket)
+                      + dp_collective_time(self.cluster, node, op, wide * grad_b, dpt_g, bucket))
             if cfg.overlap_grad_reduce:
                 # the last bucket only starts when the backward ends: it is exposed whatever the overlap
                 last_s = min(dp_collective_time(self.cluster, node, op, bucket or 0.0, dp_g, bucket), sync_s)
@@ -219,44 +226,51 @@ class _Assembler:
             else:
                 exposed_s = sync_s
             if cfg.zero_stage > 0:
-                gather_s = dp_collective_time(self.cluster, node, "all_gather", params * weight_b, dp_g, bucket)
+                gather_s = (dp_collective_time(self.cluster, node, "all_gather", params * weight_b, dp_g, bucket)
+                            + dp_collective_time(self.cluster, node, "all_gather", wide * weight_b, dpt_g, bucket))
                 zero_s = max(gather_s - fwd_window, 0.0) if cfg.overlap_grad_reduce else gather_s
         else:
-            zero_s = self._zero3_s(pairs, node, dp_g, weight_b, grad_b, fwd_window + bwd_window)
+            zero_s = self._zero3_s(pairs, node, dp_g, dpt_g, weight_b, grad_b, fwd_window + bwd_window)
         return RankEstimate(pp_rank=r, node_type=node.name, microbatch_s=sum(ch.total_s for ch in mine),
                             inflight_microbatches=inflight_microbatches(cfg.schedule, cfg.pp, r, self.m,
                                                                         cfg.virtual_stages),
                             dp_sync_s=sync_s, dp_sync_exposed_s=exposed_s, zero_comm_s=zero_s,
-                            optimizer_s=self._optimizer_s(node, params) + sum(k.optimizer_s for _, k in pairs),
-                            memory=self._memory(r, node, params, pairs))
+                            optimizer_s=(self._optimizer_s(node, params, cfg.dp)
+                                         + self._optimizer_s(node, wide, cfg.dp * cfg.tp)
+                                         + sum(k.optimizer_s for _, k in pairs)),
+                            memory=self._memory(r, node, params, wide, pairs))
 
     def _zero3_s(self, pairs: list[tuple[LayerProfile, LayerCost]], node: NodeType, dp_g: GroupShape,
-                 weight_b: float, grad_b: float, window_s: float) -> float:
+                 dpt_g: GroupShape, weight_b: float, grad_b: float, window_s: float) -> float:
         """ZeRO-3 per step: per layer and micro-batch, gather the weights ``zero3_param_gathers`` times and
         reduce-scatter the gradients; with overlap only what exceeds the compute shows (``zero3.py``)."""
         spec = self.model.model
         comm = Zero3Comm(cfg=self.cfg, cluster=self.cluster, node=node, group=dp_g, weight_bytes=weight_b,
                          grad_bytes=grad_b, family=spec.family, hidden=int(spec.dims.get("hidden", 0) or 0),
-                         ffn_hidden=int(spec.dims.get("ffn_hidden", 0) or 0))
-        return comm.step_s(pairs, micro_batches=self.m, window_s=window_s)
+                         ffn_hidden=int(spec.dims.get("ffn_hidden", 0) or 0), wide_group=dpt_g)
+        wide = frozenset(layer.path for layer, _ in pairs if self._batch_split(layer))
+        return comm.step_s(pairs, micro_batches=self.m, window_s=window_s, wide_paths=wide)
 
-    def _optimizer_s(self, node: NodeType, params: float) -> float:
-        params = params / (self.cfg.dp if self.cfg.zero_stage >= 1 else 1)
+    def _optimizer_s(self, node: NodeType, params: float, shards: int) -> float:
+        """AdamW step over ``params``, sharded ``shards`` ways under ZeRO >= 1."""
+        params = params / (shards if self.cfg.zero_stage >= 1 else 1)
         if node.memory_bw_bytes_per_s:
             return params * OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
         return params * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
 
-    def _memory(self, r: int, node: NodeType, params: float, pairs: list[tuple[LayerProfile, LayerCost]]):
+    def _memory(self, r: int, node: NodeType, params: float, wide: float,
+                pairs: list[tuple[LayerProfile, LayerCost]]):
         cfg = self.cfg
-        states = [model_states_bytes(params, cfg.zero_stage, cfg.dp, self.dtype)]
+        states = [model_states_bytes(params, cfg.zero_stage, cfg.dp, self.dtype),
+                  model_states_bytes(wide, cfg.zero_stage, cfg.dp * cfg.tp, self.dtype)]
         act = sum(k.act_bytes for _, k in pairs)
         working = max([full_saved_bytes(layer, tp=cfg.tp, style=layer_style(cfg, layer),
                                         sequence_parallel=cfg.sequence_parallel, micro_batch=cfg.micro_batch,
                                         flash_attention=cfg.flash_attention)
                        for layer, _ in pairs if layer_recompute(cfg, layer) == "full"], default=0.0)
         buffers = 0.0
-        grad_bytes = params * STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
-        if cfg.zero_stage < 3 and cfg.dp > 1:
+        grad_bytes = (params + wide) * STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
+        if cfg.zero_stage < 3 and (cfg.dp > 1 or wide > 0):
             buffers += min(DDP_BUCKETS_IN_FLIGHT * (cfg.grad_bucket_bytes or grad_bytes), grad_bytes)
         if cfg.zero_stage == 3:
             buffers += ZERO3_LAYERS_IN_FLIGHT * max((k.param_bytes for _, k in pairs), default=0.0)

@@ -33,7 +33,7 @@ def tp_group(tp: int, devices_per_node: int) -> GroupShape:
 
 def dp_group(dp: int, tp: int, devices_per_node: int, *, include_tp: bool = False) -> GroupShape:
     """The DP group of one rank: ``dp`` ranks ``tp`` apart (``include_tp``: the whole ``tp * dp`` block of
-    a stage; the cost model no longer syncs anything over it — replicated layers sync over DP alone)."""
+    a stage, over which replicated layers under ``tp > 1`` — batch-split inside the TP group, Whale — sync)."""
     if include_tp:
         n = dp * tp
         return GroupShape(n_ranks=n, ranks_per_node=min(n, devices_per_node), spans_nodes=n > devices_per_node)

@@ -96,36 +96,42 @@ class Zero3Comm:
     """ZeRO-3 collectives of one rank (one instance per rank and ``estimate`` call)."""
 
     def __init__(self, *, cfg: ParallelConfig, cluster: ClusterProfile, node: NodeType, group: GroupShape,
-                 weight_bytes: float, grad_bytes: float, family: str, hidden: int, ffn_hidden: int):
+                 weight_bytes: float, grad_bytes: float, family: str, hidden: int, ffn_hidden: int,
+                 wide_group: GroupShape | None = None):
+        """``wide_group``: the ``dp x tp`` group over which batch-split replicated layers shard (Whale)."""
         self.cfg, self.cluster, self.node, self.group = cfg, cluster, node, group
+        self.wide_group = wide_group or group
         self.weight_bytes, self.grad_bytes = weight_bytes, grad_bytes
         self.family, self.hidden, self.ffn_hidden = family, hidden, ffn_hidden
 
-    def _one_s(self, op: str, nbytes: float) -> float:
-        t = _ring_s(self.cluster, self.node, op, nbytes, self.group)
+    def _one_s(self, op: str, nbytes: float, group: GroupShape | None = None) -> float:
+        group = group or self.group
+        t = _ring_s(self.cluster, self.node, op, nbytes, group)
         if self.cfg.zero3_list_collectives and t > 0:
-            t += list_collective_overhead_s(op, nbytes, self.group.n_ranks, self.node.memory_bw_bytes_per_s)
+            t += list_collective_overhead_s(op, nbytes, group.n_ranks, self.node.memory_bw_bytes_per_s)
         return t
 
-    def layer_s(self, layer: LayerProfile, cost: LayerCost) -> tuple[float, float]:
-        """(one gather of the layer's weights, its gradient reduce-scatter), seconds per micro-batch."""
+    def layer_s(self, layer: LayerProfile, cost: LayerCost, wide: bool = False) -> tuple[float, float]:
+        """(one gather of the layer's weights, its gradient reduce-scatter), seconds per micro-batch;
+        ``wide``: over the ``dp x tp`` group (a batch-split replicated layer)."""
+        g = self.wide_group if wide else self.group
         if self.cfg.zero3_granularity == "layer":
-            return (self._one_s("all_gather", cost.params * self.weight_bytes),
-                    self._one_s("reduce_scatter", cost.params * self.grad_bytes))
+            return (self._one_s("all_gather", cost.params * self.weight_bytes, g),
+                    self._one_s("reduce_scatter", cost.params * self.grad_bytes, g))
         tensors = parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden)
         share = cost.params / layer.params if layer.params else 0.0  # this rank's part (TP shards)
-        gather = sum(self._one_s("all_gather", t * share * self.weight_bytes) for t in tensors
+        gather = sum(self._one_s("all_gather", t * share * self.weight_bytes, g) for t in tensors
                      if t >= DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS)
-        scatter = sum(self._one_s("reduce_scatter", t * share * self.grad_bytes) for t in tensors)
+        scatter = sum(self._one_s("reduce_scatter", t * share * self.grad_bytes, g) for t in tensors)
         return gather, scatter
 
     def step_s(self, pairs: Sequence[tuple[LayerProfile, LayerCost]], *, micro_batches: int,
-               window_s: float) -> float:
+               window_s: float, wide_paths: frozenset[str] = frozenset()) -> float:
         """Seconds of ZeRO-3 communication the step pays on this rank (module docstring)."""
         cfg = self.cfg
         per_mb, first = 0.0, None
         for layer, k in pairs:
-            gather, scatter = self.layer_s(layer, k)
+            gather, scatter = self.layer_s(layer, k, layer.path in wide_paths)
             first = gather if first is None else first
             per_mb += cfg.zero3_param_gathers * gather + scatter
         overlap = cfg.overlap_grad_reduce if cfg.zero3_overlap is None else cfg.zero3_overlap

@@ -133,9 +133,10 @@ class CandidateCosts:
         k = self._layer_cost(layer, nt, outer.tp, opt.style, opt.recompute, outer.sequence_parallel,
                              outer.micro_batch, outer.dp, outer.zero_stage)
         node = self.cluster.node_type(nt)
+        wide = outer.tp > 1 and opt.style == "replicate"   # batch-split replica: syncs over dp x tp
         z3_mb = z3_gather = 0.0
-        if outer.zero_stage == 3:   # every parameter syncs over the dp group (estimate._zero3_s)
-            group = dp_group(outer.dp, outer.tp, node.devices_per_node)
+        if outer.zero_stage == 3:   # over the dp (or dp x tp) group (estimate._zero3_s)
+            group = dp_group(outer.dp, outer.tp, node.devices_per_node, include_tp=wide)
             per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
             coll = dict(node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node)
             z3_gather = collective_time(self.cluster, "all_gather", k.params * per["params"], group.n_ranks, **coll)
@@ -145,7 +146,7 @@ class CandidateCosts:
                               micro_batch=outer.micro_batch, flash_attention=False) if opt.recompute == "full" else 0.0
         return OptionCost(time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s, fwd_s=k.forward_s,
                           bwd_s=k.backward_s + k.recompute_s, act_bytes=k.act_bytes,
-                          params_dp=k.params,
+                          params_dp=0.0 if wide else k.params, params_dpt=k.params if wide else 0.0,
                           param_bytes=k.param_bytes, ws_bytes=ws, z3_mb_s=z3_mb, z3_gather_s=z3_gather,
                           opt_s=k.optimizer_s)
 
@@ -196,6 +197,7 @@ class CandidateCosts:
         tp, dp, zero = outer.tp, outer.dp, outer.zero_stage
         per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
         dp_g = dp_group(dp, tp, node.devices_per_node)
+        dpt_g = dp_group(dp, tp, node.devices_per_node, include_tp=True)
         op = "all_reduce" if zero == 0 else "reduce_scatter"
         bucket = ParallelConfig().grad_bucket_bytes   # the search plans with the default DDP bucket
         last_bucket_s = dp_collective_time(self.cluster, node, op, bucket or 0.0, dp_g, bucket)
@@ -203,23 +205,23 @@ class CandidateCosts:
             opt_per_param = OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
         else:
             opt_per_param = OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
-        ddp = "always" if zero < 3 and dp > 1 else "never"
+        ddp = "always" if zero < 3 and dp > 1 else ("if_replicated" if zero < 3 and tp > 1 else "never")
         return RankModel(
             capacity_bytes=node.device_memory_bytes * self.search.memory_fraction,
             state_bytes_per_param_dp=model_states_bytes(1.0, zero, dp, self.dtype).total_bytes,
-            state_bytes_per_param_dpt=0.0,
+            state_bytes_per_param_dpt=model_states_bytes(1.0, zero, dp * tp, self.dtype).total_bytes,
             reserve_factor=1.0 + FRAGMENTATION_FRACTION,
             reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
             ddp_buffer=ddp, ddp_buffer_cap_bytes=DDP_BUCKETS_IN_FLIGHT * bucket if bucket else math.inf,
             grad_bytes_per_param=per["grads"],
             zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0, pp_buffers=outer.pp > 1,
             sync_dp=concave_collective(self.cluster, node, op, dp_g, per["grads"], bucket),
-            sync_dpt=Concave(),
+            sync_dpt=concave_collective(self.cluster, node, op, dpt_g, per["grads"], bucket),
             last_bucket_s=last_bucket_s,
             gather_dp=concave_collective(self.cluster, node, "all_gather", dp_g, per["params"], bucket),
-            gather_dpt=Concave(),
+            gather_dpt=concave_collective(self.cluster, node, "all_gather", dpt_g, per["params"], bucket),
             optimizer_s_per_param_dp=opt_per_param / (dp if zero >= 1 else 1),
-            optimizer_s_per_param_dpt=0.0)
+            optimizer_s_per_param_dpt=opt_per_param / (dp * tp if zero >= 1 else 1))
 
     def _tied(self, outer: OuterChoice) -> dict[str, float]:
         """Embedding copy on the LM head's rank when tied and pp > 1 (``estimate._Assembler._tied_copy``)."""

@@ -20,7 +20,8 @@ from runtime.executor.fsdp import apply_dp
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
-from runtime.executor.tp import apply_tp, tp_styles, uses_loss_parallel
+from runtime.executor.tp import (ReplicaGradSync, apply_tp, record_replica_rows, replica_paths, tp_styles,
+                                 uses_loss_parallel)
 
 # plan dtype -> autocast compute dtype (None = fp32). Weights, gradients and AdamW state stay fp32 (the plan
 # schema: "mixed precision keeps fp32 master weights"); tf32 is fp32 with TF32 matmuls on CUDA.
@@ -36,6 +37,8 @@ class Chunk:
     tp_styles: dict[str, str] = field(default_factory=dict)
     recomputed: list[str] = field(default_factory=list)
     dp_mode: str = "none"
+    replica_sync: ReplicaGradSync | None = None   # Whale replicas under tp > 1: gradients averaged over TP
+    replica_rows: dict[str, int] = field(default_factory=dict)   # rows each replica last computed
 
     @property
     def loss_parallel(self) -> bool:
@@ -69,11 +72,15 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
     model.to(device)
     styles = tp_styles(plan.model, plan.layout, stage.module_paths) if mesh["tp"].size() > 1 else {}
     apply_tp(model, mesh["tp"], styles)
+    replicas, rows = replica_paths(styles), {}
+    record_replica_rows(model, replicas, rows)
     retie(model, plan)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
     dp_mode = apply_dp(model, mesh["dp"], zero_stage=plan.zero_stage, block_paths=blocks)
-    return Chunk(stage=stage, module=model, tp_styles=styles, recomputed=recomputed, dp_mode=dp_mode)
+    sync = ReplicaGradSync(model, mesh["tp"], replicas) if replicas else None
+    return Chunk(stage=stage, module=model, tp_styles=styles, recomputed=recomputed, dp_mode=dp_mode,
+                 replica_sync=sync, replica_rows=rows)
 
 
 def describe_params(module: nn.Module, limit: int = 0) -> dict[str, dict]:

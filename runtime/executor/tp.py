@@ -18,8 +18,21 @@ style name, and maps the names to torch.distributed.tensor.parallel styles:
 | vocab_embedding | ``RowwiseParallel(input_layouts=Replicate())`` on an embedding | Megatron VocabParallelEmbedding |
 | colwise_sharded_output(_from_sequence) | ``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)`` (input Shard(1) when fed by a sequence shard): class-sharded logits for ``loss_parallel`` | Whale's split classifier |
 
-Between top-level layers the activation is either replicated (R) or a sequence shard (S, a local
-``(batch, seq/tp, hidden)`` tensor). A sequence-parallel block takes and returns S; everything else
+| replica | nothing: a replica between replicas (its input is already a batch slice) | Whale's replica |
+| batch_slice(_from_sequence) | ``PrepareModuleInput(R (or S) -> Shard(0))``: a replica's batch slice (local) | Whale's replica |
+| gather_batch | ``PrepareModuleInput(Shard(0) -> R)``: all-gather along the batch (backward: reduce-scatter) | same |
+| batch_to_sequence | ``PrepareModuleInput(Shard(0) -> S)`` | same |
+| gather_batch_output / batch_slice_gather_output | ``PrepareModule(Input)Output``: a replica's output made whole again | same |
+| colwise_sharded_output_from_batch | as colwise_sharded_output, input Shard(0) (all-gathered) | same |
+
+Replicated layers under ``tp > 1`` are Whale's replicas: data-parallel INSIDE the TP group, each rank
+computing a batch slice (B, a local ``(batch/tp, ...)`` tensor: ``Shard(0)`` of the micro-batch); their
+gradients are averaged over the TP group by :class:`ReplicaGradSync` (and over DP by the DP wrapper).
+A replica's output is made whole (``gather_batch_output``) where it leaves the stage or the model, so
+pipeline sends and the loss see the whole micro-batch.
+
+Between top-level layers the activation is either replicated (R), a sequence shard (S, a local
+``(batch, seq/tp, hidden)`` tensor) or a batch slice (B). A sequence-parallel block takes and returns S; everything else
 takes and returns R (a split head takes either). Where neighbours disagree, R -> S is a
 ``scatter_sequence`` on the producer and S -> R a ``gather_sequence`` on the consumer, so each pipeline
 stage applies exactly the conversions of the layers it holds. The GPT embedding adds position
@@ -32,14 +45,23 @@ from collections.abc import Mapping, Sequence
 
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                               RowwiseParallel, SequenceParallel, parallelize_module)
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                               PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
 
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
 from planner.plan import LayerLayout
 
 SEQ = Shard(1)  # (batch, seq, hidden): dim 1 is the sequence
+BATCH = Shard(0)
+
+
+def _prep_in(src, dst):
+    return lambda: PrepareModuleInput(input_layouts=(src,), desired_input_layouts=(dst,), use_local_output=True)
 TP_STYLES = {  # style name -> factory of the torch ParallelStyle (public: the overhead profiler uses it too)
     "colwise": lambda: ColwiseParallel(),
     "rowwise": lambda: RowwiseParallel(),
@@ -54,7 +76,22 @@ TP_STYLES = {  # style name -> factory of the torch ParallelStyle (public: the o
     "colwise_sharded_output": lambda: ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
     "colwise_sharded_output_from_sequence": lambda: ColwiseParallel(input_layouts=SEQ, output_layouts=Shard(-1),
                                                                     use_local_output=False),
+    "colwise_sharded_output_from_batch": lambda: ColwiseParallel(input_layouts=BATCH, output_layouts=Shard(-1),
+                                                                 use_local_output=False),
+    "replica": None,   # a replica fed a batch slice and feeding one: nothing to apply (ReplicaGradSync)
+    "batch_slice": _prep_in(Replicate(), BATCH),
+    "batch_slice_from_sequence": _prep_in(SEQ, BATCH),
+    "gather_batch": _prep_in(BATCH, Replicate()),
+    "batch_to_sequence": _prep_in(BATCH, SEQ),
+    "gather_batch_output": lambda: PrepareModuleOutput(output_layouts=(BATCH,), desired_output_layouts=(Replicate(),),
+                                                       use_local_output=True),
+    "batch_slice_gather_output": lambda: PrepareModuleInputOutput(
+        input_layouts=(Replicate(),), desired_input_layouts=(BATCH,), use_local_input=True,
+        output_layouts=(BATCH,), desired_output_layouts=(Replicate(),), use_local_output=True),
 }
+_INTO_BATCH = {"R": "batch_slice", "S": "batch_slice_from_sequence"}
+_FROM_BATCH = {"R": "gather_batch", "S": "batch_to_sequence"}
+_REPLICA_STYLES = ("replica", "batch_slice", "batch_slice_from_sequence", "gather_batch_output", "batch_slice_gather_output")
 
 
 def _join(path: str, rel: str) -> str:
@@ -98,20 +135,99 @@ def tp_styles(spec: ModelSpec, layout: Mapping[str, LayerLayout], paths: Sequenc
     from runtime.models import layer_paths
 
     plan: dict[str, str] = {}
+    keep = tuple(paths)
+    order = list(layer_paths(spec))
     prev_out, prev_path = "R", None
-    for path in layer_paths(spec):
+    for n, path in enumerate(order):
         lay = layout.get(path)
         split = lay is not None and lay.style == "split"
-        styles, want, out = _layer_styles(spec, path, bool(split and lay.sequence_parallel), prev_out) \
-            if split else ({}, "R", "R")
+        if prev_out == "B" and prev_path not in keep:
+            prev_out = "R"   # the other stage made its replica's output whole before sending it
+        if not split:
+            _replica(plan, path, prev_out, last=n + 1 == len(order) or path in keep and order[n + 1] not in keep)
+            prev_out, prev_path = ("R" if plan[path].endswith("output") else "B"), path
+            continue
+        styles, want, out = _layer_styles(spec, path, bool(lay.sequence_parallel), prev_out)
         if prev_out == "R" and want == "S" and prev_path is not None:
             plan[prev_path] = "scatter_sequence"
         elif prev_out == "S" and want == "R":
             styles[path] = "gather_sequence"
+        elif prev_out == "B":
+            _from_batch(styles, path, want)
         plan.update(styles)
         prev_out, prev_path = out, path
-    keep = tuple(paths)
     return {k: v for k, v in plan.items() if any(k == p or k.startswith(p + ".") for p in keep)}
+
+
+def _replica(plan: dict[str, str], path: str, incoming: str, *, last: bool) -> None:
+    """Styles of a replicated layer (Whale's replica): slice its input along the batch unless it already is
+    a batch slice; make its output whole when it is the last layer of its stage or of the model."""
+    if incoming == "C":
+        raise StratagemError(f"layer {path} is replicated after a split classifier's class-sharded output; "
+                             f"split {path} too or re-plan")
+    if incoming == "B":
+        plan[path] = "gather_batch_output" if last else "replica"
+        return
+    if last:
+        if incoming != "R":
+            raise StratagemError(f"layer {path}: a sequence-sharded input into a stage's last replicated layer is "
+                                 f"not supported; split {path} or re-plan")
+        plan[path] = "batch_slice_gather_output"
+        return
+    plan[path] = _INTO_BATCH[incoming]
+
+
+def _from_batch(styles: dict[str, str], path: str, want: str) -> None:
+    """Feed a split layer from a batch slice: all-gather along the batch (or into a sequence shard)."""
+    own = styles.get(path)
+    if own == "colwise_sharded_output":
+        styles[path] = "colwise_sharded_output_from_batch"
+    elif own is None:
+        styles[path] = _FROM_BATCH[want]
+    else:
+        raise StratagemError(f"layer {path} ({own}) cannot take a replicated neighbour's batch slice; "
+                             f"replicate or split both")
+
+
+def replica_paths(styles: Mapping[str, str]) -> list[str]:
+    """Top-level layers run as batch-sliced replicas (their gradients sync over the TP group)."""
+    return [p for p, v in styles.items() if v in _REPLICA_STYLES]
+
+
+class ReplicaGradSync:
+    """Average the gradients of replica parameters over the TP group (Whale: data parallel inside it).
+
+    Call after the backward (and the DP wrapper's own reduction), before the optimizer step. Collectives
+    run on the TP process group, bounded by the process group's timeout (``init_distributed``).
+    """
+
+    def __init__(self, module: nn.Module, tp_mesh, paths: Sequence[str]):
+        self.group, self.size = tp_mesh.get_group(), tp_mesh.size()
+        self.params = [p for name, p in module.named_parameters()
+                       if any(_clean(name) == q or _clean(name).startswith(q + ".") for q in paths)]
+
+    def sync(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                continue
+            local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(local, op=dist.ReduceOp.SUM, group=self.group)
+            local.div_(self.size)
+
+
+def _clean(name: str) -> str:
+    return name.replace("_checkpoint_wrapped_module.", "")
+
+
+def record_replica_rows(module: nn.Module, paths: Sequence[str], seen: dict[str, int]) -> None:
+    """Forward pre-hooks (after the slicing hook) recording the batch rows each replica computes."""
+    for path in paths:
+        sub = module.get_submodule(path)
+
+        def hook(_mod, args, path=path):
+            if args and isinstance(args[0], torch.Tensor):
+                seen[path] = int(args[0].shape[0])
+        sub.register_forward_pre_hook(hook)
 
 
 def uses_loss_parallel(styles: Mapping[str, str]) -> bool:
@@ -123,4 +239,6 @@ def apply_tp(model: nn.Module, tp_mesh, styles: Mapping[str, str]) -> None:
     """Shard ``model``'s submodules in place over ``tp_mesh`` per ``styles`` (from :func:`tp_styles`)."""
     if tp_mesh.size() == 1 or not styles:
         return
-    parallelize_module(model, tp_mesh, {path: TP_STYLES[style]() for path, style in styles.items()})
+    plan = {path: TP_STYLES[style]() for path, style in styles.items() if TP_STYLES[style] is not None}
+    if plan:
+        parallelize_module(model, tp_mesh, plan)

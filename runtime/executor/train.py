@@ -106,6 +106,7 @@ def write_layout_report(folder: str, rank: int, coords: dict, chunks: list[Chunk
     report = {"rank": rank, "coords": coords, "rows": list(rows), "loss_scale": loss_scale, "chunks": [
         {"stage": c.stage.index, "module_paths": c.module.layer_paths(), "tp_styles": c.tp_styles,
          "recomputed": c.recomputed, "dp_mode": c.dp_mode, "loss_parallel": c.loss_parallel,
+         "replica_rows": dict(c.replica_rows),
          "params": describe_params(c.module)} for c in chunks]}
     atomic_write_text(Path(folder) / f"rank{rank}.json", json.dumps(report, indent=1) + "\n")
 
@@ -144,6 +145,7 @@ class Job:
     rows: tuple[int, int]
     tied: TiedGradSync | None = None
     memory_baseline_bytes: int = 0
+    loss_scale: float = 1.0
 
     @property
     def modules(self) -> list[torch.nn.Module]:
@@ -184,7 +186,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
                            for c in chunks],
                data=build_data_source(plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len,
                                       seed=tr.seed),
-               rows=replica_rows(rows, coords["dp"]), memory_baseline_bytes=baseline,
+               rows=replica_rows(rows, coords["dp"]), memory_baseline_bytes=baseline, loss_scale=scale,
                tied=build_tied_sync(plan, dims, coords, [c.module for c in chunks]))
 
 
@@ -193,6 +195,9 @@ def train_step(job: Job, step: int) -> StepResult:
     batch = job.data(step).rows(*job.rows).to(job.device)
     t0 = time.perf_counter()
     losses = job.runner.step(batch)
+    for chunk in job.chunks:
+        if chunk.replica_sync is not None:
+            chunk.replica_sync.sync()
     if job.tied is not None:
         job.tied.sync()
     for opt in job.optimizers:
@@ -231,6 +236,8 @@ def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metr
                      peak_memory_bytes=res.peak_memory_bytes, peak_rss_bytes=res.peak_rss_bytes)
         if rank == 0:
             log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)
+        if report_dir and step == first:   # again, with the rows each replica computed in a real step
+            write_layout_report(report_dir, rank, job.coords, job.chunks, rows=job.rows, loss_scale=job.loss_scale)
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
             save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers,
                             meta={"model": plan.model.name, "world_size": dist.get_world_size(),
