@@ -106,23 +106,28 @@ def test_tp_styles_follow_the_plan_layout():
     layout = {"blocks.0": LayerLayout(style="split"), "head": LayerLayout(style="split"),
               "blocks.1": LayerLayout(style="replicate")}
     styles = tp_styles(GPT, layout, ["blocks.0", "blocks.1", "norm", "head"])
+    # Whale replicas (blocks.1, norm) run a batch slice: R -> B is a local slice on blocks.1, norm stays on
+    # the slice, and the split head all-gathers the batch inside its ColwiseParallel (B -> R).
     assert styles == {"blocks.0.attn.qkv": "colwise", "blocks.0.attn.proj": "rowwise",
                       "blocks.0.mlp.fc1": "colwise", "blocks.0.mlp.fc2": "rowwise",
-                      "head": "colwise_sharded_output"}
+                      "blocks.1": "batch_slice", "norm": "replica",
+                      "head": "colwise_sharded_output_from_batch"}
 
 
 
 def test_sequence_parallel_styles_convert_at_layer_boundaries():
-    # blocks.0 sequence-parallel between replicated neighbours: the embedding's output is sliced to a
-    # sequence shard (R -> S) and blocks.1 gathers it back (S -> R); inside the block the norms run on the
-    # shard, the colwise Linears' parents all-gather and the rowwise Linears reduce-scatter.
+    # blocks.0 sequence-parallel between Whale replicas: the replicated embedding runs a batch slice (B),
+    # blocks.0 turns it into a sequence shard (B -> S) and blocks.1 back into a batch slice (S -> B); inside
+    # the block the norms run on the shard, the colwise Linears' parents all-gather and the rowwise Linears
+    # reduce-scatter; the replicated head gathers the batch back for the loss.
     layout = {"blocks.0": LayerLayout(style="split", sequence_parallel=True)}
     styles = tp_styles(GPT, layout, layer_paths(GPT))
-    assert styles == {"embed": "scatter_sequence", "blocks.0.ln1": "sequence_parallel",
+    assert styles == {"embed": "batch_slice", "blocks.0.ln1": "sequence_parallel",
                       "blocks.0.attn": "gather_sequence", "blocks.0.attn.qkv": "colwise",
                       "blocks.0.attn.proj": "rowwise_to_sequence", "blocks.0.ln2": "sequence_parallel",
                       "blocks.0.mlp": "gather_sequence", "blocks.0.mlp.fc1": "colwise",
-                      "blocks.0.mlp.fc2": "rowwise_to_sequence", "blocks.1": "gather_sequence"}
+                      "blocks.0.mlp.fc2": "rowwise_to_sequence", "blocks.0": "batch_to_sequence",
+                      "blocks.1": "batch_slice_from_sequence", "norm": "replica", "head": "gather_batch_output"}
     # a split head fed by a sequence-parallel norm gathers inside its own ColwiseParallel
     layout = {"norm": LayerLayout(style="split", sequence_parallel=True), "head": LayerLayout(style="split")}
     assert tp_styles(GPT, layout, ["norm", "head"]) == {
@@ -145,7 +150,7 @@ def test_dry_run_describes_every_rank():
     lines = describe_ranks(plan)
     assert len(lines) == 4
     assert lines[3].startswith("rank 3 (pp 1, dp 0, tp 1): stage 1 [norm, head]")  # 5 layers -> 3 + 2
-    assert "head=colwise_sharded_output +loss_parallel" in lines[3]
+    assert "norm=batch_slice, head=colwise_sharded_output_from_batch +loss_parallel" in lines[3]
     assert "blocks.0.attn.qkv=colwise" in lines[0]
 
 
