@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.models.dims import GPTDims
-from runtime.models.layered import LayeredModel, blocks_dict
+from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -143,17 +143,9 @@ def build_gpt_layer(dims: GPTDims, path: str, tp: int = 1) -> nn.Module:
 
 
 def gpt_paths(dims: GPTDims) -> list[str]:
-    return ["embed", *(f"blocks.{i}" for i in range(dims.layers)), "norm", "head"]
+    return decoder_paths(dims.layers)
 
 
 def build_gpt(dims: GPTDims) -> LayeredModel:
     """The whole GPT; the head shares the token embedding's weight when ``tie_embeddings``."""
-    model = LayeredModel({
-        "embed": build_gpt_layer(dims, "embed"),
-        "blocks": blocks_dict([Block(dims) for _ in range(dims.layers)]),
-        "norm": build_gpt_layer(dims, "norm"),
-        "head": build_gpt_layer(dims, "head"),
-    }, tie_embeddings=dims.tie_embeddings)
-    if dims.tie_embeddings:
-        model.head.weight = model.embed.tok.weight
-    return model
+    return build_decoder(dims, build_gpt_layer)

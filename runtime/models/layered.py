@@ -55,3 +55,22 @@ class LayeredModel(nn.Module):
 def blocks_dict(blocks: list[nn.Module]) -> nn.ModuleDict:
     """``nn.ModuleDict`` keyed "0", "1", ... (so paths are ``blocks.i``)."""
     return nn.ModuleDict({str(i): block for i, block in enumerate(blocks)})
+
+
+def decoder_paths(layers: int) -> list[str]:
+    """Top-level layer paths of a decoder-only transformer (GPT, Llama), in forward order."""
+    return ["embed", *(f"blocks.{i}" for i in range(layers)), "norm", "head"]
+
+
+def build_decoder(dims, build_layer) -> LayeredModel:
+    """A whole decoder from ``build_layer(dims, path)``; the head shares the token embedding's weight when
+    ``dims.tie_embeddings``."""
+    model = LayeredModel({
+        "embed": build_layer(dims, "embed"),
+        "blocks": blocks_dict([build_layer(dims, f"blocks.{i}") for i in range(dims.layers)]),
+        "norm": build_layer(dims, "norm"),
+        "head": build_layer(dims, "head"),
+    }, tie_embeddings=dims.tie_embeddings)
+    if dims.tie_embeddings:
+        model.head.weight = model.embed.tok.weight
+    return model

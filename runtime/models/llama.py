@@ -15,7 +15,7 @@ from torch import nn
 
 from runtime.models.dims import LlamaDims
 from runtime.models.gpt import VocabShardEmbedding, causal_bias, embedding_table
-from runtime.models.layered import LayeredModel, blocks_dict
+from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
 
 RMS_EPS = 1e-5  # Meta llama ModelArgs.norm_eps
 
@@ -127,17 +127,9 @@ def build_llama_layer(dims: LlamaDims, path: str, tp: int = 1) -> nn.Module:
 
 
 def llama_paths(dims: LlamaDims) -> list[str]:
-    return ["embed", *(f"blocks.{i}" for i in range(dims.layers)), "norm", "head"]
+    return decoder_paths(dims.layers)
 
 
 def build_llama(dims: LlamaDims) -> LayeredModel:
     """The whole Llama; the head shares the token embedding's weight when ``tie_embeddings``."""
-    model = LayeredModel({
-        "embed": Embedding(dims),
-        "blocks": blocks_dict([Block(dims) for _ in range(dims.layers)]),
-        "norm": RMSNorm(dims.hidden),
-        "head": build_llama_layer(dims, "head"),
-    }, tie_embeddings=dims.tie_embeddings)
-    if dims.tie_embeddings:
-        model.head.weight = model.embed.tok.weight
-    return model
+    return build_decoder(dims, build_llama_layer)
