@@ -118,6 +118,9 @@ class Alternative(_Strict):
     peak_memory_bytes: float
     slowdown: float = Field(description="step_time_s / best step_time_s")
     choices: dict[str, int | float | str | bool]
+    proven_optimal: bool = Field(True, description="False when this candidate's own solve was stopped early "
+                                 "(its bound already showed it cannot beat the best plan): a better layout "
+                                 "for the same choices may exist")
 
 
 class SearchRecord(_Strict):

@@ -57,6 +57,17 @@ def test_pipeline_split_hand_computed():
     assert [sum(map(sum, chunk)) for chunk in assignment.counts] == [2, 1]
 
 
+def test_cutoff_prunes_a_candidate_that_cannot_beat_the_incumbent():
+    # The same program (optimum 12 s) with an incumbent of 11.9 s: nothing better exists -> cut_off with the
+    # cutoff as its proven floor; with an incumbent of 12.5 s the optimum 12 s is still found and proven.
+    tables = _tables([_layer("a", 1), _layer("b", 2), _layer("c", 3)])
+    cut = solve(build_problem(tables), CFG, cutoff_s=11.9)
+    assert cut.status == "cut_off" and cut.objective_s is None and cut.bound_s == 11.9
+    kept = solve(build_problem(tables), CFG, cutoff_s=12.5)
+    assert kept.status == "optimal" and kept.objective_s == pytest.approx(12.0, rel=1e-9)
+    assert kept.bound_s == pytest.approx(12.0, rel=1e-9)
+
+
 def test_memory_forces_recompute_hand_computed():
     # One stage, two layers; 'none' is 1 s with 10 bytes of activations, 'full' 1.5 s with 1 byte.
     costs = (OptionCost(time_s=1.0, act_bytes=10), OptionCost(time_s=1.5, act_bytes=1))

@@ -105,7 +105,8 @@ def _alternatives_table(plan: Plan):
     for col in ("#", "strategy", "step time", "slowdown", "peak memory"):
         table.add_column(col)
     for i, alt in enumerate(plan.search.top_k, start=2):
-        table.add_row(str(i), alt.summary, f"{alt.step_time_s:.4g} s", f"{alt.slowdown:.3f}x",
+        step = f"{alt.step_time_s:.4g} s" + ("" if alt.proven_optimal else " (layout not proven best)")
+        table.add_row(str(i), alt.summary, step, f"{alt.slowdown:.3f}x",
                       f"{alt.peak_memory_bytes / 2**30:.2f} GiB")
     return table
 

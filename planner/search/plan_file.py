@@ -57,7 +57,8 @@ def build_layout(candidate: Candidate) -> dict[str, LayerLayout]:
 def _alternative(c: Candidate, best_s: float) -> Alternative:
     return Alternative(summary=c.outer.summary(), step_time_s=c.step_s,
                        peak_memory_bytes=float(c.estimate.to_predictions().peak_memory_bytes),
-                       slowdown=c.step_s / best_s, choices=c.outer.choices())
+                       slowdown=c.step_s / best_s, choices=c.outer.choices(),
+                       proven_optimal=c.solve.status == "optimal")
 
 
 def build_search_record(result: SearchResult) -> SearchRecord:
@@ -73,7 +74,8 @@ def build_search_record(result: SearchResult) -> SearchRecord:
         candidates_solved=result.candidates_solved, candidates_pruned=result.candidates_pruned,
         top_k=[_alternative(c, best_s) for c in result.ranked[1:]],
         notes=(f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
-               f"{result.candidates_dominated} dominated (same time, more memory than a solved one); {proven}; "
+               f"{result.candidates_dominated} dominated (same time, more memory than a solved one), "
+               f"{result.candidates_cut_off} cut off inside CBC (cannot beat the best or enter the top k); {proven}; "
                f"runners-up are the best other candidates solved. "
                f"{result.notes}").strip())
 

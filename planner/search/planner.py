@@ -60,6 +60,7 @@ class SearchResult:
     candidates_dominated: int
     wall_time_s: float
     notes: str = ""
+    candidates_cut_off: int = 0
 
 
 def check_exact(tables: Tables, assignment: Assignment, est, outer: OuterChoice,
@@ -82,24 +83,43 @@ def check_exact(tables: Tables, assignment: Assignment, est, outer: OuterChoice,
     return estimated_s
 
 
-def _solve_candidate(costs: CandidateCosts, outer: OuterChoice, tables: Tables,
-                     config: SearchConfig) -> Candidate | SolveResult:
-    """Solve the plain program for a short while; if that does not prove optimality, rebuild it with the
-    tightening cuts (planner.search.ilp_cuts) and solve again for the remaining time limit."""
+def _solve_candidate(costs: CandidateCosts, outer: OuterChoice, tables: Tables, config: SearchConfig, *,
+                     best_s: float = math.inf, kth_s: float = math.inf) -> tuple[Candidate | None, SolveResult]:
+    """Solve one candidate's program: first the plain program for a short while, with the k-th best step
+    time found so far as CBC's cutoff (a candidate that cannot enter the top k is pruned inside CBC); then,
+    only if that did not settle it and its proven bound is still below the best plan's step time, rebuild it
+    with the tightening cuts (planner.search.ilp_cuts) and solve again with the best step time as cutoff for
+    the remaining time limit. A candidate whose bound reaches the best plan's time cannot change the answer,
+    so it is not solved further: its quick solution (if any) may still be a runner-up, marked unproven.
+
+    Returns (candidate or None, the solver result whose ``bound_s`` is the candidate's proven floor).
+    """
     quick = replace(config, time_limit_s=min(config.time_limit_s, QUICK_SOLVE_S))
     problem = build_problem(tables, cuts=False)
-    result = solve(problem, quick)
-    if result.status not in ("optimal", "infeasible") and config.time_limit_s > QUICK_SOLVE_S:
-        problem = build_problem(tables, cuts=True)
-        result = solve(problem, replace(config, time_limit_s=config.time_limit_s - QUICK_SOLVE_S))
+    result = solve(problem, quick, cutoff_s=kth_s)
+    if (result.status in ("time_limit", "feasible") and result.bound_s < best_s
+            and config.time_limit_s > QUICK_SOLVE_S):
+        second_problem = build_problem(tables, cuts=True)
+        second = solve(second_problem, replace(config, time_limit_s=config.time_limit_s - QUICK_SOLVE_S),
+                       cutoff_s=best_s)
+        if second.objective_s is not None and (result.objective_s is None
+                                                or second.objective_s <= result.objective_s):
+            problem, result = second_problem, second
+        else:   # nothing better than the best plan (or than the quick solution): keep the quick one
+            bound = max(result.bound_s, second.bound_s)
+            if result.objective_s is None:
+                result = replace(second, bound_s=bound)
+            else:
+                gap = max(0.0, (result.objective_s - bound) / result.objective_s)
+                result = replace(result, bound_s=bound, gap=gap, wall_time_s=result.wall_time_s + second.wall_time_s)
     if result.objective_s is None:
-        return result
+        return None, result
     assignment = extract_assignment(problem)
     pconfig = costs.parallel_config(outer, tables, assignment)
     est = costs.estimate(pconfig)
     step_s = check_exact(tables, assignment, est, outer, result.objective_s, result.status == "optimal")
     return Candidate(outer=outer, assignment=assignment, step_s=step_s, estimate=est, config=pconfig,
-                     solve=result)
+                     solve=result), result
 
 
 def _quick_bounded(costs: CandidateCosts, outers: list[OuterChoice]) -> list[tuple]:
@@ -134,6 +154,16 @@ def _no_plan_error(shortfall_bytes: float, n_devices: int) -> StratagemError:
         f"({shortfall_bytes:.0f} bytes) short; {fix}")
 
 
+def _global_status(best_s: float, open_bounds: list[tuple[float, str]]) -> tuple[str, float]:
+    """Optimal unless some unsettled candidate's proven floor is below the best plan's step time; then the
+    status of the weakest such candidate and the gap of the best plan to the lowest floor."""
+    below = [(b, st) for b, st in open_bounds if b < best_s * (1 - 1e-12)]
+    if not below:
+        return "optimal", 0.0
+    floor, status = min(below, key=lambda x: x[0])
+    return status, (best_s - floor) / best_s if math.isfinite(floor) else math.inf
+
+
 def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int,
                 config: SearchConfig, progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Find the fastest plan under the cost model for ``n_devices`` devices and a fixed global batch.
@@ -158,8 +188,9 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
     ranked: list[Candidate] = []
     solved_tables: dict[tuple, list[Tables]] = {}
     costs_tables: dict[int, Tables] = {}
-    counts = dict(solved=0, infeasible=0, dominated=0, refined=0)
-    shortfall, status, gap, notes = math.inf, "optimal", 0.0, ""
+    counts = dict(solved=0, infeasible=0, dominated=0, refined=0, cut_off=0)
+    shortfall, notes = math.inf, ""
+    open_bounds: list[tuple[float, str]] = []   # (proven floor, status) of candidates left unsettled
     while heap:
         bound, idx, stage, outer, tables = heapq.heappop(heap)
         if progress:
@@ -192,20 +223,24 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
             continue
         if time.perf_counter() - start > config.budget_s:
             # every unexplored candidate is >= bound: the best found is within this gap of the optimum
-            status, notes = "feasible", f"search budget of {config.budget_s} s ran out"
-            if ranked:
-                gap = max(gap, (ranked[0].step_s - bound) / ranked[0].step_s)
+            notes = f"search budget of {config.budget_s} s ran out"
+            open_bounds.append((bound, "feasible"))
             break
-        out = _solve_candidate(costs, outer, tables, config)
+        best_s = ranked[0].step_s if ranked else math.inf
+        kth_s = ranked[keep - 1].step_s if len(ranked) >= keep else math.inf
+        out, result = _solve_candidate(costs, outer, tables, config, best_s=best_s, kth_s=kth_s)
         counts["solved"] += 1
         key = (outer.tp, outer.pp, outer.dp, outer.micro_batch, outer.virtual_stages, outer.sequence_parallel,
                outer.rank_node_types)
         solved_tables.setdefault(key, []).append(tables)
-        if isinstance(out, SolveResult):
+        if result.status == "cut_off":
+            counts["cut_off"] += 1
+        elif result.status == "infeasible":
             counts["infeasible"] += 1
+        elif result.status != "optimal":
+            open_bounds.append((max(bound, result.bound_s), result.status))
+        if out is None:
             continue
-        if out.solve.status != "optimal":
-            status, gap = out.solve.status, max(gap, out.solve.gap)
         ranked = [c for c in ranked if not dominates(tables, costs_tables[id(c)])]   # keep alternatives distinct
         costs_tables[id(out)] = tables
         ranked = sorted([*ranked, out], key=lambda c: c.step_s)[:keep]
@@ -213,9 +248,11 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
         progress(total, total)
     if not ranked:
         raise _no_plan_error(shortfall, n_devices)
+    status, gap = _global_status(ranked[0].step_s, open_bounds)
     log.info("search: %d candidates, %s", len(outers), counts)
     return SearchResult(best=ranked[0], ranked=tuple(ranked), status=status, gap=gap,
                         candidates_total=len(outers), candidates_solved=counts["solved"],
                         candidates_pruned=len(outers) - counts["solved"],
                         candidates_infeasible=counts["infeasible"], candidates_dominated=counts["dominated"],
-                        wall_time_s=time.perf_counter() - start, notes=notes)
+                        wall_time_s=time.perf_counter() - start, notes=notes,
+                        candidates_cut_off=counts["cut_off"])
