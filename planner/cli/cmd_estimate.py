@@ -7,7 +7,8 @@ Example (GPT-3 175B on 1024 A100s, Megatron's configuration)::
 
 ``--gpus N`` rescales a single-type shipped cluster to ``ceil(N / devices_per_node)`` nodes; a mixed
 cluster keeps its nodes and its pipeline ranks are placed on node types in order (``--stage-node-types``
-overrides). Without ``--model-profile`` a GPT/Llama model gets the closed-form profile
+overrides; ``--replica-node-types`` puts each dp replica on a node type instead, with ``--batch-shares``
+its fraction of the global batch). Without ``--model-profile`` a GPT/Llama model gets the closed-form profile
 (``planner.gpt_profile``).
 """
 
@@ -55,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--gpus", type=int, default=None, help="GPUs to use, count (default: tp*pp*dp)")
     c.add_argument("--stage-node-types", default=None,
                    help="node type name per pipeline rank, comma-separated (mixed clusters; default: in cluster order)")
+    c.add_argument("--replica-node-types", default=None,
+                   help="node type name per dp replica, comma-separated (mixed clusters; instead of "
+                        "--stage-node-types)")
+    c.add_argument("--batch-shares", default=None,
+                   help="fraction of the global batch per dp replica, comma-separated, summing to 1 (default: equal)")
     s = p.add_argument_group("configuration")
     s.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
     s.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch")
@@ -126,19 +132,32 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
         raise StratagemError(f"tp {args.tp} x pp {args.pp} x dp {dp} = {world} but --gpus is {gpus}; make the "
                              f"degrees multiply to the GPU count")
     per_step = dp * args.micro_batch
-    if args.global_batch % per_step:
+    shares = _floats(args.batch_shares, "--batch-shares")
+    replica_types = tuple(args.replica_node_types.split(",")) if args.replica_node_types else None
+    if shares is None and args.global_batch % per_step:
         raise StratagemError(f"global batch {args.global_batch} is not a multiple of dp {dp} x micro-batch "
                              f"{args.micro_batch} = {per_step}; change --global-batch or --micro-batch")
     stage_types = tuple(args.stage_node_types.split(",")) if args.stage_node_types else None
     config = ParallelConfig(
-        tp=args.tp, pp=args.pp, dp=dp, micro_batch=args.micro_batch, num_micro_batches=args.global_batch // per_step,
+        tp=args.tp, pp=args.pp, dp=dp, micro_batch=args.micro_batch,
+        num_micro_batches=max(1, args.global_batch // per_step),
         schedule=SCHEDULE_ALIASES[args.schedule], virtual_stages=args.virtual_stages, zero_stage=args.zero,
+        replica_node_types=replica_types, batch_shares=shares,
         sequence_parallel=args.sequence_parallel, recompute=args.recompute, stage_node_types=stage_types,
         flash_attention=args.flash_attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
         overlap_tp_comm=args.overlap_tp_comm)
-    if cluster.is_mixed and stage_types is None:
+    if cluster.is_mixed and stage_types is None and replica_types is None:
         config = fill_stage_node_types(cluster, config)
     return config, gpus
+
+
+def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise StratagemError(f"{flag} {text!r} is not a comma-separated list of numbers; e.g. 0.75,0.25") from None
 
 
 def estimate_to_json(est, config: ParallelConfig) -> dict:
@@ -153,7 +172,12 @@ def estimate_to_json(est, config: ParallelConfig) -> dict:
                    "virtual_stages": config.virtual_stages, "zero_stage": config.zero_stage,
                    "recompute": config.recompute if isinstance(config.recompute, str) else dict(config.recompute),
                    "sequence_parallel": config.sequence_parallel,
-                   "stage_node_types": list(config.stage_node_types or [])},
+                   "stage_node_types": list(config.stage_node_types or []),
+                   "replica_node_types": list(config.replica_node_types or []),
+                   "batch_shares": list(config.batch_shares or [])},
+        "per_replica_type": [{"node_type": t.node_type, "replicas": list(t.replicas), "micro_batches": t.micro_batches,
+                              "batch_share_total": t.batch_share_total, "pipeline_s": t.pipeline_s,
+                              "tail_s": t.tail_s} for t in est.per_replica_type],
         "per_rank": [{"pp_rank": r.pp_rank, "node_type": r.node_type, "microbatch_s": r.microbatch_s,
                       "inflight_microbatches": r.inflight_microbatches, "dp_sync_s": r.dp_sync_s,
                       "dp_sync_exposed_s": r.dp_sync_exposed_s, "zero_comm_s": r.zero_comm_s,
@@ -194,6 +218,11 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
                       *(f"{v / gib:.2f}" for v in (mem.params, mem.grads, mem.optimizer, mem.activations,
                                                    mem.comm_buffers, mem.reserve, mem.peak_bytes, mem.capacity)))
     console.print(ranks)
+    for t in est.per_replica_type:
+        console.print(f"replicas {list(t.replicas)} on {t.node_type}: {t.micro_batches} micro-batches "
+                      f"({100 * t.batch_share_total:.1f} % of the batch), pipeline {t.pipeline_s:.4g} s, "
+                      f"tail {t.tail_s:.4g} s" + ("  [bold](critical: ranks above)[/bold]"
+                                                  if t.per_rank == est.per_rank else ""))
     if config.dp > 1:
         console.print(_algorithm_comparison(est, config, cluster))
     console.print(f"[dim]{est.flop_convention}[/dim]")

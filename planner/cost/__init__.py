@@ -12,10 +12,14 @@ Public API (stable; the search builds on it)::
     collective_time(cluster, op, bytes, n_ranks, *, node_type, spans_nodes, ranks_per_node,
                     algorithm="auto") -> float
     model_states_bytes(params_per_rank, zero_stage, dp, dtype) -> ModelStates
+    proportional_shares(cluster, node_types, global_batch, micro_batch, *, dtype) -> tuple[int, ...]
+    replica_micro_batches(config, global_batch) -> tuple[int, ...]
+    replica_sets(cluster, config, micro_batches) -> list[ReplicaSet]
 
 Rules a mirror of ``estimate`` (the ILP tables) must follow — each is documented where it is applied:
 
-- step time: formulae (P) and (S) in ``pipeline.py``; per-rank tail in ``estimate.py`` (3.);
+- step time: formulae (P) and (S) in ``pipeline.py``; per-rank tail in ``estimate.py`` (3.); with
+  ``ParallelConfig.replica_node_types``, formula (H) of ``estimate._estimate_replicas``;
 - pipeline send/recv: every boundary costs BOTH adjacent chunks one one-way transfer per micro-batch;
 - Whale ``replicate``: the full layer on the whole micro-batch on every TP rank (the runtime's
   behaviour), full weights, no TP collectives, gradients synced over the DP group only; a layout change
@@ -41,12 +45,16 @@ from planner.cost.estimate import dp_collective_time, estimate
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, layer_overhead_s, timings_scale
 from planner.cost.memory import MemoryBreakdown, ModelStates, model_states_bytes
 from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
-from planner.cost.placement import assign_chunks, dp_group, tp_group, with_gpus
-from planner.cost.records import ChunkEstimate, Estimate, RankEstimate
+from planner.cost.placement import (ReplicaSet, assign_chunks, dp_group, proportional_shares, replica_sets,
+                                    tp_group, with_gpus)
+from planner.cost.records import ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
+from planner.cost.validate import replica_micro_batches
 
 __all__ = [
     "ChunkEstimate", "Estimate", "LayerCost", "MemoryBreakdown", "ModelStates", "ParallelConfig",
-    "RankEstimate", "assign_chunks", "chunk_overhead_s", "dp_wrapper", "layer_overhead_s", "timings_scale", "collective_time", "dp_collective_time", "dp_group", "estimate",
-    "full_saved_bytes", "inflight_microbatches", "layer_cost", "layout_change_cost", "model_states_bytes",
-    "pipeline_step_time", "tp_group", "with_gpus",
+    "RankEstimate", "ReplicaSet", "ReplicaTypeEstimate", "assign_chunks", "chunk_overhead_s",
+    "collective_time", "dp_collective_time", "dp_group", "dp_wrapper", "estimate", "full_saved_bytes",
+    "inflight_microbatches", "layer_cost", "layer_overhead_s", "layout_change_cost", "model_states_bytes",
+    "pipeline_step_time", "proportional_shares", "replica_micro_batches", "replica_sets", "timings_scale",
+    "tp_group", "with_gpus",
 ]

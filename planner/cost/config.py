@@ -33,6 +33,10 @@ class ParallelConfig:
     ``stage_node_types`` names the node type of each pp rank (mixed clusters; ``None`` = the cluster's
     first node type everywhere). ``batch_shares`` is the fraction of the global batch per dp replica
     (``None`` = equal).
+    ``replica_node_types`` names the node type of each dp replica instead (all of a replica's pp and tp
+    ranks on that type; Whale's hardware-aware data parallelism, Jia et al. ATC'22 §4): replica ``j`` then
+    runs ``m_j = batch_shares[j] * global_batch / micro_batch`` micro-batches (``num_micro_batches`` is
+    not used) and ``stage_node_types`` may name at most one type (it is then ignored).
     """
 
     tp: int = 1
@@ -49,6 +53,7 @@ class ParallelConfig:
     layout: Mapping[str, TPStyle] = field(default_factory=dict)
     stage_node_types: tuple[str, ...] | None = None
     batch_shares: tuple[float, ...] | None = None
+    replica_node_types: tuple[str, ...] | None = None
     flash_attention: bool = False
     overlap_grad_reduce: bool = True
     # Hide TP collectives behind the layer's GEMMs (Megatron-Core/Transformer Engine --tp-comm-overlap).

@@ -33,6 +33,8 @@ Composition (exact formula, reproduced by the ILP; see ``pipeline.py`` for (P) a
      measured per-layer AdamW host time; 0 without measured timings).
 
    The step time adds the maximum over ranks of this tail (S).
+4. ``ParallelConfig.replica_node_types`` (dp replicas on different node types): 1.-3. per distinct type
+   with its own ``m_t``, combined by formula (H) of :func:`_estimate_replicas`.
 
 Gradients are communicated in the 16-bit compute dtype (ZeRO paper's 2-byte gradients). Tied embeddings
 on different pipeline ranks keep a copy of the word embedding on the head's rank (SC21 eq. 2 note); its
@@ -50,10 +52,10 @@ from planner.cost.constants import (DDP_BUCKETS_IN_FLIGHT, MEMORY_BW_EFFICIENCY,
                                     STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT, is_gpu)
 from planner.cost.memory import build_memory_breakdown, model_states_bytes, precision_kind
 from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
-from planner.cost.placement import (GroupShape, assign_chunks, dp_group, layer_recompute, layer_style,
-                                    rank_node_types, tp_group)
-from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate
-from planner.cost.validate import check_config, micro_batches_per_replica
+from planner.cost.placement import (GroupShape, ReplicaSet, assign_chunks, dp_group, layer_recompute,
+                                    layer_style, rank_node_types, replica_sets, tp_group)
+from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
+from planner.cost.validate import check_config, micro_batches_per_replica, replica_micro_batches
 from planner.cost.zero3 import Zero3Comm
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
 
@@ -86,15 +88,19 @@ def _timings_apply(model: ModelProfile, node: NodeType) -> bool:
 
 
 class _Assembler:
-    """Builds the chunk and rank records of one configuration (one instance per ``estimate`` call)."""
+    """Builds the chunk and rank records of one configuration (one instance per ``estimate`` call, or
+    per replica node type: ``replicas`` puts every pp rank on its type with its ``m_t`` and DP groups)."""
 
     def __init__(self, model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, dtype: str,
-                 global_batch: int):
+                 global_batch: int, replicas: ReplicaSet | None = None):
         self.model, self.cluster, self.cfg, self.dtype = model, cluster, config, dtype
-        self.global_batch = global_batch
-        self.m = micro_batches_per_replica(config, global_batch)
+        self.global_batch, self.replicas = global_batch, replicas
         self.chunks = assign_chunks(model, config)
-        self.node_names = rank_node_types(cluster, config)
+        if replicas is None:
+            self.m = micro_batches_per_replica(config, global_batch)
+            self.node_names = rank_node_types(cluster, config)
+        else:
+            self.m, self.node_names = replicas.micro_batches, [replicas.node_type] * config.pp
         self.costs: list[list[LayerCost]] = []
         self._cache: dict[tuple[str, str, str, str], LayerCost] = {}
 
@@ -130,7 +136,9 @@ class _Assembler:
         node = self.node(src)
         last = self.chunks[c][-1]
         full_bytes = last.output_bytes_per_sample * cfg.micro_batch
-        spans = (self.node_names[src] != self.node_names[dst] or cfg.dp * cfg.tp >= node.devices_per_node)
+        # a stage's ranks on this node type: dp x tp, or (replica types) count_t x tp
+        stage_ranks = (cfg.dp if self.replicas is None else len(self.replicas.replicas)) * cfg.tp
+        spans = (self.node_names[src] != self.node_names[dst] or stage_ranks >= node.devices_per_node)
         one_way = collective_time(self.cluster, "send_recv", full_bytes / cfg.tp, 2, node_type=node,
                                   spans_nodes=spans, ranks_per_node=1)
         if cfg.tp > 1 and not cfg.sequence_parallel and layer_style(cfg, last) == "split":
@@ -203,12 +211,26 @@ class _Assembler:
         style_tp = self.cfg.tp if layer_style(self.cfg, embed) == "split" else 1
         return float(embed.shard(style_tp).params)
 
+    def _dp_groups(self, node: NodeType) -> tuple[GroupShape, GroupShape]:
+        if self.replicas is not None:
+            return self.replicas.dp_group, self.replicas.dp_tp_group
+        return (dp_group(self.cfg.dp, self.cfg.tp, node.devices_per_node),
+                dp_group(self.cfg.dp, self.cfg.tp, node.devices_per_node, include_tp=True))
+
+    def _dp_s(self, node: NodeType, op: str, nbytes: float, group: GroupShape, bucket: float | None) -> float:
+        """:func:`dp_collective_time` at the slowest node type the DP group touches: a ring or tree runs at
+        its slowest link (Patarasuk & Yuan 2009); ``collective_time`` takes the node's intra-node fit and its
+        NIC share of the cluster's inter-node fit (``collectives._flat_link``), so evaluating it with each
+        type of the group and keeping the maximum picks the slower fit. One type: the rank's own node."""
+        names = self.replicas.sync_node_types if self.replicas is not None else (node.name,)
+        nodes = [node if name == node.name else self.cluster.node_type(name) for name in names]
+        return max(dp_collective_time(self.cluster, n, op, nbytes, group, bucket) for n in nodes)
+
     def build_rank(self, r: int, chunks: list[ChunkEstimate]) -> RankEstimate:
         cfg, node = self.cfg, self.node(r)
         mine = [ch for ch in chunks if ch.pp_rank == r]
         params, wide, pairs = self._rank_params(r)
-        dp_g = dp_group(cfg.dp, cfg.tp, node.devices_per_node)
-        dpt_g = dp_group(cfg.dp, cfg.tp, node.devices_per_node, include_tp=True)
+        dp_g, dpt_g = self._dp_groups(node)
         grad_b = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
         weight_b = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["params"]
         bwd_window = sum(ch.time_s["backward"] + ch.time_s["recompute"] for ch in mine)
@@ -217,17 +239,17 @@ class _Assembler:
         if cfg.zero_stage < 3:
             op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"
             bucket = cfg.grad_bucket_bytes
-            sync_s = (dp_collective_time(self.cluster, node, op, params * grad_b, dp_g, bucket)
-                      + dp_collective_time(self.cluster, node, op, wide * grad_b, dpt_g, bucket))
+            sync_s = (self._dp_s(node, op, params * grad_b, dp_g, bucket)
+                      + self._dp_s(node, op, wide * grad_b, dpt_g, bucket))
             if cfg.overlap_grad_reduce:
                 # the last bucket only starts when the backward ends: it is exposed whatever the overlap
-                last_s = min(dp_collective_time(self.cluster, node, op, bucket or 0.0, dp_g, bucket), sync_s)
+                last_s = min(self._dp_s(node, op, bucket or 0.0, dp_g, bucket), sync_s)
                 exposed_s = max(sync_s - bwd_window, last_s)
             else:
                 exposed_s = sync_s
             if cfg.zero_stage > 0:
-                gather_s = (dp_collective_time(self.cluster, node, "all_gather", params * weight_b, dp_g, bucket)
-                            + dp_collective_time(self.cluster, node, "all_gather", wide * weight_b, dpt_g, bucket))
+                gather_s = (self._dp_s(node, "all_gather", params * weight_b, dp_g, bucket)
+                            + self._dp_s(node, "all_gather", wide * weight_b, dpt_g, bucket))
                 zero_s = max(gather_s - fwd_window, 0.0) if cfg.overlap_grad_reduce else gather_s
         else:
             zero_s = self._zero3_s(pairs, node, dp_g, dpt_g, weight_b, grad_b, fwd_window + bwd_window)
@@ -284,9 +306,12 @@ class _Assembler:
                                       is_gpu=is_gpu(node.device))
 
 
-def _breakdown(chunks: list[ChunkEstimate], ranks: list[RankEstimate], pipeline_s: float, m: int) -> dict:
+def _breakdown(chunks: list[ChunkEstimate], ranks: list[RankEstimate], pipeline_s: float, m: int,
+               tail_ranks: list[RankEstimate] | None = None) -> dict:
+    """Step time by cause along the slowest rank of ``ranks`` (the bubble is the rest of ``pipeline_s``)
+    plus the tail of the rank with the largest tail among ``tail_ranks`` (default ``ranks``)."""
     slow = max(ranks, key=lambda rk: rk.microbatch_s)
-    tail = max(ranks, key=lambda rk: rk.tail_s)
+    tail = max(tail_ranks or ranks, key=lambda rk: rk.tail_s)
     mine = [ch for ch in chunks if ch.pp_rank == slow.pp_rank]
     out = {k: 0.0 for k in BREAKDOWN_KEYS}
     for key in ("forward", "backward", "recompute", "tp_comm", "pp_comm"):
@@ -300,34 +325,88 @@ def _breakdown(chunks: list[ChunkEstimate], ranks: list[RankEstimate], pipeline_
     return out
 
 
+def _evaluate(asm: _Assembler) -> tuple[list[ChunkEstimate], list[RankEstimate], float]:
+    """Chunk and rank records of one assembler and its pipeline time, formula (P)."""
+    chunks = asm.build_chunks()
+    ranks = [asm.build_rank(r, chunks) for r in range(asm.cfg.pp)]
+    return chunks, ranks, pipeline_step_time([rk.microbatch_s for rk in ranks], asm.m, asm.cfg.virtual_stages,
+                                             asm.cfg.schedule)
+
+
+def _finish(model: ModelProfile, config: ParallelConfig, global_batch: int, *, step_s: float,
+            chunks: list[ChunkEstimate], ranks: list[RankEstimate], all_ranks: list[RankEstimate],
+            peak_flops: float, breakdown_s: dict, **extra) -> Estimate:
+    """The :class:`Estimate`: FLOPs from ``chunks`` (per micro-batch, the same on every node type), memory
+    over ``all_ranks``, records ``chunks``/``ranks``."""
+    micro_batches_total = global_batch / config.micro_batch
+    model_flops = micro_batches_total * config.tp * sum(ch.model_flops for ch in chunks)
+    hardware_flops = micro_batches_total * config.tp * sum(ch.hardware_flops for ch in chunks)
+    world = config.world_size
+    return Estimate(
+        step_time_s=step_s, tokens_per_s=global_batch * model.seq_len / step_s,
+        samples_per_s=global_batch / step_s, model_tflops_per_gpu=model_flops / step_s / world / 1e12,
+        hardware_tflops_per_gpu=hardware_flops / step_s / world / 1e12,
+        mfu=model_flops / step_s / peak_flops, hfu=hardware_flops / step_s / peak_flops,
+        peak_mem_bytes=max(rk.memory.peak_bytes for rk in all_ranks),
+        fits_in_memory=all(rk.memory.peak_bytes <= rk.memory.capacity for rk in all_ranks),
+        breakdown_s=breakdown_s, per_stage=tuple(chunks), per_rank=tuple(ranks), **extra)
+
+
+def _estimate_replicas(model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *,
+                       global_batch: int, dtype: str) -> Estimate:
+    """``estimate`` with ``config.replica_node_types``: each distinct type ``t`` runs the whole pipeline on
+    its node type with its own ``m_t`` (the most micro-batches of its replicas), and
+
+        step_s = max_t pipeline_t + max_{t, r} tail_{t, r}                                        (H)
+
+    ``pipeline_t`` is (P) over type ``t``'s ``T_r`` with ``m_t``; ``tail_{t, r}`` is (3.) of the module
+    docstring with the DP collectives timed over the whole DP group (all replicas, every type) at the
+    slowest node type's link, its overlap taken against type ``t``'s own backward window. (H) is
+    conservative: every replica must finish its backward before the all-reduce completes, so the step is
+    at least ``max_t (pipeline_t + tail_t)``; (H) also charges the largest tail after the slowest pipeline
+    although a faster type's exposed sync may already run while the slower type computes. With one type
+    and equal shares (H) is (S). Memory: every (type, pp rank) with that type's capacity and ``m_t``.
+    """
+    per_type = []
+    for rs in replica_sets(cluster, config, replica_micro_batches(config, global_batch)):
+        chunks, ranks, pipeline_s = _evaluate(_Assembler(model, cluster, config, dtype, global_batch, rs))
+        per_type.append(ReplicaTypeEstimate(
+            node_type=rs.node_type, replicas=rs.replicas, micro_batches=rs.micro_batches,
+            batch_share_total=rs.batch_share_total, pipeline_s=pipeline_s, per_rank=tuple(ranks),
+            per_stage=tuple(chunks)))
+    critical = max(per_type, key=lambda t: t.pipeline_s + t.tail_s)
+    all_ranks = [rk for t in per_type for rk in t.per_rank]
+    pipeline_s = max(t.pipeline_s for t in per_type)
+    step_s = pipeline_s + max(rk.tail_s for rk in all_ranks)
+    peak_flops = sum(cluster.node_type(t).compute_for(dtype).peak_flops_per_s for t in config.replica_node_types)
+    peak_flops *= config.pp * config.tp
+    note = (f"replica node types: step = max over types of pipeline + max tail (H); per_rank/per_stage are "
+            f"{critical.node_type}'s (critical); the bubble includes waiting for slower types")
+    return _finish(model, config, global_batch, step_s=step_s, chunks=list(critical.per_stage),
+                   ranks=list(critical.per_rank), all_ranks=all_ranks, peak_flops=peak_flops,
+                   breakdown_s=_breakdown(list(critical.per_stage), list(critical.per_rank), pipeline_s,
+                                          critical.micro_batches, all_ranks),
+                   per_replica_type=tuple(per_type), notes=(note,))
+
+
 def estimate(model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int,
              dtype: str = "bf16") -> Estimate:
     """Predict one training step of ``model`` on ``cluster`` under ``config`` (pure function).
 
     Raises :class:`StratagemError` naming the fix for impossible configurations. Peak memory over the
     device capacity is reported (``fits_in_memory=False``), not raised: the search needs the number.
+    With ``config.replica_node_types`` the step is formula (H) of :func:`_estimate_replicas`.
     """
     check_config(model, cluster, config, global_batch=global_batch, dtype=dtype)
+    if config.replica_node_types is not None:
+        return _estimate_replicas(model, cluster, config, global_batch=global_batch, dtype=dtype)
     asm = _Assembler(model, cluster, config, dtype, global_batch)
-    chunks = asm.build_chunks()
-    ranks = [asm.build_rank(r, chunks) for r in range(config.pp)]
-    pipeline_s = pipeline_step_time([rk.microbatch_s for rk in ranks], asm.m, config.virtual_stages,
-                                    config.schedule)
+    chunks, ranks, pipeline_s = _evaluate(asm)
     step_s = pipeline_s + max(rk.tail_s for rk in ranks)
-    micro_batches_total = global_batch / config.micro_batch
-    model_flops = micro_batches_total * config.tp * sum(ch.model_flops for ch in chunks)
-    hardware_flops = micro_batches_total * config.tp * sum(ch.hardware_flops for ch in chunks)
     peak_flops = sum(asm.node(r).compute_for(dtype).peak_flops_per_s for r in range(config.pp))
     peak_flops *= config.dp * config.tp
-    world = config.world_size
-    peak_mem = max(rk.memory.peak_bytes for rk in ranks)
-    return Estimate(
-        step_time_s=step_s, tokens_per_s=global_batch * model.seq_len / step_s,
-        samples_per_s=global_batch / step_s, model_tflops_per_gpu=model_flops / step_s / world / 1e12,
-        hardware_tflops_per_gpu=hardware_flops / step_s / world / 1e12,
-        mfu=model_flops / step_s / peak_flops, hfu=hardware_flops / step_s / peak_flops,
-        peak_mem_bytes=peak_mem, fits_in_memory=all(rk.memory.peak_bytes <= rk.memory.capacity for rk in ranks),
-        breakdown_s=_breakdown(chunks, ranks, pipeline_s, asm.m), per_stage=tuple(chunks), per_rank=tuple(ranks))
+    return _finish(model, config, global_batch, step_s=step_s, chunks=chunks, ranks=ranks, all_ranks=ranks,
+                   peak_flops=peak_flops, breakdown_s=_breakdown(chunks, ranks, pipeline_s, asm.m))
 
 
 __all__ = ["estimate", "Estimate"]

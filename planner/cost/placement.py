@@ -162,3 +162,102 @@ def fill_stage_node_types(cluster: ClusterProfile, config: ParallelConfig) -> Pa
         free[name] -= need
         types.append(name)
     return replace(config, stage_node_types=tuple(types))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplicaSet:
+    """The dp replicas of one node type (``ParallelConfig.replica_node_types``) and the groups they sync over.
+
+    ``micro_batches`` is ``m_t``, the most any of these replicas runs; ``dp_group``/``dp_tp_group`` are the
+    shapes of the data-parallel groups (which span every replica, of every type) and ``sync_node_types`` the
+    node types those groups touch: a collective over them runs at the slowest (see :func:`replica_sets`).
+    """
+
+    node_type: str
+    replicas: tuple[int, ...]
+    micro_batches: int
+    batch_share_total: float
+    dp_group: GroupShape
+    dp_tp_group: GroupShape
+    sync_node_types: tuple[str, ...]
+
+
+def _mixed_dp_groups(cluster: ClusterProfile, config: ParallelConfig) -> tuple[GroupShape, GroupShape]:
+    """DP group shapes when the replicas sit on several node types (so on different nodes).
+
+    Replicas of type ``t`` are placed on type-``t`` nodes as in the single-type case, so its share of the
+    DP group has ``min(count_t, d_t // tp)`` ranks per node (1 when ``tp > d_t``) and of the ``dp x tp``
+    group ``min(count_t * tp, d_t)``. The group crosses nodes and is given the smallest of those per-node
+    counts: fewer ranks per node means a smaller share of the node's NICs in ``collectives._flat_link``,
+    so the time is an upper bound for the other types' nodes.
+    """
+    types = config.replica_node_types or ()
+    tp = config.tp
+    per_dp, per_dpt = [], []
+    for name in dict.fromkeys(types):
+        d, count = cluster.node_type(name).devices_per_node, types.count(name)
+        per_dp.append(max(1, min(count, d // tp)) if tp <= d else 1)
+        per_dpt.append(min(count * tp, d))
+    return (GroupShape(n_ranks=config.dp, ranks_per_node=min(per_dp), spans_nodes=True),
+            GroupShape(n_ranks=config.dp * tp, ranks_per_node=min(per_dpt), spans_nodes=True))
+
+
+def replica_sets(cluster: ClusterProfile, config: ParallelConfig,
+                 micro_batches: tuple[int, ...]) -> list[ReplicaSet]:
+    """One :class:`ReplicaSet` per distinct node type of ``config.replica_node_types`` (in order of first use).
+
+    ``micro_batches``: per replica (``validate.replica_micro_batches``). With a single type the groups are
+    exactly :func:`dp_group`'s, so the estimate equals the one without ``replica_node_types``.
+    """
+    types = config.replica_node_types or ()
+    shares = config.batch_shares or (1.0 / config.dp,) * config.dp
+    distinct = tuple(dict.fromkeys(types))
+    if len(distinct) == 1:
+        d = cluster.node_type(distinct[0]).devices_per_node
+        groups = (dp_group(config.dp, config.tp, d), dp_group(config.dp, config.tp, d, include_tp=True))
+    else:
+        groups = _mixed_dp_groups(cluster, config)
+    out = []
+    for name in distinct:
+        mine = tuple(j for j, t in enumerate(types) if t == name)
+        out.append(ReplicaSet(node_type=name, replicas=mine, micro_batches=max(micro_batches[j] for j in mine),
+                              batch_share_total=sum(shares[j] for j in mine), dp_group=groups[0],
+                              dp_tp_group=groups[1], sync_node_types=distinct))
+    return out
+
+
+def proportional_shares(cluster: ClusterProfile, node_types: list[str] | tuple[str, ...], global_batch: int,
+                        micro_batch: int, *, dtype: str) -> tuple[int, ...]:
+    """Micro-batches per dp replica proportional to its node type's achieved FLOP/s of ``dtype``.
+
+    Whale's hardware-aware balancing (Jia et al. ATC'22 §4: batch per replica proportional to device
+    speed). ``M = global_batch / micro_batch`` is split by largest remainders (Hamilton's method), every
+    replica getting at least one; ``batch_shares = counts[j] * micro_batch / global_batch``.
+
+    >>> # A100 (230.88 TFLOP/s fp16) x2 + V100 (95) x2, M = 64: ideal 22.67, 22.67, 9.33, 9.33
+    >>> # proportional_shares(mixed_a100_v100, ["dgx-a100-80g"] * 2 + ["p3.16xlarge"] * 2, 64, 1, dtype="fp16")
+    >>> # (23, 23, 9, 9)
+    """
+    if micro_batch < 1 or global_batch % micro_batch:
+        raise StratagemError(f"global batch {global_batch} is not a multiple of micro-batch {micro_batch}; "
+                             f"change --global-batch or --micro-batch")
+    total = global_batch // micro_batch
+    if not node_types or total < len(node_types):
+        raise StratagemError(f"{total} micro-batches cannot give each of {len(node_types)} replicas at least one; "
+                             f"use fewer replicas or a larger global batch")
+    speeds = []
+    for name in node_types:
+        try:
+            speeds.append(cluster.node_type(name).compute_for(dtype).achieved_flops_per_s)
+        except KeyError:
+            raise StratagemError(f"node type {name!r} of cluster {cluster.name} has no {dtype} compute figure; "
+                                 f"use a known node type and a dtype it lists") from None
+    ideal = [total * s / sum(speeds) for s in speeds]
+    counts = [max(1, math.floor(q)) for q in ideal]
+    while sum(counts) < total:  # the largest remainder first, ties to the lower index
+        j = max(range(len(counts)), key=lambda j: (ideal[j] - counts[j], -j))
+        counts[j] += 1
+    while sum(counts) > total:  # only when the floor of 1 lifted a slow replica: take from the most over
+        j = min((j for j in range(len(counts)) if counts[j] > 1), key=lambda j: (ideal[j] - counts[j], j))
+        counts[j] -= 1
+    return tuple(counts)

@@ -52,6 +52,25 @@ class RankEstimate:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ReplicaTypeEstimate:
+    """The dp replicas of one node type (``ParallelConfig.replica_node_types``): their pipeline time with
+    ``micro_batches`` (``m_t``, formula (P) of ``pipeline.py``) and their ranks, tails and memory."""
+
+    node_type: str
+    replicas: tuple[int, ...]
+    micro_batches: int
+    batch_share_total: float
+    pipeline_s: float
+    per_rank: tuple[RankEstimate, ...]
+    per_stage: tuple[ChunkEstimate, ...] = ()
+
+    @property
+    def tail_s(self) -> float:
+        """The largest per-step tail over this type's pp ranks."""
+        return max(rk.tail_s for rk in self.per_rank)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Estimate:
     """Predicted step time and memory of one configuration (all times in seconds, memory in bytes)."""
 
@@ -69,6 +88,9 @@ class Estimate:
     per_rank: tuple[RankEstimate, ...]
     flop_convention: str = FLOP_CONVENTION
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # One record per distinct replica node type when ``ParallelConfig.replica_node_types`` is set; then
+    # ``per_stage``/``per_rank`` are those of the critical type (largest pipeline_s + tail_s). Else empty.
+    per_replica_type: tuple[ReplicaTypeEstimate, ...] = ()
 
     def to_predictions(self) -> Predictions:
         """The plan file's :class:`Predictions`, one :class:`StagePrediction` per chunk."""

@@ -17,6 +17,17 @@ def micro_batches_per_replica(config: ParallelConfig, global_batch: int) -> int:
     return max(math.ceil(share * global_batch / config.micro_batch) for share in config.batch_shares)
 
 
+def replica_micro_batches(config: ParallelConfig, global_batch: int) -> tuple[int, ...]:
+    """Micro-batches of each dp replica, ``m_j = share_j * global_batch / micro_batch`` (equal shares when
+    ``batch_shares`` is None); whole numbers for configurations that pass :func:`check_config`.
+
+    >>> replica_micro_batches(ParallelConfig(dp=2, batch_shares=(0.75, 0.25)), 8)
+    (6, 2)
+    """
+    shares = config.batch_shares or (1.0 / config.dp,) * config.dp
+    return tuple(round(share * global_batch / config.micro_batch) for share in shares)
+
+
 def _check_degrees(config: ParallelConfig, cluster: ClusterProfile) -> None:
     for name in ("tp", "pp", "dp", "micro_batch", "num_micro_batches", "virtual_stages"):
         if getattr(config, name) < 1:
@@ -38,7 +49,7 @@ def _check_schedule(config: ParallelConfig) -> None:
             raise StratagemError("interleaved_1f1b needs --virtual-stages >= 2; use 1f1b for one chunk per rank")
         if config.pp < 2:
             raise StratagemError("interleaved_1f1b needs pp >= 2; use 1f1b with pp 1")
-        if config.num_micro_batches % config.pp:
+        if config.replica_node_types is None and config.num_micro_batches % config.pp:
             raise StratagemError(f"interleaved 1F1B needs the micro-batch count ({config.num_micro_batches}) to "
                                  f"be a multiple of pp={config.pp} (Megatron-LM); change --global-batch or "
                                  f"--micro-batch")
@@ -47,11 +58,61 @@ def _check_schedule(config: ParallelConfig) -> None:
                              f"--schedule interleaved_1f1b or --virtual-stages 1")
 
 
-def _check_batch(config: ParallelConfig, global_batch: int) -> None:
+def _check_shares(config: ParallelConfig) -> None:
     if config.batch_shares is not None:
         if len(config.batch_shares) != config.dp or abs(sum(config.batch_shares) - 1) > 1e-9:
             raise StratagemError(f"batch_shares needs {config.dp} fractions summing to 1, got "
-                                 f"{list(config.batch_shares)}")
+                                 f"{list(config.batch_shares)}; give one fraction per dp replica")
+
+
+def _check_replica_types(config: ParallelConfig, cluster: ClusterProfile) -> None:
+    """One known node type per dp replica, with the devices its replicas need, and no per-stage types too."""
+    types = config.replica_node_types or ()
+    if len(types) != config.dp:
+        raise StratagemError(f"replica_node_types names {len(types)} node types for dp={config.dp}; give one per "
+                             f"dp replica")
+    names = [nt.name for nt in cluster.node_types]
+    for t in types:
+        if t not in names:
+            raise StratagemError(f"replica node type {t!r} is not in cluster {cluster.name}; use one of "
+                                 f"{', '.join(names)}")
+    if config.stage_node_types and len(set(config.stage_node_types)) > 1:
+        raise StratagemError(f"stage_node_types {list(config.stage_node_types)} and replica_node_types both place "
+                             f"ranks on node types; give per-stage types or per-replica types, not both")
+    for name in dict.fromkeys(types):
+        need = types.count(name) * config.tp * config.pp
+        have = sum(g.count for g in cluster.nodes if g.node_type == name) * cluster.node_type(name).devices_per_node
+        if need > have:
+            raise StratagemError(f"{types.count(name)} dp replicas on {name} need {need} devices (x tp {config.tp} "
+                                 f"x pp {config.pp}) but the cluster has {have}; move replicas to another node type "
+                                 f"or reduce tp or pp")
+    if config.zero_stage == 3 and len(set(types)) > 1:
+        raise StratagemError("ZeRO-3 gathers weights per layer and micro-batch across all dp replicas, which "
+                             "ties replicas of different node types together; use --zero 0, 1 or 2 or one node type")
+
+
+def _check_replica_batches(config: ParallelConfig, global_batch: int) -> None:
+    """Each replica's samples ``share_j * B`` are a whole number >= 1 of micro-batches (and, interleaved, of
+    ``pp`` micro-batches: Megatron-LM's rule, as for ``num_micro_batches``)."""
+    shares = config.batch_shares or (1.0 / config.dp,) * config.dp
+    for j, share in enumerate(shares):
+        exact = share * global_batch / config.micro_batch
+        if abs(exact - round(exact)) > 1e-6 or round(exact) < 1:
+            raise StratagemError(f"dp replica {j} gets {share * global_batch:g} of the {global_batch} samples, not a "
+                                 f"whole number >= 1 of {config.micro_batch}-sample micro-batches; choose shares "
+                                 f"that are multiples of {config.micro_batch}/{global_batch}")
+        if config.schedule == "interleaved_1f1b" and round(exact) % config.pp:
+            raise StratagemError(f"interleaved 1F1B needs dp replica {j}'s {round(exact)} micro-batches to be a "
+                                 f"multiple of pp={config.pp} (Megatron-LM); change its batch share")
+
+
+def _check_batch(config: ParallelConfig, global_batch: int) -> None:
+    if config.replica_node_types is not None:
+        _check_shares(config)
+        _check_replica_batches(config, global_batch)
+        return
+    if config.batch_shares is not None:
+        _check_shares(config)
         return
     per_step = config.dp * config.micro_batch * config.num_micro_batches
     if per_step != global_batch:
@@ -95,6 +156,8 @@ def check_config(model: ModelProfile, cluster: ClusterProfile, config: ParallelC
     _check_degrees(config, cluster)
     _check_zero3(config)
     _check_schedule(config)
+    if config.replica_node_types is not None:
+        _check_replica_types(config, cluster)
     _check_batch(config, global_batch)
     _check_model(model, config)
     for nt in cluster.node_types:
