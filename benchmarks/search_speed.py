@@ -78,6 +78,18 @@ def run_mixed(config: SearchConfig) -> None:
           f" -> {on_a100} of {len(profile.layers)} layers on A100")
     print(f"  ignoring the difference       : {real.step_time_s:8.3f} s  {naive.best.outer.summary()} "
           f"(planned as all-V100, placed in cluster order; fits={real.fits_in_memory})")
+    # Whale's hardware-aware data parallelism alone (no pipeline): replicas on both types, shares by speed
+    start = time.perf_counter()
+    reps = plan_search(profile, cluster, n_devices=gpus, global_batch=batch,
+                       config=replace(config, allow=MIXED_ALLOW - {"pp"}))
+    wall_s = time.perf_counter() - start
+    even = estimate(profile, cluster, replace(reps.best.config, batch_shares=None), global_batch=batch,
+                    dtype=profile.dtype)
+    shares = {t: round(s * batch) for t, s in zip(reps.best.config.replica_node_types or (),
+                                                  reps.best.config.batch_shares or ())}
+    print(f"  dp replicas only (no pp)      : {reps.best.step_s:8.3f} s  {reps.best.outer.summary()} "
+          f"(samples per replica {shares}; search {wall_s:.2f} s, {reps.status})")
+    print(f"     same degrees, equal shares : {even.step_time_s:8.3f} s")
 
 
 def main() -> None:

@@ -150,6 +150,10 @@ class Plan(_Strict):
     zero_stage: Literal[0, 1, 2, 3] = 0
     batch_shares: list[float] | None = Field(
         None, description="fraction of the global batch per dp replica (None = equal); sums to 1")
+    replica_node_types: list[str] | None = Field(
+        None, description="node type of each dp replica when replicas run on different GPU types (Whale's "
+                          "hardware-aware data parallelism; mesh axes dp, pp, tp so that replica j is the j-th "
+                          "block of pp x tp ranks); None = the stages' node types")
     predictions: Predictions | None = None
     search: SearchRecord | None = None
     content_hash: str | None = None
@@ -165,6 +169,8 @@ class Plan(_Strict):
                 raise ValueError("batch_shares needs one entry per dp replica")
             if abs(sum(self.batch_shares) - 1.0) > 1e-9:
                 raise ValueError("batch_shares must sum to 1")
+        if self.replica_node_types is not None and len(self.replica_node_types) != self.mesh.size("dp"):
+            raise ValueError("replica_node_types needs one entry per dp replica")
         return self
 
     @property

@@ -3,7 +3,8 @@ placement and option scored by ``planner.cost.estimate`` itself, to 1e-9 relativ
 
 Instances vary the model (GPT blocks, tied or untied embeddings), the cluster (A100 nodes, the mixed
 A100 + V100 cluster, this machine's CPU profile), and the outer choice (tp, pp, dp, schedule incl.
-interleaved, micro-batching, ZeRO 0-3, sequence parallel); the memory limit is set between the leanest
+interleaved, micro-batching, ZeRO 0-3, sequence parallel, node type per pp rank or per dp replica with
+per-type micro-batch counts); the memory limit is set between the leanest
 and the fattest assignment so that it binds (and some instances have no feasible assignment at all).
 """
 
@@ -48,14 +49,19 @@ def _instance(rng: random.Random):
     return profile, cluster, config, rng.choice(outers), 8 * n_devices // 2
 
 
+def _ranks(est):
+    """Every (replica type,) pp rank of an estimate."""
+    return [rk for t in est.per_replica_type for rk in t.per_rank] if est.per_replica_type else est.per_rank
+
+
 def _brute(costs: CandidateCosts, outer, tables, capacity: dict[str, float]):
     """Every assignment scored by estimate: (best fitting step time or None, peak memories seen)."""
     best, peaks = None, []
     for choice in iter_layer_assignments(tables):
         est = costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, choice)))
-        peaks.append(max(rk.memory.peak_bytes / capacity[rk.node_type] for rk in est.per_rank))
+        peaks.append(max(rk.memory.peak_bytes / capacity[rk.node_type] for rk in _ranks(est)))
         fits = all(rk.memory.peak_bytes <= capacity[rk.node_type] * costs.search.memory_fraction
-                   for rk in est.per_rank)
+                   for rk in _ranks(est))
         if fits and (best is None or est.step_time_s < best):
             best = est.step_time_s
     return best, peaks
@@ -63,7 +69,7 @@ def _brute(costs: CandidateCosts, outer, tables, capacity: dict[str, float]):
 
 def test_ilp_equals_brute_force_under_estimate():
     rng = random.Random(4)
-    checked = feasible = infeasible = binding = 0
+    checked = feasible = infeasible = binding = replica_types = 0
     while checked < N_INSTANCES:
         profile, cluster, config, outer, global_batch = _instance(rng)
         costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
@@ -85,6 +91,7 @@ def test_ilp_equals_brute_force_under_estimate():
         problem = build_problem(tables, cuts=rng.random() < 0.5)
         result = solve(problem, costs.search)
         checked += 1
+        replica_types += outer.replica_node_types is not None
         if best is None:
             assert result.status == "infeasible", outer.summary()
             infeasible += 1
@@ -98,6 +105,7 @@ def test_ilp_equals_brute_force_under_estimate():
         binding += best > min(costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, ch)))
                               .step_time_s for ch in iter_layer_assignments(tables)) * (1 + 1e-12)
     assert feasible >= 30 and infeasible >= 3 and binding >= 5, (feasible, infeasible, binding)
+    assert replica_types >= 5, replica_types    # dp replicas on A100 and V100 with their own m_t (lanes)
 
 
 @pytest.mark.parametrize("cuts", [False, True])

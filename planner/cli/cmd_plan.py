@@ -90,13 +90,31 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     table.add_row("predicted step time", f"{pred.step_time_s:.4g} s")
     table.add_row("throughput", f"{pred.samples_per_s:.4g} samples/s, {pred.tokens_per_s:.4g} tokens/s")
     table.add_row("MFU", f"{pred.mfu * 100:.1f} % ({pred.model_tflops_per_gpu:.3g} TFLOP/s per GPU)")
+    if plan.replica_node_types:
+        shares: dict[str, list[float]] = {}
+        for t, share in zip(plan.replica_node_types, plan.batch_shares or []):
+            shares.setdefault(t, []).append(share)
+        table.add_row("dp replicas", "; ".join(
+            f"{len(v)} on {t}, {v[0] * plan.training.global_batch:g} samples each "
+            f"({v[0] * plan.training.global_batch / sched.micro_batch_size:g} micro-batches)"
+            for t, v in shares.items()))
     for sp in pred.stages:
-        table.add_row(f"stage {sp.stage} peak memory",
+        where = " (critical replica type)" if plan.replica_node_types else ""
+        table.add_row(f"stage {sp.stage} peak memory{where}",
                       f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB")
     search = plan.search
     table.add_row("search", f"{search.status}, gap {search.gap:.2g}, {search.wall_time_s:.2f} s, "
                             f"{search.candidates_solved} solved / {search.candidates_pruned} pruned")
     return table
+
+
+def _check_dtype(cluster, dtype: str) -> None:
+    """Every node type must have a throughput figure for the training dtype (V100s have no bf16)."""
+    for node in cluster.node_types:
+        have = [c.dtype for c in node.compute]
+        if dtype not in have:
+            raise StratagemError(f"node type {node.name} ({node.device}) of cluster {cluster.name} has no {dtype} "
+                                 f"throughput (has {', '.join(have)}); use --dtype with one of those")
 
 
 def _alternatives_table(plan: Plan):
@@ -125,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.family in ("gpt", "llama") else int(args.seq or 1)
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
     profile = _model_profile(spec, args, seq_len)
+    _check_dtype(cluster, profile.dtype)
     config = SearchConfig(time_limit_s=args.time_limit, gap_rel=args.gap, top_k=args.top_k,
                           allow=parse_allow(args.allow), memory_fraction=args.memory_fraction,
                           budget_s=args.budget)

@@ -10,7 +10,7 @@ differ only in pp, dp, ZeRO or schedule reuse them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cost import estimate as estimate_fn
 from planner.cost.collectives import collective_time
@@ -24,7 +24,8 @@ from planner.cost.estimate import _timings_apply, dp_collective_time   # the rul
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.memory import model_states_bytes, precision_kind
 from planner.cost.pipeline import inflight_microbatches
-from planner.cost.placement import GroupShape, dp_group, tp_group
+from planner.cost.placement import GroupShape, dp_group, replica_sets, tp_group
+from planner.cost.validate import check_config, replica_micro_batches
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
 from planner.search.config import SearchConfig
@@ -66,6 +67,18 @@ def concave_collective(cluster: ClusterProfile, node: NodeType, op: str, group: 
     return Concave(pieces=tuple(pieces))
 
 
+def _slowest(functions) -> Concave:
+    """The pointwise maximum of collective-time functions that are each one piece through 0 (bucketed
+    gradients: time linear in bytes), i.e. the steepest; the slowest link of a group spanning node types."""
+    functions = list(functions)
+    if len(functions) == 1:
+        return functions[0]
+    if any(len(f.pieces) > 1 or (f.pieces and f.pieces[0][0] != 0.0) for f in functions):
+        raise RuntimeError("the slowest of several unbucketed collectives is not a Concave; the search "
+                           "plans with bucketed gradients")
+    return max(functions, key=lambda f: f.pieces[0][1] if f.pieces else 0.0)
+
+
 def group_layers(profile: ModelProfile) -> list[list[LayerProfile]]:
     """Consecutive layers with equal signatures (identical by the profile's contract) form one group."""
     groups: list[list[LayerProfile]] = []
@@ -95,11 +108,22 @@ class CandidateCosts:
 
     # -- configuration ------------------------------------------------------------------------
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
+        if outer.replica_node_types:   # batch share of replica j: its micro-batches x micro-batch size
+            extra.update(replica_node_types=outer.replica_node_types,
+                         batch_shares=tuple(m * outer.micro_batch / self.global_batch
+                                            for m in outer.replica_micro_batches or ()))
         return ParallelConfig(tp=outer.tp, pp=outer.pp, dp=outer.dp, micro_batch=outer.micro_batch,
                               num_micro_batches=outer.num_micro_batches, schedule=outer.schedule,
                               virtual_stages=outer.virtual_stages, zero_stage=outer.zero_stage,
                               sequence_parallel=outer.sequence_parallel,
-                              stage_node_types=outer.rank_node_types, **extra)
+                              stage_node_types=None if outer.replica_node_types else outer.rank_node_types,
+                              **extra)
+
+    def _stage_ranks(self, outer: OuterChoice, nt: str) -> int:
+        """Ranks of one pipeline stage on node type ``nt``: dp x tp, or its replicas x tp (replica types)."""
+        if outer.replica_node_types:
+            return outer.replica_node_types.count(nt) * outer.tp
+        return outer.dp * outer.tp
 
     def options(self, layers: list[LayerProfile], tp: int) -> tuple[Option, ...]:
         """Recompute modes x styles allowed for this group (see the module docstring)."""
@@ -168,7 +192,7 @@ class CandidateCosts:
         """One-way transfer after a chunk ending in ``last`` (``estimate._Assembler._boundary_s``)."""
         node = self.cluster.node_type(src)
         full_bytes = last.output_bytes_per_sample * outer.micro_batch
-        spans = src != dst or outer.dp * outer.tp >= node.devices_per_node
+        spans = src != dst or self._stage_ranks(outer, src) >= node.devices_per_node
         one_way = collective_time(self.cluster, "send_recv", full_bytes / outer.tp, 2, node_type=node,
                                   spans_nodes=spans, ranks_per_node=1)
         if outer.tp > 1 and not outer.sequence_parallel and style == "split":
@@ -198,9 +222,19 @@ class CandidateCosts:
         per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
         dp_g = dp_group(dp, tp, node.devices_per_node)
         dpt_g = dp_group(dp, tp, node.devices_per_node, include_tp=True)
+        sync_nodes = [node]
+        if outer.replica_node_types:   # the dp groups span every replica, timed at the slowest type's link
+            config = self.base_config(outer)
+            rs = replica_sets(self.cluster, config, replica_micro_batches(config, self.global_batch))[0]
+            dp_g, dpt_g = rs.dp_group, rs.dp_tp_group
+            sync_nodes = [self.cluster.node_type(t) for t in rs.sync_node_types]
         op = "all_reduce" if zero == 0 else "reduce_scatter"
         bucket = ParallelConfig().grad_bucket_bytes   # the search plans with the default DDP bucket
-        last_bucket_s = dp_collective_time(self.cluster, node, op, bucket or 0.0, dp_g, bucket)
+        last_bucket_s = max(dp_collective_time(self.cluster, n, op, bucket or 0.0, dp_g, bucket) for n in sync_nodes)
+
+        def coll(op: str, group: GroupShape, bytes_per_param: float) -> Concave:
+            return _slowest(concave_collective(self.cluster, n, op, group, bytes_per_param, bucket)
+                            for n in sync_nodes)
         if node.memory_bw_bytes_per_s:
             opt_per_param = OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
         else:
@@ -215,11 +249,9 @@ class CandidateCosts:
             ddp_buffer=ddp, ddp_buffer_cap_bytes=DDP_BUCKETS_IN_FLIGHT * bucket if bucket else math.inf,
             grad_bytes_per_param=per["grads"],
             zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0, pp_buffers=outer.pp > 1,
-            sync_dp=concave_collective(self.cluster, node, op, dp_g, per["grads"], bucket),
-            sync_dpt=concave_collective(self.cluster, node, op, dpt_g, per["grads"], bucket),
+            sync_dp=coll(op, dp_g, per["grads"]), sync_dpt=coll(op, dpt_g, per["grads"]),
             last_bucket_s=last_bucket_s,
-            gather_dp=concave_collective(self.cluster, node, "all_gather", dp_g, per["params"], bucket),
-            gather_dpt=concave_collective(self.cluster, node, "all_gather", dpt_g, per["params"], bucket),
+            gather_dp=coll("all_gather", dp_g, per["params"]), gather_dpt=coll("all_gather", dpt_g, per["params"]),
             optimizer_s_per_param_dp=opt_per_param / (dp if zero >= 1 else 1),
             optimizer_s_per_param_dpt=opt_per_param / (dp * tp if zero >= 1 else 1))
 
@@ -240,25 +272,45 @@ class CandidateCosts:
     # -- public ---------------------------------------------------------------------------------
     def quick_bound_s(self, outer: OuterChoice) -> float:
         """A cheap lower bound from layer times alone (``space.lower_bound_s`` without sends, optimizer
-        or memory): (m - 1/v) max(sum t_min / pp, max t_min) + sum t_min / v."""
-        t_min = []
-        for layers in self.groups:
-            costs = [self._layer_cost(layers[0], nt, outer.tp, o.style, o.recompute, outer.sequence_parallel,
-                                      outer.micro_batch, outer.dp, outer.zero_stage)
-                     for nt in set(outer.rank_node_types) for o in self.options(layers, outer.tp)]
-            t_min.append((min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s for k in costs), len(layers)))
-        total = sum(t * size for t, size in t_min)
-        v, m = outer.virtual_stages, outer.num_micro_batches
-        return (m - 1 / v) * max(total / outer.pp, max(t for t, _ in t_min)) + total / v
+        or memory): (m - 1/v) max(sum t_min / pp, max t_min) + sum t_min / v; with replica types the
+        largest over the types (each with its own node type and m_t)."""
+        lanes = ([((t,), m) for t, _, m in outer.replica_types()] if outer.replica_node_types else
+                 [(tuple(set(outer.rank_node_types)), outer.num_micro_batches)])
+        bound = 0.0
+        for types, m in lanes:
+            t_min = []
+            for layers in self.groups:
+                costs = [self._layer_cost(layers[0], nt, outer.tp, o.style, o.recompute, outer.sequence_parallel,
+                                          outer.micro_batch, outer.dp, outer.zero_stage)
+                         for nt in types for o in self.options(layers, outer.tp)]
+                t_min.append((min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s for k in costs),
+                              len(layers)))
+            total = sum(t * size for t, size in t_min)
+            v = outer.virtual_stages
+            bound = max(bound, (m - 1 / v) * max(total / outer.pp, max(t for t, _ in t_min)) + total / v)
+        return bound
 
     def tables(self, outer: OuterChoice) -> Tables:
-        """All ILP coefficients of ``outer``."""
-        types = sorted(set(outer.rank_node_types))
+        """All ILP coefficients of ``outer`` (one lane per replica node type when replicas differ)."""
+        if outer.replica_node_types:
+            check_config(self.profile, self.cluster, self.base_config(outer), global_batch=self.global_batch,
+                         dtype=self.dtype)
+            types = [t for t, _, _ in outer.replica_types()]
+            first = self._tables(outer, types, (types[0],) * outer.pp, outer.replica_types()[0][2])
+            lanes = tuple(replace(first, rank_node_types=(t,) * outer.pp, m=m,
+                                  inflight=self._inflight(outer, m)) for t, _, m in outer.replica_types())
+            return replace(lanes[0], replica_lanes=lanes)
+        return self._tables(outer, sorted(set(outer.rank_node_types)), outer.rank_node_types,
+                            outer.num_micro_batches)
+
+    def _inflight(self, outer: OuterChoice, m: int) -> tuple[float, ...]:
+        return tuple(inflight_microbatches(outer.schedule, outer.pp, r, m, outer.virtual_stages)
+                     for r in range(outer.pp))
+
+    def _tables(self, outer: OuterChoice, types: list[str], rank_types: tuple[str, ...], m: int) -> Tables:
         groups = [self._group(layers, outer, types) for layers in self.groups]
-        return Tables(groups=tuple(groups), pp=outer.pp, v=outer.virtual_stages, m=outer.num_micro_batches,
-                      zero_stage=outer.zero_stage, rank_node_types=outer.rank_node_types,
-                      inflight=tuple(inflight_microbatches(outer.schedule, outer.pp, r, outer.num_micro_batches,
-                                                           outer.virtual_stages) for r in range(outer.pp)),
+        return Tables(groups=tuple(groups), pp=outer.pp, v=outer.virtual_stages, m=m,
+                      zero_stage=outer.zero_stage, rank_node_types=rank_types, inflight=self._inflight(outer, m),
                       ranks={nt: self._rank_model(nt, outer) for nt in types},
                       change_s=self._changes(groups, outer, types), tied_params=self._tied(outer), tied_group=0,
                       chunk_unit_s={nt: self._chunk_unit_s(nt, outer) for nt in types})

@@ -303,32 +303,66 @@ def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
     (h) memory per rank: reserve * (states(P, Q) + inflight_r * act_r + working set + buffers) + context
         <= capacity (scaled to 1); working set / ZeRO-3 buffers are maxima over present layers (presence
         binaries), the DDP bucket buffer a min(cap, gradient bytes) via a selector.
+    (j) dp replicas on several node types (``tables.lanes``): (d)-(h) once per lane t (its node type on
+        every rank, its m_t and in-flight counts; names prefixed L<t>_), W >= (m_t - 1/v) T_t + (1/v)
+        sum_r T_{t,r}, and the objective is W + Z (formula (H) of planner.cost.estimate).
     """
     prob = pulp.LpProblem("stratagem_plan", pulp.LpMinimize)
     c, st = _cumulative(prob, tables)
     n, u, rank_total = _options(prob, tables, c)
-    chunk_extra = _chunk_extras(prob, tables, st, u)
-    groups, pp = tables.groups, tables.pp
+    groups = tables.groups
     # objective unit: 1/OBJECTIVE_RESOLUTION of the layers' least total time, so that differences of a
     # few 1e-5 relative are far above CBC's absolute tolerances (its preprocessing otherwise loses them)
     scale = (max(sum(min(k.time_s for k in grp.costs[nt]) * grp.size for grp in groups)
-                 for nt in set(tables.rank_node_types)) or 1.0) / OBJECTIVE_RESOLUTION
+                 for lane in tables.lanes for nt in set(lane.rank_node_types)) or 1.0) / OBJECTIVE_RESOLUTION
     limits = _limits(tables)
     if cuts:
         add_block_cuts(prob, tables, n, rank_total, scale)
-    t_max = prob.add_variable("T", lowBound=0)
     z_max = prob.add_variable("Z", lowBound=0)
-    rank_time = []
-    for r in range(pp):
-        x = _rank_sums(tables, n, u, st, r)
-        rank_time.append((x["time"] + pulp.lpSum(chunk_extra[s] for s in range(r, tables.chunks, pp))) * (1 / scale))
-        prob += (t_max >= rank_time[r], f"f_slowest[{r}]")
-        for j, piece in enumerate(_tail(prob, tables, c, u, r, x, limits)):
-            prob += (z_max >= piece * (1 / scale), f"g_tail[{r},{j}]")
-        _memory(prob, tables, n, r, x, limits)
-    v, m = tables.v, tables.m
-    prob += (m - 1 / v) * t_max + (1 / v) * pulp.lpSum(rank_time) + z_max
+    pipelines = [_lane(prob if k == 0 else _Prefixed(prob, f"L{k}_"), lane, c, st, n, u, z_max, scale, limits)
+                 for k, lane in enumerate(tables.lanes)]
+    if len(pipelines) == 1:
+        prob += pipelines[0] + z_max
+    else:   # (j) replica types: the slowest type's pipeline, W >= pipeline_t
+        w_max = prob.add_variable("W", lowBound=0)
+        for k, pipe in enumerate(pipelines):
+            prob += (w_max >= pipe, f"j_slowest_type[{k}]")
+        prob += w_max + z_max
     return Problem(prob=prob, tables=tables, count=n, cumulative=c, objective_scale_s=scale)
+
+
+class _Prefixed:
+    """``prob`` with every new variable and constraint name prefixed (the second and later lanes)."""
+
+    def __init__(self, prob: pulp.LpProblem, prefix: str):
+        self.prob, self.prefix = prob, prefix
+
+    def add_variable(self, name: str, *args, **kwargs):
+        return self.prob.add_variable(self.prefix + name, *args, **kwargs)
+
+    def add_variable_dicts(self, name: str, *args, **kwargs):
+        return self.prob.add_variable_dicts(self.prefix + name, *args, **kwargs)
+
+    def __iadd__(self, item):
+        expr, name = item
+        self.prob += (expr, self.prefix + name)
+        return self
+
+
+def _lane(prob, lane: Tables, c: dict, st: dict, n: dict, u: dict, z_max, scale: float, limits: dict):
+    """Families (d)-(h) of one lane (its rank node types, m and in-flight micro-batches); returns its
+    pipeline term (m - 1/v) T + (1/v) sum_r T_r in objective units."""
+    chunk_extra = _chunk_extras(prob, lane, st, u)
+    t_max = prob.add_variable("T", lowBound=0)
+    rank_time = []
+    for r in range(lane.pp):
+        x = _rank_sums(lane, n, u, st, r)
+        rank_time.append((x["time"] + pulp.lpSum(chunk_extra[s] for s in range(r, lane.chunks, lane.pp))) * (1 / scale))
+        prob += (t_max >= rank_time[r], f"f_slowest[{r}]")
+        for j, piece in enumerate(_tail(prob, lane, c, u, r, x, limits)):
+            prob += (z_max >= piece * (1 / scale), f"g_tail[{r},{j}]")
+        _memory(prob, lane, n, r, x, limits)
+    return (lane.m - 1 / lane.v) * t_max + (1 / lane.v) * pulp.lpSum(rank_time)
 
 
 _BOUND = re.compile(r"^(?:Lower bound|best possible)\s*:?\s*(-?[\d.eE+-]+)", re.MULTILINE)

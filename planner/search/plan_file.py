@@ -2,6 +2,8 @@
 
 Rank layout (``planner/plan.py``): mesh axes ``pp, dp, tp`` row-major, last axis fastest, so global rank
 ``(p * dp + d) * tp + t`` and tp groups are contiguous ranks (inside a node when tp <= devices per node).
+With dp replicas on different node types the axes are ``dp, pp, tp`` (rank ``(d * pp + p) * tp + t``):
+replica ``d`` is the ``d``-th block of ``pp * tp`` ranks, i.e. on the node type the search gave it.
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.planner import Candidate, SearchResult
 
 
-def stage_ranks(pp_rank: int, *, dp: int, tp: int) -> list[int]:
-    """Global ranks of pp rank ``pp_rank`` on a row-major (pp, dp, tp) mesh.
+def stage_ranks(pp_rank: int, *, dp: int, tp: int, pp: int = 1, replicas_outer: bool = False) -> list[int]:
+    """Global ranks of pp rank ``pp_rank`` on a row-major (pp, dp, tp) mesh, or (dp, pp, tp) when
+    ``replicas_outer``.
 
     >>> stage_ranks(1, dp=2, tp=2)
     [4, 5, 6, 7]
+    >>> stage_ranks(1, dp=2, tp=2, pp=2, replicas_outer=True)
+    [2, 3, 6, 7]
     """
+    if replicas_outer:
+        return [(d * pp + pp_rank) * tp + t for d in range(dp) for t in range(tp)]
     return [(pp_rank * dp + d) * tp + t for d in range(dp) for t in range(tp)]
 
 
@@ -42,8 +49,10 @@ def build_stages(candidate: Candidate) -> list[Stage]:
         pp_rank = s % outer.pp
         recompute = {p: _recompute_of(config, p) for p in paths if _recompute_of(config, p) != "none"}
         stages.append(Stage(index=s, pp_rank=pp_rank, module_paths=list(paths),
-                            ranks=stage_ranks(pp_rank, dp=outer.dp, tp=outer.tp),
-                            node_type=outer.rank_node_types[pp_rank], recompute=recompute))
+                            ranks=stage_ranks(pp_rank, dp=outer.dp, tp=outer.tp, pp=outer.pp,
+                                              replicas_outer=outer.replica_node_types is not None),
+                            node_type=("+".join(dict.fromkeys(outer.replica_node_types)) if outer.replica_node_types
+                                       else outer.rank_node_types[pp_rank]), recompute=recompute))
     return stages
 
 
@@ -91,13 +100,15 @@ def build_plan(result: SearchResult, *, model: ModelSpec, profile: ModelProfile,
         model=model, model_profile_hash=profile.content_hash,
         cluster_name=cluster.name, cluster_hash=cluster.content_hash,
         training=training,
-        mesh=Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp]),
+        mesh=(Mesh(axes=["dp", "pp", "tp"], sizes=[outer.dp, outer.pp, outer.tp]) if outer.replica_node_types
+              else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])),
         schedule=Schedule(kind=outer.schedule, micro_batch_size=outer.micro_batch,
                           num_micro_batches=outer.num_micro_batches, virtual_stages=outer.virtual_stages),
         stages=build_stages(best),
         layout=build_layout(best),
         zero_stage=outer.zero_stage,
         batch_shares=list(best.config.batch_shares) if best.config.batch_shares else None,
+        replica_node_types=list(outer.replica_node_types) if outer.replica_node_types else None,
         predictions=best.estimate.to_predictions(),
         search=build_search_record(result),
     )

@@ -72,7 +72,11 @@ def check_exact(tables: Tables, assignment: Assignment, est, outer: OuterChoice,
     if abs(ev.step_s - estimated_s) > EXACT_REL_TOL * estimated_s:
         raise RuntimeError(f"ILP tables disagree with planner.cost.estimate for {outer.summary()}: "
                            f"{ev.step_s!r} vs {estimated_s!r} s; the search's cost decomposition is stale")
-    for r, (mine, rank) in enumerate(zip(ev.rank_mem_bytes, est.per_rank)):
+    ranks = [rk for t in est.per_replica_type for rk in t.per_rank] if est.per_replica_type else est.per_rank
+    if len(ranks) != len(ev.rank_mem_bytes):
+        raise RuntimeError(f"ILP tables have {len(ev.rank_mem_bytes)} ranks, planner.cost.estimate "
+                           f"{len(ranks)} for {outer.summary()}")
+    for r, (mine, rank) in enumerate(zip(ev.rank_mem_bytes, ranks)):
         if abs(mine - rank.memory.peak_bytes) > EXACT_REL_TOL * rank.memory.peak_bytes:
             raise RuntimeError(f"ILP memory of pp rank {r} ({mine!r} B) disagrees with planner.cost.estimate "
                                f"({rank.memory.peak_bytes!r} B) for {outer.summary()}")
@@ -134,11 +138,15 @@ def _quick_bounded(costs: CandidateCosts, outers: list[OuterChoice]) -> list[tup
     return entries
 
 
+def _key(outer: OuterChoice) -> tuple:
+    return (outer.tp, outer.pp, outer.dp, outer.micro_batch, outer.virtual_stages, outer.sequence_parallel,
+            outer.rank_node_types, outer.replica_node_types, outer.replica_micro_batches)
+
+
 def _dominated(tables: Tables, outer: OuterChoice, solved: dict) -> bool:
     """True when a solved candidate with the same degrees and micro-batching has the same time terms and
     no more memory in every term (ZeRO-1 vs ZeRO-2, GPipe vs 1F1B): its optimum is at least as good."""
-    key = (outer.tp, outer.pp, outer.dp, outer.micro_batch, outer.virtual_stages, outer.sequence_parallel,
-           outer.rank_node_types)
+    key = _key(outer)
     return any(dominates(other, tables) for other in solved.get(key, ()))
 
 
@@ -230,9 +238,7 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
         kth_s = ranked[keep - 1].step_s if len(ranked) >= keep else math.inf
         out, result = _solve_candidate(costs, outer, tables, config, best_s=best_s, kth_s=kth_s)
         counts["solved"] += 1
-        key = (outer.tp, outer.pp, outer.dp, outer.micro_batch, outer.virtual_stages, outer.sequence_parallel,
-               outer.rank_node_types)
-        solved_tables.setdefault(key, []).append(tables)
+        solved_tables.setdefault(_key(outer), []).append(tables)
         if result.status == "cut_off":
             counts["cut_off"] += 1
         elif result.status == "infeasible":

@@ -20,7 +20,13 @@ from planner.search.tables import Tables
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OuterChoice:
-    """One outer candidate. ``rank_node_types[r]`` is the node type of pp rank ``r``."""
+    """One outer candidate. ``rank_node_types[r]`` is the node type of pp rank ``r``.
+
+    Replicas on several node types (Whale's hardware-aware data parallelism): ``replica_node_types[j]`` is
+    the node type of dp replica ``j`` (all its ranks) and ``replica_micro_batches[j]`` its micro-batch count
+    (its batch share is ``replica_micro_batches[j] * micro_batch / global_batch``); then
+    ``num_micro_batches`` is the largest count and ``rank_node_types`` names the first replica's type.
+    """
 
     tp: int
     pp: int
@@ -32,20 +38,38 @@ class OuterChoice:
     zero_stage: int
     sequence_parallel: bool
     rank_node_types: tuple[str, ...]
+    replica_node_types: tuple[str, ...] | None = None
+    replica_micro_batches: tuple[int, ...] | None = None
+
+    def replica_types(self) -> list[tuple[str, int, int]]:
+        """(node type, replicas, micro-batches per replica) in order of first use; [] without replica types."""
+        if not self.replica_node_types:
+            return []
+        out: dict[str, tuple[int, int]] = {}
+        for t, m in zip(self.replica_node_types, self.replica_micro_batches or ()):
+            count, most = out.get(t, (0, 0))
+            out[t] = (count + 1, max(most, m))
+        return [(t, count, m) for t, (count, m) in out.items()]
 
     def summary(self) -> str:
         """Short human form, e.g. ``tp8 pp16 dp8 1f1b mb1x192 zero1 sp``."""
         sched = self.schedule if self.virtual_stages == 1 else f"{self.schedule}(v={self.virtual_stages})"
         types = sorted(set(self.rank_node_types))
         where = "" if len(types) == 1 else " on " + "/".join(self.rank_node_types)
+        if self.replica_node_types:
+            where = " replicas " + " + ".join(f"{k}x{t}(mb{self.micro_batch}x{m})" for t, k, m in self.replica_types())
         return (f"tp{self.tp} pp{self.pp} dp{self.dp} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
                 f"zero{self.zero_stage}{' sp' if self.sequence_parallel else ''}{where}")
 
     def choices(self) -> dict[str, int | str | bool]:
-        return dict(tp=self.tp, pp=self.pp, dp=self.dp, schedule=self.schedule,
-                    virtual_stages=self.virtual_stages, micro_batch=self.micro_batch,
-                    num_micro_batches=self.num_micro_batches, zero_stage=self.zero_stage,
-                    sequence_parallel=self.sequence_parallel, node_types="/".join(self.rank_node_types))
+        out = dict(tp=self.tp, pp=self.pp, dp=self.dp, schedule=self.schedule,
+                   virtual_stages=self.virtual_stages, micro_batch=self.micro_batch,
+                   num_micro_batches=self.num_micro_batches, zero_stage=self.zero_stage,
+                   sequence_parallel=self.sequence_parallel, node_types="/".join(self.rank_node_types))
+        if self.replica_node_types:
+            out["replica_node_types"] = "/".join(self.replica_node_types)
+            out["replica_micro_batches"] = "/".join(map(str, self.replica_micro_batches or ()))
+        return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -134,16 +158,70 @@ def enumerate_outer(*, cluster: ClusterProfile, n_devices: int, global_batch: in
                                 yield OuterChoice(tp=tp, pp=pp, dp=dp, schedule=schedule, virtual_stages=v,
                                                   micro_batch=mb, num_micro_batches=m, zero_stage=zero,
                                                   sequence_parallel=sp, rank_node_types=order)
+    if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices):
+        yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, tp_degrees, config)
 
 
-def lower_bound_s(tables: Tables) -> float:
-    """A step time no assignment of ``tables`` can beat (valid whatever the memory limits).
+def _types_contiguous(cluster: ClusterProfile, n_devices: int) -> bool:
+    """True when the used nodes of each type form one block in cluster order (replica j = j-th block)."""
+    seen: list[str] = []
+    left = n_devices
+    for group in cluster.nodes:
+        if left <= 0:
+            break
+        if not seen or seen[-1] != group.node_type:
+            if group.node_type in seen:
+                return False
+            seen.append(group.node_type)
+        left -= group.count * cluster.node_type(group.node_type).devices_per_node
+    return True
 
-    With t_min a layer's fastest option on the fastest node type in use and b_min the cheapest pipeline
-    transfer: sum_r T_r >= sum_l t_min + 2 (S - 1) b_min (each boundary is paid by both its chunks) and
-    max_r T_r >= max(that sum / pp, max_l t_min); the tail is >= the optimizer step, whose per-parameter
-    cost is linear, so max_r tail_r >= its total / pp. Layout changes and other tail terms are >= 0.
-    """
+
+def _type_splits(counts: list[int], total: int) -> Iterator[tuple[int, ...]]:
+    """Micro-batch counts m_t >= 1 per replica type with sum_t counts[t] * m_t == total."""
+    if len(counts) == 1:
+        if total % counts[0] == 0 and total >= counts[0]:
+            yield (total // counts[0],)
+        return
+    rest = sum(counts[1:])
+    for m in range(1, (total - rest) // counts[0] + 1):
+        for tail in _type_splits(counts[1:], total - counts[0] * m):
+            yield (m, *tail)
+
+
+def _replica_type_choices(cluster: ClusterProfile, by_type: dict[str, int], global_batch: int, n_layers: int,
+                          tp_degrees: list[int], config: SearchConfig) -> Iterator[OuterChoice]:
+    """Whale's hardware-aware data parallelism: whole dp replicas (tp x pp devices each) on each node type
+    (in cluster order, so replica j's ranks are the j-th block of tp * pp devices), every split of the
+    micro-batches over the types (replicas of one type get the same count). ZeRO-3 is left out (its
+    per-layer collectives would tie replicas of different speeds together; planner.cost.validate)."""
+    n_devices = sum(by_type.values())
+    for tp in _tp_degrees(cluster, tp_degrees, config):
+        for pp in _divisors(n_devices // tp) if n_devices % tp == 0 else []:
+            if pp > 1 and not config.allows("pp") or pp > n_layers:
+                continue
+            per_replica = tp * pp
+            if any(n % per_replica for n in by_type.values()):
+                continue
+            counts = [n // per_replica for n in by_type.values()]
+            types = tuple(t for t, k in zip(by_type, counts) for _ in range(k))
+            dp = len(types)
+            for mb in _divisors(global_batch):
+                if mb > config.max_micro_batch:
+                    break
+                for split in _type_splits(counts, global_batch // mb):
+                    per_rep = tuple(m for m, k in zip(split, counts) for _ in range(k))
+                    for schedule, v in _schedules(pp, math.gcd(*split), n_layers, config):
+                        for zero in (0, 1, 2) if config.allows("zero") else (0,):
+                            for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
+                                yield OuterChoice(tp=tp, pp=pp, dp=dp, schedule=schedule, virtual_stages=v,
+                                                  micro_batch=mb, num_micro_batches=max(split), zero_stage=zero,
+                                                  sequence_parallel=sp, rank_node_types=(types[0],) * pp,
+                                                  replica_node_types=types, replica_micro_batches=per_rep)
+
+
+def _lower_bound_s_lane(tables: Tables) -> float:
+    """One lane's bound (:func:`lower_bound_s`)."""
     types = set(tables.rank_node_types)
     t_min = [min(min(k.time_s for k in grp.costs[nt]) for nt in types) for grp in tables.groups]
     total = sum(t * grp.size for t, grp in zip(t_min, tables.groups))
@@ -162,9 +240,8 @@ def _optimizer_floor(tables: Tables) -> float:
     return opt_coef * params / tables.pp
 
 
-def memory_shortfall_bytes(tables: Tables) -> float:
-    """Bytes by which even the leanest assignment overflows (<= 0: may fit), from a relaxation: the
-    cheapest per-layer states and activations summed over the model against the ranks' total capacity."""
+def _memory_shortfall_bytes_lane(tables: Tables) -> float:
+    """One lane's shortfall (:func:`memory_shortfall_bytes`)."""
     types = set(tables.rank_node_types)
     least_inflight = min(tables.inflight)
     need = 0.0
@@ -216,15 +293,11 @@ def _tail_floor(tables: Tables, g: int, k_star: int) -> float:
     return best
 
 
-def refined_lower_bound_s(tables: Tables) -> float:
-    """:func:`lower_bound_s`, tightened by memory: each rank's repeated blocks take at least the exact
-    least time of their count under its most generous memory (``ilp_cuts.block_time_floor``; the first
-    and last groups, whose ranks are known, added), so the slowest rank is at least the smallest T for
-    which the ranks' largest block counts with time <= T add up to the group's size; plus a tail floor
-    (:func:`_tail_floor`). Returns inf when no split of the blocks can fit."""
+def _refined_lower_bound_s_lane(tables: Tables) -> float:
+    """One lane's refined bound (:func:`refined_lower_bound_s`)."""
     from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting
 
-    base = lower_bound_s(tables)
+    base = _lower_bound_s_lane(tables)
     cut = blocks_worth_cutting(tables)
     if not cut:
         return base
@@ -265,3 +338,31 @@ def _slowest_bound(tables: Tables) -> float:
     if tables.pp > 1:
         total += 2 * (tables.chunks - 1) * min(min(grp.boundary_s.values()) for grp in tables.groups)
     return max(total / tables.pp, max(t_min))
+
+
+def lower_bound_s(tables: Tables) -> float:
+    """A step time no assignment of ``tables`` can beat (valid whatever the memory limits); with replica
+    types the largest lane bound (each lane's pipeline is part of the step, formula (H)).
+
+    Per lane: with t_min a layer's fastest option on the fastest node type in use and b_min the cheapest
+    pipeline transfer: sum_r T_r >= sum_l t_min + 2 (S - 1) b_min (each boundary is paid by both its
+    chunks) and max_r T_r >= max(that sum / pp, max_l t_min); the tail is >= the optimizer step, whose
+    per-parameter cost is linear, so max_r tail_r >= its total / pp. Layout changes and other tail terms
+    are >= 0.
+    """
+    return max(_lower_bound_s_lane(lane) for lane in tables.lanes)
+
+
+def memory_shortfall_bytes(tables: Tables) -> float:
+    """Bytes by which even the leanest assignment overflows some lane (<= 0: may fit), from a relaxation:
+    the cheapest per-layer states and activations summed over the model against the ranks' total capacity."""
+    return max(_memory_shortfall_bytes_lane(lane) for lane in tables.lanes)
+
+
+def refined_lower_bound_s(tables: Tables) -> float:
+    """:func:`lower_bound_s` tightened by memory (per lane, the largest): each rank's repeated blocks take at
+    least the exact least time of their count under its most generous memory (``ilp_cuts.block_time_floor``;
+    the first and last groups, whose ranks are known, added), so the slowest rank is at least the smallest
+    T for which the ranks' largest block counts with time <= T add up to the group's size; plus a tail
+    floor (:func:`_tail_floor`). Returns inf when no split of the blocks can fit."""
+    return max(_refined_lower_bound_s_lane(lane) for lane in tables.lanes)

@@ -16,6 +16,12 @@ Step time (``planner/cost/pipeline.py`` (P) and (S))::
 
 ``T_r``: one micro-batch through rank ``r``'s chunks (layer times, layout changes, one pipeline transfer
 per boundary charged to each of its two chunks). ``tail_r``: exposed data-parallel sync, ZeRO communication, AdamW step.
+
+Data-parallel replicas on different node types (``ParallelConfig.replica_node_types``, formula (H) of
+``planner.cost.estimate``): one *lane* per replica node type ``t``, each a :class:`Tables` with every pp
+rank on ``t`` and the type's own micro-batch count ``m_t``; the same layer placement runs on every lane::
+
+    step_s = max_t [ (m_t - 1/v) * max_r T_{t,r} + (1/v) * sum_r T_{t,r} ] + max_{t,r} tail_{t,r}
 """
 
 from __future__ import annotations
@@ -141,10 +147,18 @@ class Tables:
     tied_params: Mapping[str, float]
     tied_group: int = 0
     chunk_unit_s: Mapping[str, tuple[float, float]] | None = None   # per chunk (forward, backward) host cost
+    # dp replicas on several node types: one lane per type (each with its rank types, m and inflight; the
+    # first lane equals this table's own fields); empty = one lane, this table itself
+    replica_lanes: tuple["Tables", ...] = ()
 
     @property
     def chunks(self) -> int:
         return self.pp * self.v
+
+    @property
+    def lanes(self) -> tuple["Tables", ...]:
+        """The lanes the placement runs on: the replica types' tables, or this table alone."""
+        return self.replica_lanes or (self,)
 
     def node_type_of_chunk(self, c: int) -> str:
         return self.rank_node_types[c % self.pp]
@@ -261,9 +275,8 @@ def rank_memory_bytes(tables: Tables, rm: RankModel, x: dict[str, float], r: int
     return rm.reserve_factor * (states + activations + buffers) + rm.reserve_const_bytes
 
 
-def evaluate(tables: Tables, assignment: Assignment) -> Evaluation:
-    """Step time and per-rank memory of ``assignment`` (see the module docstring)."""
-    styles = group_styles(tables, assignment)
+def _evaluate_lane(tables: Tables, assignment: Assignment, styles: list[str]) -> tuple[float, list, list, list]:
+    """(pipeline time (P), rank times, rank tails, rank memory) of one lane."""
     times = chunk_times(tables, assignment, styles)
     pp, v, m = tables.pp, tables.v, tables.m
     rank_time = [sum(times[c] for c in range(r, tables.chunks, pp)) for r in range(pp)]
@@ -273,9 +286,22 @@ def evaluate(tables: Tables, assignment: Assignment) -> Evaluation:
         x = _rank_sums(tables, assignment, r, styles)
         tails.append(rank_tail_s(tables, rm, x))
         mems.append(rank_memory_bytes(tables, rm, x, r))
-    step_s = (m - 1 / v) * max(rank_time) + sum(rank_time) / v + max(tails)
-    fits = all(mem <= tables.ranks[nt].capacity_bytes for mem, nt in zip(mems, tables.rank_node_types))
-    return Evaluation(step_s=step_s, rank_time_s=tuple(rank_time), rank_tail_s=tuple(tails),
+    return (m - 1 / v) * max(rank_time) + sum(rank_time) / v, rank_time, tails, mems
+
+
+def evaluate(tables: Tables, assignment: Assignment) -> Evaluation:
+    """Step time and per-rank memory of ``assignment`` (see the module docstring); with replica lanes the
+    ranks of every lane in lane order."""
+    styles = group_styles(tables, assignment)
+    pipeline_s, rank_time, tails, mems, fits = 0.0, [], [], [], True
+    for lane in tables.lanes:
+        pipe, times, lane_tails, lane_mems = _evaluate_lane(lane, assignment, styles)
+        pipeline_s = max(pipeline_s, pipe)
+        rank_time += times
+        tails += lane_tails
+        mems += lane_mems
+        fits = fits and all(mem <= lane.ranks[nt].capacity_bytes for mem, nt in zip(lane_mems, lane.rank_node_types))
+    return Evaluation(step_s=pipeline_s + max(tails), rank_time_s=tuple(rank_time), rank_tail_s=tuple(tails),
                       rank_mem_bytes=tuple(mems), fits=fits)
 
 
@@ -290,6 +316,8 @@ _RANK_MEMORY_FIELDS = ("state_bytes_per_param_dp", "state_bytes_per_param_dpt", 
 def dominates(a: Tables, b: Tables) -> bool:
     """True when every assignment costs the same time under ``a`` and ``b`` and needs no more memory
     under ``a`` (each coefficient equal or smaller), so ``a``'s optimum is at least as good as ``b``'s."""
+    if a.replica_lanes or b.replica_lanes:
+        return False
     same = (a.pp, a.v, a.m, a.rank_node_types, len(a.groups), a.change_s, a.tied_params, a.zero_stage == 3,
             a.chunk_unit_s) == (b.pp, b.v, b.m, b.rank_node_types, len(b.groups), b.change_s, b.tied_params,
                                 b.zero_stage == 3, b.chunk_unit_s)

@@ -1,0 +1,66 @@
+"""Whale's hardware-aware data parallelism in the search: dp replicas on different GPU types get batch
+shares by speed, and the plan file says where each replica runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.cli.common import resolve_cluster_path
+from planner.gpt_profile import build_gpt_profile
+from planner.modelspec import parse_model
+from planner.plan import load_plan, save_plan, validate
+from planner.plan import TrainingSettings
+from planner.profiles import load_cluster_profile
+from planner.search.config import SearchConfig
+from planner.search.costs import CandidateCosts
+from planner.search.plan_file import build_plan
+from planner.search.planner import plan_search
+
+A100, V100 = "dgx-a100-80g", "p3.16xlarge"
+NO_PP = frozenset({"tp", "dp", "zero", "recompute", "mixed"})   # mixed without pipelines: replicas only
+
+
+@pytest.fixture(scope="module")
+def searched():
+    cluster = load_cluster_profile(resolve_cluster_path("mixed-a100-v100"))
+    spec = parse_model("gpt:megatron-1.7b")
+    profile = build_gpt_profile(spec, seq_len=2048, dtype="fp16")
+    config = SearchConfig(allow=NO_PP, top_k=3)
+    result = plan_search(profile, cluster, n_devices=32, global_batch=64, config=config)
+    return cluster, spec, profile, config, result
+
+
+def test_faster_replicas_get_more_of_the_batch(searched):
+    cluster, _, profile, config, result = searched
+    best = result.best
+    assert result.status == "optimal"
+    types = best.outer.replica_node_types
+    assert types is not None and set(types) == {A100, V100}
+    shares = dict(zip(types, best.config.batch_shares))
+    assert shares[A100] > shares[V100]
+    # the same degrees with equal shares (what ignoring the speed difference gives) is slower
+    costs = CandidateCosts(profile, cluster, global_batch=64, config=config)
+    even = replace(best.config, batch_shares=None)
+    assert costs.estimate(even).step_time_s > best.step_s * 1.05
+    # per type: the A100 replicas run more micro-batches, and the estimate records both types
+    per_type = {t.node_type: t for t in best.estimate.per_replica_type}
+    assert per_type[A100].micro_batches > per_type[V100].micro_batches
+
+
+def test_plan_file_places_replicas_by_type(searched, tmp_path):
+    cluster, spec, profile, _, result = searched
+    plan = build_plan(result, model=spec, profile=profile, cluster=cluster,
+                      training=TrainingSettings(global_batch=64, seq_len=2048, dtype="fp16"))
+    validate(plan, 32)
+    assert plan.mesh.axes == ["dp", "pp", "tp"]
+    assert plan.replica_node_types == list(result.best.outer.replica_node_types)
+    assert abs(sum(plan.batch_shares) - 1.0) < 1e-12
+    # replica j is the j-th block of pp x tp ranks; the A100 replicas come first, as the A100 nodes do
+    tp, pp = plan.mesh.size("tp"), plan.mesh.size("pp")
+    first_v100 = plan.replica_node_types.index(V100)
+    assert all(t == A100 for t in plan.replica_node_types[:first_v100])
+    assert first_v100 * pp * tp == 16        # 2 DGX A100 nodes x 8 GPUs
+    save_plan(plan, tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json").model_copy(update={"content_hash": None}) == plan
