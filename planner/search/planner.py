@@ -2,7 +2,10 @@
 
 :func:`plan_search` is the entry point. Branch-and-bound over the outer choices: every candidate gets a
 lower bound (:func:`planner.search.space.lower_bound_s`); candidates are solved in increasing bound order
-and the loop stops once the next bound cannot beat the k-th best plan found. Each ILP answer is
+and the loop stops once the next bound cannot beat the k-th best plan found. Inside each ILP the
+incumbent is CBC's cutoff (the k-th best step time, then the best one), so a candidate that cannot matter
+is pruned inside CBC as soon as its own bound shows it; the search is optimal unless a candidate was left
+with a proven floor below the best plan (then the status and gap say so). Each ILP answer is
 re-evaluated with ``planner.cost.estimate`` and must agree to 1e-9 relative — that is what "exact under our
 cost model" means here.
 """
