@@ -57,9 +57,9 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     ``slurm``: the launch is written as an sbatch script, whose rendezvous endpoint is the first node.
     """
     from runtime.executor.checkpoint import check_resumable
-    from runtime.executor.data import FileData, rows_per_replica
+    from runtime.executor.data import FileData
     from runtime.executor.parallelize import check_supported
-    from runtime.executor.schedule import check_schedule
+    from runtime.executor.schedule import check_replica_schedules
     from runtime.executor.tp import tp_styles
 
     if opts.steps < 1:
@@ -68,10 +68,9 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
         raise StratagemError(f"--nnodes {opts.nnodes} needs --rdzv-endpoint HOST:PORT of the first node")
     validate(plan, opts.nnodes * opts.procs_per_node(plan))
     check_supported(plan)
-    check_schedule(plan.schedule.kind, pp=plan.mesh.size("pp"), virtual_stages=plan.schedule.virtual_stages,
-                   num_micro_batches=plan.schedule.num_micro_batches)
-    rows_per_replica(plan.training.global_batch, plan.batch_shares, plan.mesh.size("dp"),
-                     plan.schedule.num_micro_batches)
+    # rows and micro-batch count of every dp replica (uneven batch shares: rows / micro_batch_size each),
+    # each replica's schedule able to run its count
+    check_replica_schedules(plan)
     for stage in plan.stages:
         if plan.mesh.size("tp") > 1:
             tp_styles(plan.model, plan.layout, stage.module_paths)

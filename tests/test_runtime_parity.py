@@ -35,7 +35,9 @@ PLANS_2 = {
     "pp2_gpipe": dict(pp=2, schedule="gpipe", num_micro_batches=4),
     "pp2_1f1b": dict(pp=2, schedule="1f1b", num_micro_batches=4),
     "pp2_interleaved": dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_micro_batches=4),
+    # uneven shares: 6 and 2 rows in micro-batches of 2 (make_plan's gcd), so replicas run 3 and 1 micro-batches
     "dp2_uneven": dict(dp=2, batch_shares=[0.75, 0.25]),
+    "fsdp_zero2_uneven": dict(dp=2, zero_stage=2, batch_shares=[0.75, 0.25]),
     "dp2_recompute": dict(dp=2, recompute={"blocks.0": "full", "blocks.1": "selective"}),
     "whale_resnet": dict(tp=2, split=["fc"], spec="resnet:tiny-wide"),
     "whale_resnet_replicated_fc": dict(tp=2, split=[], spec="resnet:tiny-wide"),
@@ -54,6 +56,12 @@ PLANS_4 = {
                             sequence_parallel=["blocks.0", "blocks.1", "norm"]),
     "dp2_tp2_zero3": dict(dp=2, tp=2, split=ALL_SPLIT, zero_stage=3),
     "tied_pp2_tp2": dict(pp=2, tp=2, schedule="1f1b", num_micro_batches=2, split=ALL_SPLIT, tie=True),
+    # two independent 1F1B pipelines: 12 and 4 rows in micro-batches of 2 -> 6 and 2 micro-batches (>= pp)
+    "pp2_dp2_uneven": dict(pp=2, dp=2, schedule="1f1b", global_batch=16, batch_shares=[0.75, 0.25],
+                           micro_batch_size=2),
+    # the planner's layout for replicas on different GPU types: replica d = ranks 2d, 2d+1 (axes dp, pp, tp)
+    "dp2_pp2_uneven_replicas_outer": dict(pp=2, dp=2, schedule="1f1b", global_batch=16,
+                                          batch_shares=[0.75, 0.25], micro_batch_size=2, axes=("dp", "pp", "tp")),
 }
 
 
@@ -63,7 +71,7 @@ def _run_job(tmp_path_factory, plans: dict, nproc: int, timeout_s: float) -> dic
     for name, cfg in plans.items():
         cfg = dict(cfg)
         spec = parse_model(cfg.pop("spec", "gpt:tiny"), tie_embeddings=cfg.pop("tie", None))
-        plan = make_plan(spec, global_batch=8, seq_len=16, **cfg)
+        plan = make_plan(spec, global_batch=cfg.pop("global_batch", 8), seq_len=16, **cfg)
         path = save_plan(plan, root / f"{name}.json")
         args += ["--plan", str(path), "--metrics", str(root / f"{name}.jsonl"),
                  "--layout-report", str(root / name)]
@@ -175,11 +183,22 @@ def test_pipeline_ranks_hold_their_stages(job2):
     assert _report(folder, 1)["chunks"][1]["module_paths"] == plan.stages[3].module_paths
 
 
-def test_uneven_batch_shares_are_applied(job2):
-    # global batch 8, shares 0.75 / 0.25: replica 0 trains rows 0..5 with loss x1.5, replica 1 rows 6..7 x0.5
-    reports = [_report(job2["dp2_uneven"][2], r) for r in (0, 1)]
-    assert [(r["rows"], r["loss_scale"]) for r in reports] == [([0, 6], 1.5), ([6, 8], 0.5)]
-    assert _report(job2["dp2"][2], 1)["rows"] == [4, 8]
+def test_uneven_batch_shares_are_applied(job2, job4):
+    # global batch 8, shares 0.75 / 0.25, micro-batches of 2: replica 0 trains rows 0..5 in 3 micro-batches
+    # with loss x1.5, replica 1 rows 6..7 in 1 micro-batch x0.5
+    for name in ("dp2_uneven", "fsdp_zero2_uneven"):
+        reports = [_report(job2[name][2], r) for r in (0, 1)]
+        assert [(r["rows"], r["micro_batches"], r["loss_scale"]) for r in reports] == [([0, 6], 3, 1.5),
+                                                                                      ([6, 8], 1, 0.5)]
+    assert [_report(job2["dp2"][2], 1)[k] for k in ("rows", "micro_batches")] == [[4, 8], 1]
+    # pp 2 x dp 2, global batch 16: ranks (pp, dp) = 0 (0, 0), 1 (0, 1), 2 (1, 0), 3 (1, 1)
+    reports = [_report(job4["pp2_dp2_uneven"][2], r) for r in range(4)]
+    assert [(r["coords"]["dp"], r["rows"], r["micro_batches"]) for r in reports] == [
+        (0, [0, 12], 6), (1, [12, 16], 2), (0, [0, 12], 6), (1, [12, 16], 2)]
+    # axes dp, pp, tp (the planner's layout for replicas on different GPU types): replica 0 = ranks 0, 1
+    reports = [_report(job4["dp2_pp2_uneven_replicas_outer"][2], r) for r in range(4)]
+    assert [(r["coords"]["dp"], r["coords"]["pp"], r["micro_batches"]) for r in reports] == [
+        (0, 0, 6), (0, 1, 6), (1, 0, 2), (1, 1, 2)]
 
 
 def test_recompute_is_applied(job2):

@@ -14,7 +14,8 @@ from planner.errors import StratagemError
 from planner.modelspec import parse_model
 from planner.plan import LayerLayout, save_plan
 from runtime.executor.checkpoint import COMPLETE_MARKER, find_latest_checkpoint
-from runtime.executor.data import loss_scale, replica_rows, rows_per_replica, synthetic_batch
+from runtime.executor.data import (BatchSplit, loss_scale, micro_batches_per_replica, replica_rows, rows_per_replica,
+                                   split_batch, synthetic_batch)
 from runtime.executor.describe import describe_ranks
 from runtime.executor.mesh import ParallelDims
 from runtime.executor.plans import make_plan, split_layers
@@ -41,15 +42,68 @@ def test_rank_coordinates_are_row_major_pp_dp_tp():
 
 
 def test_uneven_batch_shares_give_whole_rows_and_full_batch_weights():
-    rows = rows_per_replica(8, [0.75, 0.25], 2, 2)
-    assert rows == [6, 2]
+    rows = rows_per_replica(8, [0.75, 0.25], 2)
+    assert rows == [6, 2] and rows_per_replica(8, None, 2) == [4, 4]
     assert replica_rows(rows, 1) == (6, 8)
     # dp-averaged scaled losses: (1.5 * L0 + 0.5 * L1) / 2 = 0.75 L0 + 0.25 L1, the full-batch mean
     assert (loss_scale(rows, 0), loss_scale(rows, 1)) == (1.5, 0.5)
     with pytest.raises(StratagemError, match="whole number"):
-        rows_per_replica(8, [0.7, 0.3], 2, 1)
-    with pytest.raises(StratagemError, match="micro-batches"):
-        rows_per_replica(8, [0.75, 0.25], 2, 4)
+        rows_per_replica(8, [0.7, 0.3], 2)
+
+
+def test_uneven_replicas_run_more_micro_batches_of_one_size():
+    # cost model: m_j = share_j * B / micro_batch (planner/cost/validate.py replica_micro_batches)
+    assert micro_batches_per_replica([6, 2], micro_batch_size=2, num_micro_batches=99) == [3, 1]
+    assert micro_batches_per_replica([12, 4], micro_batch_size=1, num_micro_batches=1) == [12, 4]
+    # no shares: every replica runs num_micro_batches, of rows / num_micro_batches samples
+    assert micro_batches_per_replica([4, 4], micro_batch_size=None, num_micro_batches=2) == [2, 2]
+    with pytest.raises(StratagemError, match="dp replica 1 gets 2 samples, not a multiple of the plan's 3-sample"):
+        micro_batches_per_replica([6, 2], micro_batch_size=3, num_micro_batches=1)
+    with pytest.raises(StratagemError, match="do not split into 4 micro-batches"):
+        micro_batches_per_replica([6, 2], micro_batch_size=None, num_micro_batches=4)
+    # make_plan: the gcd of the rows as micro-batch size, the busiest replica's count as num_micro_batches
+    plan = make_plan(GPT, dp=2, batch_shares=[0.75, 0.25], num_micro_batches=5)
+    assert (plan.schedule.micro_batch_size, plan.schedule.num_micro_batches) == (2, 3)
+    assert split_batch(plan) == BatchSplit(rows=(6, 2), micro_batches=(3, 1))
+    # without shares num_micro_batches decides, micro_batch_size is not consulted
+    assert split_batch(make_plan(GPT, dp=2, num_micro_batches=2, micro_batch_size=3)).micro_batches == (2, 2)
+
+
+def test_each_replica_schedule_is_checked_with_its_own_count():
+    from runtime.executor.schedule import check_replica_schedules
+
+    ok = make_plan(GPT, pp=2, dp=2, schedule="1f1b", global_batch=16, batch_shares=[0.75, 0.25], micro_batch_size=2)
+    assert check_replica_schedules(ok).micro_batches == (6, 2)
+    # 12 and 4 rows in micro-batches of 4: replica 1 gets one micro-batch, too few for 2 1F1B stages
+    few = make_plan(GPT, pp=2, dp=2, schedule="1f1b", global_batch=16, batch_shares=[0.75, 0.25])
+    with pytest.raises(StratagemError, match=r"dp replica 1 trains 4 rows = 1 micro-batches of 4 samples: 1f1b "
+                                             r"needs at least one micro-batch per stage \(2\)"):
+        check_replica_schedules(few)
+    assert check_replica_schedules(few.model_copy(update={"schedule": few.schedule.model_copy(
+        update={"kind": "gpipe"})})).micro_batches == (3, 1)
+    # interleaved, pp 2: 7 micro-batches run 3 rounds, which 7 does not divide
+    inter = make_plan(GPT, pp=2, dp=2, schedule="interleaved_1f1b", virtual_stages=2, global_batch=8,
+                      batch_shares=[0.875, 0.125], micro_batch_size=1)
+    with pytest.raises(StratagemError, match="dp replica 0 trains 7 rows .* 3 rounds"):
+        check_replica_schedules(inter)
+    zero3 = make_plan(GPT, dp=2, zero_stage=3, batch_shares=[0.75, 0.25])
+    with pytest.raises(StratagemError, match=r"ZeRO-3 .* \[3, 1\] micro-batches"):
+        check_replica_schedules(zero3)
+    assert check_replica_schedules(make_plan(GPT, dp=2, zero_stage=3, batch_shares=[0.5, 0.5])).micro_batches == (1, 1)
+
+
+def test_impossible_share_fails_the_launch_before_starting(tmp_path, capsys, no_processes):
+    bad = make_plan(GPT, dp=2, batch_shares=[0.75, 0.25], micro_batch_size=3)  # rows 6 and 2
+    path = save_plan(bad, tmp_path / "bad.json")
+    assert "dp replica 1 gets 2 samples, not a multiple of the plan's 3-sample micro-batch" in _launch_error(
+        capsys, [str(path), "--dry-run"])
+    assert "dp replica 0 trains 4 rows = 1 micro-batches" in _launch_error(capsys, [str(save_plan(
+        make_plan(GPT, pp=2, dp=2, schedule="1f1b", batch_shares=[0.5, 0.5], micro_batch_size=4),
+        tmp_path / "few.json"))])
+    good = make_plan(GPT, dp=2, batch_shares=[0.75, 0.25])
+    lines = describe_ranks(good)
+    assert lines[0].endswith("batch rows 0..5 in 3 micro-batches of 2")
+    assert lines[1].endswith("batch rows 6..7 in 1 micro-batch of 2")
 
 
 def test_synthetic_batch_depends_on_step_only():

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 from planner.plan import Plan
-from runtime.executor.data import replica_rows, rows_per_replica
+from runtime.executor.data import replica_rows
 from runtime.executor.fsdp import ZERO_MAPPING
 from runtime.executor.mesh import ParallelDims
+from runtime.executor.schedule import check_replica_schedules
 from runtime.executor.tp import tp_styles, uses_loss_parallel
 
 
 def describe_ranks(plan: Plan) -> list[str]:
     """One line per rank: mesh coordinates, stage(s) and module paths, TP placements, recompute, dp mode,
-    and the rows of each global batch it trains on.
+    and the rows of each global batch it trains on, in how many micro-batches.
 
     >>> describe_ranks(make_plan(parse_model("gpt:tiny"), dp=2))[0]  # doctest: +ELLIPSIS
     'rank 0 (pp 0, dp 0, tp 0): stage 0 [embed, blocks.0, blocks.1, norm, head] ...'
     """
     dims = ParallelDims.from_plan(plan)
-    rows = rows_per_replica(plan.training.global_batch, plan.batch_shares, dims.dp, plan.schedule.num_micro_batches)
+    split = check_replica_schedules(plan)
     dp_mode = ZERO_MAPPING[plan.zero_stage] if dims.dp > 1 else "none"
     lines = []
     for rank in range(dims.world_size):
@@ -29,7 +30,9 @@ def describe_ranks(plan: Plan) -> list[str]:
             rec = ", ".join(f"{k}={v}" for k, v in st.recompute.items() if v != "none") or "none"
             lp = " +loss_parallel" if uses_loss_parallel(styles) else ""
             parts.append(f"stage {st.index} [{', '.join(st.module_paths)}] tp: {tp_text}{lp}; recompute: {rec}")
-        start, stop = replica_rows(rows, c["dp"])
+        start, stop = replica_rows(split.rows, c["dp"])
+        m = split.micro_batches[c["dp"]]
         lines.append(f"rank {rank} (pp {c['pp']}, dp {c['dp']}, tp {c['tp']}): " + " | ".join(parts)
-                     + f"; dp: {dp_mode}; batch rows {start}..{stop - 1}")
+                     + f"; dp: {dp_mode}; batch rows {start}..{stop - 1} in {m} micro-batch{'es' * (m > 1)}"
+                     + f" of {(stop - start) // m}")
     return lines

@@ -7,6 +7,7 @@ SC21 §2.2.1). Ranks are row-major over (pp, dp, tp).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from planner import __version__
@@ -34,21 +35,42 @@ def split_layers(paths: Sequence[str], chunks: int) -> list[list[str]]:
     return out
 
 
+def _schedule(kind: str, *, global_batch: int, dp: int, num_micro_batches: int, virtual_stages: int,
+              batch_shares: list[float] | None, micro_batch_size: int | None) -> Schedule:
+    """The plan's schedule; see ``make_plan`` for the micro-batch size of uneven batch shares."""
+    if batch_shares is None:
+        size = micro_batch_size or max(1, global_batch // (dp * num_micro_batches))
+        return Schedule(kind=kind, micro_batch_size=size, num_micro_batches=num_micro_batches,
+                        virtual_stages=virtual_stages)
+    rows = [max(1, round(share * global_batch)) for share in batch_shares]  # whole or not: the runtime checks
+    size = micro_batch_size or math.gcd(*rows)
+    return Schedule(kind=kind, micro_batch_size=size, num_micro_batches=max(1, max(rows) // size),
+                    virtual_stages=virtual_stages)
+
+
 def make_plan(spec: ModelSpec, *, pp: int = 1, dp: int = 1, tp: int = 1, schedule: str = "gpipe",
               global_batch: int = 8, seq_len: int = 16, num_micro_batches: int = 1, virtual_stages: int = 1,
               zero_stage: int = 0, split: Sequence[str] = (), batch_shares: list[float] | None = None,
               recompute: Mapping[str, str] | None = None, lr: float = 1e-3, seed: int = 0,
               stage_paths: list[list[str]] | None = None, dtype: str = "fp32",
-              sequence_parallel: Sequence[str] = ()) -> Plan:
+              sequence_parallel: Sequence[str] = (), micro_batch_size: int | None = None,
+              axes: Sequence[str] = ("pp", "dp", "tp")) -> Plan:
     """A valid plan for ``spec`` on a (pp, dp, tp) mesh; ``split`` names the tensor-parallel layers,
-    ``sequence_parallel`` the (split) layers that also run sequence-parallel.
+    ``sequence_parallel`` the (split) layers that also run sequence-parallel. ``axes``: rank layout,
+    outermost first (the planner uses ``dp, pp, tp`` when replicas run on different node types).
 
-    ``micro_batch_size`` is ``global_batch / (dp * num_micro_batches)`` (for uneven shares it describes
-    an even split; each replica's real rows come from ``batch_shares``).
+    Even split: ``micro_batch_size`` is ``global_batch / (dp * num_micro_batches)``. Uneven
+    ``batch_shares``: the runtime runs ``rows_r / micro_batch_size`` micro-batches on replica ``r``
+    (``data.split_batch``), so ``micro_batch_size`` defaults to the gcd of the replicas' rows (the largest
+    size dividing them all; ``num_micro_batches`` is ignored) and ``num_micro_batches`` is set to the
+    busiest replica's count, as the planner does (planner/cost/validate.py ``micro_batches_per_replica``).
+
+    >>> make_plan(parse_model("gpt:tiny"), dp=2, batch_shares=[0.75, 0.25]).schedule.micro_batch_size
+    2
     """
     from runtime.models import layer_paths
 
-    dims = ParallelDims(pp=pp, dp=dp, tp=tp)
+    dims = ParallelDims(pp=pp, dp=dp, tp=tp, axes=tuple(axes))
     n_chunks = pp * virtual_stages
     chunks = stage_paths or split_layers(layer_paths(spec), n_chunks)
     stages = []
@@ -61,9 +83,10 @@ def make_plan(spec: ModelSpec, *, pp: int = 1, dp: int = 1, tp: int = 1, schedul
         planner_version=__version__, created_utc="2026-01-01T00:00:00+00:00", model=spec,
         model_profile_hash=None, cluster_name="hand-made", cluster_hash=None,
         training=TrainingSettings(global_batch=global_batch, seq_len=seq_len, dtype=dtype, lr=lr, seed=seed),
-        mesh=Mesh(sizes=[pp, dp, tp]),
-        schedule=Schedule(kind=schedule, micro_batch_size=max(1, global_batch // (dp * num_micro_batches)),
-                          num_micro_batches=num_micro_batches, virtual_stages=virtual_stages),
+        mesh=Mesh(axes=list(axes), sizes=[{"pp": pp, "dp": dp, "tp": tp}[a] for a in axes]),
+        schedule=_schedule(schedule, global_batch=global_batch, dp=dp, num_micro_batches=num_micro_batches,
+                           virtual_stages=virtual_stages, batch_shares=batch_shares,
+                           micro_batch_size=micro_batch_size),
         stages=stages, zero_stage=zero_stage,
         layout={p: LayerLayout(style="split", sequence_parallel=p in sequence_parallel)
                 for p in [*split, *(q for q in sequence_parallel if q not in split)]},

@@ -3,9 +3,10 @@ gradient accumulation over the micro-batches.
 
 Schedules (Huang et al. 2019 GPipe; Narayanan et al. SC21 §2.2 for 1F1B and interleaved 1F1B): the plan's
 ``gpipe`` -> ``ScheduleGPipe``, ``1f1b`` -> ``Schedule1F1B``, ``interleaved_1f1b`` ->
-``ScheduleInterleaved1F1B`` over this rank's chunks (stage ``i`` on pp rank ``i % pp``). Each schedule
-scales gradients by 1/num_micro_batches (``scale_grads=True``), so with a mean loss per micro-batch the
-gradient is that of the replica's mean loss.
+``ScheduleInterleaved1F1B`` over this rank's chunks (stage ``i`` on pp rank ``i % pp``). Each
+micro-batch's mean loss is divided by the micro-batch count before backward, so the accumulated gradient
+is that of the replica's mean loss. The count is per dp replica: with uneven ``batch_shares`` replica
+``r`` runs ``m_r = rows_r / micro_batch_size`` micro-batches (``check_replica_schedules``).
 
 ``loss_parallel()`` (a class-sharded split classifier) can be entered once per context object, so a
 fresh one is made every step (shared/notes/torch-distributed-on-cpu.md, "TP and PP").
@@ -14,6 +15,7 @@ fresh one is made every step (shared/notes/torch-distributed-on-cpu.md, "TP and 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +26,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from planner.errors import StratagemError
-from runtime.executor.data import Batch
+from planner.plan import Plan
+from runtime.executor.data import Batch, BatchSplit, split_batch
 from runtime.executor.parallelize import Chunk
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -51,6 +54,7 @@ class PipelineRunner:
     """Runs one step through a pipeline schedule; only the last stage sees losses."""
 
     schedule: object
+    num_micro_batches: int
     is_first: bool
     is_last: bool
     loss_parallel: bool
@@ -63,12 +67,18 @@ class PipelineRunner:
         kwargs = {"target": batch.targets, "losses": losses} if self.is_last else {}
         with _step_context(self.loss_parallel, self.autocast_dtype, self.device_type):
             self.schedule.step(*args, **kwargs)
-        return [_scalar(l) for l in losses]
+        # the schedule saw each micro-batch loss divided by the count (build_runner); report the loss itself
+        return [_scalar(l) * self.num_micro_batches for l in losses]
 
 
 @dataclass(kw_only=True)
 class LocalRunner:
-    """pp = 1: forward/backward each micro-batch, gradients accumulated, dp sync on the last one only."""
+    """pp = 1: forward/backward each micro-batch, gradients accumulated, dp sync on the last one only.
+
+    FSDP/replicate units keep their gathered weights until the last micro-batch's backward
+    (``set_reshard_after_backward``), so ZeRO-0/1/2 issue one all-gather and one gradient reduction per
+    step whatever the micro-batch count: replicas with uneven counts stay in step.
+    """
 
     module: torch.nn.Module
     loss_fn: LossFn
@@ -84,8 +94,10 @@ class LocalRunner:
         inputs = batch.inputs.tensor_split(self.num_micro_batches)
         targets = batch.targets.tensor_split(self.num_micro_batches)
         for i, (x, y) in enumerate(zip(inputs, targets)):
-            if isinstance(self.module, FSDPModule):
-                self.module.set_requires_gradient_sync(i == self.num_micro_batches - 1)
+            if isinstance(self.module, FSDPModule):   # as torch.distributed.pipelining's stages do
+                last = i == self.num_micro_batches - 1
+                self.module.set_requires_gradient_sync(last)
+                self.module.set_reshard_after_backward(last)
             with _step_context(self.loss_parallel, self.autocast_dtype, self.device_type):
                 loss = self.loss_fn(self.module(x), y)
                 (loss / self.num_micro_batches).backward()
@@ -93,24 +105,68 @@ class LocalRunner:
         return losses
 
 
-def check_schedule(kind: str, *, pp: int, virtual_stages: int, num_micro_batches: int) -> None:
-    """Reject a schedule torch.distributed.pipelining cannot build, before any process starts.
+def micro_batch_problem(kind: str, *, pp: int, num_micro_batches: int) -> str | None:
+    """Why a ``pp``-stage ``kind`` schedule cannot run ``num_micro_batches`` micro-batches (None if it can).
 
     Rules of torch 2.13 (pipelining/schedules.py): 1F1B needs at least one micro-batch per stage;
     interleaved 1F1B runs ``rounds = max(1, m // pp)`` rounds and needs ``m % rounds == 0``.
     """
     if pp == 1:
-        return
+        return None
+    if kind == "1f1b" and num_micro_batches < pp:
+        return f"1f1b needs at least one micro-batch per stage ({pp}) but gets {num_micro_batches}"
+    rounds = max(1, num_micro_batches // pp)
+    if kind == "interleaved_1f1b" and num_micro_batches % rounds:
+        return (f"interleaved_1f1b with pp={pp} runs {rounds} rounds, which {num_micro_batches} micro-batches "
+                f"do not divide")
+    return None
+
+
+def _check_virtual_stages(kind: str, virtual_stages: int) -> None:
     if virtual_stages > 1 and kind != "interleaved_1f1b":
         raise StratagemError(f"schedule {kind} runs one stage per pp rank but the plan has virtual_stages="
                              f"{virtual_stages}; use interleaved_1f1b or virtual_stages=1")
-    if kind == "1f1b" and num_micro_batches < pp:
-        raise StratagemError(f"1f1b needs at least one micro-batch per stage ({pp}) but the plan has "
-                             f"{num_micro_batches}; raise num_micro_batches or use gpipe")
-    rounds = max(1, num_micro_batches // pp)
-    if kind == "interleaved_1f1b" and num_micro_batches % rounds:
-        raise StratagemError(f"interleaved_1f1b with pp={pp} runs {rounds} rounds, which {num_micro_batches} "
-                             f"micro-batches do not divide; use a multiple of {pp} micro-batches")
+
+
+def check_schedule(kind: str, *, pp: int, virtual_stages: int, num_micro_batches: int) -> None:
+    """Reject a schedule torch.distributed.pipelining cannot build, before any process starts."""
+    if pp == 1:
+        return
+    _check_virtual_stages(kind, virtual_stages)
+    problem = micro_batch_problem(kind, pp=pp, num_micro_batches=num_micro_batches)
+    if problem:
+        fix = f"use a multiple of {pp} micro-batches" if kind == "interleaved_1f1b" else \
+            "raise num_micro_batches or use gpipe"
+        raise StratagemError(f"{problem} (the plan's num_micro_batches); {fix}")
+
+
+def check_replica_schedules(plan: Plan) -> BatchSplit:
+    """Split ``plan``'s global batch over its dp replicas (``data.split_batch``) and check that each
+    replica's pipeline can run its own micro-batch count; returns the split.
+
+    Each dp replica's pipeline is independent (its pp group holds only its own ranks), so replicas with
+    uneven ``batch_shares`` run schedules of different lengths. Only the dp gradient reduction, once per
+    step after each replica's last micro-batch, ties them together — except ZeRO-3, which all-gathers
+    weights over dp in every micro-batch's forward, so its replicas must run equal counts.
+    """
+    pp, kind, sched = plan.mesh.size("pp"), plan.schedule.kind, plan.schedule
+    split = split_batch(plan)
+    if plan.batch_shares is None:
+        check_schedule(kind, pp=pp, virtual_stages=sched.virtual_stages, num_micro_batches=sched.num_micro_batches)
+        return split
+    if pp > 1:
+        _check_virtual_stages(kind, sched.virtual_stages)
+    for r, (n, m) in enumerate(zip(split.rows, split.micro_batches)):
+        problem = micro_batch_problem(kind, pp=pp, num_micro_batches=m)
+        if problem:
+            raise StratagemError(f"dp replica {r} trains {n} rows = {m} micro-batches of {sched.micro_batch_size} "
+                                 f"samples: {problem}; give it a larger batch share, re-plan with a smaller "
+                                 f"micro_batch_size, or use gpipe")
+    if plan.zero_stage == 3 and len(set(split.micro_batches)) > 1:
+        raise StratagemError(f"ZeRO-3 all-gathers weights over dp in every micro-batch, so dp replicas running "
+                             f"{list(split.micro_batches)} micro-batches would deadlock; use zero_stage 0, 1 or 2, "
+                             f"or batch shares giving every replica the same count")
+    return split
 
 
 def build_runner(chunks: list[Chunk], *, kind: str, num_stages: int, num_micro_batches: int,
@@ -127,8 +183,20 @@ def build_runner(chunks: list[Chunk], *, kind: str, num_stages: int, num_micro_b
     check_schedule(kind, pp=num_stages // len(chunks), virtual_stages=len(chunks), num_micro_batches=num_micro_batches)
     stages = [PipelineStage(c.module, c.stage.index, num_stages, device, group=pp_group) for c in chunks]
     indices = [c.stage.index for c in chunks]
+    # torch's scale_grads divides by the count *after* the dp gradient reduction (pipelining/stage.py
+    # perform_reduce_grad: "PP scales only for its own contribution ... relies on DP to scale further"), which
+    # is exact only if every dp replica runs the same count (measured: uneven 6/2 micro-batches drift 1e-4 in
+    # the step-2 loss). Dividing each loss by this replica's own count before backward is exact for any counts.
+    mean_loss = functools.partial(_share_of_mean, loss_fn=loss_fn, num_micro_batches=num_micro_batches)
     if kind == "interleaved_1f1b":
-        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=num_micro_batches, loss_fn=loss_fn)
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=num_micro_batches, loss_fn=mean_loss,
+                                           scale_grads=False)
     else:
-        schedule = _SCHEDULES[kind](stages[0], n_microbatches=num_micro_batches, loss_fn=loss_fn)
-    return PipelineRunner(schedule=schedule, is_first=0 in indices, is_last=num_stages - 1 in indices, **common)
+        schedule = _SCHEDULES[kind](stages[0], n_microbatches=num_micro_batches, loss_fn=mean_loss, scale_grads=False)
+    return PipelineRunner(schedule=schedule, num_micro_batches=num_micro_batches, is_first=0 in indices,
+                          is_last=num_stages - 1 in indices, **common)
+
+
+def _share_of_mean(out: torch.Tensor, target: torch.Tensor, *, loss_fn: LossFn, num_micro_batches: int):
+    """One micro-batch's part of the replica's mean loss: its mean loss / the replica's micro-batch count."""
+    return loss_fn(out, target) / num_micro_batches

@@ -28,11 +28,11 @@ from planner.errors import StratagemError
 from planner.fileio import atomic_write_text
 from planner.plan import Plan, load_plan, validate
 from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
-from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows, rows_per_replica
+from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import ParallelDims, build_mesh
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
 from runtime.executor.parallelize import AUTOCAST_DTYPES, Chunk, build_chunk, check_supported, describe_params
-from runtime.executor.schedule import build_runner
+from runtime.executor.schedule import build_runner, check_replica_schedules
 from runtime.executor.tied import TiedGradSync, build_tied_sync
 
 log = logging.getLogger("runtime.executor.train")
@@ -100,10 +100,11 @@ def _maybe_die(step: int) -> None:
 
 
 def write_layout_report(folder: str, rank: int, coords: dict, chunks: list[Chunk], *,
-                        rows: tuple[int, int], loss_scale: float) -> None:
+                        rows: tuple[int, int], loss_scale: float, micro_batches: int) -> None:
     """Per-rank JSON of what was built: chunks, placements, and the rows [start, end) of each global batch
-    this rank's dp replica trains on with its loss scale (uneven batch shares)."""
-    report = {"rank": rank, "coords": coords, "rows": list(rows), "loss_scale": loss_scale, "chunks": [
+    this rank's dp replica trains on, in how many micro-batches, with its loss scale (uneven batch shares)."""
+    report = {"rank": rank, "coords": coords, "rows": list(rows), "micro_batches": micro_batches,
+              "loss_scale": loss_scale, "chunks": [
         {"stage": c.stage.index, "module_paths": c.module.layer_paths(), "tp_styles": c.tp_styles,
          "recomputed": c.recomputed, "dp_mode": c.dp_mode, "loss_parallel": c.loss_parallel,
          "replica_rows": dict(c.replica_rows),
@@ -143,6 +144,7 @@ class Job:
     runner: object
     data: Callable[[int], Batch]
     rows: tuple[int, int]
+    micro_batches: int
     tied: TiedGradSync | None = None
     memory_baseline_bytes: int = 0
     loss_scale: float = 1.0
@@ -160,6 +162,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
     baseline = reset_peak_memory(device)
     validate(plan, dist.get_world_size())
     check_supported(plan)
+    split = check_replica_schedules(plan)   # each replica's own micro-batch count with uneven batch shares
     dims = ParallelDims.from_plan(plan)
     coords = dims.coords(rank)
     if device.type == "cuda":
@@ -171,14 +174,14 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
                              f"the plan's rank layout is corrupt, re-plan")
     chunks = [build_chunk(plan, stage, mesh, device) for stage in mine]
     tr = plan.training
-    rows = rows_per_replica(tr.global_batch, plan.batch_shares, dims.dp, plan.schedule.num_micro_batches)
+    rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
     if report_dir:
         write_layout_report(report_dir, rank, coords, chunks, rows=replica_rows(rows, coords["dp"]),
-                            loss_scale=scale)
+                            loss_scale=scale, micro_batches=num_micro)
     scaled_loss = base_loss if scale == 1.0 else (lambda out, tgt: base_loss(out, tgt) * scale)
     runner = build_runner(chunks, kind=plan.schedule.kind, num_stages=len(plan.stages),
-                          num_micro_batches=plan.schedule.num_micro_batches, loss_fn=scaled_loss,
+                          num_micro_batches=num_micro, loss_fn=scaled_loss,
                           pp_group=mesh["pp"].get_group(), device=device,
                           autocast_dtype=AUTOCAST_DTYPES[tr.dtype])
     return Job(plan=plan, dims=dims, coords=coords, device=device, chunks=chunks, runner=runner,
@@ -186,7 +189,8 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
                            for c in chunks],
                data=build_data_source(plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len,
                                       seed=tr.seed),
-               rows=replica_rows(rows, coords["dp"]), memory_baseline_bytes=baseline, loss_scale=scale,
+               rows=replica_rows(rows, coords["dp"]), micro_batches=num_micro, memory_baseline_bytes=baseline,
+               loss_scale=scale,
                tied=build_tied_sync(plan, dims, coords, [c.module for c in chunks]))
 
 
@@ -207,7 +211,7 @@ def train_step(job: Job, step: int) -> StepResult:
         torch.cuda.synchronize(job.device)
     elapsed_s = time.perf_counter() - t0
     # each replica's last-stage, tp-rank-0 rank adds its (share-scaled) mean loss / dp: the sum over ranks
-    # is the global-batch mean (see data.loss_scale)
+    # is the global-batch mean (see data.loss_scale; a replica's micro-batches are all the same size)
     counts = job.runner.is_last and job.coords["tp"] == 0 and losses
     part = float(torch.stack(losses).mean()) / job.dims.dp if counts else 0.0
     return _gather_step(job.device, part, elapsed_s, peak_memory_bytes(job.device, job.memory_baseline_bytes))
@@ -237,7 +241,8 @@ def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metr
         if rank == 0:
             log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)
         if report_dir and step == first:   # again, with the rows each replica computed in a real step
-            write_layout_report(report_dir, rank, job.coords, job.chunks, rows=job.rows, loss_scale=job.loss_scale)
+            write_layout_report(report_dir, rank, job.coords, job.chunks, rows=job.rows, loss_scale=job.loss_scale,
+                                micro_batches=job.micro_batches)
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
             save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers,
                             meta={"model": plan.model.name, "world_size": dist.get_world_size(),
