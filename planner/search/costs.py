@@ -105,6 +105,7 @@ class CandidateCosts:
         self.dtype = profile.dtype
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
+        self._least: dict[tuple, tuple[float, float]] = {}
 
     # -- configuration ------------------------------------------------------------------------
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
@@ -275,9 +276,18 @@ class CandidateCosts:
         or memory): (m - 1/v) max(sum t_min / pp, max t_min) + sum t_min / v; with replica types the
         largest over the types (each with its own node type and m_t)."""
         lanes = ([((t,), m) for t, _, m in outer.replica_types()] if outer.replica_node_types else
-                 [(tuple(set(outer.rank_node_types)), outer.num_micro_batches)])
-        bound = 0.0
+                 [(tuple(sorted(set(outer.rank_node_types))), outer.num_micro_batches)])
+        bound, v = 0.0, outer.virtual_stages
         for types, m in lanes:
+            total, largest = self._least_layer_times(outer, types)
+            bound = max(bound, (m - 1 / v) * max(total / outer.pp, largest) + total / v)
+        return bound
+
+    def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...]) -> tuple[float, float]:
+        """(sum over layers, max over layers) of each layer's fastest option on ``types``; cached, as it
+        depends only on tp, sequence parallel, micro-batch and the dp wrapper."""
+        key = (types, outer.tp, outer.sequence_parallel, outer.micro_batch, dp_wrapper(outer.dp, outer.zero_stage))
+        if key not in self._least:
             t_min = []
             for layers in self.groups:
                 costs = [self._layer_cost(layers[0], nt, outer.tp, o.style, o.recompute, outer.sequence_parallel,
@@ -285,10 +295,8 @@ class CandidateCosts:
                          for nt in types for o in self.options(layers, outer.tp)]
                 t_min.append((min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s for k in costs),
                               len(layers)))
-            total = sum(t * size for t, size in t_min)
-            v = outer.virtual_stages
-            bound = max(bound, (m - 1 / v) * max(total / outer.pp, max(t for t, _ in t_min)) + total / v)
-        return bound
+            self._least[key] = (sum(t * size for t, size in t_min), max(t for t, _ in t_min))
+        return self._least[key]
 
     def tables(self, outer: OuterChoice) -> Tables:
         """All ILP coefficients of ``outer`` (one lane per replica node type when replicas differ)."""

@@ -396,10 +396,14 @@ def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = No
     options = []
     if cutoff_s is not None and math.isfinite(cutoff_s):
         options.append(f"cutoff {cutoff_s / scale - constant!r}")
+    # One thread = CBC's serial code (no "-threads"): "-threads 1" starts CBC's parallel branch-and-bound
+    # with one worker, whose start-up sometimes stalls for exactly 10 s here (log: "Thread 0 used 0 times,
+    # waiting to start 10.000131"; measured 1 run in 15 on a 0.02 s program).
+    threads = config.threads if config.threads > 1 else None
     with warnings.catch_warnings():   # PuLP 3.3 flags PULP_CBC_CMD for a 4.0 rename; it is the current API
         warnings.simplefilter("ignore", DeprecationWarning)
         cmd = pulp.PULP_CBC_CMD(msg=False, timeLimit=config.time_limit_s, gapRel=config.gap_rel, gapAbs=0.0,
-                                threads=config.threads, logPath=log_path, options=options)
+                                threads=threads, logPath=log_path, options=options)
     start = time.perf_counter()
     try:
         problem.prob.solve(cmd)

@@ -49,13 +49,20 @@ def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0) -
     fixed = extra_bytes + (2 * tables.v * min(grp.out_buffer_bytes for grp in tables.groups) if rm.pp_buffers else 0.0)
     limit = (rm.capacity_bytes - rm.reserve_const_bytes) / rm.reserve_factor
 
+    def largest_present(n: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """max over options present in ``n`` of ``values`` (0 if none); elementwise over the 3 columns,
+        which numpy does much faster than a reduction along a length-3 last axis."""
+        out = np.where(n[..., 0] > 0, values[0], 0.0)
+        for i in range(1, MAX_OPTIONS):
+            out = np.maximum(out, np.where(n[..., i] > 0, values[i], 0.0))
+        return out
+
     def memory(n: np.ndarray) -> np.ndarray:     # n: (..., 3) counts
-        present = n > 0
-        mem = n @ each + np.max(np.where(present, ws, 0.0), axis=-1) + fixed
+        mem = n @ each + largest_present(n, ws) + fixed
         if rm.ddp_buffer == "always":
             mem = mem + np.minimum(rm.ddp_buffer_cap_bytes, rm.grad_bytes_per_param * (n @ params))
         if rm.zero3_buffer_layers:
-            mem = mem + rm.zero3_buffer_layers * np.max(np.where(present, pbytes, 0.0), axis=-1)
+            mem = mem + rm.zero3_buffer_layers * largest_present(n, pbytes)
         return mem
 
     size = group.size

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 EXACT_REL_TOL = 1e-9       # ILP objective (at its integer solution) vs planner.cost.estimate
 SOLVER_REL_TOL = 1e-6      # CBC's reported objective vs the same solution evaluated exactly
-QUICK_SOLVE_S = 1.0        # first attempt without cuts; most candidates are proven optimal well within it
+QUICK_SOLVE_S = 0.5        # first attempt without cuts; most candidates are proven optimal well within it
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
