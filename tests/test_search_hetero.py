@@ -64,3 +64,38 @@ def test_plan_file_places_replicas_by_type(searched, tmp_path):
     assert first_v100 * pp * tp == 16        # 2 DGX A100 nodes x 8 GPUs
     save_plan(plan, tmp_path / "plan.json")
     assert load_plan(tmp_path / "plan.json").model_copy(update={"content_hash": None}) == plan
+
+
+def test_prove_top_k_gives_the_k_best_candidates():
+    """--prove-top-k: no candidate outside the ranked list has an optimum below the k-th plan (unless a
+    ranked plan dominates it: same time terms, no more memory), each candidate solved on its own."""
+    import math
+
+    from planner.cost.placement import with_gpus
+    from planner.search.ilp import build_problem, solve
+    from planner.search.space import enumerate_outer, memory_shortfall_bytes
+    from planner.search.tables import dominates
+
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 4)
+    profile = build_gpt_profile(parse_model("gpt", layers=3, hidden=128, heads=4, vocab=512, max_seq=64),
+                                seq_len=64, dtype="bf16", tp_degrees=[1, 2])
+    config = SearchConfig(top_k=4, exhaustive_top_k=True, allow=frozenset({"tp", "pp", "dp", "zero"}))
+    result = plan_search(profile, cluster, n_devices=4, global_batch=8, config=config)
+    assert result.status == "optimal" and result.runners_up_proven and len(result.ranked) == 4
+    costs = CandidateCosts(profile, cluster, global_batch=8, config=config)
+    kth = result.ranked[-1].step_s
+    ranked_tables = [costs.tables(c.outer) for c in result.ranked]
+    below = 0
+    for outer in enumerate_outer(cluster=cluster, n_devices=4, global_batch=8, n_layers=len(profile.layers),
+                                 tp_degrees=[1, 2], config=config):
+        tables = costs.tables(outer)
+        if memory_shortfall_bytes(tables) > 0:
+            continue
+        solved = solve(build_problem(tables), config)
+        if solved.objective_s is None or solved.objective_s >= kth * (1 - 1e-9):
+            continue
+        below += 1
+        assert outer in [c.outer for c in result.ranked] or any(dominates(t, tables) for t in ranked_tables), \
+            (outer.summary(), solved.objective_s, kth)
+    assert below >= 3, below      # the ranked plans themselves (the 4th is the bound)
+    assert math.isclose(result.best.step_s, min(c.step_s for c in result.ranked))

@@ -85,8 +85,9 @@ def build_search_record(result: SearchResult) -> SearchRecord:
         notes=(f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
                f"{result.candidates_dominated} dominated (same time, more memory than a solved one), "
                f"{result.candidates_cut_off} cut off inside CBC (cannot beat the best or enter the top k); {proven}; "
-               f"runners-up are the best other candidates solved. "
-               f"{result.notes}").strip())
+               + ("runners-up are proven the next best candidates (--prove-top-k). " if result.runners_up_proven
+                  else "runners-up are the best other candidates solved while proving the best. ")
+               + result.notes).strip())
 
 
 def build_plan(result: SearchResult, *, model: ModelSpec, profile: ModelProfile, cluster: ClusterProfile,

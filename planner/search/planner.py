@@ -64,6 +64,7 @@ class SearchResult:
     wall_time_s: float
     notes: str = ""
     candidates_cut_off: int = 0
+    runners_up_proven: bool = False    # exhaustive_top_k and every ranked plan proven (the k best candidates)
 
 
 def check_exact(tables: Tables, assignment: Assignment, est, outer: OuterChoice,
@@ -237,9 +238,11 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
             notes = f"search budget of {config.budget_s} s ran out"
             open_bounds.append((bound, "feasible"))
             break
-        best_s = ranked[0].step_s if ranked else math.inf
+        # what a candidate must beat to change the proven answer: the best plan, or with exhaustive_top_k
+        # the k-th (then the runners-up are proven too)
+        must_beat_s = ranked[need - 1].step_s if len(ranked) >= need else math.inf
         kth_s = ranked[keep - 1].step_s if len(ranked) >= keep else math.inf
-        out, result = _solve_candidate(costs, outer, tables, config, best_s=best_s, kth_s=kth_s)
+        out, result = _solve_candidate(costs, outer, tables, config, best_s=must_beat_s, kth_s=kth_s)
         counts["solved"] += 1
         solved_tables.setdefault(_key(outer), []).append(tables)
         if result.status == "cut_off":
@@ -258,10 +261,13 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
     if not ranked:
         raise _no_plan_error(shortfall, n_devices)
     status, gap = _global_status(ranked[0].step_s, open_bounds)
+    runners_up_proven = (config.exhaustive_top_k and status == "optimal"
+                         and all(c.solve.status == "optimal" for c in ranked)
+                         and _global_status(ranked[-1].step_s, open_bounds)[0] == "optimal")
     log.info("search: %d candidates, %s", len(outers), counts)
     return SearchResult(best=ranked[0], ranked=tuple(ranked), status=status, gap=gap,
                         candidates_total=len(outers), candidates_solved=counts["solved"],
                         candidates_pruned=len(outers) - counts["solved"],
                         candidates_infeasible=counts["infeasible"], candidates_dominated=counts["dominated"],
                         wall_time_s=time.perf_counter() - start, notes=notes,
-                        candidates_cut_off=counts["cut_off"])
+                        candidates_cut_off=counts["cut_off"], runners_up_proven=runners_up_proven)
