@@ -84,7 +84,7 @@ def build_search_record(result: SearchResult) -> SearchRecord:
         top_k=[_alternative(c, best_s) for c in result.ranked[1:]],
         notes=(f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
                f"{result.candidates_dominated} dominated (same time, more memory than a solved one), "
-               f"{result.candidates_cut_off} cut off inside CBC (cannot beat the best or enter the top k); {proven}; "
+               f"{result.candidates_cut_off} cut off inside CBC (cannot beat the best); {proven}; "
                + ("runners-up are proven the next best candidates (--prove-top-k). " if result.runners_up_proven
                   else "runners-up are the best other candidates solved while proving the best. ")
                + result.notes).strip())

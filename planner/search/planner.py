@@ -2,10 +2,11 @@
 
 :func:`plan_search` is the entry point. Branch-and-bound over the outer choices: every candidate gets a
 lower bound (:func:`planner.search.space.lower_bound_s`); candidates are solved in increasing bound order
-and the loop stops once the next bound cannot beat the k-th best plan found. Inside each ILP the
-incumbent is CBC's cutoff (the k-th best step time, then the best one), so a candidate that cannot matter
+and the loop stops once the next bound cannot beat the best plan found (the k-th with
+``exhaustive_top_k``). Inside each ILP that incumbent is CBC's cutoff, so a candidate that cannot matter
 is pruned inside CBC as soon as its own bound shows it; the search is optimal unless a candidate was left
-with a proven floor below the best plan (then the status and gap say so). Each ILP answer is
+with a proven floor below the best plan (then the status and gap say so). Runners-up are the best other
+candidates solved on the way (proven the k best only with ``exhaustive_top_k``). Each ILP answer is
 re-evaluated with ``planner.cost.estimate`` and must agree to 1e-9 relative — that is what "exact under our
 cost model" means here.
 """
@@ -92,19 +93,21 @@ def check_exact(tables: Tables, assignment: Assignment, est, outer: OuterChoice,
 
 
 def _solve_candidate(costs: CandidateCosts, outer: OuterChoice, tables: Tables, config: SearchConfig, *,
-                     best_s: float = math.inf, kth_s: float = math.inf) -> tuple[Candidate | None, SolveResult]:
-    """Solve one candidate's program: first the plain program for a short while, with the k-th best step
-    time found so far as CBC's cutoff (a candidate that cannot enter the top k is pruned inside CBC); then,
-    only if that did not settle it and its proven bound is still below the best plan's step time, rebuild it
-    with the tightening cuts (planner.search.ilp_cuts) and solve again with the best step time as cutoff for
-    the remaining time limit. A candidate whose bound reaches the best plan's time cannot change the answer,
-    so it is not solved further: its quick solution (if any) may still be a runner-up, marked unproven.
+                     best_s: float = math.inf, fill: bool = False) -> tuple[Candidate | None, SolveResult]:
+    """Solve one candidate's program with ``best_s`` (the step time it must beat to change the answer: the
+    best plan so far, or the k-th with ``exhaustive_top_k``) as CBC's cutoff, so a candidate that cannot
+    matter is pruned inside CBC as soon as its bound shows it (``fill``: no cutoff in the first attempt,
+    while the list of runners-up is still short). First the plain program for a short while;
+    only if that did not settle it and its proven bound is still below ``best_s``, the program rebuilt with
+    the tightening cuts (planner.search.ilp_cuts) for the remaining time limit. A candidate stopped with
+    its bound at or above ``best_s`` cannot change the answer: its solution (if any) may still be a
+    runner-up, marked unproven.
 
     Returns (candidate or None, the solver result whose ``bound_s`` is the candidate's proven floor).
     """
     quick = replace(config, time_limit_s=min(config.time_limit_s, QUICK_SOLVE_S))
     problem = build_problem(tables, cuts=False)
-    result = solve(problem, quick, cutoff_s=kth_s)
+    result = solve(problem, quick, cutoff_s=math.inf if fill else best_s)
     if (result.status in ("time_limit", "feasible") and result.bound_s < best_s
             and config.time_limit_s > QUICK_SOLVE_S):
         second_problem = build_problem(tables, cuts=True)
@@ -241,8 +244,7 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
         # what a candidate must beat to change the proven answer: the best plan, or with exhaustive_top_k
         # the k-th (then the runners-up are proven too)
         must_beat_s = ranked[need - 1].step_s if len(ranked) >= need else math.inf
-        kth_s = ranked[keep - 1].step_s if len(ranked) >= keep else math.inf
-        out, result = _solve_candidate(costs, outer, tables, config, best_s=must_beat_s, kth_s=kth_s)
+        out, result = _solve_candidate(costs, outer, tables, config, best_s=must_beat_s, fill=len(ranked) < keep)
         counts["solved"] += 1
         solved_tables.setdefault(_key(outer), []).append(tables)
         if result.status == "cut_off":
