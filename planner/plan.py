@@ -96,8 +96,19 @@ class StagePrediction(_Strict):
     memory_capacity_bytes: float
 
 
+class ReplicaTypePrediction(_Strict):
+    """dp replicas of one node type (plans with ``replica_node_types``): their pipeline and memory."""
+
+    node_type: str
+    replicas: list[int] = Field(description="dp indices of the replicas of this type")
+    micro_batches: int = Field(description="micro-batches each of these replicas runs per step")
+    pipeline_s: float = Field(description="their pipeline time per step (formula (P) with their count)")
+    stages: list[StagePrediction]
+
+
 class Predictions(_Strict):
-    """What the cost model predicts for this plan."""
+    """What the cost model predicts for this plan (``stages``: the critical replica type's when replicas run
+    on several node types; every type in ``per_replica_type``)."""
 
     step_time_s: float
     tokens_per_s: float
@@ -108,6 +119,7 @@ class Predictions(_Strict):
     peak_memory_bytes: float = Field(description="max over ranks")
     breakdown_s: dict[str, float] = Field(description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
     stages: list[StagePrediction]
+    per_replica_type: list[ReplicaTypePrediction] = Field(default_factory=list)
 
 
 class Alternative(_Strict):

@@ -62,6 +62,14 @@ def test_plan_file_places_replicas_by_type(searched, tmp_path):
     first_v100 = plan.replica_node_types.index(V100)
     assert all(t == A100 for t in plan.replica_node_types[:first_v100])
     assert first_v100 * pp * tp == 16        # 2 DGX A100 nodes x 8 GPUs
+    # predictions per replica type: each type's memory against its own capacity (80 GB A100, 16 GB V100)
+    per_type = {t.node_type: t for t in plan.predictions.per_replica_type}
+    assert set(per_type) == {A100, V100}
+    assert per_type[A100].micro_batches > per_type[V100].micro_batches
+    for t, capacity_gib in ((A100, 80), (V100, 16)):
+        for sp in per_type[t].stages:
+            assert sp.memory_capacity_bytes == capacity_gib * 2**30
+            assert sp.peak_memory_bytes <= 0.9 * sp.memory_capacity_bytes
     save_plan(plan, tmp_path / "plan.json")
     assert load_plan(tmp_path / "plan.json").model_copy(update={"content_hash": None}) == plan
 

@@ -93,18 +93,18 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     table.add_row("predicted step time", f"{pred.step_time_s:.4g} s")
     table.add_row("throughput", f"{pred.samples_per_s:.4g} samples/s, {pred.tokens_per_s:.4g} tokens/s")
     table.add_row("MFU", f"{pred.mfu * 100:.1f} % ({pred.model_tflops_per_gpu:.3g} TFLOP/s per GPU)")
-    if plan.replica_node_types:
-        shares: dict[str, list[float]] = {}
-        for t, share in zip(plan.replica_node_types, plan.batch_shares or []):
-            shares.setdefault(t, []).append(share)
-        table.add_row("dp replicas", "; ".join(
-            f"{len(v)} on {t}, {v[0] * plan.training.global_batch:g} samples each "
-            f"({v[0] * plan.training.global_batch / sched.micro_batch_size:g} micro-batches)"
-            for t, v in shares.items()))
-    for sp in pred.stages:
-        where = " (critical replica type)" if plan.replica_node_types else ""
-        table.add_row(f"stage {sp.stage} peak memory{where}",
-                      f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB")
+    if pred.per_replica_type:   # replicas on several node types: each type's pipeline and memory
+        for t in pred.per_replica_type:
+            rows = t.micro_batches * sched.micro_batch_size
+            table.add_row(f"{len(t.replicas)} replicas on {t.node_type}",
+                          f"{rows} samples each ({t.micro_batches} micro-batches), pipeline {t.pipeline_s:.4g} s")
+            for sp in t.stages:
+                table.add_row(f"  stage {sp.stage} peak memory",
+                              f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB")
+    else:
+        for sp in pred.stages:
+            table.add_row(f"stage {sp.stage} peak memory",
+                          f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB")
     search = plan.search
     table.add_row("search", f"{search.status}, gap {search.gap:.2g}, {search.wall_time_s:.2f} s, "
                             f"{search.candidates_solved} solved / {search.candidates_pruned} pruned")
