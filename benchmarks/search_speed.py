@@ -98,10 +98,11 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=30.0, help="CBC limit per ILP, seconds")
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--budget", type=float, default=60.0, help="search budget per case, seconds")
+    parser.add_argument("--jobs", type=int, default=1, help="candidates solved in parallel (CBC processes)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     config = SearchConfig(time_limit_s=args.time_limit, top_k=args.top_k, allow=DEFAULT_DIMENSIONS,
-                          budget_s=args.budget)
+                          budget_s=args.budget, jobs=args.jobs)
     cluster = load_cluster_profile(resolve_cluster_path("dgx-a100-80g"))
     cases = set(args.cases.split(","))
     print(f"{'case':18s} {'GPUs':>6s} {'search_s':>8s} {'plan_s':>9s} {'grid_s':>9s} {'<=grid':>5s}  status / strategy")

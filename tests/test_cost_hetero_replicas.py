@@ -148,3 +148,22 @@ def test_cli_estimate_takes_replica_node_types_and_shares(capsys):
     assert doc["step_time_s"] == pytest.approx(api.step_time_s, rel=1e-12)
     assert main(argv[:-1] + ["0.3,0.3,0.2,0.2"]) == 2
     assert "not a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tp,pp,dp,per_node_dp,per_node_dpt,sends_cross", [
+    (1, 8, 4, 1, 1, False),    # a replica fills a node: one DP member per node
+    (1, 4, 4, 2, 2, False),    # two replicas of 4 ranks per node
+    (4, 1, 8, 2, 8, False),    # two tp4 replicas per node
+    (1, 16, 2, 1, 1, True),    # a replica spans two nodes: its sends are charged inter-node
+])
+def test_replica_groups_follow_the_dp_outer_rank_layout(tp, pp, dp, per_node_dp, per_node_dpt, sends_cross):
+    """Plans with replicas on several types lay ranks out as dp, pp, tp (replica j = j-th block of pp x tp
+    ranks): DP members are pp x tp ranks apart, so a node of 8 holds 8 // (pp x tp) of them."""
+    from planner.cost.placement import replica_sends_cross_nodes, replica_sets
+
+    types = (A100,) * (dp // 2) + (V100,) * (dp // 2)
+    config = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=1, num_micro_batches=dp, replica_node_types=types)
+    sets = replica_sets(MIXED, config, (1,) * dp)
+    assert {s.dp_group.ranks_per_node for s in sets} == {per_node_dp}
+    assert {s.dp_tp_group.ranks_per_node for s in sets} == {per_node_dpt}
+    assert replica_sends_cross_nodes(config, 8) is sends_cross

@@ -107,3 +107,15 @@ def test_prove_top_k_gives_the_k_best_candidates():
             (outer.summary(), solved.objective_s, kth)
     assert below >= 3, below      # the ranked plans themselves (the 4th is the bound)
     assert math.isclose(result.best.step_s, min(c.step_s for c in result.ranked))
+
+
+@pytest.mark.parametrize("preset,gpus,batch", [("gpt3-175b", 1024, 1536), ("megatron-1.7b", 32, 512)])
+def test_parallel_jobs_find_the_same_optimum(preset, gpus, batch):
+    """--jobs 2 solves two candidates at once (each its own CBC process): same proven optimum as one."""
+    cluster = load_cluster_profile(resolve_cluster_path("dgx-a100-80g"))
+    profile = build_gpt_profile(parse_model(f"gpt:{preset}"), seq_len=2048)
+    one = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=SearchConfig(jobs=1))
+    two = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=SearchConfig(jobs=2))
+    assert one.status == two.status == "optimal"
+    assert two.best.step_s == pytest.approx(one.best.step_s, rel=1e-9)
+    assert all(a.step_s <= b.step_s for a, b in zip(two.ranked, two.ranked[1:]))

@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gap", type=float, default=0.0, metavar="FRACTION",
                    help="relative optimality gap CBC may stop at (0.01 = 1 %%)")
     p.add_argument("--top-k", type=int, default=5, metavar="K", help="plans to keep (the best and its runners-up)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="candidates solved in parallel, one CBC process each (e.g. the number of CPU cores); "
+                        "the best step time and its proof do not depend on it")
     p.add_argument("--prove-top-k", action="store_true",
                    help="go on until the runners-up are proven the k best candidates too (slower); by default "
                         "they are the best of the candidates solved while proving the best plan optimal")
@@ -148,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     profile = _model_profile(spec, args, seq_len)
     _check_dtype(cluster, profile.dtype)
     config = SearchConfig(time_limit_s=args.time_limit, gap_rel=args.gap, top_k=args.top_k,
-                          exhaustive_top_k=args.prove_top_k,
+                          exhaustive_top_k=args.prove_top_k, jobs=args.jobs,
                           allow=parse_allow(args.allow), memory_fraction=args.memory_fraction,
                           budget_s=args.budget)
     console = Console(stderr=True)

@@ -53,7 +53,8 @@ from planner.cost.constants import (DDP_BUCKETS_IN_FLIGHT, MEMORY_BW_EFFICIENCY,
 from planner.cost.memory import build_memory_breakdown, model_states_bytes, precision_kind
 from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
 from planner.cost.placement import (GroupShape, ReplicaSet, assign_chunks, dp_group, layer_recompute,
-                                    layer_style, rank_node_types, replica_sets, tp_group)
+                                    layer_style, rank_node_types, replica_sends_cross_nodes, replica_sets,
+                                    tp_group)
 from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
 from planner.cost.validate import check_config, micro_batches_per_replica, replica_micro_batches
 from planner.cost.zero3 import Zero3Comm
@@ -136,9 +137,11 @@ class _Assembler:
         node = self.node(src)
         last = self.chunks[c][-1]
         full_bytes = last.output_bytes_per_sample * cfg.micro_batch
-        # a stage's ranks on this node type: dp x tp, or (replica types) count_t x tp
-        stage_ranks = (cfg.dp if self.replicas is None else len(self.replicas.replicas)) * cfg.tp
-        spans = (self.node_names[src] != self.node_names[dst] or stage_ranks >= node.devices_per_node)
+        if self.replicas is not None and len(self.replicas.sync_node_types) > 1:   # dp, pp, tp layout
+            spans = replica_sends_cross_nodes(cfg, node.devices_per_node)
+        else:   # pp, dp, tp layout: a stage's dp x tp ranks (count_t x tp for one replica type)
+            stage_ranks = (cfg.dp if self.replicas is None else len(self.replicas.replicas)) * cfg.tp
+            spans = (self.node_names[src] != self.node_names[dst] or stage_ranks >= node.devices_per_node)
         one_way = collective_time(self.cluster, "send_recv", full_bytes / cfg.tp, 2, node_type=node,
                                   spans_nodes=spans, ranks_per_node=1)
         if cfg.tp > 1 and not cfg.sequence_parallel and layer_style(cfg, last) == "split":

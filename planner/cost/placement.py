@@ -185,21 +185,33 @@ class ReplicaSet:
 def _mixed_dp_groups(cluster: ClusterProfile, config: ParallelConfig) -> tuple[GroupShape, GroupShape]:
     """DP group shapes when the replicas sit on several node types (so on different nodes).
 
-    Replicas of type ``t`` are placed on type-``t`` nodes as in the single-type case, so its share of the
-    DP group has ``min(count_t, d_t // tp)`` ranks per node (1 when ``tp > d_t``) and of the ``dp x tp``
-    group ``min(count_t * tp, d_t)``. The group crosses nodes and is given the smallest of those per-node
-    counts: fewer ranks per node means a smaller share of the node's NICs in ``collectives._flat_link``,
-    so the time is an upper bound for the other types' nodes.
+    Rank layout of such plans (``planner.search.plan_file``): mesh axes ``dp, pp, tp``, so replica ``j`` is
+    the ``j``-th block of ``pp * tp`` ranks and the members of a DP group are ``pp * tp`` ranks apart. A
+    type-``t`` node (``d_t`` devices) holds ``k_t = d_t // (pp * tp)`` whole replicas (one part of one when
+    ``pp * tp > d_t``), so its share of the DP group has ``min(count_t, max(k_t, 1))`` ranks per node and
+    of the ``dp x tp`` group ``min(count_t, k_t) * tp`` (``min(tp, d_t)`` when a replica spans nodes).
+    The group crosses nodes and is given the smallest of those per-node counts: fewer ranks per node
+    means a smaller share of the node's NICs in ``collectives._flat_link``, so the time is an upper bound
+    for the other types' nodes.
     """
     types = config.replica_node_types or ()
-    tp = config.tp
+    tp, block = config.tp, config.pp * config.tp
     per_dp, per_dpt = [], []
     for name in dict.fromkeys(types):
         d, count = cluster.node_type(name).devices_per_node, types.count(name)
-        per_dp.append(max(1, min(count, d // tp)) if tp <= d else 1)
-        per_dpt.append(min(count * tp, d))
+        whole = d // block
+        per_dp.append(min(count, max(whole, 1)))
+        per_dpt.append(min(count, whole) * tp if whole >= 1 else min(tp, d))
     return (GroupShape(n_ranks=config.dp, ranks_per_node=min(per_dp), spans_nodes=True),
             GroupShape(n_ranks=config.dp * tp, ranks_per_node=min(per_dpt), spans_nodes=True))
+
+
+def replica_sends_cross_nodes(config: ParallelConfig, devices_per_node: int) -> bool:
+    """Whether pipeline sends inside a replica are charged inter-node in the ``dp, pp, tp`` layout of plans
+    with replicas on several node types: consecutive stages are ``tp`` ranks apart, so they stay inside a
+    node unless the replica's ``pp * tp`` ranks span nodes; then every send is charged inter-node (an upper
+    bound: only the sends at node boundaries cross)."""
+    return config.pp * config.tp > devices_per_node
 
 
 def replica_sets(cluster: ClusterProfile, config: ParallelConfig,

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from planner.search.config import SearchConfig
 from planner.search.tables import Tables
 
 log = logging.getLogger(__name__)
+_WARNINGS_LOCK = threading.Lock()   # warnings.catch_warnings is process-global; solves may run in threads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,7 +90,7 @@ def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = No
     # with one worker, whose start-up sometimes stalls for exactly 10 s here (log: "Thread 0 used 0 times,
     # waiting to start 10.000131"; measured 1 run in 15 on a 0.02 s program).
     threads = config.threads if config.threads > 1 else None
-    with warnings.catch_warnings():   # PuLP 3.3 flags PULP_CBC_CMD for a 4.0 rename; it is the current API
+    with _WARNINGS_LOCK, warnings.catch_warnings():   # PuLP 3.3 flags PULP_CBC_CMD for a 4.0 rename; current API
         warnings.simplefilter("ignore", DeprecationWarning)
         cmd = pulp.PULP_CBC_CMD(msg=False, timeLimit=config.time_limit_s, gapRel=config.gap_rel, gapAbs=0.0,
                                 threads=threads, logPath=log_path, options=options)

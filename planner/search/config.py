@@ -22,6 +22,9 @@ class SearchConfig:
     on until they are proven the k best, which can take much longer). ``allow``: dimensions the search may use
     (:data:`ALL_DIMENSIONS`). ``max_micro_batch``: largest micro-batch size tried. ``memory_fraction``:
     share of device memory the plan may use (the rest is left to the allocator and workspaces).
+    ``jobs``: outer candidates solved in parallel (threads, each waiting on its own CBC process); the best
+    step time and its proof do not depend on it (runners-up and counters may: cutoffs follow the order in
+    which solves finish).
     """
 
     time_limit_s: float = 30.0
@@ -34,6 +37,7 @@ class SearchConfig:
     max_virtual_stages: int = 8
     memory_fraction: float = 0.9
     budget_s: float = 600.0
+    jobs: int = 1          # candidates solved at once (each its own CBC process)
 
     def __post_init__(self) -> None:
         unknown = set(self.allow) - set(ALL_DIMENSIONS)
@@ -44,6 +48,8 @@ class SearchConfig:
             raise StratagemError(f"--memory-fraction {self.memory_fraction} must be in (0, 1]; e.g. 0.9")
         if self.time_limit_s <= 0:
             raise StratagemError(f"--time-limit {self.time_limit_s} must be positive seconds, e.g. 30")
+        if self.jobs < 1:
+            raise StratagemError(f"--jobs {self.jobs} must be >= 1, e.g. the number of CPU cores")
         if self.budget_s <= 0:
             raise StratagemError(f"--budget {self.budget_s} must be positive seconds, e.g. 600")
 

@@ -24,7 +24,7 @@ from planner.cost.estimate import _timings_apply, dp_collective_time   # the rul
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.memory import model_states_bytes, precision_kind
 from planner.cost.pipeline import inflight_microbatches
-from planner.cost.placement import GroupShape, dp_group, replica_sets, tp_group
+from planner.cost.placement import GroupShape, dp_group, replica_sends_cross_nodes, replica_sets, tp_group
 from planner.cost.validate import check_config, replica_micro_batches
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
@@ -120,12 +120,6 @@ class CandidateCosts:
                               stage_node_types=None if outer.replica_node_types else outer.rank_node_types,
                               **extra)
 
-    def _stage_ranks(self, outer: OuterChoice, nt: str) -> int:
-        """Ranks of one pipeline stage on node type ``nt``: dp x tp, or its replicas x tp (replica types)."""
-        if outer.replica_node_types:
-            return outer.replica_node_types.count(nt) * outer.tp
-        return outer.dp * outer.tp
-
     def options(self, layers: list[LayerProfile], tp: int) -> tuple[Option, ...]:
         """Recompute modes x styles allowed for this group (see the module docstring)."""
         layer = layers[0]
@@ -193,7 +187,10 @@ class CandidateCosts:
         """One-way transfer after a chunk ending in ``last`` (``estimate._Assembler._boundary_s``)."""
         node = self.cluster.node_type(src)
         full_bytes = last.output_bytes_per_sample * outer.micro_batch
-        spans = src != dst or self._stage_ranks(outer, src) >= node.devices_per_node
+        if outer.replica_node_types:   # dp, pp, tp layout (estimate._Assembler._boundary_s)
+            spans = src != dst or replica_sends_cross_nodes(self.base_config(outer), node.devices_per_node)
+        else:
+            spans = src != dst or outer.dp * outer.tp >= node.devices_per_node
         one_way = collective_time(self.cluster, "send_recv", full_bytes / outer.tp, 2, node_type=node,
                                   spans_nodes=spans, ranks_per_node=1)
         if outer.tp > 1 and not outer.sequence_parallel and style == "split":

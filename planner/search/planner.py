@@ -18,6 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from planner.cost.placement import with_gpus
@@ -145,6 +146,33 @@ def _quick_bounded(costs: CandidateCosts, outers: list[OuterChoice]) -> list[tup
     return entries
 
 
+class _State:
+    """What the search has learnt: the ranked plans, counters, and floors of unsettled candidates."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self.ranked: list[Candidate] = []
+        self.tables_of: dict[int, Tables] = {}
+        self.counts = dict(solved=0, infeasible=0, dominated=0, refined=0, cut_off=0)
+        self.open_bounds: list[tuple[float, str]] = []   # (proven floor, status) of unsettled candidates
+
+    def record(self, out: Candidate | None, result: SolveResult, *, bound: float, tables: Tables) -> None:
+        if result.status == "cut_off":
+            self.counts["cut_off"] += 1
+        elif result.status == "infeasible":
+            self.counts["infeasible"] += 1
+        elif result.status != "optimal":
+            self.open_bounds.append((max(bound, result.bound_s), result.status))
+        if out is None:
+            return
+        # keep alternatives distinct: drop a ranked plan the new one dominates and is no slower than (a
+        # stopped solve may have found worse than its candidate's optimum: then the ranked plan stays)
+        ranked = [c for c in self.ranked
+                  if not (out.step_s <= c.step_s and dominates(tables, self.tables_of[id(c)]))]
+        self.tables_of[id(out)] = tables
+        self.ranked = sorted([*ranked, out], key=lambda c: c.step_s)[:self.keep]
+
+
 def _key(outer: OuterChoice) -> tuple:
     return (outer.tp, outer.pp, outer.dp, outer.micro_batch, outer.virtual_stages, outer.sequence_parallel,
             outer.rank_node_types, outer.replica_node_types, outer.replica_micro_batches)
@@ -200,64 +228,79 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
     total = len(heap)
     keep = max(1, config.top_k)
     need = keep if config.exhaustive_top_k else 1
-    ranked: list[Candidate] = []
+    state = _State(keep=keep)
     solved_tables: dict[tuple, list[Tables]] = {}
-    costs_tables: dict[int, Tables] = {}
-    counts = dict(solved=0, infeasible=0, dominated=0, refined=0, cut_off=0)
     shortfall, notes = math.inf, ""
-    open_bounds: list[tuple[float, str]] = []   # (proven floor, status) of candidates left unsettled
-    while heap:
-        bound, idx, stage, outer, tables = heapq.heappop(heap)
-        if progress:
-            progress(total - len(heap), total)
-        if len(ranked) >= need and bound >= ranked[need - 1].step_s:
-            break                        # best-first: nothing left can beat the best (or enter the top k)
-        if stage == 0:                   # build the coefficients, bound with sends, optimizer, memory
-            try:
-                tables = costs.tables(outer)
-            except StratagemError as exc:
-                log.debug("skipping %s: %s", outer.summary(), exc)
+    pool = ThreadPoolExecutor(max_workers=config.jobs) if config.jobs > 1 else None
+    pending: dict[Future, tuple[float, OuterChoice, Tables]] = {}
+
+    def must_beat() -> float:
+        """What a candidate must beat to change the proven answer: the best plan, or with
+        exhaustive_top_k the k-th (then the runners-up are proven too)."""
+        return state.ranked[need - 1].step_s if len(state.ranked) >= need else math.inf
+
+    def settle(block: bool) -> None:
+        """Record finished parallel solves (wait for one when ``block``)."""
+        done, _ = wait(list(pending), return_when=FIRST_COMPLETED) if block else (
+            [f for f in pending if f.done()], None)
+        for fut in done:
+            bound, outer, tables = pending.pop(fut)
+            state.record(*fut.result(), bound=bound, tables=tables)
+
+    try:
+        while heap:
+            bound, idx, stage, outer, tables = heapq.heappop(heap)
+            if progress:
+                progress(total - len(heap), total)
+            if bound >= must_beat():
+                break                        # best-first: nothing left can beat the best (or enter the top k)
+            if stage == 0:                   # build the coefficients, bound with sends, optimizer, memory
+                try:
+                    tables = costs.tables(outer)
+                except StratagemError as exc:
+                    log.debug("skipping %s: %s", outer.summary(), exc)
+                    continue
+                short = memory_shortfall_bytes(tables)
+                if short > 0:
+                    shortfall = min(shortfall, short)
+                    state.counts["infeasible"] += 1
+                    continue
+                heapq.heappush(heap, (max(bound, lower_bound_s(tables)), idx, 1, outer, tables))
                 continue
-            short = memory_shortfall_bytes(tables)
-            if short > 0:
-                shortfall = min(shortfall, short)
-                counts["infeasible"] += 1
+            if stage == 1:                   # tighten with the memory-aware block floor
+                state.counts["refined"] += 1
+                tighter = refined_lower_bound_s(tables)
+                if math.isfinite(tighter):
+                    heapq.heappush(heap, (max(bound, tighter), idx, 2, outer, tables))
+                else:
+                    state.counts["infeasible"] += 1
                 continue
-            heapq.heappush(heap, (max(bound, lower_bound_s(tables)), idx, 1, outer, tables))
-            continue
-        if stage == 1:                   # tighten with the memory-aware block floor
-            counts["refined"] += 1
-            tighter = refined_lower_bound_s(tables)
-            if math.isfinite(tighter):
-                heapq.heappush(heap, (max(bound, tighter), idx, 2, outer, tables))
+            if pool is not None:
+                settle(block=len(pending) >= config.jobs)
+                if bound >= must_beat():
+                    break
+            if _dominated(tables, outer, solved_tables):
+                state.counts["dominated"] += 1
+                continue
+            if time.perf_counter() - start > config.budget_s:
+                # every unexplored candidate is >= bound: the best found is within this gap of the optimum
+                notes = f"search budget of {config.budget_s} s ran out"
+                state.open_bounds.append((bound, "feasible"))
+                break
+            state.counts["solved"] += 1
+            solved_tables.setdefault(_key(outer), []).append(tables)
+            args = (costs, outer, tables, config)
+            kwargs = dict(best_s=must_beat(), fill=len(state.ranked) < keep)
+            if pool is None:
+                state.record(*_solve_candidate(*args, **kwargs), bound=bound, tables=tables)
             else:
-                counts["infeasible"] += 1
-            continue
-        if _dominated(tables, outer, solved_tables):
-            counts["dominated"] += 1
-            continue
-        if time.perf_counter() - start > config.budget_s:
-            # every unexplored candidate is >= bound: the best found is within this gap of the optimum
-            notes = f"search budget of {config.budget_s} s ran out"
-            open_bounds.append((bound, "feasible"))
-            break
-        # what a candidate must beat to change the proven answer: the best plan, or with exhaustive_top_k
-        # the k-th (then the runners-up are proven too)
-        must_beat_s = ranked[need - 1].step_s if len(ranked) >= need else math.inf
-        out, result = _solve_candidate(costs, outer, tables, config, best_s=must_beat_s, fill=len(ranked) < keep)
-        counts["solved"] += 1
-        solved_tables.setdefault(_key(outer), []).append(tables)
-        if result.status == "cut_off":
-            counts["cut_off"] += 1
-        elif result.status == "infeasible":
-            counts["infeasible"] += 1
-        elif result.status != "optimal":
-            open_bounds.append((max(bound, result.bound_s), result.status))
-        if out is None:
-            continue
-        ranked = [c for c in ranked if not dominates(tables, costs_tables[id(c)])]   # keep alternatives distinct
-        costs_tables[id(out)] = tables
-        ranked = sorted([*ranked, out], key=lambda c: c.step_s)[:keep]
+                pending[pool.submit(_solve_candidate, *args, **kwargs)] = (bound, outer, tables)
+        while pending:
+            settle(block=True)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    ranked, counts, open_bounds = state.ranked, state.counts, state.open_bounds
     if progress:
         progress(total, total)
     if not ranked:

@@ -118,10 +118,14 @@ def _rank_type_orders(by_type: dict[str, int], pp: int, per_rank: int, limit: in
     return orders
 
 
-def _schedules(pp: int, m: int, n_layers: int, config: SearchConfig) -> Iterator[tuple[str, int]]:
-    """(schedule, virtual stages): 1F1B always; GPipe when allowed; interleaved when m % pp == 0
-    (Megatron-LM's requirement for its interleaved schedule) and every chunk gets a layer."""
-    yield "1f1b", 1
+def _schedules(pp: int, m: int, n_layers: int, config: SearchConfig,
+               m_min: int | None = None) -> Iterator[tuple[str, int]]:
+    """(schedule, virtual stages): 1F1B when every replica has at least pp micro-batches (``m_min``, default
+    ``m``; torch.distributed.pipelining's 1F1B needs one per stage, runtime/executor/schedule.py); GPipe
+    when allowed; interleaved when m % pp == 0 (Megatron-LM's requirement for its interleaved schedule)
+    and every chunk gets a layer."""
+    if pp == 1 or (m if m_min is None else m_min) >= pp:
+        yield "1f1b", 1
     if pp == 1:
         return
     if config.allows("gpipe"):
@@ -211,7 +215,7 @@ def _replica_type_choices(cluster: ClusterProfile, by_type: dict[str, int], glob
                     break
                 for split in _type_splits(counts, global_batch // mb):
                     per_rep = tuple(m for m, k in zip(split, counts) for _ in range(k))
-                    for schedule, v in _schedules(pp, math.gcd(*split), n_layers, config):
+                    for schedule, v in _schedules(pp, math.gcd(*split), n_layers, config, m_min=min(split)):
                         for zero in (0, 1, 2) if config.allows("zero") else (0,):
                             for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
                                 yield OuterChoice(tp=tp, pp=pp, dp=dp, schedule=schedule, virtual_stages=v,
