@@ -300,10 +300,10 @@ class CandidateCosts:
         if outer.replica_node_types:
             check_config(self.profile, self.cluster, self.base_config(outer), global_batch=self.global_batch,
                          dtype=self.dtype)
-            types = [t for t, _, _ in outer.replica_types()]
-            first = self._tables(outer, types, (types[0],) * outer.pp, outer.replica_types()[0][2])
+            reps = outer.replica_types()
+            first = self._tables(outer, [t for t, _, _ in reps], (reps[0][0],) * outer.pp, reps[0][2])
             lanes = tuple(replace(first, rank_node_types=(t,) * outer.pp, m=m,
-                                  inflight=self._inflight(outer, m)) for t, _, m in outer.replica_types())
+                                  inflight=self._inflight(outer, m)) for t, _, m in reps)
             return replace(lanes[0], replica_lanes=lanes)
         return self._tables(outer, sorted(set(outer.rank_node_types)), outer.rank_node_types,
                             outer.num_micro_batches)

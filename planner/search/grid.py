@@ -15,6 +15,7 @@ from planner.cost.config import ParallelConfig
 from planner.cost.placement import fill_stage_node_types, with_gpus
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, ModelProfile
+from planner.search.space import divisors
 
 GRID_TP = (1, 2, 4, 8)
 GRID_VIRTUAL_STAGES = (1, 2, 4)
@@ -27,21 +28,17 @@ class GridResult:
     points_tried: int
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def grid_configs(profile: ModelProfile, n_devices: int, global_batch: int, max_micro_batch: int = 16):
     """Every Megatron-style configuration for ``n_devices`` devices (see the module docstring)."""
     blocks = sum(1 for layer in profile.layers if layer.kind == "block") or len(profile.layers)
     for tp in GRID_TP:
         if n_devices % tp or tp not in profile.tp_degrees:
             continue
-        for pp in _divisors(n_devices // tp):
+        for pp in divisors(n_devices // tp):
             dp = n_devices // (tp * pp)
             if global_batch % dp:
                 continue
-            for mb in _divisors(global_batch // dp):
+            for mb in divisors(global_batch // dp):
                 if mb > max_micro_batch:
                     break
                 m = global_batch // dp // mb

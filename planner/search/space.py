@@ -72,7 +72,7 @@ class OuterChoice:
         return out
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -136,32 +136,41 @@ def _schedules(pp: int, m: int, n_layers: int, config: SearchConfig,
                 yield "interleaved_1f1b", v
 
 
+def _tp_pp(cluster: ClusterProfile, n_devices: int, n_layers: int, tp_degrees: list[int],
+           config: SearchConfig) -> Iterator[tuple[int, int]]:
+    """(tp, pp) pairs allowed by ``config`` whose product divides ``n_devices``."""
+    for tp in _tp_degrees(cluster, tp_degrees, config):
+        for pp in divisors(n_devices // tp) if n_devices % tp == 0 else []:
+            if not (pp > 1 and not config.allows("pp") or pp > n_layers):
+                yield tp, pp
+
+
+def _micro_batch_sizes(samples: int, config: SearchConfig) -> list[int]:
+    """Micro-batch sizes dividing ``samples``, up to ``config.max_micro_batch``."""
+    return [mb for mb in divisors(samples) if mb <= config.max_micro_batch]
+
+
 def enumerate_outer(*, cluster: ClusterProfile, n_devices: int, global_batch: int, n_layers: int,
                     tp_degrees: list[int], config: SearchConfig) -> Iterator[OuterChoice]:
     """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch."""
     by_type = devices_by_type(cluster, n_devices)
     if len(by_type) > 1 and not config.allows("mixed"):
         by_type = {next(iter(by_type)): n_devices}   # treat as uniform (the 'ignore the difference' plan)
-    for tp in _tp_degrees(cluster, tp_degrees, config):
-        for pp in _divisors(n_devices // tp) if n_devices % tp == 0 else []:
-            if pp > 1 and not config.allows("pp") or pp > n_layers:
-                continue
-            dp = n_devices // (tp * pp)
-            if dp > 1 and not config.allows("dp") or global_batch % dp:
-                continue
-            orders = _rank_type_orders(by_type, pp, tp * dp)
-            per_replica = global_batch // dp
-            for mb in _divisors(per_replica):
-                if mb > config.max_micro_batch:
-                    break
-                m = per_replica // mb
-                for schedule, v in _schedules(pp, m, n_layers, config):
-                    for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
-                        for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
-                            for order in orders:
-                                yield OuterChoice(tp=tp, pp=pp, dp=dp, schedule=schedule, virtual_stages=v,
-                                                  micro_batch=mb, num_micro_batches=m, zero_stage=zero,
-                                                  sequence_parallel=sp, rank_node_types=order)
+    for tp, pp in _tp_pp(cluster, n_devices, n_layers, tp_degrees, config):
+        dp = n_devices // (tp * pp)
+        if dp > 1 and not config.allows("dp") or global_batch % dp:
+            continue
+        orders = _rank_type_orders(by_type, pp, tp * dp)
+        per_replica = global_batch // dp
+        for mb in _micro_batch_sizes(per_replica, config):
+            m = per_replica // mb
+            for schedule, v in _schedules(pp, m, n_layers, config):
+                for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
+                    for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
+                        for order in orders:
+                            yield OuterChoice(tp=tp, pp=pp, dp=dp, schedule=schedule, virtual_stages=v,
+                                              micro_batch=mb, num_micro_batches=m, zero_stage=zero,
+                                              sequence_parallel=sp, rank_node_types=order)
     if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices):
         yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, tp_degrees, config)
 
@@ -200,40 +209,40 @@ def _replica_type_choices(cluster: ClusterProfile, by_type: dict[str, int], glob
     micro-batches over the types (replicas of one type get the same count). ZeRO-3 is left out (its
     per-layer collectives would tie replicas of different speeds together; planner.cost.validate)."""
     n_devices = sum(by_type.values())
-    for tp in _tp_degrees(cluster, tp_degrees, config):
-        for pp in _divisors(n_devices // tp) if n_devices % tp == 0 else []:
-            if pp > 1 and not config.allows("pp") or pp > n_layers:
-                continue
-            per_replica = tp * pp
-            if any(n % per_replica for n in by_type.values()):
-                continue
-            counts = [n // per_replica for n in by_type.values()]
-            types = tuple(t for t, k in zip(by_type, counts) for _ in range(k))
-            dp = len(types)
-            for mb in _divisors(global_batch):
-                if mb > config.max_micro_batch:
-                    break
-                for split in _type_splits(counts, global_batch // mb):
-                    per_rep = tuple(m for m, k in zip(split, counts) for _ in range(k))
-                    for schedule, v in _schedules(pp, math.gcd(*split), n_layers, config, m_min=min(split)):
-                        for zero in (0, 1, 2) if config.allows("zero") else (0,):
-                            for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
-                                yield OuterChoice(tp=tp, pp=pp, dp=dp, schedule=schedule, virtual_stages=v,
-                                                  micro_batch=mb, num_micro_batches=max(split), zero_stage=zero,
-                                                  sequence_parallel=sp, rank_node_types=(types[0],) * pp,
-                                                  replica_node_types=types, replica_micro_batches=per_rep)
+    for tp, pp in _tp_pp(cluster, n_devices, n_layers, tp_degrees, config):
+        per_replica = tp * pp
+        if any(n % per_replica for n in by_type.values()):
+            continue
+        counts = [n // per_replica for n in by_type.values()]
+        types = tuple(t for t, k in zip(by_type, counts) for _ in range(k))
+        for mb in _micro_batch_sizes(global_batch, config):
+            for split in _type_splits(counts, global_batch // mb):
+                per_rep = tuple(m for m, k in zip(split, counts) for _ in range(k))
+                for schedule, v in _schedules(pp, math.gcd(*split), n_layers, config, m_min=min(split)):
+                    for zero in (0, 1, 2) if config.allows("zero") else (0,):
+                        for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
+                            yield OuterChoice(tp=tp, pp=pp, dp=len(types), schedule=schedule, virtual_stages=v,
+                                              micro_batch=mb, num_micro_batches=max(split), zero_stage=zero,
+                                              sequence_parallel=sp, rank_node_types=(types[0],) * pp,
+                                              replica_node_types=types, replica_micro_batches=per_rep)
 
 
-def _lower_bound_s_lane(tables: Tables) -> float:
-    """One lane's bound (:func:`lower_bound_s`)."""
+def _least_times(tables: Tables) -> tuple[float, float]:
+    """(least sum_r T_r, least time of one layer): every layer at its fastest option on the fastest node
+    type in use, plus the cheapest transfer for each boundary, paid by both of its chunks."""
     types = set(tables.rank_node_types)
     t_min = [min(min(k.time_s for k in grp.costs[nt]) for nt in types) for grp in tables.groups]
     total = sum(t * grp.size for t, grp in zip(t_min, tables.groups))
     if tables.pp > 1:
         total += 2 * (tables.chunks - 1) * min(min(grp.boundary_s.values()) for grp in tables.groups)
-    slowest = _slowest_bound(tables)
+    return total, max(t_min)
+
+
+def _lower_bound_s_lane(tables: Tables) -> float:
+    """One lane's bound (:func:`lower_bound_s`)."""
+    total, _ = _least_times(tables)
     v, m = tables.v, tables.m
-    return (m - 1 / v) * slowest + total / v + _optimizer_floor(tables)
+    return (m - 1 / v) * _slowest_bound(tables) + total / v + _optimizer_floor(tables)
 
 
 def _optimizer_floor(tables: Tables) -> float:
@@ -336,12 +345,8 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
 
 
 def _slowest_bound(tables: Tables) -> float:
-    types = set(tables.rank_node_types)
-    t_min = [min(min(k.time_s for k in grp.costs[nt]) for nt in types) for grp in tables.groups]
-    total = sum(t * grp.size for t, grp in zip(t_min, tables.groups))
-    if tables.pp > 1:
-        total += 2 * (tables.chunks - 1) * min(min(grp.boundary_s.values()) for grp in tables.groups)
-    return max(total / tables.pp, max(t_min))
+    total, largest = _least_times(tables)
+    return max(total / tables.pp, largest)
 
 
 def lower_bound_s(tables: Tables) -> float:
