@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/cost_accuracy.py [--csv PATH] [--json OUT]
 
-Cases: every fully specified row of ``shared/reference/published_cases.csv`` — Megatron-LM SC21 Tables 1-2
+Cases: every fully specified row of ``benchmarks/data/published_cases.csv`` — Megatron-LM SC21 Tables 1-2
 (Narayanan et al. 2021), Korthikanti et al. 2022 Table 5 and §6.3 (iteration times), the Megatron-LM
 README GPT-2 scaling tables (2020) and the Megatron-LM README H100 table (2024). Each is predicted on the
 matching shipped cluster with the closed-form GPT profile. Published TFLOP/s become step times with the
@@ -41,7 +41,7 @@ from planner.gpt_profile import build_gpt_profile  # noqa: E402
 from planner.modelspec import parse_model  # noqa: E402
 from planner.profiles import load_cluster_profile  # noqa: E402
 
-DEFAULT_CSV = ROOT.parent / "shared" / "reference" / "published_cases.csv"
+DEFAULT_CSV = ROOT / "benchmarks" / "data" / "published_cases.csv"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,7 +1,7 @@
 """Search wall time and plan quality: the planner vs a Megatron-style grid search under the same cost model.
 
 Cases: GPT-3 175B on 1,024 A100 (batch 1536, seq 2048); the Megatron-LM SC21 Table 1 models at their GPU
-counts and batches (shared/reference/published_cases.csv); a 10,000-GPU case (1T parameters); and the mixed
+counts and batches (benchmarks/data/published_cases.csv); a 10,000-GPU case (1T parameters); and the mixed
 cluster (16 A100 + 16 V100) against the best plan that ignores the difference (planned as if every GPU
 were the smaller V100, then placed in cluster order). Prints one row per case; never a timed test.
 
@@ -26,7 +26,7 @@ from planner.search.grid import grid_search
 from planner.search.planner import plan_search
 
 MIXED_ALLOW = frozenset({"tp", "pp", "dp", "zero", "recompute", "mixed"})
-# Narayanan et al. SC21 Table 1 (shared/reference/published_cases.csv): preset, GPUs, global batch.
+# Narayanan et al. SC21 Table 1 (benchmarks/data/published_cases.csv): preset, GPUs, global batch.
 TABLE_1 = [("megatron-1.7b", 32, 512), ("megatron-3.6b", 64, 512), ("megatron-7.5b", 128, 512),
            ("megatron-18.4b", 256, 1024), ("megatron-39.1b", 512, 1536), ("megatron-76.1b", 1024, 1792),
            ("megatron-145.6b", 1536, 2304), ("megatron-310.1b", 1920, 2160), ("megatron-529.6b", 2520, 2520),

@@ -1,7 +1,7 @@
 """The shipped cluster profiles, built from cited datasheet and published measured figures.
 
 ``python -m planner.hardware_catalog [--out profiles/hardware]`` writes one JSON per cluster. Every number
-comes from ``shared/reference/hardware_specs.csv`` (quoted in each ``source`` field) or is a stated
+comes from ``benchmarks/data/hardware_specs.csv`` (quoted in each ``source`` field) or is a stated
 assumption. Collective fits are origin ``derived``: the quoted NCCL-tests bus bandwidth at large messages,
 and the latency NCCL's own tuning model assigns (``src/graph/tuning.cc``: ring base 8.4 us, per step
 3.4 us over NVLink and 9.6 us over the network, Simple protocol — the one large training messages use):
@@ -27,7 +27,7 @@ from planner.profiles import (ClusterProfile, CollectiveFit, ComputeFigure, Node
 
 log = logging.getLogger(__name__)
 GB, GIB = 1e9, 2**30
-CSV = "shared/reference/hardware_specs.csv"
+CSV = "benchmarks/data/hardware_specs.csv"
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
 
 

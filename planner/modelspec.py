@@ -7,7 +7,7 @@ The planner and the runtime share this one description of a model. The runtime b
 Sources of the preset sizes:
 - GPT-2: Radford et al. 2019, Table 2 (layers, d_model); vocab 50257, context 1024.
 - GPT-3 175B and the Megatron sizes: Narayanan et al. SC21 (arXiv:2104.04473) Table 1, vocab 51200,
-  sequence 2048 (shared/reference/published_cases.csv). Megatron ties the LM head to the token embedding,
+  sequence 2048 (benchmarks/data/published_cases.csv). Megatron ties the LM head to the token embedding,
   which is how its parameter counts (e.g. 174.6B) are computed (SC21 eq. 2).
 - Korthikanti et al. 2022 (arXiv:2205.05198) Table 3: 22B (48 layers, 6144 hidden, 64 heads), 530B, 1T.
 - Megatron-LM README H100 table: vocab 131072, sequence 4096.

@@ -12,7 +12,7 @@ import cost_accuracy  # noqa: E402
 def test_published_cases_mean_error_within_target():
     if not cost_accuracy.DEFAULT_CSV.exists():
         import pytest
-        pytest.skip("shared/reference/published_cases.csv not present")
+        pytest.skip("benchmarks/data/published_cases.csv not present")
     out = cost_accuracy.run(cost_accuracy.DEFAULT_CSV)
     s = out["summary"]
     assert s["n_fully_stated"] >= 15

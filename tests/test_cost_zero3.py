@@ -110,7 +110,7 @@ def test_benchmark_states_zero3_model_and_ends_with_headline(capsys):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import cost_accuracy
     if not cost_accuracy.DEFAULT_CSV.exists():
-        pytest.skip("shared/reference/published_cases.csv not present")
+        pytest.skip("benchmarks/data/published_cases.csv not present")
     cost_accuracy.main([])
     lines = capsys.readouterr().out.strip().splitlines()
     zero3_rows = [line for line in lines if " z3 " in line and "dgx-a100" in line]

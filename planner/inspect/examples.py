@@ -25,7 +25,7 @@ from planner.plan import (Alternative, LayerLayout, Mesh, Plan, Predictions, Sch
                           StagePrediction, TrainingSettings)
 
 GIB = 2**30
-A100_BF16_PEAK_FLOPS_PER_S = 312e12  # NVIDIA A100 datasheet, dense 16-bit (shared/reference/hardware_specs.csv)
+A100_BF16_PEAK_FLOPS_PER_S = 312e12  # NVIDIA A100 datasheet, dense 16-bit (benchmarks/data/hardware_specs.csv)
 BYTES_PER_PARAM_MIXED_ADAM = {"params": 2, "grads": 2, "optimizer": 12}  # ZeRO §3.1
 
 
