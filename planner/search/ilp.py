@@ -16,7 +16,7 @@ import pulp
 
 from planner.search.cbc import Problem, SolveResult, solve   # noqa: F401 (re-exported)
 from planner.search.ilp_cuts import add_block_cuts
-from planner.search.ilp_terms import at_least, concave_term, conjunction, indicator
+from planner.search.ilp_terms import at_least, check_scaling, concave_term, conjunction, indicator
 from planner.search.tables import Assignment, Tables
 
 OBJECTIVE_RESOLUTION = 1e4
@@ -116,9 +116,10 @@ def _presence(prob: pulp.LpProblem, tables: Tables, n: dict, r: int, g: int, i: 
     return indicator(prob, f"y[{r},{g},{i}]", "h_presence", n[r, g, i], tables.groups[g].size)
 
 
-def _first_gather(prob: pulp.LpProblem, tables: Tables, c: dict, u: dict, r: int) -> Any:
+def _first_gather(prob: pulp.LpProblem, tables: Tables, c: dict, u: dict, r: int, scale: float) -> Any:
     """ZeRO-3's first weight gather of rank r, never hidden: that of the first layer of chunk r. b[g]
-    marks the first group present in the chunk (b <= present, b[g] + present[h] <= 1 for h < g)."""
+    marks the first group present in the chunk (b <= present, b[g] + present[h] <= 1 for h < g). In
+    objective units (seconds / ``scale``)."""
     groups, nt = tables.groups, tables.rank_node_types[r]
     pres, terms = [], []
     for g, grp in enumerate(groups):
@@ -135,7 +136,7 @@ def _first_gather(prob: pulp.LpProblem, tables: Tables, c: dict, u: dict, r: int
             gather_s = next(k.z3_gather_s for o, k in zip(grp.options, grp.costs[nt]) if o.style == sty)
             if gather_s:
                 flag = conjunction(prob, f"bq[{r},{g},{sty}]", "g_first", [b[g], _style(u, g, sty)])
-                terms.append(gather_s * flag)
+                terms.append((gather_s / scale) * flag)
     return pulp.lpSum(terms)
 
 
@@ -158,39 +159,45 @@ def _rank_sums(tables: Tables, n: dict, u: dict, st: dict, r: int) -> dict[str, 
     return sums
 
 
-def _tail(prob, tables: Tables, c: dict, u: dict, r: int, x: dict, limits: dict) -> list:
-    """(g) tail_r pieces: exposed sync max(S - Wb, min(S, last bucket)) with S = sync_dp(P) + sync_dpt(Q),
-    plus ZeRO-1/2 max(gather - Wf, 0); or ZeRO-3 m max(z3 - Wf - Wb, 0) + first gather; plus the
-    optimizer (linear)."""
+def _tail(prob, tables: Tables, c: dict, u: dict, r: int, x: dict, limits: dict, scale: float) -> list:
+    """(g) tail_r pieces in objective units (seconds / ``scale``): exposed sync max(S - Wb, min(S, last
+    bucket)) with S = sync_dp(P) + sync_dpt(Q), plus ZeRO-1/2 max(gather - Wf, 0); or ZeRO-3
+    m max(z3 - Wf - Wb, 0) + first gather; plus the optimizer (linear)."""
     rm = tables.ranks[tables.rank_node_types[r]]
-    opt = rm.optimizer_s_per_param_dp * x["P"] + rm.optimizer_s_per_param_dpt * x["Q"] + x["opt"]
+    k = 1 / scale
+    opt = (rm.optimizer_s_per_param_dp * k) * x["P"] + (rm.optimizer_s_per_param_dpt * k) * x["Q"] + k * x["opt"]
     if tables.zero_stage == 3:
-        first = _first_gather(prob, tables, c, u, r)
-        return [tables.m * (x["z3"] - x["Wf"] - x["Wb"]) + first + opt, first + opt]
+        first = _first_gather(prob, tables, c, u, r, scale)
+        return [(tables.m * k) * (x["z3"] - x["Wf"] - x["Wb"]) + first + opt, first + opt]
     e_p = indicator(prob, f"eP[{r}]", "g_active", x["P"], limits["P"])
     e_q = indicator(prob, f"eQ[{r}]", "g_active", x["Q"], limits["Q"]) if limits["Q"] > 0 else 0
-    sync = (concave_term(prob, f"Sd[{r}]", "g_sync", rm.sync_dp, x["P"], e_p, limits["P"])
-            + concave_term(prob, f"Sq[{r}]", "g_sync", rm.sync_dpt, x["Q"], e_q, limits["Q"]))
+    sync = (concave_term(prob, f"Sd[{r}]", "g_sync", rm.sync_dp, x["P"], e_p, limits["P"], scale)
+            + concave_term(prob, f"Sq[{r}]", "g_sync", rm.sync_dpt, x["Q"], e_q, limits["Q"], scale))
     last = 0
-    if rm.last_bucket_s > 0:
-        sync_max = rm.sync_dp(limits["P"]) + rm.sync_dpt(limits["Q"])
+    sync_max = (rm.sync_dp(limits["P"]) + rm.sync_dpt(limits["Q"])) * k
+    if rm.last_bucket_s * k >= sync_max:      # min(S, last bucket) = S for every placement
+        last = sync
+    elif rm.last_bucket_s > 0:                # min via a selector; both pieces bounded by sync_max
         sel = prob.add_variable(f"last_sel[{r}]", cat="Binary")
         last = at_least(prob, f"L[{r}]", "g_last_bucket",
-                        [sync - sync_max * (1 - sel), rm.last_bucket_s * (1 - sel)])
+                        [sync - sync_max * (1 - sel), (rm.last_bucket_s * k) * (1 - sel)])
     zero = [0]
     if tables.zero_stage > 0:
-        zero.append(concave_term(prob, f"Gd[{r}]", "g_gather", rm.gather_dp, x["P"], e_p, limits["P"])
-                    + concave_term(prob, f"Gq[{r}]", "g_gather", rm.gather_dpt, x["Q"], e_q, limits["Q"])
-                    - x["Wf"])
-    return [a + b + opt for a in (sync - x["Wb"], last) for b in zero]
+        zero.append(concave_term(prob, f"Gd[{r}]", "g_gather", rm.gather_dp, x["P"], e_p, limits["P"], scale)
+                    + concave_term(prob, f"Gq[{r}]", "g_gather", rm.gather_dpt, x["Q"], e_q, limits["Q"], scale)
+                    - k * x["Wf"])
+    return [a + b + opt for a in (sync - k * x["Wb"], last) for b in zero]
 
 
 def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> None:
-    """(h) memory of rank r: reserve * (states + act * inflight + working set + buffers) + const <= cap."""
+    """(h) memory of rank r: reserve * (states + act * inflight + working set + buffers) + const <= cap,
+    every term in units of the rank's capacity (so coefficients are fractions of the device)."""
     nt = tables.rank_node_types[r]
     rm = tables.ranks[nt]
-    parts = [rm.state_bytes_per_param_dp * x["P"], rm.state_bytes_per_param_dpt * x["Q"],
-             tables.inflight[r] * x["act"]]
+    cap = rm.capacity_bytes
+    k = 1 / cap
+    parts = [(rm.state_bytes_per_param_dp * k) * x["P"], (rm.state_bytes_per_param_dpt * k) * x["Q"],
+             (tables.inflight[r] * k) * x["act"]]
     groups = tables.groups
     flags: dict[tuple[int, int], Any] = {}
 
@@ -199,31 +206,30 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
             flags[g, i] = _presence(prob, tables, n, r, g, i)
         return flags[g, i]
 
-    ws = [k.ws_bytes * present(g, i)
-          for g, grp in enumerate(groups) for i, k in enumerate(grp.costs[nt]) if k.ws_bytes > 0]
+    ws = [(c.ws_bytes * k) * present(g, i)
+          for g, grp in enumerate(groups) for i, c in enumerate(grp.costs[nt]) if c.ws_bytes > 0]
     if ws:
         parts.append(at_least(prob, f"WS[{r}]", "h_working_set", ws))
     if rm.zero3_buffer_layers:
-        mx = [k.param_bytes * present(g, i)
-              for g, grp in enumerate(groups) for i, k in enumerate(grp.costs[nt]) if k.param_bytes > 0]
+        mx = [(c.param_bytes * k) * present(g, i)
+              for g, grp in enumerate(groups) for i, c in enumerate(grp.costs[nt]) if c.param_bytes > 0]
         if mx:
             parts.append(rm.zero3_buffer_layers * at_least(prob, f"MX[{r}]", "h_zero3_buffer", mx))
     if rm.ddp_buffer != "never":   # min(cap, gradient bytes), only with replicated layers when dp = 1
-        grads = rm.grad_bytes_per_param * (x["P"] + x["Q"])
-        big = limits["grad_bytes"]
+        grads = (rm.grad_bytes_per_param * k) * (x["P"] + x["Q"])
+        big = limits["grad_bytes"] * k
         off = 0
         if rm.ddp_buffer == "if_replicated":
             off = big * (1 - indicator(prob, f"eQm[{r}]", "h_ddp", x["Q"], max(limits["Q"], 1.0)))
-        if math.isinf(rm.ddp_buffer_cap_bytes) or rm.ddp_buffer_cap_bytes >= big:
+        if math.isinf(rm.ddp_buffer_cap_bytes) or rm.ddp_buffer_cap_bytes >= limits["grad_bytes"]:
             parts.append(at_least(prob, f"DDP[{r}]", "h_ddp", [grads - off]))
         else:
-            cap = rm.ddp_buffer_cap_bytes
+            bucket = rm.ddp_buffer_cap_bytes * k
             sel = prob.add_variable(f"ddp_sel[{r}]", cat="Binary")
-            parts.append(at_least(prob, f"DDP[{r}]", "h_ddp", [cap * (1 - sel) - off, grads - big * (1 - sel) - off]))
+            parts.append(at_least(prob, f"DDP[{r}]", "h_ddp", [bucket * (1 - sel) - off, grads - big * (1 - sel) - off]))
     if rm.pp_buffers:
-        parts.append(2 * x["out"])
-    cap = rm.capacity_bytes
-    prob += (pulp.lpSum(parts) * (rm.reserve_factor / cap) <= 1 - rm.reserve_const_bytes / cap, f"h_mem[{r}]")
+        parts.append((2 * k) * x["out"])
+    prob += (pulp.lpSum(parts) * rm.reserve_factor <= 1 - rm.reserve_const_bytes * k, f"h_mem[{r}]")
 
 
 def _limits(tables: Tables) -> dict[str, float]:
@@ -235,6 +241,29 @@ def _limits(tables: Tables) -> dict[str, float]:
     p_max += max(tables.tied_params.values(), default=0.0)
     grad = max(rm.grad_bytes_per_param for rm in tables.ranks.values())
     return {"P": max(p_max, 1.0), "Q": q_max, "grad_bytes": grad * (p_max + q_max) + 1.0}
+
+
+def _time_unit_s(tables: Tables) -> float:
+    """The objective's unit: a power of 2 (so dividing by it is exact) near 1/OBJECTIVE_RESOLUTION of the
+    step's magnitude, so the objective is ~1e4 units (differences of 1e-5 relative are far above CBC's
+    absolute tolerances) and per-layer coefficients stay near 1 (``ilp_terms.COEF_MAX``).
+
+    Magnitude: the larger of a floor of the pipeline time (m micro-batches over pp ranks of the layers'
+    least total time, or of their ZeRO-3 communication) and of the gradient sync a rank's even share of the parameters would expose (the
+    step of a communication-bound candidate is mostly that). Not a bound: only its order matters.
+    """
+    magnitude = 0.0
+    for lane in tables.lanes:
+        for nt in set(lane.rank_node_types):
+            rm = lane.ranks[nt]
+            least = sum(min(k.time_s for k in grp.costs[nt]) * grp.size for grp in lane.groups)
+            if lane.zero_stage == 3:   # ZeRO-3's per-micro-batch gathers may dwarf the compute
+                least = max(least, sum(min(k.z3_mb_s for k in grp.costs[nt]) * grp.size for grp in lane.groups))
+            p_share = sum(grp.size * min(k.params_dp for k in grp.costs[nt]) for grp in lane.groups) / lane.pp
+            q_share = sum(grp.size * min(k.params_dpt for k in grp.costs[nt]) for grp in lane.groups) / lane.pp
+            sync = min(rm.sync_dp(p_share) + rm.sync_dpt(q_share), rm.last_bucket_s or math.inf)
+            magnitude = max(magnitude, least * lane.m / lane.pp, sync if math.isfinite(sync) else 0.0)
+    return 2.0 ** round(math.log2((magnitude or 1.0) / OBJECTIVE_RESOLUTION))
 
 
 def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
@@ -266,6 +295,9 @@ def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
     (h) memory per rank: reserve * (states(P, Q) + inflight_r * act_r + working set + buffers) + context
         <= capacity (scaled to 1); working set / ZeRO-3 buffers are maxima over present layers (presence
         binaries), the DDP bucket buffer a min(cap, gradient bytes) via a selector.
+    Scaling (checked by ``ilp_terms.check_scaling``): times in units of 1e-4 of the pipeline-time floor,
+    memory in units of the rank's capacity, big-M rows divided by their bound, so every coefficient and
+    right-hand side lies within ``SCALING_BOUNDS``.
     (j) dp replicas on several node types (``tables.lanes``): (d)-(h) once per lane t (its node type on
         every rank, its m_t and in-flight counts; names prefixed L<t>_), W >= (m_t - 1/v) T_t + (1/v)
         sum_r T_{t,r}, and the objective is W + Z (formula (H) of planner.cost.estimate).
@@ -274,10 +306,7 @@ def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
     c, st = _cumulative(prob, tables)
     n, u, rank_total = _options(prob, tables, c)
     groups = tables.groups
-    # objective unit: 1/OBJECTIVE_RESOLUTION of the layers' least total time, so that differences of a
-    # few 1e-5 relative are far above CBC's absolute tolerances (its preprocessing otherwise loses them)
-    scale = (max(sum(min(k.time_s for k in grp.costs[nt]) * grp.size for grp in groups)
-                 for lane in tables.lanes for nt in set(lane.rank_node_types)) or 1.0) / OBJECTIVE_RESOLUTION
+    scale = _time_unit_s(tables)
     limits = _limits(tables)
     if cuts:
         add_block_cuts(prob, tables, n, rank_total, scale)
@@ -291,6 +320,7 @@ def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
         for k, pipe in enumerate(pipelines):
             prob += (w_max >= pipe, f"j_slowest_type[{k}]")
         prob += w_max + z_max
+    check_scaling(prob)
     return Problem(prob=prob, tables=tables, count=n, cumulative=c, objective_scale_s=scale)
 
 
@@ -322,8 +352,8 @@ def _lane(prob, lane: Tables, c: dict, st: dict, n: dict, u: dict, z_max, scale:
         x = _rank_sums(lane, n, u, st, r)
         rank_time.append((x["time"] + pulp.lpSum(chunk_extra[s] for s in range(r, lane.chunks, lane.pp))) * (1 / scale))
         prob += (t_max >= rank_time[r], f"f_slowest[{r}]")
-        for j, piece in enumerate(_tail(prob, lane, c, u, r, x, limits)):
-            prob += (z_max >= piece * (1 / scale), f"g_tail[{r},{j}]")
+        for j, piece in enumerate(_tail(prob, lane, c, u, r, x, limits, scale)):
+            prob += (z_max >= piece, f"g_tail[{r},{j}]")
         _memory(prob, lane, n, r, x, limits)
     return (lane.m - 1 / lane.v) * t_max + (1 / lane.v) * pulp.lpSum(rank_time)
 
