@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,9 @@ class SolveResult:
     ``status``: optimal | feasible | time_limit | infeasible | cut_off. ``cut_off``: CBC proved that no
     solution is better than the cutoff it was given (the candidate's optimum is >= ``bound_s``).
     ``bound_s``: the proven lower bound on the candidate's optimum in seconds (the objective when optimal,
-    the cutoff when cut off, -inf when nothing is known).
+    the cutoff when cut off, -inf when nothing is known). ``warnings``: numerical warnings from CBC's log
+    (each one triggered a confirming re-solve); ``confirmed``: an infeasible / cut-off claim was checked
+    by a second solve without CBC's preprocessing.
     """
 
     status: str
@@ -53,10 +55,18 @@ class SolveResult:
     gap: float
     wall_time_s: float
     bound_s: float = -math.inf
+    warnings: tuple[str, ...] = ()
+    confirmed: bool = False
 
 
 _BOUND = re.compile(r"^(?:Lower bound|best possible)\s*:?\s*(-?[\d.eE+-]+)", re.MULTILINE)
 _BEST_POSSIBLE = re.compile(r"best possible (-?[\d.eE+-]+)")
+# CBC log lines that mean its answer may rest on a tolerance decision rather than on the program: each was
+# seen here on badly scaled programs ("proven infeasible" feasible programs, an "optimal" empty assignment)
+TOLERANCE_WARNINGS = ("possible tolerance issue", "Pre-processing says infeasible",
+                      "Cut generators found to be infeasible", "Postprocessed model is infeasible")
+# the confirming solve: no integer preprocessing (where the false claims came from), no LP presolve
+SAFE_OPTIONS = ("preprocess off", "presolve off")
 
 
 def _log_bound(log_text: str) -> float | None:
@@ -69,22 +79,51 @@ def _relative_gap(objective: float, bound: float) -> float:
     return max(0.0, (objective - bound) / abs(objective)) if objective else 0.0
 
 
+def log_warnings(log_text: str) -> tuple[str, ...]:
+    """The :data:`TOLERANCE_WARNINGS` that CBC's log contains, in that order."""
+    return tuple(w for w in TOLERANCE_WARNINGS if w in log_text)
+
+
 def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = None) -> SolveResult:
-    """Run CBC with the config's time limit, relative gap and threads.
+    """Run CBC with the config's time limit, relative gap and threads; confirm what it cannot be trusted on.
 
     ``cutoff_s``: only solutions strictly better than this step time are of interest (CBC ``-cutoff``):
     branches whose bound reaches it are pruned, and if none is left the result is ``cut_off``.
-    Status: ``optimal`` (proven within ``gap_rel``), ``time_limit`` (stopped with a feasible answer; its
-    proven gap and bound are reported), ``feasible`` (a solution without a stated bound), ``infeasible``
-    (nothing fits), ``cut_off`` (nothing better than the cutoff). A stopped search is never reported as
-    optimal.
+    Status: ``optimal`` (proven within ``gap_rel``), ``time_limit`` (stopped with a feasible answer, or
+    stopped before confirming a claim; its proven gap and bound are reported), ``feasible`` (a solution
+    without a stated bound), ``infeasible`` (nothing fits), ``cut_off`` (nothing better than the cutoff).
+    A stopped search is never reported as optimal.
+
+    Checked, never trusted: an ``infeasible`` or ``cut_off`` claim, and any answer whose log carries a
+    :data:`TOLERANCE_WARNINGS` line, is re-solved without preprocessing (:data:`SAFE_OPTIONS`); the second
+    answer stands (a solution it finds refutes the claim), and its warnings are reported.
     """
+    first, log_text = _run(problem, config, cutoff_s, ())
+    found = log_warnings(log_text)
+    if first.status not in ("infeasible", "cut_off") and not found:
+        return first
+    second, second_log = _run(problem, config, cutoff_s, SAFE_OPTIONS)
+    wall_s = first.wall_time_s + second.wall_time_s
+    found = tuple(dict.fromkeys(found + log_warnings(second_log)))
+    if found:
+        log.warning("CBC reported %s; re-solved without preprocessing: %s", "; ".join(found), second.status)
+    if second.status in ("infeasible", "cut_off") and first.status == second.status:
+        return replace(second, wall_time_s=wall_s, warnings=found, confirmed=True)
+    if second.status in ("infeasible", "cut_off") and first.objective_s is not None and not found:
+        return replace(first, wall_time_s=wall_s)   # unreachable in practice: keep the solution we have
+    return replace(second, wall_time_s=wall_s, warnings=found, confirmed=second.status != "time_limit")
+
+
+def _run(problem: Problem, config: SearchConfig, cutoff_s: float | None,
+         extra: tuple[str, ...]) -> tuple[SolveResult, str]:
+    """One CBC process on ``problem``: (result, CBC's log)."""
     fd, log_path = tempfile.mkstemp(prefix="stratagem-cbc-", suffix=".log")
     os.close(fd)
     constant = problem.prob.objective.constant if problem.prob.objective is not None else 0.0
     scale = problem.objective_scale_s
-    options = []
-    if cutoff_s is not None and math.isfinite(cutoff_s):
+    options = list(extra)
+    has_cutoff = cutoff_s is not None and math.isfinite(cutoff_s)
+    if has_cutoff:
         options.append(f"cutoff {cutoff_s / scale - constant!r}")
     # One thread = CBC's serial code (no "-threads"): "-threads 1" starts CBC's parallel branch-and-bound
     # with one worker, whose start-up sometimes stalls for exactly 10 s here (log: "Thread 0 used 0 times,
@@ -102,22 +141,29 @@ def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = No
         Path(log_path).unlink(missing_ok=True)
     wall_s = time.perf_counter() - start
     sol = problem.prob.sol_status
+    stopped = "Stopped on" in log_text
     if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        if options and "Stopped on" not in log_text:
+        if stopped:
+            # CBC's bound covers the solutions better than the cutoff: the candidate's floor is the smaller
+            bound = _log_bound(log_text)
+            floor_s = -math.inf if bound is None else (bound + constant) * scale
+            return SolveResult(status="time_limit", objective_s=None, gap=math.inf, wall_time_s=wall_s,
+                               bound_s=min(floor_s, cutoff_s) if has_cutoff else floor_s), log_text
+        if has_cutoff:
             return SolveResult(status="cut_off", objective_s=None, gap=math.inf, wall_time_s=wall_s,
-                               bound_s=cutoff_s)
-        status = "infeasible" if "Stopped on" not in log_text else "time_limit"
-        return SolveResult(status=status, objective_s=None, gap=math.inf, wall_time_s=wall_s)
+                               bound_s=cutoff_s), log_text
+        return SolveResult(status="infeasible", objective_s=None, gap=math.inf, wall_time_s=wall_s,
+                           bound_s=math.inf), log_text
     scaled = pulp.value(problem.prob.objective)
     objective_s = scaled * scale
     bound = _log_bound(log_text)
     bound = None if bound is None else bound + constant
-    if sol == pulp.LpSolutionOptimal and "Stopped on" not in log_text:
+    if sol == pulp.LpSolutionOptimal and not stopped:
         return SolveResult(status="optimal", objective_s=objective_s,
                            gap=min(_relative_gap(scaled, bound), config.gap_rel) if bound is not None else 0.0,
-                           wall_time_s=wall_s, bound_s=objective_s * (1 - config.gap_rel))
+                           wall_time_s=wall_s, bound_s=objective_s * (1 - config.gap_rel)), log_text
     status = "time_limit" if "Stopped on time" in log_text else "feasible"
     gap = _relative_gap(scaled, bound) if bound is not None else math.inf
     log.info("CBC stopped before proving optimality (%s, gap %s)", status, gap)
     return SolveResult(status=status, objective_s=objective_s, gap=gap, wall_time_s=wall_s,
-                       bound_s=min(bound * scale, objective_s) if bound is not None else -math.inf)
+                       bound_s=min(bound * scale, objective_s) if bound is not None else -math.inf), log_text

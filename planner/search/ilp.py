@@ -375,4 +375,27 @@ def extract_assignment(problem: Problem) -> Assignment:
                     counts[s][g][i] += take
                     left[i] -= take
                     size -= take
-    return Assignment(counts=tuple(tuple(tuple(row) for row in chunk) for chunk in counts))
+    assignment = Assignment(counts=tuple(tuple(tuple(row) for row in chunk) for chunk in counts))
+    check_complete(t, assignment)
+    return assignment
+
+
+class IncompleteAssignment(RuntimeError):
+    """CBC's answer does not place every layer exactly once in non-empty chunks (a solver fault: seen as
+    an "optimal" objective 0 with nothing assigned, after "Postprocessed model is infeasible")."""
+
+
+def check_complete(tables: Tables, assignment: Assignment) -> None:
+    """Every group's layers placed exactly once (all options counted), every chunk non-empty, one style
+    per group; raises :class:`IncompleteAssignment` naming what is wrong."""
+    for g, grp in enumerate(tables.groups):
+        placed = sum(sum(chunk[g]) for chunk in assignment.counts)
+        if placed != grp.size:
+            raise IncompleteAssignment(f"solver answer places {placed} of the {grp.size} layers of group {g} "
+                                       f"({grp.paths[0]}...)")
+        styles = {grp.options[i].style for chunk in assignment.counts for i, k in enumerate(chunk[g]) if k}
+        if len(styles) != 1:
+            raise IncompleteAssignment(f"solver answer gives group {g} ({grp.paths[0]}...) styles {sorted(styles)}")
+    for s, chunk in enumerate(assignment.counts):
+        if not any(sum(row) for row in chunk):
+            raise IncompleteAssignment(f"solver answer leaves chunk {s} empty")

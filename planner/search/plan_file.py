@@ -87,6 +87,8 @@ def build_search_record(result: SearchResult) -> SearchRecord:
                f"{result.candidates_cut_off} cut off inside CBC (cannot beat the best); {proven}; "
                + ("runners-up are proven the next best candidates (--prove-top-k). " if result.runners_up_proven
                   else "runners-up are the best other candidates solved while proving the best. ")
+               + ("CBC logged " + "; ".join(result.solver_warnings) + ", each answer re-solved without "
+                  "preprocessing and the second answer used. " if result.solver_warnings else "")
                + result.notes).strip())
 
 

@@ -67,6 +67,7 @@ class SearchResult:
     notes: str = ""
     candidates_cut_off: int = 0
     runners_up_proven: bool = False    # exhaustive_top_k and every ranked plan proven (the k best candidates)
+    solver_warnings: tuple[str, ...] = ()   # "<CBC log line> (N solves)": each such answer was re-solved
 
 
 def check_exact(tables: Tables, assignment: Assignment, est, outer: OuterChoice,
@@ -123,7 +124,8 @@ def _solve_candidate(costs: CandidateCosts, outer: OuterChoice, tables: Tables, 
                 result = replace(second, bound_s=bound)
             else:
                 gap = max(0.0, (result.objective_s - bound) / result.objective_s)
-                result = replace(result, bound_s=bound, gap=gap, wall_time_s=result.wall_time_s + second.wall_time_s)
+                result = replace(result, bound_s=bound, gap=gap, wall_time_s=result.wall_time_s + second.wall_time_s,
+                                 warnings=tuple(dict.fromkeys(result.warnings + second.warnings)))
     if result.objective_s is None:
         return None, result
     assignment = extract_assignment(problem)
@@ -155,8 +157,11 @@ class _State:
         self.tables_of: dict[int, Tables] = {}
         self.counts = dict(solved=0, infeasible=0, dominated=0, refined=0, cut_off=0)
         self.open_bounds: list[tuple[float, str]] = []   # (proven floor, status) of unsettled candidates
+        self.warnings: dict[str, int] = {}                 # CBC tolerance warning -> solves that logged it
 
     def record(self, out: Candidate | None, result: SolveResult, *, bound: float, tables: Tables) -> None:
+        for w in result.warnings:
+            self.warnings[w] = self.warnings.get(w, 0) + 1
         if result.status == "cut_off":
             self.counts["cut_off"] += 1
         elif result.status == "infeasible":
@@ -315,4 +320,5 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
                         candidates_pruned=len(outers) - counts["solved"],
                         candidates_infeasible=counts["infeasible"], candidates_dominated=counts["dominated"],
                         wall_time_s=time.perf_counter() - start, notes=notes,
-                        candidates_cut_off=counts["cut_off"], runners_up_proven=runners_up_proven)
+                        candidates_cut_off=counts["cut_off"], runners_up_proven=runners_up_proven,
+                        solver_warnings=tuple(f"{w} ({k} solves)" for w, k in state.warnings.items()))
