@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from planner.cost.placement import with_gpus
+from planner.cost.placement import block_count, with_gpus
 from planner.gpt_profile import build_gpt_profile
 from planner.modelspec import parse_model
 from planner.profiles import load_cluster_profile
@@ -45,7 +45,8 @@ def _instance(rng: random.Random):
         allow.discard("recompute")
     config = SearchConfig(time_limit_s=30, allow=frozenset(allow))
     outers = list(enumerate_outer(cluster=cluster, n_devices=n_devices, global_batch=8 * n_devices // 2,
-                                  n_layers=len(profile.layers), tp_degrees=profile.tp_degrees, config=config))
+                                  n_layers=len(profile.layers), n_blocks=block_count(profile),
+                                  tp_degrees=profile.tp_degrees, config=config))
     return profile, cluster, config, rng.choice(outers), 8 * n_devices // 2
 
 
@@ -117,7 +118,7 @@ def test_cuts_do_not_change_the_optimum(cuts):
     config = SearchConfig(time_limit_s=30, memory_fraction=0.0135)
     costs = CandidateCosts(profile, cluster, global_batch=32, config=config)
     outer = next(o for o in enumerate_outer(cluster=cluster, n_devices=8, global_batch=32,
-                                            n_layers=len(profile.layers), tp_degrees=[1, 2], config=config)
+                                            n_layers=len(profile.layers), n_blocks=block_count(profile), tp_degrees=[1, 2], config=config)
                  if o.pp == 4 and o.tp == 2 and o.schedule == "1f1b" and o.micro_batch == 2)
     tables = costs.tables(outer)
     plain = solve(build_problem(tables, cuts=False), config)

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from planner.cli.common import resolve_cluster_path
+from planner.cost.placement import block_count
 from planner.gpt_profile import build_gpt_profile
 from planner.modelspec import parse_model
 from planner.plan import load_plan, save_plan, validate
@@ -95,7 +96,7 @@ def test_prove_top_k_gives_the_k_best_candidates():
     ranked_tables = [costs.tables(c.outer) for c in result.ranked]
     below = 0
     for outer in enumerate_outer(cluster=cluster, n_devices=4, global_batch=8, n_layers=len(profile.layers),
-                                 tp_degrees=[1, 2], config=config):
+                                 n_blocks=block_count(profile), tp_degrees=[1, 2], config=config):
         tables = costs.tables(outer)
         if memory_shortfall_bytes(tables) > 0:
             continue

@@ -80,6 +80,24 @@ def layer_recompute(config: ParallelConfig, layer: LayerProfile) -> Recompute:
     return config.recompute.get(layer.path, "none")
 
 
+def block_count(model: ModelProfile) -> int:
+    """The model's repeated blocks (layers of kind ``block``; every layer when it has none)."""
+    return sum(1 for layer in model.layers if layer.kind == "block") or len(model.layers)
+
+
+def interleaved_chunk_sizes(model: ModelProfile, config: ParallelConfig) -> tuple[int, ...] | None:
+    """Layers per chunk of an interleaved schedule (None for one chunk per rank).
+
+    Interleaved 1F1B runs equal chunks: each holds ``blocks / (pp * v)`` blocks, the layers before the
+    first block join the first chunk and those after the last block the last (Megatron-LM's
+    ``--num-layers-per-virtual-pipeline-stage``; the bubble (p - 1) / v of Narayanan et al. SC21 §2.2.2
+    assumes equal chunks, which the cost model's formula (P) does too). So the chunk sizes are fixed.
+    """
+    if config.virtual_stages < 2:
+        return None
+    return tuple(len(chunk) for chunk in assign_chunks(model, replace(config, stage_layers=None)))
+
+
 def assign_chunks(model: ModelProfile, config: ParallelConfig) -> list[list[LayerProfile]]:
     """Layers of each chunk (``pp * v`` chunks in model order; chunk ``i`` runs on pp rank ``i % pp``).
 

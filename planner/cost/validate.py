@@ -6,6 +6,7 @@ import math
 
 from planner.cost.config import ParallelConfig
 from planner.cost.pipeline import SCHEDULES
+from planner.cost.placement import block_count, interleaved_chunk_sizes
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, ModelProfile
 
@@ -123,6 +124,26 @@ def _check_batch(config: ParallelConfig, global_batch: int) -> None:
                              f"{config.num_micro_batches} micro-batches = {per_step}; {fix}")
 
 
+def _check_interleaved(model: ModelProfile, config: ParallelConfig) -> None:
+    """Interleaved 1F1B runs equal chunks (``placement.interleaved_chunk_sizes``): the blocks divide into
+    pp x v chunks, and explicit stage boundaries are exactly that split."""
+    if config.schedule != "interleaved_1f1b" or config.virtual_stages < 2:
+        return
+    blocks, chunks = block_count(model), config.pp * config.virtual_stages
+    if blocks % chunks:
+        fits = [v for v in range(2, blocks // config.pp + 1) if blocks % (config.pp * v) == 0]
+        raise StratagemError(f"interleaved 1F1B runs equal chunks (Megatron-LM): {blocks} blocks do not divide into "
+                             f"pp {config.pp} x {config.virtual_stages} virtual stages = {chunks} chunks; use "
+                             + (f"--virtual-stages {' or '.join(map(str, fits[:4]))}" if fits else
+                                "1f1b, or a pp that divides the block count"))
+    if config.stage_layers is not None:
+        sizes = interleaved_chunk_sizes(model, config)
+        given = tuple(len(chunk) for chunk in config.stage_layers)
+        if given != sizes:
+            raise StratagemError(f"interleaved 1F1B runs equal chunks of {blocks // chunks} blocks, but stage_layers "
+                                 f"has chunks of {list(given)} layers; use the even split {list(sizes)} or 1f1b")
+
+
 def _check_model(model: ModelProfile, config: ParallelConfig) -> None:
     if config.tp > 1 and model.model.family in ("gpt", "llama"):
         heads = int(model.model.dim("heads"))
@@ -160,6 +181,7 @@ def check_config(model: ModelProfile, cluster: ClusterProfile, config: ParallelC
         _check_replica_types(config, cluster)
     _check_batch(config, global_batch)
     _check_model(model, config)
+    _check_interleaved(model, config)
     for nt in cluster.node_types:
         if not any(c.dtype == dtype for c in nt.compute):
             raise StratagemError(f"node type {nt.name} has no {dtype} compute figure; use --dtype "

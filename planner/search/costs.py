@@ -24,7 +24,8 @@ from planner.cost.estimate import _timings_apply, dp_collective_time   # the rul
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.memory import model_states_bytes, precision_kind
 from planner.cost.pipeline import inflight_microbatches
-from planner.cost.placement import GroupShape, dp_group, replica_sends_cross_nodes, replica_sets, tp_group
+from planner.cost.placement import (GroupShape, dp_group, interleaved_chunk_sizes, replica_sends_cross_nodes,
+                                     replica_sets, tp_group)
 from planner.cost.validate import check_config, replica_micro_batches
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
@@ -318,7 +319,8 @@ class CandidateCosts:
                       zero_stage=outer.zero_stage, rank_node_types=rank_types, inflight=self._inflight(outer, m),
                       ranks={nt: self._rank_model(nt, outer) for nt in types},
                       change_s=self._changes(groups, outer, types), tied_params=self._tied(outer), tied_group=0,
-                      chunk_unit_s={nt: self._chunk_unit_s(nt, outer) for nt in types})
+                      chunk_unit_s={nt: self._chunk_unit_s(nt, outer) for nt in types},
+                      chunk_sizes=interleaved_chunk_sizes(self.profile, self.base_config(outer)))
 
     def _chunk_unit_s(self, nt: str, outer: OuterChoice) -> tuple[float, float]:
         """Per-chunk (forward, backward) host cost of its root FSDP2 unit (``estimate._chunk_unit_s``)."""

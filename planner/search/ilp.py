@@ -46,6 +46,11 @@ def _cumulative(prob: pulp.LpProblem, tables: Tables) -> tuple[dict, dict]:
     for s in range(chunks):
         prob += (pulp.lpSum(c[g, s] - (c[g, s - 1] if s > 0 else 0) for g in range(len(groups))) >= 1,
                  f"e_nonempty[{s}]")
+    if tables.chunk_sizes is not None:   # (a') fixed chunk sizes (interleaved: equal chunks)
+        through = 0
+        for s, size in enumerate(tables.chunk_sizes):
+            through += size
+            prob += (pulp.lpSum(c[g, s] for g in range(len(groups))) == through, f"a_chunk_size[{s}]")
     return c, st
 
 
@@ -287,6 +292,8 @@ def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
     (c) one style per group: sum_style u[g,style] = 1; n[r,g,i] <= N_g u[g, style(i)].
     (d) rank time: sum n*time over the rank's options + per chunk: layout changes at group starts + the one-way transfer of every
         boundary, charged to both of its chunks; products of binaries linearised.
+    (a') interleaved schedules: fixed chunk sizes, sum_g c[g,s] = layers of chunks <= s (equal chunks,
+        planner.cost.placement.interleaved_chunk_sizes).
     (e) non-empty chunks: sum_g (c[g,s] - c[g,s-1]) >= 1.
     (f) slowest rank: T >= T_r = sum of its chunks' times.
     (g) slowest tail: Z >= tail_r for every combination of the max() pieces of tail_r (exposed sync,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
-from planner.cost.placement import with_gpus
+from planner.cost.placement import block_count, with_gpus
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
@@ -223,7 +223,8 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
     cluster = with_gpus(cluster, n_devices)
     costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
     outers = list(enumerate_outer(cluster=cluster, n_devices=n_devices, global_batch=global_batch,
-                                  n_layers=len(profile.layers), tp_degrees=profile.tp_degrees, config=config))
+                                  n_layers=len(profile.layers), n_blocks=block_count(profile),
+                                  tp_degrees=profile.tp_degrees, config=config))
     if not outers:
         raise StratagemError(f"no way to split global batch {global_batch} over {n_devices} devices with "
                              f"the allowed dimensions; pick a global batch divisible by a dp degree or "

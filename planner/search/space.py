@@ -118,12 +118,12 @@ def _rank_type_orders(by_type: dict[str, int], pp: int, per_rank: int, limit: in
     return orders
 
 
-def _schedules(pp: int, m: int, n_layers: int, config: SearchConfig,
+def _schedules(pp: int, m: int, n_blocks: int, config: SearchConfig,
                m_min: int | None = None) -> Iterator[tuple[str, int]]:
     """(schedule, virtual stages): 1F1B when every replica has at least pp micro-batches (``m_min``, default
     ``m``; torch.distributed.pipelining's 1F1B needs one per stage, runtime/executor/schedule.py); GPipe
     when allowed; interleaved when m % pp == 0 (Megatron-LM's requirement for its interleaved schedule)
-    and every chunk gets a layer."""
+    and the blocks split into pp * v equal chunks (Megatron-LM's layers per virtual stage)."""
     if pp == 1 or (m if m_min is None else m_min) >= pp:
         yield "1f1b", 1
     if pp == 1:
@@ -132,7 +132,7 @@ def _schedules(pp: int, m: int, n_layers: int, config: SearchConfig,
         yield "gpipe", 1
     if config.allows("interleave") and m % pp == 0:
         for v in range(2, config.max_virtual_stages + 1):
-            if pp * v <= n_layers:
+            if n_blocks % (pp * v) == 0:   # equal chunks (placement.interleaved_chunk_sizes)
                 yield "interleaved_1f1b", v
 
 
@@ -151,8 +151,11 @@ def _micro_batch_sizes(samples: int, config: SearchConfig) -> list[int]:
 
 
 def enumerate_outer(*, cluster: ClusterProfile, n_devices: int, global_batch: int, n_layers: int,
-                    tp_degrees: list[int], config: SearchConfig) -> Iterator[OuterChoice]:
-    """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch."""
+                    tp_degrees: list[int], config: SearchConfig, n_blocks: int | None = None) -> Iterator[OuterChoice]:
+    """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch.
+    ``n_blocks``: the model's repeated blocks (``placement.block_count``; default ``n_layers``), which
+    interleaved schedules split into equal chunks."""
+    n_blocks = n_layers if n_blocks is None else n_blocks
     by_type = devices_by_type(cluster, n_devices)
     if len(by_type) > 1 and not config.allows("mixed"):
         by_type = {next(iter(by_type)): n_devices}   # treat as uniform (the 'ignore the difference' plan)
@@ -164,7 +167,7 @@ def enumerate_outer(*, cluster: ClusterProfile, n_devices: int, global_batch: in
         per_replica = global_batch // dp
         for mb in _micro_batch_sizes(per_replica, config):
             m = per_replica // mb
-            for schedule, v in _schedules(pp, m, n_layers, config):
+            for schedule, v in _schedules(pp, m, n_blocks, config):
                 for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
                     for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
                         for order in orders:
@@ -172,7 +175,7 @@ def enumerate_outer(*, cluster: ClusterProfile, n_devices: int, global_batch: in
                                               micro_batch=mb, num_micro_batches=m, zero_stage=zero,
                                               sequence_parallel=sp, rank_node_types=order)
     if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices):
-        yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, tp_degrees, config)
+        yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)
 
 
 def _types_contiguous(cluster: ClusterProfile, n_devices: int) -> bool:
@@ -203,7 +206,7 @@ def _type_splits(counts: list[int], total: int) -> Iterator[tuple[int, ...]]:
 
 
 def _replica_type_choices(cluster: ClusterProfile, by_type: dict[str, int], global_batch: int, n_layers: int,
-                          tp_degrees: list[int], config: SearchConfig) -> Iterator[OuterChoice]:
+                          n_blocks: int, tp_degrees: list[int], config: SearchConfig) -> Iterator[OuterChoice]:
     """Whale's hardware-aware data parallelism: whole dp replicas (tp x pp devices each) on each node type
     (in cluster order, so replica j's ranks are the j-th block of tp * pp devices), every split of the
     micro-batches over the types (replicas of one type get the same count). ZeRO-3 is left out (its
@@ -218,7 +221,7 @@ def _replica_type_choices(cluster: ClusterProfile, by_type: dict[str, int], glob
         for mb in _micro_batch_sizes(global_batch, config):
             for split in _type_splits(counts, global_batch // mb):
                 per_rep = tuple(m for m, k in zip(split, counts) for _ in range(k))
-                for schedule, v in _schedules(pp, math.gcd(*split), n_layers, config, m_min=min(split)):
+                for schedule, v in _schedules(pp, math.gcd(*split), n_blocks, config, m_min=min(split)):
                     for zero in (0, 1, 2) if config.allows("zero") else (0,):
                         for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
                             yield OuterChoice(tp=tp, pp=pp, dp=len(types), schedule=schedule, virtual_stages=v,

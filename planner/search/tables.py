@@ -150,6 +150,9 @@ class Tables:
     # dp replicas on several node types: one lane per type (each with its rank types, m and inflight; the
     # first lane equals this table's own fields); empty = one lane, this table itself
     replica_lanes: tuple["Tables", ...] = ()
+    # layers per chunk when they are fixed (interleaved schedules run equal chunks:
+    # planner.cost.placement.interleaved_chunk_sizes); None = the ILP chooses the boundaries
+    chunk_sizes: tuple[int, ...] | None = None
 
     @property
     def chunks(self) -> int:
