@@ -114,11 +114,16 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     return table
 
 
-def _check_dtype(cluster, dtype: str) -> None:
-    """Every node type must have a throughput figure for the training dtype (V100s have no bf16)."""
+def _check_dtype(cluster, n_devices: int, dtype: str) -> None:
+    """Every node type the plan's ``n_devices`` devices come from (the cluster's first ones) must have a
+    throughput figure for the training dtype (V100s have no bf16); the others do not matter."""
+    from planner.cost.placement import with_gpus
+    from planner.search.space import devices_by_type
+
+    used = devices_by_type(with_gpus(cluster, n_devices), n_devices)
     for node in cluster.node_types:
         have = [c.dtype for c in node.compute]
-        if dtype not in have:
+        if node.name in used and dtype not in have:
             raise StratagemError(f"node type {node.name} ({node.device}) of cluster {cluster.name} has no {dtype} "
                                  f"throughput (has {', '.join(have)}); use --dtype with one of those")
 
@@ -149,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.family in ("gpt", "llama") else int(args.seq or 1)
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
     profile = _model_profile(spec, args, seq_len)
-    _check_dtype(cluster, profile.dtype)
+    _check_dtype(cluster, args.gpus, profile.dtype)
     config = SearchConfig(time_limit_s=args.time_limit, gap_rel=args.gap, top_k=args.top_k,
                           exhaustive_top_k=args.prove_top_k, jobs=args.jobs,
                           allow=parse_allow(args.allow), memory_fraction=args.memory_fraction,
@@ -169,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
     if plan.search.top_k:
         out.print(_alternatives_table(plan))
     if plan.search.status != "optimal":
+        fix = "raise --budget to prove it" if "budget" in plan.search.notes else "raise --time-limit to prove it"
         out.print(f"[bold yellow]not proven optimal[/]: search {plan.search.status}, best within "
-                  f"{plan.search.gap:.2%} of the optimum under the cost model; raise --time-limit to prove it")
+                  f"{plan.search.gap:.2%} of the optimum under the cost model; {fix}")
     out.print(f"wrote {args.out}")
     return 0

@@ -182,7 +182,8 @@ def check_config(model: ModelProfile, cluster: ClusterProfile, config: ParallelC
     _check_batch(config, global_batch)
     _check_model(model, config)
     _check_interleaved(model, config)
-    for nt in cluster.node_types:
-        if not any(c.dtype == dtype for c in nt.compute):
+    used = set(config.replica_node_types or config.stage_node_types or (cluster.nodes[0].node_type,))
+    for nt in cluster.node_types:   # only the node types the configuration runs on need the dtype
+        if nt.name in used and not any(c.dtype == dtype for c in nt.compute):
             raise StratagemError(f"node type {nt.name} has no {dtype} compute figure; use --dtype "
                                  f"{nt.compute[0].dtype} or add the figure to the cluster profile")

@@ -61,10 +61,11 @@ class SolveResult:
 
 _BOUND = re.compile(r"^(?:Lower bound|best possible)\s*:?\s*(-?[\d.eE+-]+)", re.MULTILINE)
 _BEST_POSSIBLE = re.compile(r"best possible (-?[\d.eE+-]+)")
-# CBC log lines that mean its answer may rest on a tolerance decision rather than on the program: each was
-# seen here on badly scaled programs ("proven infeasible" feasible programs, an "optimal" empty assignment)
-TOLERANCE_WARNINGS = ("possible tolerance issue", "Pre-processing says infeasible",
-                      "Cut generators found to be infeasible", "Postprocessed model is infeasible")
+# CBC log lines that mean its answer may rest on a tolerance decision rather than on the program (seen here
+# on badly scaled programs: an "optimal" empty assignment), and claims of its integer preprocessing (seen
+# calling feasible programs infeasible); each triggers a confirming re-solve
+TOLERANCE_WARNINGS = ("possible tolerance issue", "Postprocessed model is infeasible")
+PREPROCESSING_CLAIMS = ("Pre-processing says infeasible", "Cut generators found to be infeasible")
 # the confirming solve: no integer preprocessing (where the false claims came from), no LP presolve
 SAFE_OPTIONS = ("preprocess off", "presolve off")
 
@@ -84,6 +85,16 @@ def log_warnings(log_text: str) -> tuple[str, ...]:
     return tuple(w for w in TOLERANCE_WARNINGS if w in log_text)
 
 
+def _refuted(first: SolveResult, second: SolveResult, cutoff_s: float | None) -> tuple[str, ...]:
+    """A note when the confirming solve disagrees with a no-solution claim of the first: it found a
+    solution (under the cutoff by more than CBC's tolerance, for a cut-off claim)."""
+    if first.status not in ("infeasible", "cut_off") or second.objective_s is None:
+        return ()
+    if first.status == "cut_off" and cutoff_s is not None and second.objective_s >= cutoff_s * (1 - 1e-9):
+        return ()
+    return (f"CBC claimed {first.status} but a solve without preprocessing found a solution",)
+
+
 def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = None) -> SolveResult:
     """Run CBC with the config's time limit, relative gap and threads; confirm what it cannot be trusted on.
 
@@ -96,7 +107,8 @@ def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = No
 
     Checked, never trusted: an ``infeasible`` or ``cut_off`` claim, and any answer whose log carries a
     :data:`TOLERANCE_WARNINGS` line, is re-solved without preprocessing (:data:`SAFE_OPTIONS`); the second
-    answer stands (a solution it finds refutes the claim), and its warnings are reported.
+    answer stands (a solution it finds refutes the claim). Tolerance warnings and refuted claims are
+    reported in ``warnings``.
     """
     first, log_text = _run(problem, config, cutoff_s, ())
     found = log_warnings(log_text)
@@ -104,14 +116,12 @@ def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = No
         return first
     second, second_log = _run(problem, config, cutoff_s, SAFE_OPTIONS)
     wall_s = first.wall_time_s + second.wall_time_s
-    found = tuple(dict.fromkeys(found + log_warnings(second_log)))
+    found = tuple(dict.fromkeys(found + log_warnings(second_log) + _refuted(first, second, cutoff_s)))
     if found:
-        log.warning("CBC reported %s; re-solved without preprocessing: %s", "; ".join(found), second.status)
-    if second.status in ("infeasible", "cut_off") and first.status == second.status:
-        return replace(second, wall_time_s=wall_s, warnings=found, confirmed=True)
-    if second.status in ("infeasible", "cut_off") and first.objective_s is not None and not found:
-        return replace(first, wall_time_s=wall_s)   # unreachable in practice: keep the solution we have
-    return replace(second, wall_time_s=wall_s, warnings=found, confirmed=second.status != "time_limit")
+        log.warning("CBC: %s; re-solved without preprocessing: %s %s (cutoff %s)", "; ".join(found), second.status,
+                    second.objective_s, cutoff_s)
+    return replace(second, wall_time_s=wall_s, warnings=found,
+                   confirmed=second.status in ("infeasible", "cut_off") and first.status == second.status)
 
 
 def _run(problem: Problem, config: SearchConfig, cutoff_s: float | None,

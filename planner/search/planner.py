@@ -290,7 +290,8 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
                 continue
             if time.perf_counter() - start > config.budget_s:
                 # every unexplored candidate is >= bound: the best found is within this gap of the optimum
-                notes = f"search budget of {config.budget_s} s ran out"
+                notes = (f"the search budget of {config.budget_s:g} s ran out: the plan is the best found so far, "
+                         f"within the stated gap of the optimum (raise --budget to prove more)")
                 state.open_bounds.append((bound, "feasible"))
                 break
             state.counts["solved"] += 1
@@ -309,6 +310,10 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
     ranked, counts, open_bounds = state.ranked, state.counts, state.open_bounds
     if progress:
         progress(total, total)
+    if not ranked and notes:
+        raise StratagemError(f"the search budget of {config.budget_s:g} s ran out before any candidate was solved "
+                             f"({counts['refined']} of {len(outers)} candidates bounded); raise --budget "
+                             f"(e.g. --budget {max(60.0, 10 * config.budget_s):g})")
     if not ranked:
         raise _no_plan_error(shortfall, n_devices)
     status, gap = _global_status(ranked[0].step_s, open_bounds)
