@@ -10,6 +10,7 @@ differ only in pp, dp, ZeRO or schedule reuse them.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from planner.cost import estimate as estimate_fn
@@ -30,7 +31,7 @@ from planner.cost.validate import check_config, replica_micro_batches
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
 from planner.search.config import SearchConfig
-from planner.search.space import OuterChoice
+from planner.search.space import OuterChoice, typed_slowest_floor
 from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables
 
 _ALGORITHMS = ("ring", "tree", "hierarchical")   # what collective_time(algorithm="auto") minimises over
@@ -106,7 +107,7 @@ class CandidateCosts:
         self.dtype = profile.dtype
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
-        self._least: dict[tuple, tuple[float, float]] = {}
+        self._least: dict[tuple, tuple[float, float, list[float]]] = {}
 
     # -- configuration ------------------------------------------------------------------------
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
@@ -278,12 +279,18 @@ class CandidateCosts:
         bound, v = 0.0, outer.virtual_stages
         for types, m in lanes:
             total, largest = self._least_layer_times(outer, types)
-            bound = max(bound, (m - 1 / v) * max(total / outer.pp, largest) + total / v)
+            slowest = max(total / outer.pp, largest)
+            if len(types) > 1:   # ranks of several node types: the slower ones hold less (space.typed_slowest_floor)
+                per_type = {nt: self._least_layer_times(outer, (nt,), per_layer=True) for nt in types}
+                slowest = max(slowest, typed_slowest_floor(per_type, [len(layers) for layers in self.groups],
+                                                           Counter(outer.rank_node_types)))
+            bound = max(bound, (m - 1 / v) * slowest + total / v)
         return bound
 
-    def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...]) -> tuple[float, float]:
-        """(sum over layers, max over layers) of each layer's fastest option on ``types``; cached, as it
-        depends only on tp, sequence parallel, micro-batch and the dp wrapper."""
+    def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...], per_layer: bool = False):
+        """(sum over layers, max over layers) of each layer's fastest option on ``types`` (``per_layer``:
+        the list of each group's fastest time instead); cached, as it depends only on tp, sequence
+        parallel, micro-batch and the dp wrapper."""
         key = (types, outer.tp, outer.sequence_parallel, outer.micro_batch, dp_wrapper(outer.dp, outer.zero_stage))
         if key not in self._least:
             t_min = []
@@ -291,10 +298,11 @@ class CandidateCosts:
                 costs = [self._layer_cost(layers[0], nt, outer.tp, o.style, o.recompute, outer.sequence_parallel,
                                           outer.micro_batch, outer.dp, outer.zero_stage)
                          for nt in types for o in self.options(layers, outer.tp)]
-                t_min.append((min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s for k in costs),
-                              len(layers)))
-            self._least[key] = (sum(t * size for t, size in t_min), max(t for t, _ in t_min))
-        return self._least[key]
+                t_min.append(min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s for k in costs))
+            sizes = [len(layers) for layers in self.groups]
+            self._least[key] = (sum(t * n for t, n in zip(t_min, sizes)), max(t_min), t_min)
+        total, largest, t_min = self._least[key]
+        return t_min if per_layer else (total, largest)
 
     def tables(self, outer: OuterChoice) -> Tables:
         """All ILP coefficients of ``outer`` (one lane per replica node type when replicas differ)."""

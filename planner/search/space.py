@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.profiles import ClusterProfile
@@ -230,14 +231,29 @@ def _replica_type_choices(cluster: ClusterProfile, by_type: dict[str, int], glob
                                               replica_node_types=types, replica_micro_batches=per_rep)
 
 
+def _rank_sends(tables: Tables) -> list[float]:
+    """Least pipeline-transfer time of each pp rank per micro-batch: chunk s pays the transfer of each of
+    its boundaries, whose node types are fixed (chunk s runs on rank s mod pp); at the cheapest group and
+    style that could end the earlier chunk (not the model's last layer: later chunks are non-empty)."""
+    sends = [0.0] * tables.pp
+    if tables.pp == 1:
+        return sends
+    last = tables.groups[-1]
+    enders = tables.groups[:-1] if last.size == 1 else tables.groups   # a single last layer ends only chunk S-1
+    for s in range(tables.chunks - 1):
+        key = (tables.node_type_of_chunk(s), tables.node_type_of_chunk(s + 1))
+        cost = min((c for grp in enders for (_, a, b), c in grp.boundary_s.items() if (a, b) == key), default=0.0)
+        sends[s % tables.pp] += cost
+        sends[(s + 1) % tables.pp] += cost
+    return sends
+
+
 def _least_times(tables: Tables) -> tuple[float, float]:
     """(least sum_r T_r, least time of one layer): every layer at its fastest option on the fastest node
     type in use, plus the cheapest transfer for each boundary, paid by both of its chunks."""
     types = set(tables.rank_node_types)
     t_min = [min(min(k.time_s for k in grp.costs[nt]) for nt in types) for grp in tables.groups]
-    total = sum(t * grp.size for t, grp in zip(t_min, tables.groups))
-    if tables.pp > 1:
-        total += 2 * (tables.chunks - 1) * min(min(grp.boundary_s.values()) for grp in tables.groups)
+    total = sum(t * grp.size for t, grp in zip(t_min, tables.groups)) + sum(_rank_sends(tables))
     return total, max(t_min)
 
 
@@ -245,7 +261,7 @@ def _lower_bound_s_lane(tables: Tables) -> float:
     """One lane's bound (:func:`lower_bound_s`)."""
     total, _ = _least_times(tables)
     v, m = tables.v, tables.m
-    return (m - 1 / v) * _slowest_bound(tables) + total / v + _optimizer_floor(tables)
+    return (m - 1 / v) * _slowest_bound(tables) + total / v + _tail_floor_average(tables)
 
 
 def _optimizer_floor(tables: Tables) -> float:
@@ -254,6 +270,37 @@ def _optimizer_floor(tables: Tables) -> float:
     params = sum(grp.size * min(k.params_dp + k.params_dpt for nt in types for k in grp.costs[nt])
                  for grp in tables.groups)
     return opt_coef * params / tables.pp
+
+
+def _tail_floor_average(tables: Tables) -> float:
+    """A floor of the slowest tail from the average over pp ranks (max_r tail_r >= mean_r tail_r).
+
+    Per rank (``tables.rank_tail_s``): exposed sync >= max(0, S_r - Wb_r), ZeRO-1/2 gathers >= max(0, G_r -
+    Wf_r), ZeRO-3 >= m max(0, C_r - Wf_r - Wb_r), plus the optimizer. Summed over ranks, sum max(0, x_r) >=
+    max(0, sum x_r); the collectives' times are concave with f(0) = 0, hence subadditive, so sum_r S_r >=
+    S_min(total parameters) (S_min: the cheapest of the ranks' sync functions); the windows W are at most
+    every layer at its slowest option plus the per-chunk host costs. Catches candidates whose gradient
+    sync cannot hide behind their compute (e.g. wide dp over slow links), which layer times alone miss.
+    """
+    types = sorted(set(tables.rank_node_types))
+    groups = tables.groups
+    params = sum(grp.size * min(k.params_dp + k.params_dpt for nt in types for k in grp.costs[nt]) for grp in groups)
+    def most(attr: str) -> float:
+        return sum(grp.size * max(getattr(k, attr) for nt in types for k in grp.costs[nt]) for grp in groups)
+    units = [tables.chunk_unit_s[nt] for nt in types] if tables.chunk_unit_s else [(0.0, 0.0)]
+    w_f = most("fwd_s") + tables.chunks * max(u[0] for u in units)
+    w_b = most("bwd_s") + tables.chunks * max(u[1] for u in units)
+    ranks = [tables.ranks[nt] for nt in types]
+    def cheapest(fields: tuple[str, str]) -> float:
+        return min(min(getattr(rm, f)(params) for f in fields) for rm in ranks)
+    if tables.zero_stage == 3:
+        z3 = sum(grp.size * min(k.z3_mb_s for nt in types for k in grp.costs[nt]) for grp in groups)
+        comm = tables.m * max(0.0, z3 - w_f - w_b)
+    else:
+        comm = max(0.0, cheapest(("sync_dp", "sync_dpt")) - w_b)
+        if tables.zero_stage > 0:
+            comm += max(0.0, cheapest(("gather_dp", "gather_dpt")) - w_f)
+    return comm / tables.pp + _optimizer_floor(tables)
 
 
 def _memory_shortfall_bytes_lane(tables: Tables) -> float:
@@ -343,13 +390,42 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
             lo = mid + 1
     v, m = tables.v, tables.m
     tail = _tail_floor(tables, g, -(-size // tables.pp))
-    old_tail = _optimizer_floor(tables)
+    old_tail = _tail_floor_average(tables)
     return base + (m - 1 / v) * max(0.0, levels[lo] - _slowest_bound(tables)) + max(0.0, tail - old_tail)
+
+
+def typed_slowest_floor(per_type: Mapping[str, Sequence[float]], sizes: Sequence[int],
+                        ranks_of_type: Mapping[str, int], sends_of_type: Mapping[str, float] | None = None) -> float:
+    """A floor of the slowest pp rank's time when ranks are of several node types (0 for one type).
+
+    With t_l^k the least time of layer l on type k, f_l = min_k t_l^k and rho_k = min_l t_l^k / f_l (how
+    much slower type k is, at best): the ranks of type k hold layers whose f-time is at most
+    n_k T / rho_k, so sum_l f_l <= T sum_k n_k / rho_k, i.e. T >= sum_l f_l / sum_k (n_k / rho_k). With
+    one type this is sum / pp; with 4 A100 and 4 V100 ranks (rho ~2.4) the denominator is ~5.7, not 8.
+    ``sends_of_type[k]``: pipeline transfers the type's ranks pay in any case (they leave n_k T - sends_k
+    for layers): T >= (sum_l f_l + sum_k sends_k / rho_k) / sum_k (n_k / rho_k).
+    """
+    if len(per_type) < 2:
+        return 0.0
+    fast = [min(times[g] for times in per_type.values()) for g in range(len(sizes))]
+    capacity = work = 0.0
+    for nt, times in per_type.items():
+        ratios = [t / f for t, f in zip(times, fast) if f > 0]
+        rho = min(ratios) if ratios else 1.0
+        capacity += ranks_of_type[nt] / rho
+        work += (sends_of_type or {}).get(nt, 0.0) / rho
+    return (sum(f * n for f, n in zip(fast, sizes)) + work) / capacity
 
 
 def _slowest_bound(tables: Tables) -> float:
     total, largest = _least_times(tables)
-    return max(total / tables.pp, largest)
+    types = sorted(set(tables.rank_node_types))
+    per_type = {nt: [min(k.time_s for k in grp.costs[nt]) for grp in tables.groups] for nt in types}
+    sends = _rank_sends(tables)
+    sends_of_type = {nt: sum(x for x, t in zip(sends, tables.rank_node_types) if t == nt) for nt in types}
+    typed = typed_slowest_floor(per_type, [grp.size for grp in tables.groups], Counter(tables.rank_node_types),
+                                sends_of_type)
+    return max(total / tables.pp, largest + min(sends), max(sends), typed)
 
 
 def lower_bound_s(tables: Tables) -> float:
@@ -358,9 +434,10 @@ def lower_bound_s(tables: Tables) -> float:
 
     Per lane: with t_min a layer's fastest option on the fastest node type in use and b_min the cheapest
     pipeline transfer: sum_r T_r >= sum_l t_min + 2 (S - 1) b_min (each boundary is paid by both its
-    chunks) and max_r T_r >= max(that sum / pp, max_l t_min); the tail is >= the optimizer step, whose
-    per-parameter cost is linear, so max_r tail_r >= its total / pp. Layout changes and other tail terms
-    are >= 0.
+    chunks) and max_r T_r >= max(that sum / pp, max_l t_min, :func:`typed_slowest_floor`); the slowest
+    tail is >= the mean tail, bounded by :func:`_tail_floor_average` (optimizer step, and the gradient
+    sync / ZeRO communication that the ranks' compute windows cannot hide). Layout changes and other
+    terms are >= 0.
     """
     return max(_lower_bound_s_lane(lane) for lane in tables.lanes)
 
