@@ -90,6 +90,12 @@ def run_mixed(config: SearchConfig) -> None:
     print(f"  dp replicas only (no pp)      : {reps.best.step_s:8.3f} s  {reps.best.outer.summary()} "
           f"(samples per replica {shares}; search {wall_s:.2f} s, {reps.status})")
     print(f"     same degrees, equal shares : {even.step_time_s:8.3f} s")
+    # every dimension the search has (tp, pp, dp, ZeRO, recompute, sp, interleaving, GPipe, layouts, mixed)
+    start = time.perf_counter()
+    full = plan_search(profile, cluster, n_devices=gpus, global_batch=batch,
+                       config=replace(config, allow=DEFAULT_DIMENSIONS))
+    print(f"  full dimension set            : {full.best.step_s:8.3f} s  {full.best.outer.summary()} "
+          f"(search {time.perf_counter() - start:.2f} s, {full.status}, {full.candidates_solved} ILPs)")
 
 
 def main() -> None:
