@@ -37,7 +37,9 @@ from planner import __version__
 from planner.cost.constants import DTYPE_BYTES
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
-from planner.profiles import CollectiveNeed, LayerProfile, ModelProfile, Provenance, ShardProfile
+from planner.profiles import CollectiveNeed, LayerProfile, ModelProfile, OpProfile, Provenance, ShardProfile
+
+FP32_BYTES = 4
 
 SOURCES = [
     "Narayanan et al., SC21, arXiv:2104.04473, eq. 2-3 (parameters, FLOPs)",
@@ -106,7 +108,51 @@ def _block_shard(d: _Dims, t: int) -> ShardProfile:
         bwd_flops_per_sample=2 * fwd / t,
         saved_bytes_per_sample=replicated + (split_saved + scores) / t,
         saved_replicated_bytes_per_sample=replicated, saved_attention_scores_bytes_per_sample=scores / t,
-        attention_scores_flops_per_sample=score_flops / t, flops_origin="derived", memory_origin="derived")
+        attention_scores_flops_per_sample=score_flops / t, ops=_block_ops(d, t), flops_origin="derived",
+        memory_origin="derived")
+
+
+def _mem(name: str, fwd_bytes: float, bwd_bytes: float, **kw) -> OpProfile:
+    return OpProfile(name=name, kind="memory", bytes_per_sample=fwd_bytes, backward_bytes_per_sample=bwd_bytes, **kw)
+
+
+def _block_ops(d: _Dims, t: int) -> list[OpProfile]:
+    """A block's forward kernels on one of ``t`` TP ranks, Megatron-LM's fused layout (planner.cost.kernels).
+
+    Bytes count each kernel's HBM reads + writes of ``e``-byte elements (1-byte dropout masks): LayerNorm
+    reads x, writes y (2), its backward reads x and dy, writes dx (3); fused scale-mask-softmax 2 / 3;
+    dropout writes a mask (2e+1 both ways); bias-GeLU 2 / 3 (SwiGLU reads two halves: 3 / 5); the fused
+    bias-dropout-add reads the output and the residual and writes the sum and mask (3e+1), its backward
+    (2e+1); the context permute (``contiguous()`` in Megatron's CoreAttention) 2 / 2. Rotary (Llama) reads
+    and writes q and k (2 / 2). GEMM shapes per sample of ``s`` tokens: QKV ``s x (h+2h_kv)/t x h``, scores
+    ``a/t`` x ``s x s x d``, context ``a/t`` x ``s x d x s``, projection ``s x h x h/t``, MLP in ``s x f/t x h``
+    (SwiGLU: gate and up, ``2f/t``), MLP out ``s x h x f/t`` (Shoeybi et al. 2019 §3 for the TP split).
+    """
+    s, h, e, f = d.s, d.h, d.e, d.f
+    hp, ap, dh, kvp = h // t, d.a // t, h // d.a, d.h_kv // t
+    drop = 1 if d.dropout else 0
+    norm = "rmsnorm" if d.swiglu else "layernorm"
+    ops = [_mem(f"{norm}1", 2 * e * s * h, 3 * e * s * h, replicated=True),
+           OpProfile(name="qkv", kind="gemm", rows_per_sample=s, n=hp + 2 * kvp, k=h)]
+    if d.swiglu:
+        ops.append(_mem("rotary", 2 * e * s * (hp + kvp), 2 * e * s * (hp + kvp)))
+    core = dict(attention_core=True)
+    ops += [OpProfile(name="scores", kind="gemm", rows_per_sample=s, n=s, k=dh, batch_per_sample=ap, scale="batch",
+                      **core),
+            _mem("softmax", 2 * e * ap * s * s, 3 * e * ap * s * s, **core)]
+    if drop:
+        ops.append(_mem("attention_dropout", (2 * e + 1) * ap * s * s, (2 * e + 1) * ap * s * s, **core))
+    ops += [OpProfile(name="context", kind="gemm", rows_per_sample=s, n=dh, k=s, batch_per_sample=ap,
+                      scale="batch", **core),
+            _mem("context_permute", 2 * e * s * hp, 2 * e * s * hp),
+            OpProfile(name="attention_out", kind="gemm", rows_per_sample=s, n=h, k=hp),
+            _mem("residual_add1", (3 * e + drop) * s * h, (2 * e + drop) * s * h, replicated=True),
+            _mem(f"{norm}2", 2 * e * s * h, 3 * e * s * h, replicated=True),
+            OpProfile(name="mlp_in", kind="gemm", rows_per_sample=s, n=(2 if d.swiglu else 1) * f // t, k=h),
+            _mem("activation", (3 if d.swiglu else 2) * e * s * f // t, (5 if d.swiglu else 3) * e * s * f // t),
+            OpProfile(name="mlp_out", kind="gemm", rows_per_sample=s, n=h, k=f // t),
+            _mem("residual_add2", (3 * e + drop) * s * h, (2 * e + drop) * s * h, replicated=True)]
+    return ops
 
 
 def _block_collectives(d: _Dims) -> list[CollectiveNeed]:
@@ -120,13 +166,25 @@ def _block_collectives(d: _Dims) -> list[CollectiveNeed]:
     return needs
 
 
+def _embed_ops(d: _Dims, t: int) -> list[OpProfile]:
+    """Embedding kernels: the lookup (reads rows, writes ``e s h``; with positions, an add and dropout), and
+    its backward — a dense gradient of the rank's ``V/t x h`` table (written, then accumulated into the
+    fp32 main gradient: 2 + 4 + 4 bytes per element, Megatron's ``main_grad``) plus the scatter of ``e s h``."""
+    s, h, e = d.s, d.h, d.e
+    drop = 1 if d.dropout else 0
+    fwd = 2 * e * s * h + (3 * e * s * h if d.learned_positions else 0) + (2 * e + 1) * s * h * drop
+    table = math.ceil(d.vocab / t) * h
+    return [_mem("embedding", fwd, 2 * e * s * h, kernels=1 + int(d.learned_positions) + drop,
+                 backward_fixed_bytes=(e + 2 * FP32_BYTES) * table, backward_kernels=2)]
+
+
 def _embed_layer(d: _Dims, tps: list[int]) -> LayerProfile:
     word = d.vocab * d.h
     pos = d.max_seq * d.h if d.learned_positions else 0
     masks = d.s * d.h if d.dropout else 0
     shards = [ShardProfile(tp=t, params=math.ceil(word / t) + pos, param_bytes=(math.ceil(word / t) + pos) * d.e,
                            fwd_flops_per_sample=0, bwd_flops_per_sample=0, saved_bytes_per_sample=masks,
-                           saved_replicated_bytes_per_sample=masks, flops_origin="derived",
+                           saved_replicated_bytes_per_sample=masks, ops=_embed_ops(d, t), flops_origin="derived",
                            memory_origin="derived") for t in tps]
     act = d.e * d.s * d.h
     needs = [CollectiveNeed(op="all_reduce", phase="forward", bytes_per_sample=act),
@@ -135,6 +193,15 @@ def _embed_layer(d: _Dims, tps: list[int]) -> LayerProfile:
     return LayerProfile(path="embed", kind="embedding", signature=f"embed-v{d.vocab}-h{d.h}",
                         tp_style="vocab_parallel", input_bytes_per_sample=8 * d.s,
                         output_bytes_per_sample=act, shards=shards, collectives=needs)
+
+
+def _head_ops(d: _Dims, t: int) -> list[OpProfile]:
+    """LM head GEMM ``s x V/t x h`` and Megatron's vocab-parallel cross-entropy on fp32 logits
+    (``_VocabParallelCrossEntropy``: cast e+4, max 4, subtract 8, exp 8, sum 4, divide 8 bytes per logit;
+    backward: subtract the one-hot, multiply by the incoming gradient 8, cast to e for the GEMM 4+e)."""
+    s, e, vt = d.s, d.e, math.ceil(d.vocab / t)
+    return [OpProfile(name="lm_head", kind="gemm", rows_per_sample=s, n=vt, k=d.h),
+            _mem("cross_entropy", (e + 36) * s * vt, (12 + e) * s * vt, kernels=6, backward_kernels=3)]
 
 
 def _head_layer(d: _Dims, tps: list[int]) -> LayerProfile:
@@ -146,7 +213,8 @@ def _head_layer(d: _Dims, tps: list[int]) -> LayerProfile:
         shards.append(ShardProfile(
             tp=t, params=params, param_bytes=params * e, fwd_flops_per_sample=2 * s * h * v / t,
             bwd_flops_per_sample=4 * s * h * v / t, saved_bytes_per_sample=e * s * h + logits,
-            saved_replicated_bytes_per_sample=e * s * h, flops_origin="derived", memory_origin="derived"))
+            saved_replicated_bytes_per_sample=e * s * h, ops=_head_ops(d, t), flops_origin="derived",
+            memory_origin="derived"))
     act = e * s * h
     needs = []
     for sp in (False, True):
@@ -164,9 +232,10 @@ def _head_layer(d: _Dims, tps: list[int]) -> LayerProfile:
 def _norm_layer(d: _Dims) -> LayerProfile:
     params = d.h if d.swiglu else 2 * d.h
     act = d.e * d.s * d.h
+    norm = _mem("final_norm", 2 * act, 3 * act, replicated=True)
     shard = ShardProfile(tp=1, params=params, param_bytes=params * d.e, fwd_flops_per_sample=0,
                          bwd_flops_per_sample=0, saved_bytes_per_sample=act, saved_replicated_bytes_per_sample=act,
-                         flops_origin="derived", memory_origin="derived")
+                         ops=[norm], flops_origin="derived", memory_origin="derived")
     return LayerProfile(path="norm", kind="norm", signature=f"norm-h{d.h}", tp_style="none",
                         input_bytes_per_sample=act, output_bytes_per_sample=act, shards=[shard])
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from planner import __version__
 from planner.cost.constants import GEMM_EFFICIENCY, gpu_family
-from planner.profiles import (ClusterProfile, CollectiveFit, ComputeFigure, NodeGroup, NodeType, Provenance,
-                              save_profile)
+from planner.profiles import (ClusterProfile, CollectiveFit, ComputeFigure, KernelModel, NodeGroup, NodeType,
+                              Provenance, TileShape, save_profile)
 
 log = logging.getLogger(__name__)
 GB, GIB = 1e9, 2**30
@@ -59,6 +59,76 @@ def _fits(level: str, link: _Link) -> list[CollectiveFit]:
     return fits
 
 
+# Tile shapes a GEMM library picks from and the fraction of the ceiling each reaches: CUTLASS's SM80/SM90
+# threadblock tiles (cutlass/include/cutlass/gemm/device/default_gemm_configuration.h: 128x256 and 256x128
+# for fp16/bf16 tensor cores, 128x128, 128x64, 64x64 in its profiler's kernel list). Smaller tiles reload
+# each operand more often per FLOP, so they reach less of the ceiling: the relative efficiencies are an
+# assumption (not fitted), ordered as shared-memory reuse falls (tile m*n/(m+n): 85, 64, 43, 32).
+TILES = [TileShape(m=256, n=128, relative_efficiency=1.0), TileShape(m=128, n=256, relative_efficiency=1.0),
+         TileShape(m=128, n=128, relative_efficiency=0.92), TileShape(m=128, n=64, relative_efficiency=0.8),
+         TileShape(m=64, n=64, relative_efficiency=0.65)]
+TILE_SRC = ("CUTLASS default_gemm_configuration.h tile shapes; relative efficiencies assumed (operand reuse "
+            "per tile), not fitted")
+# Per-kernel launch costs. Device gap between dependent kernels on one stream: ~2 us (NVIDIA blog "Getting
+# Started with CUDA Graphs", 2019: a 2.9 us kernel took 3.8 us per launch back-to-back without graphs, i.e.
+# ~1 us of gap plus the launch; 2 us is used as the middle of 1-3 us). Host issue time of one PyTorch
+# operator: ~10 us (PyTorch eager dispatch + cudaLaunchKernel; the launch alone is 4-6 us by a public
+# measurement, susun-blog.com "pegainfer (3)", and torch's Python + dispatcher adds several us: PR #32194's
+# 3.3 us for a view op). Both are assumptions within the cited ranges, not fitted.
+KERNEL_GAP_S = 2e-6
+HOST_OP_S = 10e-6
+LAUNCH_SRC = ("kernel_gap_s 2 us: NVIDIA 'Getting Started with CUDA Graphs' (2019) back-to-back launch gap; "
+              "host_op_s 10 us: PyTorch eager dispatch + cudaLaunchKernel (4-6 us launch, public measurement; "
+              "3.3 us torch op overhead, pytorch PR #32194); assumptions within those ranges")
+# Streaming benchmarks reach 85-92 % of datasheet HBM bandwidth (BabelStream, Deakin et al.); a training
+# step's element-wise kernels are short (tens of us), strided (permutes) and mix 1-byte masks, and reach
+# less. 0.65 is FITTED, jointly with the A100 GEMM ceiling, on the SC21 Table 1 rows (see KERNEL_SPECS).
+MEMORY_BW_EFFICIENCY = 0.65
+MEMORY_SRC = ("fitted 0.65 with the A100 GEMM ceiling on the 10 SC21 Table 1 rows (benchmarks/cost_accuracy.py "
+              "--calibrate); streaming benchmarks reach 0.85-0.92 (BabelStream), short training kernels less")
+
+
+# Per GPU family: SM count (architecture whitepapers), the GEMM ceiling (fitted, see each source), the
+# fused-attention efficiency (FlashAttention papers).
+KERNEL_SPECS: dict[str, dict] = {
+    "A100": dict(sm_count=108, sm_src="NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs (A100 SXM4)",
+                 gemm_ceiling=0.72, ceiling_src="fitted with memory_bw_efficiency on the 10 SC21 Table 1 rows "
+                 "(grid search in steps of 0.02 / 0.05; benchmarks/cost_accuracy.py --calibrate); validated on the other rows",
+                 flash=0.6, flash_src="FlashAttention-2 (Dao 2023) abstract: 50-73 % of A100 peak; 0.6 assumed"),
+    "H100": dict(sm_count=132, sm_src="NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs (H100 SXM5)",
+                 gemm_ceiling=0.64, ceiling_src="fitted: Megatron-LM README H100 table GPT-177B row (solves to "
+                 "0.643; benchmarks/cost_accuracy.py --calibrate); the other 7 rows validate it",
+                 flash=0.5, flash_src="FlashAttention-3 (Shah et al. 2024) abstract: FA2 35 %, FA3 up to 75 % of "
+                 "H100 peak; 0.5 assumed for cuDNN/TE fused attention of 2024"),
+    "V100": dict(sm_count=80, sm_src="NVIDIA Tesla V100 GPU Architecture whitepaper: 80 SMs (V100 SXM2)",
+                 gemm_ceiling=0.88, ceiling_src="fitted: Megatron-LM tables.tex GPT-2 1.2B on one V100 "
+                 "(1121 ms; solves to 0.882; benchmarks/cost_accuracy.py --calibrate)",
+                 flash=0.5, flash_src="assumption (FlashAttention v1 supports V100 poorly; not validated)"),
+    "P100": dict(sm_count=56, sm_src="NVIDIA Tesla P100 whitepaper: 56 SMs (P100 SXM2)",
+                 gemm_ceiling=0.88, ceiling_src="assumption: the V100 value (no P100 reference run here)",
+                 flash=0.5, flash_src="assumption (not validated)"),
+}
+KERNEL_SPECS["H200"] = {**KERNEL_SPECS["H100"], "sm_src": "same GH100 die as H100 (hardware_specs.csv): 132 SMs"}
+
+
+def kernel_model(family: str) -> KernelModel:
+    """The shipped per-kernel model of a GPU family (every value with its source in ``sources``)."""
+    spec = KERNEL_SPECS[family]
+    return KernelModel(
+        sm_count=spec["sm_count"], tile_shapes=TILES, gemm_ceiling=spec["gemm_ceiling"],
+        memory_bw_efficiency=MEMORY_BW_EFFICIENCY, kernel_gap_s=KERNEL_GAP_S, host_op_s=HOST_OP_S,
+        flash_attention_efficiency=spec["flash"],
+        sources={"sm_count": spec["sm_src"], "tile_shapes": TILE_SRC, "gemm_ceiling": spec["ceiling_src"],
+                 "memory_bw_efficiency": MEMORY_SRC, "kernel_gap_s": LAUNCH_SRC, "host_op_s": LAUNCH_SRC,
+                 "flash_attention_efficiency": spec["flash_src"]})
+
+
+def default_kernel_model(device: str) -> KernelModel | None:
+    """The shipped kernel model for a device name (None for CPUs and unknown devices)."""
+    family = gpu_family(device)
+    return kernel_model(family) if family in KERNEL_SPECS else None
+
+
 def _compute(device: str, peaks: dict[str, tuple[float, str]]) -> list[ComputeFigure]:
     family = gpu_family(device)
     eff = GEMM_EFFICIENCY[family]
@@ -87,7 +157,8 @@ def a100_node() -> NodeType:
             source=f"{CSV}: 8x A100 SXM4 all_reduce busBw 229.35 GB/s @1GiB (vTrain trace/a100 "
                    f"AR_GPU8_1M_1024M_LUT); same bus bandwidth assumed for the other ops")),
         nic_bw_bytes_per_s=8 * 25 * GB,
-        nic_source=f"{CSV}: DGX A100 (Selene) 8 x 200 Gb/s HDR InfiniBand compute HCAs (SC21 §5)")
+        nic_source=f"{CSV}: DGX A100 (Selene) 8 x 200 Gb/s HDR InfiniBand compute HCAs (SC21 §5)",
+        kernel_model=kernel_model("A100"))
 
 
 def h100_node(*, h200: bool = False) -> NodeType:
@@ -110,7 +181,8 @@ def h100_node(*, h200: bool = False) -> NodeType:
             source=f"{CSV}: {ar_src}; other ops ~370 GB/s effective NVLink busBw (nccl-tests issue #212, "
                    f"450 GB/s line rate minus ~20 % protocol overhead)")),
         nic_bw_bytes_per_s=8 * 50 * GB,
-        nic_source=f"{CSV}: DGX H100/H200 8 x 400 Gb/s ConnectX-7 (NVIDIA DGX BasePOD reference architecture)")
+        nic_source=f"{CSV}: DGX H100/H200 8 x 400 Gb/s ConnectX-7 (NVIDIA DGX BasePOD reference architecture)",
+        kernel_model=kernel_model("H200" if h200 else "H100"))
 
 
 def v100_node() -> NodeType:
@@ -125,7 +197,8 @@ def v100_node() -> NodeType:
             source=f"{CSV}: 8x V100 node all_reduce busBw 134.51 GB/s @1GiB (vTrain trace/v100); HBM 900 GB/s "
                    f"is the NVIDIA SXM2 datasheet value noted in the same file")),
         nic_bw_bytes_per_s=25e9 / 8,
-        nic_source=f"{CSV}: AWS p3.16xlarge 25 Gb/s network (AWS spec, noted as not re-read)")
+        nic_source=f"{CSV}: AWS p3.16xlarge 25 Gb/s network (AWS spec, noted as not re-read)",
+        kernel_model=kernel_model("V100"))
 
 
 def p100_node() -> NodeType:
@@ -140,7 +213,8 @@ def p100_node() -> NodeType:
                    "slower hop, ~85 % efficiency -> 34 GB/s (assumption, no measurement in the references)")),
         nic_bw_bytes_per_s=12.5 * GB,
         nic_source="EDR InfiniBand 100 Gb/s per node (IBM Systems blog 'Scaling TensorFlow and Caffe to 256 "
-                   "GPUs'; task brief)")
+                   "GPUs'; task brief)",
+        kernel_model=kernel_model("P100"))
 
 
 def _inter(bw: float, source: str) -> list[CollectiveFit]:

@@ -19,11 +19,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from planner.fileio import load_document, save_document
+from planner.errors import StratagemError
+from planner.fileio import content_hash, load_document, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
 
 MODEL_PROFILE_SCHEMA_VERSION = 1
-CLUSTER_PROFILE_SCHEMA_VERSION = 1
+CLUSTER_PROFILE_SCHEMA_VERSION = 2   # 2: NodeType.kernel_model, ClusterProfile.calibration (v1 migrates)
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
@@ -83,6 +84,38 @@ class CollectiveNeed(_Strict):
         False, description="True: issued only with sequence parallelism; False: only without it")
 
 
+class OpProfile(_Strict):
+    """One kernel of a layer's forward pass on one TP rank (``planner.cost.kernels`` times it).
+
+    ``gemm``: ``batch_per_sample`` independent ``m x n x k`` products per sample, ``m = rows_per_sample`` rows
+    per sample (tokens for a linear layer, whose rows grow with the micro-batch; for batched attention GEMMs
+    ``rows_per_sample`` is the sequence and ``batch_per_sample`` the heads). Its backward is two GEMMs (input
+    gradient ``m x k x n``, weight or second-operand gradient ``k x n x m``).
+    ``memory``: an element-wise kernel moving ``bytes_per_sample`` forward and ``backward_bytes_per_sample``
+    in its backward (0: none), timed at HBM bandwidth.
+    """
+
+    name: str = Field(description="e.g. 'qkv', 'scores', 'softmax', 'fc1', 'layernorm1', 'cross_entropy'")
+    kind: Literal["gemm", "memory"]
+    rows_per_sample: int = Field(0, ge=0, description="GEMM m per sample")
+    n: int = Field(0, ge=0)
+    k: int = Field(0, ge=0)
+    batch_per_sample: int = Field(1, ge=1, description="independent GEMMs per sample (attention heads)")
+    scale: Literal["rows", "batch"] = Field("rows", description="what grows with the samples: the rows "
+                                            "(linear layers) or the batch of GEMMs (attention)")
+    kernels: int = Field(1, ge=1, description="kernels of a memory op's forward")
+    bytes_per_sample: float = Field(0, ge=0, description="HBM bytes read + written forward (memory kernels)")
+    backward_bytes_per_sample: float = Field(0, ge=0, description="HBM bytes of its backward kernel(s)")
+    backward_kernels: int = Field(1, ge=0, description="kernels of a memory op's backward")
+    backward_fixed_bytes: float = Field(0, ge=0, description="backward bytes independent of the samples "
+                                                             "(a dense embedding gradient)")
+    replicated: bool = Field(False, description="runs on the full activation on every TP rank (LayerNorm, "
+                                                "dropout-add); sequence parallelism divides it by tp")
+    attention_core: bool = Field(False, description="part of the s x s attention (scores, softmax, dropout, "
+                                                    "context): flash attention replaces these, selective "
+                                                    "recompute repeats them")
+
+
 class ShardProfile(_Strict):
     """What one TP rank holds and computes for this layer at tensor-parallel degree ``tp``."""
 
@@ -103,6 +136,8 @@ class ShardProfile(_Strict):
         0, ge=0, description="part of fwd_flops that computes and applies the seq x seq scores (QK^T, "
                              "probs x V); selective recompute repeats it in backward (0 = unknown/none)")
     timings: list[LayerTiming] = Field(default_factory=list, description="measured times per micro-batch")
+    ops: list[OpProfile] = Field(default_factory=list, description="the shard's forward kernels (empty: "
+                                 "unknown; the cost model then uses the layer-level roofline)")
     time_origin: Origin = "derived"
     flops_origin: Origin = "measured"
     memory_origin: Origin = "measured"
@@ -240,6 +275,33 @@ class ComputeFigure(_Strict):
     source: str
 
 
+class TileShape(_Strict):
+    """One GEMM output tile shape the library picks from, and the fraction of the ceiling it reaches."""
+
+    m: int = Field(ge=1)
+    n: int = Field(ge=1)
+    relative_efficiency: float = Field(gt=0, le=1)
+
+
+class KernelModel(_Strict):
+    """Per-kernel performance parameters of one device type (``planner.cost.kernels``), each with its source.
+
+    A GEMM runs in waves of ``sm_count`` output tiles at ``gemm_ceiling`` x dense peak (tile and wave
+    quantization), or at HBM speed when its arithmetic intensity is below the ridge; element-wise kernels
+    move bytes at ``memory_bw_efficiency`` x the datasheet bandwidth; every kernel adds ``kernel_gap_s`` on
+    the device and costs ``host_op_s`` to issue (the layer is launch-bound when issuing takes longer).
+    """
+
+    sm_count: int = Field(ge=1, description="streaming multiprocessors (tiles run per wave)")
+    tile_shapes: list[TileShape] = Field(min_length=1)
+    gemm_ceiling: float = Field(gt=0, le=1, description="fraction of dense peak a large, well-shaped GEMM reaches")
+    memory_bw_efficiency: float = Field(gt=0, le=1, description="fraction of datasheet HBM bandwidth streamed")
+    kernel_gap_s: float = Field(ge=0, description="device idle time between dependent kernels")
+    host_op_s: float = Field(ge=0, description="host time to issue one operator (framework + launch)")
+    flash_attention_efficiency: float = Field(gt=0, le=1, description="fraction of dense peak of fused attention")
+    sources: dict[str, str] = Field(description="parameter name -> citation or how it was fitted")
+
+
 class NodeType(_Strict):
     """One kind of node: its devices and what links them."""
 
@@ -253,6 +315,8 @@ class NodeType(_Strict):
     intra_node: list[CollectiveFit] = Field(default_factory=list, description="fits inside one node")
     nic_bw_bytes_per_s: float | None = Field(None, description="injection bandwidth per node, all NICs")
     nic_source: str | None = None
+    kernel_model: KernelModel | None = Field(
+        None, description="per-kernel model (GPUs); None: the layer-level roofline on achieved_flops_per_s")
 
     def compute_for(self, dtype: str) -> ComputeFigure:
         for c in self.compute:
@@ -268,15 +332,30 @@ class NodeGroup(_Strict):
     count: int = Field(ge=1)
 
 
+class Calibration(_Strict):
+    """What ``stratagem calibrate`` fitted this profile's parameters on, and how well they predict."""
+
+    runs_hash: str = Field(description="sha256 of the measured runs' canonical JSON")
+    runs: int = Field(ge=1, description="number of measured runs fitted")
+    fitted: dict[str, float] = Field(description="parameter -> fitted value")
+    prior: dict[str, float] = Field(description="parameter -> value before calibration")
+    cv_mean_abs_error: float | None = Field(None, ge=0, description="k-fold cross-validated mean |error|")
+    mean_abs_error_before: float = Field(ge=0)
+    mean_abs_error_after: float = Field(ge=0)
+    created_utc: str
+    note: str = ""
+
+
 class ClusterProfile(_Strict):
     """A cluster: groups of nodes by type (mixed clusters allowed) and the network between nodes."""
 
-    schema_version: Literal[1] = CLUSTER_PROFILE_SCHEMA_VERSION
+    schema_version: Literal[2] = CLUSTER_PROFILE_SCHEMA_VERSION
     name: str
     description: str = ""
     node_types: list[NodeType] = Field(min_length=1)
     nodes: list[NodeGroup] = Field(min_length=1)
     inter_node: list[CollectiveFit] = Field(default_factory=list, description="fits across nodes")
+    calibration: Calibration | None = Field(None, description="set by `stratagem calibrate`")
     provenance: Provenance
     content_hash: str | None = None
 
@@ -314,9 +393,31 @@ def load_model_profile(path: str | Path) -> ModelProfile:
 
 
 def load_cluster_profile(path: str | Path) -> ClusterProfile:
-    """Load and validate a cluster profile file."""
-    return load_document(ClusterProfile, path, what="cluster profile",
-                         schema_version=CLUSTER_PROFILE_SCHEMA_VERSION)
+    """Load and validate a cluster profile file (a version-1 file is migrated: :func:`migrate_cluster_v1`)."""
+    data = read_json(path, what="cluster profile")
+    if data.get("schema_version") == 1:
+        data = migrate_cluster_v1(data, source=str(path))
+    return validate_document(ClusterProfile, data, source=str(path), what="cluster profile",
+                             schema_version=CLUSTER_PROFILE_SCHEMA_VERSION)
+
+
+def migrate_cluster_v1(data: dict, *, source: str = "cluster profile") -> dict:
+    """A version-1 cluster profile as version 2: its hash is checked, then each GPU node type gets the
+    catalog's kernel model for its device (``planner.hardware_catalog.default_kernel_model``; None for CPUs
+    and unknown devices, which keep the layer-level roofline)."""
+    from planner.hardware_catalog import default_kernel_model  # catalog imports this module
+    stored = data.get("content_hash")
+    if stored is not None and stored != content_hash(data):
+        raise StratagemError(f"cluster profile {source} was modified after it was written (content_hash "
+                             f"mismatch); regenerate it, or delete its content_hash field if the edit was deliberate")
+    out = {k: v for k, v in data.items() if k != "content_hash"}
+    out["schema_version"] = 2
+    types = []
+    for nt in data.get("node_types", []):
+        km = default_kernel_model(str(nt.get("device", "")))
+        types.append({**nt, "kernel_model": km.model_dump(mode="json") if km is not None else None})
+    out["node_types"] = types
+    return out
 
 
 def save_profile(profile: ModelProfile | ClusterProfile, path: str | Path) -> Path:

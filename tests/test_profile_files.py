@@ -82,7 +82,7 @@ def test_corrupt_json_names_the_fix(tmp_path, good_cluster_data):
 def test_wrong_schema_version_names_the_fix(tmp_path, good_cluster_data):
     good_cluster_data["schema_version"] = 99
     message = _one_line_error(_write(tmp_path, good_cluster_data))
-    assert "schema_version 99" in message and "reads version 1" in message and "regenerate" in message
+    assert "schema_version 99" in message and "reads version 2" in message and "regenerate" in message
 
 
 def test_field_level_error_names_the_field(tmp_path, good_cluster_data):
@@ -99,7 +99,7 @@ def test_tampered_content_hash_names_the_fix(tmp_path, good_cluster_data):
 
 
 def test_model_profile_loader_rejects_a_cluster_file(tmp_path, good_cluster_data):
-    with pytest.raises(StratagemError, match="invalid at"):
+    with pytest.raises(StratagemError, match="invalid at|schema_version 2"):
         load_model_profile(_write(tmp_path, good_cluster_data))
 
 
@@ -171,3 +171,24 @@ def test_readme_documents_every_field(cls):
     section = readme.split(heading, 1)[1].split("\n### ", 1)[0]
     missing = [name for name in cls.model_fields if f"| `{name}` |" not in section]
     assert not missing, f"profiles/README.md section {cls.__name__} lacks rows for {missing}"
+
+
+def test_version_1_cluster_profile_migrates_with_the_catalog_kernel_model(tmp_path):
+    """A file written before kernel models existed (schema 1) still loads, its GPU node types gain the catalog's
+    kernel model, its CPU node types none; a tampered v1 file is still refused."""
+    v2 = json.loads((PROFILES / "hardware" / "mixed-a100-v100.json").read_text())
+    v1 = {k: v for k, v in v2.items() if k not in ("calibration", "content_hash")}
+    v1["schema_version"] = 1
+    v1["node_types"] = [{k: v for k, v in nt.items() if k != "kernel_model"} for nt in v1["node_types"]]
+    v1["content_hash"] = content_hash(v1)
+    loaded = load_cluster_profile(_write(tmp_path, v1))
+    assert loaded.schema_version == 2
+    ceilings = {nt.name: nt.kernel_model.gemm_ceiling for nt in loaded.node_types}
+    assert ceilings == {nt["name"]: nt["kernel_model"]["gemm_ceiling"] for nt in v2["node_types"]}
+    cpu = json.loads((PROFILES / "hardware" / "local-cpu-2core.json").read_text())
+    cpu1 = {k: v for k, v in cpu.items() if k not in ("calibration", "content_hash")}
+    cpu1["schema_version"] = 1
+    cpu1["node_types"] = [{k: v for k, v in nt.items() if k != "kernel_model"} for nt in cpu1["node_types"]]
+    assert load_cluster_profile(_write(tmp_path, cpu1)).node_types[0].kernel_model is None
+    v1["name"] = "edited"
+    assert "content_hash mismatch" in _one_line_error(_write(tmp_path, v1))

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 from planner.cost.collectives import collective_time
 from planner.cost.config import LayerCost, Recompute, TPStyle
-from planner.cost.constants import (BACKWARD_TRAFFIC_FACTOR, MEMORY_BW_EFFICIENCY, TRAFFIC_PER_SAVED_BYTE)
+from planner.cost.constants import (BACKWARD_TRAFFIC_FACTOR, DTYPE_BYTES, MEMORY_BW_EFFICIENCY,
+                                    TRAFFIC_PER_SAVED_BYTE)
 from planner.cost.framework import DPWrapper, layer_overhead_s
+from planner.cost.kernels import Device, layer_kernels
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, LayerProfile, LayerTiming, NodeType, ShardProfile
+from planner.profiles import ClusterProfile, ComputeFigure, LayerProfile, LayerTiming, NodeType, ShardProfile
 
 
 def _shard_for(layer: LayerProfile, tp: int, style: TPStyle) -> tuple[ShardProfile, bool]:
@@ -85,6 +87,14 @@ def _saved_parts(shard: ShardProfile, samples: int, tp: int, sp: bool) -> tuple[
     return replicated, scores, rest
 
 
+def _kernel_device(node: NodeType, shard: ShardProfile, dtype: str) -> Device | None:
+    """The per-kernel model's view of ``node`` when both the node and the shard support it, else None."""
+    if node.kernel_model is None or not shard.ops or not node.memory_bw_bytes_per_s:
+        return None
+    return Device(km=node.kernel_model, peak_flops_per_s=_compute_figure(node, dtype).peak_flops_per_s,
+                  memory_bw_bytes_per_s=node.memory_bw_bytes_per_s, elem_bytes=DTYPE_BYTES[dtype])
+
+
 def _traffic_s(node: NodeType, nbytes: float) -> float:
     if node.memory_bw_bytes_per_s is None or nbytes <= 0:
         return 0.0
@@ -92,8 +102,12 @@ def _traffic_s(node: NodeType, nbytes: float) -> float:
 
 
 def _achieved_flops(node: NodeType, dtype: str) -> float:
+    return _compute_figure(node, dtype).achieved_flops_per_s
+
+
+def _compute_figure(node: NodeType, dtype: str) -> ComputeFigure:
     try:
-        return node.compute_for(dtype).achieved_flops_per_s
+        return node.compute_for(dtype)
     except KeyError:
         have = ", ".join(c.dtype for c in node.compute)
         raise StratagemError(f"node type {node.name} has no {dtype} compute figure (has {have}); use "
@@ -137,6 +151,7 @@ def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, 
     scores_traffic_s = 0.0 if flash_attention else _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["scores"] * scores)
     score_flops = shard.attention_scores_flops_per_sample * samples
     optimizer_s = 0.0
+    kernels = None
     if use_timings and shard.timings:
         forward_s, backward_s = _interpolate(shard.timings, samples)
         extra_fwd_s, extra_bwd_s, optimizer_s = layer_overhead_s(layer, split_tp=split and tp > 1,
@@ -144,13 +159,18 @@ def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, 
         forward_s = (forward_s + extra_fwd_s) * timings_scale
         backward_s = (backward_s + extra_bwd_s) * timings_scale
         optimizer_s *= timings_scale
+    elif (dev := _kernel_device(node, shard, dtype)) is not None:
+        kernels = layer_kernels(shard.ops, samples, dev, sp_tp=tp if sp else 1, flash=flash_attention,
+                                score_flops=score_flops)
+        forward_s, backward_s = kernels.forward.wall_s(dev.km), kernels.backward.wall_s(dev.km)
     else:
         fwd_traffic_s = _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["replicated"] * replicated
                                    + TRAFFIC_PER_SAVED_BYTE["split"] * rest) + scores_traffic_s
         forward_s = shard.fwd_flops_per_sample * samples / rate + fwd_traffic_s
         backward_s = shard.bwd_flops_per_sample * samples / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
     flash_bwd_flops = score_flops / 2 if flash_attention else 0.0
-    backward_s += flash_bwd_flops / rate
+    if kernels is None:
+        backward_s += flash_bwd_flops / rate
     comm_fwd_s, comm_bwd_s = _tp_comm_s(layer, cluster, node, tp, samples, sp, tp_group_spans_nodes) if (
         split and tp > 1) else (0.0, 0.0)
     model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples
@@ -160,7 +180,9 @@ def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, 
     if recompute == "full":
         recompute_s, recompute_flops = forward_s + comm_fwd_s, shard.fwd_flops_per_sample * samples
     elif recompute == "selective" and not flash_attention:
-        recompute_s, recompute_flops = score_flops / rate + scores_traffic_s, score_flops
+        recompute_s = (score_flops / rate + scores_traffic_s if kernels is None
+                       else kernels.attention_forward.wall_s(node.kernel_model))
+        recompute_flops = score_flops
     elif recompute in ("none", "selective"):
         recompute_s, recompute_flops = 0.0, 0.0
     else:
