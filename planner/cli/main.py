@@ -20,6 +20,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     ("profile", "cmd_profile_model"),
     ("profile", "cmd_profile_cluster"),
     (None, "cmd_estimate"),
+    (None, "cmd_calibrate"),
     (None, "cmd_plan"),
     (None, "cmd_launch"),
     (None, "cmd_show"),

@@ -1,0 +1,127 @@
+"""Measured runs for ``stratagem calibrate``: one row of ``runs.csv`` = one model, configuration and step time.
+
+Columns (these names exactly; others are ignored, order is free): ``model`` (``gpt``/``llama`` or a preset
+such as ``gpt:gpt3-175b``), ``layers``, ``hidden``, ``heads``, ``seq``, ``vocab`` (overrides; may be empty
+with a preset), ``gpus``, ``global_batch``, ``micro_batch``, ``tp``, ``pp``, ``dp``, optional ``schedule``
+(1f1b), ``virtual_stages`` (1), ``zero`` (0), ``recompute`` (none), ``sequence_parallel`` (false),
+``overlap_grad_reduce`` (true), ``dtype`` (bf16), and ``step_time_s`` (measured seconds per optimizer step).
+Every problem is a :class:`StratagemError` naming the row (1 = the first data row) and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from planner.cost.config import ParallelConfig
+from planner.errors import StratagemError
+from planner.modelspec import parse_model
+
+REQUIRED = ("model", "gpus", "global_batch", "micro_batch", "tp", "pp", "dp", "step_time_s")
+DIMS = ("layers", "hidden", "heads", "seq", "vocab")
+OPTIONAL = {"schedule": "1f1b", "virtual_stages": "1", "zero": "0", "recompute": "none",
+            "sequence_parallel": "false", "overlap_grad_reduce": "true", "dtype": "bf16"}
+SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved_1f1b",
+             "interleaved_1f1b": "interleaved_1f1b"}
+BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredRun:
+    """One measured run: the model (family + dims), its configuration and the measured step time."""
+
+    row: int
+    model: str
+    dims: tuple[tuple[str, int], ...]
+    seq: int
+    gpus: int
+    global_batch: int
+    config: ParallelConfig
+    dtype: str
+    step_time_s: float
+
+    def label(self) -> str:
+        c = self.config
+        return f"row {self.row}: {self.model} t{c.tp}p{c.pp}d{c.dp} mb{c.micro_batch}"
+
+
+def _int(value: str, row: int, column: str, *, minimum: int = 1) -> int:
+    try:
+        out = int(value)
+    except ValueError:
+        raise StratagemError(f"runs row {row} column {column!r}: {value!r} is not an integer; write a whole "
+                             f"number >= {minimum}") from None
+    if out < minimum:
+        raise StratagemError(f"runs row {row} column {column!r}: {out} is below {minimum}; fix the value")
+    return out
+
+
+def _run(row: int, r: dict[str, str]) -> MeasuredRun:
+    get = {k: (r.get(k) or "").strip() for k in (*REQUIRED, *DIMS, *OPTIONAL)}
+    for k in REQUIRED:
+        if not get[k]:
+            raise StratagemError(f"runs row {row} column {k!r} is empty; every run needs {', '.join(REQUIRED)}")
+    try:
+        t = float(get["step_time_s"])
+    except ValueError:
+        t = math.nan
+    if not math.isfinite(t) or t <= 0:
+        raise StratagemError(f"runs row {row} column 'step_time_s': {get['step_time_s']!r} is not a positive "
+                             f"number of seconds; write the measured seconds per optimizer step")
+    dims = {k: _int(get[k], row, k) for k in ("layers", "hidden", "heads", "vocab") if get[k]}
+    name = get["model"]
+    try:
+        spec = parse_model(name, **{**dims, **({"max_seq": int(get["seq"])} if get["seq"] else {})})
+    except StratagemError as exc:
+        raise StratagemError(f"runs row {row} column 'model': {exc}") from None
+    seq = _int(get["seq"], row, "seq") if get["seq"] else int(spec.dim("max_seq"))
+    opt = {k: (get[k] or v).lower() for k, v in OPTIONAL.items()}
+    if opt["schedule"] not in SCHEDULES:
+        raise StratagemError(f"runs row {row} column 'schedule': {opt['schedule']!r}; use 1f1b, gpipe or interleaved")
+    for k in ("sequence_parallel", "overlap_grad_reduce"):
+        if opt[k] not in BOOLS:
+            raise StratagemError(f"runs row {row} column {k!r}: {opt[k]!r}; use true or false")
+    if opt["recompute"] not in ("none", "selective", "full"):
+        raise StratagemError(f"runs row {row} column 'recompute': {opt['recompute']!r}; use none, selective or full")
+    tp, pp, dp = (_int(get[k], row, k) for k in ("tp", "pp", "dp"))
+    mb, gb, gpus = (_int(get[k], row, k) for k in ("micro_batch", "global_batch", "gpus"))
+    if tp * pp * dp != gpus:
+        raise StratagemError(f"runs row {row} columns tp, pp, dp: {tp} x {pp} x {dp} != gpus {gpus}; fix the degrees")
+    if gb % (dp * mb):
+        raise StratagemError(f"runs row {row} column 'global_batch': {gb} is not a multiple of dp x micro_batch "
+                             f"= {dp * mb}; fix the batch")
+    config = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_micro_batches=gb // (dp * mb),
+                            schedule=SCHEDULES[opt["schedule"]], virtual_stages=_int(opt["virtual_stages"], row,
+                                                                                     "virtual_stages"),
+                            zero_stage=_int(opt["zero"], row, "zero", minimum=0), recompute=opt["recompute"],
+                            sequence_parallel=BOOLS[opt["sequence_parallel"]],
+                            overlap_grad_reduce=BOOLS[opt["overlap_grad_reduce"]])
+    return MeasuredRun(row=row, model=name, dims=tuple(sorted(spec.dims.items())), seq=seq, gpus=gpus,
+                       global_batch=gb, config=config, dtype=opt["dtype"], step_time_s=t)
+
+
+def load_runs_csv(path: str | Path) -> list[MeasuredRun]:
+    """Measured runs from a CSV file (module docstring); errors name the row and column."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise StratagemError(f"cannot read runs file {path}: {exc.strerror or exc}; check the --runs path") from None
+    rows = list(csv.DictReader(text.splitlines()))
+    if not rows:
+        raise StratagemError(f"runs file {path} has no data rows; add one measured run per row under the header")
+    missing = [c for c in REQUIRED if c not in rows[0]]
+    if missing:
+        raise StratagemError(f"runs file {path} lacks column(s) {', '.join(missing)}; the header needs "
+                             f"{', '.join(REQUIRED)} (see `stratagem calibrate --help`)")
+    return [_run(i, r) for i, r in enumerate(rows, start=1)]
+
+
+def runs_hash(runs: list[MeasuredRun]) -> str:
+    """``sha256:`` of the runs' canonical JSON (the calibration section records it)."""
+    body = [{**{k: v for k, v in asdict(r).items() if k != "config"}, "config": repr(r.config)} for r in runs]
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

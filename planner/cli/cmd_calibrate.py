@@ -1,0 +1,60 @@
+"""``stratagem calibrate``: fit a cluster profile's free parameters to measured runs, write the calibrated profile.
+
+Example::
+
+    stratagem calibrate --cluster dgx-a100-80g --runs runs.csv --out profiles/hardware/my-a100.json --png fit.png
+
+The runs file's columns are described under ``--help`` (``planner/calibrate/runs.py``). Nothing is written
+when the input is bad (one ``error:`` line naming the row and column, exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.calibrate import fit, load_runs_csv
+from planner.calibrate.report import calibrated_profile, save_png, table_lines
+from planner.calibrate.runs import DIMS, OPTIONAL, REQUIRED
+from planner.errors import StratagemError
+from planner.profiles import load_cluster_profile, save_profile
+
+from .common import DefaultsHelpFormatter, check_out_path, resolve_cluster_path, utc_now
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="fit a cluster profile's few free parameters to measured runs",
+        description="Fit the cluster's GEMM ceiling, memory-bound efficiency, per-kernel cost and collective "
+                    "bandwidth (bounded, regularised toward the profile's values) to measured step times; "
+                    "prints prior/fitted/bounds, residuals and the k-fold cross-validated error. Runs CSV "
+                    f"columns: required {', '.join(REQUIRED)}; model dims {', '.join(DIMS)}; optional "
+                    + ", ".join(f"{k} ({v})" for k, v in OPTIONAL.items()) + ".",
+        formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
+    p.add_argument("--runs", required=True, nargs="+", type=Path, help="measured runs, CSV (one run per row)")
+    p.add_argument("--out", required=True, type=Path, help="calibrated cluster profile to write (JSON)")
+    p.add_argument("--png", type=Path, default=None, help="also draw predicted vs measured, before and after")
+    p.add_argument("--folds", type=int, default=5, help="k of the k-fold cross-validation, count")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_out_path(args.out)
+    if args.folds < 2:
+        raise StratagemError(f"--folds {args.folds} is below 2; use 2 or more")
+    runs = []
+    for path in args.runs:
+        if path.suffix == ".jsonl":
+            raise StratagemError(f"runs file {path}: metrics JSONL input is not supported yet; write the run as a "
+                                 f"runs.csv row (its plan's tp, pp, dp, micro-batch and the measured step_time_s)")
+        runs += load_runs_csv(path)
+    cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
+    result = fit(cluster, runs, folds=args.folds)
+    for line in table_lines(runs, result):
+        print(line)  # noqa: T201 - program output
+    profile = calibrated_profile(cluster, runs, result, created_utc=utc_now())
+    if args.png:
+        save_png(runs, result, args.png)
+    print(f"wrote {save_profile(profile, args.out)}")  # noqa: T201
+    return 0
