@@ -222,6 +222,50 @@ def fit_a100(cases: list[Case], clusters: dict) -> tuple[float, float, float]:
                                                          memory_bw_efficiency=m)), c, m) for c, m in grid)
 
 
+def _measured_run(case: Case):
+    from planner.calibrate.runs import MeasuredRun
+    dims = dict(layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab, max_seq=case.seq,
+                dropout=0.1, tie_embeddings=True)
+    return MeasuredRun(row=case.row, model="gpt", dims=tuple(sorted(dims.items())), seq=case.seq, gpus=case.gpus,
+                       global_batch=case.global_batch, config=case.config, dtype=case.dtype,
+                       step_time_s=case.published_s)
+
+
+def calibrate_by_group(path: Path) -> list[dict]:
+    """For each source group: fit ``planner.calibrate`` on its rows (on its cluster), carry the fitted values
+    to every cluster as ratios to the priors (``planner.calibrate.fit.transfer``) and predict every other
+    group's rows. Returns one record per fitting group."""
+    from planner.calibrate.fit import Predictor, fit, transfer
+    clusters: dict = {}
+    with open(path, newline="", encoding="utf-8") as fh:
+        sources = [r["source"] for r in csv.DictReader(fh)]
+    cases = load_cases(path)
+    for c in cases:
+        predict(c, clusters)
+    groups: dict[str, list[Case]] = {}
+    for c in cases:
+        groups.setdefault(_group(c, sources[c.row]), []).append(c)
+    out = []
+    for name, own in groups.items():
+        by_cluster: dict[str, list[Case]] = {}
+        for c in own:
+            by_cluster.setdefault(c.cluster, []).append(c)
+        home, rows = max(by_cluster.items(), key=lambda kv: len(kv[1]))
+        if len(rows) < 2:
+            continue
+        res = fit(with_gpus(clusters[home], max(c.gpus for c in rows)), [_measured_run(c) for c in rows], folds=0)
+        errors = []
+        for other in cases:
+            if other in own:
+                continue
+            cl = with_gpus(clusters[other.cluster], other.gpus)
+            t = Predictor(cl, [_measured_run(other)]).predict(transfer(res.values, res.prior, cl))[0]
+            errors.append((t - other.published_s) / other.published_s)
+        out.append({"group": name, "n_fit": len(rows), "fitted": res.values, "n_predicted": len(errors),
+                    "mean_abs_error": statistics.fmean(abs(e) for e in errors)})
+    return out
+
+
 def _print_calibration(path: Path) -> None:
     clusters: dict = {}
     cases = load_cases(path)
@@ -361,9 +405,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--calibrate", action="store_true",
                         help="re-derive the fitted kernel-model parameters from the calib rows, then exit")
+    parser.add_argument("--calibrate-by-group", action="store_true",
+                        help="fit `stratagem calibrate`'s parameters on each source's rows, predict the others")
     args = parser.parse_args(argv)
     if args.calibrate:
         _print_calibration(args.csv)
+        return 0
+    if args.calibrate_by_group:
+        rows = calibrate_by_group(args.csv)
+        for r in rows:
+            fitted = ", ".join(f"{k} {v:.3g}" for k, v in r["fitted"].items())
+            print(f"fit on {r['group']:<34} ({r['n_fit']:>2} rows): other {r['n_predicted']} rows mean |error| "
+                  f"{100 * r['mean_abs_error']:5.1f}%   [{fitted}]")
+        print(f"mean over fitting groups: {100 * statistics.fmean(r['mean_abs_error'] for r in rows):.1f}%")
         return 0
     t0 = time.perf_counter()
     out = run(args.csv)

@@ -196,7 +196,8 @@ def _solve(pred: Predictor, params: list[Parameter], measured: np.ndarray, runs:
 
 
 def fit(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> FitResult:
-    """Fit the cluster's parameters to ``runs`` (module docstring) and cross-validate with ``folds`` folds."""
+    """Fit the cluster's parameters to ``runs`` (module docstring) and cross-validate with ``folds`` folds
+    (``folds=0``: no cross-validation)."""
     if len(runs) < 2:
         raise StratagemError(f"calibration needs at least 2 measured runs, got {len(runs)}; add runs of other "
                              f"configurations (micro-batch, tp, model size) to the runs file")
@@ -213,7 +214,7 @@ def fit(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> 
     values = _solve(pred, params, measured, list(range(len(runs))))
     after = pred.predict(values)
     cv = []
-    if len(runs) >= 3:
+    if len(runs) >= 3 and folds >= 2:
         k = min(folds, len(runs))
         for f in range(k):
             held = [i for i in range(len(runs)) if i % k == f]
@@ -228,3 +229,16 @@ def fit(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> 
 
 def mean_abs(xs: list[float]) -> float:
     return statistics.fmean(abs(x) for x in xs) if xs else 0.0
+
+
+def transfer(values: dict[str, float], prior: dict[str, float], cluster: ClusterProfile) -> dict[str, float]:
+    """Fitted values carried to another cluster as ratios to their priors, per parameter kind (e.g. the
+    fitted GEMM ceiling / the datasheet one), applied to every node type of ``cluster`` and clipped to bounds:
+    what a software stack gains or loses on one GPU type it is assumed to gain or lose on another."""
+    ratios = {k.rpartition(".")[2]: values[k] / prior[k] for k in values}
+    out = {}
+    for p in candidate_parameters(cluster):
+        kind = p.name.rpartition(".")[2]
+        if kind in ratios:
+            out[p.name] = min(max(p.prior * ratios[kind], p.lower), p.upper)
+    return out
