@@ -64,6 +64,8 @@ class Case:
     config: ParallelConfig
     dtype: str
     published_s: float
+    family: str = "gpt"
+    extra_dims: tuple[tuple[str, int], ...] = ()   # llama: kv_heads, ffn_hidden
     role: str = "validate"  # validate | calib
     assumed: str = ""
     zero3_model: str = ""  # how ZeRO-3 communicates in this row ("" when zero_stage < 3)
@@ -116,6 +118,8 @@ def _case(i: int, r: dict[str, str]) -> Case | None:
     tp, pp, dp, gb = (_int(r[k]) for k in ("tp", "pp", "dp", "global_batch"))
     if None in (layers, hidden, heads, gpus, tp, pp, dp, gb) or layers < 2:
         return None  # not fully specified (or a single-layer measurement)
+    if metric == "tokens_per_s_per_gpu":
+        return _torchtitan_case(i, r)
     if metric not in ("achieved_tflops_per_gpu", "iteration_time") or r["model"].startswith("GPT-3 175B") and \
             "README" in src and metric == "achieved_tflops_per_gpu":
         return None  # the README 175B TFLOP/s row duplicates its iteration-time row
@@ -172,6 +176,36 @@ def _case(i: int, r: dict[str, str]) -> Case | None:
                 role=role, assumed="; ".join(assumed), zero3_model=zero3_model)
 
 
+def _note_int(notes: str, key: str) -> int:
+    match = re.search(rf"{key} (\d+)", notes)
+    if not match:
+        raise ValueError(f"published_cases.csv row note lacks '{key} N': {notes}")
+    return int(match.group(1))
+
+
+def _torchtitan_case(i: int, r: dict[str, str]) -> Case:
+    """A torchtitan FSDP2 row (tokens/s per GPU): Llama, ZeRO-3 with FSDP2's defaults (2 gathers per layer,
+    prefetch overlap), flash attention (SDPA), bf16; "selective layer" AC checkpoints every 2nd block
+    (torchtitan's default ``selective_ac_option = 2``); "selective op" is modelled as selective recompute."""
+    notes = r["notes"]
+    layers, hidden, heads, seq, gb, mb, gpus = (int(r[k]) for k in ("layers", "hidden", "heads", "seq_len",
+                                                                    "global_batch", "micro_batch", "gpus"))
+    mode = r["recompute"].lower()
+    recompute: object = {"no": "none", "full": "full", "selective op": "selective"}.get(mode)
+    if mode == "selective layer":
+        recompute = {f"blocks.{b}": "full" for b in range(0, layers, 2)}
+    cfg = ParallelConfig(tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), micro_batch=mb,
+                         num_micro_batches=gb // (int(r["dp"]) * mb), zero_stage=3, recompute=recompute,
+                         flash_attention=True)
+    extra = (("ffn_hidden", _note_int(notes, "ffn")), ("kv_heads", _note_int(notes, "kv_heads")))
+    published_s = gb * seq / (gpus * float(r["measured_value"]))
+    label = f"{r['model'][:22]} {gpus}g t{cfg.tp}p{cfg.pp}d{cfg.dp} mb{mb} {mode} fsdp2"
+    return Case(row=i, label=label, cluster="dgx-a100-80g", layers=layers, hidden=hidden, heads=heads, seq=seq,
+                vocab=_note_int(notes, "vocab"), gpus=gpus, global_batch=gb, config=cfg, dtype="bf16",
+                published_s=published_s, family="llama", extra_dims=extra,
+                assumed="cluster network (DGX-A100-like)", zero3_model="FSDP2 (defaults)")
+
+
 def load_cases(path: Path) -> list[Case]:
     with open(path, newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
@@ -182,8 +216,12 @@ def predict(case: Case, clusters: dict) -> float:
     if case.cluster not in clusters:
         clusters[case.cluster] = load_cluster_profile(ROOT / "profiles" / "hardware" / f"{case.cluster}.json")
     cluster = with_gpus(clusters[case.cluster], case.gpus)
-    spec = parse_model("gpt", layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab,
-                       max_seq=case.seq, dropout=0.1, tie_embeddings=True)
+    if case.family == "llama":
+        spec = parse_model("llama", layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab,
+                           max_seq=case.seq, **dict(case.extra_dims))
+    else:
+        spec = parse_model("gpt", layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab,
+                           max_seq=case.seq, dropout=0.1, tie_embeddings=True)
     model = build_gpt_profile(spec, seq_len=case.seq, dtype=case.dtype, tp_degrees=[1, case.config.tp]
                               if case.config.tp > 1 else [1])
     return estimate(model, cluster, case.config, global_batch=case.global_batch, dtype=case.dtype).step_time_s
@@ -224,9 +262,9 @@ def fit_a100(cases: list[Case], clusters: dict) -> tuple[float, float, float]:
 
 def _measured_run(case: Case):
     from planner.calibrate.runs import MeasuredRun
-    dims = dict(layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab, max_seq=case.seq,
-                dropout=0.1, tie_embeddings=True)
-    return MeasuredRun(row=case.row, model="gpt", dims=tuple(sorted(dims.items())), seq=case.seq, gpus=case.gpus,
+    dims = dict(layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab, max_seq=case.seq)
+    dims.update(dict(case.extra_dims) if case.family == "llama" else dict(dropout=0.1, tie_embeddings=True))
+    return MeasuredRun(row=case.row, model=case.family, dims=tuple(sorted(dims.items())), seq=case.seq, gpus=case.gpus,
                        global_batch=case.global_batch, config=case.config, dtype=case.dtype,
                        step_time_s=case.published_s)
 
@@ -280,11 +318,11 @@ def _print_calibration(path: Path) -> None:
 
 
 def _group(case: Case, source: str) -> str:
-    if "Table 2" in source:
+    if "Table 2" in source and "torchtitan" not in source:
         return "SC21 Table 2, ZeRO-3 (DeepSpeed)" if case.config.zero_stage == 3 else "SC21 Table 2, PTD-P"
     for key, name in (("Table 1", "SC21 Table 1"), ("Korthikanti", "Korthikanti 2022"),
                       ("tables.tex", "Megatron README 2020"), ("README.md (2021", "Megatron README 2021"),
-                      ("Performance Benchmarking", "Megatron README H100")):
+                      ("Performance Benchmarking", "Megatron README H100"), ("torchtitan", "torchtitan FSDP2 A100")):
         if key in source:
             return name
     return "other"

@@ -299,6 +299,8 @@ class KernelModel(_Strict):
     kernel_gap_s: float = Field(ge=0, description="device idle time between dependent kernels")
     host_op_s: float = Field(ge=0, description="host time to issue one operator (framework + launch)")
     flash_attention_efficiency: float = Field(gt=0, le=1, description="fraction of dense peak of fused attention")
+    comm_compute_contention: float = Field(0.0, ge=0, lt=1, description="fraction of an overlapped collective's "
+                                           "time that still costs compute time (SMs and HBM it takes)")
     sources: dict[str, str] = Field(description="parameter name -> citation or how it was fitted")
 
 

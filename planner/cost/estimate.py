@@ -47,6 +47,7 @@ from planner.cost.collectives import collective_time
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
+from planner.cost.kernels import contention
 from planner.cost.constants import (DDP_BUCKETS_IN_FLIGHT, MEMORY_BW_EFFICIENCY,
                                     OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_FLOPS_PER_PARAM,
                                     STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT, is_gpu)
@@ -239,21 +240,24 @@ class _Assembler:
         bwd_window = sum(ch.time_s["backward"] + ch.time_s["recompute"] for ch in mine)
         fwd_window = sum(ch.time_s["forward"] for ch in mine)
         sync_s = exposed_s = zero_s = 0.0
+        kappa = contention(node)
         if cfg.zero_stage < 3:
             op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"
             bucket = cfg.grad_bucket_bytes
             sync_s = (self._dp_s(node, op, params * grad_b, dp_g, bucket)
                       + self._dp_s(node, op, wide * grad_b, dpt_g, bucket))
             if cfg.overlap_grad_reduce:
-                # the last bucket only starts when the backward ends: it is exposed whatever the overlap
+                # the last bucket only starts when the backward ends: it is exposed whatever the overlap;
+                # the hidden part still costs kappa of its time (contention, kernels.contention)
                 last_s = min(self._dp_s(node, op, bucket or 0.0, dp_g, bucket), sync_s)
-                exposed_s = max(sync_s - bwd_window, last_s)
+                exposed_s = max(sync_s - (1 - kappa) * bwd_window, last_s + kappa * sync_s)
             else:
                 exposed_s = sync_s
             if cfg.zero_stage > 0:
                 gather_s = (self._dp_s(node, "all_gather", params * weight_b, dp_g, bucket)
                             + self._dp_s(node, "all_gather", wide * weight_b, dpt_g, bucket))
-                zero_s = max(gather_s - fwd_window, 0.0) if cfg.overlap_grad_reduce else gather_s
+                zero_s = (max(gather_s - (1 - kappa) * fwd_window, kappa * gather_s) if cfg.overlap_grad_reduce
+                          else gather_s)
         else:
             zero_s = self._zero3_s(pairs, node, dp_g, dpt_g, weight_b, grad_b, fwd_window + bwd_window)
         return RankEstimate(pp_rank=r, node_type=node.name, microbatch_s=sum(ch.total_s for ch in mine),

@@ -55,6 +55,13 @@ class Device:
     def stream_bytes_per_s(self) -> float:
         return self.memory_bw_bytes_per_s * self.km.memory_bw_efficiency
 
+    @property
+    def key(self) -> tuple:
+        """Everything a GEMM's time depends on besides its shape (the cache key of :func:`gemm_s`)."""
+        km = self.km
+        return (km.sm_count, km.gemm_ceiling, km.memory_bw_efficiency, tuple((t.m, t.n, t.relative_efficiency)
+                for t in km.tile_shapes), self.peak_flops_per_s, self.memory_bw_bytes_per_s, self.elem_bytes)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PassTime:
@@ -71,13 +78,24 @@ class PassTime:
         return max(self.kernel_s + self.kernels * km.kernel_gap_s, self.kernels * km.host_op_s)
 
 
-def gemm_s(m: int, n: int, k: int, batch: int, dev: Device) -> float:
-    """Seconds for ``batch`` GEMMs of ``m x n x k`` (module docstring: tiles, waves, split-K, roofline).
+_GEMM_CACHE: dict[tuple, float] = {}
+_GEMM_CACHE_LIMIT = 200_000   # shapes x devices; the search asks for a few thousand
 
-    >>> # 1 A100-like tile of 128x128 on 108 SMs: a 128x128x4096 GEMM is one wave of one tile
-    """
+
+def gemm_s(m: int, n: int, k: int, batch: int, dev: Device) -> float:
+    """Seconds for ``batch`` GEMMs of ``m x n x k`` (module docstring: tiles, waves, split-K, roofline);
+    cached per shape and device parameters (the search asks for the same shapes many times)."""
     if min(m, n, k, batch) <= 0:
         return 0.0
+    key = (m, n, k, batch, dev.key)
+    if key not in _GEMM_CACHE:
+        if len(_GEMM_CACHE) > _GEMM_CACHE_LIMIT:
+            _GEMM_CACHE.clear()
+        _GEMM_CACHE[key] = _gemm_uncached_s(m, n, k, batch, dev)
+    return _GEMM_CACHE[key]
+
+
+def _gemm_uncached_s(m: int, n: int, k: int, batch: int, dev: Device) -> float:
     km = dev.km
     best = math.inf
     for tile in km.tile_shapes:
@@ -155,4 +173,11 @@ def layer_kernels(ops: list[OpProfile], samples: int, dev: Device, *, sp_tp: int
     return LayerKernels(forward=fwd, backward=bwd, attention_forward=core)
 
 
-__all__ = ["Device", "LayerKernels", "PassTime", "gemm_s", "layer_kernels", "op_backward", "op_forward"]
+def contention(node) -> float:
+    """The node type's communication/compute contention (0 without a kernel model): an overlapped collective
+    of ``c`` seconds beside ``w`` seconds of compute costs ``max(c - (1 - k) w, k c)`` instead of
+    ``max(c - w, 0)`` — the hidden part still takes ``k`` of its time from the compute it hides behind."""
+    return node.kernel_model.comm_compute_contention if node.kernel_model is not None else 0.0
+
+
+__all__ = ["contention", "Device", "LayerKernels", "PassTime", "gemm_s", "layer_kernels", "op_backward", "op_forward"]

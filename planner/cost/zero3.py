@@ -6,8 +6,10 @@ is 1.5x data parallelism's all-reduce volume). Every collective is a flat NCCL r
 NCCL 2.x implements all-gather and reduce-scatter with the ring algorithm only (``collectives.py``; the
 hierarchical and tree algorithms there apply to all-reduce). With ``C`` the per-micro-batch sum of these
 collectives, ``m`` micro-batches and ``W`` the rank's forward + backward + recompute time of one micro-batch,
-the step pays ``m * max(C - W, 0) + g_first`` when overlapping (nothing hides the first layer's gather) and
-``m * C`` when not. The defaults of the four ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
+the step pays ``m * max(C - (1 - k) W, k C) + g_first`` when overlapping (nothing hides the first layer's
+gather; ``k`` = the node type's communication/compute contention, ``kernels.contention``: the hidden part
+still costs ``k`` of its time) and ``m * C`` when not. Gradients are reduce-scattered every micro-batch,
+as FSDP2 does by default (no ``set_requires_gradient_sync(False)`` under accumulation). The defaults of the four ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
 in ``planner.search`` mirrors it); the other values describe DeepSpeed ZeRO-3 as the SC21 Table 2 runs used
 it ("We integrated ZeRO into our codebase using the DeepSpeed Python library", Narayanan et al. SC21 §5.2;
 arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
@@ -49,6 +51,7 @@ from planner.cost.collectives import collective_time
 from planner.cost.config import LayerCost, ParallelConfig
 from planner.cost.constants import (DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS, EAGER_OP_OVERHEAD_S,
                                     MEMORY_BW_EFFICIENCY)
+from planner.cost.kernels import contention
 from planner.cost.placement import GroupShape
 from planner.profiles import ClusterProfile, LayerProfile, NodeType
 
@@ -137,7 +140,8 @@ class Zero3Comm:
         overlap = cfg.overlap_grad_reduce if cfg.zero3_overlap is None else cfg.zero3_overlap
         if not overlap:
             return micro_batches * per_mb
-        return micro_batches * max(per_mb - window_s, 0.0) + (first or 0.0)  # nothing hides the first gather
+        kappa = contention(self.node)   # the hidden part still costs kappa of its time (kernels.contention)
+        return micro_batches * max(per_mb - (1 - kappa) * window_s, kappa * per_mb) + (first or 0.0)  # first: never hidden
 
 
 __all__ = ["Zero3Comm", "list_collective_overhead_s", "parameter_tensors"]

@@ -23,6 +23,7 @@ from planner.cost.constants import (CUDA_CONTEXT_BYTES, DDP_BUCKETS_IN_FLIGHT,
                                     is_gpu)
 from planner.cost.estimate import _timings_apply, dp_collective_time   # the rules estimate applies
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
+from planner.cost.kernels import contention
 from planner.cost.memory import model_states_bytes, precision_kind
 from planner.cost.pipeline import inflight_microbatches
 from planner.cost.placement import (GroupShape, dp_group, interleaved_chunk_sizes, replica_sends_cross_nodes,
@@ -107,7 +108,7 @@ class CandidateCosts:
         self.dtype = profile.dtype
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
-        self._least: dict[tuple, tuple[float, float, list[float]]] = {}
+        self._least: dict[tuple, object] = {}   # least layer times (tuples); least hidden ZeRO-3/sync time (floats)
 
     # -- configuration ------------------------------------------------------------------------
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
@@ -252,6 +253,7 @@ class CandidateCosts:
             sync_dp=coll(op, dp_g, per["grads"]), sync_dpt=coll(op, dpt_g, per["grads"]),
             last_bucket_s=last_bucket_s,
             gather_dp=coll("all_gather", dp_g, per["params"]), gather_dpt=coll("all_gather", dpt_g, per["params"]),
+            contention=contention(node),
             optimizer_s_per_param_dp=opt_per_param / (dp if zero >= 1 else 1),
             optimizer_s_per_param_dpt=opt_per_param / (dp * tp if zero >= 1 else 1))
 
@@ -285,7 +287,46 @@ class CandidateCosts:
                 slowest = max(slowest, typed_slowest_floor(per_type, [len(layers) for layers in self.groups],
                                                            Counter(outer.rank_node_types)))
             bound = max(bound, (m - 1 / v) * slowest + total / v)
+        if outer.replica_node_types:
+            return bound
+        if outer.zero_stage == 3:
+            # the slowest rank's ZeRO-3 tail >= m kappa z3_r (tables.rank_tail_s) >= m kappa sum_r z3_r / pp
+            bound += outer.num_micro_batches * self._least_hidden_z3_s(outer, lanes[0][0]) / outer.pp
+        elif outer.dp > 1:
+            # exposed sync >= kappa sync_r (tables.rank_tail_s), bucketed sync linear in the bytes
+            bound += self._least_hidden_sync_s(outer, lanes[0][0]) / outer.pp
         return bound
+
+    def _least_hidden_sync_s(self, outer: OuterChoice, types: tuple[str, ...]) -> float:
+        """kappa x the data-parallel gradient sync of the least parameters of every layer (cached)."""
+        key = ("sync", types, outer.tp, outer.dp, outer.zero_stage)
+        if key not in self._least:
+            total = 0.0
+            for nt in types:
+                node = self.cluster.node_type(nt)
+                kappa = contention(node)
+                params = sum(len(layers) * min(self._layer_cost(layers[0], nt, outer.tp, o.style, o.recompute,
+                                                                outer.sequence_parallel, outer.micro_batch,
+                                                                outer.dp, outer.zero_stage).params
+                                               for o in self.options(layers, outer.tp)) for layers in self.groups)
+                op = "all_reduce" if outer.zero_stage == 0 else "reduce_scatter"
+                per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
+                group = dp_group(outer.dp, outer.tp, node.devices_per_node)
+                sync = dp_collective_time(self.cluster, node, op, params * per, group, ParallelConfig().grad_bucket_bytes)
+                total = kappa * sync if not total else min(total, kappa * sync)
+            self._least[key] = total
+        return self._least[key]
+
+    def _least_hidden_z3_s(self, outer: OuterChoice, types: tuple[str, ...]) -> float:
+        """kappa x the least ZeRO-3 communication of all layers per micro-batch (cached per tp, dp, types)."""
+        key = ("z3", types, outer.tp, outer.dp)
+        if key not in self._least:
+            kappa = min(contention(self.cluster.node_type(nt)) for nt in types)
+            self._least[key] = kappa * sum(
+                len(layers) * min(self._option_cost(layers[0], nt, outer, o).z3_mb_s
+                                  for nt in types for o in self.options(layers, outer.tp))
+                for layers in self.groups) if kappa else 0.0
+        return self._least[key]
 
     def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...], per_layer: bool = False):
         """(sum over layers, max over layers) of each layer's fastest option on ``types`` (``per_layer``:

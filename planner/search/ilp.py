@@ -171,9 +171,11 @@ def _tail(prob, tables: Tables, c: dict, u: dict, r: int, x: dict, limits: dict,
     rm = tables.ranks[tables.rank_node_types[r]]
     k = 1 / scale
     opt = (rm.optimizer_s_per_param_dp * k) * x["P"] + (rm.optimizer_s_per_param_dpt * k) * x["Q"] + k * x["opt"]
+    kappa = rm.contention   # planner.cost.kernels.contention (0: hidden communication is free)
     if tables.zero_stage == 3:
         first = _first_gather(prob, tables, c, u, r, scale)
-        return [(tables.m * k) * (x["z3"] - x["Wf"] - x["Wb"]) + first + opt, first + opt]
+        return [(tables.m * k) * x["z3"] - (tables.m * k * (1 - kappa)) * (x["Wf"] + x["Wb"]) + first + opt,
+                ((tables.m * k * kappa) * x["z3"] if kappa else 0) + first + opt]
     e_p = indicator(prob, f"eP[{r}]", "g_active", x["P"], limits["P"])
     e_q = indicator(prob, f"eQ[{r}]", "g_active", x["Q"], limits["Q"]) if limits["Q"] > 0 else 0
     sync = (concave_term(prob, f"Sd[{r}]", "g_sync", rm.sync_dp, x["P"], e_p, limits["P"], scale)
@@ -188,10 +190,11 @@ def _tail(prob, tables: Tables, c: dict, u: dict, r: int, x: dict, limits: dict,
                         [sync - sync_max * (1 - sel), (rm.last_bucket_s * k) * (1 - sel)])
     zero = [0]
     if tables.zero_stage > 0:
-        zero.append(concave_term(prob, f"Gd[{r}]", "g_gather", rm.gather_dp, x["P"], e_p, limits["P"], scale)
-                    + concave_term(prob, f"Gq[{r}]", "g_gather", rm.gather_dpt, x["Q"], e_q, limits["Q"], scale)
-                    - k * x["Wf"])
-    return [a + b + opt for a in (sync - k * x["Wb"], last) for b in zero]
+        gather = (concave_term(prob, f"Gd[{r}]", "g_gather", rm.gather_dp, x["P"], e_p, limits["P"], scale)
+                  + concave_term(prob, f"Gq[{r}]", "g_gather", rm.gather_dpt, x["Q"], e_q, limits["Q"], scale))
+        zero = [kappa * gather, gather - (k * (1 - kappa)) * x["Wf"]] if kappa else [0, gather - k * x["Wf"]]
+    hidden_last = last + kappa * sync if kappa else last
+    return [a + b + opt for a in (sync - (k * (1 - kappa)) * x["Wb"], hidden_last) for b in zero]
 
 
 def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> None:

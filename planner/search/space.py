@@ -345,13 +345,16 @@ def _tail_floor(tables: Tables, g: int, k_star: int) -> float:
         params = min(k.params_dp for k in costs)
         opt = min(rm.optimizer_s_per_param_dp, rm.optimizer_s_per_param_dpt or rm.optimizer_s_per_param_dp)
         tail = opt * k_star * params
-        others = sum(min(min(0.0, c.z3_mb_s - c.fwd_s - c.bwd_s) for c in grp.costs[nt]) * grp.size
+        kappa = rm.contention   # hidden communication still costs kappa of its time (tables.rank_tail_s)
+        others = sum(min(min(0.0, c.z3_mb_s - (1 - kappa) * (c.fwd_s + c.bwd_s)) for c in grp.costs[nt]) * grp.size
                      for h, grp in enumerate(tables.groups) if h != g)
         if tables.zero_stage == 3:
-            per_block = min(c.z3_mb_s - c.fwd_s - c.bwd_s for c in costs)
-            tail += tables.m * max(0.0, k_star * per_block + others)
+            per_block = min(c.z3_mb_s - (1 - kappa) * (c.fwd_s + c.bwd_s) for c in costs)
+            hidden = kappa * k_star * min(c.z3_mb_s for c in costs)
+            tail += tables.m * max(0.0, k_star * per_block + others, hidden)
         else:
-            tail += min(rm.sync_dp(k_star * params), rm.last_bucket_s)
+            sync = rm.sync_dp(k_star * params)
+            tail += min(sync, rm.last_bucket_s) + kappa * sync
         best = min(best, tail)
     return best
 

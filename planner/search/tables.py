@@ -98,6 +98,7 @@ class RankModel:
     gather_dpt: Concave
     optimizer_s_per_param_dp: float
     optimizer_s_per_param_dpt: float
+    contention: float = 0.0              # planner.cost.kernels.contention: hidden comm still costs this share
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -255,13 +256,15 @@ def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]
 def rank_tail_s(tables: Tables, rm: RankModel, x: dict[str, float]) -> float:
     """Exposed dp sync + ZeRO communication + optimizer (``estimate._Assembler.build_rank``)."""
     opt = rm.optimizer_s_per_param_dp * x["P"] + rm.optimizer_s_per_param_dpt * x["Q"] + x["opt"]
+    kappa = rm.contention
     if tables.zero_stage == 3:
-        return tables.m * max(x["z3"] - x["Wf"] - x["Wb"], 0.0) + x["first"] + opt
+        return tables.m * max(x["z3"] - (1 - kappa) * (x["Wf"] + x["Wb"]), kappa * x["z3"]) + x["first"] + opt
     sync = rm.sync_dp(x["P"]) + rm.sync_dpt(x["Q"])
-    exposed = max(sync - x["Wb"], min(sync, rm.last_bucket_s))
+    exposed = max(sync - (1 - kappa) * x["Wb"], min(sync, rm.last_bucket_s) + kappa * sync)
     zero_s = 0.0
     if tables.zero_stage > 0:
-        zero_s = max(rm.gather_dp(x["P"]) + rm.gather_dpt(x["Q"]) - x["Wf"], 0.0)
+        gather = rm.gather_dp(x["P"]) + rm.gather_dpt(x["Q"])
+        zero_s = max(gather - (1 - kappa) * x["Wf"], kappa * gather)
     return exposed + zero_s + opt
 
 
@@ -310,7 +313,7 @@ def evaluate(tables: Tables, assignment: Assignment) -> Evaluation:
 
 _TIME_FIELDS = ("time_s", "fwd_s", "bwd_s", "params_dp", "params_dpt", "z3_mb_s", "z3_gather_s", "opt_s")
 _MEMORY_FIELDS = ("act_bytes", "param_bytes", "ws_bytes")
-_RANK_TIME_FIELDS = ("sync_dp", "sync_dpt", "last_bucket_s", "gather_dp", "gather_dpt",
+_RANK_TIME_FIELDS = ("contention", "sync_dp", "sync_dpt", "last_bucket_s", "gather_dp", "gather_dpt",
                      "optimizer_s_per_param_dp", "optimizer_s_per_param_dpt")
 _RANK_MEMORY_FIELDS = ("state_bytes_per_param_dp", "state_bytes_per_param_dpt", "reserve_const_bytes",
                        "ddp_buffer_cap_bytes", "grad_bytes_per_param", "zero3_buffer_layers")
