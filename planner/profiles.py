@@ -375,6 +375,14 @@ class ClusterProfile(_Strict):
                 return nt
         raise KeyError(name)
 
+    def calibration_note(self) -> str:
+        """One line saying the profile is calibrated (runs, CV error, date), or "" when it is not."""
+        c = self.calibration
+        if c is None:
+            return ""
+        cv = f", cross-validated error {c.cv_mean_abs_error:.1%}" if c.cv_mean_abs_error is not None else ""
+        return f"calibrated on {c.runs} measured runs{cv} ({c.created_utc[:10]})"
+
     @property
     def total_devices(self) -> int:
         return sum(g.count * self.node_type(g.node_type).devices_per_node for g in self.nodes)

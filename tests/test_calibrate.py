@@ -83,7 +83,7 @@ def test_bad_runs_are_one_line_errors_and_write_nothing(tmp_path, text, needle):
 
 def test_jsonl_without_a_plan_is_a_one_line_error(tmp_path):
     res, out = _cli(tmp_path, '{"event": "step", "step": 1, "step_time_s": 0.1}\n', suffix=".jsonl")
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "JSONL" in res.stderr and not out.exists()
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "names no plan" in res.stderr and not out.exists()
 
 
 def test_calibrate_writes_a_profile_with_its_calibration_section(tmp_path):
@@ -93,3 +93,15 @@ def test_calibrate_writes_a_profile_with_its_calibration_section(tmp_path):
     assert "cross-validated" in res.stdout and "prior" in res.stdout
     cal = load_cluster_profile(out).calibration
     assert cal.runs == 4 and cal.runs_hash.startswith("sha256:") and cal.mean_abs_error_after <= cal.mean_abs_error_before
+
+
+def test_estimate_uses_a_calibrated_profile_and_says_so(tmp_path):
+    rows = [HEADER] + [",".join(_row(*s, t).values()) for s, t in zip(SHAPES[:3], ("0.4", "2.5", "6.0"))]
+    res, out = _cli(tmp_path, "\n".join(rows) + "\n")
+    assert res.returncode == 0, res.stderr
+    est = subprocess.run([sys.executable, "-m", "planner.cli.main", "estimate", "--model", "gpt", "--layers", "12",
+                          "--hidden", "1024", "--heads", "8", "--seq", "1024", "--cluster", str(out), "--gpus", "8",
+                          "--global-batch", "8", "--micro-batch", "1", "--dp", "8"], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200"))
+    assert est.returncode == 0, est.stderr
+    assert "calibrated on 3 measured runs" in est.stdout

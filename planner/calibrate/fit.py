@@ -38,7 +38,8 @@ MEASUREMENT_NOISE = 0.03   # assumed relative noise of a measured step time (run
 MIN_NEW_DIRECTION = 0.15   # Gram-Schmidt remainder below which a parameter is collinear with the taken ones
 # name -> (lower, upper) bounds of the absolute value (fractions of peak, seconds, bandwidth factors)
 BOUNDS = {"gemm_ceiling": (0.2, 0.98), "memory_bw_efficiency": (0.2, 0.98), "host_op_s": (1e-6, 2e-4),
-          "achieved_flops_scale": (0.1, 10.0), "intra_bw_scale": (0.2, 2.0), "inter_bw_scale": (0.2, 2.0)}
+          "achieved_flops_scale": (0.1, 10.0), "intra_bw_scale": (0.2, 2.0), "inter_bw_scale": (0.2, 2.0),
+          "intra_alpha_scale": (0.2, 20.0)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,6 +71,9 @@ def apply(cluster: ClusterProfile, values: dict[str, float]) -> ClusterProfile:
         elif what == "intra_bw_scale":
             cluster = cluster.model_copy(update={"node_types": [
                 nt.model_copy(update={"intra_node": _scale_fits(nt.intra_node, v)}) for nt in cluster.node_types]})
+        elif what == "intra_alpha_scale":
+            cluster = cluster.model_copy(update={"node_types": [nt.model_copy(update={"intra_node": [
+                f.model_copy(update={"alpha_s": f.alpha_s * v}) for f in nt.intra_node]}) for nt in cluster.node_types]})
         elif what == "inter_bw_scale":
             cluster = cluster.model_copy(update={"inter_node": _scale_fits(cluster.inter_node, v)})
         else:
@@ -88,6 +92,7 @@ def candidate_parameters(cluster: ClusterProfile) -> list[Parameter]:
         else:
             out.append(Parameter(name=f"{nt.name}.achieved_flops_scale", prior=1.0, lower=0.1, upper=10.0))
     out.append(Parameter(name="intra_bw_scale", prior=1.0, lower=0.2, upper=2.0))
+    out.append(Parameter(name="intra_alpha_scale", prior=1.0, lower=0.2, upper=20.0))
     if cluster.inter_node:
         out.append(Parameter(name="inter_bw_scale", prior=1.0, lower=0.2, upper=2.0))
     return out
@@ -100,7 +105,10 @@ class Predictor:
         self.cluster, self.runs = cluster, runs
         self.models = []
         for r in runs:
-            spec = ModelSpec(family=r.model.split(":")[0], dims=dict(r.dims))
+            if r.profile is not None:
+                self.models.append(r.profile)
+                continue
+            spec = ModelSpec(family=r.family or r.model.split(":")[0], dims=dict(r.dims))
             tps = [1, r.config.tp] if r.config.tp > 1 else [1]
             try:
                 self.models.append(build_gpt_profile(spec, seq_len=r.seq, dtype=r.dtype, tp_degrees=tps))

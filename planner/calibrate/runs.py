@@ -20,6 +20,7 @@ from pathlib import Path
 from planner.cost.config import ParallelConfig
 from planner.errors import StratagemError
 from planner.modelspec import parse_model
+from planner.profiles import ModelProfile
 
 REQUIRED = ("model", "gpus", "global_batch", "micro_batch", "tp", "pp", "dp", "step_time_s")
 DIMS = ("layers", "hidden", "heads", "seq", "vocab")
@@ -43,6 +44,8 @@ class MeasuredRun:
     config: ParallelConfig
     dtype: str
     step_time_s: float
+    profile: ModelProfile | None = None   # a measured model profile (metrics runs); None: closed-form
+    family: str = ""                      # "" = the family in ``model`` ("gpt:tiny" -> "gpt")
 
     def label(self) -> str:
         c = self.config
@@ -123,5 +126,6 @@ def load_runs_csv(path: str | Path) -> list[MeasuredRun]:
 
 def runs_hash(runs: list[MeasuredRun]) -> str:
     """``sha256:`` of the runs' canonical JSON (the calibration section records it)."""
-    body = [{**{k: v for k, v in asdict(r).items() if k != "config"}, "config": repr(r.config)} for r in runs]
+    body = [{**{k: v for k, v in asdict(r).items() if k not in ("config", "profile")}, "config": repr(r.config),
+             "profile": r.profile.content_hash if r.profile is not None else None} for r in runs]
     return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

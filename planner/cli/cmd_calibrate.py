@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dataclasses import replace
+
 from planner.calibrate import fit, load_runs_csv
+from planner.calibrate.metrics_runs import load_runs_jsonl
 from planner.calibrate.report import calibrated_profile, save_png, table_lines
 from planner.calibrate.runs import DIMS, OPTIONAL, REQUIRED
 from planner.errors import StratagemError
@@ -32,8 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     + ", ".join(f"{k} ({v})" for k, v in OPTIONAL.items()) + ".",
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
-    p.add_argument("--runs", required=True, nargs="+", type=Path, help="measured runs, CSV (one run per row)")
+    p.add_argument("--runs", required=True, nargs="+", type=Path,
+                   help="measured runs: CSV (one run per row) and/or `stratagem launch --metrics` JSONL files")
     p.add_argument("--out", required=True, type=Path, help="calibrated cluster profile to write (JSON)")
+    p.add_argument("--plan", type=Path, default=None,
+                   help="the plan a metrics JSONL run launched (default: the plan_path its start line names)")
     p.add_argument("--png", type=Path, default=None, help="also draw predicted vs measured, before and after")
     p.add_argument("--folds", type=int, default=5, help="k of the k-fold cross-validation, count")
     p.set_defaults(func=run)
@@ -46,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
     runs = []
     for path in args.runs:
         if path.suffix == ".jsonl":
-            raise StratagemError(f"runs file {path}: metrics JSONL input is not supported yet; write the run as a "
-                                 f"runs.csv row (its plan's tp, pp, dp, micro-batch and the measured step_time_s)")
-        runs += load_runs_csv(path)
+            runs.append(load_runs_jsonl(path, plan_path=args.plan, row=len(runs) + 1))
+        else:
+            runs += [replace(r, row=len(runs) + r.row) for r in load_runs_csv(path)]
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
     result = fit(cluster, runs, folds=args.folds)
     for line in table_lines(runs, result):

@@ -79,6 +79,8 @@ def _overview(plan: Plan) -> Table:
         sr = plan.search
         table.add_row("search", f"{sr.solver}: {sr.status}, gap {sr.gap:.2g}, {sr.wall_time_s:.3g} s, "
                                 f"{sr.candidates_solved} solved / {sr.candidates_pruned} pruned")
+        if sr.notes.startswith("cluster calibrated"):
+            table.add_row("cluster", sr.notes.split(". ", 1)[0].removeprefix("cluster "))
     table.add_row("label", plan_label(plan))
     return table
 

@@ -113,5 +113,11 @@ def build_plan(result: SearchResult, *, model: ModelSpec, profile: ModelProfile,
         batch_shares=list(best.config.batch_shares) if best.config.batch_shares else None,
         replica_node_types=list(outer.replica_node_types) if outer.replica_node_types else None,
         predictions=best.estimate.to_predictions(),
-        search=build_search_record(result),
+        search=_with_calibration(build_search_record(result), cluster),
     )
+
+
+def _with_calibration(record: SearchRecord, cluster: ClusterProfile) -> SearchRecord:
+    """The record with the cluster's calibration named first in its notes (``stratagem show`` prints them)."""
+    note = cluster.calibration_note()
+    return record.model_copy(update={"notes": f"cluster {note}. {record.notes}"}) if note else record

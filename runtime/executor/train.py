@@ -218,7 +218,7 @@ def train_step(job: Job, step: int) -> StepResult:
 
 
 def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metrics_path: str | None = None,
-             report_dir: str | None = None) -> dict:
+             report_dir: str | None = None, plan_path: str | None = None) -> dict:
     """Train ``plan`` for ``args.steps`` steps on this rank; returns the summary record (rank 0's is real)."""
     job = build_job(plan, device, data=args.data, report_dir=report_dir)
     rank, first = dist.get_rank(), 1
@@ -230,7 +230,8 @@ def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metr
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
     metrics.write({"event": "start", "model": plan.model.name, "mesh": dict(zip(job.dims.axes, plan.mesh.sizes)),
                    "schedule": plan.schedule.kind, "zero_stage": plan.zero_stage, "first_step": first,
-                   "device": device.type, "world_size": dist.get_world_size()})
+                   "device": device.type, "world_size": dist.get_world_size(), "plan_hash": plan.content_hash,
+                   "plan_path": str(Path(plan_path).resolve()) if plan_path else None})
     tr = plan.training
     tokens = tr.global_batch * (tr.seq_len if plan.model.family in ("gpt", "llama") else 1)
     for step in range(first, args.steps + 1):
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i, path in enumerate(args.plan):
             run_plan(load_plan(path), args, device, metrics_path=args.metrics[i] if args.metrics else None,
-                     report_dir=args.layout_report[i] if args.layout_report else None)
+                     report_dir=args.layout_report[i] if args.layout_report else None, plan_path=path)
             dist.barrier()
     except StratagemError as exc:
         print(f"error: rank {dist.get_rank()}: {exc}", file=sys.stderr)

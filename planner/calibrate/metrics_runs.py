@@ -1,0 +1,95 @@
+"""Measured runs from ``stratagem launch --metrics`` JSON lines: the plan (named by the file's start line, or
+``--plan``) gives the model and configuration, the summary line the measured step time.
+
+The model profile is the shipped one whose content hash the plan records (``profiles/models/*.json``,
+measured on this machine), else the closed-form GPT/Llama profile. The configuration is the plan's, with
+``overlap_grad_reduce`` off on CPU ranks: FSDP2 has no side stream there and its gloo collectives block the
+rank (``benchmarks/runtime_vs_prediction.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from planner.calibrate.runs import MeasuredRun
+from planner.cost.config import ParallelConfig
+from planner.errors import StratagemError
+from planner.plan import Plan, load_plan
+from planner.profiles import ModelProfile, load_model_profile
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
+
+
+def config_from_plan(plan: Plan, *, overlap_grad_reduce: bool = True) -> ParallelConfig:
+    """The cost model's :class:`ParallelConfig` for ``plan`` (mesh, schedule, stages, layout, recompute, ZeRO)."""
+    stages = sorted(plan.stages, key=lambda s: s.index)
+    recompute = {p: m for s in stages for p, m in s.recompute.items()}
+    return ParallelConfig(
+        tp=plan.mesh.size("tp"), pp=plan.mesh.size("pp"), dp=plan.mesh.size("dp"),
+        micro_batch=plan.schedule.micro_batch_size, num_micro_batches=plan.schedule.num_micro_batches,
+        schedule=plan.schedule.kind, virtual_stages=plan.schedule.virtual_stages, zero_stage=plan.zero_stage,
+        recompute=recompute, stage_layers=tuple(tuple(s.module_paths) for s in stages),
+        layout={p: lay.style for p, lay in plan.layout.items()},
+        sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
+        overlap_grad_reduce=overlap_grad_reduce)
+
+
+def _records(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise StratagemError(f"cannot read metrics file {path}: {exc.strerror or exc}; check the --runs path") from None
+    out = []
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise StratagemError(f"metrics file {path} line {number} is not JSON ({exc.msg}); delete that "
+                                     f"line or re-run the launch") from None
+    return out
+
+
+def _profile_for(plan: Plan) -> ModelProfile | None:
+    """The shipped measured profile the plan was made from (by hash), else one of the same model, sequence
+    length and dtype; None when there is none."""
+    profiles = [load_model_profile(path) for path in sorted(MODELS_DIR.glob("*.json"))]
+    for profile in profiles:
+        if plan.model_profile_hash and profile.content_hash == plan.model_profile_hash:
+            return profile
+    for profile in profiles:
+        if (profile.model == plan.model and profile.seq_len == plan.training.seq_len
+                and profile.dtype == plan.training.dtype):
+            return profile
+    return None
+
+
+def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, row: int = 1) -> MeasuredRun:
+    """One measured run from a metrics file (module docstring); ``row`` numbers it in reports."""
+    path = Path(path)
+    records = _records(path)
+    start = next((r for r in records if r.get("event") == "start"), {})
+    named = plan_path or start.get("plan_path")
+    if not named:
+        raise StratagemError(f"metrics file {path} names no plan (its start line has no plan_path); pass the "
+                             f"launched plan with --plan PLAN.json")
+    plan = load_plan(named)
+    if start.get("plan_hash") and plan.content_hash and start["plan_hash"] != plan.content_hash:
+        raise StratagemError(f"metrics file {path} was measured with another plan than {named} (plan_hash "
+                             f"differs); pass the plan that was launched with --plan")
+    summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
+    times = [r["step_time_s"] for r in records if r.get("event") == "step" and "step_time_s" in r]
+    measured = summary.get("measured_step_time_s") if summary else None
+    if measured is None and times:
+        measured = statistics.median(times[1:] or times)
+    if not measured or measured <= 0:
+        raise StratagemError(f"metrics file {path} has no measured step time; run `stratagem launch` with "
+                             f"--steps >= 2 and --metrics")
+    cpu = start.get("device", "cuda") == "cpu"
+    config = config_from_plan(plan, overlap_grad_reduce=not cpu)
+    tr = plan.training
+    return MeasuredRun(row=row, model=plan.model.name, dims=tuple(sorted(plan.model.dims.items())), seq=tr.seq_len,
+                       gpus=config.world_size, global_batch=tr.global_batch, config=config, dtype=tr.dtype,
+                       step_time_s=float(measured), profile=_profile_for(plan), family=plan.model.family)
