@@ -18,6 +18,12 @@ Public API (stable; the search builds on it)::
 
 Rules a mirror of ``estimate`` (the ILP tables) must follow — each is documented where it is applied:
 
+- compute: a shard with an op list (``ShardProfile.ops``) on a node type with a ``KernelModel`` is timed
+  kernel by kernel (``kernels.py``: GEMM tile/wave quantization and roofline, memory-bound kernels, launch
+  costs); measured timings on their own device take precedence; otherwise the layer-level roofline;
+- overlapped communication costs ``max(c - (1 - k) w, k c)`` with ``k = kernels.contention(node)``: ZeRO-3
+  (``zero3.py``), the DP gradient sync and the ZeRO-1/2 gathers (``estimate.py`` 3.);
+
 - step time: formulae (P) and (S) in ``pipeline.py``; per-rank tail in ``estimate.py`` (3.); with
   ``ParallelConfig.replica_node_types``, formula (H) of ``estimate._estimate_replicas``;
 - pipeline send/recv: every boundary costs BOTH adjacent chunks one one-way transfer per micro-batch;

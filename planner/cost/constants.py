@@ -6,6 +6,10 @@ datasheet a real training step reaches, and what the framework costs in memory a
 
 GEMM efficiency — ONE constant per GPU type
 --------------------------------------------
+Since the per-kernel model (``planner/cost/kernels.py``, parameters in each GPU node type's ``kernel_model``)
+times every layer that has an op list (all GPT/Llama profiles), this constant only fills the profiles'
+``achieved_flops_per_s``: the layer-level fallback for layers without an op list (ResNet, MLP, measured
+profiles on another device) and the GEMM window that hides TP communication (``overlap_tp_comm``).
 ``GEMM_EFFICIENCY[gpu]`` is the achieved fraction of dense tensor-core peak for the matrix multiplies of a
 transformer layer (the cluster profile's ``achieved_flops_per_s = efficiency * peak_flops_per_s``). Every
 other part of a layer's time is modelled separately (memory-bound element-wise traffic, TP collectives),

@@ -19,13 +19,14 @@ Composition (exact formula, reproduced by the ILP; see ``pipeline.py`` for (P) a
 
    - gradient sync ``sync_r = k * G_r`` over the DP group (all-reduce at ZeRO-0, reduce-scatter at
      ZeRO-1/2; TP-replicated layers too: their TP ranks hold identical gradients); exposed
-     ``max(sync_r - W_r, min(t(bucket), sync_r))`` when ``overlap_grad_reduce`` (PyTorch DDP, Megatron
-     ``--overlap-grad-reduce``: it runs under the last micro-batch's backward, but the last bucket only
-     starts after it), else ``sync_r``;
-   - ZeRO-1/2: parameter all-gather ``k_ag * P_r`` after the step, exposed ``max(. - F_r, 0)`` when
-     overlapping (``--overlap-param-gather``), else all of it;
+     ``max(sync_r - (1 - c) W_r, min(t(bucket), sync_r) + c sync_r)`` when ``overlap_grad_reduce`` (PyTorch
+     DDP, Megatron ``--overlap-grad-reduce``: it runs under the last micro-batch's backward, but the last
+     bucket only starts after it; ``c = kernels.contention(node)``: the hidden part still costs ``c`` of its
+     time), else ``sync_r``;
+   - ZeRO-1/2: parameter all-gather ``g = k_ag * P_r`` after the step, exposed ``max(g - (1 - c) F_r, c g)``
+     when overlapping (``--overlap-param-gather``), else all of it;
    - ZeRO-3: per micro-batch and layer, two all-gathers of its weights and a reduce-scatter of its
-     gradients (ZeRO §5.3: 1.5x the all-reduce volume): ``m * max(C_r - (F_r + W_r), 0) + g_first``
+     gradients (ZeRO §5.3: 1.5x the all-reduce volume): ``m * max(C_r - (1 - c)(F_r + W_r), c C_r) + g_first``
      when overlapping (the rank's first layer's gather cannot be prefetched), else ``m * C_r``
      (``zero3.py``; its non-default ``ParallelConfig.zero3_*`` settings model DeepSpeed's 2021 ZeRO-3);
    - the AdamW step, memory-bound: ``OPTIMIZER_BYTES_PER_PARAM * params_r / (0.85 * HBM bandwidth)``
