@@ -168,7 +168,11 @@ def test_timeline_of_a_cost_model_plan_ends_at_its_predicted_step_time(kind, v, 
     plan = _cost_model_plan(kind, v)
     timeline = simulate_plan(plan)
     assert timeline.makespan_s == pytest.approx(plan.predictions.step_time_s, rel=rel)
-    assert timeline.makespan_s <= plan.predictions.step_time_s * (1 + 1e-9)
+    # (P) bounds the simulation when a rank's chunks take equal time; with the per-kernel model the LM head's
+    # chunk (head GEMM + fp32 cross-entropy) is heavier than the others, and the simulation of interleaving
+    # can end up to ~0.6 % later (GPT 1.7B, pp 4, v 2): (P) is then a close approximation, not a bound
+    slack = 0.01 if kind == "interleaved_1f1b" else 1e-9
+    assert timeline.makespan_s <= plan.predictions.step_time_s * (1 + slack)
 
 
 def test_docstring_examples_of_the_inspect_package_hold():
