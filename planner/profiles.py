@@ -19,8 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from planner.errors import StratagemError
-from planner.fileio import content_hash, load_document, read_json, save_document, validate_document
+from planner.fileio import load_document, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
 
 MODEL_PROFILE_SCHEMA_VERSION = 1
@@ -403,31 +402,14 @@ def load_model_profile(path: str | Path) -> ModelProfile:
 
 
 def load_cluster_profile(path: str | Path) -> ClusterProfile:
-    """Load and validate a cluster profile file (a version-1 file is migrated: :func:`migrate_cluster_v1`)."""
+    """Load and validate a cluster profile file (a version-1 file is migrated:
+    :func:`planner.profile_migration.migrate_cluster_v1`)."""
     data = read_json(path, what="cluster profile")
     if data.get("schema_version") == 1:
+        from planner.profile_migration import migrate_cluster_v1  # imports the catalog, which imports this module
         data = migrate_cluster_v1(data, source=str(path))
     return validate_document(ClusterProfile, data, source=str(path), what="cluster profile",
                              schema_version=CLUSTER_PROFILE_SCHEMA_VERSION)
-
-
-def migrate_cluster_v1(data: dict, *, source: str = "cluster profile") -> dict:
-    """A version-1 cluster profile as version 2: its hash is checked, then each GPU node type gets the
-    catalog's kernel model for its device (``planner.hardware_catalog.default_kernel_model``; None for CPUs
-    and unknown devices, which keep the layer-level roofline)."""
-    from planner.hardware_catalog import default_kernel_model  # catalog imports this module
-    stored = data.get("content_hash")
-    if stored is not None and stored != content_hash(data):
-        raise StratagemError(f"cluster profile {source} was modified after it was written (content_hash "
-                             f"mismatch); regenerate it, or delete its content_hash field if the edit was deliberate")
-    out = {k: v for k, v in data.items() if k != "content_hash"}
-    out["schema_version"] = 2
-    types = []
-    for nt in data.get("node_types", []):
-        km = default_kernel_model(str(nt.get("device", "")))
-        types.append({**nt, "kernel_model": km.model_dump(mode="json") if km is not None else None})
-    out["node_types"] = types
-    return out
 
 
 def save_profile(profile: ModelProfile | ClusterProfile, path: str | Path) -> Path:
