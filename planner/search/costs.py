@@ -108,6 +108,7 @@ class CandidateCosts:
         self.dtype = profile.dtype
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
+        self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}   # (groups, layout changes) by key
         self._least: dict[tuple, object] = {}   # least layer times (tuples); least hidden ZeRO-3/sync time (floats)
 
     # -- configuration ------------------------------------------------------------------------
@@ -363,11 +364,18 @@ class CandidateCosts:
                      for r in range(outer.pp))
 
     def _tables(self, outer: OuterChoice, types: list[str], rank_types: tuple[str, ...], m: int) -> Tables:
-        groups = [self._group(layers, outer, types) for layers in self.groups]
-        return Tables(groups=tuple(groups), pp=outer.pp, v=outer.virtual_stages, m=m,
+        # groups and layout changes do not depend on the schedule, the micro-batch count or the order of the
+        # node types over the pp ranks: candidates that differ only there share them (frozen records)
+        key = (tuple(types), outer.tp, outer.dp, outer.zero_stage, outer.sequence_parallel, outer.micro_batch,
+               outer.pp > 1, (outer.pp, outer.replica_node_types) if outer.replica_node_types else None)
+        if key not in self._groups:
+            groups = tuple(self._group(layers, outer, types) for layers in self.groups)
+            self._groups[key] = (groups, self._changes(list(groups), outer, types))
+        groups, changes = self._groups[key]
+        return Tables(groups=groups, pp=outer.pp, v=outer.virtual_stages, m=m,
                       zero_stage=outer.zero_stage, rank_node_types=rank_types, inflight=self._inflight(outer, m),
                       ranks={nt: self._rank_model(nt, outer) for nt in types},
-                      change_s=self._changes(groups, outer, types), tied_params=self._tied(outer), tied_group=0,
+                      change_s=changes, tied_params=self._tied(outer), tied_group=0,
                       chunk_unit_s={nt: self._chunk_unit_s(nt, outer) for nt in types},
                       chunk_sizes=interleaved_chunk_sizes(self.profile, self.base_config(outer)))
 
