@@ -22,8 +22,27 @@ from planner.search.tables import Assignment, Tables
 OBJECTIVE_RESOLUTION = 1e4
 
 
+def _fixed_cumulative(tables: Tables) -> tuple[dict, dict]:
+    """(a') fixed chunk sizes: c[g,s] and st[g,s] are constants (layers dealt to chunks in model order)."""
+    groups, sizes = tables.groups, tables.chunk_sizes or ()
+    c: dict[tuple[int, int], int] = {}
+    st: dict[tuple[int, int], int] = {}
+    through = 0
+    for s, size in enumerate(sizes):
+        through += size
+        start = 0
+        for g, grp in enumerate(groups):
+            c[g, s] = min(max(through - start, 0), grp.size)
+            st[g, s] = int(through > start)
+            start += grp.size
+    return c, st
+
+
 def _cumulative(prob: pulp.LpProblem, tables: Tables) -> tuple[dict, dict]:
-    """(a) contiguity: cumulative counts c[g,s], 'started' st[g,s] and 'finished' f[g,s] flags."""
+    """(a) contiguity: cumulative counts c[g,s], 'started' st[g,s] and 'finished' f[g,s] flags; constants
+    when the chunk sizes are fixed (a')."""
+    if tables.chunk_sizes is not None:
+        return _fixed_cumulative(tables)
     groups, chunks = tables.groups, tables.chunks
     keys = [(g, s) for g in range(len(groups)) for s in range(chunks)]
     c = prob.add_variable_dicts("c", keys, lowBound=0, cat="Integer")
@@ -46,11 +65,6 @@ def _cumulative(prob: pulp.LpProblem, tables: Tables) -> tuple[dict, dict]:
     for s in range(chunks):
         prob += (pulp.lpSum(c[g, s] - (c[g, s - 1] if s > 0 else 0) for g in range(len(groups))) >= 1,
                  f"e_nonempty[{s}]")
-    if tables.chunk_sizes is not None:   # (a') fixed chunk sizes (interleaved: equal chunks)
-        through = 0
-        for s, size in enumerate(tables.chunk_sizes):
-            through += size
-            prob += (pulp.lpSum(c[g, s] for g in range(len(groups))) == through, f"a_chunk_size[{s}]")
     return c, st
 
 
@@ -295,8 +309,8 @@ def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
     (c) one style per group: sum_style u[g,style] = 1; n[r,g,i] <= N_g u[g, style(i)].
     (d) rank time: sum n*time over the rank's options + per chunk: layout changes at group starts + the one-way transfer of every
         boundary, charged to both of its chunks; products of binaries linearised.
-    (a') interleaved schedules: fixed chunk sizes, sum_g c[g,s] = layers of chunks <= s (equal chunks,
-        planner.cost.placement.interleaved_chunk_sizes).
+    (a') interleaved schedules: fixed chunk sizes (equal chunks, planner.cost.placement.
+        interleaved_chunk_sizes), so c[g,s] and st[g,s] are constants and (a), (e) drop out.
     (e) non-empty chunks: sum_g (c[g,s] - c[g,s-1]) >= 1.
     (f) slowest rank: T >= T_r = sum of its chunks' times.
     (g) slowest tail: Z >= tail_r for every combination of the max() pieces of tail_r (exposed sync,
@@ -373,7 +387,7 @@ def extract_assignment(problem: Problem) -> Assignment:
     chunks in order (any dealing costs the same). Values are rounded to the integers CBC found."""
     t = problem.tables
     def val(var) -> int:
-        return int(round(var.value() or 0.0))
+        return int(round(var if isinstance(var, (int, float)) else (var.value() or 0.0)))
     counts = [[[0] * len(grp.options) for grp in t.groups] for _ in range(t.chunks)]
     for g, grp in enumerate(t.groups):
         for r in range(t.pp):
