@@ -20,13 +20,15 @@ CUT_SLACK = 1e-7         # relative weakening of each cut (keeps exact ties feas
 MAX_OPTIONS = 3          # full enumeration of counts is cubic in the block count; skip larger option sets
 
 
-def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0) -> np.ndarray | None:
+def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0,
+                     inflight: float | None = None) -> np.ndarray | None:
     """``floor[k]`` = least time of ``k`` layers of group ``g`` on rank ``r`` that can fit (inf if none).
 
     Memory lower bound used: reserve * (sum n_i (state_i + inflight_r act_i) + working set of the present
     options + DDP buffer of these layers' gradients alone + ZeRO-3 buffer of the largest present layer +
     the pipeline buffers of the rank's chunks at their smallest + ``extra_bytes`` of other layers known
     to be there) + context <= capacity. None when not applicable (more than three options).
+    ``inflight``: micro-batches held in flight (default the rank's own; fewer gives a lower floor).
 
     Exact enumeration in O(k^2): options sorted by time (t0 <= t1 <= t2); for each count k and n2 the
     rest splits into n0 + n1 with time falling in n0, so the best n0 is 0, all, or the largest interior
@@ -42,7 +44,7 @@ def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0) -
         costs.append(costs[-1])
     t = np.array([c.time_s for c in costs])
     each = np.array([rm.state_bytes_per_param_dp * c.params_dp + rm.state_bytes_per_param_dpt * c.params_dpt
-                     + tables.inflight[r] * c.act_bytes for c in costs])
+                     + (tables.inflight[r] if inflight is None else inflight) * c.act_bytes for c in costs])
     ws = np.array([c.ws_bytes for c in costs])
     pbytes = np.array([c.param_bytes for c in costs])
     params = np.array([c.params_dp + c.params_dpt for c in costs])

@@ -359,6 +359,20 @@ def _tail_floor(tables: Tables, g: int, k_star: int) -> float:
     return best
 
 
+MAX_FLOOR_LEVELS = 8   # distinct in-flight counts whose block floors are computed per lane
+
+
+def _floor_inflight(tables: Tables) -> list[float]:
+    """In-flight micro-batches each rank's block floor is computed with: its own when the ranks have at
+    most MAX_FLOOR_LEVELS distinct counts, else rounded down to one of that many levels (1F1B on 128 ranks
+    has 128). Fewer micro-batches in flight leave more memory, so the floor is lower: still a bound."""
+    values = sorted(set(tables.inflight))
+    if len(values) <= MAX_FLOOR_LEVELS:
+        return list(tables.inflight)
+    levels = [values[len(values) * i // MAX_FLOOR_LEVELS] for i in range(MAX_FLOOR_LEVELS)]
+    return [max(level for level in levels if level <= x) for x in tables.inflight]
+
+
 def _refined_lower_bound_s_lane(tables: Tables) -> float:
     """One lane's refined bound (:func:`refined_lower_bound_s`)."""
     from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting
@@ -369,13 +383,15 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
         return base
     g = max(cut, key=lambda h: tables.groups[h].size)
     ends = _end_groups(tables, g)
-    floors = []
-    for r in range(tables.pp):
+    floors, memo = [], {}
+    for r, inflight in enumerate(_floor_inflight(tables)):
         extra_t, extra_b = ends.get(r, (0.0, 0.0))
-        f = block_time_floor(tables, g, r, extra_b)
-        if f is None:
+        key = (tables.rank_node_types[r], inflight, extra_b)
+        if key not in memo:
+            memo[key] = block_time_floor(tables, g, r, extra_b, inflight=inflight)
+        if memo[key] is None:
             return base
-        floors.append(f + extra_t)
+        floors.append(memo[key] + extra_t)
     size = tables.groups[g].size
     levels = sorted({float(x) for f in floors for x in f if x != float("inf")})
 
