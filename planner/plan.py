@@ -16,6 +16,7 @@ from planner.errors import StratagemError
 from planner.fileio import load_document, save_document
 from planner.modelspec import ModelSpec
 from planner.profiles import Dtype
+from planner.recipe import LRSchedule
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -38,6 +39,8 @@ class TrainingSettings(_Strict):
     lr: float = 1e-3
     weight_decay: float = 0.0
     seed: int = 0
+    lr_schedule: LRSchedule | None = Field(
+        None, description="Goyal et al. 2017 large-batch recipe (planner/recipe.py); None = constant lr")
 
 
 class Mesh(_Strict):
