@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
 from planner.fileio import load_document, save_document
 from planner.modelspec import ModelSpec
@@ -171,6 +172,7 @@ class Plan(_Strict):
                           "block of pp x tp ranks); None = the stages' node types")
     predictions: Predictions | None = None
     search: SearchRecord | None = None
+    comparison: ComparisonRecord | None = Field(None, description="against the user's config (plan --compare-to)")
     content_hash: str | None = None
 
     @model_validator(mode="after")
