@@ -31,7 +31,7 @@ TOP_LEVEL_KEYS = frozenset({
     "compression_training", "checkpoint", "data_types", "pipeline", "tensor_parallel", "sequence_parallel_size",
     "memory_breakdown", "comms_logger", "hybrid_engine", "compile", "timers", "weight_quantization",
     "dataloader_drop_last", "eigenvalue", "progressive_layer_drop", "gradient_accumulation_dtype",
-    "torch_autocast", "disable_allgather", "nebula", "fp8"})
+    "torch_autocast", "disable_allgather", "nebula"})
 ZERO_KEYS = frozenset({
     "stage", "allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter",
     "reduce_bucket_size", "contiguous_gradients", "offload_param", "offload_optimizer", "stage3_max_live_parameters",

@@ -77,7 +77,7 @@ def to_items(s: FrameworkSettings) -> dict[str, str | None]:
     for i, flag in enumerate(flags):
         if flag.startswith("--"):
             items[flag] = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
-    if s.overlap_grad_reduce and s.dp > 1:
+    if s.overlap_grad_reduce:
         items["--overlap-grad-reduce"] = None
     items["--micro-batch-size"] = str(s.micro_batch)
     items["--global-batch-size"] = str(s.global_batch)

@@ -109,6 +109,21 @@ def _mode_supported(mode: str, caps: Capabilities, changes: list[Change], *, pla
     return {"recompute": exported}
 
 
+def runs(counts: list[int]) -> str:
+    """``[0, 1, 1, 1, 2]`` -> ``"0, 1 x3, 2"`` (a long list of chunk sizes, readable).
+
+    >>> runs([0, 1, 1, 1, 2])
+    '0, 1 x3, 2'
+    """
+    out: list[list[int]] = []
+    for c in counts:
+        if out and out[-1][0] == c:
+            out[-1][1] += 1
+        else:
+            out.append([c, 1])
+    return ", ".join(f"{c} x{n}" if n > 1 else str(c) for c, n in out)
+
+
 def _stage_split(plan: Plan, kinds: dict[str, str], caps: Capabilities, changes: list[Change]) -> dict:
     """Blocks per chunk: even, or (Megatron, no interleaving) equal middle chunks with own first/last counts."""
     counts = [len([p for p in st.module_paths if kinds.get(p) == "block"])
@@ -131,7 +146,7 @@ def _stage_split(plan: Plan, kinds: dict[str, str], caps: Capabilities, changes:
         return {}
     else:
         out, exported = {}, even
-    changes.append(Change(what="blocks per pipeline chunk", plan=str(counts), exported=str(exported),
+    changes.append(Change(what="blocks per pipeline chunk", plan=runs(counts), exported=runs(exported),
                           why="the framework splits layers evenly" + (" except the first/last chunk"
                                                                       if caps.uneven_first_last else "")))
     return out

@@ -87,6 +87,10 @@ def check_settings(s: FrameworkSettings, *, source: str, names: dict[str, str] |
                              f"{n('global_batch')} {s.global_batch} / (dp {s.dp} x {n('micro_batch')} "
                              f"{s.micro_batch}) = {s.num_micro_batches}; raise the global batch or lower the "
                              f"micro-batch")
+    if s.virtual_stages > 1 and s.num_micro_batches % s.pp:
+        raise StratagemError(f"{source}: interleaved 1F1B needs the micro-batches per step ({s.num_micro_batches}) "
+                             f"to be a multiple of {n('pp')} {s.pp} (Megatron-LM); change {n('global_batch')} or "
+                             f"{n('micro_batch')}")
     if s.sequence_parallel and s.tp == 1:
         raise StratagemError(f"{source}: {n('sequence_parallel')} needs {n('tp')} > 1; drop it or raise "
                              f"{n('tp')}")

@@ -178,7 +178,7 @@ def _degrees(par: dict, world: int | None, tp: int, pp: int, cp: int) -> tuple[i
     if world is not None and dp * tp * pp * cp != world:
         raise StratagemError(f"torchtitan degrees give {dp * tp * pp * cp} GPUs (replicate {replicate} x shard {shard} "
                              f"x tp {tp} x pp {pp} x cp {cp}) but the run has {world}; fix the degrees or --gpus")
-    if shard == 1:
+    if shard == 1 and "fsdp_reshard_after_forward" not in par:   # DDP (FSDP2 over one rank when it is set)
         return dp, 0
     return dp, 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
 
