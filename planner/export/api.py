@@ -15,7 +15,7 @@ from planner.cost.placement import fill_stage_node_types
 from planner.cost.records import Estimate
 from planner.errors import StratagemError
 from planner.export import accelerate, deepspeed, megatron, torchtitan
-from planner.export.nearest import Change, nearest_settings
+from planner.export.nearest import Change, nearest_candidates
 from planner.export.settings import FRAMEWORKS, FrameworkSettings, to_parallel_config
 from planner.plan import Plan
 from planner.profiles import ClusterProfile, ModelProfile
@@ -89,14 +89,23 @@ class Export:
         return lines
 
 
+def _fastest_that_fits(candidates, *, profile: ModelProfile, cluster: ClusterProfile):
+    """The candidate with the least step time among those that fit in memory (else the least memory)."""
+    scored = [(s, changes, estimate_settings(s, profile=profile, cluster=cluster)) for s, changes in candidates]
+    fitting = [c for c in scored if c[2].fits_in_memory]
+    if fitting:
+        return min(fitting, key=lambda c: c[2].step_time_s)
+    return min(scored, key=lambda c: c[2].peak_mem_bytes)
+
+
 def export_plan(plan: Plan, framework: str, *, profile: ModelProfile, cluster: ClusterProfile) -> Export:
     """The framework's nearest config to ``plan``, with its estimate next to the plan's."""
     if framework not in FORMATS:
         raise StratagemError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}")
-    settings, changes = nearest_settings(plan, profile, framework)
     plan_est = estimate_config(plan_parallel_config(plan), profile=profile, cluster=cluster,
                                global_batch=plan.training.global_batch)
-    exported_est = estimate_settings(settings, profile=profile, cluster=cluster)
+    settings, changes, exported_est = _fastest_that_fits(nearest_candidates(plan, profile, framework),
+                                                         profile=profile, cluster=cluster)
     export = Export(framework=framework, text="", settings=settings, changes=changes, plan_estimate=plan_est,
                     exported_estimate=exported_est)
     header = [f"{framework} config for the Stratagem plan of {plan.model.name} on {plan.world_size} x "

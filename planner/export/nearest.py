@@ -1,7 +1,7 @@
 """From a plan to the nearest configuration a framework can express, with the list of what changed.
 
 A plan may choose things no framework config can state: per-layer recompute, Whale's replicate-or-split
-per layer, stage boundaries anywhere, per-replica batch shares and node types. :func:`nearest_settings`
+per layer, stage boundaries anywhere, per-replica batch shares and node types. :func:`nearest_candidates`
 maps each to the closest setting the framework has (stated per framework in :data:`CAPABILITIES`) and
 records a :class:`Change` for it; the exporter prints them next to the cost model's estimate of the
 exported configuration, so the user sees the price of each compromise.
@@ -73,8 +73,14 @@ def _block_modes(plan: Plan, kinds: dict[str, str]) -> list[list[str]]:
             for st in sorted(plan.stages, key=lambda s: s.index)]
 
 
-def _recompute(plan: Plan, kinds: dict[str, str], caps: Capabilities, changes: list[Change]) -> dict:
-    """Uniform mode, or Megatron's 'first N blocks of each chunk', or the nearest that saves as much memory."""
+def _recompute(plan: Plan, kinds: dict[str, str], caps: Capabilities,
+               changes: list[Change]) -> list[tuple[dict, Change | None]]:
+    """Recompute settings the framework can state, each with the change it makes (None = exact).
+
+    One candidate when the plan's choice is expressible (a uniform mode, or Megatron's 'full on the first N
+    blocks of every chunk'); otherwise every uniform mode (and, for Megatron, full on the first N blocks for the
+    per-chunk counts of full / recomputed blocks): the exporter keeps the fastest that fits in memory.
+    """
     per_chunk = _block_modes(plan, kinds)
     modes = Counter(m for chunk in per_chunk for m in chunk)
     others = sorted({p for st in plan.stages for p, m in st.recompute.items() if m != "none" and kinds.get(p) != "block"})
@@ -83,30 +89,28 @@ def _recompute(plan: Plan, kinds: dict[str, str], caps: Capabilities, changes: l
                               why="frameworks recompute transformer layers only"))
     if len(modes) <= 1:
         mode = next(iter(modes), "none")
-        return _mode_supported(mode, caps, changes, plan_text=f"{mode} on every block")
-    text = ", ".join(f"{n} {m}" for m, n in sorted(modes.items()))
+        exported = mode if mode in caps.recompute else ("full" if mode == "selective" else "none")
+        change = None if exported == mode else Change(what="recompute", plan=f"{mode} on every block",
+                                                      exported=f"{exported} on every block",
+                                                      why=f"the framework has no '{mode}' mode")
+        return [({"recompute": exported}, change)]
+    text = f"per layer ({', '.join(f'{n} {m}' for m, n in sorted(modes.items()))})"
     counts = [sum(m != "none" for m in chunk) for chunk in per_chunk]
     firsts = all(all(m != "none" for m in chunk[:k]) for chunk, k in zip(per_chunk, counts))
-    if caps.recompute_block_count and "full" in modes:
-        k = max(counts)   # at least as much recomputed on every chunk: no chunk needs more memory
-        exact = firsts and len(set(counts)) == 1 and "selective" not in modes
-        if not exact:
-            changes.append(Change(what="recompute", plan=f"per layer ({text})",
-                                  exported=f"full on the first {k} blocks of every chunk",
-                                  why="the framework recomputes the same number of leading layers per chunk"))
-        return {"recompute": "full", "recompute_blocks_per_chunk": k}
-    mode = "full" if "full" in modes else "selective"
-    return _mode_supported(mode, caps, changes, plan_text=f"per layer ({text})", changed=True)
-
-
-def _mode_supported(mode: str, caps: Capabilities, changes: list[Change], *, plan_text: str,
-                    changed: bool = False) -> dict:
-    exported = mode if mode in caps.recompute else ("full" if mode == "selective" else "none")
-    if changed or exported != mode:
-        changes.append(Change(what="recompute", plan=plan_text, exported=f"{exported} on every block",
-                              why="one recompute mode for all transformer layers"
-                              + ("" if exported == mode else f"; no '{mode}' mode")))
-    return {"recompute": exported}
+    if caps.recompute_block_count and firsts and len(set(counts)) == 1 and "selective" not in modes:
+        return [({"recompute": "full", "recompute_blocks_per_chunk": counts[0]}, None)]
+    candidates: list[tuple[dict, Change | None]] = [
+        ({"recompute": mode}, Change(what="recompute", plan=text, exported=f"{mode} on every block",
+                                     why="one recompute mode for all transformer layers (the fastest that fits)"))
+        for mode in caps.recompute]
+    if caps.recompute_block_count:
+        full_counts = {max(sum(m == "full" for m in chunk) for chunk in per_chunk), max(counts)}
+        for k in sorted(full_counts - {0}):
+            candidates.append(({"recompute": "full", "recompute_blocks_per_chunk": k},
+                               Change(what="recompute", plan=text, exported=f"full on the first {k} blocks of every chunk",
+                                      why="the framework recomputes the same number of leading layers per chunk "
+                                          "(the fastest that fits)")))
+    return candidates
 
 
 def runs(counts: list[int]) -> str:
@@ -147,8 +151,7 @@ def _stage_split(plan: Plan, kinds: dict[str, str], caps: Capabilities, changes:
     else:
         out, exported = {}, even
     changes.append(Change(what="blocks per pipeline chunk", plan=runs(counts), exported=runs(exported),
-                          why="the framework splits layers evenly" + (" except the first/last chunk"
-                                                                      if caps.uneven_first_last else "")))
+                          why="the framework splits layers evenly" + (" except the first/last chunk" if out else "")))
     return out
 
 
@@ -224,8 +227,9 @@ def _recipe(plan: Plan, caps: Capabilities, changes: list[Change]):
     return schedule
 
 
-def nearest_settings(plan: Plan, profile: ModelProfile, framework: str) -> tuple[FrameworkSettings, list[Change]]:
-    """The framework's nearest configuration to ``plan`` and what had to change (empty when exact)."""
+def nearest_candidates(plan: Plan, profile: ModelProfile, framework: str) -> list[tuple[FrameworkSettings, list[Change]]]:
+    """The framework's configurations nearest to ``plan``, each with what had to change (empty when exact).
+    More than one only when the plan's per-layer recompute has no equal; ``export_plan`` picks among them."""
     caps = CAPABILITIES[framework]
     kinds = {layer.path: layer.kind for layer in profile.layers}
     changes: list[Change] = []
@@ -236,13 +240,19 @@ def nearest_settings(plan: Plan, profile: ModelProfile, framework: str) -> tuple
     degrees = _degrees(plan, caps, changes, framework)
     data_parallel_only = degrees["pp"] == 1 and plan.mesh.size("pp") > 1
     split = {} if degrees["pp"] == 1 else _stage_split(plan, kinds, caps, changes)
-    recompute = _recompute(plan, kinds, caps, changes)
-    if data_parallel_only and recompute.get("recompute_blocks_per_chunk") is not None:
-        recompute = {"recompute": "full"}
-    settings = FrameworkSettings(
-        **degrees, **split, **recompute, global_batch=plan.training.global_batch,
-        zero_stage=_zero(plan, degrees["pp"], caps, changes),
-        sequence_parallel=_layout(plan, profile, degrees["tp"], caps, changes),
-        seq_len=plan.training.seq_len, dtype=plan.training.dtype, model=plan.model,
-        lr_schedule=_recipe(plan, caps, changes), weight_decay=plan.training.weight_decay)
-    return settings, changes
+    common = dict(**degrees, **split, global_batch=plan.training.global_batch,
+                  zero_stage=_zero(plan, degrees["pp"], caps, changes),
+                  sequence_parallel=_layout(plan, profile, degrees["tp"], caps, changes),
+                  seq_len=plan.training.seq_len, dtype=plan.training.dtype, model=plan.model,
+                  lr_schedule=_recipe(plan, caps, changes), weight_decay=plan.training.weight_decay)
+    out = []
+    for recompute, change in _recompute(plan, kinds, caps, changes):
+        if data_parallel_only and recompute.get("recompute_blocks_per_chunk") is not None:
+            continue
+        out.append((FrameworkSettings(**common, **recompute), changes + ([change] if change else [])))
+    return out
+
+
+def nearest_settings(plan: Plan, profile: ModelProfile, framework: str) -> tuple[FrameworkSettings, list[Change]]:
+    """The first of :func:`nearest_candidates` (the exact one when the plan is expressible)."""
+    return nearest_candidates(plan, profile, framework)[0]
