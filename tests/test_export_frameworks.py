@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -199,9 +198,12 @@ def test_exact_plan_export_has_no_changes_and_the_same_estimate(plans):
 
 
 # -- bad input: one line naming the flag or key, exit status 2 ----------------------------------------------
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", *argv], capture_output=True, text=True,
-                          timeout=120)
+def _cli(*argv: str, capsys) -> subprocess.CompletedProcess:
+    """The CLI in this process (as ``stratagem ...``): exit status and what it printed."""
+    capsys.readouterr()
+    status = main(list(argv))
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, status, printed.out, printed.err)
 
 
 @pytest.mark.parametrize("framework, source, needle", [
@@ -214,42 +216,43 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
     ("megatron", "--tensor-model-parallel-size 3 --micro-batch-size 1 --num-layers 4 --hidden-size 64 "
                  "--num-attention-heads 8", "--tensor-model-parallel-size 3"),
 ])
-def test_bad_megatron_arguments_are_one_line_errors(framework, source, needle):
-    run = _cli("estimate", "--from", framework, source, "--cluster", "dgx-a100-80g", "--gpus", "1000")
+def test_bad_megatron_arguments_are_one_line_errors(framework, source, needle, capsys):
+    run = _cli("estimate", "--from", framework, source, "--cluster", "dgx-a100-80g", "--gpus", "1000", capsys=capsys)
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], run.stderr
 
 
-def test_bad_deepspeed_and_torchtitan_configs_are_one_line_errors(tmp_path):
+def test_bad_deepspeed_and_torchtitan_configs_are_one_line_errors(tmp_path, capsys):
     ds = tmp_path / "ds_config.json"
     ds.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
                               "zero_optimisation": {"stage": 3}}))
     run = _cli("estimate", "--from", "deepspeed", str(ds), "--model", "gpt:gpt2", "--cluster", "dgx-a100-80g",
-               "--gpus", "8")
+               "--gpus", "8", capsys=capsys)
     assert run.returncode == 2 and "'zero_optimisation'" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     ds.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
                               "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}))
     run = _cli("estimate", "--from", "deepspeed", str(ds), "--model", "gpt:gpt2", "--cluster", "dgx-a100-80g",
-               "--gpus", "8")
+               "--gpus", "8", capsys=capsys)
     assert run.returncode == 2 and "train_batch_size 64 != train_micro_batch_size_per_gpu 2 x " \
         "gradient_accumulation_steps 2 x data-parallel size 8" in run.stderr
     ds.write_text(json.dumps({"train_batch_size": 64, "zero_optimization": {"stage": 1, "overlap_com": True}}))
-    run = _cli("estimate", "--from", "deepspeed", str(ds), "--model", "gpt:gpt2", "--cluster", "dgx-a100-80g")
+    run = _cli("estimate", "--from", "deepspeed", str(ds), "--model", "gpt:gpt2", "--cluster", "dgx-a100-80g",
+               capsys=capsys)
     assert run.returncode == 2 and "zero_optimization.overlap_com" in run.stderr
     tt = tmp_path / "titan.py"
     tt.write_text("from torchtitan.config import ParallelismConfig\n"
                   "def cfg():\n    c.parallelism = ParallelismConfig(tensor_paralel_degree=2)\n")
     run = _cli("estimate", "--from", "torchtitan", str(tt), "--model", "gpt:gpt2", "--cluster", "dgx-a100-80g",
-               "--gpus", "8")
+               "--gpus", "8", capsys=capsys)
     assert run.returncode == 2 and "parallelism.tensor_paralel_degree" in run.stderr
 
 
-def test_export_cli_writes_the_file_and_prints_the_price(tmp_path, plans):
+def test_export_cli_writes_the_file_and_prints_the_price(tmp_path, plans, capsys):
     from planner.plan import save_plan
     plan_path = save_plan(plans["llama2-70b-256-h100"], tmp_path / "plan.json")
     out = tmp_path / "args.sh"
-    run = _cli("export", str(plan_path), "--to", "megatron", "--out", str(out))
+    run = _cli("export", str(plan_path), "--to", "megatron", "--out", str(out), capsys=capsys)
     assert run.returncode == 0, run.stderr
     assert "plan (cost model): step" in run.stderr and "this megatron config (cost model): step" in run.stderr
     text = out.read_text()

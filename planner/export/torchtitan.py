@@ -213,6 +213,9 @@ def parse(text: str, *, world_size: int | None = None, layers: int | None = None
             raise StratagemError(f"torchtitan parallelism.pipeline_parallel_layers_per_stage {per_stage} does not "
                                  f"divide {layers} layers over pipeline_parallel_degree {pp}; fix one of them")
         v = layers // (pp * int(per_stage))
+    if names[kind] == "interleaved_1f1b" and v < 2:
+        raise StratagemError("torchtitan parallelism.pipeline_parallel_schedule Interleaved1F1B: set "
+                             "parallelism.pipeline_parallel_layers_per_stage so that each rank holds >= 2 stages")
     mode = sections.get("activation_checkpoint", {}).get("mode", "selective")
     settings = FrameworkSettings(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=int(par.get("expert_parallel_degree", 1)), micro_batch=mb, global_batch=gb,
