@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 from planner.cost import ParallelConfig, estimate, with_gpus
@@ -19,6 +19,7 @@ from planner.export.nearest import Change, nearest_candidates
 from planner.export.settings import FRAMEWORKS, FrameworkSettings, to_parallel_config
 from planner.plan import Plan
 from planner.profiles import ClusterProfile, ModelProfile
+from planner.search.config import SearchConfig
 
 FORMATS: dict[str, ModuleType] = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed,
                                   "accelerate": accelerate}
@@ -89,12 +90,19 @@ class Export:
         return lines
 
 
+def _within_budget(est: Estimate, memory_fraction: float) -> bool:
+    """Every rank's peak within ``memory_fraction`` of its device's memory (the search's own budget)."""
+    return all(r.memory.peak_bytes <= memory_fraction * r.memory.capacity for r in est.per_rank)
+
+
 def _fastest_that_fits(candidates, *, profile: ModelProfile, cluster: ClusterProfile):
-    """The candidate with the least step time among those that fit in memory (else the least memory)."""
+    """The candidate with the least step time among those within the search's default memory budget
+    (``SearchConfig.memory_fraction``), else among those that fit at all, else the one with the least memory."""
     scored = [(s, changes, estimate_settings(s, profile=profile, cluster=cluster)) for s, changes in candidates]
-    fitting = [c for c in scored if c[2].fits_in_memory]
-    if fitting:
-        return min(fitting, key=lambda c: c[2].step_time_s)
+    for keep in (lambda e: _within_budget(e, SearchConfig().memory_fraction), lambda e: e.fits_in_memory):
+        chosen = [c for c in scored if keep(c[2])]
+        if chosen:
+            return min(chosen, key=lambda c: c[2].step_time_s)
     return min(scored, key=lambda c: c[2].peak_mem_bytes)
 
 
@@ -182,10 +190,11 @@ def compare(plan: Plan, current: FrameworkSettings, framework: str, *, profile: 
     """Estimate the user's ``current`` config and the plan (and its nearest ``framework`` config)."""
     current_est = estimate_settings(current, profile=profile, cluster=cluster)
     exported = export_plan(plan, framework, profile=profile, cluster=cluster)
-    proposed = exported.settings
-    if current.lr_schedule is not None and plan.training.lr_schedule is None:
-        from dataclasses import replace
-        proposed = replace(proposed, lr_schedule=current.lr_schedule, weight_decay=current.weight_decay)
+    # the planner chooses neither the weight decay nor, without a recipe in the plan, the learning rate: keep the
+    # user's so that the flag changes are only what the plan changes
+    proposed = replace(exported.settings, weight_decay=current.weight_decay)
+    if plan.training.lr_schedule is None:
+        proposed = replace(proposed, lr_schedule=current.lr_schedule)
     return Comparison(framework=framework, current=current, current_estimate=current_est,
                       plan_estimate=exported.plan_estimate, proposed=proposed,
                       proposed_estimate=exported.exported_estimate, changes=exported.changes,
