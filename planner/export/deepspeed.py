@@ -87,8 +87,8 @@ def _recipe(schedule: LRSchedule, global_batch: int, weight_decay: float | None)
 
 
 def render(s: FrameworkSettings, *, header: list[str]) -> str:
-    """``ds_config.json`` text (JSON has no comments: the header goes in a ``_stratagem`` note is not allowed
-    by DeepSpeed's strict keys, so the CLI prints the header instead)."""
+    """``ds_config.json`` text. JSON has no comments and DeepSpeed reads only its own keys, so ``header`` is
+    not written; the CLI prints it on stderr."""
     return json.dumps(to_items(s), indent=2) + "\n"
 
 

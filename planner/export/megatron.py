@@ -35,7 +35,7 @@ FLAG_NAMES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-para
               "sequence_parallel": "--sequence-parallel", "virtual_stages": "--num-layers-per-virtual-pipeline-stage",
               "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size"}
 # launcher options whose value is the next token (torchrun / python -m torch.distributed.run)
-_LAUNCHER_NODES = ("--nnodes", "--nnodes=")
+_LAUNCHER_NODES = ("--nnodes",)
 _LAUNCHER_PER_NODE = ("--nproc-per-node", "--nproc_per_node")
 
 
@@ -164,11 +164,12 @@ def _tokens(text: str) -> tuple[list[str], int | None]:
 
 
 def _launcher_value(tokens: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of a torchrun option (``--name V`` or ``--name=V``; for ``--nnodes MIN:MAX`` the MAX)."""
     for i, t in enumerate(tokens):
         for name in names:
-            if t == name.rstrip("=") and i + 1 < len(tokens):
+            if t == name and i + 1 < len(tokens):
                 return tokens[i + 1].split(":")[-1]
-            if t.startswith(name.rstrip("=") + "="):
+            if t.startswith(name + "="):
                 return t.split("=", 1)[1].split(":")[-1]
     return None
 

@@ -13,7 +13,7 @@ a *chunk* is one pipeline model chunk (``pp * virtual_stages`` of them, chunk ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 from planner.cost.config import ParallelConfig, Recompute, ScheduleKind
 from planner.errors import StratagemError
@@ -55,7 +55,6 @@ class FrameworkSettings:
     model: ModelSpec | None = None
     lr_schedule: LRSchedule | None = None
     weight_decay: float | None = None
-    extras: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def world_size(self) -> int:
@@ -160,12 +159,3 @@ def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> P
         sequence_parallel=s.sequence_parallel, recompute=recompute,
         stage_layers=tuple(tuple(c) for c in chunks) if chunks is not None and explicit else None,
         overlap_grad_reduce=s.overlap_grad_reduce)
-
-
-def same_parallel_config(a: FrameworkSettings, b: FrameworkSettings, layers: list[tuple[str, str]]) -> bool:
-    """True when both settings give the cost model the same configuration (the round-trip check)."""
-    return to_parallel_config(a, layers) == to_parallel_config(b, layers)
-
-
-def with_changes(s: FrameworkSettings, **changes) -> FrameworkSettings:
-    return replace(s, **changes)
