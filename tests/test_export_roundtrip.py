@@ -113,3 +113,15 @@ def test_the_warmup_from_base_lr_survives_megatron():
     settings_ = FrameworkSettings(dp=4, micro_batch=2, global_batch=8192, seq_len=SEQ, dtype="bf16", model=model,
                                   lr_schedule=s)
     _round_trip("megatron", settings_)
+
+
+def test_virtual_stages_that_do_not_divide_the_layers_become_the_nearest_that_do():
+    model = parse_model("gpt", layers=12, hidden=64, heads=8, vocab=256, max_seq=SEQ)
+    s = FrameworkSettings(pp=2, dp=2, micro_batch=1, global_batch=8, schedule="interleaved_1f1b", virtual_stages=4,
+                          seq_len=SEQ, dtype="bf16", model=model)   # 12 layers over 2 x 4 chunks: 2,2,2,2,1,1,1,1
+    plan = plan_from_settings(s, model)
+    export = export_plan(plan, "megatron", profile=build_gpt_profile(model, seq_len=SEQ), cluster=CLUSTER)
+    assert export.settings.virtual_stages == 3 and export.settings.schedule == "interleaved_1f1b"
+    assert [c.line() for c in export.changes] == [
+        "virtual stages per pipeline rank: 4 -> 3 (12 layers must split evenly over pp 2 x virtual stages)"]
+    assert "--num-layers-per-virtual-pipeline-stage 2" in export.text

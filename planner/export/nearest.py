@@ -180,6 +180,22 @@ def _degrees(plan: Plan, caps: Capabilities, changes: list[Change], framework: s
     return out
 
 
+def _divisible_virtual_stages(degrees: dict, kinds: dict[str, str], changes: list[Change]) -> bool:
+    """Interleaving needs an equal number of layers per virtual stage (Megatron's
+    --num-layers-per-virtual-pipeline-stage, torchtitan's pipeline_parallel_layers_per_stage): the nearest count
+    of virtual stages that divides the layers. Updates ``degrees``; True when it changed them."""
+    pp, v = degrees["pp"], degrees["virtual_stages"]
+    blocks = sum(kind == "block" for kind in kinds.values())
+    if v == 1 or blocks % (pp * v) == 0:
+        return False
+    options = [w for w in range(2, blocks // pp + 1) if blocks % (pp * w) == 0]
+    new_v = min(options, key=lambda w: (abs(w - v), w)) if options else 1
+    changes.append(Change(what="virtual stages per pipeline rank", plan=str(v), exported=str(new_v),
+                          why=f"{blocks} layers must split evenly over pp {pp} x virtual stages"))
+    degrees.update(virtual_stages=new_v, schedule="interleaved_1f1b" if new_v > 1 else "1f1b")
+    return True
+
+
 def _zero(plan: Plan, pp: int, caps: Capabilities, changes: list[Change]) -> int:
     zero = plan.zero_stage
     allowed = caps.zero_stages if pp == 1 or caps.zero_with_pp is None else caps.zero_with_pp
@@ -239,7 +255,8 @@ def nearest_candidates(plan: Plan, profile: ModelProfile, framework: str) -> lis
                               why="frameworks assume identical ranks"))
     degrees = _degrees(plan, caps, changes, framework)
     data_parallel_only = degrees["pp"] == 1 and plan.mesh.size("pp") > 1
-    split = {} if degrees["pp"] == 1 else _stage_split(plan, kinds, caps, changes)
+    revirtualised = _divisible_virtual_stages(degrees, kinds, changes)
+    split = {} if degrees["pp"] == 1 or revirtualised else _stage_split(plan, kinds, caps, changes)
     common = dict(**degrees, **split, global_batch=plan.training.global_batch,
                   zero_stage=_zero(plan, degrees["pp"], caps, changes),
                   sequence_parallel=_layout(plan, profile, degrees["tp"], caps, changes),
