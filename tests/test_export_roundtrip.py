@@ -116,12 +116,14 @@ def test_the_warmup_from_base_lr_survives_megatron():
 
 
 def test_virtual_stages_that_do_not_divide_the_layers_become_the_nearest_that_do():
+    from planner.export import megatron
+    from planner.export.nearest import nearest_candidates
     model = parse_model("gpt", layers=12, hidden=64, heads=8, vocab=256, max_seq=SEQ)
     s = FrameworkSettings(pp=2, dp=2, micro_batch=1, global_batch=8, schedule="interleaved_1f1b", virtual_stages=4,
                           seq_len=SEQ, dtype="bf16", model=model)   # 12 layers over 2 x 4 chunks: 2,2,2,2,1,1,1,1
-    plan = plan_from_settings(s, model)
-    export = export_plan(plan, "megatron", profile=build_gpt_profile(model, seq_len=SEQ), cluster=CLUSTER)
-    assert export.settings.virtual_stages == 3 and export.settings.schedule == "interleaved_1f1b"
-    assert [c.line() for c in export.changes] == [
+    plan = plan_from_settings(s, model)   # (the search and estimate run equal chunks only: a hand-made plan)
+    [(settings_, changes)] = nearest_candidates(plan, build_gpt_profile(model, seq_len=SEQ), "megatron")
+    assert settings_.virtual_stages == 3 and settings_.schedule == "interleaved_1f1b"
+    assert [c.line() for c in changes] == [
         "virtual stages per pipeline rank: 4 -> 3 (12 layers must split evenly over pp 2 x virtual stages)"]
-    assert "--num-layers-per-virtual-pipeline-stage 2" in export.text
+    assert "--num-layers-per-virtual-pipeline-stage 2" in megatron.render(settings_, header=[])
