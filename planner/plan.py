@@ -12,10 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
 from planner.fileio import load_document, save_document
 from planner.modelspec import ModelSpec
 from planner.profiles import Dtype
+from planner.recipe import LRSchedule
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -38,6 +40,8 @@ class TrainingSettings(_Strict):
     lr: float = 1e-3
     weight_decay: float = 0.0
     seed: int = 0
+    lr_schedule: LRSchedule | None = Field(
+        None, description="Goyal et al. 2017 large-batch recipe (planner/recipe.py); None = constant lr")
 
 
 class Mesh(_Strict):
@@ -168,6 +172,7 @@ class Plan(_Strict):
                           "block of pp x tp ranks); None = the stages' node types")
     predictions: Predictions | None = None
     search: SearchRecord | None = None
+    comparison: ComparisonRecord | None = Field(None, description="against the user's config (plan --compare-to)")
     content_hash: str | None = None
 
     @model_validator(mode="after")

@@ -27,6 +27,7 @@ from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile,
 
 from planner.cli.common import DefaultsHelpFormatter
 from .common import resolve_cluster_path
+from .compare_cli import add_source_argument, run_estimate_from
 
 SCHEDULE_ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved_1f1b",
                     "interleaved_1f1b": "interleaved_1f1b", "interleaved-1f1b": "interleaved_1f1b"}
@@ -38,8 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "configuration of a model on a cluster.",
                               formatter_class=DefaultsHelpFormatter)
     m = p.add_argument_group("model")
-    m.add_argument("--model", required=True,
-                   help="family or family:preset, e.g. gpt, gpt:gpt3-175b, llama:llama2-7b")
+    m.add_argument("--model", default=None,
+                   help="family or family:preset, e.g. gpt, gpt:gpt3-175b, llama:llama2-7b (required without --from, "
+                        "or when --from's config does not state the model's dimensions)")
     for dim, what in (("layers", "transformer blocks, count"), ("hidden", "hidden size, features per token"),
                       ("heads", "attention heads, count"), ("vocab", "vocabulary size, tokens"),
                       ("ffn-hidden", "MLP inner size, features (default 4 x hidden)"),
@@ -62,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--batch-shares", default=None,
                    help="fraction of the global batch per dp replica, comma-separated, summing to 1 (default: equal)")
     s = p.add_argument_group("configuration")
-    s.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
+    s.add_argument("--global-batch", type=int, default=None, help="samples per optimizer step (required without --from)")
     s.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch")
     s.add_argument("--tp", type=int, default=1, help="tensor-parallel degree, GPUs per layer")
     s.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree, stages (GPUs per replica / tp)")
@@ -83,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--overlap-tp-comm", action="store_true", help="hide TP collectives behind GEMMs (TE)")
     s.add_argument("--dtype", default=None,
                    help="compute dtype, e.g. bf16 (default: bf16, else fp16, else one every node type has)")
+    add_source_argument(p, "--from", "estimate the user's own framework config instead of the flags above")
     p.add_argument("--json", action="store_true",
                    help="print the estimate as JSON (times in s, memory in bytes) instead of a table")
     p.set_defaults(func=run)
@@ -253,6 +256,10 @@ def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_config:
+        return run_estimate_from(args)
+    if args.model is None or args.global_batch is None:
+        raise StratagemError("estimate needs --model and --global-batch (or --from FRAMEWORK SOURCE)")
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
     gpus_hint = args.gpus or args.tp * args.pp * (args.dp or 1)
     cluster = with_gpus(cluster, gpus_hint)

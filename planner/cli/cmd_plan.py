@@ -19,6 +19,8 @@ from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile,
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
 from .common import DefaultsHelpFormatter, check_out_path, resolve_cluster_path
+from .compare_cli import add_source_argument, build_comparison, comparison_table
+from .recipe_args import add_recipe_arguments, recipe_from_args
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allow", default=None,
                    help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})")
     p.add_argument("--out", type=Path, required=True, metavar="FILE", help="plan JSON to write")
+    add_recipe_arguments(p)
+    add_source_argument(p, "--compare-to", "compare the plan with your current config (speed-up, memory, flags)")
     p.set_defaults(func=run)
 
 
@@ -150,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus < 1 or args.global_batch < 1 or args.top_k < 1:
         raise StratagemError("--gpus, --global-batch and --top-k must be positive integers, e.g. --gpus 8")
     check_out_path(args.out)
+    lr_schedule = recipe_from_args(args)
     spec = parse_model(args.model)
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.family in ("gpt", "llama") else int(args.seq or 1)
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
@@ -165,14 +170,20 @@ def run(args: argparse.Namespace) -> int:
         result = plan_search(profile, cluster, n_devices=args.gpus, global_batch=args.global_batch,
                              config=config, progress=lambda done, total: bar.update(task, completed=done,
                                                                                      total=total))
-    training = TrainingSettings(global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype)
+    training = TrainingSettings(global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype,
+                                lr_schedule=lr_schedule)
     plan = build_plan(result, model=spec, profile=profile, cluster=cluster, training=training)
     validate(plan, args.gpus)
+    if args.compare_to:
+        plan = plan.model_copy(update={"comparison": build_comparison(plan, *args.compare_to, profile=profile,
+                                                                      cluster=cluster)})
     save_plan(plan, args.out)
     out = Console()
     out.print(_summary_table(plan, cluster))
     if plan.search.top_k:
         out.print(_alternatives_table(plan))
+    if plan.comparison is not None:
+        out.print(*comparison_table(plan.comparison))
     if plan.search.status != "optimal":
         fix = "raise --budget to prove it" if "budget" in plan.search.notes else "raise --time-limit to prove it"
         out.print(f"[bold yellow]not proven optimal[/]: search {plan.search.status}, best within "

@@ -17,6 +17,8 @@ from planner.inspect.measured import metrics_frame, predicted_vs_measured
 from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
 from planner.plan import Plan, load_plan
 
+from .compare_cli import add_compare_argument, print_comparison
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -27,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--metrics", metavar="FILE", help="metrics JSON lines written by `stratagem launch`")
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report here")
     parser.add_argument("--png", metavar="DIR", help="write one PNG per picture into this folder")
+    add_compare_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(_alternatives_table(plan))
     if metrics is not None:
         console.print(_measured_table(plan, metrics))
+    print_comparison(console, plan, args)
     if args.html or args.png:
         from planner.inspect.report import render_pngs, save_html, save_pngs  # matplotlib only if asked
         pngs = render_pngs(plan, metrics)

@@ -24,6 +24,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     (None, "cmd_plan"),
     (None, "cmd_launch"),
     (None, "cmd_show"),
+    (None, "cmd_export"),
 ]
 
 

@@ -88,11 +88,11 @@ class MetricsLog:
             fh.flush()
 
     def step(self, *, step: int, loss: float, step_time_s: float, tokens: int, samples: int,
-             peak_memory_bytes: list[int], peak_rss_bytes: list[int] | None = None) -> None:
+             peak_memory_bytes: list[int], peak_rss_bytes: list[int] | None = None, lr: float | None = None) -> None:
         self.step_times_s.append(step_time_s)
         self.peak_bytes.append(max(peak_memory_bytes))
         self.last_loss = loss
-        self.write({"event": "step", "step": step, "loss": loss, "step_time_s": step_time_s,
+        self.write({"event": "step", "step": step, "loss": loss, "lr": lr, "step_time_s": step_time_s,
                     "tokens_per_s": tokens / step_time_s, "samples_per_s": samples / step_time_s,
                     "peak_memory_bytes": peak_memory_bytes, "peak_rss_bytes": peak_rss_bytes,
                     "predicted_step_time_s": self.pred_time_s, "predicted_peak_memory_bytes": self.pred_mem_bytes})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from planner.plan import Plan
+from planner.recipe import lr_at_step
 from runtime.executor.data import build_data_source
 from runtime.executor.parallelize import AUTOCAST_DTYPES
 
@@ -29,6 +30,9 @@ def reference_losses(plan: Plan, steps: int, *, data: str = "synthetic") -> list
         with torch.autocast("cpu", dtype=compute_dtype, enabled=compute_dtype is not None):
             loss = fn(model(batch.inputs), batch.targets)
         loss.backward()
+        if tr.lr_schedule is not None:   # the plan's recipe, as train.apply_lr sets it
+            for group in opt.param_groups:
+                group["lr"] = lr_at_step(tr.lr_schedule, global_batch=tr.global_batch, step=step - 1)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from planner.errors import StratagemError
 from planner.fileio import atomic_write_text
 from planner.plan import Plan, load_plan, validate
+from planner.recipe import lr_at_step
 from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import ParallelDims, build_mesh
@@ -116,18 +117,19 @@ def write_layout_report(folder: str, rank: int, coords: dict, chunks: list[Chunk
 class StepResult:
     loss: float
     step_time_s: float
+    lr: float
     peak_memory_bytes: list[int]
     peak_rss_bytes: list[int]
 
 
-def _gather_step(device, loss_part: float, step_time_s: float, peak_bytes: int) -> StepResult:
+def _gather_step(device, loss_part: float, step_time_s: float, peak_bytes: int, lr: float) -> StepResult:
     """All ranks: global loss (sum of parts), max step time, and per-rank memory, in one all_gather."""
     mine = torch.tensor([loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes())], dtype=torch.float64,
                         device=device)
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, mine)
     table = torch.stack(parts).cpu()
-    return StepResult(loss=float(table[:, 0].sum()), step_time_s=float(table[:, 1].max()),
+    return StepResult(loss=float(table[:, 0].sum()), step_time_s=float(table[:, 1].max()), lr=lr,
                       peak_memory_bytes=[int(v) for v in table[:, 2]], peak_rss_bytes=[int(v) for v in table[:, 3]])
 
 
@@ -194,6 +196,17 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
                tied=build_tied_sync(plan, dims, coords, [c.module for c in chunks]))
 
 
+def apply_lr(job: Job, step: int) -> float:
+    """Set every optimizer's rate for 1-based ``step`` from the plan's recipe (planner/recipe.py; none =
+    the constant ``training.lr``); returns it."""
+    tr = job.plan.training
+    lr = tr.lr if tr.lr_schedule is None else lr_at_step(tr.lr_schedule, global_batch=tr.global_batch, step=step - 1)
+    for opt in job.optimizers:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    return lr
+
+
 def train_step(job: Job, step: int) -> StepResult:
     """One optimizer step; returns the global-batch mean loss, max step time over ranks, memory per rank."""
     batch = job.data(step).rows(*job.rows).to(job.device)
@@ -204,6 +217,7 @@ def train_step(job: Job, step: int) -> StepResult:
             chunk.replica_sync.sync()
     if job.tied is not None:
         job.tied.sync()
+    lr = apply_lr(job, step)
     for opt in job.optimizers:
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -214,7 +228,7 @@ def train_step(job: Job, step: int) -> StepResult:
     # is the global-batch mean (see data.loss_scale; a replica's micro-batches are all the same size)
     counts = job.runner.is_last and job.coords["tp"] == 0 and losses
     part = float(torch.stack(losses).mean()) / job.dims.dp if counts else 0.0
-    return _gather_step(job.device, part, elapsed_s, peak_memory_bytes(job.device, job.memory_baseline_bytes))
+    return _gather_step(job.device, part, elapsed_s, peak_memory_bytes(job.device, job.memory_baseline_bytes), lr)
 
 
 def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metrics_path: str | None = None,
@@ -238,7 +252,7 @@ def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metr
         _maybe_die(step)
         res = train_step(job, step)
         metrics.step(step=step, loss=res.loss, step_time_s=res.step_time_s, tokens=tokens, samples=tr.global_batch,
-                     peak_memory_bytes=res.peak_memory_bytes, peak_rss_bytes=res.peak_rss_bytes)
+                     peak_memory_bytes=res.peak_memory_bytes, peak_rss_bytes=res.peak_rss_bytes, lr=res.lr)
         if rank == 0:
             log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)
         if report_dir and step == first:   # again, with the rows each replica computed in a real step
