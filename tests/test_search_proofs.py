@@ -4,6 +4,7 @@ determinism, budget and dtype messages, equal interleaved chunks)."""
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from dataclasses import replace
@@ -164,3 +165,30 @@ def test_mixed_cluster_checks_dtype_only_where_it_runs():
     result = plan_search(profile, cluster, n_devices=16, global_batch=64,
                          config=SearchConfig(allow=frozenset({"tp", "dp", "zero"})))
     assert result.status == "optimal"
+
+
+def _knapsack() -> "Problem":
+    from planner.search.cbc import Problem
+    prob = pulp.LpProblem("knap", pulp.LpMinimize)
+    x = [prob.add_variable(f"x{i}", lowBound=0, upBound=3, cat="Integer") for i in range(4)]
+    prob += pulp.lpSum((i + 1) * v for i, v in enumerate(x))
+    prob += (pulp.lpSum(x) >= 5, "cover")            # optimum: x0 = 3, x1 = 2 -> 3 + 4 = 7
+    return Problem(prob=prob, tables=None, count={}, cumulative={}, objective_scale_s=1.0)
+
+
+def test_cut_off_claims_are_confirmed_by_a_second_solve():
+    from planner.search.cbc import solve
+    config = SearchConfig(time_limit_s=10)
+    assert solve(_knapsack(), config).objective_s == pytest.approx(7.0)
+    below = solve(_knapsack(), config, cutoff_s=6.5)         # nothing better than 6.5 exists
+    assert below.status == "cut_off" and below.confirmed and below.bound_s == 6.5
+    above = solve(_knapsack(), config, cutoff_s=8.0)
+    assert above.status == "optimal" and above.objective_s == pytest.approx(7.0) and not above.confirmed
+
+
+def test_a_refuted_claim_is_reported():
+    from planner.search.cbc import SolveResult, _refuted
+    claim = SolveResult(status="cut_off", objective_s=None, gap=math.inf, wall_time_s=0.0, bound_s=10.0)
+    found = SolveResult(status="optimal", objective_s=9.0, gap=0.0, wall_time_s=0.0, bound_s=9.0)
+    tie = SolveResult(status="optimal", objective_s=10.0, gap=0.0, wall_time_s=0.0, bound_s=10.0)
+    assert _refuted(claim, found, 10.0) and not _refuted(claim, tie, 10.0)
