@@ -95,9 +95,12 @@ def _refuted(first: SolveResult, second: SolveResult, cutoff_s: float | None) ->
     return (f"CBC claimed {first.status} but a solve without preprocessing found a solution",)
 
 
-def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = None) -> SolveResult:
+def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = None,
+          max_nodes: int | None = None) -> SolveResult:
     """Run CBC with the config's time limit, relative gap and threads; confirm what it cannot be trusted on.
 
+    ``max_nodes``: stop after this many branch-and-bound nodes (a limit that, unlike time, gives the same
+    answer on every run and machine; stopped answers are ``feasible`` with their gap).
     ``cutoff_s``: only solutions strictly better than this step time are of interest (CBC ``-cutoff``):
     branches whose bound reaches it are pruned, and if none is left the result is ``cut_off``.
     Status: ``optimal`` (proven within ``gap_rel``), ``time_limit`` (stopped with a feasible answer, or
@@ -110,11 +113,12 @@ def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = No
     answer stands (a solution it finds refutes the claim). Tolerance warnings and refuted claims are
     reported in ``warnings``.
     """
-    first, log_text = _run(problem, config, cutoff_s, ())
+    nodes = () if max_nodes is None else (f"maxNodes {max_nodes}",)
+    first, log_text = _run(problem, config, cutoff_s, nodes)
     found = log_warnings(log_text)
     if first.status not in ("infeasible", "cut_off") and not found:
         return first
-    second, second_log = _run(problem, config, cutoff_s, SAFE_OPTIONS)
+    second, second_log = _run(problem, config, cutoff_s, SAFE_OPTIONS + nodes)
     wall_s = first.wall_time_s + second.wall_time_s
     found = tuple(dict.fromkeys(found + log_warnings(second_log) + _refuted(first, second, cutoff_s)))
     if found:

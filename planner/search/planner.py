@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 
 EXACT_REL_TOL = 1e-9       # ILP objective (at its integer solution) vs planner.cost.estimate
 SOLVER_REL_TOL = 1e-6      # CBC's reported objective vs the same solution evaluated exactly
-QUICK_SOLVE_S = 0.5        # first attempt without cuts; most candidates are proven optimal well within it
+# first attempt without cuts, limited by branch-and-bound nodes rather than time so that every run takes the
+# same path (the same plan and status on a loaded or a fast machine); most candidates are settled well within it
+QUICK_SOLVE_NODES = 200
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,7 +101,7 @@ def _solve_candidate(costs: CandidateCosts, outer: OuterChoice, tables: Tables, 
     """Solve one candidate's program with ``best_s`` (the step time it must beat to change the answer: the
     best plan so far, or the k-th with ``exhaustive_top_k``) as CBC's cutoff, so a candidate that cannot
     matter is pruned inside CBC as soon as its bound shows it (``fill``: no cutoff in the first attempt,
-    while the list of runners-up is still short). First the plain program for a short while;
+    while the list of runners-up is still short). First the plain program for QUICK_SOLVE_NODES nodes;
     only if that did not settle it and its proven bound is still below ``best_s``, the program rebuilt with
     the tightening cuts (planner.search.ilp_cuts) for the remaining time limit. A candidate stopped with
     its bound at or above ``best_s`` cannot change the answer: its solution (if any) may still be a
@@ -107,14 +109,12 @@ def _solve_candidate(costs: CandidateCosts, outer: OuterChoice, tables: Tables, 
 
     Returns (candidate or None, the solver result whose ``bound_s`` is the candidate's proven floor).
     """
-    quick = replace(config, time_limit_s=min(config.time_limit_s, QUICK_SOLVE_S))
     problem = build_problem(tables, cuts=False)
-    result = solve(problem, quick, cutoff_s=math.inf if fill else best_s)
-    if (result.status in ("time_limit", "feasible") and result.bound_s < best_s
-            and config.time_limit_s > QUICK_SOLVE_S):
+    result = solve(problem, config, cutoff_s=math.inf if fill else best_s, max_nodes=QUICK_SOLVE_NODES)
+    if result.status in ("time_limit", "feasible") and result.bound_s < best_s:
         second_problem = build_problem(tables, cuts=True)
-        second = solve(second_problem, replace(config, time_limit_s=config.time_limit_s - QUICK_SOLVE_S),
-                       cutoff_s=best_s)
+        left_s = max(config.time_limit_s - result.wall_time_s, 1.0)
+        second = solve(second_problem, replace(config, time_limit_s=left_s), cutoff_s=best_s)
         if second.objective_s is not None and (result.objective_s is None
                                                 or second.objective_s <= result.objective_s):
             problem, result = second_problem, second
