@@ -69,7 +69,7 @@ def check_settings(spec: ModelSpec, settings: ProfileSettings) -> None:
     torch_dtype(settings.dtype)
     _check_batch_norm(spec, min(settings.micro_batches))
     for path in layer_paths(spec):
-        if layer_kind(path) == "block" and is_splittable(spec, path):
+        if layer_kind(path, spec) == "block" and is_splittable(spec, path):
             for tp in settings.tp_degrees:
                 check_tp(spec, path, tp)
             return
@@ -243,7 +243,7 @@ def _profile_one(job: _Layer, module: nn.Module, signature: str,
         out = module(job.x_full)
     batch = job.x_full.shape[0]
     splittable = is_splittable(job.spec, job.path)
-    kind = layer_kind(job.path)
+    kind = layer_kind(job.path, job.spec)
     # the last layer's output is the loss: one fp32 scalar per micro-batch (as planner.gpt_profile counts it)
     out_bytes = LOSS_BYTES if job.targets is not None else out.numel() * out.element_size() / batch
     profile = LayerProfile(
@@ -274,7 +274,7 @@ def _overhead(job: _Layer, splittable: bool, s: ProfileSettings):
 def _tp_style(spec: ModelSpec, kind: str) -> str:
     if kind == "head" and spec.family in SEQUENCE_FAMILIES:
         return "vocab_parallel"  # LM head + vocab-parallel cross-entropy (Megatron-LM)
-    return _TP_STYLES.get(kind, "none")
+    return _TP_STYLES.get(kind, "column")  # a custom model's split layer (its tp_plan)
 
 
 def effective_seq_len(spec: ModelSpec, seq_len: int) -> int:
@@ -323,6 +323,18 @@ def profile_model(spec: ModelSpec, settings: ProfileSettings, *, created_utc: st
 DEFAULT_TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # powers of two, as planner.gpt_profile.default_tp_degrees
 
 
+def default_tp_degrees(spec: ModelSpec) -> tuple[int, ...]:
+    """Powers of two up to 64 dividing every split layer's constraints of the first block (all layers for a model
+    without blocks); ``(1,)`` when no layer can be split (e.g. an HF architecture whose layout is not derived)."""
+    paths = layer_paths(spec)
+    split = [p for p in paths if is_splittable(spec, p)]
+    if not split:
+        return (1,)
+    block = next((p for p in split if layer_kind(p, spec) == "block"), None)
+    limits = [v for p in ([block] if block else split) for v in tp_constraints(spec, p).values()]
+    return tuple(t for t in DEFAULT_TP_DEGREES if all(v % t == 0 for v in limits))
+
+
 def profile_model_analytic(spec: ModelSpec, *, seq_len: int, dtype: str = "bf16",
                            micro_batches: tuple[int, ...] = (1,), tp_degrees: tuple[int, ...] | None = None,
                            achieved_flops_per_s: float | None = None, created_utc: str = "") -> ModelProfile:
@@ -336,9 +348,7 @@ def profile_model_analytic(spec: ModelSpec, *, seq_len: int, dtype: str = "bf16"
     'column'
     """
     if tp_degrees is None:
-        block = next((p for p in layer_paths(spec) if layer_kind(p) == "block"), None)
-        limits = list(tp_constraints(spec, block).values()) if block else []
-        tp_degrees = tuple(t for t in DEFAULT_TP_DEGREES if all(v % t == 0 for v in limits))
+        tp_degrees = default_tp_degrees(spec)
     settings = ProfileSettings(micro_batches=micro_batches, seq_len=seq_len, dtype=dtype,
                                tp_degrees=tp_degrees, device="meta", achieved_flops_per_s=achieved_flops_per_s)
     return profile_model(spec, settings, created_utc=created_utc, device_name="meta")

@@ -42,7 +42,7 @@ def _value(module: nn.Module, name: str, tensor: torch.Tensor, path: str, seed: 
            layers: int) -> torch.Tensor | None:
     """The init value of one parameter/buffer on CPU in float32 (None = leave it as it is)."""
     shape = tensor.shape
-    if isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)) or type(module).__name__ == "RMSNorm":
+    if isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)) or type(module).__name__.endswith(("RMSNorm", "LayerNorm")):
         if name in ("weight", "running_var"):
             return torch.ones(shape)
         return torch.zeros(shape)  # bias, running_mean, num_batches_tracked

@@ -1,0 +1,228 @@
+"""Hugging Face causal LMs (``--model hf:PATH``) as zoo-shaped models: ``embed``, ``blocks.i``, ``norm``, ``head``.
+
+The model is built by ``AutoModelForCausalLM.from_config`` on the meta device (no weights allocated, so a 70B
+config is profiled on a laptop), with the eager attention implementation: its ``QK^T -> softmax -> @V`` is
+explicit math, so FLOPs and saved tensors are countable on CPU and meta like the zoo's (SDPA's CPU flash kernel
+has no FLOP formula). The pieces are then found by structure, not by a per-architecture table:
+
+- the blocks: the longest ``nn.ModuleList`` whose entries share one class (the decoder layers);
+- the token embedding and the LM head: ``get_input_embeddings()`` / ``get_output_embeddings()``;
+- position embeddings (GPT-2's ``wpe``) and dropouts: embeddings / dropouts outside the blocks that run before
+  the first block in a traced forward;
+- the final norm: the parameterised module outside the blocks that runs between the last block and the head;
+- rotary tables: a module outside the blocks holding an ``inv_freq`` buffer (kept unregistered in each block,
+  so ``to_empty``/``init_weights`` never touch it).
+
+Each block is wrapped so it takes and returns one tensor, computing its own causal mask and positions; a pipeline
+stage is therefore cut by module path exactly like a zoo model (``runtime.executor.stage``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import json
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from planner.errors import StratagemError
+from planner.modelspec import ModelSpec
+from runtime.models.gpt import causal_bias
+from runtime.models.layered import LayeredModel, blocks_dict
+
+TRACE_TOKENS = 8  # tokens of the meta forward that orders the modules (any length works)
+
+
+def require_transformers():
+    """The ``transformers`` module, or a one-line error naming the extra to install."""
+    try:
+        import transformers
+    except ImportError:
+        raise StratagemError("hf: models need the optional 'transformers' package; install it with "
+                             "pip install 'stratagem[hf]'") from None
+    return transformers
+
+
+def hf_config(spec: ModelSpec):
+    """The ``PretrainedConfig`` of an ``hf`` spec (from the config dict recorded in the spec / plan)."""
+    transformers = require_transformers()
+    config = dict(spec.config or {})
+    model_type = config.pop("model_type", None)
+    for key in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
+        config.pop(key, None)
+    try:
+        return transformers.AutoConfig.for_model(model_type, **config)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StratagemError(f"transformers {transformers.__version__} cannot read {spec.source} (model_type "
+                             f"{model_type!r}: {str(exc).splitlines()[0][:160]}); upgrade transformers or fix the "
+                             f"config") from None
+
+
+def _build_causal_lm(spec: ModelSpec) -> nn.Module:
+    transformers = require_transformers()
+    config = hf_config(spec)
+    try:
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                                                 dtype=torch.float32)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise StratagemError(f"{spec.source}: AutoModelForCausalLM cannot build model_type {config.model_type!r} "
+                             f"({str(exc).splitlines()[0][:160]}); use a causal-LM config") from None
+
+
+class HFEmbedding(nn.Module):
+    """Token embedding (``tok``), plus learned positions (``pos``) and dropout when the model has them."""
+
+    def __init__(self, tok: nn.Module, pos: nn.Module | None, drop: nn.Module | None) -> None:
+        super().__init__()
+        self.tok, self.pos, self.drop = tok, pos, drop
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(ids)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        return self.drop(x) if self.drop is not None else x
+
+
+class HFBlock(nn.Module):
+    """One decoder layer taking and returning the hidden states (b, s, h); causal mask and positions made here.
+
+    The additive (1, 1, s, s) mask is what ``create_causal_mask`` gives the eager attention without padding.
+    """
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None) -> None:
+        super().__init__()
+        self.layer = layer
+        object.__setattr__(self, "_rotary", rotary)  # unregistered: fixed tables, never sharded or re-initialised
+        params = inspect.signature(layer.forward).parameters
+        self._kwargs = {k for k in ("attention_mask", "position_ids", "position_embeddings") if k in params}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[1]
+        positions = torch.arange(s, device=x.device).unsqueeze(0)
+        kwargs = {"attention_mask": causal_bias(s, device=x.device, dtype=x.dtype)[None, None],
+                  "position_ids": positions}
+        if self._rotary is not None:
+            kwargs["position_embeddings"] = self._rotary(x, positions)
+        out = self.layer(x, **{k: v for k, v in kwargs.items() if k in self._kwargs})
+        return out[0] if isinstance(out, tuple) else out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HFParts:
+    """Module paths (inside the HF model) of each piece, found by structure."""
+
+    tok: str
+    pos: str | None
+    drop: str | None
+    blocks: str
+    norm: str | None
+    head: str
+    rotary: str | None
+    tied: bool
+
+
+def _block_list(model: nn.Module) -> str:
+    best, best_len = None, 0
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > best_len:
+            if len({type(m) for m in module}) == 1:
+                best, best_len = name, len(module)
+    if best is None:
+        raise StratagemError(f"{type(model).__name__} has no list of identical decoder layers (nn.ModuleList); "
+                             f"it cannot be cut into pipeline stages")
+    return best
+
+
+def _call_order(model: nn.Module, vocab: int) -> list[str]:
+    """Module paths in the order their forward starts, from one forward on the meta device."""
+    order: list[str] = []
+    handles = [m.register_forward_pre_hook(lambda _m, _a, name=name: order.append(name))
+               for name, m in model.named_modules() if name]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, TRACE_TOKENS, dtype=torch.long, device="meta") % vocab)
+    finally:
+        for h in handles:
+            h.remove()
+    return order
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent + ".")
+
+
+def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
+    """Locate the pieces of ``model`` (built on meta) by structure; see the module docstring."""
+    names = {id(m): n for n, m in model.named_modules()}
+    tok, head = names.get(id(model.get_input_embeddings())), names.get(id(model.get_output_embeddings()))
+    if tok is None or head is None:
+        raise StratagemError(f"{spec.source}: the model has no input embedding or no LM head; use a causal-LM config")
+    blocks = _block_list(model)
+    order = _call_order(model, int(spec.dims.get("vocab", 2)))
+    inner = [p for p in order if _inside(p, blocks)]
+    first = order.index(inner[0])
+    last_block_call = max(i for i, p in enumerate(order) if _inside(p, blocks))
+    head_call = order.index(head)
+    outside = lambda p: not _inside(p, blocks) and not _inside(p, head) and not _inside(p, tok)  # noqa: E731
+    modules = dict(model.named_modules())
+    before = [p for p in order[:first] if outside(p)]
+    pos = [p for p in before if isinstance(modules[p], nn.Embedding)]
+    drop = [p for p in before if isinstance(modules[p], nn.Dropout)]
+    rotary = [p for p, m in modules.items() if outside(p) and "inv_freq" in dict(m.named_buffers(recurse=False))]
+    norms = [p for p in order[last_block_call + 1:head_call]
+             if outside(p) and any(True for _ in modules[p].parameters(recurse=False))]
+    if len(pos) > 1 or len(norms) > 1:
+        raise StratagemError(f"{spec.source}: found {len(pos)} position embeddings and {len(norms)} final norms "
+                             f"({', '.join(pos + norms)}); only one of each is supported")
+    tied = model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    return HFParts(tok=tok, pos=pos[0] if pos else None, drop=drop[0] if drop else None, blocks=blocks,
+                   norm=norms[0] if norms else None, head=head, rotary=rotary[0] if rotary else None, tied=tied)
+
+
+def _rotary_on_cpu(model: nn.Module, parts: HFParts) -> nn.Module | None:
+    """A CPU copy of the rotary-table module (its buffers computed from the config, not left on meta)."""
+    if parts.rotary is None:
+        return None
+    meta = model.get_submodule(parts.rotary)
+    with torch.device("cpu"):
+        return type(meta)(config=model.config)
+
+
+@functools.lru_cache(maxsize=8)
+def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
+    spec = ModelSpec.model_validate_json(spec_json)
+    model = _build_causal_lm(spec)
+    parts = find_parts(model, spec)
+    rotary = _rotary_on_cpu(model, parts)
+    get = model.get_submodule
+    layers = {
+        "embed": HFEmbedding(get(parts.tok), get(parts.pos) if parts.pos else None,
+                             get(parts.drop) if parts.drop else None),
+        "blocks": blocks_dict([HFBlock(layer, rotary) for layer in get(parts.blocks)]),
+    }
+    if parts.norm:
+        layers["norm"] = get(parts.norm)
+    layers["head"] = get(parts.head)
+    return LayeredModel(layers, tie_embeddings=parts.tied), parts
+
+
+def build_hf(spec: ModelSpec) -> LayeredModel:
+    """A fresh meta-device :class:`LayeredModel` of the HF model (``embed``, ``blocks.i``, ``norm``, ``head``)."""
+    template, _ = _template(spec_key(spec))
+    model = copy.deepcopy(template)
+    if model.tie_embeddings:
+        model.head.weight = model.embed.tok.weight
+    return model
+
+
+def hf_parts(spec: ModelSpec) -> HFParts:
+    return _template(spec_key(spec))[1]
+
+
+def spec_key(spec: ModelSpec) -> str:
+    """A canonical JSON text of the spec (the cache key of the meta-built templates)."""
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True)
