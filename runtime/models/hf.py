@@ -1,9 +1,9 @@
 """Hugging Face causal LMs (``--model hf:PATH``) as zoo-shaped models: ``embed``, ``blocks.i``, ``norm``, ``head``.
 
 The model is built by ``AutoModelForCausalLM.from_config`` on the meta device (no weights allocated, so a 70B
-config is profiled on a laptop), with the eager attention implementation: its ``QK^T -> softmax -> @V`` is
-explicit math, so FLOPs and saved tensors are countable on CPU and meta like the zoo's (SDPA's CPU flash kernel
-has no FLOP formula). The pieces are then found by structure, not by a per-architecture table:
+config is profiled on a laptop), with our attention function registered in transformers' ``AttentionInterface``
+(:func:`math_attention`): ``QK^T -> softmax -> @V`` as explicit math, so FLOPs and saved tensors are countable
+on CPU and meta like the zoo's (SDPA's CPU flash kernel has no FLOP formula). The pieces are then found by structure, not by a per-architecture table:
 
 - the blocks: the longest ``nn.ModuleList`` whose entries share one class (the decoder layers);
 - the token embedding and the LM head: ``get_input_embeddings()`` / ``get_output_embeddings()``;
@@ -31,6 +31,7 @@ from torch import nn
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
 from runtime.models.gpt import causal_bias
+from runtime.models.gpt import dropout as zoo_dropout
 from runtime.models.layered import LayeredModel, blocks_dict
 
 TRACE_TOKENS = 8  # tokens of the meta forward that orders the modules (any length works)
@@ -61,12 +62,37 @@ def hf_config(spec: ModelSpec):
                              f"config") from None
 
 
+def math_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                   **_: object) -> tuple[torch.Tensor, None]:
+    """Attention as explicit math in the compute dtype, like the zoo's (``runtime.models.gpt.Attention``).
+
+    HF's "eager" attention takes the softmax in fp32, which on a GPU nobody trains with; this one saves what the
+    zoo's attention saves (one s x s probability tensor in the compute dtype, Korthikanti et al. 2022 §4.1), so an
+    HF Llama and the zoo's Llama of the same dimensions profile alike. Query heads per key/value head come from the
+    shapes, so it runs unchanged on a TP shard. Inputs (b, heads, s, d); output (b, s, heads, d).
+    """
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = (query @ key.transpose(2, 3)) * scale
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : key.shape[-2]]
+    probs = zoo_dropout(torch.softmax(scores, dim=-1), dropout, module.training)
+    return (probs @ value).transpose(1, 2).contiguous(), None
+
+
+ATTENTION = "stratagem_math"
+
+
 def _build_causal_lm(spec: ModelSpec) -> nn.Module:
     transformers = require_transformers()
+    transformers.AttentionInterface.register(ATTENTION, math_attention)
     config = hf_config(spec)
     try:
         with torch.device("meta"):
-            return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+            return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION,
                                                                  dtype=torch.float32)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise StratagemError(f"{spec.source}: AutoModelForCausalLM cannot build model_type {config.model_type!r} "
