@@ -50,8 +50,8 @@ class ModelSpec(BaseModel):
 
     @property
     def name(self) -> str:
-        """``family:preset`` when built from a preset, ``hf:<model_type>-<layers>l-<hidden>h``, ``custom:FUNCTION``,
-        else ``family`` plus a short size tag."""
+        """``family:preset`` when built from a preset, ``hf:<model_type>-layers..``, ``custom:FUNCTION``, else
+        ``family:`` plus the dimensions that differ from the family defaults (``gpt:heads2-hidden32``)."""
         if self.family == "hf":
             return f"hf:{(self.config or {}).get('model_type', 'model')}-" + "-".join(
                 f"{k}{self.dims[k]}" for k in ("layers", "hidden", "heads", "vocab") if k in self.dims)
@@ -59,7 +59,9 @@ class ModelSpec(BaseModel):
             return "custom:" + (self.source or "").rpartition(":")[2]
         if self.preset:
             return f"{self.family}:{self.preset}"
-        return self.family + ":" + "-".join(f"{k}{v}" for k, v in sorted(self.dims.items()))
+        defaults = FAMILY_DEFAULTS[self.family]
+        tag = "-".join(f"{k}{v}" for k, v in sorted(self.dims.items()) if defaults.get(k) != v)
+        return f"{self.family}:{tag}" if tag else self.family
 
     def dim(self, key: str) -> DimValue:
         """One dimension, with the family default where the spec leaves it out."""
