@@ -117,3 +117,15 @@ def test_bad_configs_are_one_line_errors(tmp_path, content, match):
     with pytest.raises(StratagemError, match=match) as info:
         layer_paths(parse_model(f"hf:{path}"))
     assert "\n" not in str(info.value)
+
+
+def test_measured_profile_of_an_hf_model(tmp_path):
+    from runtime.profile_model import ProfileSettings, profile_model
+
+    spec = _spec(tmp_path)
+    settings = ProfileSettings(micro_batches=(1,), seq_len=8, dtype="fp32", tp_degrees=(1, 2), warmup=0, repeats=1)
+    profile = profile_model(spec, settings, created_utc="")
+    block = profile.layer("blocks.0")
+    assert profile.provenance.method == "measured" and [s.tp for s in block.shards] == [1, 2]
+    assert block.shard(1).timings[0].forward.median_s > 0 and block.runtime_overhead is not None
+    assert profile.total_params == sum(p.numel() for p in build_hf(spec).parameters())

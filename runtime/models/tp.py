@@ -134,6 +134,9 @@ def _external_collectives(spec: ModelSpec, path: str, seq_len: int, elem: int) -
     from runtime.models.zoo import example_batch, layer_paths
 
     x, _ = example_batch(spec, 1, seq_len, device="meta")
+    if spec.family == "hf" and path != "embed":  # every later layer takes the (1, seq, hidden) hidden states
+        return external_collectives(spec, path, torch.empty(1, seq_len, int(spec.dims["hidden"]), device="meta"),
+                                    elem)
     model = external(spec).template
     for p in layer_paths(spec):
         if p == path:
