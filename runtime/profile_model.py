@@ -324,14 +324,14 @@ DEFAULT_TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # powers of two, as planner.gpt_p
 
 
 def default_tp_degrees(spec: ModelSpec) -> tuple[int, ...]:
-    """Powers of two up to 64 dividing every split layer's constraints of the first block (all layers for a model
-    without blocks); ``(1,)`` when no layer can be split (e.g. an HF architecture whose layout is not derived)."""
+    """Powers of two up to 64 that the first block's constraints allow (a split classifier skips the degrees that do
+    not divide its classes); ``(1,)`` when no layer can be split (e.g. an HF architecture whose layout is not
+    derived, a custom model without tp_plan)."""
     paths = layer_paths(spec)
-    split = [p for p in paths if is_splittable(spec, p)]
-    if not split:
+    if not any(is_splittable(spec, p) for p in paths):
         return (1,)
-    block = next((p for p in split if layer_kind(p, spec) == "block"), None)
-    limits = [v for p in ([block] if block else split) for v in tp_constraints(spec, p).values()]
+    block = next((p for p in paths if layer_kind(p, spec) == "block"), None)
+    limits = list(tp_constraints(spec, block).values()) if block else []
     return tuple(t for t in DEFAULT_TP_DEGREES if all(v % t == 0 for v in limits))
 
 
