@@ -32,6 +32,7 @@ from planner.modelspec import ModelSpec
 from planner.profiles import LayerProfile, LayerTiming, ModelProfile, Provenance, ShardProfile
 from runtime.models import (build_layer, build_tp_shard, check_tp, example_batch, init_weights, is_splittable,
                             layer_kind, layer_paths, loss_fn, sample_shape, tp_collectives, tp_constraints)
+from runtime.models.external import external
 from runtime.models.zoo import SEQUENCE_FAMILIES
 from runtime.profiling.measure import count_flops, derived_timing, make_input, saved_bytes, time_layer
 from runtime.profiling.overhead import (measure_runtime_overhead, reference_matmul_figure, reference_matmul_rates,
@@ -219,12 +220,15 @@ def profile_layers(spec: ModelSpec, s: ProfileSettings, *,
     layers: list[LayerProfile] = []
     paths = layer_paths(spec)
     for i, path in enumerate(paths):
-        module = build_layer(spec, path, device=s.device, dtype=dtype)
-        signature = _signature(module, x)
+        # hf/custom: the signature is read off the meta template's layer; a copy is built only to profile it
+        probe = external(spec).layer(path) if spec.is_external else build_layer(spec, path, device=s.device,
+                                                                                 dtype=dtype)
+        signature = _signature(probe, x)
         if signature in cache:
             profile, out = cache[signature]
             layers.append(profile.model_copy(update={"path": path}))
         else:
+            module = build_layer(spec, path, device=s.device, dtype=dtype) if spec.is_external else probe
             job = _Layer(spec=spec, path=path, x_full=x, first=i == 0,
                          targets=targets if i == len(paths) - 1 else None)
             profile, out = _profile_one(job, module, signature, s)
