@@ -107,15 +107,3 @@ def test_hf_without_tp_layout_says_so_in_the_plan(capsys, tmp_path):
     plan = load_plan(out)
     assert plan.mesh.size("tp") == 1 and "Conv1D" in plan.search.notes
 
-
-@pytest.mark.slow
-def test_launch_trains_an_hf_plan(capsys, tmp_path):
-    config = write_config(tmp_path / "llama")
-    status, err, out = _plan(capsys, tmp_path, ["--model", f"hf:{config}"])
-    assert status == 0, err
-    metrics = tmp_path / "run.jsonl"
-    status, text, err = _cli(capsys, "launch", out, "--steps", 2, "--metrics", metrics, "--timeout-s", 120)
-    assert status == 0, err
-    from runtime.executor.metrics import final_step_losses, read_metrics
-    losses = final_step_losses(read_metrics(metrics))
-    assert sorted(losses) == [1, 2] and all(0 < loss < 10 for loss in losses.values())  # ~ln(256) = 5.5

@@ -1,5 +1,9 @@
-"""An HF Llama-architecture model trained by `launch`'s runtime: DP2, FSDP2, TP2 and PP2 (1F1B) give the
-single-process losses (fp32, 3 AdamW steps), and each axis is really applied (layout reports)."""
+"""Models from outside the zoo trained by `launch`'s runtime (one torchrun job for all plans, 2 ranks):
+
+- an HF Llama-architecture config under DP2, FSDP2 (ZeRO-3), TP2 and PP2 (1F1B);
+- the user-defined example model (examples/custom_model.py) under TP2 (its tp_plan) and PP2 (1F1B);
+
+each gives the single-process losses (fp32, 3 AdamW steps), and each axis is really applied (layout reports)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from runtime.executor.metrics import final_step_losses, read_metrics
 from runtime.executor.plans import make_plan
 from runtime.executor.reference import reference_losses
 from hf_helpers import write_config
-from runtime_helpers import tail, torchrun
+from runtime_helpers import REPO, tail, torchrun
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -24,16 +28,21 @@ PLANS = {
     "fsdp2_zero3": dict(dp=2, zero_stage=3),
     "tp2": dict(tp=2, split=ALL_SPLIT),
     "pp2_1f1b": dict(pp=2, schedule="1f1b", num_micro_batches=4),
+    "custom_tp2": dict(tp=2, split=[f"blocks.{i}" for i in range(6)], custom=True),
+    "custom_pp2_1f1b": dict(pp=2, schedule="1f1b", num_micro_batches=4, custom=True),
 }
+CUSTOM = f"py:{REPO / 'examples' / 'custom_model.py'}:build"
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf_parity")
-    spec = parse_model("hf:" + str(write_config(root / "llama")))
+    hf, custom = parse_model("hf:" + str(write_config(root / "llama"))), parse_model(CUSTOM)
     args, out = ["--steps", str(STEPS), "--timeout-s", "60"], {}
     for name, cfg in PLANS.items():
-        plan = make_plan(spec, global_batch=8, seq_len=16, **cfg)
+        cfg = dict(cfg)
+        spec = custom if cfg.pop("custom", False) else hf
+        plan = make_plan(spec, global_batch=8, seq_len=16 if spec is hf else 1, **cfg)
         path = save_plan(plan, root / f"{name}.json")
         args += ["--plan", str(path), "--metrics", str(root / f"{name}.jsonl"), "--layout-report", str(root / name)]
         out[name] = (plan, root / f"{name}.jsonl", root / name)
@@ -43,7 +52,7 @@ def job(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", list(PLANS))
-def test_hf_llama_matches_single_process(job, name):
+def test_matches_single_process(job, name):
     plan, metrics, _ = job[name]
     measured = final_step_losses(read_metrics(metrics))
     expected = reference_losses(plan, STEPS)
@@ -64,6 +73,7 @@ def test_each_axis_is_applied(job):
     assert tp[q]["placements"] == ["S(0)"] and tp[q]["local_shape"] == [32, 64]
     assert tp["blocks.0.layer.self_attn.o_proj.weight"]["placements"] == ["S(1)"]
     assert tp["embed.tok.weight"]["placements"] == ["S(0)"] and tp["head.weight"]["placements"] == ["S(0)"]
+    assert _params(job, "custom_tp2", 0)["blocks.0.fc1.weight"]["placements"] == ["S(0)"]
     assert _params(job, "fsdp2_zero3", 0)[q]["local_shape"] == [32, 64]
     stage0, stage1 = _params(job, "pp2_1f1b", 0), _params(job, "pp2_1f1b", 1)
     assert "embed.tok.weight" in stage0 and "head.weight" not in stage0
