@@ -107,3 +107,12 @@ def test_hf_without_tp_layout_says_so_in_the_plan(capsys, tmp_path):
     plan = load_plan(out)
     assert plan.mesh.size("tp") == 1 and "Conv1D" in plan.search.notes
 
+
+
+def test_hf_without_transformers_is_one_line_naming_the_extra(capsys, tmp_path, monkeypatch):
+    config = write_config(tmp_path / "llama", num_hidden_layers=3)  # a spec no earlier test has built
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)
+    status, err, out = _plan(capsys, tmp_path, ["--model", f"hf:{config}"])
+    assert status == 2 and not out.exists()
+    assert err == "error: hf: models need the optional 'transformers' package; install it with " \
+                  "pip install 'stratagem[hf]'\n"
