@@ -25,7 +25,7 @@ def _spec(tmp_path, kind="llama", **overrides):
     return parse_model("hf:" + str(write_config(tmp_path / kind, kind, **overrides)))
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "gpt2"])
 def test_wrapped_model_gives_the_hf_models_logits(tmp_path, kind):
     spec = _spec(tmp_path, kind)
     ours = build_model(spec, device="meta")

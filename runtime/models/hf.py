@@ -116,12 +116,13 @@ class HFEmbedding(nn.Module):
 class HFBlock(nn.Module):
     """One decoder layer taking and returning the hidden states (b, s, h); causal mask and positions made here.
 
-    The additive (1, 1, s, s) mask is what ``create_causal_mask`` gives the eager attention without padding.
+    The additive (1, 1, s, s) mask is what ``create_causal_mask`` (``create_sliding_window_causal_mask`` for a
+    sliding-window layer, transformers ``masking_utils``) gives the eager attention without padding.
     """
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module | None) -> None:
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None, window: int | None = None) -> None:
         super().__init__()
-        self.layer = layer
+        self.layer, self.window = layer, window
         object.__setattr__(self, "_rotary", rotary)  # unregistered: fixed tables, never sharded or re-initialised
         params = inspect.signature(layer.forward).parameters
         self._kwargs = {k for k in ("attention_mask", "position_ids", "position_embeddings") if k in params}
@@ -129,8 +130,10 @@ class HFBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = x.shape[1]
         positions = torch.arange(s, device=x.device).unsqueeze(0)
-        kwargs = {"attention_mask": causal_bias(s, device=x.device, dtype=x.dtype)[None, None],
-                  "position_ids": positions}
+        mask = causal_bias(s, device=x.device, dtype=x.dtype)
+        if self.window is not None:  # sliding window: key j visible from query i when i - window < j <= i
+            mask = mask + torch.full((s, s), float("-inf"), device=x.device, dtype=x.dtype).tril(-self.window)
+        kwargs = {"attention_mask": mask[None, None], "position_ids": positions}
         if self._rotary is not None:
             kwargs["position_embeddings"] = self._rotary(x, positions)
         out = self.layer(x, **{k: v for k, v in kwargs.items() if k in self._kwargs})
@@ -218,6 +221,18 @@ def _rotary_on_cpu(model: nn.Module, parts: HFParts) -> nn.Module | None:
         return type(meta)(config=model.config)
 
 
+def sliding_window(config, index: int) -> int | None:
+    """Window of layer ``index``: per ``layer_types`` when the config lists them (Qwen2, Gemma-style), else the
+    config's ``sliding_window`` for every layer (Mistral); None = full causal attention."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window:
+        return None
+    if types:
+        return window if types[index] == "sliding_attention" else None
+    return window
+
+
 @functools.lru_cache(maxsize=8)
 def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
     spec = ModelSpec.model_validate_json(spec_json)
@@ -228,7 +243,8 @@ def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
     layers = {
         "embed": HFEmbedding(get(parts.tok), get(parts.pos) if parts.pos else None,
                              get(parts.drop) if parts.drop else None),
-        "blocks": blocks_dict([HFBlock(layer, rotary) for layer in get(parts.blocks)]),
+        "blocks": blocks_dict([HFBlock(layer, rotary, sliding_window(model.config, i))
+                               for i, layer in enumerate(get(parts.blocks))]),
     }
     if parts.norm:
         layers["norm"] = get(parts.norm)
