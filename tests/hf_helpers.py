@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import GemmaConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 # A tiny Llama-architecture config: GQA (4 query heads, 2 KV heads), SwiGLU width 176, untied head.
 TINY_LLAMA = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -22,11 +22,13 @@ LLAMA3_70B = dict(LLAMA3, hidden_size=8192, intermediate_size=28672, num_hidden_
 
 
 def write_config(folder: Path, kind: str = "llama", **overrides) -> Path:
-    """Save a config of ``kind`` (llama, qwen2, mistral, gpt2) into ``folder``; returns the config.json path."""
+    """Save a config of ``kind`` (llama, qwen2, mistral, gemma, gpt2) into ``folder``; returns the config.json path."""
     if kind == "llama":
         config = LlamaConfig(**{**TINY_LLAMA, **overrides})
     elif kind == "qwen2":
         config = Qwen2Config(**{**TINY_LLAMA, **overrides})
+    elif kind == "gemma":  # scaled embedding (a buffer) and 1 + weight RMSNorms
+        config = GemmaConfig(**{**TINY_LLAMA, "head_dim": 16, **overrides})
     elif kind == "mistral":  # a 4-token sliding window, so the 12-token tests see it
         config = MistralConfig(**{**TINY_LLAMA, "sliding_window": 4, **overrides})
     else:

@@ -25,7 +25,7 @@ def _spec(tmp_path, kind="llama", **overrides):
     return parse_model("hf:" + str(write_config(tmp_path / kind, kind, **overrides)))
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "gemma", "gpt2"])
 def test_wrapped_model_gives_the_hf_models_logits(tmp_path, kind):
     spec = _spec(tmp_path, kind)
     ours = build_model(spec, device="meta")
@@ -45,7 +45,7 @@ def test_wrapped_model_gives_the_hf_models_logits(tmp_path, kind):
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     ref.eval(), ours.eval()
     assert torch.allclose(ref(input_ids=ids).logits, ours(ids), atol=1e-5)
-    assert parts.tied == (kind == "gpt2") and (parts.pos is not None) == (kind == "gpt2")
+    assert parts.tied == (kind in ("gpt2", "gemma")) and (parts.pos is not None) == (kind == "gpt2")
 
 
 def test_tp_layout_derived_from_the_module_tree(tmp_path):

@@ -233,6 +233,32 @@ def sliding_window(config, index: int) -> int | None:
     return window
 
 
+class HFInit:
+    """transformers' own ``_init_weights`` for the modules whose values are constants, not random draws: buffers
+    (Gemma's ``embed_scale``) and norms (Gemma's RMSNorm weight is 0 for ``1 + weight``). ``init_weights`` calls
+    it first and leaves the tensors it returns alone; random weights keep the seeded, per-path init."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        self.init_module = hf_model._init_weights  # bound to the meta model; runs on any materialized module
+
+    def __deepcopy__(self, memo: dict) -> "HFInit":
+        return self  # shared by every copy of the template (it holds no tensors of theirs)
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module) -> set[str]:
+        done: set[str] = set()
+        for path, module in model.named_modules():
+            if not type(module).__module__.startswith("transformers."):
+                continue
+            buffers = [n for n, b in module.named_buffers(recurse=False) if b is not None and b.device.type != "meta"]
+            norm = "norm" in type(module).__name__.lower()
+            params = [n for n, p in module.named_parameters(recurse=False) if p.device.type != "meta"] if norm else []
+            if buffers or params:
+                self.init_module(module)
+                done |= {f"{path}.{n}" if path else n for n in buffers + params}
+        return done
+
+
 @functools.lru_cache(maxsize=8)
 def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
     spec = ModelSpec.model_validate_json(spec_json)
@@ -249,7 +275,9 @@ def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
     if parts.norm:
         layers["norm"] = get(parts.norm)
     layers["head"] = get(parts.head)
-    return LayeredModel(layers, tie_embeddings=parts.tied), parts
+    wrapped = LayeredModel(layers, tie_embeddings=parts.tied)
+    object.__setattr__(wrapped, "external_init", HFInit(model))
+    return wrapped, parts
 
 
 def build_hf(spec: ModelSpec) -> LayeredModel:
