@@ -109,6 +109,7 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch):
     (json.dumps({"hidden_size": 8}), "no 'model_type'"),
     (json.dumps({"model_type": "no-such-arch"}), "cannot read"),
     (json.dumps({"model_type": "t5"}), "cannot build"),
+    (json.dumps({"model_type": "gemma2", "final_logit_softcapping": 30.0}), "final_logit_softcapping.*does not apply"),
 ])
 def test_bad_configs_are_one_line_errors(tmp_path, content, match):
     path = tmp_path / "config.json"

@@ -86,8 +86,17 @@ def math_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, va
 ATTENTION = "stratagem_math"
 
 
+# Config keys whose effect lives in the HF model's own forward, outside the modules the wrapper calls (Gemma 2's
+# logit soft-capping after the head, its attention-score capping inside the attention function).
+UNSUPPORTED_KEYS = ("final_logit_softcapping", "attn_logit_softcapping")
+
+
 def _build_causal_lm(spec: ModelSpec) -> nn.Module:
     transformers = require_transformers()
+    used = [k for k in UNSUPPORTED_KEYS if (spec.config or {}).get(k)]
+    if used:
+        raise StratagemError(f"{spec.source} sets {', '.join(used)}, which Stratagem's HF wrapper does not apply "
+                             f"(the model would differ from transformers'); set it to null or plan another model")
     transformers.AttentionInterface.register(ATTENTION, math_attention)
     config = hf_config(spec)
     try:
