@@ -10,16 +10,15 @@ export OMP_NUM_THREADS ?= 1
 
 venv: $(STAMP)
 
-# torch first, pinned: a loose range would pull gigabytes of CUDA wheels. The [export] extra (Megatron-Core,
-# DeepSpeed, Accelerate, torchtitan's config classes; ~100 MB, seconds) validates exports in the tests; the
-# constraints file keeps pip from replacing torch.
-$(STAMP): pyproject.toml
+# torch first, pinned: a loose range would pull gigabytes of CUDA wheels. constraints.txt keeps the pin while the
+# extras go in, so pip never replaces torch: test (pytest, notebooks, transformers for hf: models) and export
+# (Megatron-Core, DeepSpeed, Accelerate, torchtitan's config classes; ~100 MB, seconds), which validates exports.
+$(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	echo "torch==2.13.0" > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[test,export]'
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt --no-deps torchtitan==0.3.0
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,export]'
+	$(BIN)/pip install -q -c constraints.txt --no-deps torchtitan==0.3.0
 	touch $(STAMP)
 
 # profile -> plan -> launch -> show on the small built-in default (gpt:tiny), on this machine's CPU.

@@ -18,14 +18,19 @@ Sources of the preset sizes:
 
 from __future__ import annotations
 
-from typing import Literal
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import StratagemError
 
-Family = Literal["gpt", "llama", "resnet", "mlp"]
+Family = Literal["gpt", "llama", "resnet", "mlp", "hf", "custom"]
 DimValue = int | float | bool
+# families whose modules come from outside the zoo: a Hugging Face config, or the user's own function
+EXTERNAL_FAMILIES = ("hf", "custom")
 
 
 class ModelSpec(BaseModel):
@@ -35,20 +40,46 @@ class ModelSpec(BaseModel):
 
     family: Family
     preset: str | None = Field(None, description="preset name the dims came from, if any")
-    dims: dict[str, DimValue] = Field(description="family constructor arguments, e.g. layers, hidden")
+    dims: dict[str, DimValue] = Field(description="family constructor arguments, e.g. layers, hidden; for hf "
+                                                  "and custom models a read-only summary (layers, hidden, ...)")
+    source: str | None = Field(None, description="hf: the config.json it was read from; custom: "
+                                                 "'py:FILE.py:FUNCTION' or 'module:pkg.mod:FUNCTION'")
+    config: dict[str, Any] | None = Field(
+        None, description="hf: the whole config.json (the plan is self-contained: launch rebuilds the model from "
+                          "it); custom: {'sha256': of the file} for py: sources")
 
     @property
     def name(self) -> str:
-        """``family:preset`` when built from a preset, else ``family`` plus a short size tag."""
+        """``family:preset`` when built from a preset, ``hf:<model_type>-layers..``, ``custom:FUNCTION``, else
+        ``family:`` plus the dimensions that differ from the family defaults (``gpt:heads2-hidden32``)."""
+        if self.family == "hf":
+            return f"hf:{(self.config or {}).get('model_type', 'model')}-" + "-".join(
+                f"{k}{self.dims[k]}" for k in ("layers", "hidden", "heads", "vocab") if k in self.dims)
+        if self.family == "custom":
+            return "custom:" + (self.source or "").rpartition(":")[2]
         if self.preset:
             return f"{self.family}:{self.preset}"
-        return self.family + ":" + "-".join(f"{k}{v}" for k, v in sorted(self.dims.items()))
+        defaults = FAMILY_DEFAULTS[self.family]
+        tag = "-".join(f"{k}{v}" for k, v in sorted(self.dims.items()) if defaults.get(k) != v)
+        return f"{self.family}:{tag}" if tag else self.family
 
     def dim(self, key: str) -> DimValue:
         """One dimension, with the family default where the spec leaves it out."""
         if key in self.dims:
             return self.dims[key]
+        if self.family in EXTERNAL_FAMILIES:
+            raise StratagemError(f"{self.name} has no dimension {key!r} (it has {', '.join(self.dims) or 'none'})")
         return FAMILY_DEFAULTS[self.family][key]
+
+    @property
+    def is_external(self) -> bool:
+        """True for Hugging Face and user-defined models (built by ``runtime.models.external``)."""
+        return self.family in EXTERNAL_FAMILIES
+
+    @property
+    def is_language_model(self) -> bool:
+        """Token ids in, per-token logits out (gpt, llama, hf); the sequence length is a real dimension."""
+        return self.family in ("gpt", "llama", "hf")
 
 
 # Every dimension a family takes, with its default. A spec may override any of them.
@@ -133,10 +164,15 @@ def parse_model(text: str, **overrides: DimValue) -> ModelSpec:
     12288
     """
     family, _, preset = text.partition(":")
+    if family == "hf":
+        return parse_hf(preset, **overrides)
+    if family in ("py", "module"):
+        _reject_overrides(text, overrides)
+        return parse_custom(text)
     if family not in FAMILY_DEFAULTS:
         raise StratagemError(
-            f"unknown model family {family!r}; choose one of {', '.join(sorted(FAMILY_DEFAULTS))} "
-            f"(e.g. --model gpt:tiny)"
+            f"unknown model family {family!r}; choose one of {', '.join(sorted(FAMILY_DEFAULTS))}, "
+            f"hf:CONFIG.json, py:FILE.py:FUNCTION or module:pkg.mod:FUNCTION (e.g. --model gpt:tiny)"
         )
     dims: dict[str, DimValue] = {}
     if preset:
@@ -155,3 +191,90 @@ def parse_model(text: str, **overrides: DimValue) -> ModelSpec:
             )
         dims[key] = value
     return ModelSpec(family=family, preset=preset or None, dims=dims)
+
+
+# Hugging Face config keys behind the zoo's dimension names (the same overrides work for hf: models).
+# Sources: transformers LlamaConfig / GPT2Config attribute names and their attribute_map aliases.
+HF_DIM_KEYS: dict[str, tuple[str, ...]] = {
+    "layers": ("num_hidden_layers", "n_layer"),
+    "hidden": ("hidden_size", "n_embd"),
+    "heads": ("num_attention_heads", "n_head"),
+    "kv_heads": ("num_key_value_heads",),
+    "ffn_hidden": ("intermediate_size", "n_inner"),
+    "vocab": ("vocab_size",),
+    "max_seq": ("max_position_embeddings", "n_positions"),
+    "tie_embeddings": ("tie_word_embeddings",),
+}
+
+
+def _reject_overrides(text: str, overrides: dict[str, DimValue]) -> None:
+    given = sorted(k for k, v in overrides.items() if v is not None)
+    if given:
+        raise StratagemError(f"{text} is built by your function, which takes no size overrides "
+                             f"({', '.join('--' + k.replace('_', '-') for k in given)}); change the sizes in "
+                             f"the function instead")
+
+
+def load_hf_config(path_text: str) -> tuple[Path, dict[str, Any]]:
+    """(config.json path, its contents) for ``PATH`` = a config.json or a folder holding one."""
+    if not path_text:
+        raise StratagemError("hf: needs a path, e.g. --model hf:llama3-8b/config.json or hf:FOLDER")
+    path = Path(path_text).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise StratagemError(f"hf config {path} does not exist; pass a local config.json or a folder holding one "
+                             f"(no hub downloads: save it first with config.save_pretrained(FOLDER))")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StratagemError(f"hf config {path} is not readable JSON ({exc}); pass a config.json written by "
+                             f"transformers") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise StratagemError(f"hf config {path} has no 'model_type'; pass a config.json written by transformers "
+                             f"(e.g. LlamaConfig(...).save_pretrained(FOLDER))")
+    return path, config
+
+
+def hf_dims(config: dict[str, Any]) -> dict[str, DimValue]:
+    """The zoo-named sizes of an HF config (those it has), e.g. {"layers": 32, "hidden": 4096, ...}."""
+    dims: dict[str, DimValue] = {}
+    for dim, keys in HF_DIM_KEYS.items():
+        value = next((config[k] for k in keys if config.get(k) is not None), None)
+        if isinstance(value, (bool, int, float)):
+            dims[dim] = value
+    return dims
+
+
+def parse_hf(path_text: str, **overrides: DimValue) -> ModelSpec:
+    """``hf:PATH`` (plus zoo-named overrides mapped to the config's keys) as a self-contained spec.
+
+    >>> parse_hf("tests/data/llama-tiny/config.json", layers=4).dims["layers"]  # doctest: +SKIP
+    4
+    """
+    path, config = load_hf_config(path_text)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in HF_DIM_KEYS:
+            raise StratagemError(f"hf models have no override {key!r}; valid ones: {', '.join(HF_DIM_KEYS)}")
+        target = next((k for k in HF_DIM_KEYS[key] if k in config), HF_DIM_KEYS[key][0])
+        config[target] = value
+    return ModelSpec(family="hf", dims=hf_dims(config), source=str(path.resolve()), config=config)
+
+
+def parse_custom(text: str) -> ModelSpec:
+    """``py:FILE.py:FUNCTION`` or ``module:pkg.mod:FUNCTION``; a py: file is pinned by its sha256."""
+    kind, _, rest = text.partition(":")
+    target, _, function = rest.rpartition(":")
+    if not target or not function.isidentifier():
+        example = "py:examples/custom_model.py:build" if kind == "py" else "module:mypkg.models:build"
+        raise StratagemError(f"--model {text!r} must be {kind}:{'FILE.py' if kind == 'py' else 'pkg.mod'}:FUNCTION, "
+                             f"e.g. {example}")
+    if kind == "module":
+        return ModelSpec(family="custom", dims={}, source=f"module:{target}:{function}", config={})
+    path = Path(target).expanduser()
+    if not path.is_file():
+        raise StratagemError(f"model file {path} does not exist; pass py:FILE.py:FUNCTION with an existing file")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return ModelSpec(family="custom", dims={}, source=f"py:{path.resolve()}:{function}", config={"sha256": digest})

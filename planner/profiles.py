@@ -22,6 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.fileio import load_document, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
 
+# The shipped cluster and model profiles: package data of ``planner`` (``planner/shipped_profiles`` links to the
+# repository's ``profiles/`` folder; a wheel holds a copy), so an installed stratagem finds them from any folder.
+SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent / "shipped_profiles"
+
 MODEL_PROFILE_SCHEMA_VERSION = 1
 CLUSTER_PROFILE_SCHEMA_VERSION = 2   # 2: NodeType.kernel_model, ClusterProfile.calibration (v1 migrates)
 

@@ -32,6 +32,7 @@ from planner.modelspec import ModelSpec
 from planner.profiles import LayerProfile, LayerTiming, ModelProfile, Provenance, ShardProfile
 from runtime.models import (build_layer, build_tp_shard, check_tp, example_batch, init_weights, is_splittable,
                             layer_kind, layer_paths, loss_fn, sample_shape, tp_collectives, tp_constraints)
+from runtime.models.external import external
 from runtime.models.zoo import SEQUENCE_FAMILIES
 from runtime.profiling.measure import count_flops, derived_timing, make_input, saved_bytes, time_layer
 from runtime.profiling.overhead import (measure_runtime_overhead, reference_matmul_figure, reference_matmul_rates,
@@ -69,7 +70,7 @@ def check_settings(spec: ModelSpec, settings: ProfileSettings) -> None:
     torch_dtype(settings.dtype)
     _check_batch_norm(spec, min(settings.micro_batches))
     for path in layer_paths(spec):
-        if layer_kind(path) == "block" and is_splittable(spec, path):
+        if layer_kind(path, spec) == "block" and is_splittable(spec, path):
             for tp in settings.tp_degrees:
                 check_tp(spec, path, tp)
             return
@@ -219,12 +220,15 @@ def profile_layers(spec: ModelSpec, s: ProfileSettings, *,
     layers: list[LayerProfile] = []
     paths = layer_paths(spec)
     for i, path in enumerate(paths):
-        module = build_layer(spec, path, device=s.device, dtype=dtype)
-        signature = _signature(module, x)
+        # hf/custom: the signature is read off the meta template's layer; a copy is built only to profile it
+        probe = external(spec).layer(path) if spec.is_external else build_layer(spec, path, device=s.device,
+                                                                                 dtype=dtype)
+        signature = _signature(probe, x)
         if signature in cache:
             profile, out = cache[signature]
             layers.append(profile.model_copy(update={"path": path}))
         else:
+            module = build_layer(spec, path, device=s.device, dtype=dtype) if spec.is_external else probe
             job = _Layer(spec=spec, path=path, x_full=x, first=i == 0,
                          targets=targets if i == len(paths) - 1 else None)
             profile, out = _profile_one(job, module, signature, s)
@@ -243,7 +247,7 @@ def _profile_one(job: _Layer, module: nn.Module, signature: str,
         out = module(job.x_full)
     batch = job.x_full.shape[0]
     splittable = is_splittable(job.spec, job.path)
-    kind = layer_kind(job.path)
+    kind = layer_kind(job.path, job.spec)
     # the last layer's output is the loss: one fp32 scalar per micro-batch (as planner.gpt_profile counts it)
     out_bytes = LOSS_BYTES if job.targets is not None else out.numel() * out.element_size() / batch
     profile = LayerProfile(
@@ -274,7 +278,7 @@ def _overhead(job: _Layer, splittable: bool, s: ProfileSettings):
 def _tp_style(spec: ModelSpec, kind: str) -> str:
     if kind == "head" and spec.family in SEQUENCE_FAMILIES:
         return "vocab_parallel"  # LM head + vocab-parallel cross-entropy (Megatron-LM)
-    return _TP_STYLES.get(kind, "none")
+    return _TP_STYLES.get(kind, "column")  # a custom model's split layer (its tp_plan)
 
 
 def effective_seq_len(spec: ModelSpec, seq_len: int) -> int:
@@ -323,6 +327,18 @@ def profile_model(spec: ModelSpec, settings: ProfileSettings, *, created_utc: st
 DEFAULT_TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # powers of two, as planner.gpt_profile.default_tp_degrees
 
 
+def default_tp_degrees(spec: ModelSpec) -> tuple[int, ...]:
+    """Powers of two up to 64 that the first block's constraints allow (a split classifier skips the degrees that do
+    not divide its classes); ``(1,)`` when no layer can be split (e.g. an HF architecture whose layout is not
+    derived, a custom model without tp_plan)."""
+    paths = layer_paths(spec)
+    if not any(is_splittable(spec, p) for p in paths):
+        return (1,)
+    block = next((p for p in paths if layer_kind(p, spec) == "block"), None)
+    limits = list(tp_constraints(spec, block).values()) if block else []
+    return tuple(t for t in DEFAULT_TP_DEGREES if all(v % t == 0 for v in limits))
+
+
 def profile_model_analytic(spec: ModelSpec, *, seq_len: int, dtype: str = "bf16",
                            micro_batches: tuple[int, ...] = (1,), tp_degrees: tuple[int, ...] | None = None,
                            achieved_flops_per_s: float | None = None, created_utc: str = "") -> ModelProfile:
@@ -336,9 +352,7 @@ def profile_model_analytic(spec: ModelSpec, *, seq_len: int, dtype: str = "bf16"
     'column'
     """
     if tp_degrees is None:
-        block = next((p for p in layer_paths(spec) if layer_kind(p) == "block"), None)
-        limits = list(tp_constraints(spec, block).values()) if block else []
-        tp_degrees = tuple(t for t in DEFAULT_TP_DEGREES if all(v % t == 0 for v in limits))
+        tp_degrees = default_tp_degrees(spec)
     settings = ProfileSettings(micro_batches=micro_batches, seq_len=seq_len, dtype=dtype,
                                tp_degrees=tp_degrees, device="meta", achieved_flops_per_s=achieved_flops_per_s)
     return profile_model(spec, settings, created_utc=created_utc, device_name="meta")

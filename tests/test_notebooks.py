@@ -23,6 +23,7 @@ NEEDS = {
     "02_inspect_a_plan.ipynb": [],
     "03_compare_strategies.ipynb": ["cmd_plan"],
     "04_predicted_vs_measured.ipynb": ["cmd_profile_model", "cmd_plan", "cmd_launch", "cmd_show"],
+    "05_your_own_model.ipynb": ["cmd_profile_model", "cmd_plan", "cmd_show"],
 }
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from planner.cost import ParallelConfig, estimate, with_gpus
 from planner.cost.placement import fill_stage_node_types
 from planner.errors import StratagemError
-from planner.modelspec import parse_model
+from planner.cli.model_args import MODEL_HELP, check_profile_matches, spec_from_args
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 
 from planner.cli.common import DefaultsHelpFormatter
@@ -40,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               formatter_class=DefaultsHelpFormatter)
     m = p.add_argument_group("model")
     m.add_argument("--model", default=None,
-                   help="family or family:preset, e.g. gpt, gpt:gpt3-175b, llama:llama2-7b (required without --from, "
-                        "or when --from's config does not state the model's dimensions)")
+                   help=MODEL_HELP + " (required without --from, or when --from's config does not state the model's "
+                        "dimensions)")
     for dim, what in (("layers", "transformer blocks, count"), ("hidden", "hidden size, features per token"),
                       ("heads", "attention heads, count"), ("vocab", "vocabulary size, tokens"),
                       ("ffn-hidden", "MLP inner size, features (default 4 x hidden)"),
@@ -93,20 +93,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
     if args.model_profile is not None:
-        return load_model_profile(args.model_profile)
-    overrides = dict(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab,
-                     ffn_hidden=args.ffn_hidden, kv_heads=args.kv_heads, dropout=args.dropout)
-    family = args.model.partition(":")[0]
-    if family == "llama":
-        overrides.pop("dropout")
-    else:
-        overrides.pop("kv_heads")
-    if args.seq is not None:
-        overrides["max_seq"] = args.seq
-    spec = parse_model(args.model, **overrides)
-    if spec.family not in ("gpt", "llama"):
-        raise StratagemError(f"{spec.family} models need a measured profile: run `stratagem profile model --model "
-                             f"{args.model}` and pass --model-profile")
+        profile = load_model_profile(args.model_profile)
+        check_profile_matches(profile.model, spec_from_args(args), args.model_profile)
+        return profile
+    spec = spec_from_args(args, max_seq=args.seq)
+    if spec.is_external or spec.family not in ("gpt", "llama"):  # derived on the meta device by the runtime
+        from runtime.profile_model import profile_model_analytic
+        seq = args.seq or (int(spec.dim("max_seq")) if spec.is_language_model else 1)
+        return profile_model_analytic(spec, seq_len=seq, dtype=dtype)
     from planner.gpt_profile import build_gpt_profile
     return build_gpt_profile(spec, seq_len=args.seq, dtype=dtype)
 

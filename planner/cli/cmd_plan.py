@@ -13,13 +13,14 @@ import logging
 from pathlib import Path
 
 from planner.errors import StratagemError
-from planner.modelspec import ModelSpec, parse_model
+from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
 from planner.plan import Plan, TrainingSettings, save_plan, validate
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
 from .common import DefaultsHelpFormatter, check_out_path, resolve_cluster_path
 from .compare_cli import add_source_argument, build_comparison, comparison_table
+from .model_args import add_model_arguments, check_profile_matches, spec_from_args
 from .recipe_args import add_recipe_arguments, recipe_from_args
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="find the fastest parallel plan (exact ILP under the cost model)",
                               description=__doc__.split("\n\n")[0].replace("``", "'"),
                               formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--model", required=True, help="family:preset, e.g. gpt:gpt3-175b or gpt:tiny")
+    add_model_arguments(p)
     p.add_argument("--model-profile", type=Path, default=None,
                    help="model profile JSON (default: derived analytically for the model)")
     p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile JSON")
@@ -69,9 +70,7 @@ def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> M
     """The given profile file, else the closed-form GPT/Llama profile, else the runtime's meta profiler."""
     if args.model_profile is not None:
         profile = load_model_profile(args.model_profile)
-        if profile.model.family != spec.family:
-            raise StratagemError(f"--model-profile {args.model_profile} profiles {profile.model.name}, not "
-                                 f"{spec.name}; pass the matching profile or drop --model-profile")
+        check_profile_matches(profile.model, spec, args.model_profile)
         if args.seq is not None and args.seq != profile.seq_len:
             raise StratagemError(f"--seq {args.seq} but {args.model_profile} was profiled at seq {profile.seq_len}; "
                                  f"drop --seq or re-profile with --seq {args.seq}")
@@ -79,12 +78,33 @@ def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> M
     if spec.family in ("gpt", "llama"):
         from planner.gpt_profile import build_gpt_profile
         return build_gpt_profile(spec, seq_len=seq_len, dtype=args.dtype)
+    if args.dtype not in ("fp32", "tf32", "bf16", "fp16"):
+        raise StratagemError(f"--dtype {args.dtype} cannot be profiled on the meta device for {spec.name}; use bf16")
     try:
         from runtime.profile_model import profile_model_analytic
     except ImportError:
         raise StratagemError(f"no analytic profile for {spec.family} models in this build; run "
                              f"'stratagem profile model --model {spec.name}' and pass --model-profile") from None
     return profile_model_analytic(spec, seq_len=seq_len, dtype=args.dtype)
+
+
+def _full_spec(spec: ModelSpec) -> ModelSpec:
+    """A zoo spec with every dimension written out (defaults applied), so the plan alone rebuilds the model."""
+    if spec.is_external:
+        return spec
+    return spec.model_copy(update={"dims": {**FAMILY_DEFAULTS[spec.family], **spec.dims}})
+
+
+def _external_limits(spec: ModelSpec, allow: frozenset[str]) -> tuple[frozenset[str], list[str]]:
+    """hf/custom models: no sequence parallelism (the runtime implements it for the zoo's gpt/llama), and the
+    reason tensor parallelism is not searched when the layout could not be derived. Both go into the plan."""
+    if not spec.is_external:
+        return allow, []
+    from runtime.models.external import external
+
+    notes = ["sequence parallelism not searched: implemented for the zoo's gpt and llama only"]
+    note = external(spec).tp_note
+    return allow - {"sp"}, ([note] if note else []) + notes
 
 
 def _summary_table(plan: Plan, cluster: ClusterProfile):
@@ -115,6 +135,8 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     search = plan.search
     table.add_row("search", f"{search.status}, gap {search.gap:.2g}, {search.wall_time_s:.2f} s, "
                             f"{search.candidates_solved} solved / {search.candidates_pruned} pruned")
+    if search.notes:
+        table.add_row("notes", search.notes)
     return table
 
 
@@ -155,14 +177,15 @@ def run(args: argparse.Namespace) -> int:
         raise StratagemError("--gpus, --global-batch and --top-k must be positive integers, e.g. --gpus 8")
     check_out_path(args.out)
     lr_schedule = recipe_from_args(args)
-    spec = parse_model(args.model)
-    seq_len = int(args.seq or spec.dim("max_seq")) if spec.family in ("gpt", "llama") else int(args.seq or 1)
+    spec = _full_spec(spec_from_args(args))
+    seq_len = int(args.seq or spec.dim("max_seq")) if spec.is_language_model else int(args.seq or 1)
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
     profile = _model_profile(spec, args, seq_len)
     _check_dtype(cluster, args.gpus, profile.dtype)
+    allow, notes = _external_limits(spec, parse_allow(args.allow))
     config = SearchConfig(time_limit_s=args.time_limit, gap_rel=args.gap, top_k=args.top_k,
                           exhaustive_top_k=args.prove_top_k, jobs=args.jobs,
-                          allow=parse_allow(args.allow), memory_fraction=args.memory_fraction,
+                          allow=allow, memory_fraction=args.memory_fraction,
                           budget_s=args.budget)
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
@@ -173,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
     training = TrainingSettings(global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype,
                                 lr_schedule=lr_schedule)
     plan = build_plan(result, model=spec, profile=profile, cluster=cluster, training=training)
+    if notes and plan.search is not None:
+        plan = plan.model_copy(update={"search": plan.search.model_copy(
+            update={"notes": "; ".join(filter(None, [plan.search.notes, *notes]))})})
     validate(plan, args.gpus)
     if args.compare_to:
         plan = plan.model_copy(update={"comparison": build_comparison(plan, *args.compare_to, profile=profile,

@@ -9,7 +9,7 @@ from pathlib import Path
 from planner.cli.common import (DefaultsHelpFormatter, check_out_path, command_line, host_name, int_list,
                                  resolve_cluster_path, utc_now)
 from planner.errors import StratagemError
-from planner.modelspec import parse_model
+from planner.cli.model_args import add_model_arguments, spec_from_args
 from planner.profiles import load_cluster_profile, save_profile
 
 
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Profile a model layer by layer (each top-level layer run standalone on its saved input; "
                     "identical layers profiled once) and write a model profile JSON.",
         formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--model", required=True, help="family or family:preset, e.g. gpt:tiny, gpt:gpt3-175b")
+    add_model_arguments(p)
     p.add_argument("--micro-batch", default="1", help="micro-batch sizes to time, in samples, e.g. 1,2,4")
     p.add_argument("--seq", type=int, default=128, help="sequence length in tokens per sample (ignored for "
                                                          "resnet/mlp)")
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.models import layer_paths
     from runtime.profile_model import ProfileSettings, profile_model
 
-    spec = parse_model(args.model)
+    spec = spec_from_args(args)
     micro_batches, tps = int_list(args.micro_batch), int_list(args.tp)
     if args.seq < 1 or args.warmup < 0 or args.repeats < 1:
         raise StratagemError("--seq and --repeats must be >= 1 and --warmup >= 0")

@@ -85,6 +85,10 @@ def _overview(plan: Plan) -> Table:
                                 f"{sr.candidates_solved} solved / {sr.candidates_pruned} pruned")
         if sr.notes.startswith("cluster calibrated"):
             table.add_row("cluster", sr.notes.split(". ", 1)[0].removeprefix("cluster "))
+        if sr.notes:
+            table.add_row("notes", sr.notes)
+    if plan.model.source:
+        table.add_row("model source", plan.model.source)
     table.add_row("label", plan_label(plan))
     return table
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from planner.errors import StratagemError
 
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+from planner.profiles import SHIPPED_PROFILES_DIR as PROFILES_DIR  # package data (see planner/profiles.py)
 
 
 def int_list(text: str) -> list[int]:

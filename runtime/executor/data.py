@@ -129,7 +129,11 @@ def synthetic_batch(spec: ModelSpec, *, batch: int, seq_len: int, seed: int, ste
     ``(batch, in_channels, image_size, image_size)`` and class labels; MLP: features and class labels.
     """
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    if spec.family in ("gpt", "llama"):
+    if spec.family == "custom":  # the model's declared input_spec (runtime.models.custom)
+        from runtime.models import example_batch
+        inputs, targets = example_batch(spec, batch, seq_len, seed=seed * 1_000_003 + step)
+        return Batch(inputs=inputs, targets=targets)
+    if spec.is_language_model:
         tokens = torch.randint(0, int(spec.dim("vocab")), (batch, seq_len + 1), generator=gen)
         return Batch(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
     if spec.family == "resnet":

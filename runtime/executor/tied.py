@@ -25,7 +25,8 @@ EMBED, HEAD = "embed.tok.weight", "head.weight"
 
 
 def is_tied(plan: Plan) -> bool:
-    return plan.model.family in ("gpt", "llama") and bool(plan.model.dim("tie_embeddings"))
+    return plan.model.is_language_model and bool(plan.model.dims.get("tie_embeddings", False)
+                                                 if plan.model.is_external else plan.model.dim("tie_embeddings"))
 
 
 def check_tied(plan: Plan) -> None:

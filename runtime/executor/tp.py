@@ -113,6 +113,9 @@ def _layer_styles(spec: ModelSpec, path: str, sp: bool, incoming: str) -> tuple[
             styles = {k: v + "_from_sequence" if v == "colwise_sharded_output" else v for k, v in styles.items()}
             return styles, "S", "C"
         return styles, "R", ("C" if "colwise_sharded_output" in zoo.values() else "R")
+    if spec.is_external:
+        raise StratagemError(f"layer {path} of {spec.name}: sequence parallelism is implemented for the zoo's gpt and "
+                             f"llama only; re-plan (stratagem plan does not search it for this model)")
     if spec.family not in ("gpt", "llama"):
         raise StratagemError(f"layer {path} of {spec.name} has no sequence dimension for sequence parallelism; "
                              f"re-plan without it")

@@ -247,7 +247,7 @@ def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metr
                    "device": device.type, "world_size": dist.get_world_size(), "plan_hash": plan.content_hash,
                    "plan_path": str(Path(plan_path).resolve()) if plan_path else None})
     tr = plan.training
-    tokens = tr.global_batch * (tr.seq_len if plan.model.family in ("gpt", "llama") else 1)
+    tokens = tr.global_batch * (tr.seq_len if plan.model.is_language_model else 1)
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         res = train_step(job, step)

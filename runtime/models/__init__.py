@@ -9,6 +9,10 @@ is plain data per layer (:func:`tp_layout`, :func:`tp_constraints`, :func:`tp_co
     model = build_model(spec, device="meta"); model.to_empty(device="cpu"); init_weights(model, seed=0)
     x, y = example_batch(spec, micro_batch=2, seq_len=32)
     loss_fn(spec)(model(x), y).backward()
+
+Models from outside the zoo (``hf:`` configs, ``py:``/``module:`` functions) go through the same functions:
+``runtime.models.external`` builds them on meta (``hf.py``: AutoModelForCausalLM, pieces found by structure;
+``custom.py``: the README contract) and gives their layer paths, kinds and TP layouts as plain data.
 """
 
 from runtime.models.dims import resolve_dims

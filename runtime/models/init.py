@@ -42,7 +42,7 @@ def _value(module: nn.Module, name: str, tensor: torch.Tensor, path: str, seed: 
            layers: int) -> torch.Tensor | None:
     """The init value of one parameter/buffer on CPU in float32 (None = leave it as it is)."""
     shape = tensor.shape
-    if isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)) or type(module).__name__ == "RMSNorm":
+    if isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)) or type(module).__name__.endswith(("RMSNorm", "LayerNorm")):
         if name in ("weight", "running_var"):
             return torch.ones(shape)
         return torch.zeros(shape)  # bias, running_mean, num_batches_tracked
@@ -65,12 +65,16 @@ def init_weights(model: nn.Module, seed: int) -> nn.Module:
     """
     tied = bool(getattr(model, "tie_embeddings", False))
     layers = _num_blocks(model)
+    external_init = getattr(model, "external_init", None)  # hf: transformers' init of constant tensors
+    done = external_init(model) if external_init is not None else set()
     for mod_path, module in model.named_modules():
         tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
         for name, tensor in tensors:
             if tensor is None or tensor.device.type == "meta":
                 continue
             path = f"{mod_path}.{name}" if mod_path else name
+            if path in done:
+                continue
             if tied and path == "head.weight":
                 path = "embed.tok.weight"
             value = _value(module, name, tensor, path, seed, layers)

@@ -19,6 +19,7 @@ from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
 from planner.profiles import CollectiveNeed
 from runtime.models.dims import GPTDims, LlamaDims, MLPDims, ResNetDims, resolve_dims
+from runtime.models.external import external, external_collectives
 from runtime.models.zoo import DeviceLike, build_layer, check_layer_path, layer_kind, num_classes
 
 SPLIT_STYLES = ("colwise", "rowwise", "vocab_embedding", "colwise_sharded_output")
@@ -38,6 +39,8 @@ def tp_layout(spec: ModelSpec, path: str) -> dict[str, str]:
     'colwise'
     """
     check_layer_path(spec, path)
+    if spec.is_external:
+        return dict(external(spec).layouts.get(path, {}))
     kind = layer_kind(path)
     if spec.family in ("gpt", "llama"):
         if kind == "block":
@@ -58,6 +61,8 @@ def tp_constraints(spec: ModelSpec, path: str) -> dict[str, int]:
     """Dimensions the TP degree must divide for this layer, e.g. {"heads": 12, "ffn_hidden": 3072}."""
     if not is_splittable(spec, path):
         return {}
+    if spec.is_external:
+        return dict(external(spec).constraints.get(path, {}))
     dims = resolve_dims(spec)
     if layer_kind(path) == "block" and isinstance(dims, GPTDims):
         return {"heads": dims.heads, "ffn_hidden": dims.ffn_hidden}
@@ -72,8 +77,9 @@ def check_tp(spec: ModelSpec, path: str, tp: int) -> None:
     if tp < 1:
         raise StratagemError(f"tensor-parallel degree {tp} must be a positive integer")
     if tp > 1 and not is_splittable(spec, path):
-        raise StratagemError(f"layer {path} of {spec.name} cannot be split by tensor parallelism; "
-                             f"replicate it (tp=1)")
+        note = external(spec).tp_note if spec.is_external else ""
+        raise StratagemError(f"layer {path} of {spec.name} cannot be split by tensor parallelism"
+                             f"{' (' + note + ')' if note else ''}; replicate it (tp=1)")
     for key, value in tp_constraints(spec, path).items():
         if value % tp:
             divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 64]
@@ -101,8 +107,10 @@ def tp_collectives(spec: ModelSpec, path: str, seq_len: int, *,
     check_layer_path(spec, path)
     if not is_splittable(spec, path):
         return []
-    dims = resolve_dims(spec)
     elem = torch.empty((), dtype=dtype).element_size()
+    if spec.is_external:
+        return _external_collectives(spec, path, seq_len, elem)
+    dims = resolve_dims(spec)
     kind = layer_kind(path)
     if isinstance(dims, (ResNetDims, MLPDims)):  # split classifier: input gradient + one loss "token"
         features = dims.features if isinstance(dims, ResNetDims) else dims.hidden
@@ -119,6 +127,23 @@ def tp_collectives(spec: ModelSpec, path: str, seq_len: int, *,
     loss = [_need("all_reduce", "forward", seq_len * FP32_BYTES, 3, sp) for sp in (False, True)]
     return [_need("all_reduce", "backward", act, 1, False),
             _need("all_gather", "forward", act, 1, True), _need("reduce_scatter", "backward", act, 1, True), *loss]
+
+
+def _external_collectives(spec: ModelSpec, path: str, seq_len: int, elem: int) -> list[CollectiveNeed]:
+    """From one meta forward of the layer on its input (see ``runtime.models.external``)."""
+    from runtime.models.zoo import example_batch, layer_paths
+
+    x, _ = example_batch(spec, 1, seq_len, device="meta")
+    if spec.family == "hf" and path != "embed":  # every later layer takes the (1, seq, hidden) hidden states
+        return external_collectives(spec, path, torch.empty(1, seq_len, int(spec.dims["hidden"]), device="meta"),
+                                    elem)
+    model = external(spec).template
+    for p in layer_paths(spec):
+        if p == path:
+            break
+        with torch.no_grad():
+            x = model.get_submodule(p)(x)
+    return external_collectives(spec, path, x, elem)
 
 
 def build_tp_shard(spec: ModelSpec, path: str, tp: int, *, device: DeviceLike = "cpu",

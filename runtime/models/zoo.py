@@ -11,6 +11,7 @@ from torch import nn
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
 from runtime.models.dims import GPTDims, LlamaDims, ResNetDims, resolve_dims
+from runtime.models.external import build_external, build_external_layer, external, input_dtype
 from runtime.models.gpt import build_gpt, build_gpt_layer, gpt_paths
 from runtime.models.layered import LayeredModel
 from runtime.models.llama import build_llama, build_llama_layer, llama_paths
@@ -27,9 +28,33 @@ _FAMILIES = {
 # first path component -> LayerProfile.kind
 _KINDS = {"embed": "embedding", "blocks": "block", "norm": "norm", "head": "head", "stem": "stem",
           "pool": "pool", "fc": "classifier", "out": "head"}
-SEQUENCE_FAMILIES = ("gpt", "llama")
+SEQUENCE_FAMILIES = ("gpt", "llama", "hf")
 
 DeviceLike = str | torch.device
+
+
+def _materialized(module: nn.Module, device: DeviceLike, dtype: torch.dtype) -> nn.Module:
+    """A meta-built module on ``device`` in ``dtype``; real devices get the seeded init (seed 0)."""
+    if torch.device(device).type != "meta":
+        from runtime.models.init import init_weights
+        module.to_empty(device=device)
+        init_weights(module, seed=0)
+    return module.to(dtype=dtype)
+
+
+def _custom_batch(spec: ModelSpec, micro_batch: int, *, device: DeviceLike, dtype: torch.dtype,
+                  seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs of the declared ``input_spec`` and class-id targets shaped like the output minus its last dim."""
+    ext = external(spec)
+    shape, target_shape = [micro_batch, *ext.inputs.sample_shape], [micro_batch, *ext.target_shape]
+    ids = input_dtype(spec) == torch.long
+    if torch.device(device).type == "meta":
+        return (torch.empty(shape, device="meta", dtype=torch.long if ids else dtype),
+                torch.empty(target_shape, device="meta", dtype=torch.long))
+    gen = torch.Generator().manual_seed(seed)
+    inputs = torch.randint(ext.inputs.vocab, shape, generator=gen) if ids else torch.randn(shape, generator=gen).to(dtype)
+    targets = torch.randint(ext.inputs.num_classes, target_shape, generator=gen)
+    return inputs.to(device), targets.to(device)
 
 
 def _built(build: Callable[[], nn.Module], device: DeviceLike, dtype: torch.dtype) -> nn.Module:
@@ -47,12 +72,16 @@ def build_model(spec: ModelSpec, *, device: DeviceLike = "cpu", dtype: torch.dty
     >>> build_model(parse_model("gpt:tiny")).layer_paths()[:2]
     ['embed', 'blocks.0']
     """
+    if spec.is_external:
+        return _materialized(build_external(spec), device, dtype)
     dims = resolve_dims(spec)
     return _built(lambda: _FAMILIES[spec.family][0](dims), device, dtype)  # type: ignore[operator]
 
 
 def spec_layer_paths(spec: ModelSpec) -> list[str]:
     """Top-level layer paths of the full model ``spec`` describes, in forward order."""
+    if spec.is_external:
+        return list(external(spec).paths)
     return _FAMILIES[spec.family][2](resolve_dims(spec))  # type: ignore[operator]
 
 
@@ -63,8 +92,12 @@ def layer_paths(model_or_spec: LayeredModel | ModelSpec) -> list[str]:
     return model_or_spec.layer_paths()
 
 
-def layer_kind(path: str) -> str:
-    """``LayerProfile.kind`` of a top-level path: embedding, block, norm, head, stem, pool or classifier."""
+def layer_kind(path: str, spec: ModelSpec | None = None) -> str:
+    """``LayerProfile.kind`` of a top-level path: embedding, block, norm, head, stem, pool or classifier
+    (a custom model's layers: block inside a container, else layer)."""
+    if spec is not None and spec.is_external:
+        check_layer_path(spec, path)
+        return external(spec).kinds[path]
     try:
         return _KINDS[path.split(".")[0]]
     except KeyError:
@@ -82,6 +115,8 @@ def build_layer(spec: ModelSpec, path: str, tp: int = 1, *, device: DeviceLike =
                 dtype: torch.dtype = torch.float32) -> nn.Module:
     """One top-level layer alone; ``tp`` > 1 gives one TP rank's shard (checks are in ``build_tp_shard``)."""
     check_layer_path(spec, path)
+    if spec.is_external:
+        return _materialized(build_external_layer(spec, path, tp), device, dtype)
     dims = resolve_dims(spec)
     return _built(lambda: _FAMILIES[spec.family][1](dims, path, tp), device, dtype)  # type: ignore[operator]
 
@@ -92,6 +127,10 @@ def loss_fn(spec: ModelSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
         def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
         return lm_loss
+    if spec.family == "custom":  # class ids per output position (README: input_spec)
+        def custom_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
+        return custom_loss
 
     def classifier_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float(), target)
@@ -100,6 +139,10 @@ def loss_fn(spec: ModelSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
 
 def sample_shape(spec: ModelSpec, seq_len: int) -> list[int]:
     """Shape of one input sample: [seq] token ids, [C, H, W] images, or [features]."""
+    if spec.family == "hf":
+        return [seq_len]
+    if spec.family == "custom":
+        return list(external(spec).inputs.sample_shape)
     dims = resolve_dims(spec)
     if isinstance(dims, (GPTDims, LlamaDims)):
         return [seq_len]
@@ -110,6 +153,8 @@ def sample_shape(spec: ModelSpec, seq_len: int) -> list[int]:
 
 def num_classes(spec: ModelSpec) -> int:
     """Classes of the model's output: the vocabulary, ``num_classes`` or ``out_features``."""
+    if spec.is_external:
+        return external(spec).inputs.num_classes
     dims = resolve_dims(spec)
     if isinstance(dims, (GPTDims, LlamaDims)):
         return dims.vocab
@@ -122,12 +167,15 @@ def example_batch(spec: ModelSpec, micro_batch: int, seq_len: int, *, device: De
 
     Language models: token ids (b, s) and targets (b, s); classifiers: float inputs and targets (b,).
     """
-    dims = resolve_dims(spec)
+    if spec.family == "custom":
+        return _custom_batch(spec, micro_batch, device=device, dtype=dtype, seed=seed)
     shape = [micro_batch, *sample_shape(spec, seq_len)]
-    is_lm = isinstance(dims, (GPTDims, LlamaDims))
-    if is_lm and seq_len > dims.max_seq:
-        raise StratagemError(f"sequence length {seq_len} exceeds {spec.name}'s max_seq={dims.max_seq}; "
-                             f"use --seq <= {dims.max_seq} or a larger max_seq")
+    is_lm = spec.is_language_model
+    max_seq = int(spec.dims.get("max_seq", seq_len)) if spec.family == "hf" else \
+        getattr(resolve_dims(spec), "max_seq", seq_len)
+    if is_lm and seq_len > max_seq:
+        raise StratagemError(f"sequence length {seq_len} exceeds {spec.name}'s max_seq={max_seq}; "
+                             f"use --seq <= {max_seq} or a larger max_seq")
     target_shape = shape if is_lm else [micro_batch]
     if torch.device(device).type == "meta":
         inputs = torch.empty(shape, device="meta", dtype=torch.long if is_lm else dtype)

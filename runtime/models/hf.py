@@ -1,0 +1,307 @@
+"""Hugging Face causal LMs (``--model hf:PATH``) as zoo-shaped models: ``embed``, ``blocks.i``, ``norm``, ``head``.
+
+The model is built by ``AutoModelForCausalLM.from_config`` on the meta device (no weights allocated, so a 70B
+config is profiled on a laptop), with our attention function registered in transformers' ``AttentionInterface``
+(:func:`math_attention`): ``QK^T -> softmax -> @V`` as explicit math, so FLOPs and saved tensors are countable
+on CPU and meta like the zoo's (SDPA's CPU flash kernel has no FLOP formula). The pieces are then found by structure, not by a per-architecture table:
+
+- the blocks: the longest ``nn.ModuleList`` whose entries share one class (the decoder layers);
+- the token embedding and the LM head: ``get_input_embeddings()`` / ``get_output_embeddings()``;
+- position embeddings (GPT-2's ``wpe``) and dropouts: embeddings / dropouts outside the blocks that run before
+  the first block in a traced forward;
+- the final norm: the parameterised module outside the blocks that runs between the last block and the head;
+- rotary tables: a module outside the blocks holding an ``inv_freq`` buffer (kept unregistered in each block,
+  so ``to_empty``/``init_weights`` never touch it).
+
+Each block is wrapped so it takes and returns one tensor, computing its own causal mask and positions; a pipeline
+stage is therefore cut by module path exactly like a zoo model (``runtime.executor.stage``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import json
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from planner.errors import StratagemError
+from planner.modelspec import ModelSpec
+from runtime.models.gpt import causal_bias
+from runtime.models.gpt import dropout as zoo_dropout
+from runtime.models.layered import LayeredModel, blocks_dict
+
+TRACE_TOKENS = 8  # tokens of the meta forward that orders the modules (any length works)
+
+
+def require_transformers():
+    """The ``transformers`` module, or a one-line error naming the extra to install."""
+    try:
+        import transformers
+    except ImportError:
+        raise StratagemError("hf: models need the optional 'transformers' package; install it with "
+                             "pip install 'stratagem[hf]'") from None
+    return transformers
+
+
+def hf_config(spec: ModelSpec):
+    """The ``PretrainedConfig`` of an ``hf`` spec (from the config dict recorded in the spec / plan)."""
+    transformers = require_transformers()
+    config = dict(spec.config or {})
+    model_type = config.pop("model_type", None)
+    for key in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
+        config.pop(key, None)
+    try:
+        return transformers.AutoConfig.for_model(model_type, **config)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StratagemError(f"transformers {transformers.__version__} cannot read {spec.source} (model_type "
+                             f"{model_type!r}: {str(exc).splitlines()[0][:160]}); upgrade transformers or fix the "
+                             f"config") from None
+
+
+def math_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                   **_: object) -> tuple[torch.Tensor, None]:
+    """Attention as explicit math in the compute dtype, like the zoo's (``runtime.models.gpt.Attention``).
+
+    HF's "eager" attention takes the softmax in fp32, which on a GPU nobody trains with; this one saves what the
+    zoo's attention saves (one s x s probability tensor in the compute dtype, Korthikanti et al. 2022 §4.1), so an
+    HF Llama and the zoo's Llama of the same dimensions profile alike. Query heads per key/value head come from the
+    shapes, so it runs unchanged on a TP shard. Inputs (b, heads, s, d); output (b, s, heads, d).
+    """
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = (query @ key.transpose(2, 3)) * scale
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : key.shape[-2]]
+    probs = zoo_dropout(torch.softmax(scores, dim=-1), dropout, module.training)
+    return (probs @ value).transpose(1, 2).contiguous(), None
+
+
+ATTENTION = "stratagem_math"
+
+
+# Config keys whose effect lives in the HF model's own forward, outside the modules the wrapper calls (Gemma 2's
+# logit soft-capping after the head, its attention-score capping inside the attention function).
+UNSUPPORTED_KEYS = ("final_logit_softcapping", "attn_logit_softcapping")
+
+
+def _build_causal_lm(spec: ModelSpec) -> nn.Module:
+    transformers = require_transformers()
+    used = [k for k in UNSUPPORTED_KEYS if (spec.config or {}).get(k)]
+    if used:
+        raise StratagemError(f"{spec.source} sets {', '.join(used)}, which Stratagem's HF wrapper does not apply "
+                             f"(the model would differ from transformers'); set it to null or plan another model")
+    transformers.AttentionInterface.register(ATTENTION, math_attention)
+    config = hf_config(spec)
+    try:
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION,
+                                                                 dtype=torch.float32)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise StratagemError(f"{spec.source}: AutoModelForCausalLM cannot build model_type {config.model_type!r} "
+                             f"({str(exc).splitlines()[0][:160]}); use a causal-LM config") from None
+
+
+class HFEmbedding(nn.Module):
+    """Token embedding (``tok``), plus learned positions (``pos``) and dropout when the model has them."""
+
+    def __init__(self, tok: nn.Module, pos: nn.Module | None, drop: nn.Module | None) -> None:
+        super().__init__()
+        self.tok, self.pos, self.drop = tok, pos, drop
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(ids)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        return self.drop(x) if self.drop is not None else x
+
+
+class HFBlock(nn.Module):
+    """One decoder layer taking and returning the hidden states (b, s, h); causal mask and positions made here.
+
+    The additive (1, 1, s, s) mask is what ``create_causal_mask`` (``create_sliding_window_causal_mask`` for a
+    sliding-window layer, transformers ``masking_utils``) gives the eager attention without padding.
+    """
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None, window: int | None = None) -> None:
+        super().__init__()
+        self.layer, self.window = layer, window
+        object.__setattr__(self, "_rotary", rotary)  # unregistered: fixed tables, never sharded or re-initialised
+        params = inspect.signature(layer.forward).parameters
+        self._kwargs = {k for k in ("attention_mask", "position_ids", "position_embeddings") if k in params}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[1]
+        positions = torch.arange(s, device=x.device).unsqueeze(0)
+        mask = causal_bias(s, device=x.device, dtype=x.dtype)
+        if self.window is not None:  # sliding window: key j visible from query i when i - window < j <= i
+            mask = mask + torch.full((s, s), float("-inf"), device=x.device, dtype=x.dtype).tril(-self.window)
+        kwargs = {"attention_mask": mask[None, None], "position_ids": positions}
+        if self._rotary is not None:
+            kwargs["position_embeddings"] = self._rotary(x, positions)
+        out = self.layer(x, **{k: v for k, v in kwargs.items() if k in self._kwargs})
+        return out[0] if isinstance(out, tuple) else out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HFParts:
+    """Module paths (inside the HF model) of each piece, found by structure."""
+
+    tok: str
+    pos: str | None
+    drop: str | None
+    blocks: str
+    norm: str | None
+    head: str
+    rotary: str | None
+    tied: bool
+
+
+def _block_list(model: nn.Module) -> str:
+    best, best_len = None, 0
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > best_len:
+            if len({type(m) for m in module}) == 1:
+                best, best_len = name, len(module)
+    if best is None:
+        raise StratagemError(f"{type(model).__name__} has no list of identical decoder layers (nn.ModuleList); "
+                             f"it cannot be cut into pipeline stages")
+    return best
+
+
+def _call_order(model: nn.Module, vocab: int) -> list[str]:
+    """Module paths in the order their forward starts, from one forward on the meta device."""
+    order: list[str] = []
+    handles = [m.register_forward_pre_hook(lambda _m, _a, name=name: order.append(name))
+               for name, m in model.named_modules() if name]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, TRACE_TOKENS, dtype=torch.long, device="meta") % vocab)
+    finally:
+        for h in handles:
+            h.remove()
+    return order
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent + ".")
+
+
+def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
+    """Locate the pieces of ``model`` (built on meta) by structure; see the module docstring."""
+    names = {id(m): n for n, m in model.named_modules()}
+    tok, head = names.get(id(model.get_input_embeddings())), names.get(id(model.get_output_embeddings()))
+    if tok is None or head is None:
+        raise StratagemError(f"{spec.source}: the model has no input embedding or no LM head; use a causal-LM config")
+    blocks = _block_list(model)
+    order = _call_order(model, int(spec.dims.get("vocab", 2)))
+    inner = [p for p in order if _inside(p, blocks)]
+    first = order.index(inner[0])
+    last_block_call = max(i for i, p in enumerate(order) if _inside(p, blocks))
+    head_call = order.index(head)
+    outside = lambda p: not _inside(p, blocks) and not _inside(p, head) and not _inside(p, tok)  # noqa: E731
+    modules = dict(model.named_modules())
+    before = [p for p in order[:first] if outside(p)]
+    pos = [p for p in before if isinstance(modules[p], nn.Embedding)]
+    drop = [p for p in before if isinstance(modules[p], nn.Dropout)]
+    rotary = [p for p, m in modules.items() if outside(p) and "inv_freq" in dict(m.named_buffers(recurse=False))]
+    norms = [p for p in order[last_block_call + 1:head_call]
+             if outside(p) and any(True for _ in modules[p].parameters(recurse=False))]
+    if len(pos) > 1 or len(norms) > 1:
+        raise StratagemError(f"{spec.source}: found {len(pos)} position embeddings and {len(norms)} final norms "
+                             f"({', '.join(pos + norms)}); only one of each is supported")
+    tied = model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    return HFParts(tok=tok, pos=pos[0] if pos else None, drop=drop[0] if drop else None, blocks=blocks,
+                   norm=norms[0] if norms else None, head=head, rotary=rotary[0] if rotary else None, tied=tied)
+
+
+def _rotary_on_cpu(model: nn.Module, parts: HFParts) -> nn.Module | None:
+    """A CPU copy of the rotary-table module (its buffers computed from the config, not left on meta)."""
+    if parts.rotary is None:
+        return None
+    meta = model.get_submodule(parts.rotary)
+    with torch.device("cpu"):
+        return type(meta)(config=model.config)
+
+
+def sliding_window(config, index: int) -> int | None:
+    """Window of layer ``index``: per ``layer_types`` when the config lists them (Qwen2, Gemma-style), else the
+    config's ``sliding_window`` for every layer (Mistral); None = full causal attention."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window:
+        return None
+    if types:
+        return window if types[index] == "sliding_attention" else None
+    return window
+
+
+class HFInit:
+    """transformers' own ``_init_weights`` for the modules whose values are constants, not random draws: buffers
+    (Gemma's ``embed_scale``) and norms (Gemma's RMSNorm weight is 0 for ``1 + weight``). ``init_weights`` calls
+    it first and leaves the tensors it returns alone; random weights keep the seeded, per-path init."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        self.init_module = hf_model._init_weights  # bound to the meta model; runs on any materialized module
+
+    def __deepcopy__(self, memo: dict) -> "HFInit":
+        return self  # shared by every copy of the template (it holds no tensors of theirs)
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module) -> set[str]:
+        done: set[str] = set()
+        for path, module in model.named_modules():
+            if not type(module).__module__.startswith("transformers."):
+                continue
+            buffers = [n for n, b in module.named_buffers(recurse=False) if b is not None and b.device.type != "meta"]
+            norm = "norm" in type(module).__name__.lower()
+            params = [n for n, p in module.named_parameters(recurse=False) if p.device.type != "meta"] if norm else []
+            if buffers or params:
+                self.init_module(module)
+                done |= {f"{path}.{n}" if path else n for n in buffers + params}
+        return done
+
+
+@functools.lru_cache(maxsize=8)
+def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
+    spec = ModelSpec.model_validate_json(spec_json)
+    model = _build_causal_lm(spec)
+    parts = find_parts(model, spec)
+    rotary = _rotary_on_cpu(model, parts)
+    get = model.get_submodule
+    layers = {
+        "embed": HFEmbedding(get(parts.tok), get(parts.pos) if parts.pos else None,
+                             get(parts.drop) if parts.drop else None),
+        "blocks": blocks_dict([HFBlock(layer, rotary, sliding_window(model.config, i))
+                               for i, layer in enumerate(get(parts.blocks))]),
+    }
+    if parts.norm:
+        layers["norm"] = get(parts.norm)
+    layers["head"] = get(parts.head)
+    wrapped = LayeredModel(layers, tie_embeddings=parts.tied)
+    object.__setattr__(wrapped, "external_init", HFInit(model))
+    return wrapped, parts
+
+
+def build_hf(spec: ModelSpec) -> LayeredModel:
+    """A fresh meta-device :class:`LayeredModel` of the HF model (``embed``, ``blocks.i``, ``norm``, ``head``)."""
+    template, _ = _template(spec_key(spec))
+    model = copy.deepcopy(template)
+    if model.tie_embeddings:
+        model.head.weight = model.embed.tok.weight
+    return model
+
+
+def hf_parts(spec: ModelSpec) -> HFParts:
+    return _template(spec_key(spec))[1]
+
+
+def spec_key(spec: ModelSpec) -> str:
+    """A canonical JSON text of the spec (the cache key of the meta-built templates)."""
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True)
