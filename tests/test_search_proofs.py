@@ -192,3 +192,14 @@ def test_a_refuted_claim_is_reported():
     found = SolveResult(status="optimal", objective_s=9.0, gap=0.0, wall_time_s=0.0, bound_s=9.0)
     tie = SolveResult(status="optimal", objective_s=10.0, gap=0.0, wall_time_s=0.0, bound_s=10.0)
     assert _refuted(claim, found, 10.0) and not _refuted(claim, tie, 10.0)
+
+
+def test_option_far_slower_than_the_step_gets_a_larger_time_unit():
+    """mlp:tiny on 16 H100: a 'split' output layer over a cross-node tp group costs ~1e4 x the rest of the
+    step, so its row overflowed COEF_MAX in the step's time unit (a ScalingError traceback); the build now
+    enlarges the unit for that program."""
+    from planner.cli.main import main
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        assert main(["plan", "--model", "mlp:tiny", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "256",
+                     "--out", f"{tmp}/plan.json"]) == 0

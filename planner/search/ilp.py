@@ -16,7 +16,8 @@ import pulp
 
 from planner.search.cbc import Problem, SolveResult, solve   # noqa: F401 (re-exported)
 from planner.search.ilp_cuts import add_block_cuts
-from planner.search.ilp_terms import at_least, check_scaling, concave_term, conjunction, indicator
+from planner.search.ilp_terms import (COEF_MAX, ScalingError, at_least, check_scaling, concave_term, conjunction,
+                                      indicator)
 from planner.search.tables import Assignment, Tables
 
 OBJECTIVE_RESOLUTION = 1e4
@@ -326,11 +327,21 @@ def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
         every rank, its m_t and in-flight counts; names prefixed L<t>_), W >= (m_t - 1/v) T_t + (1/v)
         sum_r T_{t,r}, and the objective is W + Z (formula (H) of planner.cost.estimate).
     """
+    scale = _time_unit_s(tables)
+    try:
+        return _build(tables, cuts=cuts, scale=scale)
+    except ScalingError as exc:
+        if exc.largest <= COEF_MAX:
+            raise
+        # an option far slower than the step's magnitude (a layer split over a slow cross-node group):
+        # a larger time unit brings it under COEF_MAX / 100; the check still guards the smallest terms
+        return _build(tables, cuts=cuts, scale=scale * 2.0 ** math.ceil(math.log2(100 * exc.largest / COEF_MAX)))
+
+
+def _build(tables: Tables, *, cuts: bool, scale: float) -> Problem:
     prob = pulp.LpProblem("stratagem_plan", pulp.LpMinimize)
     c, st = _cumulative(prob, tables)
     n, u, rank_total = _options(prob, tables, c)
-    groups = tables.groups
-    scale = _time_unit_s(tables)
     limits = _limits(tables)
     if cuts:
         add_block_cuts(prob, tables, n, rank_total, scale)

@@ -19,7 +19,12 @@ RESIDUE_REL = 1e-12     # coefficients this small against their row's largest ar
 
 
 class ScalingError(RuntimeError):
-    """A built program has coefficients outside the bounds CBC handles reliably (a bug in the builder)."""
+    """A built program has coefficients outside the bounds CBC handles reliably (a bug in the builder).
+    ``largest``/``smallest``: the offending row's largest and smallest |coefficient|."""
+
+    def __init__(self, message: str, *, largest: float, smallest: float):
+        super().__init__(message)
+        self.largest, self.smallest = largest, smallest
 
 
 def at_least(prob: pulp.LpProblem, name: str, tag: str, lower_bounds: list) -> Any:
@@ -96,6 +101,7 @@ def check_scaling(prob: pulp.LpProblem) -> tuple[float, float]:
         small = min((abs(a) for a in expr.values() if a), default=math.inf)
         if top > COEF_MAX or small < COEF_MIN or abs(constant) > COEF_MAX:
             raise ScalingError(f"ILP row {name} has coefficients in [{small:.3g}, {top:.3g}] and right-hand side "
-                               f"{-constant:.3g}, outside [{COEF_MIN:g}, {COEF_MAX:g}]: rescale its units")
+                               f"{-constant:.3g}, outside [{COEF_MIN:g}, {COEF_MAX:g}]: rescale its units",
+                               largest=max(top, abs(constant)), smallest=small)
         lo, hi = min(lo, small), max(hi, top)
     return lo, hi
