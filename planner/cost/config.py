@@ -74,6 +74,12 @@ class ParallelConfig:
     zero3_granularity: Literal["layer", "tensor"] = "layer"
     # torch < 1.9 list-based all_gather / reduce_scatter: per-rank views and copies on the host (O(ranks)).
     zero3_list_collectives: bool = False
+    # When ZeRO-3 reduce-scatters gradients under accumulation (num_micro_batches > 1). "micro_batch": after
+    # every micro-batch's backward, FSDP2's default and torchtitan's; "step": only after the last one, as
+    # Stratagem's runtime does (runtime/executor/schedule.py: set_requires_gradient_sync(last) and
+    # set_reshard_after_backward(last)), which also keeps the weights unsharded from one micro-batch's
+    # backward to the next one's forward and holds unsharded gradients (planner.cost.zero3, "Accumulation").
+    zero3_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
 
     @property
     def world_size(self) -> int:

@@ -162,9 +162,9 @@ class CandidateCosts:
             group = dp_group(outer.dp, outer.tp, node.devices_per_node, include_tp=wide)
             per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
             coll = dict(node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node)
-            z3_gather = collective_time(self.cluster, "all_gather", k.params * per["params"], group.n_ranks, **coll)
-            z3_mb = 2 * z3_gather + collective_time(self.cluster, "reduce_scatter", k.params * per["grads"],
-                                                    group.n_ranks, **coll)
+            gather = collective_time(self.cluster, "all_gather", k.params * per["params"], group.n_ranks, **coll)
+            scatter = collective_time(self.cluster, "reduce_scatter", k.params * per["grads"], group.n_ranks, **coll)
+            z3_mb, z3_gather = 2 * gather + scatter, gather + scatter   # z3_gather_s: as the rank's first layer
         ws = full_saved_bytes(layer, tp=outer.tp, style=opt.style, sequence_parallel=outer.sequence_parallel,
                               micro_batch=outer.micro_batch, flash_attention=False) if opt.recompute == "full" else 0.0
         return OptionCost(time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s, fwd_s=k.forward_s,
