@@ -74,12 +74,13 @@ class ParallelConfig:
     zero3_granularity: Literal["layer", "tensor"] = "layer"
     # torch < 1.9 list-based all_gather / reduce_scatter: per-rank views and copies on the host (O(ranks)).
     zero3_list_collectives: bool = False
-    # When ZeRO-3 reduce-scatters gradients under accumulation (num_micro_batches > 1). "micro_batch": after
-    # every micro-batch's backward, FSDP2's default and torchtitan's; "step": only after the last one, as
-    # Stratagem's runtime does (runtime/executor/schedule.py: set_requires_gradient_sync(last) and
-    # set_reshard_after_backward(last)), which also keeps the weights unsharded from one micro-batch's
-    # backward to the next one's forward and holds unsharded gradients (planner.cost.zero3, "Accumulation").
-    zero3_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
+    # When ZeRO-3 reduce-scatters gradients under accumulation (num_micro_batches > 1). "step" (default):
+    # only after the last micro-batch, as Stratagem's runtime does (runtime/executor/schedule.py
+    # LocalRunner: set_requires_gradient_sync(last), set_reshard_after_backward(last); torch.distributed.
+    # pipelining's stages do the same for pp > 1), which keeps the weights unsharded from one micro-batch's
+    # backward to the next one's forward and holds unsharded gradients; "micro_batch": after every
+    # micro-batch's backward, FSDP2's default when nothing disables the sync (planner.cost.zero3).
+    zero3_grad_sync: Literal["micro_batch", "step"] = "step"
 
     @property
     def world_size(self) -> int:
