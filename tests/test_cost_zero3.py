@@ -102,15 +102,22 @@ def test_grad_sync_per_step_holds_unsharded_weights_and_grads(tiny):
         estimate(model, cluster, replace(one, zero3_grad_sync="micro_batch"), global_batch=8, dtype="bf16").peak_mem_bytes
 
 
+def test_grad_sync_default_follows_the_runtime():
+    # LocalRunner (pp = 1) syncs every micro-batch; torch.distributed.pipelining stages (pp > 1) once per step
+    assert ParallelConfig(zero_stage=3).zero3_grad_sync_mode == "micro_batch"
+    assert ParallelConfig(zero_stage=3, pp=2).zero3_grad_sync_mode == "step"
+    assert ParallelConfig(zero_stage=3, pp=2, zero3_grad_sync="micro_batch").zero3_grad_sync_mode == "micro_batch"
+
+
 def test_first_layer_gather_and_reduce_scatter_are_never_hidden(tiny):
     # overlapped, k = contention: max(C - (1 - k) m W, k C) + gather(embed) + reduce_scatter(embed);
-    # default zero3_grad_sync="step", m = 2: 3 gathers + 1 reduce-scatter per layer and step
+    # pp = 1, m = 2: the runtime reduce-scatters every micro-batch (2 gathers + 1 reduce-scatter each)
     model, cluster = tiny
     from planner.cost.kernels import contention
     cfg = ParallelConfig(dp=8, num_micro_batches=2, zero_stage=3)
     est = estimate(model, cluster, cfg, global_batch=16, dtype="bf16")
     rank, k = est.per_rank[0], contention(cluster.node_types[0])
-    per_step = sum(4 * _ring_s(p * 2) for p in (288768, 789760, 789760, 512))
+    per_step = 2 * sum(3 * _ring_s(p * 2) for p in (288768, 789760, 789760, 512))
     window = sum(ch.time_s["forward"] + ch.time_s["backward"] + ch.time_s["recompute"] for ch in est.per_stage)
     expected = max(per_step - (1 - k) * 2 * window, k * per_step) + 2 * _ring_s(288768 * 2)
     assert rank.zero_comm_s == pytest.approx(expected, rel=1e-12)

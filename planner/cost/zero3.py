@@ -14,12 +14,13 @@ waits for it before the optimizer step (torch ``_fsdp_state._root_post_backward_
 torchtitan keeps the last blocks unsharded after forward for the same reason, Liang et al. 2024 §2.2.1).
 
 Accumulation (``m > 1``). ``zero3_grad_sync="micro_batch"``: gradients are reduce-scattered every
-micro-batch, FSDP2's default (torchtitan does not call ``set_requires_gradient_sync(False)``), so ``C``
-as above. ``"step"``: what Stratagem's runtime does (``runtime/executor/schedule.py``:
-``set_requires_gradient_sync(last)``, ``set_reshard_after_backward(last)``): one reduce-scatter per layer
-per step, and the weights a backward gathered stay unsharded until the next micro-batch's forward has
-used them, so the step gathers ``m (G - 1) + 1`` times instead of ``m G`` (FSDP2 ``FSDPParamGroup.unshard``
-is a no-op on unsharded parameters). The price is memory: the rank holds its layers' unsharded weights and
+micro-batch, FSDP2's default, so ``C`` as above; Stratagem's runtime does this at ``pp = 1``
+(``runtime/executor/schedule.py`` ``LocalRunner``). ``"step"``: what torch.distributed.pipelining's stages
+do, so the runtime at ``pp > 1`` (``set_requires_gradient_sync`` and ``set_reshard_after_backward`` False
+but on the last micro-batch): one reduce-scatter per layer per step, and the weights a backward gathered
+stay unsharded until the next micro-batch's forward has used them, so the step gathers ``m (G - 1) + 1``
+times instead of ``m G`` (torch docs, ``FSDPModule.set_reshard_after_backward``: "the unsharded
+parameters do not need to be re-all-gathered before the next forward"). The price is memory: the rank holds its layers' unsharded weights and
 unsharded gradients between micro-batches (``estimate``'s memory, ``zero3_accumulation_bytes``). The step
 then pays ``max(C_step - (1 - k) m W, k C_step) + g_first + r_first`` (the same form with per-step totals). The defaults of the four ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
 in ``planner.search`` mirrors it); the other values describe DeepSpeed ZeRO-3 as the SC21 Table 2 runs used
@@ -145,7 +146,7 @@ class Zero3Comm:
         """Seconds of ZeRO-3 communication the step pays on this rank (module docstring)."""
         cfg, m = self.cfg, micro_batches
         gathers, scatters = m * cfg.zero3_param_gathers, m
-        if cfg.zero3_grad_sync == "step":   # module docstring, "Accumulation"
+        if cfg.zero3_grad_sync_mode == "step":   # module docstring, "Accumulation"
             gathers, scatters = m * (cfg.zero3_param_gathers - 1) + 1, 1
         per_step, exposed = 0.0, None
         for layer, k in pairs:
@@ -168,7 +169,7 @@ def zero3_accumulation_bytes(cfg: ParallelConfig, *, micro_batches: int, params:
     ...                          params=1e9, weight_bytes=2, grad_bytes=4)
     6000000000.0
     """
-    if cfg.zero_stage < 3 or cfg.zero3_grad_sync != "step" or micro_batches <= 1:
+    if cfg.zero_stage < 3 or cfg.zero3_grad_sync_mode != "step" or micro_batches <= 1:
         return 0.0
     return params * (weight_bytes + grad_bytes)
 
