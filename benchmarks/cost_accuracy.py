@@ -196,7 +196,7 @@ def _torchtitan_case(i: int, r: dict[str, str]) -> Case:
         recompute = {f"blocks.{b}": "full" for b in range(0, layers, 2)}
     cfg = ParallelConfig(tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), micro_batch=mb,
                          num_micro_batches=gb // (int(r["dp"]) * mb), zero_stage=3, recompute=recompute,
-                         flash_attention=True)
+                         flash_attention=True, zero3_grad_sync="micro_batch")   # FSDP2's default (m = 1 here)
     extra = (("ffn_hidden", _note_int(notes, "ffn")), ("kv_heads", _note_int(notes, "kv_heads")))
     published_s = gb * seq / (gpus * float(r["measured_value"]))
     label = f"{r['model'][:22]} {gpus}g t{cfg.tp}p{cfg.pp}d{cfg.dp} mb{mb} {mode} fsdp2"

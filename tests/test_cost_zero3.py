@@ -59,7 +59,8 @@ def test_list_collective_overhead_hand_computed():
 def test_per_tensor_three_gathers_no_overlap_hand_computed(tiny):
     model, cluster = tiny
     cfg = ParallelConfig(dp=8, micro_batch=1, num_micro_batches=2, zero_stage=3, recompute="full",
-                         zero3_overlap=False, zero3_param_gathers=3, zero3_granularity="tensor")
+                         zero3_overlap=False, zero3_param_gathers=3, zero3_granularity="tensor",
+                         zero3_grad_sync="micro_batch")
     rank = estimate(model, cluster, cfg, global_batch=16, dtype="bf16").per_rank[0]
     gathered_block = (196608 + 262144 + 262144) * 2  # QKV, FC1, FC2; the 65536-element projection persists
     block = 3 * (3 * ALPHA_S + 7 / 8 * gathered_block / BUS_BW) + 12 * ALPHA_S + 7 / 8 * 789760 * 2 / BUS_BW
@@ -74,6 +75,52 @@ def test_default_layer_granularity_hand_computed(tiny):
     rank = estimate(model, cluster, cfg, global_batch=8, dtype="bf16").per_rank[0]
     per_layer = [3 * _ring_s(p * 2) for p in (288768, 789760, 789760, 512)]  # 2 gathers + 1 reduce-scatter
     assert rank.zero_comm_s == pytest.approx(sum(per_layer), rel=1e-12)
+
+
+def test_grad_sync_per_step_hand_computed(tiny):
+    # m = 4, no overlap: per micro-batch 2 gathers + 1 reduce-scatter per layer (8 gathers, 4 scatters);
+    # once per step: m (G - 1) + 1 = 5 gathers and 1 reduce-scatter per layer
+    model, cluster = tiny
+    sizes = (288768, 789760, 789760, 512)
+    base = ParallelConfig(dp=8, num_micro_batches=4, zero_stage=3, overlap_grad_reduce=False)
+    for sync, gathers, scatters in (("micro_batch", 8, 4), ("step", 5, 1)):
+        rank = estimate(model, cluster, replace(base, zero3_grad_sync=sync), global_batch=32,
+                        dtype="bf16").per_rank[0]
+        assert rank.zero_comm_s == pytest.approx(sum((gathers + scatters) * _ring_s(p * 2) for p in sizes),
+                                                 rel=1e-12)
+
+
+def test_grad_sync_per_step_holds_unsharded_weights_and_grads(tiny):
+    # bf16 mixed precision: 2-byte weights, 2-byte gradients (STATE_BYTES_PER_PARAM) of all 1,868,800 params
+    model, cluster = tiny
+    cfg = ParallelConfig(dp=8, num_micro_batches=4, zero_stage=3)
+    mem = [estimate(model, cluster, replace(cfg, zero3_grad_sync=s), global_batch=32,
+                    dtype="bf16").per_rank[0].memory.comm_buffers for s in ("micro_batch", "step")]
+    assert mem[1] - mem[0] == pytest.approx(sum((288768, 789760, 789760, 512)) * 4, rel=1e-12)
+    one = replace(cfg, num_micro_batches=1, zero3_grad_sync="step")
+    assert estimate(model, cluster, one, global_batch=8, dtype="bf16").peak_mem_bytes == \
+        estimate(model, cluster, replace(one, zero3_grad_sync="micro_batch"), global_batch=8, dtype="bf16").peak_mem_bytes
+
+
+def test_grad_sync_default_follows_the_runtime():
+    # LocalRunner (pp = 1) syncs every micro-batch; torch.distributed.pipelining stages (pp > 1) once per step
+    assert ParallelConfig(zero_stage=3).zero3_grad_sync_mode == "micro_batch"
+    assert ParallelConfig(zero_stage=3, pp=2).zero3_grad_sync_mode == "step"
+    assert ParallelConfig(zero_stage=3, pp=2, zero3_grad_sync="micro_batch").zero3_grad_sync_mode == "micro_batch"
+
+
+def test_first_layer_gather_and_reduce_scatter_are_never_hidden(tiny):
+    # overlapped, k = contention: max(C - (1 - k) m W, k C) + gather(embed) + reduce_scatter(embed);
+    # pp = 1, m = 2: the runtime reduce-scatters every micro-batch (2 gathers + 1 reduce-scatter each)
+    model, cluster = tiny
+    from planner.cost.kernels import contention
+    cfg = ParallelConfig(dp=8, num_micro_batches=2, zero_stage=3)
+    est = estimate(model, cluster, cfg, global_batch=16, dtype="bf16")
+    rank, k = est.per_rank[0], contention(cluster.node_types[0])
+    per_step = 2 * sum(3 * _ring_s(p * 2) for p in (288768, 789760, 789760, 512))
+    window = sum(ch.time_s["forward"] + ch.time_s["backward"] + ch.time_s["recompute"] for ch in est.per_stage)
+    expected = max(per_step - (1 - k) * 2 * window, k * per_step) + 2 * _ring_s(288768 * 2)
+    assert rank.zero_comm_s == pytest.approx(expected, rel=1e-12)
 
 
 def test_zero3_overlap_none_follows_overlap_grad_reduce(tiny):
@@ -100,7 +147,7 @@ def test_each_deepspeed_assumption_adds_time(tiny):
 
 def test_bad_zero3_fields_are_refused(tiny):
     model, cluster = tiny
-    for bad in (dict(zero3_param_gathers=0), dict(zero3_granularity="module")):
+    for bad in (dict(zero3_param_gathers=0), dict(zero3_granularity="module"), dict(zero3_grad_sync="never")):
         with pytest.raises(StratagemError):
             estimate(model, cluster, ParallelConfig(dp=8, zero_stage=3, **bad), global_batch=8, dtype="bf16")
 

@@ -31,6 +31,8 @@ PLANS_2 = {
     "dp2": dict(dp=2),
     "fsdp_zero3": dict(dp=2, zero_stage=3),
     "fsdp_zero2_accum": dict(dp=2, zero_stage=2, num_micro_batches=2),
+    # ZeRO-3 at pp=1 reduce-scatters every micro-batch (LocalRunner.sync_every_micro_batch)
+    "fsdp_zero3_accum": dict(dp=2, zero_stage=3, num_micro_batches=2),
     "tp2": dict(tp=2, split=ALL_SPLIT),
     "pp2_gpipe": dict(pp=2, schedule="gpipe", num_micro_batches=4),
     "pp2_1f1b": dict(pp=2, schedule="1f1b", num_micro_batches=4),

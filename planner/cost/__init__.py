@@ -34,8 +34,10 @@ Rules a mirror of ``estimate`` (the ILP tables) must follow — each is document
   ``placement.NOT_RECOMPUTED_BY_DEFAULT`` (embedding, norm, head, pool, classifier);
 - data-parallel collectives are bucketed (``ParallelConfig.grad_bucket_bytes``): linear in the bytes;
 - ZeRO-3 (``zero3.py``): the mirror covers the default ``ParallelConfig.zero3_*`` fields (per-layer
-  collectives, 2 gathers, overlap as ``overlap_grad_reduce``); the other values model DeepSpeed's 2021
-  ZeRO-3 for published-run comparisons (``benchmarks/cost_accuracy.py``), not for the search;
+  collectives, 2 gathers, overlap as ``overlap_grad_reduce``, gradient sync as the runtime does it: every
+  micro-batch at pp = 1, once per step with unsharded weights + gradients held at pp > 1; the first
+  layer's gather and reduce-scatter exposed); the other values model DeepSpeed's 2021 ZeRO-3 for
+  published-run comparisons (``benchmarks/cost_accuracy.py``), not for the search;
 - identical signatures give identical :class:`LayerCost` (``estimate`` computes each once);
 - measured runtime overheads (``framework.py``; only where ``use_timings``): pass
   ``dp_wrapper=dp_wrapper(dp, zero_stage)`` and ``timings_scale=timings_scale(model, node)`` to

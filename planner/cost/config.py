@@ -74,6 +74,20 @@ class ParallelConfig:
     zero3_granularity: Literal["layer", "tensor"] = "layer"
     # torch < 1.9 list-based all_gather / reduce_scatter: per-rank views and copies on the host (O(ranks)).
     zero3_list_collectives: bool = False
+    # When ZeRO-3 reduce-scatters gradients under accumulation (num_micro_batches > 1). "micro_batch": after
+    # every micro-batch's backward (FSDP2's default); "step": only after the last one, keeping the weights
+    # unsharded from one micro-batch's backward to the next one's forward and holding unsharded gradients
+    # (torch.distributed.pipelining's stages: set_requires_gradient_sync / set_reshard_after_backward
+    # False but on the last). None = as Stratagem's runtime runs the plan: "micro_batch" when pp == 1
+    # (runtime/executor/schedule.py LocalRunner, sync_every_micro_batch), "step" when pp > 1.
+    zero3_grad_sync: Literal["micro_batch", "step"] | None = None
+
+    @property
+    def zero3_grad_sync_mode(self) -> Literal["micro_batch", "step"]:
+        """``zero3_grad_sync``, with None resolved as the runtime runs the plan (see the field)."""
+        if self.zero3_grad_sync is not None:
+            return self.zero3_grad_sync
+        return "micro_batch" if self.pp == 1 else "step"
 
     @property
     def world_size(self) -> int:

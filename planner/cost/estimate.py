@@ -59,7 +59,7 @@ from planner.cost.placement import (GroupShape, ReplicaSet, assign_chunks, dp_gr
                                     tp_group)
 from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
 from planner.cost.validate import check_config, micro_batches_per_replica, replica_micro_batches
-from planner.cost.zero3 import Zero3Comm
+from planner.cost.zero3 import Zero3Comm, zero3_accumulation_bytes
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
 
 
@@ -304,6 +304,9 @@ class _Assembler:
             buffers += min(DDP_BUCKETS_IN_FLIGHT * (cfg.grad_bucket_bytes or grad_bytes), grad_bytes)
         if cfg.zero_stage == 3:
             buffers += ZERO3_LAYERS_IN_FLIGHT * max((k.param_bytes for _, k in pairs), default=0.0)
+            per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
+            buffers += zero3_accumulation_bytes(cfg, micro_batches=self.m, params=params + wide,
+                                                weight_bytes=per["params"], grad_bytes=per["grads"])
         if cfg.pp > 1:
             buffers += 2 * sum(self.chunks[c][-1].output_bytes_per_sample * cfg.micro_batch / cfg.tp
                                for c in range(r, len(self.chunks), cfg.pp))

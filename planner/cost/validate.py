@@ -166,6 +166,9 @@ def _check_zero3(config: ParallelConfig) -> None:
                              f"{config.zero3_param_gathers}")
     if config.zero3_granularity not in ("layer", "tensor"):
         raise StratagemError(f"zero3_granularity {config.zero3_granularity!r} is unknown; use 'layer' or 'tensor'")
+    if config.zero3_grad_sync not in (None, "micro_batch", "step"):
+        raise StratagemError(f"zero3_grad_sync {config.zero3_grad_sync!r} is unknown; use 'micro_batch' "
+                             f"(reduce-scatter after every micro-batch) or 'step' (after the last one)")
 
 
 def check_config(model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int,

@@ -6,10 +6,23 @@ is 1.5x data parallelism's all-reduce volume). Every collective is a flat NCCL r
 NCCL 2.x implements all-gather and reduce-scatter with the ring algorithm only (``collectives.py``; the
 hierarchical and tree algorithms there apply to all-reduce). With ``C`` the per-micro-batch sum of these
 collectives, ``m`` micro-batches and ``W`` the rank's forward + backward + recompute time of one micro-batch,
-the step pays ``m * max(C - (1 - k) W, k C) + g_first`` when overlapping (nothing hides the first layer's
-gather; ``k`` = the node type's communication/compute contention, ``kernels.contention``: the hidden part
-still costs ``k`` of its time) and ``m * C`` when not. Gradients are reduce-scattered every micro-batch,
-as FSDP2 does by default (no ``set_requires_gradient_sync(False)`` under accumulation). The defaults of the four ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
+the step pays ``m * max(C - (1 - k) W, k C) + g_first + r_first`` when overlapping and ``m * C`` when not.
+``k`` = the node type's communication/compute contention (``kernels.contention``: the hidden part still
+costs ``k`` of its time). Nothing hides the first layer's gather ``g_first`` (no compute precedes it) nor
+its gradient reduce-scatter ``r_first``: it is the backward's last, and FSDP2's root post-backward callback
+waits for it before the optimizer step (torch ``_fsdp_state._root_post_backward_final_callback``;
+torchtitan keeps the last blocks unsharded after forward for the same reason, Liang et al. 2024 §2.2.1).
+
+Accumulation (``m > 1``). ``zero3_grad_sync="micro_batch"``: gradients are reduce-scattered every
+micro-batch, FSDP2's default, so ``C`` as above; Stratagem's runtime does this at ``pp = 1``
+(``runtime/executor/schedule.py`` ``LocalRunner``). ``"step"``: what torch.distributed.pipelining's stages
+do, so the runtime at ``pp > 1`` (``set_requires_gradient_sync`` and ``set_reshard_after_backward`` False
+but on the last micro-batch): one reduce-scatter per layer per step, and the weights a backward gathered
+stay unsharded until the next micro-batch's forward has used them, so the step gathers ``m (G - 1) + 1``
+times instead of ``m G`` (torch docs, ``FSDPModule.set_reshard_after_backward``: "the unsharded
+parameters do not need to be re-all-gathered before the next forward"). The price is memory: the rank holds its layers' unsharded weights and
+unsharded gradients between micro-batches (``estimate``'s memory, ``zero3_accumulation_bytes``). The step
+then pays ``max(C_step - (1 - k) m W, k C_step) + g_first + r_first`` (the same form with per-step totals). The defaults of the four ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
 in ``planner.search`` mirrors it); the other values describe DeepSpeed ZeRO-3 as the SC21 Table 2 runs used
 it ("We integrated ZeRO into our codebase using the DeepSpeed Python library", Narayanan et al. SC21 §5.2;
 arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
@@ -131,17 +144,34 @@ class Zero3Comm:
     def step_s(self, pairs: Sequence[tuple[LayerProfile, LayerCost]], *, micro_batches: int,
                window_s: float, wide_paths: frozenset[str] = frozenset()) -> float:
         """Seconds of ZeRO-3 communication the step pays on this rank (module docstring)."""
-        cfg = self.cfg
-        per_mb, first = 0.0, None
+        cfg, m = self.cfg, micro_batches
+        gathers, scatters = m * cfg.zero3_param_gathers, m
+        if cfg.zero3_grad_sync_mode == "step":   # module docstring, "Accumulation"
+            gathers, scatters = m * (cfg.zero3_param_gathers - 1) + 1, 1
+        per_step, exposed = 0.0, None
         for layer, k in pairs:
             gather, scatter = self.layer_s(layer, k, layer.path in wide_paths)
-            first = gather if first is None else first
-            per_mb += cfg.zero3_param_gathers * gather + scatter
+            exposed = gather + scatter if exposed is None else exposed   # the first layer's: never hidden
+            per_step += gathers * gather + scatters * scatter
         overlap = cfg.overlap_grad_reduce if cfg.zero3_overlap is None else cfg.zero3_overlap
         if not overlap:
-            return micro_batches * per_mb
+            return per_step
         kappa = contention(self.node)   # the hidden part still costs kappa of its time (kernels.contention)
-        return micro_batches * max(per_mb - (1 - kappa) * window_s, kappa * per_mb) + (first or 0.0)  # first: never hidden
+        return max(per_step - (1 - kappa) * m * window_s, kappa * per_step) + (exposed or 0.0)
 
 
-__all__ = ["Zero3Comm", "list_collective_overhead_s", "parameter_tensors"]
+def zero3_accumulation_bytes(cfg: ParallelConfig, *, micro_batches: int, params: float, weight_bytes: float,
+                             grad_bytes: float) -> float:
+    """Extra bytes a rank holds under ``zero3_grad_sync="step"`` with ``micro_batches > 1``: its ``params``
+    unsharded weights and unsharded gradients between micro-batches (module docstring, "Accumulation").
+
+    >>> zero3_accumulation_bytes(ParallelConfig(zero_stage=3, zero3_grad_sync="step"), micro_batches=4,
+    ...                          params=1e9, weight_bytes=2, grad_bytes=4)
+    6000000000.0
+    """
+    if cfg.zero_stage < 3 or cfg.zero3_grad_sync_mode != "step" or micro_batches <= 1:
+        return 0.0
+    return params * (weight_bytes + grad_bytes)
+
+
+__all__ = ["Zero3Comm", "list_collective_overhead_s", "parameter_tensors", "zero3_accumulation_bytes"]

@@ -162,9 +162,11 @@ class CandidateCosts:
             group = dp_group(outer.dp, outer.tp, node.devices_per_node, include_tp=wide)
             per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
             coll = dict(node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node)
-            z3_gather = collective_time(self.cluster, "all_gather", k.params * per["params"], group.n_ranks, **coll)
-            z3_mb = 2 * z3_gather + collective_time(self.cluster, "reduce_scatter", k.params * per["grads"],
-                                                    group.n_ranks, **coll)
+            gather = collective_time(self.cluster, "all_gather", k.params * per["params"], group.n_ranks, **coll)
+            scatter = collective_time(self.cluster, "reduce_scatter", k.params * per["grads"], group.n_ranks, **coll)
+            z3_mb, z3_gather = 2 * gather + scatter, gather + scatter   # z3_gather_s: never hidden (zero3.py)
+            if outer.pp > 1:   # zero3_grad_sync "step" (zero3.py, "Accumulation"): m * z3_mb = (m + 1) g + s
+                z3_mb = gather + (gather + scatter) / outer.num_micro_batches
         ws = full_saved_bytes(layer, tp=outer.tp, style=opt.style, sequence_parallel=outer.sequence_parallel,
                               micro_batch=outer.micro_batch, flash_attention=False) if opt.recompute == "full" else 0.0
         return OptionCost(time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s, fwd_s=k.forward_s,
@@ -242,10 +244,12 @@ class CandidateCosts:
         else:
             opt_per_param = OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
         ddp = "always" if zero < 3 and dp > 1 else ("if_replicated" if zero < 3 and tp > 1 else "never")
+        # ZeRO-3 accumulating over m > 1 micro-batches holds unsharded weights + gradients (zero3_accumulation_bytes)
+        held = per["params"] + per["grads"] if zero == 3 and outer.pp > 1 and outer.num_micro_batches > 1 else 0.0
         return RankModel(
             capacity_bytes=node.device_memory_bytes * self.search.memory_fraction,
-            state_bytes_per_param_dp=model_states_bytes(1.0, zero, dp, self.dtype).total_bytes,
-            state_bytes_per_param_dpt=model_states_bytes(1.0, zero, dp * tp, self.dtype).total_bytes,
+            state_bytes_per_param_dp=model_states_bytes(1.0, zero, dp, self.dtype).total_bytes + held,
+            state_bytes_per_param_dpt=model_states_bytes(1.0, zero, dp * tp, self.dtype).total_bytes + held,
             reserve_factor=1.0 + FRAGMENTATION_FRACTION,
             reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
             ddp_buffer=ddp, ddp_buffer_cap_bytes=DDP_BUCKETS_IN_FLIGHT * bucket if bucket else math.inf,

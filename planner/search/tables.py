@@ -47,7 +47,8 @@ class OptionCost:
     ``params_dp``/``params_dpt``: parameters synchronised over the dp group (split layers) or over the
     ``tp * dp`` group (replicated layers). ``ws_bytes``: backward working set if fully recomputed.
     ``z3_mb_s``: ZeRO-3 weight gathers (forward, backward) and gradient reduce-scatter per micro-batch;
-    ``z3_gather_s``: one weight gather (the rank's first layer's is never hidden).
+    ``z3_gather_s``: one weight gather plus one gradient reduce-scatter (as the rank's first layer, whose
+    gather and reduce-scatter are never hidden: ``planner.cost.zero3``).
     """
 
     time_s: float

@@ -78,6 +78,10 @@ class LocalRunner:
     FSDP/replicate units keep their gathered weights until the last micro-batch's backward
     (``set_reshard_after_backward``), so ZeRO-0/1/2 issue one all-gather and one gradient reduction per
     step whatever the micro-batch count: replicas with uneven counts stay in step.
+    ``sync_every_micro_batch`` (ZeRO-3): FSDP2's default instead, weights resharded after each backward and
+    gradients reduce-scattered every micro-batch, so a rank never holds the whole model's unsharded weights
+    and gradients (what ZeRO-3 is for; replicas then need equal counts, which ``check_replica_schedules`` enforces).
+    ``planner.cost.zero3`` prices both ("Accumulation").
     """
 
     module: torch.nn.Module
@@ -88,13 +92,14 @@ class LocalRunner:
     device_type: str = "cpu"
     is_first: bool = True
     is_last: bool = True
+    sync_every_micro_batch: bool = False
 
     def step(self, batch: Batch) -> list[torch.Tensor]:
         losses = []
         inputs = batch.inputs.tensor_split(self.num_micro_batches)
         targets = batch.targets.tensor_split(self.num_micro_batches)
         for i, (x, y) in enumerate(zip(inputs, targets)):
-            if isinstance(self.module, FSDPModule):   # as torch.distributed.pipelining's stages do
+            if isinstance(self.module, FSDPModule) and not self.sync_every_micro_batch:  # as pipelining's stages do
                 last = i == self.num_micro_batches - 1
                 self.module.set_requires_gradient_sync(last)
                 self.module.set_reshard_after_backward(last)
@@ -170,8 +175,12 @@ def check_replica_schedules(plan: Plan) -> BatchSplit:
 
 
 def build_runner(chunks: list[Chunk], *, kind: str, num_stages: int, num_micro_batches: int,
-                 loss_fn: LossFn, pp_group, device: torch.device, autocast_dtype: torch.dtype | None = None):
+                 loss_fn: LossFn, pp_group, device: torch.device, autocast_dtype: torch.dtype | None = None,
+                 sync_every_micro_batch: bool = False):
     """The step runner for this rank's chunks (a pipeline schedule when ``num_stages`` > 1).
+
+    ``sync_every_micro_batch`` (ZeRO-3, one stage): see :class:`LocalRunner`; pipeline stages always
+    accumulate unsharded and sync on the last micro-batch (torch.distributed.pipelining).
 
     ``autocast_dtype`` (bf16) runs forward under ``torch.autocast``: fp32 master weights, optimizer
     state and gradients, low-precision matmuls (Micikevicius et al. 2018, mixed precision).
@@ -179,7 +188,8 @@ def build_runner(chunks: list[Chunk], *, kind: str, num_stages: int, num_micro_b
     loss_par = any(c.loss_parallel for c in chunks)
     common = dict(loss_parallel=loss_par, autocast_dtype=autocast_dtype, device_type=device.type)
     if num_stages == 1:
-        return LocalRunner(module=chunks[0].module, loss_fn=loss_fn, num_micro_batches=num_micro_batches, **common)
+        return LocalRunner(module=chunks[0].module, loss_fn=loss_fn, num_micro_batches=num_micro_batches,
+                           sync_every_micro_batch=sync_every_micro_batch, **common)
     check_schedule(kind, pp=num_stages // len(chunks), virtual_stages=len(chunks), num_micro_batches=num_micro_batches)
     stages = [PipelineStage(c.module, c.stage.index, num_stages, device, group=pp_group) for c in chunks]
     indices = [c.stage.index for c in chunks]

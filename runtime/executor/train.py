@@ -185,7 +185,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
     runner = build_runner(chunks, kind=plan.schedule.kind, num_stages=len(plan.stages),
                           num_micro_batches=num_micro, loss_fn=scaled_loss,
                           pp_group=mesh["pp"].get_group(), device=device,
-                          autocast_dtype=AUTOCAST_DTYPES[tr.dtype])
+                          autocast_dtype=AUTOCAST_DTYPES[tr.dtype], sync_every_micro_batch=plan.zero_stage == 3)
     return Job(plan=plan, dims=dims, coords=coords, device=device, chunks=chunks, runner=runner,
                optimizers=[torch.optim.AdamW(c.module.parameters(), lr=tr.lr, weight_decay=tr.weight_decay)
                            for c in chunks],
