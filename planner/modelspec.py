@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.errors import StratagemError
 
@@ -47,6 +47,19 @@ class ModelSpec(BaseModel):
     config: dict[str, Any] | None = Field(
         None, description="hf: the whole config.json (the plan is self-contained: launch rebuilds the model from "
                           "it); custom: {'sha256': of the file} for py: sources")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        if self.family in EXTERNAL_FAMILIES:  # sizes come from the config or function; read-only summary here
+            return self
+        unknown = sorted(set(self.dims) - set(FAMILY_DEFAULTS[self.family]))
+        if unknown:
+            raise ValueError(f"{self.family} models have no dimension(s) {unknown}")
+        try:
+            check_dims(self)
+        except StratagemError as exc:  # inside a file: pydantic names the field
+            raise ValueError(str(exc)) from None
+        return self
 
     @property
     def name(self) -> str:
@@ -190,7 +203,10 @@ def parse_model(text: str, **overrides: DimValue) -> ModelSpec:
                 f"{', '.join(FAMILY_DEFAULTS[family])}"
             )
         dims[key] = value
-    return ModelSpec(family=family, preset=preset or None, dims=dims)
+    try:
+        return ModelSpec(family=family, preset=preset or None, dims=dims)
+    except ValidationError as exc:
+        raise StratagemError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
 
 # Hugging Face config keys behind the zoo's dimension names (the same overrides work for hf: models).
@@ -278,3 +294,40 @@ def parse_custom(text: str) -> ModelSpec:
         raise StratagemError(f"model file {path} does not exist; pass py:FILE.py:FUNCTION with an existing file")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return ModelSpec(family="custom", dims={}, source=f"py:{path.resolve()}:{function}", config={"sha256": digest})
+
+
+# Dimensions that may be 0 (0 = the family's rule: ffn 4 x hidden, kv heads = heads) or are not counts.
+_ZERO_MEANS_DEFAULT = frozenset({"ffn_hidden", "kv_heads"})
+_NOT_COUNTS = frozenset({"dropout", "rope_theta", "tie_embeddings"})
+
+
+def check_dims(spec: ModelSpec) -> None:
+    """Reject dimensions no model can have: counts < 1, dropout outside [0, 1), heads not dividing hidden.
+
+    >>> check_dims(parse_model("gpt:tiny"))
+    >>> parse_model("gpt:tiny", heads=3)
+    Traceback (most recent call last):
+    ...
+    planner.errors.StratagemError: gpt hidden 64 is not divisible by heads 3; choose heads dividing hidden
+    """
+    if spec.is_external:
+        return
+    for key in FAMILY_DEFAULTS[spec.family]:
+        value = spec.dim(key)
+        if key in _NOT_COUNTS:
+            continue
+        low = 0 if key in _ZERO_MEANS_DEFAULT else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise StratagemError(f"{spec.family} {key} {value!r} must be an integer >= {low}; fix the size")
+    dropout = spec.dims.get("dropout", 0.0)
+    if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
+        raise StratagemError(f"dropout {dropout!r} must be a probability 0 <= p < 1")
+    if spec.family in ("gpt", "llama"):
+        hidden, heads = int(spec.dim("hidden")), int(spec.dim("heads"))
+        if hidden % heads:
+            raise StratagemError(f"{spec.family} hidden {hidden} is not divisible by heads {heads}; choose heads "
+                                 f"dividing hidden")
+        kv = int(spec.dims.get("kv_heads", 0) or 0)
+        if kv and heads % kv:
+            raise StratagemError(f"llama heads {heads} is not divisible by kv_heads {kv}; choose kv heads "
+                                 f"dividing heads")

@@ -8,13 +8,13 @@ A plan is plain data the runtime executes as written. Vocabulary: an *axis* is a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
-from planner.fileio import load_document, save_document
+from planner.fileio import MAX_MAGNITUDE, load_document, save_document
 from planner.modelspec import ModelSpec
 from planner.profiles import Dtype
 from planner.recipe import LRSchedule
@@ -27,7 +27,18 @@ TPStyle = Literal["replicate", "split"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # No NaN or infinity anywhere in a file: "+Infinity" bandwidth or a NaN time would pass every bound.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _physical(cls, value: Any) -> Any:
+        """Numbers beyond 1e24 (bytes, FLOPs, seconds, counts) are no physical value: the products the cost
+        model forms with them would overflow to infinity."""
+        for v in value if isinstance(value, list) else value.values() if isinstance(value, dict) else (value,):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) > MAX_MAGNITUDE:
+                raise ValueError(f"{v:g} is beyond any physical value (|x| <= {MAX_MAGNITUDE:g})")
+        return value
 
 
 class TrainingSettings(_Strict):
@@ -37,9 +48,9 @@ class TrainingSettings(_Strict):
     seq_len: int = Field(ge=1, description="tokens per sample (1 for non-sequence models)")
     dtype: Dtype = Field(description="compute dtype (mixed precision keeps fp32 master weights)")
     optimizer: Literal["adamw"] = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    seed: int = 0
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 0.0
+    seed: int = Field(0, ge=0)
     lr_schedule: LRSchedule | None = Field(
         None, description="Goyal et al. 2017 large-batch recipe (planner/recipe.py); None = constant lr")
 
@@ -48,7 +59,13 @@ class Mesh(_Strict):
     """DeviceMesh axes and sizes, outermost first."""
 
     axes: list[Literal["pp", "dp", "tp"]] = ["pp", "dp", "tp"]
-    sizes: list[int]
+    sizes: list[PositiveInt]
+
+    @model_validator(mode="after")
+    def _check(self) -> "Mesh":
+        if len(self.sizes) != len(self.axes) or len(set(self.axes)) != len(self.axes):
+            raise ValueError(f"mesh needs one size per distinct axis, got axes {self.axes} and sizes {self.sizes}")
+        return self
 
     @property
     def world_size(self) -> int:
@@ -93,11 +110,11 @@ class LayerLayout(_Strict):
 
 
 class StagePrediction(_Strict):
-    stage: int
-    time_breakdown_s: dict[str, float] = Field(description="per micro-batch forward, backward, ... seconds")
-    memory_breakdown_bytes: dict[str, float] = Field(description="params, grads, optimizer, activations, ...")
-    peak_memory_bytes: float
-    memory_capacity_bytes: float
+    stage: int = Field(ge=0)
+    time_breakdown_s: dict[str, NonNegativeFloat] = Field(description="per micro-batch forward, backward, ... seconds")
+    memory_breakdown_bytes: dict[str, NonNegativeFloat] = Field(description="params, grads, optimizer, activations, ...")
+    peak_memory_bytes: NonNegativeFloat
+    memory_capacity_bytes: PositiveFloat
 
 
 class ReplicaTypePrediction(_Strict):
@@ -114,14 +131,14 @@ class Predictions(_Strict):
     """What the cost model predicts for this plan (``stages``: the critical replica type's when replicas run
     on several node types; every type in ``per_replica_type``)."""
 
-    step_time_s: float
-    tokens_per_s: float
-    samples_per_s: float
-    model_tflops_per_gpu: float
-    hardware_tflops_per_gpu: float
-    mfu: float
-    peak_memory_bytes: float = Field(description="max over ranks")
-    breakdown_s: dict[str, float] = Field(description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
+    step_time_s: PositiveFloat
+    tokens_per_s: NonNegativeFloat
+    samples_per_s: NonNegativeFloat
+    model_tflops_per_gpu: NonNegativeFloat
+    hardware_tflops_per_gpu: NonNegativeFloat
+    mfu: NonNegativeFloat
+    peak_memory_bytes: NonNegativeFloat = Field(description="max over ranks")
+    breakdown_s: dict[str, NonNegativeFloat] = Field(description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
     stages: list[StagePrediction]
     per_replica_type: list[ReplicaTypePrediction] = Field(default_factory=list)
 
@@ -130,9 +147,9 @@ class Alternative(_Strict):
     """A runner-up plan from the search, described by its outer choices."""
 
     summary: str
-    step_time_s: float
-    peak_memory_bytes: float
-    slowdown: float = Field(description="step_time_s / best step_time_s")
+    step_time_s: PositiveFloat
+    peak_memory_bytes: NonNegativeFloat
+    slowdown: PositiveFloat = Field(description="step_time_s / best step_time_s")
     choices: dict[str, int | float | str | bool]
     proven_optimal: bool = Field(True, description="False when this candidate's own solve was stopped early "
                                  "(its bound already showed it cannot beat the best plan): a better layout "
@@ -142,10 +159,10 @@ class Alternative(_Strict):
 class SearchRecord(_Strict):
     solver: str
     status: Literal["optimal", "feasible", "time_limit", "enumerated"]
-    gap: float = Field(description="proven relative optimality gap (0 = optimal)")
-    wall_time_s: float
-    candidates_solved: int
-    candidates_pruned: int
+    gap: NonNegativeFloat = Field(description="proven relative optimality gap (0 = optimal)")
+    wall_time_s: NonNegativeFloat
+    candidates_solved: int = Field(ge=0)
+    candidates_pruned: int = Field(ge=0)
     top_k: list[Alternative] = Field(default_factory=list)
     notes: str = ""
 
@@ -164,7 +181,7 @@ class Plan(_Strict):
     stages: list[Stage]
     layout: dict[str, LayerLayout] = Field(default_factory=dict, description="per module path; absent = replicate")
     zero_stage: Literal[0, 1, 2, 3] = 0
-    batch_shares: list[float] | None = Field(
+    batch_shares: list[PositiveFloat] | None = Field(
         None, description="fraction of the global batch per dp replica (None = equal); sums to 1")
     replica_node_types: list[str] | None = Field(
         None, description="node type of each dp replica when replicas run on different GPU types (Whale's "
@@ -214,9 +231,24 @@ def validate(plan: Plan, world_size: int) -> None:
         seen |= ranks
     if seen != set(range(world_size)):
         raise StratagemError(f"plan leaves ranks {sorted(set(range(world_size)) - seen)} idle; re-plan")
+    _check_batch(plan)
+    max_seq = plan.model.dims.get("max_seq") if plan.model.family in ("gpt", "llama") else None
+    if max_seq is not None and plan.training.seq_len > max_seq:
+        raise StratagemError(f"plan trains seq_len {plan.training.seq_len} but {plan.model.name} has max_seq "
+                             f"{max_seq}; re-plan with --seq <= {max_seq}")
     paths = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     if len(paths) != len(set(paths)):
         raise StratagemError("a module is placed on two stages; the plan file is corrupt, re-plan")
+
+
+def _check_batch(plan: Plan) -> None:
+    """Equal replicas: dp x micro_batch_size x num_micro_batches must be the global batch."""
+    s, dp = plan.schedule, plan.mesh.size("dp")
+    if plan.batch_shares is None and dp * s.micro_batch_size * s.num_micro_batches != plan.training.global_batch:
+        raise StratagemError(
+            f"plan splits global batch {plan.training.global_batch} as dp {dp} x micro-batch {s.micro_batch_size} "
+            f"x {s.num_micro_batches} micro-batches = {dp * s.micro_batch_size * s.num_micro_batches}; the file "
+            f"is inconsistent, re-plan")
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -15,11 +15,11 @@ Units are in every field name (``_s``, ``_bytes``, ``_flops``, ``_per_s``). Ever
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, PositiveInt, model_validator
 
-from planner.fileio import load_document, read_json, save_document, validate_document
+from planner.fileio import MAX_MAGNITUDE, load_document, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
 
 # The shipped cluster and model profiles: package data of ``planner`` (``planner/shipped_profiles`` links to the
@@ -36,7 +36,18 @@ Origin = Literal["measured", "derived"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # No NaN or infinity anywhere in a file: "+Infinity" bandwidth or a NaN time would pass every bound.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _physical(cls, value: Any) -> Any:
+        """Numbers beyond 1e24 (bytes, FLOPs, seconds, counts) are no physical value: the products the cost
+        model forms with them would overflow to infinity."""
+        for v in value if isinstance(value, list) else value.values() if isinstance(value, dict) else (value,):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) > MAX_MAGNITUDE:
+                raise ValueError(f"{v:g} is beyond any physical value (|x| <= {MAX_MAGNITUDE:g})")
+        return value
 
 
 class Provenance(_Strict):
@@ -207,10 +218,10 @@ class ModelProfile(_Strict):
     seq_len: int = Field(ge=1, description="tokens per sample (1 for non-sequence models)")
     dtype: Dtype
     sample_shape: list[int] = Field(description="input shape of one sample")
-    micro_batches: list[int] = Field(description="micro-batch sizes that were timed")
-    tp_degrees: list[int] = Field(description="tensor-parallel degrees that were profiled")
-    total_params: int
-    layers: list[LayerProfile]
+    micro_batches: list[PositiveInt] = Field(description="micro-batch sizes that were timed")
+    tp_degrees: list[PositiveInt] = Field(min_length=1, description="tensor-parallel degrees that were profiled")
+    total_params: int = Field(ge=0)
+    layers: list[LayerProfile] = Field(min_length=1)
     reference_matmul: "ComputeFigure | None" = Field(
         None, description="the cluster profiler's matmul benchmark run in the model profiler's process while "
                           "it timed the layers: relates these timings to a cluster profile's compute figure")
@@ -389,6 +400,13 @@ class ClusterProfile(_Strict):
     @property
     def total_devices(self) -> int:
         return sum(g.count * self.node_type(g.node_type).devices_per_node for g in self.nodes)
+
+    @property
+    def is_inventory(self) -> bool:
+        """True for a measured profile: it describes the machines it ran on, so planning for more devices
+        would plan for hardware that does not exist. Datasheet and analytic profiles are templates (a node
+        type and its network) that ``--gpus`` resizes."""
+        return self.provenance.method == "measured"
 
     @property
     def is_mixed(self) -> bool:

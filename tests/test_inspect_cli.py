@@ -86,4 +86,4 @@ def test_bad_metrics_file_is_a_one_line_error(plan_file, tmp_path, capsys):
     bad.write_text("garbage\n")
     assert main(["show", str(path), "--metrics", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "line 1 is not JSON" in err and err.count("\n") == 1
+    assert "line 1 is not valid JSON" in err and err.count("\n") == 1

@@ -93,7 +93,7 @@ def test_bad_metrics_files_are_one_line_errors(tmp_path):
         metrics_frame(tmp_path / "missing.jsonl")
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"step": 0, "step_time_s": 1.0}\n{"step": 1, "step_ti\n')
-    with pytest.raises(StratagemError, match="line 2 is not JSON"):
+    with pytest.raises(StratagemError, match="line 2 is not valid JSON"):
         metrics_frame(broken)
     only_summary = _write_metrics(tmp_path / "s.jsonl", [dict(summary=True)])
     with pytest.raises(StratagemError, match="no step lines"):

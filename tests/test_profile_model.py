@@ -166,8 +166,8 @@ def _run_cli(args, capsys):
 @pytest.mark.parametrize("args,needle", [
     (["--model", "gpt:nope"], "unknown gpt preset"),
     (["--model", "bert:tiny"], "unknown model family"),
-    (["--model", "gpt:tiny", "--micro-batch", "1,x"], "malformed size list"),
-    (["--model", "gpt:tiny", "--tp", "0"], "malformed size list"),
+    (["--model", "gpt:tiny", "--micro-batch", "1,x"], "malformed --micro-batch"),
+    (["--model", "gpt:tiny", "--tp", "0"], "malformed --tp"),
     (["--model", "gpt:tiny", "--tp", "1,3"], "tp=3 does not divide heads=4"),
     (["--model", "gpt:tiny", "--seq", "4096"], "exceeds"),
     (["--model", "resnet:tiny", "--micro-batch", "1,2"], "BatchNorm"),

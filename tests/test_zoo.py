@@ -95,7 +95,7 @@ def test_init_is_placement_independent_and_tied():
 
 
 def test_bad_specs_raise_one_line_errors():
-    with pytest.raises(StratagemError, match="does not divide"):
+    with pytest.raises(StratagemError, match="not divisible by heads"):
         build_model(parse_model("gpt", hidden=30, heads=4))
     with pytest.raises(StratagemError, match="no dimension"):
         build_model(parse_model("gpt:tiny").model_copy(update={"dims": {"depth": 3}}))

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from pathlib import Path
 
 from planner.cost import ParallelConfig, estimate, with_gpus
 from planner.cost.placement import fill_stage_node_types
@@ -25,8 +25,8 @@ from planner.errors import StratagemError
 from planner.cli.model_args import MODEL_HELP, check_profile_matches, spec_from_args
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 
-from planner.cli.common import DefaultsHelpFormatter
-from .common import resolve_cluster_path
+from planner.cli.common import (MAX_BATCH, MAX_DEVICES, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, DefaultsHelpFormatter,
+                                 float_in, int_in, nonempty_path, resolve_cluster_path)
 from .compare_cli import add_source_argument, run_estimate_from
 
 SCHEDULE_ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved_1f1b",
@@ -42,20 +42,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--model", default=None,
                    help=MODEL_HELP + " (required without --from, or when --from's config does not state the model's "
                         "dimensions)")
-    for dim, what in (("layers", "transformer blocks, count"), ("hidden", "hidden size, features per token"),
-                      ("heads", "attention heads, count"), ("vocab", "vocabulary size, tokens"),
-                      ("ffn-hidden", "MLP inner size, features (default 4 x hidden)"),
-                      ("kv-heads", "key/value heads for grouped-query attention, count (llama)")):
-        m.add_argument(f"--{dim}", type=int, default=None, help=f"override the preset's {what}")
-    m.add_argument("--seq", type=int, default=None,
+    for dim, what, high in (("layers", "transformer blocks, count", MAX_LAYERS),
+                            ("hidden", "hidden size, features per token", MAX_WIDTH),
+                            ("heads", "attention heads, count", MAX_WIDTH),
+                            ("vocab", "vocabulary size, tokens", MAX_WIDTH),
+                            ("ffn-hidden", "MLP inner size, features (default 4 x hidden)", MAX_WIDTH),
+                            ("kv-heads", "key/value heads for grouped-query attention, count (llama)", MAX_WIDTH)):
+        m.add_argument(f"--{dim}", type=int_in(1, high), default=None, help=f"override the preset's {what}")
+    m.add_argument("--seq", type=int_in(1, MAX_SEQ), default=None,
                    help="sequence length, tokens per sample (default: the model's max_seq)")
-    m.add_argument("--dropout", type=float, default=None,
-                   help="GPT dropout probability, 0..1 (adds 1-byte masks to activation memory; Megatron used 0.1)")
-    m.add_argument("--model-profile", type=Path, default=None,
+    m.add_argument("--dropout", type=float_in(0, 1, high_open=True), default=None,
+                   help="GPT dropout probability, 0 <= p < 1 (adds 1-byte masks to activation memory; Megatron "
+                        "used 0.1)")
+    m.add_argument("--model-profile", type=nonempty_path, default=None,
                    help="a model profile JSON (from `stratagem profile model`) instead of the closed-form GPT one")
     c = p.add_argument_group("cluster")
     c.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
-    c.add_argument("--gpus", type=int, default=None, help="GPUs to use, count (default: tp*pp*dp)")
+    c.add_argument("--gpus", type=int_in(1, MAX_DEVICES), default=None, help="GPUs to use, count (default: tp*pp*dp)")
     c.add_argument("--stage-node-types", default=None,
                    help="node type name per pipeline rank, comma-separated (mixed clusters; default: in cluster order)")
     c.add_argument("--replica-node-types", default=None,
@@ -64,14 +67,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--batch-shares", default=None,
                    help="fraction of the global batch per dp replica, comma-separated, summing to 1 (default: equal)")
     s = p.add_argument_group("configuration")
-    s.add_argument("--global-batch", type=int, default=None, help="samples per optimizer step (required without --from)")
-    s.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch")
-    s.add_argument("--tp", type=int, default=1, help="tensor-parallel degree, GPUs per layer")
-    s.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree, stages (GPUs per replica / tp)")
-    s.add_argument("--dp", type=int, default=None, help="data-parallel degree, replicas (default: gpus / (tp * pp))")
+    s.add_argument("--global-batch", type=int_in(1, MAX_BATCH), default=None,
+                   help="samples per optimizer step (required without --from)")
+    s.add_argument("--micro-batch", type=int_in(1, MAX_BATCH), default=1, help="samples per micro-batch")
+    s.add_argument("--tp", type=int_in(1, MAX_DEVICES), default=1, help="tensor-parallel degree, GPUs per layer")
+    s.add_argument("--pp", type=int_in(1, MAX_DEVICES), default=1,
+                   help="pipeline-parallel degree, stages (GPUs per replica / tp)")
+    s.add_argument("--dp", type=int_in(1, MAX_DEVICES), default=None,
+                   help="data-parallel degree, replicas (default: gpus / (tp * pp))")
     s.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULE_ALIASES),
                    help="pipeline schedule (interleaved = interleaved 1F1B, needs --virtual-stages >= 2)")
-    s.add_argument("--virtual-stages", type=int, default=1,
+    s.add_argument("--virtual-stages", type=int_in(1, MAX_LAYERS), default=1,
                    help="model chunks per pipeline rank, count (interleaved schedule)")
     s.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
     s.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
@@ -95,6 +101,9 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
     if args.model_profile is not None:
         profile = load_model_profile(args.model_profile)
         check_profile_matches(profile.model, spec_from_args(args), args.model_profile)
+        if args.seq is not None and args.seq != profile.seq_len:
+            raise StratagemError(f"--seq {args.seq} but {args.model_profile} was profiled at seq {profile.seq_len}; "
+                                 f"drop --seq or re-profile with --seq {args.seq}")
         return profile
     spec = spec_from_args(args, max_seq=args.seq)
     if spec.is_external or spec.family not in ("gpt", "llama"):  # derived on the meta device by the runtime
@@ -128,8 +137,17 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
     if dp < 1 or world != gpus:
         raise StratagemError(f"tp {args.tp} x pp {args.pp} x dp {dp} = {world} but --gpus is {gpus}; make the "
                              f"degrees multiply to the GPU count")
+    if world > MAX_DEVICES:
+        raise StratagemError(f"tp {args.tp} x pp {args.pp} x dp {dp} = {world} devices, more than {MAX_DEVICES}; "
+                             f"lower the degrees")
+    if args.sequence_parallel and args.tp == 1:
+        raise StratagemError("--sequence-parallel shards activations over tensor-parallel ranks and needs --tp >= 2; "
+                             "drop --sequence-parallel or raise --tp")
+    if args.stage_node_types and args.replica_node_types:
+        raise StratagemError("--stage-node-types and --replica-node-types exclude each other (node types per "
+                             "pipeline stage, or per dp replica); pass one of them")
     per_step = dp * args.micro_batch
-    shares = _floats(args.batch_shares, "--batch-shares")
+    shares = _shares(args.batch_shares, dp)
     replica_types = tuple(args.replica_node_types.split(",")) if args.replica_node_types else None
     if shares is None and args.global_batch % per_step:
         raise StratagemError(f"global batch {args.global_batch} is not a multiple of dp {dp} x micro-batch "
@@ -148,13 +166,20 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
     return config, gpus
 
 
-def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
-    if not text:
+def _shares(text: str | None, dp: int) -> tuple[float, ...] | None:
+    """``--batch-shares``: one positive finite fraction per dp replica, summing to 1."""
+    if text is None:
         return None
+    example = ",".join([f"{1 / dp:.3g}"] * min(dp, 4)) + (",..." if dp > 4 else "")
     try:
-        return tuple(float(x) for x in text.split(","))
+        shares = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise StratagemError(f"{flag} {text!r} is not a comma-separated list of numbers; e.g. 0.75,0.25") from None
+        shares = ()
+    if (len(shares) != dp or not all(math.isfinite(x) and x > 0 for x in shares)
+            or abs(sum(shares) - 1) > 1e-6):
+        raise StratagemError(f"--batch-shares {text!r} must be {dp} positive fractions (one per dp replica) "
+                             f"summing to 1, e.g. {example}")
+    return shares
 
 
 def estimate_to_json(est, config: ParallelConfig) -> dict:

@@ -7,7 +7,7 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from planner.cli.common import DefaultsHelpFormatter
+from planner.cli.common import MAX_DEVICES, DefaultsHelpFormatter, check_out_path, float_in, int_in, nonempty_path, out_path
 from planner.errors import StratagemError
 from planner.plan import load_plan
 
@@ -18,23 +18,47 @@ def register(subparsers) -> None:
         description="Check the plan against this launch, then start torchrun with the plan's world size "
                     "(NCCL with CUDA, else gloo). Mismatches stop here with one line and exit 2.",
         formatter_class=DefaultsHelpFormatter)
-    p.add_argument("plan", type=Path, help="plan file written by `stratagem plan`")
-    p.add_argument("--steps", type=int, default=10, help="optimizer steps to train")
-    p.add_argument("--data", default="synthetic", help="'synthetic' or a tensor file {'inputs','targets'}")
-    p.add_argument("--checkpoint-dir", type=Path, help="folder for DCP checkpoints (step_NNNNNN/)")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (0 = never)")
+    p.add_argument("plan", type=nonempty_path, help="plan file written by `stratagem plan`")
+    p.add_argument("--steps", type=int_in(1, 10**9), default=10, help="optimizer steps to train")
+    p.add_argument("--data", default="synthetic", type=_data_arg,
+                   help="'synthetic' or a tensor file {'inputs','targets'}")
+    p.add_argument("--checkpoint-dir", type=nonempty_path, help="folder for DCP checkpoints (step_NNNNNN/)")
+    p.add_argument("--checkpoint-every", type=int_in(0, 10**9), default=0, help="save every K steps (0 = never)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    p.add_argument("--metrics", type=Path, help="JSON-lines metrics file (default: a temporary file)")
-    p.add_argument("--max-restarts", type=int, default=0, help="elastic restarts after a rank dies")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes (machines) in the job; passed to torchrun")
-    p.add_argument("--node-rank", type=int, default=0, help="index of this node, 0..nnodes-1 (multi-node)")
+    p.add_argument("--metrics", type=out_path, help="JSON-lines metrics file (default: a temporary file)")
+    p.add_argument("--max-restarts", type=int_in(0, 1000), default=0, help="elastic restarts after a rank dies")
+    p.add_argument("--nnodes", type=int_in(1, MAX_DEVICES), default=1,
+                   help="nodes (machines) in the job; passed to torchrun")
+    p.add_argument("--node-rank", type=int_in(0, MAX_DEVICES), default=0,
+                   help="index of this node, 0..nnodes-1 (multi-node)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the first node (multi-node)")
-    p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: world size / nnodes)")
-    p.add_argument("--slurm", type=Path, help="write an sbatch script for this launch to FILE instead of running")
+    p.add_argument("--nproc-per-node", type=int_in(1, 4096),
+                   help="processes on this node (default: world size / nnodes)")
+    p.add_argument("--slurm", type=out_path,
+                   help="write an sbatch script for this launch to FILE instead of running")
     p.add_argument("--dry-run", action="store_true", help="print the command and each rank's build, start nothing")
-    p.add_argument("--timeout-s", type=float, default=1800.0, help="wall-clock limit of the job and of each collective")
-    p.add_argument("--layout-report", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--timeout-s", type=float_in(0, 30 * 86_400, low_open=True), default=1800.0,
+                   help="wall-clock limit of the job and of each collective, seconds")
+    p.add_argument("--layout-report", type=out_path, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
+
+
+def _data_arg(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected 'synthetic' or a tensor file path, got an empty string")
+    return text
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Outputs are writable regular files distinct from the plan; the checkpoint folder is a folder."""
+    inputs = {"plan": args.plan} | ({"--data": args.data} if args.data != "synthetic" else {})
+    for flag in ("--metrics", "--slurm", "--layout-report"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            check_out_path(value, flag=flag, inputs=inputs)
+    folder = args.checkpoint_dir
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise StratagemError(f"--checkpoint-dir {folder} is a file, not a folder; give a folder path")
 
 
 def _options(args: argparse.Namespace, metrics: Path | None):
@@ -89,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     from runtime.executor.describe import describe_ranks
     from runtime.launch import build_command, build_slurm_script, check_launch, run_command
 
+    _check_paths(args)
+    if args.node_rank >= args.nnodes:
+        raise StratagemError(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes} (nodes are "
+                             f"numbered 0..{args.nnodes - 1})")
     plan = load_plan(args.plan)
     tmp = None
     metrics = args.metrics
@@ -101,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         check_cluster(plan, opts.procs_per_node(plan))
     if args.slurm:
         from planner.fileio import atomic_write_text
-        atomic_write_text(args.slurm, build_slurm_script(plan, opts))
+        atomic_write_text(args.slurm, build_slurm_script(plan, opts), flag="--slurm")
         print(f"wrote {args.slurm}; submit it with: sbatch {args.slurm}")
         return 0
     cmd = build_command(plan, opts)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
@@ -18,7 +17,8 @@ from planner.plan import Plan, TrainingSettings, save_plan, validate
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
-from .common import DefaultsHelpFormatter, check_out_path, resolve_cluster_path
+from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_out_path,
+                     float_in, int_in, nonempty_path, out_path, resolve_cluster_path)
 from .compare_cli import add_source_argument, build_comparison, comparison_table
 from .model_args import add_model_arguments, check_profile_matches, spec_from_args
 from .recipe_args import add_recipe_arguments, recipe_from_args
@@ -31,28 +31,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__.split("\n\n")[0].replace("``", "'"),
                               formatter_class=DefaultsHelpFormatter)
     add_model_arguments(p)
-    p.add_argument("--model-profile", type=Path, default=None,
+    p.add_argument("--model-profile", type=nonempty_path, default=None,
                    help="model profile JSON (default: derived analytically for the model)")
     p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile JSON")
-    p.add_argument("--gpus", type=int, required=True, metavar="N",
+    p.add_argument("--gpus", type=int_in(1, MAX_DEVICES), required=True, metavar="N",
                    help="devices to plan for, a count (CPU ranks on a CPU cluster)")
-    p.add_argument("--global-batch", type=int, required=True, metavar="SAMPLES",
+    p.add_argument("--global-batch", type=int_in(1, MAX_BATCH), required=True, metavar="SAMPLES",
                    help="samples per optimizer step (fixed; the plan never changes it)")
-    p.add_argument("--seq", type=int, default=None, metavar="TOKENS",
+    p.add_argument("--seq", type=int_in(1, MAX_SEQ), default=None, metavar="TOKENS",
                    help="tokens per sample (default: the model's max_seq)")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"],
                    help="training precision of the analytic profile (ignored with --model-profile)")
-    p.add_argument("--memory-fraction", type=float, default=0.9, metavar="FRACTION",
-                   help="share of each device's memory a plan may use, 0..1")
-    p.add_argument("--time-limit", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--memory-fraction", type=float_in(0, 1, low_open=True), default=0.9, metavar="FRACTION",
+                   help="share of each device's memory a plan may use, 0 < f <= 1")
+    p.add_argument("--time-limit", type=float_in(0, MAX_SECONDS, low_open=True), default=30.0, metavar="SECONDS",
                    help="CBC time limit per ILP, seconds; a stopped solve is reported as not optimal")
-    p.add_argument("--budget", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--budget", type=float_in(0, MAX_SECONDS, low_open=True), default=600.0, metavar="SECONDS",
                    help="wall-clock budget of the whole search, seconds; when it runs out the best plan so far "
                         "is written and reported with its proven gap, not as optimal")
-    p.add_argument("--gap", type=float, default=0.0, metavar="FRACTION",
-                   help="relative optimality gap CBC may stop at (0.01 = 1 %%)")
-    p.add_argument("--top-k", type=int, default=5, metavar="K", help="plans to keep (the best and its runners-up)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
+    p.add_argument("--gap", type=float_in(0, 1, high_open=True), default=0.0, metavar="FRACTION",
+                   help="relative optimality gap CBC may stop at, 0 <= g < 1 (0.01 = 1 %%)")
+    p.add_argument("--top-k", type=int_in(1, 100), default=5, metavar="K", help="plans to keep (the best and its runners-up)")
+    p.add_argument("--jobs", type=int_in(1, 256), default=1, metavar="N",
                    help="candidates solved in parallel, one CBC process each (e.g. the number of CPU cores); "
                         "the best step time and its proof do not depend on it")
     p.add_argument("--prove-top-k", action="store_true",
@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "they are the best of the candidates solved while proving the best plan optimal")
     p.add_argument("--allow", default=None,
                    help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})")
-    p.add_argument("--out", type=Path, required=True, metavar="FILE", help="plan JSON to write")
+    p.add_argument("--out", type=out_path, required=True, metavar="FILE", help="plan JSON to write")
     add_recipe_arguments(p)
     add_source_argument(p, "--compare-to", "compare the plan with your current config (speed-up, memory, flags)")
     p.set_defaults(func=run)
@@ -173,13 +173,12 @@ def run(args: argparse.Namespace) -> int:
     from planner.search.plan_file import build_plan
     from planner.search.planner import plan_search
 
-    if args.gpus < 1 or args.global_batch < 1 or args.top_k < 1:
-        raise StratagemError("--gpus, --global-batch and --top-k must be positive integers, e.g. --gpus 8")
-    check_out_path(args.out)
+    cluster_path = resolve_cluster_path(args.cluster)
+    check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
     lr_schedule = recipe_from_args(args)
     spec = _full_spec(spec_from_args(args))
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.is_language_model else int(args.seq or 1)
-    cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
+    cluster = load_cluster_profile(cluster_path)
     profile = _model_profile(spec, args, seq_len)
     _check_dtype(cluster, args.gpus, profile.dtype)
     allow, notes = _external_limits(spec, parse_allow(args.allow))

@@ -15,7 +15,7 @@ from planner.errors import StratagemError
 from planner.fileio import save_document
 from planner.profiles import ClusterProfile, CollectiveFit
 
-from planner.cli.common import DefaultsHelpFormatter, check_out_path
+from planner.cli.common import MAX_SECONDS, DefaultsHelpFormatter, check_out_path, int_in, float_in, nonempty_path, out_path
 from .common import command_line, utc_now
 
 # The quick sweep reaches 16 MiB because on a loaded 2-core VM small-message times jitter by ~2 ms (wake-up
@@ -39,7 +39,7 @@ def parse_size(text: str) -> int:
 def parse_sizes(text: str) -> list[int]:
     """``"1KiB..64MiB"`` (x4 steps; ``"1KiB..64MiB:x2"`` for x2) or a list ``"4KiB,1MiB"``, in bytes."""
     if ".." not in text:
-        return sorted({parse_size(part) for part in text.split(",") if part.strip()})
+        return _check_sizes(sorted({parse_size(part) for part in text.split(",") if part.strip()}), text)
     span, _, step = text.partition(":")
     lo_text, _, hi_text = span.partition("..")
     lo, hi = parse_size(lo_text), parse_size(hi_text)
@@ -51,6 +51,17 @@ def parse_sizes(text: str) -> list[int]:
     while size <= hi:
         sizes.append(size)
         size *= factor or 4
+    return _check_sizes(sizes, text)
+
+
+MAX_MESSAGE_BYTES = 16 * 2**30  # one collective message: 16 GiB (an H200's memory is 141 GB)
+MAX_SIZES = 64
+
+
+def _check_sizes(sizes: list[int], text: str) -> list[int]:
+    if not sizes or len(sizes) > MAX_SIZES or max(sizes) > MAX_MESSAGE_BYTES:
+        raise StratagemError(f"--sizes {text!r} gives {len(sizes)} message sizes up to {max(sizes, default=0):,} "
+                             f"bytes; give 1..{MAX_SIZES} sizes of at most 16GiB, e.g. 4KiB..16MiB")
     return sizes
 
 
@@ -59,29 +70,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cluster", help="measure collectives (alpha-beta) and matmul throughput with torchrun",
         description="Time collectives and matmul on this cluster with torchrun, fit alpha-beta per collective and "
                     "link level, and write a cluster profile JSON.", formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--nproc-per-node", type=int, required=True, help="ranks (devices) per node, count")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes, count; >1 also measures the inter-node level")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's index (0 writes the profile)")
+    p.add_argument("--nproc-per-node", type=int_in(1, 4096), required=True, help="ranks (devices) per node, count")
+    p.add_argument("--nnodes", type=int_in(1, 100_000), default=1,
+                   help="nodes, count; >1 also measures the inter-node level")
+    p.add_argument("--node-rank", type=int_in(0, 100_000), default=0,
+                   help="this node's index, 0..nnodes-1 (0 writes the profile)")
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0 when --nnodes > 1")
     p.add_argument("--sizes", default=None,
                    help=f"message sizes in bytes (suffix B, KiB, MiB, GiB, KB, MB, GB): LOW..HIGH[:xF] (x4 steps "
                         f"unless F is given) or a list 4KiB,1MiB (default {FULL_SIZES}, --quick {QUICK_SIZES})")
-    p.add_argument("--repeats", type=int, default=None,
+    p.add_argument("--repeats", type=int_in(1, 1000), default=None,
                    help="repeats (count) per size, for the run-to-run spread (default 5, --quick 3)")
-    p.add_argument("--iters", type=int, default=None,
+    p.add_argument("--iters", type=int_in(1, 100_000), default=None,
                    help="most timed iterations (count) per repeat (default 10, --quick 5)")
     p.add_argument("--quick", action="store_true",
                    help=f"small sweep that finishes in seconds ({QUICK_SIZES}, 3 repeats, 5 iterations)")
-    p.add_argument("--timeout-s", type=float, default=300.0,
+    p.add_argument("--timeout-s", type=float_in(0, MAX_SECONDS, low_open=True), default=300.0,
                    help="kill the whole run after this many seconds (exit 2, no file)")
     p.add_argument("--name", default=None, help="profile and node-type name (default: the --out file stem)")
-    p.add_argument("--out", required=True, type=Path,
+    p.add_argument("--out", required=True, type=out_path,
                    help="cluster profile JSON file to write (atomically; only node 0 writes)")
     p.set_defaults(func=run)
     check = subparsers.add_parser(
         "check", help="validate profile files (schema version, fields, content hash)",
         description="Load each cluster or model profile file as the planner would; exit 2 on the first bad one.")
-    check.add_argument("files", nargs="+", type=Path, help="cluster or model profile JSON files to validate")
+    check.add_argument("files", nargs="+", type=nonempty_path, help="cluster or model profile JSON files to validate")
     check.set_defaults(func=run_check)
 
 
@@ -146,12 +159,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = ClusterBenchConfig(
         nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
-        sizes_bytes=tuple(parse_sizes(args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES))),
+        sizes_bytes=tuple(parse_sizes(args.sizes if args.sizes is not None else
+                                      (QUICK_SIZES if args.quick else FULL_SIZES))),
         repeats=(3 if args.quick else 5) if args.repeats is None else args.repeats,
         iters=(5 if args.quick else 10) if args.iters is None else args.iters,
         timeout_s=args.timeout_s)
-    if cfg.repeats < 1 or cfg.iters < 1 or cfg.timeout_s <= 0:
-        raise StratagemError("--repeats, --iters and --timeout-s must be positive; e.g. --repeats 3")
+    if args.node_rank >= args.nnodes:
+        raise StratagemError(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes} (nodes are "
+                             f"numbered 0..{args.nnodes - 1})")
     if args.node_rank == 0:
         check_out_path(args.out)  # fail before the benchmark, not after it
     with Progress(transient=True) as progress:

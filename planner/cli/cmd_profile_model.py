@@ -6,8 +6,12 @@ import argparse
 import platform
 from pathlib import Path
 
-from planner.cli.common import (DefaultsHelpFormatter, check_out_path, command_line, host_name, int_list,
-                                 resolve_cluster_path, utc_now)
+from planner.cli.common import (MAX_BATCH, MAX_DEVICES, MAX_SEQ, DefaultsHelpFormatter, check_out_path, command_line,
+                                 host_name, int_in, int_list, out_path, resolve_cluster_path, utc_now)
+
+# A measured profile runs each layer on micro-batch x seq tokens in this process: above this many tokens
+# one activation of even a small model needs GiBs (1e6 x 128 tokens crashed with an allocation failure).
+MAX_MEASURED_TOKENS = 2**20
 from planner.errors import StratagemError
 from planner.cli.model_args import add_model_arguments, spec_from_args
 from planner.profiles import load_cluster_profile, save_profile
@@ -21,18 +25,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=DefaultsHelpFormatter)
     add_model_arguments(p)
     p.add_argument("--micro-batch", default="1", help="micro-batch sizes to time, in samples, e.g. 1,2,4")
-    p.add_argument("--seq", type=int, default=128, help="sequence length in tokens per sample (ignored for "
+    p.add_argument("--seq", type=int_in(1, MAX_SEQ), default=128, help="sequence length in tokens per sample (ignored for "
                                                          "resnet/mlp)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"],
                    help="parameter and activation dtype (sets bytes per element and the matmul precision)")
     p.add_argument("--tp", default="1", help="tensor-parallel degrees (ranks per layer) to profile shards for, "
                                              "e.g. 1,2,4; 1 is always included")
-    p.add_argument("--out", required=True, help="model profile JSON file to write (atomically)")
+    p.add_argument("--out", required=True, type=out_path, help="model profile JSON file to write (atomically)")
     p.add_argument("--analytic", action="store_true",
                    help="no measurement: run on the meta device, times = FLOPs / the cluster's achieved FLOP/s")
     p.add_argument("--cluster", help="cluster name or profile file (needed with --analytic)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs (count) per layer before timing")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs (count) per layer and micro-batch; the "
+    p.add_argument("--warmup", type=int_in(0, 1000), default=2, help="untimed runs (count) per layer before timing")
+    p.add_argument("--repeats", type=int_in(1, 1000), default=5, help="timed runs (count) per layer and micro-batch; the "
                                                            "file keeps their median and spread in seconds")
     p.set_defaults(func=run)
 
@@ -70,11 +74,14 @@ def run(args: argparse.Namespace) -> int:
     from runtime.profile_model import ProfileSettings, profile_model
 
     spec = spec_from_args(args)
-    micro_batches, tps = int_list(args.micro_batch), int_list(args.tp)
-    if args.seq < 1 or args.warmup < 0 or args.repeats < 1:
-        raise StratagemError("--seq and --repeats must be >= 1 and --warmup >= 0")
-    out = Path(args.out)
-    check_out_path(out)
+    micro_batches = int_list(args.micro_batch, high=MAX_BATCH, flag="--micro-batch")
+    tps = int_list(args.tp, high=MAX_DEVICES, flag="--tp")
+    if not args.analytic and max(micro_batches) * args.seq > MAX_MEASURED_TOKENS:
+        raise StratagemError(f"measuring --micro-batch {max(micro_batches)} x --seq {args.seq} tokens per layer run "
+                             f"exceeds {MAX_MEASURED_TOKENS:,} tokens and would not fit in memory; profile smaller "
+                             f"micro-batches (times scale linearly) or use --analytic")
+    cluster_path = resolve_cluster_path(args.cluster) if args.cluster else None
+    out = check_out_path(args.out, inputs={"--cluster": cluster_path})
     flops_per_s, device_name = _achieved_flops(args.cluster, args.dtype) if args.analytic else (None, _cpu_name())
     settings = ProfileSettings(
         micro_batches=tuple(sorted(set(micro_batches))), seq_len=args.seq, dtype=args.dtype,

@@ -15,7 +15,12 @@ from rich.table import Table
 from planner.inspect.frames import plan_label, stage_frame
 from planner.inspect.measured import metrics_frame, predicted_vs_measured
 from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
-from planner.plan import Plan, load_plan
+from planner.cli.common import check_out_path, nonempty_path, out_path
+from planner.fileio import check_output_folder
+from planner.plan import Plan, load_plan, validate
+
+# the pictures `--png` writes (planner.inspect.report.build_figures)
+PNG_NAMES = ("layer_placement", "timeline", "memory_per_rank", "step_breakdown", "plan_comparison", "metrics")
 
 from .compare_cli import add_compare_argument, print_comparison
 
@@ -25,16 +30,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "show", help="summarize a plan file; write HTML or PNG pictures of it",
         description="Print a readable summary of a plan (and of a launch's metrics beside its predictions); "
                     "optionally write a self-contained HTML report or the pictures as PNG files.")
-    parser.add_argument("plan", help="plan file written by `stratagem plan`")
-    parser.add_argument("--metrics", metavar="FILE", help="metrics JSON lines written by `stratagem launch`")
-    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report here")
-    parser.add_argument("--png", metavar="DIR", help="write one PNG per picture into this folder")
+    parser.add_argument("plan", type=nonempty_path, help="plan file written by `stratagem plan`")
+    parser.add_argument("--metrics", type=nonempty_path, metavar="FILE",
+                        help="metrics JSON lines written by `stratagem launch`")
+    parser.add_argument("--html", type=out_path, metavar="FILE", help="write a self-contained HTML report here")
+    parser.add_argument("--png", type=nonempty_path, metavar="DIR", help="write one PNG per picture into this folder")
     add_compare_argument(parser)
     parser.set_defaults(func=run)
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """--html is a writable file and --png a folder, neither replacing the plan or metrics they are made from."""
+    inputs = {"plan": args.plan, "--metrics": args.metrics}
+    if args.html is not None:
+        check_out_path(args.html, flag="--html", inputs=inputs)
+    if args.png is not None:
+        check_output_folder(args.png, flag="--png")
+        for name in PNG_NAMES:
+            check_out_path(args.png / f"{name}.png", flag="--png", inputs=inputs)
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     plan = load_plan(args.plan)
+    validate(plan, plan.world_size)  # what `launch` would refuse is not shown as a plan either
     metrics = metrics_frame(args.metrics) if args.metrics else None
     console = Console(highlight=False)
     console.print(_overview(plan))

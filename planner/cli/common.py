@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import math
 import os
 import platform
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from planner.errors import StratagemError
@@ -15,17 +17,86 @@ from planner.errors import StratagemError
 from planner.profiles import SHIPPED_PROFILES_DIR as PROFILES_DIR  # package data (see planner/profiles.py)
 
 
-def int_list(text: str) -> list[int]:
-    """Parse ``"1,2,4"`` into ``[1, 2, 4]`` (argparse ``type=``); positive integers only."""
+# Upper bounds of count flags: far above any real job, low enough that loops over divisors, layers or ranks
+# finish in well under a second (a 20-digit --gpus made the search enumerate for ever).
+MAX_DEVICES = 2**20           # ranks / GPUs in one job (the largest published runs use ~2**15)
+MAX_BATCH = 2**20             # samples per optimizer step
+MAX_SEQ = 2**22               # tokens per sample
+MAX_LAYERS = 10_000           # transformer blocks (published models: <= 128)
+MAX_WIDTH = 2**22             # hidden, ffn, vocab sizes and head counts
+MAX_SECONDS = 7 * 86_400.0    # time limits: one week
+
+
+def int_in(low: int, high: int, *, what: str = "") -> Callable[[str], int]:
+    """argparse ``type=``: an integer in ``low..high`` (a decimal literal; no floats, no NaN).
+
+    >>> int_in(1, 8)("4")
+    4
+    >>> int_in(1, 8)("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer 1..8, got '0'
+    """
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer {low}..{high}{what}, got {text!r}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
+             what: str = "") -> Callable[[str], float]:
+    """argparse ``type=``: a finite number between ``low`` and ``high`` (open ends excluded).
+
+    >>> float_in(0, 1, low_open=True)("0.5")
+    0.5
+    >>> float_in(0, 1, low_open=True)("nan")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected a number > 0 and <= 1, got 'nan'
+    """
+    lo_text = f"> {low:g}" if low_open else f">= {low:g}"
+    hi_text = f"< {high:g}" if high_open else f"<= {high:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        ok = (math.isfinite(value) and (value > low if low_open else value >= low)
+              and (value < high if high_open else value <= high))
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected a number {lo_text} and {hi_text}{what}, got {text!r}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def int_list(text: str, *, high: int = MAX_BATCH, flag: str = "size list") -> list[int]:
+    """Parse ``"1,2,4"`` into ``[1, 2, 4]``; integers in ``1..high`` only.
+
+    >>> int_list("1,2,4")
+    [1, 2, 4]
+    """
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise StratagemError(f"malformed size list {text!r}; write positive integers separated by commas, "
-                             f"e.g. 1,2,4") from None
-    if not values or any(v < 1 for v in values):
-        raise StratagemError(f"malformed size list {text!r}; write positive integers separated by commas, "
-                             f"e.g. 1,2,4")
+        values = []
+    if not values or any(not 1 <= v <= high for v in values):
+        raise StratagemError(f"malformed {flag} {text!r}; write integers 1..{high} separated by commas, e.g. 1,2,4")
     return values
+
+
+def nonempty_path(text: str) -> Path:
+    """argparse ``type=`` for file and folder flags: an empty or blank string is an error, not '.'."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return Path(text)
 
 
 def resolve_cluster_path(name_or_path: str) -> Path:
@@ -65,12 +136,18 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def check_out_path(path: Path) -> None:
-    """Fail before any work if --out cannot be written (the write itself is atomic, at the end)."""
-    if path.is_dir():
-        raise StratagemError(f"--out {path} is a folder; give a file path such as {path / 'profile.json'}")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise StratagemError(f"cannot write {path}: {parent} is not a writable folder; choose a writable --out path")
+def out_path(text: str) -> Path:
+    """argparse ``type=`` for output files: empty strings and folder names (a trailing ``/``) are errors,
+    caught here because ``Path("dir/")`` silently drops the slash."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
+    if text.endswith(("/", os.sep, "/.", "/..")) or text in (".", ".."):
+        raise argparse.ArgumentTypeError(f"expected a file path, got the folder name {text!r}; add a file name, "
+                                         f"e.g. {text.rstrip('/')}/out.json")
+    return Path(text)
+
+
+def check_out_path(path: str | os.PathLike, *, flag: str = "--out", inputs: dict | None = None) -> Path:
+    """Fail before any work if ``path`` cannot be written (see :func:`planner.fileio.check_output_path`)."""
+    from planner.fileio import check_output_path
+    return check_output_path(path, flag=flag, inputs=inputs)

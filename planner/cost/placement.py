@@ -9,12 +9,15 @@ different nodes iff ``dp * tp >= d`` or their node types differ.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, replace
 
 from planner.cost.config import ParallelConfig, Recompute, TPStyle
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeGroup
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +50,13 @@ def with_gpus(cluster: ClusterProfile, gpus: int) -> ClusterProfile:
     A mixed cluster is returned unchanged and must already hold ``gpus`` devices."""
     if gpus < 1:
         raise StratagemError(f"--gpus must be >= 1, got {gpus}")
+    if cluster.is_inventory and gpus > cluster.total_devices:
+        raise StratagemError(f"cluster {cluster.name} is a measured inventory of {cluster.total_devices} devices, "
+                             f"not {gpus}; use --gpus <= {cluster.total_devices}, or profile the larger cluster "
+                             f"(stratagem profile cluster --nnodes ...)")
+    if not cluster.is_mixed and not cluster.is_inventory and gpus > cluster.total_devices:
+        log.warning("cluster %s lists %d devices; planning for %d of its node type (a datasheet template, resized)",
+                    cluster.name, cluster.total_devices, gpus)
     if cluster.is_mixed:
         if gpus > cluster.total_devices:
             raise StratagemError(f"mixed cluster {cluster.name} has {cluster.total_devices} devices, not "

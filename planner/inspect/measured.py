@@ -10,7 +10,6 @@ of each step wins. Unknown scalar fields are kept as columns, so the table follo
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from planner.errors import StratagemError
+from planner.fileio import parse_json, read_text
 from planner.plan import Plan
 
 PEAK_KEYS = ("peak_mem_bytes", "peak_memory_bytes", "peak_memory_bytes_per_rank")
@@ -26,32 +26,53 @@ PEAK_KEYS = ("peak_mem_bytes", "peak_memory_bytes", "peak_memory_bytes_per_rank"
 def load_metrics(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """(step records, summary record or None) from a metrics JSON-lines file."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise StratagemError(f"metrics file {path} does not exist; pass the --metrics file that "
-                             f"`stratagem launch` wrote") from None
-    except OSError as exc:
-        raise StratagemError(f"cannot read metrics file {path}: {exc.strerror or exc}") from None
+    lines = read_text(path, what="metrics").splitlines()
     steps: dict[int, dict[str, Any]] = {}
     summary = None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise StratagemError(f"metrics file {path} line {number} is not JSON ({exc.msg}); the launch "
-                                 f"was probably interrupted while writing: delete that line") from None
+        record = parse_json(line, source=f"file {path} line {number}", what="metrics",
+                            fix="the launch was probably interrupted while writing: delete that line")
         if not isinstance(record, dict):
             raise StratagemError(f"metrics file {path} line {number} is not a JSON object; re-run the launch")
         if record.get("summary") or record.get("event") == "summary":
             summary = record
         elif "step" in record and record.get("event", "step") == "step":
+            _check_step_record(record, f"metrics file {path} line {number}")
             steps[record["step"]] = record  # a restarted attempt re-logs a step: the last line wins
     if not steps:
         raise StratagemError(f"metrics file {path} has no step lines; run `stratagem launch` with --steps >= 1")
     return [steps[k] for k in sorted(steps)], summary
+
+
+# numeric fields of a step line: each a finite number >= 0 (or null where the launch had nothing to measure)
+_STEP_NUMBERS = ("loss", "step_time_s", "tokens_per_s", "samples_per_s")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_step_record(record: dict[str, Any], where: str) -> None:
+    """A step line holds an integer step >= 0, finite numbers, and peak memory as bytes >= 0."""
+    step = record["step"]
+    if not _is_number(step) or not isinstance(step, int) or not 0 <= step < 2**53:
+        raise StratagemError(f"{where}: step {step!r} is not a step number (an integer >= 0); "
+                             f"pass the file `stratagem launch --metrics` wrote")
+    for key in _STEP_NUMBERS:
+        value = record.get(key)
+        if value is not None and not (_is_number(value) and (key == "loss" or value > 0)):
+            raise StratagemError(f"{where}: {key} {value!r} is not a finite number"
+                                 f"{'' if key == 'loss' else ' > 0'}; pass the file `stratagem launch` wrote")
+    for key in PEAK_KEYS:
+        value = record.get(key)
+        values = (value if isinstance(value, list) else list(value.values()) if isinstance(value, dict)
+                  else [value])
+        bad_keys = isinstance(value, dict) and not all(str(k).isdigit() for k in value)
+        if value is not None and (bad_keys or not all(v is None or (_is_number(v) and v >= 0) for v in values)):
+            raise StratagemError(f"{where}: {key} {value!r} is not bytes per rank (numbers >= 0, a list or "
+                                 f"{{rank: bytes}}); pass the file `stratagem launch` wrote")
 
 
 def _flatten(record: dict[str, Any]) -> dict[str, Any]:

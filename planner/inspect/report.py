@@ -11,15 +11,13 @@ import base64
 import html
 import io
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
 
 from planner.errors import StratagemError
-from planner.fileio import atomic_write_text
+from planner.fileio import atomic_write_bytes, atomic_write_text
 from planner.inspect.fig_timeline import plot_timeline
 from planner.inspect.figures import (plot_layer_placement, plot_memory_per_rank, plot_metrics,
                                      plot_plan_comparison, plot_step_breakdown)
@@ -56,25 +54,6 @@ def figure_png(fig: Figure, *, dpi: int = PNG_DPI) -> bytes:
     return buffer.getvalue()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Binary sibling of planner.fileio.atomic_write_text: temp file in the folder, fsync, rename."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise StratagemError(f"cannot write {path}: {exc.strerror or exc}; choose a writable --png folder") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def render_pngs(plan: Plan, metrics: pd.DataFrame | None = None,
                 timeline: Timeline | None = None) -> dict[str, bytes]:
     """Name -> PNG bytes of every picture of :func:`build_figures` (render once, write as PNG and HTML)."""
@@ -88,7 +67,7 @@ def save_pngs(plan: Plan, folder: str | Path, metrics: pd.DataFrame | None = Non
     if folder.exists() and not folder.is_dir():
         raise StratagemError(f"--png {folder} is a file, not a folder; give a folder path")
     pngs = pngs if pngs is not None else render_pngs(plan, metrics)
-    return [atomic_write_bytes(folder / f"{name}.png", data) for name, data in pngs.items()]
+    return [atomic_write_bytes(folder / f"{name}.png", data, flag="--png") for name, data in pngs.items()]
 
 
 def _table(frame: pd.DataFrame) -> str:
@@ -126,4 +105,4 @@ def build_html(plan: Plan, metrics: pd.DataFrame | None = None, *, title: str | 
 def save_html(plan: Plan, path: str | Path, metrics: pd.DataFrame | None = None,
               pngs: dict[str, bytes] | None = None) -> Path:
     """Write :func:`build_html` atomically to ``path``."""
-    return atomic_write_text(path, build_html(plan, metrics, pngs=pngs))
+    return atomic_write_text(path, build_html(plan, metrics, pngs=pngs), flag="--html")
