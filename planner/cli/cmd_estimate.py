@@ -26,6 +26,7 @@ from planner.cli.model_args import MODEL_HELP, check_profile_matches, spec_from_
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 
 from planner.cli.common import (MAX_BATCH, MAX_DEVICES, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, DefaultsHelpFormatter,
+                                 check_layer_paths,
                                  float_in, int_in, nonempty_path, resolve_cluster_path)
 from .compare_cli import add_source_argument, run_estimate_from
 
@@ -104,6 +105,8 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
         if args.seq is not None and args.seq != profile.seq_len:
             raise StratagemError(f"--seq {args.seq} but {args.model_profile} was profiled at seq {profile.seq_len}; "
                                  f"drop --seq or re-profile with --seq {args.seq}")
+        check_layer_paths(profile.model, [layer.path for layer in profile.layers],
+                          source=f"--model-profile {args.model_profile}")
         return profile
     spec = spec_from_args(args, max_seq=args.seq)
     if spec.is_external or spec.family not in ("gpt", "llama"):  # derived on the meta device by the runtime

@@ -17,7 +17,7 @@ from planner.plan import Plan, TrainingSettings, save_plan, validate
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
-from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_out_path,
+from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_layer_paths, check_out_path,
                      float_in, int_in, nonempty_path, out_path, resolve_cluster_path)
 from .compare_cli import add_source_argument, build_comparison, comparison_table
 from .model_args import add_model_arguments, check_profile_matches, spec_from_args
@@ -74,6 +74,8 @@ def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> M
         if args.seq is not None and args.seq != profile.seq_len:
             raise StratagemError(f"--seq {args.seq} but {args.model_profile} was profiled at seq {profile.seq_len}; "
                                  f"drop --seq or re-profile with --seq {args.seq}")
+        check_layer_paths(profile.model, [layer.path for layer in profile.layers],
+                          source=f"--model-profile {args.model_profile}")
         return profile
     if spec.family in ("gpt", "llama"):
         from planner.gpt_profile import build_gpt_profile

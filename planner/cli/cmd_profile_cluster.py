@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 from planner.errors import StratagemError
@@ -128,6 +129,25 @@ def _print_summary(profile: ClusterProfile) -> None:
         console.print(f"matmul {c.dtype}: {c.achieved_flops_per_s / 1e9:.1f} GFLOP/s median, "
                       f"{c.peak_flops_per_s / 1e9:.1f} best")
     console.print(f"notes: {profile.provenance.notes}")
+    for line in poor_fit_warnings(fits):
+        print(line, file=sys.stderr)
+
+
+# A fit this poor predicts collective times off by about a factor of two somewhere in the measured range.
+POOR_FIT_R2 = 0.9
+POOR_FIT_MAX_REL_ERR = 0.5
+
+
+def poor_fit_warnings(fits: list[CollectiveFit]) -> list[str]:
+    """One ``warning:`` line per fit whose r2 is below 0.9 or whose largest error exceeds 50 %."""
+    lines = []
+    for f in fits:
+        r2, err = f.fit_r2, f.fit_max_rel_err
+        if (r2 is not None and r2 < POOR_FIT_R2) or (err is not None and err > POOR_FIT_MAX_REL_ERR):
+            lines.append(f"warning: the {f.op} {f.level} fit is poor (r2 {r2 if r2 is not None else float('nan'):.2f}, "
+                         f"max error {100 * (err or 0):.0f} %): plans will mis-price it; re-run on an idle machine "
+                         f"with more --repeats, or larger --sizes")
+    return lines
 
 
 def load_any_profile(path: Path):

@@ -15,7 +15,7 @@ from rich.table import Table
 from planner.inspect.frames import plan_label, stage_frame
 from planner.inspect.measured import metrics_frame, predicted_vs_measured
 from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
-from planner.cli.common import check_out_path, nonempty_path, out_path
+from planner.cli.common import check_layer_paths, check_out_path, nonempty_path, out_path
 from planner.fileio import check_output_folder
 from planner.plan import Plan, load_plan, validate
 
@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     plan = load_plan(args.plan)
     validate(plan, plan.world_size)  # what `launch` would refuse is not shown as a plan either
+    check_layer_paths(plan.model, [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths],
+                      source=f"plan {args.plan}")
     metrics = metrics_frame(args.metrics) if args.metrics else None
     console = Console(highlight=False)
     console.print(_overview(plan))

@@ -136,6 +136,20 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def check_layer_paths(spec, paths: list[str], *, source: str) -> None:
+    """``paths`` (a profile's layers or a plan's stages, in order) must be the model's top-level layers.
+
+    The CLI is the one place the planner may ask the runtime's model zoo (the composition root)."""
+    from runtime.models import layer_paths
+
+    expected = layer_paths(spec)
+    if list(paths) != expected:
+        unknown = [p for p in paths if p not in expected][:3]
+        detail = f"unknown {unknown}" if unknown else f"{len(paths)} layers, expected {len(expected)} in model order"
+        raise StratagemError(f"{source} does not match the layers of {spec.name} ({detail}); regenerate it for "
+                             f"this model")
+
+
 def out_path(text: str) -> Path:
     """argparse ``type=`` for output files: empty strings and folder names (a trailing ``/``) are errors,
     caught here because ``Path("dir/")`` silently drops the slash."""
