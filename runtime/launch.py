@@ -15,6 +15,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,14 +133,33 @@ def build_slurm_script(plan: Plan, opts: LaunchOptions) -> str:
         'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"srun {body}", ""])
 
 
+PREEMPT_GRACE_S = 120.0  # after a forwarded SIGTERM, how long the ranks get to checkpoint and exit
+
+
 def run_command(cmd: list[str], *, timeout_s: float) -> int:
-    """Run torchrun in its own process group; on timeout stop the whole group and raise."""
-    env = dict(os.environ)
+    """Run torchrun in its own process group; on timeout stop the whole group and raise.
+
+    A SIGTERM to this process (a cluster preempting the job) is forwarded to the whole group: the ranks
+    checkpoint at their next step boundary and exit (``runtime.executor.train.Preemption``)."""
+    env = dict(os.environ, STRATAGEM_LAUNCHER_PID=str(os.getpid()))
     env.setdefault("OMP_NUM_THREADS", "1")
     log.info("running %s", shlex.join(cmd))
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    deadline = [time.monotonic() + timeout_s]
+
+    def forward(signum, frame):  # noqa: ARG001 - signal handler API
+        log.warning("SIGTERM: asking the ranks to checkpoint and stop")
+        os.killpg(proc.pid, signal.SIGTERM)
+        deadline[0] = min(deadline[0], time.monotonic() + PREEMPT_GRACE_S)
+
+    previous = signal.signal(signal.SIGTERM, forward)
     try:
-        return proc.wait(timeout=timeout_s)
+        while True:
+            try:
+                return proc.wait(timeout=min(1.0, max(0.0, deadline[0] - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline[0]:
+                    raise
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -153,3 +173,5 @@ def run_command(cmd: list[str], *, timeout_s: float) -> int:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=KILL_GRACE_S)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)

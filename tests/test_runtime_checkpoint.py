@@ -66,3 +66,39 @@ def test_launcher_refuses_planted_metadata_before_starting(tmp_path):
     (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode()))
     with pytest.raises(StratagemError, match="never holds"):
         check_resumable(tmp_path, model_name="gpt:tiny", world_size=2)
+
+
+@pytest.mark.parametrize("where", ["shards", "marker"])
+def test_failed_checkpoint_write_leaves_the_previous_one_intact(one_rank, tmp_path, monkeypatch, where):
+    """A full disk (ENOSPC, simulated) while saving step 4: step 2 stays complete and loadable, no partial
+    folder is left, and the error is one line naming the intact checkpoint."""
+    import errno
+
+    import runtime.executor.checkpoint as ck
+    from runtime.executor.checkpoint import find_latest_checkpoint
+
+    model, opt = _model_and_optimizer(0)
+    meta = {"model": "linear", "world_size": 1}
+    good = save_checkpoint(tmp_path / "ck", 2, [model], [opt], meta=meta)
+    saved_weight = model.weight.detach().clone()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "shards":
+        real_save = ck.dcp.save
+
+        def save_then_fail(state, checkpoint_id):
+            real_save(state, checkpoint_id=checkpoint_id)   # shards written, then the disk fills
+            disk_full()
+        monkeypatch.setattr(ck.dcp, "save", save_then_fail)
+    else:
+        monkeypatch.setattr(ck, "atomic_write_text", disk_full)
+    with pytest.raises(StratagemError, match="No space left on device.*step_000002 is intact"):
+        save_checkpoint(tmp_path / "ck", 4, [model], [opt], meta=meta)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step_000002"]
+    assert find_latest_checkpoint(tmp_path / "ck") == good
+    assert load_checkpoint(good, [model], [opt]) == 2
+    assert torch.equal(model.weight, saved_weight)

@@ -64,3 +64,31 @@ def test_interrupted_save_is_never_resumed_from(tmp_path):
     assert sorted(p.name for p in ck.iterdir()) == ["step_000002", "step_000004", "step_000006"]
     assert all((ck / n / COMPLETE_MARKER).is_file() for n in ("step_000002", "step_000004", "step_000006"))
 
+
+
+def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(tmp_path):
+    """Preemption: SIGTERM to `stratagem launch` (as Slurm or Kubernetes send it) reaches the ranks, which
+    agree on it at the next step boundary, checkpoint there and exit cleanly; `--resume` then trains the
+    remaining steps with the same losses as an uninterrupted run."""
+    plan = make_plan(GPT, dp=2)
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    metrics = tmp_path / "metrics.jsonl"
+    base = [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(STEPS),
+            "--checkpoint-dir", str(tmp_path / "ck"), "--metrics", str(metrics), "--timeout-s", "200"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "STRATAGEM_TEST_SIGTERM_AT_STEP": "3"}
+    first = subprocess.run(base, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert first.returncode == 0 and "preempted (SIGTERM) after step" in first.stdout, \
+        (first.stdout + first.stderr)[-3000:]
+    records = read_metrics(metrics)
+    stopped = [r for r in records if r["event"] == "preempted"]
+    assert len(stopped) == 1 and stopped[0]["step"] >= 3 and stopped[0]["checkpoint"]
+    stop = stopped[0]["step"]
+    assert stop < STEPS, "the signal came too late to test a resume"
+    assert max(r["step"] for r in records if r["event"] == "step") == stop   # no step after the boundary
+    assert find_latest_checkpoint(tmp_path / "ck") == tmp_path / "ck" / f"step_{stop:06d}"
+    env.pop("STRATAGEM_TEST_SIGTERM_AT_STEP")
+    second = subprocess.run(base + ["--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    losses = final_step_losses(read_metrics(metrics))
+    expected = reference_losses(plan, STEPS)
+    assert [losses[s] for s in range(1, STEPS + 1)] == pytest.approx(expected, rel=1e-5)

@@ -84,6 +84,18 @@ def _print_summary(metrics: Path, *, keep: bool) -> None:
           f"peak memory {s['measured_peak_memory_bytes'] / 2**20:.0f} MiB" + (f"; metrics in {metrics}" if keep else ""))
 
 
+def _preempted(metrics: Path) -> tuple[int, str | None] | None:
+    """(step, checkpoint) of the last attempt's ``preempted`` event in the metrics file, if it stopped on SIGTERM."""
+    from runtime.executor.metrics import read_metrics
+
+    if not metrics.exists():
+        return None
+    records = read_metrics(metrics)
+    last = records[-1]["attempt"] if records and "attempt" in records[-1] else None
+    events = [r for r in records if r.get("event") == "preempted" and r.get("attempt") == last]
+    return (events[-1]["step"], events[-1]["checkpoint"]) if events else None
+
+
 GPU_VENDORS = ("NVIDIA", "Tesla", "AMD", "GPU")  # words in a shipped profile's device name marking a GPU
 
 
@@ -139,6 +151,15 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         return 0
     status = run_command(cmd, timeout_s=args.timeout_s)
+    preempted = _preempted(metrics)
+    if preempted is not None:
+        step, checkpoint = preempted
+        print(f"preempted (SIGTERM) after step {step}: " + (
+            f"checkpoint {checkpoint}; continue with the same command plus --resume" if checkpoint else
+            "no --checkpoint-dir, nothing saved"))
+        if tmp is not None:
+            tmp.cleanup()
+        return 0
     if status != 0:
         raise StratagemError(f"the training job failed (torchrun exit status {status}); see the rank logs above")
     _print_summary(metrics, keep=tmp is None)

@@ -132,24 +132,37 @@ def _state(chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer], ste
 
 def save_checkpoint(ckpt_dir: str | Path, step: int, chunks: list[nn.Module],
                     optimizers: list[torch.optim.Optimizer], *, meta: dict) -> Path:
-    """Collective: every rank calls it after optimizer step ``step``. Returns the final folder."""
+    """Collective: every rank calls it after optimizer step ``step``. Returns the final folder.
+
+    A failed write (a full disk, a lost mount) leaves earlier checkpoints as they were: the partial
+    ``.tmp`` folder is removed and a :class:`StratagemError` names the newest checkpoint still complete.
+    """
     rank = dist.get_rank()
     final = step_dir(ckpt_dir, step)
     tmp = final.with_name(final.name + ".tmp")
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
-        tmp.mkdir(parents=True)
-    dist.barrier()
-    state, _, _ = _state(chunks, optimizers, step, rank)
-    dcp.save(state, checkpoint_id=str(tmp))
-    _maybe_die_while_saving(step)
-    dist.barrier()
-    if rank == 0:
-        atomic_write_text(tmp / META_FILE, json.dumps({"step": step, **meta}, indent=1) + "\n")
-        atomic_write_text(tmp / COMPLETE_MARKER, f"step {step}\n")
-        shutil.rmtree(final, ignore_errors=True)  # an incomplete folder of the same step
-        os.replace(tmp, final)
-        log.info("checkpoint %s written", final)
+    try:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        state, _, _ = _state(chunks, optimizers, step, rank)
+        dcp.save(state, checkpoint_id=str(tmp))  # collective: a write error on any rank raises on all
+        _maybe_die_while_saving(step)
+        dist.barrier()
+        if rank == 0:
+            atomic_write_text(tmp / META_FILE, json.dumps({"step": step, **meta}, indent=1) + "\n")
+            atomic_write_text(tmp / COMPLETE_MARKER, f"step {step}\n")
+            shutil.rmtree(final, ignore_errors=True)  # an incomplete folder of the same step
+            os.replace(tmp, final)
+            log.info("checkpoint %s written", final)
+    except (OSError, StratagemError, dcp.api.CheckpointException) as exc:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = find_latest_checkpoint(ckpt_dir)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
+        raise StratagemError(f"checkpoint of step {step} could not be written ({reason}); "
+                             + (f"{previous} is intact: " if previous else "no earlier checkpoint: ")
+                             + "free space in --checkpoint-dir, then continue with --resume") from None
     dist.barrier()
     return final
 

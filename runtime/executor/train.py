@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -100,6 +101,14 @@ def _maybe_die(step: int) -> None:
         os._exit(13)
 
 
+def _maybe_sigterm_launcher(step: int) -> None:
+    """Test hook: ``STRATAGEM_TEST_SIGTERM_AT_STEP=k`` makes rank 0 send SIGTERM to the ``stratagem launch``
+    process (``STRATAGEM_LAUNCHER_PID``) before step k, as a cluster's preemption would, first attempt only."""
+    if os.environ.get("STRATAGEM_TEST_SIGTERM_AT_STEP") == str(step) and _restart_count() == 0 \
+            and dist.get_rank() == 0 and os.environ.get("STRATAGEM_LAUNCHER_PID"):
+        os.kill(int(os.environ["STRATAGEM_LAUNCHER_PID"]), signal.SIGTERM)
+
+
 def write_layout_report(folder: str, rank: int, coords: dict, chunks: list[Chunk], *,
                         rows: tuple[int, int], loss_scale: float, micro_batches: int) -> None:
     """Per-rank JSON of what was built: chunks, placements, and the rows [start, end) of each global batch
@@ -120,17 +129,36 @@ class StepResult:
     lr: float
     peak_memory_bytes: list[int]
     peak_rss_bytes: list[int]
+    preempted: bool = False
+
+
+class Preemption:
+    """SIGTERM — what Slurm and Kubernetes send before they kill a job — only sets a flag here. The ranks
+    agree on it at the next step boundary (it travels in the step's all_gather, so a signal seen by one rank
+    stops all of them after the same step), checkpoint there and exit cleanly."""
+
+    requested = False
+
+    @classmethod
+    def install(cls) -> None:
+        signal.signal(signal.SIGTERM, cls._on_sigterm)
+
+    @classmethod
+    def _on_sigterm(cls, signum, frame) -> None:  # noqa: ARG003 - signal handler API
+        cls.requested = True
 
 
 def _gather_step(device, loss_part: float, step_time_s: float, peak_bytes: int, lr: float) -> StepResult:
-    """All ranks: global loss (sum of parts), max step time, and per-rank memory, in one all_gather."""
-    mine = torch.tensor([loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes())], dtype=torch.float64,
-                        device=device)
+    """All ranks: global loss (sum of parts), max step time, per-rank memory and whether any rank was asked
+    to stop (SIGTERM), in one all_gather."""
+    mine = torch.tensor([loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes()),
+                         float(Preemption.requested)], dtype=torch.float64, device=device)
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, mine)
     table = torch.stack(parts).cpu()
     return StepResult(loss=float(table[:, 0].sum()), step_time_s=float(table[:, 1].max()), lr=lr,
-                      peak_memory_bytes=[int(v) for v in table[:, 2]], peak_rss_bytes=[int(v) for v in table[:, 3]])
+                      peak_memory_bytes=[int(v) for v in table[:, 2]], peak_rss_bytes=[int(v) for v in table[:, 3]],
+                      preempted=bool(table[:, 4].max() > 0))
 
 
 @dataclass(kw_only=True)
@@ -250,6 +278,7 @@ def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metr
     tokens = tr.global_batch * (tr.seq_len if plan.model.is_language_model else 1)
     for step in range(first, args.steps + 1):
         _maybe_die(step)
+        _maybe_sigterm_launcher(step)
         res = train_step(job, step)
         metrics.step(step=step, loss=res.loss, step_time_s=res.step_time_s, tokens=tokens, samples=tr.global_batch,
                      peak_memory_bytes=res.peak_memory_bytes, peak_rss_bytes=res.peak_rss_bytes, lr=res.lr)
@@ -258,10 +287,16 @@ def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metr
         if report_dir and step == first:   # again, with the rows each replica computed in a real step
             write_layout_report(report_dir, rank, job.coords, job.chunks, rows=job.rows, loss_scale=job.loss_scale,
                                 micro_batches=job.micro_batches)
-        if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
-            save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers,
-                            meta={"model": plan.model.name, "world_size": dist.get_world_size(),
-                                  "mesh": plan.mesh.sizes, "plan_hash": plan.content_hash})
+        meta = {"model": plan.model.name, "world_size": dist.get_world_size(), "mesh": plan.mesh.sizes,
+                "plan_hash": plan.content_hash}
+        saved = None
+        if args.checkpoint_dir and ((args.checkpoint_every and step % args.checkpoint_every == 0) or res.preempted):
+            saved = save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers, meta=meta)
+        if res.preempted:
+            log.warning("rank %d: SIGTERM; stopping after step %d%s", rank, step,
+                        f", checkpoint {saved}" if saved else " (no --checkpoint-dir: nothing saved)")
+            metrics.write({"event": "preempted", "step": step, "checkpoint": str(saved) if saved else None})
+            break
     return metrics.summary()
 
 
@@ -271,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in (("--metrics", args.metrics), ("--layout-report", args.layout_report)):
         if values and len(values) != len(args.plan):
             raise SystemExit(f"error: give one {name} per --plan")
+    Preemption.install()
     device = init_distributed(args.timeout_s)
     try:
         for i, path in enumerate(args.plan):
