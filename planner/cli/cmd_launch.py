@@ -36,11 +36,17 @@ def register(subparsers) -> None:
                    help="processes on this node (default: world size / nnodes)")
     p.add_argument("--slurm", type=out_path,
                    help="write an sbatch script for this launch to FILE instead of running")
-    p.add_argument("--dry-run", action="store_true", help="print the command and each rank's build, start nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help=f"print the command and what each rank builds (one rank per pipeline rank above "
+                        f"{DRY_RUN_ALL_RANKS} ranks), start nothing")
+    p.add_argument("--all-ranks", action="store_true", help="with --dry-run: describe every rank")
     p.add_argument("--timeout-s", type=float_in(0, 30 * 86_400, low_open=True), default=1800.0,
                    help="wall-clock limit of the job and of each collective, seconds")
     p.add_argument("--layout-report", type=out_path, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
+
+
+DRY_RUN_ALL_RANKS = 16  # a 1,024-rank --dry-run printed 29 MB, one line per rank
 
 
 def _data_arg(text: str) -> str:
@@ -147,8 +153,14 @@ def run(args: argparse.Namespace) -> int:
     cmd = build_command(plan, opts)
     if args.dry_run:
         print(shlex.join(cmd))
-        for line in describe_ranks(plan):
+        every = args.all_ranks or plan.world_size <= DRY_RUN_ALL_RANKS
+        shown = None if every else [min(st.ranks) for st in sorted(plan.stages, key=lambda s: s.index)
+                                    if st.index < plan.mesh.size("pp")]
+        for line in describe_ranks(plan, shown):
             print(line)
+        if not every:
+            print(f"({plan.world_size} ranks: the first rank of each pipeline rank is shown; the dp x tp ranks of a "
+                  f"pipeline rank build the same modules on other rows; --all-ranks lists every rank)")
         return 0
     status = run_command(cmd, timeout_s=args.timeout_s)
     preempted = _preempted(metrics)

@@ -13,11 +13,11 @@ import logging
 
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
-from planner.plan import Plan, TrainingSettings, save_plan, validate
-from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
+from planner.plan import Plan, TrainingSettings, plan_label, save_plan, validate
+from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
-from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_layer_paths, check_out_path,
+from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_layer_paths, check_out_path, no_ellipsis, throughput_text,
                      float_in, int_in, nonempty_path, out_path, resolve_cluster_path)
 from .compare_cli import add_source_argument, build_comparison, comparison_table
 from .model_args import add_model_arguments, check_profile_matches, spec_from_args
@@ -40,13 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="samples per optimizer step (fixed; the plan never changes it)")
     p.add_argument("--seq", type=int_in(1, MAX_SEQ), default=None, metavar="TOKENS",
                    help="tokens per sample (default: the model's max_seq)")
-    p.add_argument("--dtype", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8"],
+    p.add_argument("--dtype", default="bf16", choices=DTYPES,
                    help="training precision of the analytic profile (ignored with --model-profile)")
     p.add_argument("--memory-fraction", type=float_in(0, 1, low_open=True), default=0.9, metavar="FRACTION",
                    help="share of each device's memory a plan may use, 0 < f <= 1")
-    p.add_argument("--time-limit", type=float_in(0, MAX_SECONDS, low_open=True), default=30.0, metavar="SECONDS",
+    p.add_argument("--time-limit-s", "--time-limit", dest="time_limit", type=float_in(0, MAX_SECONDS, low_open=True), default=30.0, metavar="SECONDS",
                    help="CBC time limit per ILP, seconds; a stopped solve is reported as not optimal")
-    p.add_argument("--budget", type=float_in(0, MAX_SECONDS, low_open=True), default=600.0, metavar="SECONDS",
+    p.add_argument("--budget-s", "--budget", dest="budget", type=float_in(0, MAX_SECONDS, low_open=True), default=600.0, metavar="SECONDS",
                    help="wall-clock budget of the whole search, seconds; when it runs out the best plan so far "
                         "is written and reported with its proven gap, not as optimal")
     p.add_argument("--gap", type=float_in(0, 1, high_open=True), default=0.0, metavar="FRACTION",
@@ -116,12 +116,10 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     table.add_column("item")
     table.add_column("value")
     sched = plan.schedule
-    table.add_row("strategy", f"pp={plan.mesh.size('pp')} dp={plan.mesh.size('dp')} tp={plan.mesh.size('tp')} "
-                              f"{sched.kind} v={sched.virtual_stages} mb={sched.micro_batch_size} "
-                              f"x{sched.num_micro_batches} zero={plan.zero_stage}")
+    table.add_row("strategy", plan_label(plan))
     table.add_row("predicted step time", f"{pred.step_time_s:.4g} s")
-    table.add_row("throughput", f"{pred.samples_per_s:.4g} samples/s, {pred.tokens_per_s:.4g} tokens/s")
-    table.add_row("MFU", f"{pred.mfu * 100:.1f} % ({pred.model_tflops_per_gpu:.3g} TFLOP/s per GPU)")
+    table.add_row("throughput", throughput_text(pred.samples_per_s, pred.tokens_per_s, plan.model.family))
+    table.add_row("MFU", f"{pred.mfu * 100:.1f} % ({pred.model_tflops_per_gpu:.3g} TFLOP/s per device)")
     if pred.per_replica_type:   # replicas on several node types: each type's pipeline and memory
         for t in pred.per_replica_type:
             rows = t.micro_batches * sched.micro_batch_size
@@ -206,13 +204,13 @@ def run(args: argparse.Namespace) -> int:
                                                                       cluster=cluster)})
     save_plan(plan, args.out)
     out = Console()
-    out.print(_summary_table(plan, cluster))
+    out.print(no_ellipsis(_summary_table(plan, cluster)))
     if plan.search.top_k:
-        out.print(_alternatives_table(plan))
+        out.print(no_ellipsis(_alternatives_table(plan)))
     if plan.comparison is not None:
         out.print(*comparison_table(plan.comparison))
     if plan.search.status != "optimal":
-        fix = "raise --budget to prove it" if "budget" in plan.search.notes else "raise --time-limit to prove it"
+        fix = "raise --budget-s to prove it" if "budget" in plan.search.notes else "raise --time-limit-s to prove it"
         out.print(f"[bold yellow]not proven optimal[/]: search {plan.search.status}, best within "
                   f"{plan.search.gap:.2%} of the optimum under the cost model; {fix}")
     out.print(f"wrote {args.out}")

@@ -15,7 +15,7 @@ from rich.table import Table
 from planner.inspect.frames import plan_label, stage_frame
 from planner.inspect.measured import metrics_frame, predicted_vs_measured
 from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
-from planner.cli.common import check_layer_paths, check_out_path, nonempty_path, out_path
+from planner.cli.common import check_layer_paths, check_out_path, no_ellipsis, throughput_text, nonempty_path, out_path
 from planner.fileio import check_output_folder
 from planner.plan import Plan, load_plan, validate
 
@@ -58,15 +58,16 @@ def run(args: argparse.Namespace) -> int:
                       source=f"plan {args.plan}")
     metrics = metrics_frame(args.metrics) if args.metrics else None
     console = Console(highlight=False)
-    console.print(_overview(plan))
-    console.print(_stages_table(plan))
+    console.print(no_ellipsis(_overview(plan)))
+    console.print(no_ellipsis(_stages_table(plan)))
     if plan.predictions is not None:
-        console.print(_stage_costs_table(plan))
-        console.print(_terms_table(plan))
+        console.print(no_ellipsis(_stage_costs_table(plan)))
+        console.print(no_ellipsis(_terms_table(plan)))
     if plan.search is not None and plan.search.top_k:
-        console.print(_alternatives_table(plan))
+        console.print(no_ellipsis(_alternatives_table(plan)))
     if metrics is not None:
-        console.print(_measured_table(plan, metrics))
+        console.print(no_ellipsis(_measured_table(plan, metrics)))
+        console.print(_gap_explanation(plan, metrics))
     print_comparison(console, plan, args)
     if args.html or args.png:
         from planner.inspect.report import render_pngs, save_html, save_pngs  # matplotlib only if asked
@@ -94,12 +95,10 @@ def _overview(plan: Plan) -> Table:
     if p is None:
         table.add_row("predictions", "none (the plan was not costed)")
     else:
-        capacity = min(sp.memory_capacity_bytes for sp in p.stages) if p.stages else float("nan")
-        table.add_row("step time", f"{fmt_seconds(p.step_time_s)}  ({p.tokens_per_s:,.0f} tokens/s, "
-                                   f"{p.samples_per_s:,.2f} samples/s)")
-        table.add_row("compute", f"{p.model_tflops_per_gpu:.1f} model TFLOP/s per GPU, MFU {p.mfu:.1%}")
-        table.add_row("peak memory", f"{fmt_bytes(p.peak_memory_bytes)} of {fmt_bytes(capacity)} "
-                                     f"({p.peak_memory_bytes / capacity:.0%})")
+        table.add_row("step time", f"{fmt_seconds(p.step_time_s)}  "
+                                   f"({throughput_text(p.samples_per_s, p.tokens_per_s, plan.model.family)})")
+        table.add_row("compute", f"{p.model_tflops_per_gpu:.3g} model TFLOP/s per device, MFU {p.mfu:.1%}")
+        table.add_row("peak memory", _peak_memory_text(plan))
     if plan.search is not None:
         sr = plan.search
         table.add_row("search", f"{sr.solver}: {sr.status}, gap {sr.gap:.2g}, {sr.wall_time_s:.3g} s, "
@@ -112,6 +111,18 @@ def _overview(plan: Plan) -> Table:
         table.add_row("model source", plan.model.source)
     table.add_row("label", plan_label(plan))
     return table
+
+
+def _peak_memory_text(plan: Plan) -> str:
+    """The fullest stage's peak against its own device's memory (stages of a mixed plan differ)."""
+    p = plan.predictions
+    if not p.stages:
+        return f"{fmt_bytes(p.peak_memory_bytes)} (no per-stage figures)"
+    full = max(p.stages, key=lambda sp: sp.peak_memory_bytes / sp.memory_capacity_bytes)
+    node = next((st.node_type for st in plan.stages if st.index == full.stage), "?")
+    return (f"{fmt_bytes(full.peak_memory_bytes)} of {fmt_bytes(full.memory_capacity_bytes)} "
+            f"({full.peak_memory_bytes / full.memory_capacity_bytes:.0%}, stage {full.stage} on {node}); "
+            f"max over ranks {fmt_bytes(p.peak_memory_bytes)}")
 
 
 def _stages_table(plan: Plan) -> Table:
@@ -176,6 +187,21 @@ def _alternatives_table(plan: Plan) -> Table:
         table.add_row(alt.summary, fmt_seconds(alt.step_time_s), f"{alt.slowdown:.3f}x",
                       fmt_bytes(alt.peak_memory_bytes))
     return table
+
+
+def _gap_explanation(plan: Plan, metrics) -> str:
+    """One paragraph on why measured and predicted step times differ, with the size of the gap."""
+    frame = predicted_vs_measured(plan, metrics)
+    ratio = frame.loc["step_time_s", "measured_over_predicted"]
+    if ratio != ratio:
+        return "no step-time prediction to compare with (the plan was not costed)"
+    if 0.8 <= ratio <= 1.25:
+        return f"measured step time is {ratio:.2f}x the prediction: within the cost model's usual accuracy"
+    return (f"measured step time is {ratio:.2f}x the prediction. The prediction prices the profiled layer times "
+            f"and the cluster's collective fits; a gap this size usually means the machine was busier than when it "
+            f"was profiled (shared CPUs vary 2-5x between runs), or per-step costs the profile does not hold "
+            f"(first-step warm-up is excluded above, Python and process-group overhead are not). Re-profile on "
+            f"this machine while it is idle (stratagem profile model / profile cluster) and re-plan to close it.")
 
 
 def _measured_table(plan: Plan, metrics) -> Table:

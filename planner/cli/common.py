@@ -150,6 +150,25 @@ def check_layer_paths(spec, paths: list[str], *, source: str) -> None:
                              f"this model")
 
 
+def no_ellipsis(table):
+    """Make a rich table readable at 80 columns: no column narrower than its longest header word, and cells
+    that do not fit wrap (fold) instead of ending in an ellipsis."""
+    for column in table.columns:
+        words = str(column.header).split() or [""]
+        column.min_width = max(column.min_width or 0, *(len(w) for w in words))
+        column.overflow = "fold"
+        column.no_wrap = False
+    return table
+
+
+def throughput_text(samples_per_s: float, tokens_per_s: float, family: str) -> str:
+    """Tokens/s for language models, images/s for image models, samples/s otherwise."""
+    if family in ("gpt", "llama"):
+        return f"{tokens_per_s:,.0f} tokens/s, {samples_per_s:,.2f} samples/s"
+    unit = "images/s" if family == "resnet" else "samples/s"
+    return f"{samples_per_s:,.2f} {unit}"
+
+
 def out_path(text: str) -> Path:
     """argparse ``type=`` for output files: empty strings and folder names (a trailing ``/``) are errors,
     caught here because ``Path("dir/")`` silently drops the slash."""

@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile = sub.add_parser("profile", help="measure (or derive) a model's or a cluster's profile",
                              description="Write a versioned profile JSON for a model or a cluster.")
     profile_sub = profile.add_subparsers(dest="what", metavar="WHAT", parser_class=_Parser)
+    profile.set_defaults(func=lambda args: _usage(profile))
     groups = {None: sub, "profile": profile_sub}
     for group, module_name in _COMMANDS:
         try:
@@ -56,7 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that subcommand is not part of this build yet
             raise
         module.register(groups[group])
+    for group in groups.values():   # -v also after the subcommand: `stratagem plan ... -v`
+        for name, leaf in group.choices.items():
+            if name != "profile":
+                leaf.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                  help="log progress details to stderr")
     return parser
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    """A group called without its subcommand (``stratagem profile``): list the subcommands, exit 2."""
+    parser.print_help(sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

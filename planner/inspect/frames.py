@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from planner.inspect.timeline import Timeline, simulate_plan
-from planner.plan import Plan
+from planner.plan import plan_label, Plan
 
 MICRO_BATCH_TERMS = ("forward", "backward", "recompute", "tp_comm", "layout", "pp_comm")
 
@@ -117,13 +117,6 @@ def layer_frame(plan: Plan) -> pd.DataFrame:
                              sequence_parallel=bool(layout and layout.sequence_parallel),
                              recompute=st.recompute.get(path, "none")))
     return pd.DataFrame(rows).set_index("module")
-
-
-def plan_label(plan: Plan) -> str:
-    """Short description: ``pp4 dp8 tp8 1f1b v1 mbs1 m16 z0``."""
-    s = plan.schedule
-    return (f"pp{plan.mesh.size('pp')} dp{plan.mesh.size('dp')} tp{plan.mesh.size('tp')} {s.kind} "
-            f"v{s.virtual_stages} mbs{s.micro_batch_size} m{s.num_micro_batches} z{plan.zero_stage}")
 
 
 def summary_frame(plan: Plan, name: str | None = None, timeline: Timeline | None = None) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from runtime.executor.schedule import check_replica_schedules
 from runtime.executor.tp import tp_styles, uses_loss_parallel
 
 
-def describe_ranks(plan: Plan) -> list[str]:
+def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
     """One line per rank: mesh coordinates, stage(s) and module paths, TP placements, recompute, dp mode,
     and the rows of each global batch it trains on, in how many micro-batches.
 
@@ -21,7 +21,7 @@ def describe_ranks(plan: Plan) -> list[str]:
     split = check_replica_schedules(plan)
     dp_mode = ZERO_MAPPING[plan.zero_stage] if dims.dp > 1 else "none"
     lines = []
-    for rank in range(dims.world_size):
+    for rank in range(dims.world_size) if ranks is None else ranks:
         c = dims.coords(rank)
         parts = []
         for st in sorted((s for s in plan.stages if s.pp_rank == c["pp"]), key=lambda s: s.index):
@@ -29,7 +29,9 @@ def describe_ranks(plan: Plan) -> list[str]:
             tp_text = ", ".join(f"{k}={v}" for k, v in styles.items()) or "replicated"
             rec = ", ".join(f"{k}={v}" for k, v in st.recompute.items() if v != "none") or "none"
             lp = " +loss_parallel" if uses_loss_parallel(styles) else ""
-            parts.append(f"stage {st.index} [{', '.join(st.module_paths)}] tp: {tp_text}{lp}; recompute: {rec}")
+            paths = st.module_paths
+            names = ", ".join(paths) if len(paths) <= 4 else f"{paths[0]}, ..{len(paths) - 2} more.., {paths[-1]}"
+            parts.append(f"stage {st.index} [{names}] tp: {tp_text}{lp}; recompute: {rec}")
         start, stop = replica_rows(split.rows, c["dp"])
         m = split.micro_batches[c["dp"]]
         lines.append(f"rank {rank} (pp {c['pp']}, dp {c['dp']}, tp {c['tp']}): " + " | ".join(parts)

@@ -1,0 +1,93 @@
+"""Issue 12 §4: one strategy label everywhere, tables readable at 80 columns, consistent flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.cli.main import main
+from planner.inspect import build_example_plan
+from planner.plan import plan_label, save_plan
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER = str(REPO / "profiles/hardware/local-cpu-2core.json")
+
+
+def _lines_at_80(capsys, monkeypatch, *argv: str) -> list[str]:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def _readable(lines: list[str]) -> None:
+    assert not [line for line in lines if "…" in line], "a cell was cut with an ellipsis"
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_estimate_tables_fit_80_columns(capsys, monkeypatch):
+    lines = _lines_at_80(capsys, monkeypatch, "estimate", "--model", "gpt:gpt3-175b", "--cluster", "dgx-a100-80g",
+                         "--gpus", "1024", "--global-batch", "1536", "--tp", "8", "--pp", "16", "--dp", "8",
+                         "--recompute", "selective", "--sequence-parallel")
+    _readable(lines)
+    text = "\n".join(lines)
+    assert "T/" not in text and "s per micro-batch" in text and "activ" in text
+    assert "tp8 pp16 dp8 1f1b mb1x192 zero0 sp" in text and "recompute selective x96" in text
+    assert "per device" in text and "of its 80" in text
+
+
+@pytest.fixture(scope="module")
+def mixed_plan(tmp_path_factory):
+    plan = build_example_plan("1f1b", pp=2, num_micro_batches=4, dp=2, tp=2, recompute_s=0.004)
+    layout = {path: {"style": "split", "sequence_parallel": True} for st in plan.stages for path in st.module_paths}
+    from planner.plan import LayerLayout
+    plan = plan.model_copy(update={"layout": {k: LayerLayout(**v) for k, v in layout.items()}})
+    return save_plan(plan, tmp_path_factory.mktemp("vocab") / "plan.json"), plan
+
+
+def test_one_label_with_recompute_and_sequence_parallelism(mixed_plan, capsys, monkeypatch):
+    path, plan = mixed_plan
+    label = plan_label(plan)
+    assert " sp " in label and "recompute full x" in label
+    lines = _lines_at_80(capsys, monkeypatch, "show", str(path))
+    _readable(lines)
+    assert label in "\n".join(lines)
+    from planner.inspect.report import build_html
+    assert label in build_html(plan, pngs={})
+
+
+def test_plan_summary_uses_the_label(tmp_path, capsys, monkeypatch):
+    lines = _lines_at_80(capsys, monkeypatch, "plan", "--model", "gpt:tiny", "--model-profile",
+                         str(REPO / "profiles/models/gpt-tiny.json"), "--cluster", CLUSTER, "--gpus", "2",
+                         "--global-batch", "8", "--out", str(tmp_path / "p.json"))
+    _readable(lines)
+    from planner.plan import load_plan
+    assert plan_label(load_plan(tmp_path / "p.json")) in "\n".join(lines)
+
+
+def test_verbose_after_the_subcommand(capsys):
+    argv = ["estimate", "--model", "gpt:tiny", "--cluster", CLUSTER, "--global-batch", "8", "--gpus", "2", "--json"]
+    assert main([*argv, "-v"]) == 0 and main(["-v", *argv]) == 0
+    capsys.readouterr()
+
+
+def test_profile_lists_its_subcommands(capsys):
+    assert main(["profile"]) == 2
+    err = capsys.readouterr().err
+    assert all(word in err for word in ("model", "cluster", "check"))
+
+
+def test_time_limit_flags_end_in_seconds(tmp_path, capsys):
+    assert main(["plan", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--time-limit-s" in text and "--budget-s" in text
+
+
+def test_dry_run_summarises_large_plans(tmp_path, capsys):
+    plan = build_example_plan("1f1b", pp=2, num_micro_batches=4, dp=16, tp=2, with_alternatives=False)
+    path = save_plan(plan, tmp_path / "big.json")
+    assert main(["launch", str(path), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len([line for line in lines if line.startswith("rank ")]) == 2 and "--all-ranks" in lines[-1]
+    assert main(["launch", str(path), "--dry-run", "--all-ranks"]) == 0
+    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("rank ")]) == 64
