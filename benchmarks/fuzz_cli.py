@@ -46,11 +46,13 @@ def main() -> int:
     parser.add_argument("--trace", action="store_true", help="print each case before it runs (stderr)")
     args = parser.parse_args()
     import logging
+
     logging.disable(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="stratagem-fuzz-") as tmp:
         w = fz.build_workdir(Path(tmp))
-        cases = fz.all_cases(w, mutations_per_document=args.mutations, hypothesis_examples=args.hypothesis,
-                             seed=args.seed)
+        cases = fz.all_cases(
+            w, mutations_per_document=args.mutations, hypothesis_examples=args.hypothesis, seed=args.seed
+        )
         cases = [c for c in cases if args.only in (None, c.klass)]
         started = time.perf_counter()
         outcomes = []
@@ -65,9 +67,11 @@ def main() -> int:
     _print_table("per subcommand", fz.totals(outcomes, "command"))
     bad = fz.failures(outcomes)
     slowest = max(outcomes, key=lambda o: o.seconds)
-    print(f"\n{len(outcomes)} cases in {wall:.0f} s (slowest {slowest.seconds:.1f} s: {slowest.case.note}); "
-          f"{len(bad)} findings")
-    for o in bad[:args.show]:
+    print(
+        f"\n{len(outcomes)} cases in {wall:.0f} s (slowest {slowest.seconds:.1f} s: {slowest.case.note}); "
+        f"{len(bad)} findings"
+    )
+    for o in bad[: args.show]:
         print(f"  {o.kind:16} {o.case.command:15} {o.case.note[:60]:60} {o.detail[:160]}")
     return 1 if bad else 0
 

@@ -50,7 +50,8 @@ def check_output_path(path: str | os.PathLike, *, flag: str = "--out",
     if "\0" in text:
         raise StratagemError(f"{flag} {text!r} holds a NUL byte; give a plain file path")
     out = Path(text)
-    if len(out.name.encode(errors="surrogateescape")) > NAME_MAX or len(text.encode(errors="surrogateescape")) > PATH_MAX:
+    name_bytes, path_bytes = len(out.name.encode(errors="surrogateescape")), len(text.encode(errors="surrogateescape"))
+    if name_bytes > NAME_MAX or path_bytes > PATH_MAX:
         raise StratagemError(f"{flag} {text[:40]}... is longer than the file system allows ({NAME_MAX} bytes a "
                              f"name, {PATH_MAX} a path); choose a shorter name")
     try:

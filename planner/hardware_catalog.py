@@ -16,6 +16,7 @@ rescales a single-type cluster (``planner.cost.placement.with_gpus``).
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the shipped cluster profiles.")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "profiles" / "hardware"))
     args = parser.parse_args(argv)
-    from planner.cli.common import utc_now  # CLI helper: only needed when run as a program
-    for path in write_catalog(args.out, utc_now()):
+    created_utc = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    for path in write_catalog(args.out, created_utc):
         print(path)  # noqa: T201 - program output
     return 0
 

@@ -8,9 +8,10 @@ A plan is plain data the runtime executes as written. Vocabulary: an *axis* is a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator,
+                      model_validator)
 
 from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
@@ -19,7 +20,7 @@ from planner.modelspec import ModelSpec
 from planner.profiles import Dtype
 from planner.recipe import LRSchedule
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION: Final = 1
 
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
@@ -112,7 +113,8 @@ class LayerLayout(_Strict):
 class StagePrediction(_Strict):
     stage: int = Field(ge=0)
     time_breakdown_s: dict[str, NonNegativeFloat] = Field(description="per micro-batch forward, backward, ... seconds")
-    memory_breakdown_bytes: dict[str, NonNegativeFloat] = Field(description="params, grads, optimizer, activations, ...")
+    memory_breakdown_bytes: dict[str, NonNegativeFloat] = Field(
+        description="params, grads, optimizer, activations, ...")
     peak_memory_bytes: NonNegativeFloat
     memory_capacity_bytes: PositiveFloat
 
@@ -138,7 +140,8 @@ class Predictions(_Strict):
     hardware_tflops_per_gpu: NonNegativeFloat
     mfu: NonNegativeFloat
     peak_memory_bytes: NonNegativeFloat = Field(description="max over ranks")
-    breakdown_s: dict[str, NonNegativeFloat] = Field(description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
+    breakdown_s: dict[str, NonNegativeFloat] = Field(
+        description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
     stages: list[StagePrediction]
     per_replica_type: list[ReplicaTypePrediction] = Field(default_factory=list)
 
@@ -210,6 +213,13 @@ class Plan(_Strict):
     @property
     def world_size(self) -> int:
         return self.mesh.world_size
+
+
+def costed(plan: Plan) -> tuple[Predictions, SearchRecord | None]:
+    """The plan's predictions (and search record), or an error for a plan that was never costed."""
+    if plan.predictions is None:
+        raise StratagemError("the plan has no predictions (it was not costed); re-plan with `stratagem plan`")
+    return plan.predictions, plan.search
 
 
 def strategy_label(*, tp: int, pp: int, dp: int, schedule: str, virtual_stages: int, micro_batch: int,

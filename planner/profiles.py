@@ -15,9 +15,9 @@ Units are in every field name (``_s``, ``_bytes``, ``_flops``, ``_per_s``). Ever
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from planner.fileio import MAX_MAGNITUDE, load_document, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
@@ -26,8 +26,8 @@ from planner.modelspec import ModelSpec
 # repository's ``profiles/`` folder; a wheel holds a copy), so an installed stratagem finds them from any folder.
 SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent / "shipped_profiles"
 
-MODEL_PROFILE_SCHEMA_VERSION = 1
-CLUSTER_PROFILE_SCHEMA_VERSION = 2   # 2: NodeType.kernel_model, ClusterProfile.calibration (v1 migrates)
+MODEL_PROFILE_SCHEMA_VERSION: Final = 1
+CLUSTER_PROFILE_SCHEMA_VERSION: Final = 2   # 2: NodeType.kernel_model, ClusterProfile.calibration (v1 migrates)
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 DTYPES: tuple[str, ...] = get_args(Dtype)  # the --dtype choices of every command that takes one

@@ -169,7 +169,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _progress(done: int, total: int, label: str) -> None:
     if dist.get_rank() == 0:
-        print(f"@@progress {done} {total} {label}", flush=True)
+        print(f"@@progress {done} {total} {label}", flush=True)  # noqa: T201 - protocol line to the parent
 
 
 def _plan_levels(world: int, nproc: int) -> tuple[list[tuple[str, list[list[int]]]], list[str]]:
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line, then hard exit
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"@@error rank {rank}: {type(exc).__name__}: {first}", file=sys.stderr, flush=True)
+        print(f"@@error rank {rank}: {type(exc).__name__}: {first}", file=sys.stderr, flush=True)  # noqa: T201
         os._exit(1)  # a failed process group cannot be torn down cleanly (notes: gloo gotchas)
     return 0
 

@@ -74,6 +74,7 @@ class _WouldStart(BaseException):
 # The work folder: real inputs plus things that must never be replaced
 # ------------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Workdir:
     root: Path
@@ -95,14 +96,39 @@ def build_workdir(root: Path) -> Workdir:
     w.files["cluster"] = Path(shutil.copy(REPO / "profiles/hardware/local-cpu-2core.json", root / "cpu.json"))
     w.files["plan"] = root / "plan.json"
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        status = main(["plan", "--model", "gpt:tiny", "--model-profile", w["model"], "--cluster", w["cluster"],
-                       "--gpus", "2", "--global-batch", "8", "--out", w["plan"]])
+        status = main(
+            [
+                "plan",
+                "--model",
+                "gpt:tiny",
+                "--model-profile",
+                w["model"],
+                "--cluster",
+                w["cluster"],
+                "--gpus",
+                "2",
+                "--global-batch",
+                "8",
+                "--out",
+                w["plan"],
+            ]
+        )
     assert status == 0, "the fuzz fixture plan could not be made"
     example = build_example_plan("1f1b", pp=2, num_micro_batches=4, dp=2, tp=2, tp_comm_s=0.002, pp_comm_s=0.001)
     w.files["plan8"] = save_plan(example, root / "plan8.json")
     step = example.predictions.step_time_s
-    lines = [dict(event="step", step=i, loss=5.0 - i, step_time_s=t, tokens_per_s=1000.0,
-                  peak_mem_bytes=[2**30, 2**31], predicted_step_time_s=step) for i, t in enumerate([0.9, 0.2, 0.2])]
+    lines = [
+        dict(
+            event="step",
+            step=i,
+            loss=5.0 - i,
+            step_time_s=t,
+            tokens_per_s=1000.0,
+            peak_mem_bytes=[2**30, 2**31],
+            predicted_step_time_s=step,
+        )
+        for i, t in enumerate([0.9, 0.2, 0.2])
+    ]
     lines.append(dict(event="summary", summary=True))
     w.files["metrics"] = root / "metrics.jsonl"
     w.files["metrics"].write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -136,6 +162,7 @@ def snapshot(w: Workdir) -> dict[str, tuple]:
 # ------------------------------------------------------------------------------------------------------
 # Running one case
 # ------------------------------------------------------------------------------------------------------
+
 
 def _on_alarm(signum, frame):  # noqa: ARG001 - signal handler API
     raise _Timeout
@@ -254,16 +281,56 @@ INT_LIST_BAD = ("0", "-1", "1,0", "1,-2", "1.5", "1e20", "99999999999999999999",
 def base_argv(w: Workdir) -> dict[str, list[str]]:
     """A valid command line per subcommand that the numeric and path cases start from."""
     return {
-        "estimate": ["estimate", "--model", "gpt:tiny", "--cluster", w["cluster"], "--global-batch", "8",
-                     "--gpus", "2"],
-        "plan": ["plan", "--model", "gpt:tiny", "--model-profile", w["model"], "--cluster", w["cluster"],
-                 "--gpus", "2", "--global-batch", "8", "--out", str(w.files["scratch"] / "p.json")],
+        "estimate": [
+            "estimate",
+            "--model",
+            "gpt:tiny",
+            "--cluster",
+            w["cluster"],
+            "--global-batch",
+            "8",
+            "--gpus",
+            "2",
+        ],
+        "plan": [
+            "plan",
+            "--model",
+            "gpt:tiny",
+            "--model-profile",
+            w["model"],
+            "--cluster",
+            w["cluster"],
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+            "--out",
+            str(w.files["scratch"] / "p.json"),
+        ],
         "launch": ["launch", w["plan"], "--dry-run"],
         "show": ["show", w["plan"]],
-        "profile model": ["profile", "model", "--model", "gpt:tiny", "--analytic", "--cluster", w["cluster"],
-                          "--seq", "16", "--out", str(w.files["scratch"] / "m.json")],
-        "profile cluster": ["profile", "cluster", "--nproc-per-node", "2", "--quick",
-                            "--out", str(w.files["scratch"] / "c.json")],
+        "profile model": [
+            "profile",
+            "model",
+            "--model",
+            "gpt:tiny",
+            "--analytic",
+            "--cluster",
+            w["cluster"],
+            "--seq",
+            "16",
+            "--out",
+            str(w.files["scratch"] / "m.json"),
+        ],
+        "profile cluster": [
+            "profile",
+            "cluster",
+            "--nproc-per-node",
+            "2",
+            "--quick",
+            "--out",
+            str(w.files["scratch"] / "c.json"),
+        ],
         "profile check": ["profile", "check", w["model"]],
     }
 
@@ -271,34 +338,68 @@ def base_argv(w: Workdir) -> dict[str, list[str]]:
 # subcommand -> flag -> bad values (each must be refused)
 NUMERIC_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "estimate": {
-        "--layers": POSITIVE_INT_BAD, "--hidden": POSITIVE_INT_BAD, "--heads": POSITIVE_INT_BAD,
-        "--vocab": POSITIVE_INT_BAD, "--ffn-hidden": POSITIVE_INT_BAD, "--seq": POSITIVE_INT_BAD,
+        "--layers": POSITIVE_INT_BAD,
+        "--hidden": POSITIVE_INT_BAD,
+        "--heads": POSITIVE_INT_BAD,
+        "--vocab": POSITIVE_INT_BAD,
+        "--ffn-hidden": POSITIVE_INT_BAD,
+        "--seq": POSITIVE_INT_BAD,
         "--dropout": ("-0.1", "1", "2", "nan", "inf", "", "abc"),
-        "--gpus": POSITIVE_INT_BAD, "--global-batch": POSITIVE_INT_BAD, "--micro-batch": POSITIVE_INT_BAD,
-        "--tp": POSITIVE_INT_BAD, "--pp": POSITIVE_INT_BAD, "--dp": POSITIVE_INT_BAD,
+        "--gpus": POSITIVE_INT_BAD,
+        "--global-batch": POSITIVE_INT_BAD,
+        "--micro-batch": POSITIVE_INT_BAD,
+        "--tp": POSITIVE_INT_BAD,
+        "--pp": POSITIVE_INT_BAD,
+        "--dp": POSITIVE_INT_BAD,
         "--virtual-stages": POSITIVE_INT_BAD,
         "--batch-shares": ("nan,nan", "1.5,-0.5", "0.5", "0.2,0.2", "inf,0", "", "a,b", "0,1", "0.5,0.5,0"),
     },
     "plan": {
-        "--gpus": POSITIVE_INT_BAD, "--global-batch": POSITIVE_INT_BAD, "--seq": POSITIVE_INT_BAD,
-        "--memory-fraction": FRACTION_BAD, "--time-limit": POSITIVE_FLOAT_BAD, "--budget": POSITIVE_FLOAT_BAD,
-        "--gap": ("-1", "-0.01", "nan", "inf", "1", "2", "", "abc"), "--top-k": POSITIVE_INT_BAD,
+        "--gpus": POSITIVE_INT_BAD,
+        "--global-batch": POSITIVE_INT_BAD,
+        "--seq": POSITIVE_INT_BAD,
+        "--memory-fraction": FRACTION_BAD,
+        "--time-limit-s": POSITIVE_FLOAT_BAD,
+        "--budget-s": POSITIVE_FLOAT_BAD,
+        "--gap": ("-1", "-0.01", "nan", "inf", "1", "2", "", "abc"),
+        "--top-k": POSITIVE_INT_BAD,
         "--jobs": POSITIVE_INT_BAD,
     },
     "launch": {
-        "--steps": POSITIVE_INT_BAD, "--checkpoint-every": NONNEG_INT_BAD, "--max-restarts": NONNEG_INT_BAD,
-        "--nnodes": POSITIVE_INT_BAD, "--node-rank": NONNEG_INT_BAD + ("1", "5"),
-        "--nproc-per-node": POSITIVE_INT_BAD, "--timeout-s": POSITIVE_FLOAT_BAD,
+        "--steps": POSITIVE_INT_BAD,
+        "--checkpoint-every": NONNEG_INT_BAD,
+        "--max-restarts": NONNEG_INT_BAD,
+        "--nnodes": POSITIVE_INT_BAD,
+        "--node-rank": NONNEG_INT_BAD + ("1", "5"),
+        "--nproc-per-node": POSITIVE_INT_BAD,
+        "--timeout-s": POSITIVE_FLOAT_BAD,
     },
     "profile model": {
-        "--micro-batch": INT_LIST_BAD, "--tp": INT_LIST_BAD, "--seq": POSITIVE_INT_BAD,
-        "--warmup": NONNEG_INT_BAD, "--repeats": POSITIVE_INT_BAD,
+        "--micro-batch": INT_LIST_BAD,
+        "--tp": INT_LIST_BAD,
+        "--seq": POSITIVE_INT_BAD,
+        "--warmup": NONNEG_INT_BAD,
+        "--repeats": POSITIVE_INT_BAD,
     },
     "profile cluster": {
-        "--nproc-per-node": POSITIVE_INT_BAD, "--nnodes": POSITIVE_INT_BAD, "--node-rank": NONNEG_INT_BAD,
-        "--repeats": POSITIVE_INT_BAD, "--iters": POSITIVE_INT_BAD, "--timeout-s": POSITIVE_FLOAT_BAD,
-        "--sizes": ("0", "-1", "1KiB..0", "64MiB..1KiB", "1KiB..1MiB:x1", "1XB", "", "..", "1e400",
-                    "99999999999999999999GiB"),
+        "--nproc-per-node": POSITIVE_INT_BAD,
+        "--nnodes": POSITIVE_INT_BAD,
+        "--node-rank": NONNEG_INT_BAD,
+        "--repeats": POSITIVE_INT_BAD,
+        "--iters": POSITIVE_INT_BAD,
+        "--timeout-s": POSITIVE_FLOAT_BAD,
+        "--sizes": (
+            "0",
+            "-1",
+            "1KiB..0",
+            "64MiB..1KiB",
+            "1KiB..1MiB:x1",
+            "1XB",
+            "",
+            "..",
+            "1e400",
+            "99999999999999999999GiB",
+        ),
     },
 }
 
@@ -319,8 +420,6 @@ def numeric_flag_cases(w: Workdir) -> list[Case]:
         for flag, values in flags.items():
             for value in values:
                 argv = _set_flag(base[command], flag, value)
-                if command == "profile model" and flag == "--micro-batch" or flag == "--tp":
-                    pass
                 cases.append(Case(command, "numeric-flag", tuple(argv), "error", f"{flag} {value!r}"))
     # values only wrong together with another flag
     est = base["estimate"]
@@ -328,8 +427,22 @@ def numeric_flag_cases(w: Workdir) -> list[Case]:
         (est + ["--sequence-parallel"], "--sequence-parallel with tp 1"),
         (est + ["--stage-node-types", "x", "--replica-node-types", "y"], "both node-type flags"),
         (_set_flag(est, "--seq", "32") + ["--model-profile", w["model"]], "--seq differs from the profile"),
-        (["estimate", "--model", "resnet:tiny", "--cluster", w["cluster"], "--global-batch", "8", "--gpus", "2",
-          "--model-profile", w["model"]], "a gpt profile for a resnet model"),
+        (
+            [
+                "estimate",
+                "--model",
+                "resnet:tiny",
+                "--cluster",
+                w["cluster"],
+                "--global-batch",
+                "8",
+                "--gpus",
+                "2",
+                "--model-profile",
+                w["model"],
+            ],
+            "a gpt profile for a resnet model",
+        ),
         (_set_flag(est, "--micro-batch", "3"), "micro-batch not dividing the batch"),
         (base["launch"] + ["--nnodes", "0"], "--nnodes 0"),
         (base["launch"] + ["--nnodes", "-1"], "--nnodes -1"),
@@ -337,34 +450,78 @@ def numeric_flag_cases(w: Workdir) -> list[Case]:
         (base["launch"] + ["--checkpoint-dir", w["regular"], "--checkpoint-every", "1"], "a file as checkpoint dir"),
         (_set_flag(base["plan"], "--gpus", "4"), "--gpus 4 on a measured 2-device cluster"),
         (_set_flag(base["plan"], "--gpus", "100000"), "--gpus beyond a measured cluster"),
-        (["plan", "--model", "gpt:gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "100000000", "--global-batch",
-          "1536", "--out", str(w.files["scratch"] / "p.json")], "--gpus 1e8 on a datasheet cluster"),
-        (["profile", "model", "--model", "gpt:tiny", "--micro-batch", "1000000", "--seq", "16",
-          "--out", str(w.files["scratch"] / "m.json")], "measured --micro-batch 1e6"),
+        (
+            [
+                "plan",
+                "--model",
+                "gpt:gpt3-175b",
+                "--cluster",
+                "dgx-a100-80g",
+                "--gpus",
+                "100000000",
+                "--global-batch",
+                "1536",
+                "--out",
+                str(w.files["scratch"] / "p.json"),
+            ],
+            "--gpus 1e8 on a datasheet cluster",
+        ),
+        (
+            [
+                "profile",
+                "model",
+                "--model",
+                "gpt:tiny",
+                "--micro-batch",
+                "1000000",
+                "--seq",
+                "16",
+                "--out",
+                str(w.files["scratch"] / "m.json"),
+            ],
+            "measured --micro-batch 1e6",
+        ),
         (_set_flag(base["profile model"], "--micro-batch", "1e20"), "--micro-batch 1e20"),
     ]
     for argv, note in combos:
-        cases.append(Case(argv[0] if argv[0] != "profile" else f"profile {argv[1]}", "numeric-flag",
-                          tuple(argv), "error", note))
+        cases.append(
+            Case(argv[0] if argv[0] != "profile" else f"profile {argv[1]}", "numeric-flag", tuple(argv), "error", note)
+        )
     return cases
 
 
 # subcommand -> output flags
-OUTPUT_FLAGS = {"plan": ("--out",), "profile model": ("--out",), "profile cluster": ("--out",),
-                "show": ("--html", "--png"), "launch": ("--metrics", "--slurm")}
+OUTPUT_FLAGS = {
+    "plan": ("--out",),
+    "profile model": ("--out",),
+    "profile cluster": ("--out",),
+    "show": ("--html", "--png"),
+    "launch": ("--metrics", "--slurm"),
+}
 
 
 def path_cases(w: Workdir) -> list[Case]:
     base = base_argv(w)
     long_name = str(w.files["scratch"] / ("x" * 300 + ".json"))
     bad_paths = {
-        "empty": "", "blank": " ", "trailing slash": str(w.files["scratch"] / "newdir") + "/",
-        "existing folder": w["dir"], "folder with slash": w["dir"] + "/", "FIFO": w["fifo"], "socket": w["socket"],
-        "symlink to FIFO": w["link"], "name too long": long_name, "under a file": w["regular"] + "/x.json",
+        "empty": "",
+        "blank": " ",
+        "trailing slash": str(w.files["scratch"] / "newdir") + "/",
+        "existing folder": w["dir"],
+        "folder with slash": w["dir"] + "/",
+        "FIFO": w["fifo"],
+        "socket": w["socket"],
+        "symlink to FIFO": w["link"],
+        "name too long": long_name,
+        "under a file": w["regular"] + "/x.json",
         "dot": ".",
     }
-    inputs = {"plan": ("--model-profile", "--cluster"), "profile model": ("--cluster",),
-              "show": ("plan", "--metrics"), "launch": ("plan",)}
+    inputs = {
+        "plan": ("--model-profile", "--cluster"),
+        "profile model": ("--cluster",),
+        "show": ("plan", "--metrics"),
+        "launch": ("plan",),
+    }
     cases = []
     for command, flags in OUTPUT_FLAGS.items():
         for flag in flags:
@@ -376,16 +533,35 @@ def path_cases(w: Workdir) -> list[Case]:
                     continue  # a folder is what --png wants
                 cases.append(Case(command, "path", tuple(_set_flag(start, flag, value)), "error", f"{flag} {note}"))
             for in_flag in inputs.get(command, ()):
-                source = w["plan"] if in_flag == "plan" else (
-                    w["metrics"] if in_flag == "--metrics" else
-                    (w["model"] if in_flag == "--model-profile" else w["cluster"]))
+                source = (
+                    w["plan"]
+                    if in_flag == "plan"
+                    else (
+                        w["metrics"]
+                        if in_flag == "--metrics"
+                        else (w["model"] if in_flag == "--model-profile" else w["cluster"])
+                    )
+                )
                 if flag == "--png":
                     continue
-                cases.append(Case(command, "path", tuple(_set_flag(start, flag, source)), "error",
-                                  f"{flag} equal to the input {in_flag}"))
+                cases.append(
+                    Case(
+                        command,
+                        "path",
+                        tuple(_set_flag(start, flag, source)),
+                        "error",
+                        f"{flag} equal to the input {in_flag}",
+                    )
+                )
     # empty strings for input-ish flags
-    for command, flag in (("show", "--metrics"), ("profile cluster", "--sizes"), ("estimate", "--model-profile"),
-                          ("plan", "--model-profile"), ("launch", "--checkpoint-dir"), ("launch", "--data")):
+    for command, flag in (
+        ("show", "--metrics"),
+        ("profile cluster", "--sizes"),
+        ("estimate", "--model-profile"),
+        ("plan", "--model-profile"),
+        ("launch", "--checkpoint-dir"),
+        ("launch", "--data"),
+    ):
         cases.append(Case(command, "path", tuple(_set_flag(base[command], flag, "")), "error", f"{flag} empty"))
     cases.append(Case("show", "path", ("show", w["plan"], "--png", w["regular"]), "error", "--png a regular file"))
     return cases
@@ -395,21 +571,81 @@ def path_cases(w: Workdir) -> list[Case]:
 # Bad bytes and mutated documents
 # ------------------------------------------------------------------------------------------------------
 
+
 def _consumers(w: Workdir, kind: str, path: str) -> list[tuple[str, list[str]]]:
     """Command lines that read a document of ``kind`` from ``path``."""
     scratch = str(w.files["scratch"] / "out.json")
     if kind == "model":
-        return [("plan", ["plan", "--model", "gpt:tiny", "--model-profile", path, "--cluster", w["cluster"],
-                          "--gpus", "2", "--global-batch", "8", "--time-limit", "5", "--budget", "8", "--out", scratch]),
-                ("estimate", ["estimate", "--model", "gpt:tiny", "--model-profile", path, "--cluster", w["cluster"],
-                              "--global-batch", "8", "--gpus", "2", "--seq", "64"]),
-                ("profile check", ["profile", "check", path])]
+        return [
+            (
+                "plan",
+                [
+                    "plan",
+                    "--model",
+                    "gpt:tiny",
+                    "--model-profile",
+                    path,
+                    "--cluster",
+                    w["cluster"],
+                    "--gpus",
+                    "2",
+                    "--global-batch",
+                    "8",
+                    "--time-limit-s",
+                    "5",
+                    "--budget-s",
+                    "8",
+                    "--out",
+                    scratch,
+                ],
+            ),
+            (
+                "estimate",
+                [
+                    "estimate",
+                    "--model",
+                    "gpt:tiny",
+                    "--model-profile",
+                    path,
+                    "--cluster",
+                    w["cluster"],
+                    "--global-batch",
+                    "8",
+                    "--gpus",
+                    "2",
+                    "--seq",
+                    "64",
+                ],
+            ),
+            ("profile check", ["profile", "check", path]),
+        ]
     if kind == "cluster":
-        return [("estimate", ["estimate", "--model", "gpt:tiny", "--cluster", path, "--global-batch", "8",
-                              "--gpus", "2"]),
-                ("plan", ["plan", "--model", "gpt:tiny", "--model-profile", w["model"], "--cluster", path,
-                          "--gpus", "2", "--global-batch", "8", "--time-limit", "5", "--budget", "8", "--out", scratch]),
-                ("profile check", ["profile", "check", path])]
+        return [
+            ("estimate", ["estimate", "--model", "gpt:tiny", "--cluster", path, "--global-batch", "8", "--gpus", "2"]),
+            (
+                "plan",
+                [
+                    "plan",
+                    "--model",
+                    "gpt:tiny",
+                    "--model-profile",
+                    w["model"],
+                    "--cluster",
+                    path,
+                    "--gpus",
+                    "2",
+                    "--global-batch",
+                    "8",
+                    "--time-limit-s",
+                    "5",
+                    "--budget-s",
+                    "8",
+                    "--out",
+                    scratch,
+                ],
+            ),
+            ("profile check", ["profile", "check", path]),
+        ]
     if kind == "plan":
         return [("show", ["show", path]), ("launch", ["launch", path, "--dry-run"])]
     if kind == "metrics":
@@ -419,11 +655,21 @@ def _consumers(w: Workdir, kind: str, path: str) -> list[tuple[str, list[str]]]:
 
 def bad_bytes() -> dict[str, bytes]:
     return {
-        "empty": b"", "binary": bytes(range(256)) * 4, "utf-16": '{"a": 1}'.encode("utf-16"),
-        "latin-1": '{"name": "caf\xe9"}'.encode("latin-1"), "NaN": b'{"x": NaN}', "Infinity": b'{"x": -Infinity}',
-        "nested": b"[" * 100_000 + b"]" * 100_000, "nested objects": b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
-        "list": b"[1, 2, 3]", "string": b'"plan"', "number": b"1e999", "huge int": b"9" * 5000,
-        "truncated": b'{"schema_version": 1, "name": "x", ', "null": b"null", "bom": b"\xef\xbb\xbf{}",
+        "empty": b"",
+        "binary": bytes(range(256)) * 4,
+        "utf-16": '{"a": 1}'.encode("utf-16"),
+        "latin-1": '{"name": "caf\xe9"}'.encode("latin-1"),
+        "NaN": b'{"x": NaN}',
+        "Infinity": b'{"x": -Infinity}',
+        "nested": b"[" * 100_000 + b"]" * 100_000,
+        "nested objects": b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+        "list": b"[1, 2, 3]",
+        "string": b'"plan"',
+        "number": b"1e999",
+        "huge int": b"9" * 5000,
+        "truncated": b'{"schema_version": 1, "name": "x", ',
+        "null": b"null",
+        "bom": b"\xef\xbb\xbf{}",
     }
 
 
@@ -474,11 +720,23 @@ def _mutations(leaf) -> list[tuple[str, object, Expect]]:
     if isinstance(leaf, bool):
         return [("bool->str", "x", "error"), ("bool->null", None, "any")]
     if isinstance(leaf, (int, float)):
-        return [("num->str", "x", "error"), ("num->list", [1], "error"), ("negative", -1, "any"), ("zero", 0, "any"),
-                ("huge", 1e308, "any"), ("tiny", 1e-300, "any"), ("null", None, "any"), ("big int", 10**30, "any")]
+        return [
+            ("num->str", "x", "error"),
+            ("num->list", [1], "error"),
+            ("negative", -1, "any"),
+            ("zero", 0, "any"),
+            ("huge", 1e308, "any"),
+            ("tiny", 1e-300, "any"),
+            ("null", None, "any"),
+            ("big int", 10**30, "any"),
+        ]
     if isinstance(leaf, str):
-        return [("str->num", 12345, "any"), ("empty str", "", "any"), ("str->list", ["x"], "error"),
-                ("unknown", "no-such-thing", "any")]
+        return [
+            ("str->num", 12345, "any"),
+            ("empty str", "", "any"),
+            ("str->list", ["x"], "error"),
+            ("unknown", "no-such-thing", "any"),
+        ]
     if isinstance(leaf, list):
         return [("empty list", [], "any"), ("list->obj", {}, "error"), ("duplicate", leaf + leaf[:1], "any")]
     if isinstance(leaf, dict):
@@ -493,8 +751,12 @@ def mutation_cases(w: Workdir, *, per_document: int, seed: int = 0) -> list[Case
     folder = w.root / "mutations"
     folder.mkdir(exist_ok=True)
     cases = []
-    for kind, path in (("model", w.files["model"]), ("cluster", w.files["cluster"]), ("plan", w.files["plan"]),
-                       ("plan", w.files["plan8"])):
+    for kind, path in (
+        ("model", w.files["model"]),
+        ("cluster", w.files["cluster"]),
+        ("plan", w.files["plan"]),
+        ("plan", w.files["plan8"]),
+    ):
         doc = json.loads(path.read_text())
         doc["content_hash"] = None
         choices = []
@@ -523,15 +785,27 @@ def metrics_mutation_cases(w: Workdir) -> list[Case]:
     folder.mkdir(exist_ok=True)
     good = dict(event="step", step=0, loss=5.0, step_time_s=0.2, tokens_per_s=1000.0, peak_mem_bytes=[2**30, 2**31])
     bad_steps = {
-        "step str": dict(good, step="x"), "step null": dict(good, step=None), "step negative": dict(good, step=-1),
-        "step float": dict(good, step=1.5), "step list": dict(good, step=[1]), "step bool": dict(good, step=True),
-        "loss str": dict(good, loss="x"), "loss list": dict(good, loss=[1]), "time str": dict(good, step_time_s="x"),
-        "time negative": dict(good, step_time_s=-1.0), "time zero": dict(good, step_time_s=0),
-        "time list": dict(good, step_time_s=[0.2]), "time obj": dict(good, step_time_s={"a": 1}),
-        "tokens str": dict(good, tokens_per_s="fast"), "peak str": dict(good, peak_mem_bytes="x"),
-        "peak list of str": dict(good, peak_mem_bytes=["x"]), "peak obj bad rank": dict(good, peak_mem_bytes={"a": 1}),
-        "peak negative": dict(good, peak_mem_bytes=[-5]), "peak nested": dict(good, peak_mem_bytes=[[1]]),
-        "step huge": dict(good, step=10**30), "no step": {k: v for k, v in good.items() if k != "step"},
+        "step str": dict(good, step="x"),
+        "step null": dict(good, step=None),
+        "step negative": dict(good, step=-1),
+        "step float": dict(good, step=1.5),
+        "step list": dict(good, step=[1]),
+        "step bool": dict(good, step=True),
+        "loss str": dict(good, loss="x"),
+        "loss list": dict(good, loss=[1]),
+        "time str": dict(good, step_time_s="x"),
+        "time negative": dict(good, step_time_s=-1.0),
+        "time zero": dict(good, step_time_s=0),
+        "time list": dict(good, step_time_s=[0.2]),
+        "time obj": dict(good, step_time_s={"a": 1}),
+        "tokens str": dict(good, tokens_per_s="fast"),
+        "peak str": dict(good, peak_mem_bytes="x"),
+        "peak list of str": dict(good, peak_mem_bytes=["x"]),
+        "peak obj bad rank": dict(good, peak_mem_bytes={"a": 1}),
+        "peak negative": dict(good, peak_mem_bytes=[-5]),
+        "peak nested": dict(good, peak_mem_bytes=[[1]]),
+        "step huge": dict(good, step=10**30),
+        "no step": {k: v for k, v in good.items() if k != "step"},
     }
     cases = []
     for note, record in bad_steps.items():
@@ -540,9 +814,11 @@ def metrics_mutation_cases(w: Workdir) -> list[Case]:
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
         for command, argv in _consumers(w, "metrics", str(path)):
             cases.append(Case(command, "mutation", tuple(argv), "error", f"metrics {note}"))
-    raw = {"NaN loss": '{"event": "step", "step": 0, "loss": NaN, "step_time_s": 0.2}\n',
-           "Infinity time": '{"event": "step", "step": 0, "loss": 1.0, "step_time_s": Infinity}\n',
-           "only summary": '{"event": "summary", "summary": true}\n'}
+    raw = {
+        "NaN loss": '{"event": "step", "step": 0, "loss": NaN, "step_time_s": 0.2}\n',
+        "Infinity time": '{"event": "step", "step": 0, "loss": 1.0, "step_time_s": Infinity}\n',
+        "only summary": '{"event": "summary", "summary": true}\n',
+    }
     for note, text in raw.items():
         path = folder / f"{note.replace(' ', '-')}.jsonl"
         path.write_text(text)
@@ -555,19 +831,25 @@ def metrics_mutation_cases(w: Workdir) -> list[Case]:
 # hypothesis: random flag/value command lines
 # ------------------------------------------------------------------------------------------------------
 
+
 def hypothesis_cases(w: Workdir, *, examples: int, seed: int = 0) -> list[Case]:
     """Command lines drawn by hypothesis: a subcommand's valid base with 1-3 numeric flags given random
     text, integers or floats (expectation "any": each may happen to be valid)."""
     from hypothesis import HealthCheck, given, seed as hseed, settings, strategies as st
 
     base = base_argv(w)
-    numeric = st.one_of(st.integers(-10**25, 10**25).map(str), st.floats(allow_nan=True).map(repr),
-                        st.text(max_size=6), st.sampled_from(["0", "1", "2", "4", "8", "-1", "nan", "1e20"]))
+    numeric = st.one_of(
+        st.integers(-(10**25), 10**25).map(str),
+        st.floats(allow_nan=True).map(repr),
+        st.text(max_size=6),
+        st.sampled_from(["0", "1", "2", "4", "8", "-1", "nan", "1e20"]),
+    )
     drawn: list[Case] = []
 
     @hseed(seed)
-    @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples, database=None, deadline=None, derandomize=False, suppress_health_check=list(HealthCheck)
+    )
     @given(command=st.sampled_from(sorted(NUMERIC_FLAGS)), data=st.data())
     def draw(command, data):
         flags = sorted(NUMERIC_FLAGS[command])
@@ -584,6 +866,10 @@ def hypothesis_cases(w: Workdir, *, examples: int, seed: int = 0) -> list[Case]:
 
 
 def all_cases(w: Workdir, *, mutations_per_document: int, hypothesis_examples: int, seed: int = 0) -> list[Case]:
-    return (numeric_flag_cases(w) + path_cases(w) + input_bytes_cases(w)
-            + mutation_cases(w, per_document=mutations_per_document, seed=seed)
-            + hypothesis_cases(w, examples=hypothesis_examples, seed=seed))
+    return (
+        numeric_flag_cases(w)
+        + path_cases(w)
+        + input_bytes_cases(w)
+        + mutation_cases(w, per_document=mutations_per_document, seed=seed)
+        + hypothesis_cases(w, examples=hypothesis_examples, seed=seed)
+    )

@@ -26,9 +26,28 @@ def _readable(lines: list[str]) -> None:
 
 
 def test_estimate_tables_fit_80_columns(capsys, monkeypatch):
-    lines = _lines_at_80(capsys, monkeypatch, "estimate", "--model", "gpt:gpt3-175b", "--cluster", "dgx-a100-80g",
-                         "--gpus", "1024", "--global-batch", "1536", "--tp", "8", "--pp", "16", "--dp", "8",
-                         "--recompute", "selective", "--sequence-parallel")
+    lines = _lines_at_80(
+        capsys,
+        monkeypatch,
+        "estimate",
+        "--model",
+        "gpt:gpt3-175b",
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "1024",
+        "--global-batch",
+        "1536",
+        "--tp",
+        "8",
+        "--pp",
+        "16",
+        "--dp",
+        "8",
+        "--recompute",
+        "selective",
+        "--sequence-parallel",
+    )
     _readable(lines)
     text = "\n".join(lines)
     assert "T/" not in text and "s per micro-batch" in text and "activ" in text
@@ -41,6 +60,7 @@ def mixed_plan(tmp_path_factory):
     plan = build_example_plan("1f1b", pp=2, num_micro_batches=4, dp=2, tp=2, recompute_s=0.004)
     layout = {path: {"style": "split", "sequence_parallel": True} for st in plan.stages for path in st.module_paths}
     from planner.plan import LayerLayout
+
     plan = plan.model_copy(update={"layout": {k: LayerLayout(**v) for k, v in layout.items()}})
     return save_plan(plan, tmp_path_factory.mktemp("vocab") / "plan.json"), plan
 
@@ -53,15 +73,31 @@ def test_one_label_with_recompute_and_sequence_parallelism(mixed_plan, capsys, m
     _readable(lines)
     assert label in "\n".join(lines)
     from planner.inspect.report import build_html
+
     assert label in build_html(plan, pngs={})
 
 
 def test_plan_summary_uses_the_label(tmp_path, capsys, monkeypatch):
-    lines = _lines_at_80(capsys, monkeypatch, "plan", "--model", "gpt:tiny", "--model-profile",
-                         str(REPO / "profiles/models/gpt-tiny.json"), "--cluster", CLUSTER, "--gpus", "2",
-                         "--global-batch", "8", "--out", str(tmp_path / "p.json"))
+    lines = _lines_at_80(
+        capsys,
+        monkeypatch,
+        "plan",
+        "--model",
+        "gpt:tiny",
+        "--model-profile",
+        str(REPO / "profiles/models/gpt-tiny.json"),
+        "--cluster",
+        CLUSTER,
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--out",
+        str(tmp_path / "p.json"),
+    )
     _readable(lines)
     from planner.plan import load_plan
+
     assert plan_label(load_plan(tmp_path / "p.json")) in "\n".join(lines)
 
 

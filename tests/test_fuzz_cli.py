@@ -32,8 +32,9 @@ def test_at_least_300_cases_ran(outcomes):
 
 @pytest.mark.parametrize("klass", ["numeric-flag", "path", "input-bytes", "mutation", "hypothesis"])
 def test_no_findings(outcomes, klass):
-    bad = [f"{o.kind}: {o.case.command} {o.case.note}: {o.detail}" for o in fz.failures(outcomes)
-           if o.case.klass == klass]
+    bad = [
+        f"{o.kind}: {o.case.command} {o.case.note}: {o.detail}" for o in fz.failures(outcomes) if o.case.klass == klass
+    ]
     assert bad == [], "\n".join(bad[:20])
 
 

@@ -36,7 +36,7 @@ def _cluster_file(tmp_path: Path) -> Path:
 
 def test_tiny_gpt_cli_profile_matches_hand_count(tmp_path):
     out = tmp_path / "gpt-tiny.json"
-    s, h, a, v = 32, 64, 4, 256  # gpt:tiny at --seq 32
+    s, h, _heads, v = 32, 64, 4, 256  # gpt:tiny at --seq 32
     rc = main(["profile", "model", "--model", "gpt:tiny", "--micro-batch", "1,2", "--seq", str(s),
                "--tp", "1,2", "--warmup", "0", "--repeats", "1", "--out", str(out)])
     assert rc == 0

@@ -160,7 +160,8 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
     config = ParallelConfig(
         tp=args.tp, pp=args.pp, dp=dp, micro_batch=args.micro_batch,
         num_micro_batches=max(1, args.global_batch // per_step),
-        schedule=SCHEDULE_ALIASES[args.schedule], virtual_stages=args.virtual_stages, zero_stage=args.zero,
+        schedule=SCHEDULE_ALIASES[args.schedule],  # type: ignore[arg-type]  # argparse choices
+        virtual_stages=args.virtual_stages, zero_stage=args.zero,
         replica_node_types=replica_types, batch_shares=shares,
         sequence_parallel=args.sequence_parallel, recompute=args.recompute, stage_node_types=stage_types,
         flash_attention=args.flash_attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
@@ -222,8 +223,8 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
     console = Console()
     recompute = config.recompute if isinstance(config.recompute, str) else None
     blocks = sum(layer.kind == "block" for layer in model.layers)
-    counts = ({recompute: blocks} if recompute else
-              {m: sum(1 for v in dict(config.recompute).values() if v == m) for m in set(dict(config.recompute).values())})
+    modes: list[str] = [] if isinstance(config.recompute, str) else list(config.recompute.values())
+    counts: dict[str, int] = {recompute: blocks} if recompute else {m: modes.count(m) for m in set(modes)}
     label = strategy_label(tp=config.tp, pp=config.pp, dp=config.dp, schedule=config.schedule,
                            virtual_stages=config.virtual_stages, micro_batch=config.micro_batch,
                            num_micro_batches=config.num_micro_batches, zero_stage=config.zero_stage,

@@ -7,7 +7,8 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from planner.cli.common import MAX_DEVICES, DefaultsHelpFormatter, check_out_path, float_in, int_in, nonempty_path, out_path
+from planner.cli.common import (MAX_DEVICES, DefaultsHelpFormatter, check_out_path, float_in, int_in, nonempty_path,
+                                 out_path)
 from planner.errors import StratagemError
 from planner.plan import load_plan
 
@@ -87,7 +88,8 @@ def _print_summary(metrics: Path, *, keep: bool) -> None:
     pred = s["predicted_step_time_s"]
     print(f"trained {s['steps']} steps: final loss {s['final_loss']:.6f}, step time "
           f"{s['measured_step_time_s']:.4f} s (predicted {'n/a' if pred is None else f'{pred:.4f} s'}), "
-          f"peak memory {s['measured_peak_memory_bytes'] / 2**20:.0f} MiB" + (f"; metrics in {metrics}" if keep else ""))
+          f"peak memory {s['measured_peak_memory_bytes'] / 2**20:.0f} MiB"
+          + (f"; metrics in {metrics}" if keep else ""))
 
 
 def _preempted(metrics: Path) -> tuple[int, str | None] | None:

@@ -13,12 +13,13 @@ import logging
 
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
-from planner.plan import Plan, TrainingSettings, plan_label, save_plan, validate
+from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, validate
 from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
-from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_layer_paths, check_out_path, no_ellipsis, throughput_text,
-                     float_in, int_in, nonempty_path, out_path, resolve_cluster_path)
+from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_layer_paths,
+                     check_out_path, float_in, int_in, no_ellipsis, nonempty_path, out_path, resolve_cluster_path,
+                     throughput_text)
 from .compare_cli import add_source_argument, build_comparison, comparison_table
 from .model_args import add_model_arguments, check_profile_matches, spec_from_args
 from .recipe_args import add_recipe_arguments, recipe_from_args
@@ -44,14 +45,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="training precision of the analytic profile (ignored with --model-profile)")
     p.add_argument("--memory-fraction", type=float_in(0, 1, low_open=True), default=0.9, metavar="FRACTION",
                    help="share of each device's memory a plan may use, 0 < f <= 1")
-    p.add_argument("--time-limit-s", "--time-limit", dest="time_limit", type=float_in(0, MAX_SECONDS, low_open=True), default=30.0, metavar="SECONDS",
+    p.add_argument("--time-limit-s", "--time-limit", dest="time_limit", type=float_in(0, MAX_SECONDS, low_open=True),
+                   default=30.0, metavar="SECONDS",
                    help="CBC time limit per ILP, seconds; a stopped solve is reported as not optimal")
-    p.add_argument("--budget-s", "--budget", dest="budget", type=float_in(0, MAX_SECONDS, low_open=True), default=600.0, metavar="SECONDS",
+    p.add_argument("--budget-s", "--budget", dest="budget", type=float_in(0, MAX_SECONDS, low_open=True),
+                   default=600.0, metavar="SECONDS",
                    help="wall-clock budget of the whole search, seconds; when it runs out the best plan so far "
                         "is written and reported with its proven gap, not as optimal")
     p.add_argument("--gap", type=float_in(0, 1, high_open=True), default=0.0, metavar="FRACTION",
                    help="relative optimality gap CBC may stop at, 0 <= g < 1 (0.01 = 1 %%)")
-    p.add_argument("--top-k", type=int_in(1, 100), default=5, metavar="K", help="plans to keep (the best and its runners-up)")
+    p.add_argument("--top-k", type=int_in(1, 100), default=5, metavar="K",
+                   help="plans to keep (the best and its runners-up)")
     p.add_argument("--jobs", type=int_in(1, 256), default=1, metavar="N",
                    help="candidates solved in parallel, one CBC process each (e.g. the number of CPU cores); "
                         "the best step time and its proof do not depend on it")
@@ -111,7 +115,7 @@ def _external_limits(spec: ModelSpec, allow: frozenset[str]) -> tuple[frozenset[
 
 def _summary_table(plan: Plan, cluster: ClusterProfile):
     from rich.table import Table
-    pred = plan.predictions
+    pred, search = costed(plan)
     table = Table(title=f"plan for {plan.model.name} on {plan.world_size} x {cluster.name}")
     table.add_column("item")
     table.add_column("value")
@@ -132,11 +136,11 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
         for sp in pred.stages:
             table.add_row(f"stage {sp.stage} peak memory",
                           f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB")
-    search = plan.search
-    table.add_row("search", f"{search.status}, gap {search.gap:.2g}, {search.wall_time_s:.2f} s, "
-                            f"{search.candidates_solved} solved / {search.candidates_pruned} pruned")
-    if search.notes:
-        table.add_row("notes", search.notes)
+    if search is not None:
+        table.add_row("search", f"{search.status}, gap {search.gap:.2g}, {search.wall_time_s:.2f} s, "
+                                f"{search.candidates_solved} solved / {search.candidates_pruned} pruned")
+        if search.notes:
+            table.add_row("notes", search.notes)
     return table
 
 
@@ -159,7 +163,7 @@ def _alternatives_table(plan: Plan):
     table = Table(title="runners-up")
     for col in ("#", "strategy", "step time", "slowdown", "peak memory"):
         table.add_column(col)
-    for i, alt in enumerate(plan.search.top_k, start=2):
+    for i, alt in enumerate(plan.search.top_k if plan.search else [], start=2):
         step = f"{alt.step_time_s:.4g} s" + ("" if alt.proven_optimal else " (layout not proven best)")
         table.add_row(str(i), alt.summary, step, f"{alt.slowdown:.3f}x",
                       f"{alt.peak_memory_bytes / 2**30:.2f} GiB")
@@ -205,13 +209,14 @@ def run(args: argparse.Namespace) -> int:
     save_plan(plan, args.out)
     out = Console()
     out.print(no_ellipsis(_summary_table(plan, cluster)))
-    if plan.search.top_k:
+    _, search = costed(plan)
+    if search is not None and search.top_k:
         out.print(no_ellipsis(_alternatives_table(plan)))
     if plan.comparison is not None:
         out.print(*comparison_table(plan.comparison))
-    if plan.search.status != "optimal":
-        fix = "raise --budget-s to prove it" if "budget" in plan.search.notes else "raise --time-limit-s to prove it"
-        out.print(f"[bold yellow]not proven optimal[/]: search {plan.search.status}, best within "
-                  f"{plan.search.gap:.2%} of the optimum under the cost model; {fix}")
+    if search is not None and search.status != "optimal":
+        fix = "raise --budget-s to prove it" if "budget" in search.notes else "raise --time-limit-s to prove it"
+        out.print(f"[bold yellow]not proven optimal[/]: search {search.status}, best within "
+                  f"{search.gap:.2%} of the optimum under the cost model; {fix}")
     out.print(f"wrote {args.out}")
     return 0

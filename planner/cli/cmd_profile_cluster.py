@@ -16,7 +16,8 @@ from planner.errors import StratagemError
 from planner.fileio import save_document
 from planner.profiles import ClusterProfile, CollectiveFit
 
-from planner.cli.common import MAX_SECONDS, DefaultsHelpFormatter, check_out_path, int_in, float_in, nonempty_path, out_path
+from planner.cli.common import (MAX_SECONDS, DefaultsHelpFormatter, check_out_path, float_in, int_in, nonempty_path,
+                                 out_path)
 from .common import command_line, utc_now
 
 # The quick sweep reaches 16 MiB because on a loaded 2-core VM small-message times jitter by ~2 ms (wake-up
@@ -108,7 +109,8 @@ def _fit_table(profile: ClusterProfile):
     fits: list[CollectiveFit] = [f for nt in profile.node_types for f in nt.intra_node] + profile.inter_node
     for f in fits:
         table.add_row(f.op, f.level, str(f.n_ranks), f"{f.alpha_s * 1e6:.1f}", f"{f.bus_bw_bytes_per_s / 1e9:.3f}",
-                      f"{f.fit_r2:.2f}", f"{100 * f.fit_max_rel_err:.0f}%",
+                      "-" if f.fit_r2 is None else f"{f.fit_r2:.2f}",
+                      "-" if f.fit_max_rel_err is None else f"{100 * f.fit_max_rel_err:.0f}%",
                       "-" if f.run_cv is None else f"{100 * f.run_cv:.0f}%")
     return table, fits
 

@@ -9,12 +9,13 @@ from pathlib import Path
 from planner.cli.common import (MAX_BATCH, MAX_DEVICES, MAX_SEQ, DefaultsHelpFormatter, check_out_path, command_line,
                                  host_name, int_in, int_list, out_path, resolve_cluster_path, utc_now)
 
-# A measured profile runs each layer on micro-batch x seq tokens in this process: above this many tokens
-# one activation of even a small model needs GiBs (1e6 x 128 tokens crashed with an allocation failure).
-MAX_MEASURED_TOKENS = 2**20
 from planner.errors import StratagemError
 from planner.cli.model_args import add_model_arguments, spec_from_args
 from planner.profiles import load_cluster_profile, save_profile
+
+# A measured profile runs each layer on micro-batch x seq tokens in this process: above this many tokens
+# one activation of even a small model needs GiBs (1e6 x 128 tokens crashed with an allocation failure).
+MAX_MEASURED_TOKENS = 2**20
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=DefaultsHelpFormatter)
     add_model_arguments(p)
     p.add_argument("--micro-batch", default="1", help="micro-batch sizes to time, in samples, e.g. 1,2,4")
-    p.add_argument("--seq", type=int_in(1, MAX_SEQ), default=128, help="sequence length in tokens per sample (ignored for "
+    p.add_argument("--seq", type=int_in(1, MAX_SEQ), default=128,
+                   help="sequence length in tokens per sample (ignored for "
                                                          "resnet/mlp)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"],
                    help="parameter and activation dtype (sets bytes per element and the matmul precision)")
@@ -36,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="no measurement: run on the meta device, times = FLOPs / the cluster's achieved FLOP/s")
     p.add_argument("--cluster", help="cluster name or profile file (needed with --analytic)")
     p.add_argument("--warmup", type=int_in(0, 1000), default=2, help="untimed runs (count) per layer before timing")
-    p.add_argument("--repeats", type=int_in(1, 1000), default=5, help="timed runs (count) per layer and micro-batch; the "
+    p.add_argument("--repeats", type=int_in(1, 1000), default=5,
+                   help="timed runs (count) per layer and micro-batch; the "
                                                            "file keeps their median and spread in seconds")
     p.set_defaults(func=run)
 
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task(f"profiling {spec.name}", total=len(paths))
         profile = profile_model(spec, settings, created_utc=utc_now(), command=command_line(), host=host_name(),
-                                device_name=device_name, on_layer=lambda path: bar.advance(task))
+                                device_name=device_name, on_layer=lambda _path: bar.advance(task))
     save_profile(profile, out)
     print(f"wrote {out}: {len(profile.layers)} layers, {profile.total_params:,} parameters, "
           f"{profile.provenance.method}")

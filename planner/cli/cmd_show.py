@@ -17,7 +17,7 @@ from planner.inspect.measured import metrics_frame, predicted_vs_measured
 from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
 from planner.cli.common import check_layer_paths, check_out_path, no_ellipsis, throughput_text, nonempty_path, out_path
 from planner.fileio import check_output_folder
-from planner.plan import Plan, load_plan, validate
+from planner.plan import Plan, costed, load_plan, validate
 
 # the pictures `--png` writes (planner.inspect.report.build_figures)
 PNG_NAMES = ("layer_placement", "timeline", "memory_per_rank", "step_breakdown", "plan_comparison", "metrics")
@@ -115,7 +115,7 @@ def _overview(plan: Plan) -> Table:
 
 def _peak_memory_text(plan: Plan) -> str:
     """The fullest stage's peak against its own device's memory (stages of a mixed plan differ)."""
-    p = plan.predictions
+    p, _ = costed(plan)
     if not p.stages:
         return f"{fmt_bytes(p.peak_memory_bytes)} (no per-stage figures)"
     full = max(p.stages, key=lambda sp: sp.peak_memory_bytes / sp.memory_capacity_bytes)
@@ -164,7 +164,7 @@ def _peak_of_capacity(peak_bytes: float, capacity_bytes: float) -> str:
 
 
 def _terms_table(plan: Plan) -> Table:
-    p = plan.predictions
+    p, _ = costed(plan)
     table = Table(title="step-time terms", caption=f"predicted step {fmt_seconds(p.step_time_s)}")
     table.add_column("term")
     table.add_column("time", justify="right")
@@ -183,7 +183,7 @@ def _alternatives_table(plan: Plan) -> Table:
     table = Table(title="runner-up plans from the search")
     for name in ("plan", "step time", "slowdown", "peak memory"):
         table.add_column(name, justify="left" if name == "plan" else "right")
-    for alt in plan.search.top_k:
+    for alt in plan.search.top_k if plan.search else []:
         table.add_row(alt.summary, fmt_seconds(alt.step_time_s), f"{alt.slowdown:.3f}x",
                       fmt_bytes(alt.peak_memory_bytes))
     return table

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import NoReturn
 
 from planner import __version__
 from planner.cli.common import DefaultsHelpFormatter
@@ -31,7 +32,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
 class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors exit 2 with one line naming the fix."""
 
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
 
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile = sub.add_parser("profile", help="measure (or derive) a model's or a cluster's profile",
                              description="Write a versioned profile JSON for a model or a cluster.")
     profile_sub = profile.add_subparsers(dest="what", metavar="WHAT", parser_class=_Parser)
-    profile.set_defaults(func=lambda args: _usage(profile))
+    profile.set_defaults(func=lambda _args: _usage(profile))
     groups = {None: sub, "profile": profile_sub}
     for group, module_name in _COMMANDS:
         try:
@@ -57,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that subcommand is not part of this build yet
             raise
         module.register(groups[group])
-    for group in groups.values():   # -v also after the subcommand: `stratagem plan ... -v`
-        for name, leaf in group.choices.items():
+    for action in (sub, profile_sub):   # -v also after the subcommand: `stratagem plan ... -v`
+        for name, leaf in action.choices.items():
             if name != "profile":
                 leaf.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                                   help="log progress details to stderr")

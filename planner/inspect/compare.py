@@ -113,7 +113,7 @@ def _fields(plan: Plan) -> dict[str, str]:
 
 
 def _node_types_by_pp_rank(plan: Plan) -> list[str]:
-    first = {}
+    first: dict[int, str] = {}
     for st in sorted(plan.stages, key=lambda x: x.index):
         first.setdefault(st.pp_rank, st.node_type)
     return [first[r] for r in sorted(first)]

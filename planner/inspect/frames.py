@@ -8,6 +8,8 @@ structural columns only.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pandas as pd
 
 from planner.inspect.timeline import Timeline, simulate_plan
@@ -21,7 +23,7 @@ def plan_timeline(plan: Plan) -> Timeline | None:
     return simulate_plan(plan) if plan.predictions is not None else None
 
 
-def _recompute_label(modes: dict[str, str]) -> str:
+def _recompute_label(modes: Mapping[str, str]) -> str:
     """``"full x2, selective x1"`` style summary of a stage's recompute choices (``"none"`` if empty)."""
     counts: dict[str, int] = {}
     for mode in modes.values():

@@ -170,7 +170,7 @@ def schedule_order(kind: str, pp: int, num_micro_batches: int, virtual_stages: i
         if kind == "gpipe":
             pairs = [("forward", r, i) for i in range(m)] + [("backward", r, i) for i in range(m)]
         elif kind == "1f1b":
-            pairs = _one_f_one_b(m, min(pp - r - 1, m), lambda k, fwd, r=r: (r, k))
+            pairs = _one_f_one_b(m, min(pp - r - 1, m), lambda k, _fwd, r=r: (r, k))
         elif kind == "interleaved_1f1b":
             if m % pp:
                 raise StratagemError(f"interleaved 1F1B needs micro-batches divisible by pp, got m={m} "

@@ -75,7 +75,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 class SafeFileSystemReader(FileSystemReader):
     """``FileSystemReader`` whose ``.metadata`` is read with :class:`_MetadataUnpickler`."""
 
-    def read_metadata(self, *args, **kwargs) -> Metadata:
+    def read_metadata(self, *args, **kwargs) -> Metadata:  # noqa: ARG002 - FileSystemReader API
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as metadata_file:
             metadata = _MetadataUnpickler(metadata_file).load()

@@ -159,7 +159,7 @@ class FileData:
             raise StratagemError(f"data file {path} does not exist; pass --data synthetic or a valid path")
         try:
             data = torch.load(path, weights_only=True, map_location="cpu")
-        except Exception as exc:  # torch raises several types for a bad file
+        except Exception as exc:  # noqa: BLE001 - torch raises several types for a bad file
             raise StratagemError(f"cannot read data file {path} ({type(exc).__name__}); write it with "
                                  f"torch.save({{'inputs': X, 'targets': Y}}, path)") from None
         if not (isinstance(data, dict) and {"inputs", "targets"} <= set(data)):

@@ -30,7 +30,7 @@ def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
             rec = ", ".join(f"{k}={v}" for k, v in st.recompute.items() if v != "none") or "none"
             lp = " +loss_parallel" if uses_loss_parallel(styles) else ""
             paths = st.module_paths
-            names = ", ".join(paths) if len(paths) <= 4 else f"{paths[0]}, ..{len(paths) - 2} more.., {paths[-1]}"
+            names = ", ".join(paths) if len(paths) <= 6 else f"{paths[0]}, ..{len(paths) - 2} more.., {paths[-1]}"
             parts.append(f"stage {st.index} [{names}] tp: {tp_text}{lp}; recompute: {rec}")
         start, stop = replica_rows(split.rows, c["dp"])
         m = split.micro_batches[c["dp"]]

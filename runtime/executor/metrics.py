@@ -1,7 +1,8 @@
 """Per-step metrics as JSON lines (rank 0), with the plan's predictions beside the measurements.
 
 Lines: ``{"event": "start", ...}``, one ``{"event": "step", ...}`` per optimizer step (``peak_memory_bytes``
-and ``peak_rss_bytes`` are lists, one value per rank), and a final ``{"event": "summary", "summary": true, ...}`` comparing
+and ``peak_rss_bytes`` are lists, one value per rank), and a final ``{"event": "summary", "summary": true, ...}``
+comparing
 predicted and measured step time and peak memory — the format ``planner.inspect.measured`` reads. A
 restarted job appends (``attempt`` tells the runs apart); a reader takes the last line of each step.
 Peak memory per rank: on CUDA ``torch.cuda.max_memory_allocated`` (reset when a plan starts); on CPU the

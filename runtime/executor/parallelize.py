@@ -57,7 +57,8 @@ def check_supported(plan: Plan) -> None:
     placed = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     if placed != paths:
         raise StratagemError(f"the plan's stages hold {len(placed)} modules in model order {placed[:3]}..., but "
-                             f"{plan.model.name} has {len(paths)} ({paths[:3]}...); the plan is for another model, re-plan")
+                             f"{plan.model.name} has {len(paths)} ({paths[:3]}...); the plan is for another model, "
+                             f"re-plan")
 
 
 def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:

@@ -31,7 +31,7 @@ _SAVE_OPS = {
 }
 
 
-def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:  # noqa: ARG001 - torch policy API
     return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 

@@ -68,7 +68,7 @@ class PipelineRunner:
         with _step_context(self.loss_parallel, self.autocast_dtype, self.device_type):
             self.schedule.step(*args, **kwargs)
         # the schedule saw each micro-batch loss divided by the count (build_runner); report the loss itself
-        return [_scalar(l) * self.num_micro_batches for l in losses]
+        return [_scalar(loss) * self.num_micro_batches for loss in losses]
 
 
 @dataclass(kw_only=True)

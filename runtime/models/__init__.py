@@ -25,6 +25,7 @@ from runtime.models.zoo import (build_layer, build_model, example_batch, layer_k
 
 __all__ = [
     "LayeredModel", "SPLIT_STYLES", "build_layer", "build_model", "build_tp_shard", "check_tp", "example_batch",
-    "init_weights", "is_splittable", "layer_kind", "layer_paths", "loss_fn", "num_classes", "resolve_dims", "sample_shape",
+    "init_weights", "is_splittable", "layer_kind", "layer_paths", "loss_fn", "num_classes", "resolve_dims",
+    "sample_shape",
     "tie_weights", "tp_collectives", "tp_constraints", "tp_layout",
 ]

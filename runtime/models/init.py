@@ -61,7 +61,9 @@ def init_weights(model: nn.Module, seed: int) -> nn.Module:
 
     Tensors on the meta device are skipped (nothing to fill). Re-ties a tied LM head afterwards.
 
-    >>> m = build_model(spec, device="meta"); m.to_empty(device="cpu"); init_weights(m, seed=0)
+    >>> m = build_model(parse_model("gpt:tiny"), device="meta").to_empty(device="cpu")
+    >>> init_weights(m, seed=0) is m
+    True
     """
     tied = bool(getattr(model, "tie_embeddings", False))
     layers = _num_blocks(model)
