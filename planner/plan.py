@@ -7,6 +7,7 @@ A plan is plain data the runtime executes as written. Vocabulary: an *axis* is a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -15,12 +16,13 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFl
 
 from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
-from planner.fileio import MAX_MAGNITUDE, load_document, save_document
+from planner.fileio import MAX_MAGNITUDE, content_hash, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
 from planner.profiles import Dtype
 from planner.recipe import LRSchedule
 
-PLAN_SCHEMA_VERSION: Final = 1
+PLAN_SCHEMA_VERSION: Final = 2
+# version 2: schedule.micro_batches_per_replica (integers); version-1 files are migrated on load
 
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
@@ -82,14 +84,19 @@ class Mesh(_Strict):
 class Schedule(_Strict):
     """Pipeline schedule and micro-batching.
 
-    ``micro_batch_size`` samples per micro-batch on one dp replica; ``num_micro_batches`` per step, so
-    each replica processes micro_batch_size * num_micro_batches samples (unless ``batch_shares`` differ).
+    ``micro_batch_size`` samples per micro-batch on every dp replica. ``micro_batches_per_replica`` holds,
+    as integers, how many micro-batches each replica runs per step (derived once, :func:`split_batch`;
+    every plan file carries it, readers never re-derive it). ``num_micro_batches`` is the pipeline length
+    of the busiest replica: the same count for all with equal shares.
     """
 
     kind: ScheduleKind
     micro_batch_size: int = Field(ge=1)
-    num_micro_batches: int = Field(ge=1)
+    num_micro_batches: int = Field(ge=1, description="micro-batches of the busiest dp replica per step")
     virtual_stages: int = Field(1, ge=1, description="model chunks per pp rank (interleaved 1F1B)")
+    micro_batches_per_replica: list[PositiveInt] | None = Field(
+        None, description="micro-batches each dp replica runs per step, in dp order; filled in by the Plan "
+                          "(None only while a plan whose split does not work out is being rejected)")
 
 
 class Stage(_Strict):
@@ -171,7 +178,7 @@ class SearchRecord(_Strict):
 
 
 class Plan(_Strict):
-    schema_version: Literal[1] = PLAN_SCHEMA_VERSION
+    schema_version: Literal[2] = PLAN_SCHEMA_VERSION
     planner_version: str
     created_utc: str
     model: ModelSpec
@@ -208,7 +215,20 @@ class Plan(_Strict):
                 raise ValueError("batch_shares must sum to 1")
         if self.replica_node_types is not None and len(self.replica_node_types) != self.mesh.size("dp"):
             raise ValueError("replica_node_types needs one entry per dp replica")
+        self._fill_micro_batches()
         return self
+
+    def _fill_micro_batches(self) -> None:
+        """Store the per-replica micro-batch counts (derived here, once); a stored list must agree."""
+        try:
+            counts = list(split_batch(self).micro_batches)
+        except StratagemError:  # the split does not work out: launch and show say why, with the fix
+            counts = None
+        stored = self.schedule.micro_batches_per_replica
+        if stored is None:
+            self.schedule.micro_batches_per_replica = counts
+        elif stored != counts:
+            raise ValueError(f"schedule.micro_batches_per_replica {stored} but the batch split gives {counts}")
 
     @property
     def world_size(self) -> int:
@@ -293,9 +313,104 @@ def _check_batch(plan: Plan) -> None:
             f"is inconsistent, re-plan")
 
 
+def rows_per_replica(global_batch: int, shares: list[float] | None, dp: int) -> list[int]:
+    """Samples each dp replica processes per step: ``share_r * global_batch`` (whole, >= 1), or an even
+    ``global_batch / dp`` when ``shares`` is None.
+
+    >>> rows_per_replica(8, [0.75, 0.25], 2)
+    [6, 2]
+    """
+    shares = shares or [1.0 / dp] * dp
+    rows = [round(s * global_batch) for s in shares]
+    for r, (share, n) in enumerate(zip(shares, rows)):
+        if abs(share * global_batch - n) > 1e-6 or n < 1:
+            raise StratagemError(
+                f"batch share {share} of dp replica {r} is {share * global_batch:g} of the {global_batch}-sample "
+                f"global batch, not a whole number >= 1; choose shares that are multiples of 1/{global_batch}")
+    if sum(rows) != global_batch:
+        raise StratagemError(f"batch shares give {sum(rows)} rows, not the global batch {global_batch}; re-plan")
+    return rows
+
+
+def micro_batches_per_replica(rows: list[int], *, micro_batch_size: int | None,
+                              num_micro_batches: int) -> list[int]:
+    """Micro-batches each dp replica runs per step.
+
+    ``micro_batch_size`` given (uneven ``batch_shares``): ``m_r = rows_r / micro_batch_size``, every
+    micro-batch the same size. ``None`` (even split): ``num_micro_batches`` for every replica, whose rows
+    must divide by it.
+
+    >>> micro_batches_per_replica([6, 2], micro_batch_size=2, num_micro_batches=3)
+    [3, 1]
+    """
+    if micro_batch_size is None:
+        for r, n in enumerate(rows):
+            if n % num_micro_batches:
+                raise StratagemError(
+                    f"dp replica {r} gets {n} samples, which do not split into {num_micro_batches} micro-batches; "
+                    f"choose a global batch or micro-batch count so that each replica's rows divide by it")
+        return [num_micro_batches] * len(rows)
+    for r, n in enumerate(rows):
+        if n % micro_batch_size:
+            raise StratagemError(
+                f"dp replica {r} gets {n} samples, not a multiple of the plan's {micro_batch_size}-sample "
+                f"micro-batch (schedule.micro_batch_size); choose batch shares whose rows are multiples of "
+                f"{micro_batch_size}, or re-plan with a micro-batch size dividing every replica's rows")
+    return [n // micro_batch_size for n in rows]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchSplit:
+    """How one step's global batch is spread over the dp replicas."""
+
+    rows: tuple[int, ...]            # samples of each dp replica per step
+    micro_batches: tuple[int, ...]   # micro-batches each dp replica runs per step
+
+
+def split_batch(plan: Plan) -> BatchSplit:
+    """Rows and micro-batch counts of every dp replica of ``plan``: the one place the split is derived.
+
+    Uneven ``batch_shares`` (mixed clusters): replica ``r`` gets ``n_r = share_r * B`` rows and runs
+    ``m_r = n_r / micro_batch_size`` micro-batches of the one ``schedule.micro_batch_size`` (a fast replica
+    runs more micro-batches, not bigger ones; ``num_micro_batches`` is the busiest replica's count). Without
+    shares every replica runs ``schedule.num_micro_batches`` micro-batches of ``B / dp`` rows. The plan file
+    carries the counts (``schedule.micro_batches_per_replica``); readers take them from there.
+    """
+    return _split(global_batch=plan.training.global_batch, dp=plan.mesh.size("dp"), shares=plan.batch_shares,
+                  micro_batch_size=plan.schedule.micro_batch_size, num_micro_batches=plan.schedule.num_micro_batches)
+
+
+def _split(*, global_batch: int, dp: int, shares: list[float] | None, micro_batch_size: int,
+           num_micro_batches: int) -> BatchSplit:
+    rows = rows_per_replica(global_batch, shares, dp)
+    size = micro_batch_size if shares is not None else None
+    counts = micro_batches_per_replica(rows, micro_batch_size=size, num_micro_batches=num_micro_batches)
+    return BatchSplit(rows=tuple(rows), micro_batches=tuple(counts))
+
+
 def load_plan(path: str | Path) -> Plan:
-    """Load and validate a plan file."""
-    return load_document(Plan, path, what="plan", schema_version=PLAN_SCHEMA_VERSION)
+    """Load and validate a plan file; a version-1 file is checked against its own hash, then migrated."""
+    data = read_json(path, what="plan")
+    if data.get("schema_version") == 1:
+        data = migrate_v1(data, source=str(path))
+    return validate_document(Plan, data, source=str(path), what="plan", schema_version=PLAN_SCHEMA_VERSION)
+
+
+def migrate_v1(data: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """A version-1 plan as version 2: the same plan, with its per-replica micro-batch counts filled in.
+
+    Its content hash is checked first (over the version-1 body) and dropped: the new body has no hash
+    until it is saved again.
+    """
+    stored = data.get("content_hash")
+    if stored is not None and stored != content_hash(data):
+        raise StratagemError(f"plan {source} was modified after it was written (content_hash mismatch); "
+                             f"regenerate it, or delete its content_hash field if the edit was deliberate")
+    migrated = {**data, "schema_version": PLAN_SCHEMA_VERSION, "content_hash": None}
+    schedule = migrated.get("schedule")
+    if isinstance(schedule, dict):
+        migrated["schedule"] = {k: v for k, v in schedule.items() if k != "micro_batches_per_replica"}
+    return migrated
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:

@@ -70,7 +70,7 @@ def test_cli_plan_on_cpu_writes_a_valid_plan(tmp_path, capsys):
     plan = load_plan(out)
     validate(plan, 2)
     assert "predicted step time" in capsys.readouterr().out
-    assert json.loads(out.read_text())["schema_version"] == 1
+    assert json.loads(out.read_text())["schema_version"] == 2
 
 
 def test_no_plan_fits_names_the_shortfall(tmp_path, capsys):
@@ -118,3 +118,51 @@ def test_every_flag_has_help_and_no_none_default_noise(command):
     missing = [a.option_strings or a.dest for a in parser._actions if not a.help]
     assert not missing, f"flags without help: {missing}"
     assert "(default: None)" not in text and "(default: False)" not in text and "``" not in text
+
+
+def test_version_1_plan_is_migrated_with_integer_micro_batch_counts(tmp_path):
+    """Schema 2 stores the per-replica micro-batch counts; a version-1 file (no counts, its own hash) loads
+    as the same plan with the counts filled in, and a tampered version-1 file is still refused."""
+    import json
+
+    from planner.errors import StratagemError
+    from planner.fileio import content_hash
+    from planner.plan import PLAN_SCHEMA_VERSION, load_plan, save_plan
+    from runtime.executor.plans import make_plan
+    from planner.modelspec import parse_model
+
+    plan = make_plan(parse_model("gpt:tiny"), dp=2, global_batch=16, batch_shares=[0.75, 0.25])
+    assert PLAN_SCHEMA_VERSION == 2 and plan.schedule.micro_batches_per_replica == [3, 1]
+    path = save_plan(plan, tmp_path / "v2.json")
+    saved = json.loads(path.read_text())
+    assert saved["schedule"]["micro_batches_per_replica"] == [3, 1]
+    assert all(isinstance(m, int) for m in saved["schedule"]["micro_batches_per_replica"])
+
+    v1 = {**saved, "schema_version": 1}
+    v1["schedule"] = {k: v for k, v in saved["schedule"].items() if k != "micro_batches_per_replica"}
+    v1["content_hash"] = content_hash(v1)
+    (tmp_path / "v1.json").write_text(json.dumps(v1))
+    migrated = load_plan(tmp_path / "v1.json")
+    assert migrated.schema_version == 2 and migrated.schedule.micro_batches_per_replica == [3, 1]
+    assert migrated.model_dump(exclude={"content_hash"}) == plan.model_dump(exclude={"content_hash"})
+
+    v1["training"]["lr"] = 0.5  # edited after writing: the version-1 hash no longer matches
+    (tmp_path / "v1-edited.json").write_text(json.dumps(v1))
+    with pytest.raises(StratagemError, match="content_hash mismatch"):
+        load_plan(tmp_path / "v1-edited.json")
+
+
+def test_stored_micro_batch_counts_must_match_the_split(tmp_path):
+    import json
+
+    from planner.errors import StratagemError
+    from planner.plan import load_plan, save_plan
+    from runtime.executor.plans import make_plan
+    from planner.modelspec import parse_model
+
+    data = json.loads(save_plan(make_plan(parse_model("gpt:tiny"), dp=2), tmp_path / "p.json").read_text())
+    data["schedule"]["micro_batches_per_replica"] = [2, 1]
+    data["content_hash"] = None
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(StratagemError, match="micro_batches_per_replica"):
+        load_plan(tmp_path / "bad.json")

@@ -10,7 +10,8 @@ Uneven ``batch_shares`` (mixed clusters): replica ``r`` gets ``n_r = share_r * B
 ``m_r = n_r / micro_batch_size`` micro-batches of the plan's one ``schedule.micro_batch_size`` — the same
 size, different counts, as the cost model has it (planner/cost/validate.py ``replica_micro_batches``); a
 fast replica runs more micro-batches, not bigger ones. Without shares every replica runs
-``schedule.num_micro_batches`` micro-batches of ``B / (dp * num_micro_batches)`` rows.
+``schedule.num_micro_batches`` micro-batches of ``B / (dp * num_micro_batches)`` rows. The split is derived once, in
+``planner.plan.split_batch``, and every plan file carries its counts (``schedule.micro_batches_per_replica``).
 
 Gradients stay those of the full-batch mean loss: each replica's schedule averages its ``m_r`` equal-size
 micro-batch losses (``scale_grads``, or ``1/m_r`` in ``LocalRunner``), which is its mean loss; dp gradient
@@ -29,7 +30,7 @@ import torch
 
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
-from planner.plan import Plan
+from planner.plan import BatchSplit, Plan, micro_batches_per_replica, rows_per_replica, split_batch  # noqa: F401
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,73 +43,6 @@ class Batch:
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(inputs=self.inputs.to(device), targets=self.targets.to(device))
-
-
-def rows_per_replica(global_batch: int, shares: list[float] | None, dp: int) -> list[int]:
-    """Samples each dp replica processes per step: ``share_r * global_batch`` (whole, >= 1), or an even
-    ``global_batch / dp`` when ``shares`` is None.
-
-    >>> rows_per_replica(8, [0.75, 0.25], 2)
-    [6, 2]
-    """
-    shares = shares or [1.0 / dp] * dp
-    rows = [round(s * global_batch) for s in shares]
-    for r, (share, n) in enumerate(zip(shares, rows)):
-        if abs(share * global_batch - n) > 1e-6 or n < 1:
-            raise StratagemError(
-                f"batch share {share} of dp replica {r} is {share * global_batch:g} of the {global_batch}-sample "
-                f"global batch, not a whole number >= 1; choose shares that are multiples of 1/{global_batch}")
-    if sum(rows) != global_batch:
-        raise StratagemError(f"batch shares give {sum(rows)} rows, not the global batch {global_batch}; re-plan")
-    return rows
-
-
-def micro_batches_per_replica(rows: list[int], *, micro_batch_size: int | None,
-                              num_micro_batches: int) -> list[int]:
-    """Micro-batches each dp replica runs per step.
-
-    ``micro_batch_size`` given (uneven ``batch_shares``): ``m_r = rows_r / micro_batch_size``, every
-    micro-batch the same size. ``None`` (even split): ``num_micro_batches`` for every replica, whose rows
-    must divide by it.
-
-    >>> micro_batches_per_replica([6, 2], micro_batch_size=2, num_micro_batches=3)
-    [3, 1]
-    """
-    if micro_batch_size is None:
-        for r, n in enumerate(rows):
-            if n % num_micro_batches:
-                raise StratagemError(
-                    f"dp replica {r} gets {n} samples, which do not split into {num_micro_batches} micro-batches; "
-                    f"choose a global batch or micro-batch count so that each replica's rows divide by it")
-        return [num_micro_batches] * len(rows)
-    for r, n in enumerate(rows):
-        if n % micro_batch_size:
-            raise StratagemError(
-                f"dp replica {r} gets {n} samples, not a multiple of the plan's {micro_batch_size}-sample "
-                f"micro-batch (schedule.micro_batch_size); choose batch shares whose rows are multiples of "
-                f"{micro_batch_size}, or re-plan with a micro-batch size dividing every replica's rows")
-    return [n // micro_batch_size for n in rows]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BatchSplit:
-    """How one step's global batch is spread over the dp replicas."""
-
-    rows: tuple[int, ...]            # samples of each dp replica per step
-    micro_batches: tuple[int, ...]   # micro-batches each dp replica runs per step
-
-
-def split_batch(plan: Plan) -> BatchSplit:
-    """Rows and micro-batch counts of every dp replica of ``plan`` (see the module docstring).
-
-    With ``batch_shares`` the counts come from ``schedule.micro_batch_size`` (``num_micro_batches``, the
-    busiest replica's count in a planner-made plan, is not used); without, from ``num_micro_batches``.
-    """
-    tr, sched = plan.training, plan.schedule
-    rows = rows_per_replica(tr.global_batch, plan.batch_shares, plan.mesh.size("dp"))
-    size = sched.micro_batch_size if plan.batch_shares is not None else None
-    counts = micro_batches_per_replica(rows, micro_batch_size=size, num_micro_batches=sched.num_micro_batches)
-    return BatchSplit(rows=tuple(rows), micro_batches=tuple(counts))
 
 
 def replica_rows(rows: Sequence[int], dp_index: int) -> tuple[int, int]:
