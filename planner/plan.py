@@ -208,6 +208,10 @@ class Plan(_Strict):
         v = self.schedule.virtual_stages
         if len(self.stages) != pp * v:
             raise ValueError(f"{len(self.stages)} stages but pp={pp} x virtual_stages={v}")
+        if sorted(st.index for st in self.stages) != list(range(pp * v)):
+            raise ValueError(f"stage indices {[st.index for st in self.stages]} are not 0..{pp * v - 1}, each once")
+        if any(st.pp_rank != st.index % pp for st in self.stages):
+            raise ValueError("a stage's pp_rank is not its index modulo pp (the interleaved layout)")
         if self.batch_shares is not None:
             if len(self.batch_shares) != self.mesh.size("dp"):
                 raise ValueError("batch_shares needs one entry per dp replica")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
 
 from planner.fileio import MAX_MAGNITUDE, load_document, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
@@ -256,7 +256,7 @@ class CollectiveSample(_Strict):
     """Raw timings of one collective at one message size (every repeat kept)."""
 
     bytes: int = Field(ge=0)
-    times_s: list[float] = Field(min_length=1)
+    times_s: list[NonNegativeFloat] = Field(min_length=1)
 
 
 class CollectiveFit(_Strict):
