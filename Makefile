@@ -38,7 +38,7 @@ demo: $(STAMP)
 
 # quality gates: lint (with complexity limits), formatting, types of the planner (pyproject.toml configures them)
 check: $(STAMP)
-	$(BIN)/ruff check planner runtime tests benchmarks conftest.py
+	$(BIN)/ruff check planner runtime tests benchmarks tools fixtures conftest.py
 	$(BIN)/ruff format --check $(FORMATTED)
 	$(BIN)/mypy
 

@@ -9,7 +9,7 @@ def _doctest_names(doctest_namespace):
 
     doctest_namespace["parse_model"] = parse_model
     try:  # runtime needs torch; the planner's doctests do not
-        from runtime.executor.plans import make_plan
+        from fixtures.plans import make_plan
         from runtime.models import build_model
 
         doctest_namespace.update(make_plan=make_plan, build_model=build_model)

@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # fixtures/ (hand-made plans) lives at the repository root
 WARMUP_STEPS = 2
 
 
@@ -81,7 +82,7 @@ def main() -> None:
     from planner.modelspec import parse_model
     from planner.plan import save_plan
     from runtime.executor.metrics import read_metrics
-    from runtime.executor.plans import make_plan
+    from fixtures.plans import make_plan
 
     with tempfile.TemporaryDirectory(prefix="rt-overhead-") as tmp:
         folder = Path(tmp)

@@ -3,7 +3,7 @@
     python benchmarks/runtime_vs_prediction.py                  # DP2, TP2, PP2, FSDP2 x gpt:tiny, gpt:small
     python benchmarks/runtime_vs_prediction.py --models gpt:tiny --layouts dp,tp --repeats 3
 
-Each layout is a hand-made plan (``runtime.executor.plans.make_plan``; no search, so
+Each layout is a hand-made plan (``fixtures.plans.make_plan``; no search, so
 the figures do not depend on the ILP) on 2 CPU ranks, global batch 8 x seq 64, fp32:
 
 - ``dp``: dp 2, ZeRO-0 (FSDP2 ``replicate``), one micro-batch of 4 per replica;
@@ -49,7 +49,7 @@ GLOBAL_BATCH, SEQ = 8, 64
 def build_plan(model: str, layout: str):
     """The hand-made plan of ``layout`` (see the module docstring)."""
     from planner.modelspec import parse_model
-    from runtime.executor.plans import make_plan
+    from fixtures.plans import make_plan
     from runtime.models import is_splittable, layer_paths
 
     spec = parse_model(model)
@@ -116,7 +116,7 @@ def host_sync_latency(folder: Path) -> dict[str, float]:
 
 
 RATE_SNIPPET = ("import sys, torch; torch.set_num_threads(1); sys.path.insert(0, {repo!r}); "
-                "from runtime.cluster_bench import time_matmul; "
+                "from runtime.profiling.cluster_bench import time_matmul; "
                 "r = time_matmul('fp32', 1024, device=torch.device('cpu'), repeats=5); "
                 "print(' '.join(str(r.flops_per_matmul / t) for t in r.times_s))")
 

@@ -19,6 +19,7 @@ from typing import Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
 
+from planner.errors import StratagemError
 from planner.fileio import MAX_MAGNITUDE, load_document, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
 
@@ -417,6 +418,25 @@ class ClusterProfile(_Strict):
 # ---------------------------------------------------------------------------------------------
 # I/O
 # ---------------------------------------------------------------------------------------------
+
+# Shipped profiles: data beside the schemas that load them.
+PROFILES_DIR = SHIPPED_PROFILES_DIR  # package data: found from any folder, installed or not
+
+
+def resolve_cluster_path(name_or_path: str) -> Path:
+    """A shipped cluster profile's name (``dgx-a100-80g``) or a path to a profile file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".json" or candidate.exists():
+        if not candidate.exists():
+            raise StratagemError(f"cluster profile {candidate} does not exist; check the path")
+        return candidate
+    shipped = PROFILES_DIR / "hardware" / f"{name_or_path}.json"
+    if shipped.exists():
+        return shipped
+    names = sorted(p.stem for p in (PROFILES_DIR / "hardware").glob("*.json"))
+    raise StratagemError(f"unknown cluster {name_or_path!r}; use a shipped one ({', '.join(names)}) "
+                         f"or a path to a profile file")
+
 
 def load_model_profile(path: str | Path) -> ModelProfile:
     """Load and validate a model profile file (errors are one line with the fix)."""

@@ -172,18 +172,18 @@ def _on_alarm(signum, frame):  # noqa: ARG001 - signal handler API
 def _no_jobs_started() -> Iterator[None]:
     """Replace the calls that start torchrun (launch, profile cluster) by a :class:`_WouldStart`."""
     import runtime.launch
-    import runtime.profile_cluster
+    import runtime.profiling.cluster
 
     def refuse(*args, **kwargs):
         raise _WouldStart
 
-    saved = runtime.launch.run_command, runtime.profile_cluster.run_cluster_bench
+    saved = runtime.launch.run_command, runtime.profiling.cluster.run_cluster_bench
     runtime.launch.run_command = refuse
-    runtime.profile_cluster.run_cluster_bench = refuse
+    runtime.profiling.cluster.run_cluster_bench = refuse
     try:
         yield
     finally:
-        runtime.launch.run_command, runtime.profile_cluster.run_cluster_bench = saved
+        runtime.launch.run_command, runtime.profiling.cluster.run_cluster_bench = saved
 
 
 def run_case(case: Case, w: Workdir, *, timeout_s: float = 20.0) -> Outcome:

@@ -128,7 +128,7 @@ def test_version_1_plan_is_migrated_with_integer_micro_batch_counts(tmp_path):
     from planner.errors import StratagemError
     from planner.fileio import content_hash
     from planner.plan import PLAN_SCHEMA_VERSION, load_plan, save_plan
-    from runtime.executor.plans import make_plan
+    from fixtures.plans import make_plan
     from planner.modelspec import parse_model
 
     plan = make_plan(parse_model("gpt:tiny"), dp=2, global_batch=16, batch_shares=[0.75, 0.25])
@@ -157,7 +157,7 @@ def test_stored_micro_batch_counts_must_match_the_split(tmp_path):
 
     from planner.errors import StratagemError
     from planner.plan import load_plan, save_plan
-    from runtime.executor.plans import make_plan
+    from fixtures.plans import make_plan
     from planner.modelspec import parse_model
 
     data = json.loads(save_plan(make_plan(parse_model("gpt:tiny"), dp=2), tmp_path / "p.json").read_text())

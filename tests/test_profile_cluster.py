@@ -15,8 +15,8 @@ from planner.alphabeta import bus_factor, fit_alpha_beta
 from planner.cli.cmd_profile_cluster import parse_size, parse_sizes
 from planner.errors import StratagemError
 from planner.profiles import load_cluster_profile
-from runtime.cluster_bench import FAIL_RANK_ENV
-from runtime.profile_cluster import (ClusterBenchConfig, RawBench, RawCollective, RawCompute, RawSample,
+from runtime.profiling.cluster_bench import FAIL_RANK_ENV
+from runtime.profiling.cluster import (ClusterBenchConfig, RawBench, RawCollective, RawCompute, RawSample,
                                      _failure_line, build_cluster_profile,
                                      build_torchrun_command)
 

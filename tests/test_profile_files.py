@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from planner.errors import StratagemError
 from planner.fileio import content_hash
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
-from planner.schema_export import SCHEMAS, render_schema, stale_schemas
+from tools.schema_export import SCHEMAS, render_schema, stale_schemas
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 HARDWARE = sorted((PROFILES / "hardware").glob("*.json"))
@@ -134,7 +134,7 @@ def test_cli_check_accepts_shipped_files():
 
 def test_json_schemas_are_up_to_date():
     stale = stale_schemas()
-    assert stale == [], f"stale schema files {stale}; run: python -m planner.schema_export"
+    assert stale == [], f"stale schema files {stale}; run: python -m tools.schema_export"
 
 
 def test_json_schema_matches_model_fields():

@@ -17,7 +17,7 @@ from planner.modelspec import parse_model
 from planner.profiles import (ClusterProfile, ComputeFigure, NodeGroup, NodeType, Provenance, load_model_profile,
                               save_profile)
 from runtime.models import build_model, build_tp_shard
-from runtime.profile_model import ProfileSettings, profile_model
+from runtime.profiling.model import ProfileSettings, profile_model
 from runtime.profiling.measure import make_input, saved_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def test_other_families_profile(tmp_path):
 
 
 def test_analytic_profile_for_the_planner():
-    from runtime.profile_model import profile_model_analytic
+    from runtime.profiling.model import profile_model_analytic
     profile = profile_model_analytic(parse_model("resnet:resnet50-wide"), seq_len=1, dtype="bf16")
     fc = profile.layer("fc")  # Whale's split classifier: 2048 features x 100,000 classes
     assert fc.shard(1).fwd_flops_per_sample == 2 * 2048 * 100_000

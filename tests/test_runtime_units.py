@@ -18,7 +18,7 @@ from runtime.executor.data import (BatchSplit, loss_scale, micro_batches_per_rep
                                    split_batch, synthetic_batch)
 from runtime.executor.describe import describe_ranks
 from runtime.executor.mesh import ParallelDims
-from runtime.executor.plans import make_plan, split_layers
+from fixtures.plans import make_plan, split_layers
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
 from runtime.executor.tp import tp_styles

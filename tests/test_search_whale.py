@@ -27,7 +27,7 @@ from planner.search.config import SearchConfig
 from planner.search.costs import CandidateCosts
 from planner.search.planner import plan_search
 
-runtime_profile = pytest.importorskip("runtime.profile_model")
+runtime_profile = pytest.importorskip("runtime.profiling.model")
 log = logging.getLogger(__name__)
 GPUS, BATCH = 8, 256
 

@@ -56,6 +56,10 @@ def test_runtime_never_imports_the_cli():
     assert _violations(_files("runtime"), ("planner.cli",)) == []
 
 
+def test_product_packages_never_import_generators_or_fixtures():
+    assert _violations(_files("planner") + _files("runtime"), ("tools", "fixtures")) == []
+
+
 def test_the_check_can_fail(tmp_path):
     bad = REPO / "planner" / "_tmp_structure_probe.py"
     try:
@@ -71,10 +75,10 @@ def _declared() -> set[str]:
     return {re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0].lower().replace("_", "-") for spec in specs}
 
 
-@pytest.mark.parametrize("folder", ["planner", "runtime", "tests", "benchmarks"])
+@pytest.mark.parametrize("folder", ["planner", "runtime", "tests", "benchmarks", "tools"])
 def test_every_imported_package_is_declared(folder):
     local = (
-        {"planner", "runtime", "conftest"}
+        {"planner", "runtime", "tools", "fixtures", "conftest"}
         | {p.stem for p in (REPO / "tests").glob("*.py")}
         | {p.stem for p in (REPO / "benchmarks").glob("*.py")}
     )

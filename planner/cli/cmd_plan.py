@@ -87,7 +87,7 @@ def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> M
     if args.dtype not in ("fp32", "tf32", "bf16", "fp16"):
         raise StratagemError(f"--dtype {args.dtype} cannot be profiled on the meta device for {spec.name}; use bf16")
     try:
-        from runtime.profile_model import profile_model_analytic
+        from runtime.profiling.model import profile_model_analytic
     except ImportError:
         raise StratagemError(f"no analytic profile for {spec.family} models in this build; run "
                              f"'stratagem profile model --model {spec.name}' and pass --model-profile") from None

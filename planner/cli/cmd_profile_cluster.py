@@ -176,7 +176,7 @@ def run_check(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from runtime.profile_cluster import ClusterBenchConfig, build_cluster_profile, run_cluster_bench
+    from runtime.profiling.cluster import ClusterBenchConfig, build_cluster_profile, run_cluster_bench
 
     cfg = ClusterBenchConfig(
         nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,

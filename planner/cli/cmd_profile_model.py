@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from runtime.models import layer_paths
-    from runtime.profile_model import ProfileSettings, profile_model
+    from runtime.profiling.model import ProfileSettings, profile_model
 
     spec = spec_from_args(args)
     micro_batches = int_list(args.micro_batch, high=MAX_BATCH, flag="--micro-batch")

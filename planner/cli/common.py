@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from planner.errors import StratagemError
+from planner.profiles import PROFILES_DIR, resolve_cluster_path  # noqa: F401 - the CLI's names for them
 
-from planner.profiles import SHIPPED_PROFILES_DIR as PROFILES_DIR  # package data (see planner/profiles.py)
 
 
 # Upper bounds of count flags: far above any real job, low enough that loops over divisors, layers or ranks
@@ -97,21 +97,6 @@ def nonempty_path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty string")
     return Path(text)
-
-
-def resolve_cluster_path(name_or_path: str) -> Path:
-    """A shipped cluster profile's name (``dgx-a100-80g``) or a path to a profile file."""
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".json" or candidate.exists():
-        if not candidate.exists():
-            raise StratagemError(f"cluster profile {candidate} does not exist; check the path")
-        return candidate
-    shipped = PROFILES_DIR / "hardware" / f"{name_or_path}.json"
-    if shipped.exists():
-        return shipped
-    names = sorted(p.stem for p in (PROFILES_DIR / "hardware").glob("*.json"))
-    raise StratagemError(f"unknown cluster {name_or_path!r}; use a shipped one ({', '.join(names)}) "
-                         f"or a path to a profile file")
 
 
 def utc_now() -> str:

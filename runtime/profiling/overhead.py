@@ -162,7 +162,7 @@ def _unit_overhead(*, warmup: int, rounds: int) -> dict[str, tuple[float, float]
             for m in ("replicate", "fully_shard")}
 
 
-# The cluster profiler's compute benchmark (runtime/cluster_bench.py: 1024^3 fp32/bf16 matmul on CPU,
+# The cluster profiler's compute benchmark (runtime/profiling/cluster_bench.py: 1024^3 fp32/bf16 matmul on CPU,
 # FLOPs = 2 n^3, achieved = median), repeated here so layer timings can be related to a cluster profile
 # taken under other load (planner.cost.framework.timings_scale).
 REFERENCE_MATRIX_N_CPU = 1024
@@ -171,7 +171,7 @@ REFERENCE_REPEATS = 5
 
 def reference_matmul_rates(s) -> list[float]:
     """FLOP/s of each timed reference matmul in this process (``s``: ProfileSettings); [] if not CPU/CUDA."""
-    from runtime.cluster_bench import time_matmul
+    from runtime.profiling.cluster_bench import time_matmul
     if s.dtype not in ("fp32", "bf16", "fp16", "tf32"):
         return []
     device = torch.device(s.device)
@@ -186,5 +186,5 @@ def reference_matmul_figure(dtype: str, rates: list[float]) -> ComputeFigure | N
         return None
     return ComputeFigure(dtype=dtype, peak_flops_per_s=max(rates), achieved_flops_per_s=statistics.median(rates),
                          origin="measured",
-                         source=f"runtime/cluster_bench.time_matmul in the model profiler's process, before and "
-                                f"after the layers ({len(rates)} matmuls); peak = best, achieved = median")
+                         source=f"runtime/profiling/cluster_bench.time_matmul in the model profiler's process, "
+                                f"before and after the layers ({len(rates)} matmuls); peak = best, achieved = median")

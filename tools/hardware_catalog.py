@@ -1,6 +1,6 @@
 """The shipped cluster profiles, built from cited datasheet and published measured figures.
 
-``python -m planner.hardware_catalog [--out profiles/hardware]`` writes one JSON per cluster. Every number
+``python -m tools.hardware_catalog [--out profiles/hardware]`` writes one JSON per cluster. Every number
 comes from ``benchmarks/data/hardware_specs.csv`` (quoted in each ``source`` field) or is a stated
 assumption. Collective fits are origin ``derived``: the quoted NCCL-tests bus bandwidth at large messages,
 and the latency NCCL's own tuning model assigns (``src/graph/tuning.cc``: ring base 8.4 us, per step
@@ -248,7 +248,7 @@ def _cluster(name: str, description: str, nodes: list[tuple[NodeType, int]], int
         nodes=[NodeGroup(node_type=nt.name, count=count) for nt, count in nodes],
         inter_node=_inter(*inter),
         provenance=Provenance(method="datasheet", tool=f"stratagem {__version__}", created_utc=created_utc,
-                              command="python -m planner.hardware_catalog", sources=sources,
+                              command="python -m tools.hardware_catalog", sources=sources,
                               notes="derived from datasheet and published measurements; node count covers the "
                                     "published cases and is rescaled by --gpus"))
 

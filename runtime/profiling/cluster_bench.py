@@ -1,9 +1,9 @@
 """torchrun worker of ``stratagem profile cluster``: times collectives and matrix multiply on this cluster.
 
-Launched by :mod:`runtime.profile_cluster` as ``python -m torch.distributed.run ... cluster_bench.py``.
+Launched by :mod:`runtime.profiling.cluster` as ``python -m torch.distributed.run ... cluster_bench.py``.
 Every rank takes part; rank 0 writes the raw timings (:class:`RawBench`) to ``--raw-out`` and the parent
 process fits and writes the :class:`planner.profiles.ClusterProfile`. The raw format is defined in
-:mod:`runtime.profile_cluster` so the parent can read it without importing torch.
+:mod:`runtime.profiling.cluster` so the parent can read it without importing torch.
 
 Timing method ("per-iteration median", see shared/notes/torch-distributed-on-cpu.md section 8): for each
 (op, size), a few warm-up calls, then ``repeats`` repeats of up to ``iters`` iterations; each iteration is
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from planner.fileio import atomic_write_text
-from runtime.profile_cluster import RawBench, RawCollective, RawCompute, RawSample
+from runtime.profiling.cluster import RawBench, RawCollective, RawCompute, RawSample
 
 #: Test hook: the rank named here raises right after joining the process group (tests check that a
 #: failing rank gives exit 2, one line, and no profile file).

@@ -1,4 +1,4 @@
-"""Measure a cluster: launch the torchrun worker (:mod:`runtime.cluster_bench`), collect its raw timings,
+"""Measure a cluster: launch the torchrun worker (:mod:`runtime.profiling.cluster_bench`), collect its raw timings,
 fit alpha-beta lines (:mod:`planner.alphabeta`) and build a :class:`planner.profiles.ClusterProfile`.
 
 The run is bounded: past ``timeout_s`` the whole torchrun process group is killed. A failing rank, a

@@ -1,6 +1,6 @@
 """Regenerate the example pictures in ``docs/``: one of each kind.
 
-    python -m planner.inspect.docs_pictures --out docs [--plan plan.json] [--metrics run.jsonl]
+    python -m tools.docs_pictures --out docs [--plan plan.json] [--metrics run.jsonl]
 
 The three timelines always come from hand-made example plans (``planner.inspect.examples``: 4 pp ranks,
 8 micro-batches) so the schedules can be compared on the same costs. The other pictures come from

@@ -1,7 +1,7 @@
 """Write the JSON Schemas of the project's files from their pydantic models.
 
-``python -m planner.schema_export`` regenerates ``profiles/schema/{model-profile,cluster-profile,plan}.schema.json``
-(pydantic ``model_json_schema()``); ``python -m planner.schema_export --check`` exits 1 if any is stale.
+``python -m tools.schema_export`` regenerates ``profiles/schema/{model-profile,cluster-profile,plan}.schema.json``
+(pydantic ``model_json_schema()``); ``python -m tools.schema_export --check`` exits 1 if any is stale.
 Editors and other tools can validate profile and plan files against them; Stratagem itself validates with
 the pydantic models (``load_model_profile``, ``load_cluster_profile``, ``load_plan``).
 """
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_schemas(args.dir)
         for path in stale:
-            log.error("stale: %s; run python -m planner.schema_export", path)
+            log.error("stale: %s; run python -m tools.schema_export", path)
         return 1 if stale else 0
     export_schemas(args.dir)
     return 0
