@@ -229,7 +229,8 @@ def predict(case: Case, clusters: dict) -> float:
 
 def _with_kernel_params(cluster, **params):
     """``cluster`` with ``params`` (e.g. ``gemm_ceiling=0.7``) set in every node type's kernel model."""
-    types = [nt.model_copy(update={"kernel_model": nt.kernel_model.model_copy(update=params)}) for nt in cluster.node_types]
+    types = [nt.model_copy(update={"kernel_model": nt.kernel_model.model_copy(update=params)})
+             for nt in cluster.node_types]
     return cluster.model_copy(update={"node_types": types})
 
 

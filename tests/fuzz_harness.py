@@ -132,6 +132,14 @@ def build_workdir(root: Path) -> Workdir:
     lines.append(dict(event="summary", summary=True))
     w.files["metrics"] = root / "metrics.jsonl"
     w.files["metrics"].write_text("".join(json.dumps(x) + "\n" for x in lines))
+    w.files["runs"] = root / "runs.csv"  # measured runs for `calibrate` (columns: planner/calibrate/runs.py)
+    header = "model,layers,hidden,heads,seq,vocab,gpus,global_batch,micro_batch,tp,pp,dp,step_time_s"
+    rows = [
+        "gpt,12,1024,8,1024,51200,8,32,1,1,1,8,0.5",
+        "gpt,24,2048,16,1024,51200,8,64,2,2,1,4,1.9",
+        "gpt,12,1536,12,1024,51200,8,128,4,1,1,8,2.2",
+    ]
+    w.files["runs"].write_text("\n".join([header, *rows]) + "\n")
     w.files["dir"] = root / "a-folder"
     w.files["dir"].mkdir()
     w.files["fifo"] = root / "a-fifo"
@@ -332,6 +340,15 @@ def base_argv(w: Workdir) -> dict[str, list[str]]:
             str(w.files["scratch"] / "c.json"),
         ],
         "profile check": ["profile", "check", w["model"]],
+        "calibrate": [
+            "calibrate",
+            "--cluster",
+            "dgx-a100-80g",
+            "--runs",
+            w["runs"],
+            "--out",
+            str(w.files["scratch"] / "cal.json"),
+        ],
     }
 
 
@@ -381,6 +398,7 @@ NUMERIC_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
         "--warmup": NONNEG_INT_BAD,
         "--repeats": POSITIVE_INT_BAD,
     },
+    "calibrate": {"--folds": ("0", "1", "-1", "nan", "1e20", "99999999999999999999", "", "abc", "1.5")},
     "profile cluster": {
         "--nproc-per-node": POSITIVE_INT_BAD,
         "--nnodes": POSITIVE_INT_BAD,
@@ -497,6 +515,7 @@ OUTPUT_FLAGS = {
     "profile cluster": ("--out",),
     "show": ("--html", "--png"),
     "launch": ("--metrics", "--slurm"),
+    "calibrate": ("--out", "--png"),
 }
 
 
@@ -521,6 +540,7 @@ def path_cases(w: Workdir) -> list[Case]:
         "profile model": ("--cluster",),
         "show": ("plan", "--metrics"),
         "launch": ("plan",),
+        "calibrate": ("--runs",),
     }
     cases = []
     for command, flags in OUTPUT_FLAGS.items():
@@ -529,8 +549,13 @@ def path_cases(w: Workdir) -> list[Case]:
             if command == "launch":
                 start = ["launch", w["plan"]] + (["--dry-run"] if flag == "--metrics" else [])
             for note, value in bad_paths.items():
-                if flag == "--png" and note in ("existing folder", "folder with slash", "dot", "trailing slash"):
-                    continue  # a folder is what --png wants
+                if (command, flag) == ("show", "--png") and note in (
+                    "existing folder",
+                    "folder with slash",
+                    "dot",
+                    "trailing slash",
+                ):
+                    continue  # a folder is what show --png wants
                 cases.append(Case(command, "path", tuple(_set_flag(start, flag, value)), "error", f"{flag} {note}"))
             for in_flag in inputs.get(command, ()):
                 source = (
@@ -539,10 +564,16 @@ def path_cases(w: Workdir) -> list[Case]:
                     else (
                         w["metrics"]
                         if in_flag == "--metrics"
-                        else (w["model"] if in_flag == "--model-profile" else w["cluster"])
+                        else (
+                            w["model"]
+                            if in_flag == "--model-profile"
+                            else w["runs"]
+                            if in_flag == "--runs"
+                            else w["cluster"]
+                        )
                     )
                 )
-                if flag == "--png":
+                if (command, flag) == ("show", "--png"):
                     continue
                 cases.append(
                     Case(
@@ -649,7 +680,12 @@ def _consumers(w: Workdir, kind: str, path: str) -> list[tuple[str, list[str]]]:
     if kind == "plan":
         return [("show", ["show", path]), ("launch", ["launch", path, "--dry-run"])]
     if kind == "metrics":
-        return [("show", ["show", w["plan8"], "--metrics", path])]
+        calibrate = ["calibrate", "--cluster", "dgx-a100-80g", "--runs", path, "--out", scratch]
+        return [("show", ["show", w["plan8"], "--metrics", path])] + (
+            [("calibrate", calibrate)] if path.endswith(".jsonl") else []
+        )
+    if kind == "runs":
+        return [("calibrate", ["calibrate", "--cluster", "dgx-a100-80g", "--runs", path, "--out", scratch])]
     raise ValueError(kind)
 
 
@@ -678,8 +714,9 @@ def input_bytes_cases(w: Workdir) -> list[Case]:
     folder.mkdir(exist_ok=True)
     cases = []
     for note, data in bad_bytes().items():
-        for kind in ("model", "cluster", "plan", "metrics"):
-            path = folder / f"{kind}-{note.replace(' ', '-')}.json"
+        for kind in ("model", "cluster", "plan", "metrics", "runs"):
+            suffix = {"metrics": ".jsonl", "runs": ".csv"}.get(kind, ".json")
+            path = folder / f"{kind}-{note.replace(' ', '-')}{suffix}"
             path.write_bytes(data if kind != "metrics" or note not in ("nested",) else data + b"\n")
             for command, argv in _consumers(w, kind, str(path)):
                 cases.append(Case(command, "input-bytes", tuple(argv), "error", f"{kind} file {note}"))

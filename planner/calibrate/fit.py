@@ -73,7 +73,8 @@ def apply(cluster: ClusterProfile, values: dict[str, float]) -> ClusterProfile:
                 nt.model_copy(update={"intra_node": _scale_fits(nt.intra_node, v)}) for nt in cluster.node_types]})
         elif what == "intra_alpha_scale":
             cluster = cluster.model_copy(update={"node_types": [nt.model_copy(update={"intra_node": [
-                f.model_copy(update={"alpha_s": f.alpha_s * v}) for f in nt.intra_node]}) for nt in cluster.node_types]})
+                f.model_copy(update={"alpha_s": f.alpha_s * v}) for f in nt.intra_node]})
+            for nt in cluster.node_types]})
         elif what == "inter_bw_scale":
             cluster = cluster.model_copy(update={"inter_node": _scale_fits(cluster.inter_node, v)})
         else:
@@ -87,7 +88,8 @@ def candidate_parameters(cluster: ClusterProfile) -> list[Parameter]:
     for nt in cluster.node_types:
         if nt.kernel_model is not None:
             for what in ("gemm_ceiling", "memory_bw_efficiency", "host_op_s"):
-                out.append(Parameter(name=f"{nt.name}.{what}", prior=getattr(nt.kernel_model, what), lower=BOUNDS[what][0],
+                out.append(Parameter(name=f"{nt.name}.{what}", prior=getattr(nt.kernel_model, what),
+                                     lower=BOUNDS[what][0],
                                      upper=BOUNDS[what][1]))
         else:
             out.append(Parameter(name=f"{nt.name}.achieved_flops_scale", prior=1.0, lower=0.1, upper=10.0))

@@ -9,13 +9,13 @@ rank (``benchmarks/runtime_vs_prediction.py``).
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 from planner.calibrate.runs import MeasuredRun
 from planner.cost.config import ParallelConfig
 from planner.errors import StratagemError
+from planner.fileio import parse_json, read_text
 from planner.plan import Plan, load_plan
 from planner.profiles import ModelProfile, load_model_profile
 
@@ -37,18 +37,15 @@ def config_from_plan(plan: Plan, *, overlap_grad_reduce: bool = True) -> Paralle
 
 
 def _records(path: Path) -> list[dict]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise StratagemError(f"cannot read metrics file {path}: {exc.strerror or exc}; check the --runs path") from None
+    lines = read_text(path, what="metrics").splitlines()   # bounded, UTF-8, one-line errors
     out = []
     for number, line in enumerate(lines, start=1):
         if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise StratagemError(f"metrics file {path} line {number} is not JSON ({exc.msg}); delete that "
-                                     f"line or re-run the launch") from None
+            record = parse_json(line, source=f"file {path} line {number}", what="metrics",
+                                fix="delete that line or re-run the launch")
+            if not isinstance(record, dict):
+                raise StratagemError(f"metrics file {path} line {number} is not a JSON object; re-run the launch")
+            out.append(record)
     return out
 
 

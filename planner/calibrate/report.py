@@ -6,7 +6,7 @@ from pathlib import Path
 
 from planner.calibrate.fit import FitResult, apply, mean_abs
 from planner.calibrate.runs import MeasuredRun, runs_hash
-from planner.fileio import atomic_write_text
+from planner.fileio import atomic_write_bytes, atomic_write_text
 from planner.profiles import Calibration, ClusterProfile
 
 
@@ -60,12 +60,7 @@ def save_png(runs: list[MeasuredRun], result: FitResult, path: Path) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(buf.getvalue())
-    tmp.replace(path)
-    return path
+    return atomic_write_bytes(path, buf.getvalue(), flag="--png")  # never replaces a device, FIFO or folder
 
 
 __all__ = ["atomic_write_text", "calibrated_profile", "save_png", "table_lines"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from planner.cost.config import ParallelConfig
 from planner.errors import StratagemError
+from planner.fileio import read_text
 from planner.modelspec import parse_model
 from planner.profiles import ModelProfile
 
@@ -110,11 +111,11 @@ def _run(row: int, r: dict[str, str]) -> MeasuredRun:
 def load_runs_csv(path: str | Path) -> list[MeasuredRun]:
     """Measured runs from a CSV file (module docstring); errors name the row and column."""
     path = Path(path)
+    text = read_text(path, what="runs")  # bounded, UTF-8, one-line errors
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise StratagemError(f"cannot read runs file {path}: {exc.strerror or exc}; check the --runs path") from None
-    rows = list(csv.DictReader(text.splitlines()))
+        rows = list(csv.DictReader(text.splitlines()))
+    except csv.Error as exc:
+        raise StratagemError(f"runs file {path} is not CSV ({exc}); write one measured run per row") from None
     if not rows:
         raise StratagemError(f"runs file {path} has no data rows; add one measured run per row under the header")
     missing = [c for c in REQUIRED if c not in rows[0]]

@@ -11,7 +11,6 @@ when the input is bad (one ``error:`` line naming the row and column, exit statu
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from dataclasses import replace
 
@@ -19,10 +18,10 @@ from planner.calibrate import fit, load_runs_csv
 from planner.calibrate.metrics_runs import load_runs_jsonl
 from planner.calibrate.report import calibrated_profile, save_png, table_lines
 from planner.calibrate.runs import DIMS, OPTIONAL, REQUIRED
-from planner.errors import StratagemError
 from planner.profiles import load_cluster_profile, save_profile
 
-from .common import DefaultsHelpFormatter, check_out_path, resolve_cluster_path, utc_now
+from .common import (DefaultsHelpFormatter, check_out_path, int_in, nonempty_path, out_path, resolve_cluster_path,
+                     utc_now)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,27 +34,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     + ", ".join(f"{k} ({v})" for k, v in OPTIONAL.items()) + ".",
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
-    p.add_argument("--runs", required=True, nargs="+", type=Path,
+    p.add_argument("--runs", required=True, nargs="+", type=nonempty_path,
                    help="measured runs: CSV (one run per row) and/or `stratagem launch --metrics` JSONL files")
-    p.add_argument("--out", required=True, type=Path, help="calibrated cluster profile to write (JSON)")
-    p.add_argument("--plan", type=Path, default=None,
+    p.add_argument("--out", required=True, type=out_path, help="calibrated cluster profile to write (JSON)")
+    p.add_argument("--plan", type=nonempty_path, default=None,
                    help="the plan a metrics JSONL run launched (default: the plan_path its start line names)")
-    p.add_argument("--png", type=Path, default=None, help="also draw predicted vs measured, before and after")
-    p.add_argument("--folds", type=int, default=5, help="k of the k-fold cross-validation, count")
+    p.add_argument("--png", type=out_path, default=None, help="also draw predicted vs measured, before and after")
+    p.add_argument("--folds", type=int_in(2, 1000), default=5, help="k of the k-fold cross-validation, count")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    check_out_path(args.out)
-    if args.folds < 2:
-        raise StratagemError(f"--folds {args.folds} is below 2; use 2 or more")
+    cluster_path = resolve_cluster_path(args.cluster)
+    inputs = {"--cluster": cluster_path, "--plan": args.plan} | {f"--runs {p}": p for p in args.runs}
+    check_out_path(args.out, inputs=inputs)
+    if args.png is not None:
+        check_out_path(args.png, flag="--png", inputs=inputs | {"--out": args.out})
     runs = []
     for path in args.runs:
         if path.suffix == ".jsonl":
             runs.append(load_runs_jsonl(path, plan_path=args.plan, row=len(runs) + 1))
         else:
             runs += [replace(r, row=len(runs) + r.row) for r in load_runs_csv(path)]
-    cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
+    cluster = load_cluster_profile(cluster_path)
     result = fit(cluster, runs, folds=args.folds)
     for line in table_lines(runs, result):
         print(line)  # noqa: T201 - program output

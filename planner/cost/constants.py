@@ -1,6 +1,6 @@
 """Named constants of the cost model, each with where it came from.
 
-Hardware *datasheet* numbers live in the cluster profiles (built by ``tools.hardware_catalog`` from
+Hardware *datasheet* numbers live in the cluster profiles (built by ``planner.hardware_catalog`` from
 ``benchmarks/data/hardware_specs.csv``); this file holds the few *modelling* constants: how much of the
 datasheet a real training step reaches, and what the framework costs in memory and bytes.
 

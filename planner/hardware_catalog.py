@@ -1,6 +1,6 @@
 """The shipped cluster profiles, built from cited datasheet and published measured figures.
 
-``python -m tools.hardware_catalog [--out profiles/hardware]`` writes one JSON per cluster. Every number
+``python -m planner.hardware_catalog [--out profiles/hardware]`` writes one JSON per cluster. Every number
 comes from ``benchmarks/data/hardware_specs.csv`` (quoted in each ``source`` field) or is a stated
 assumption. Collective fits are origin ``derived``: the quoted NCCL-tests bus bandwidth at large messages,
 and the latency NCCL's own tuning model assigns (``src/graph/tuning.cc``: ring base 8.4 us, per step
@@ -94,7 +94,8 @@ MEMORY_SRC = ("fitted 0.65 with the A100 GEMM ceiling on the 10 SC21 Table 1 row
 KERNEL_SPECS: dict[str, dict] = {
     "A100": dict(sm_count=108, sm_src="NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs (A100 SXM4)",
                  gemm_ceiling=0.72, ceiling_src="fitted with memory_bw_efficiency on the 10 SC21 Table 1 rows "
-                 "(grid search in steps of 0.02 / 0.05; benchmarks/cost_accuracy.py --calibrate); validated on the other rows",
+                 "(grid search in steps of 0.02 / 0.05; benchmarks/cost_accuracy.py --calibrate); validated on the "
+                 "other rows",
                  flash=0.6, flash_src="FlashAttention-2 (Dao 2023) abstract: 50-73 % of A100 peak; 0.6 assumed"),
     "H100": dict(sm_count=132, sm_src="NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs (H100 SXM5)",
                  gemm_ceiling=0.64, ceiling_src="fitted: Megatron-LM README H100 table GPT-177B row (solves to "
@@ -129,7 +130,8 @@ def kernel_model(family: str) -> KernelModel:
         sm_count=spec["sm_count"], tile_shapes=TILES, gemm_ceiling=spec["gemm_ceiling"],
         memory_bw_efficiency=MEMORY_BW_EFFICIENCY, kernel_gap_s=KERNEL_GAP_S, host_op_s=HOST_OP_S,
         flash_attention_efficiency=spec["flash"], comm_compute_contention=CONTENTION,
-        sources={"comm_compute_contention": CONTENTION_SRC, "sm_count": spec["sm_src"], "tile_shapes": TILE_SRC, "gemm_ceiling": spec["ceiling_src"],
+        sources={"comm_compute_contention": CONTENTION_SRC, "sm_count": spec["sm_src"], "tile_shapes": TILE_SRC,
+                 "gemm_ceiling": spec["ceiling_src"],
                  "memory_bw_efficiency": MEMORY_SRC, "kernel_gap_s": LAUNCH_SRC, "host_op_s": LAUNCH_SRC,
                  "flash_attention_efficiency": spec["flash_src"]})
 
@@ -248,7 +250,7 @@ def _cluster(name: str, description: str, nodes: list[tuple[NodeType, int]], int
         nodes=[NodeGroup(node_type=nt.name, count=count) for nt, count in nodes],
         inter_node=_inter(*inter),
         provenance=Provenance(method="datasheet", tool=f"stratagem {__version__}", created_utc=created_utc,
-                              command="python -m tools.hardware_catalog", sources=sources,
+                              command="python -m planner.hardware_catalog", sources=sources,
                               notes="derived from datasheet and published measurements; node count covers the "
                                     "published cases and is rescaled by --gpus"))
 
