@@ -193,15 +193,21 @@ def _gap_explanation(plan: Plan, metrics) -> str:
     """One paragraph on why measured and predicted step times differ, with the size of the gap."""
     frame = predicted_vs_measured(plan, metrics)
     ratio = frame.loc["step_time_s", "measured_over_predicted"]
+    memory = frame.loc["peak_memory_bytes", "measured_over_predicted"]
+    memory_note = (f" Measured memory ({memory:.1f}x) also counts what the prediction leaves out: the allocator's "
+                   f"slack, communication and autograd buffers, and on CPUs the resident pages of the process."
+                   if memory == memory and memory > 1.5 else "")
     if ratio != ratio:
         return "no step-time prediction to compare with (the plan was not costed)"
     if 0.8 <= ratio <= 1.25:
-        return f"measured step time is {ratio:.2f}x the prediction: within the cost model's usual accuracy"
+        return (f"measured step time is {ratio:.2f}x the prediction: within the cost model's usual accuracy"
+                + memory_note)
     return (f"measured step time is {ratio:.2f}x the prediction. The prediction prices the profiled layer times "
             f"and the cluster's collective fits; a gap this size usually means the machine was busier than when it "
             f"was profiled (shared CPUs vary 2-5x between runs), or per-step costs the profile does not hold "
             f"(first-step warm-up is excluded above, Python and process-group overhead are not). Re-profile on "
-            f"this machine while it is idle (stratagem profile model / profile cluster) and re-plan to close it.")
+            f"this machine while it is idle (stratagem profile model / profile cluster) and re-plan to close it."
+            + memory_note)
 
 
 def _measured_table(plan: Plan, metrics) -> Table:
