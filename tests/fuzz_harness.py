@@ -349,6 +349,7 @@ def base_argv(w: Workdir) -> dict[str, list[str]]:
             "--out",
             str(w.files["scratch"] / "cal.json"),
         ],
+        "export": ["export", w["plan"], "--to", "deepspeed", "--out", str(w.files["scratch"] / "ds.json")],
     }
 
 
@@ -516,6 +517,7 @@ OUTPUT_FLAGS = {
     "show": ("--html", "--png"),
     "launch": ("--metrics", "--slurm"),
     "calibrate": ("--out", "--png"),
+    "export": ("--out",),
 }
 
 
@@ -541,6 +543,7 @@ def path_cases(w: Workdir) -> list[Case]:
         "show": ("plan", "--metrics"),
         "launch": ("plan",),
         "calibrate": ("--runs",),
+        "export": ("plan",),
     }
     cases = []
     for command, flags in OUTPUT_FLAGS.items():
@@ -678,7 +681,11 @@ def _consumers(w: Workdir, kind: str, path: str) -> list[tuple[str, list[str]]]:
             ("profile check", ["profile", "check", path]),
         ]
     if kind == "plan":
-        return [("show", ["show", path]), ("launch", ["launch", path, "--dry-run"])]
+        return [
+            ("show", ["show", path]),
+            ("launch", ["launch", path, "--dry-run"]),
+            ("export", ["export", path, "--to", "deepspeed"]),
+        ]
     if kind == "metrics":
         calibrate = ["calibrate", "--cluster", "dgx-a100-80g", "--runs", path, "--out", scratch]
         return [("show", ["show", w["plan8"], "--metrics", path])] + (

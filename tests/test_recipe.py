@@ -38,7 +38,7 @@ def test_warmup_longer_than_the_run_is_rejected():
 
 
 def _plan_with_schedule() -> Plan:
-    from runtime.executor.plans import make_plan
+    from fixtures.plans import make_plan
     plan = make_plan(parse_model("gpt:tiny"), global_batch=8, seq_len=16)
     schedule = build_lr_schedule(base_lr=1e-3, reference_batch=4, total_steps=4, warmup_steps=2, min_lr=1e-4)
     return plan.model_copy(update={"training": plan.training.model_copy(update={"lr_schedule": schedule})})
@@ -55,7 +55,7 @@ def test_runtime_sets_the_formula_rate_every_step_and_matches_the_reference(one_
     import torch
 
     from runtime.executor.metrics import read_metrics
-    from runtime.executor.reference import reference_losses
+    from fixtures.reference import reference_losses
     from runtime.executor.train import run_plan
 
     plan = _plan_with_schedule()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from planner.errors import StratagemError
 from planner.export.settings import FRAMEWORKS
@@ -17,16 +16,16 @@ from planner.fileio import atomic_write_text
 from planner.plan import Plan, load_plan
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 
-from .common import DefaultsHelpFormatter, check_out_path, resolve_cluster_path
+from .common import DefaultsHelpFormatter, check_out_path, nonempty_path, out_path, resolve_cluster_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("export", help="write a plan as a Megatron-LM / torchtitan / DeepSpeed / Accelerate "
                                              "config", description=__doc__.split("\n\n")[1].replace("``", "'"),
                               formatter_class=DefaultsHelpFormatter)
-    p.add_argument("plan", type=Path, help="plan file written by `stratagem plan`")
+    p.add_argument("plan", type=nonempty_path, help="plan file written by `stratagem plan`")
     p.add_argument("--to", required=True, choices=FRAMEWORKS, help="the framework whose config to write")
-    p.add_argument("--out", type=Path, default=None, metavar="FILE",
+    p.add_argument("--out", type=out_path, default=None, metavar="FILE",
                    help="file to write (default: print the config to stdout)")
     add_costing_arguments(p)
     p.set_defaults(func=run)
@@ -36,7 +35,7 @@ def add_costing_arguments(p: argparse.ArgumentParser) -> None:
     """--cluster / --model-profile: what the estimates are computed on (default: the plan's own)."""
     p.add_argument("--cluster", default=None,
                    help="cluster profile to estimate on (default: the plan's cluster, by its shipped name)")
-    p.add_argument("--model-profile", type=Path, default=None,
+    p.add_argument("--model-profile", type=nonempty_path, default=None,
                    help="model profile JSON (default: the closed-form GPT/Llama profile of the plan's model)")
 
 
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.export.api import export_plan
 
     if args.out is not None:
-        check_out_path(args.out)
+        check_out_path(args.out, inputs={"plan": args.plan, "--model-profile": args.model_profile})
     plan = load_plan(args.plan)
     profile, cluster = costing_inputs(plan, args)
     export = export_plan(plan, args.to, profile=profile, cluster=cluster)

@@ -15,14 +15,15 @@ from rich.table import Table
 from planner.inspect.frames import plan_label, stage_frame
 from planner.inspect.measured import metrics_frame, predicted_vs_measured
 from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
-from planner.cli.common import check_layer_paths, check_out_path, no_ellipsis, throughput_text, nonempty_path, out_path
+from planner.cli.common import (check_layer_paths, check_out_path, no_ellipsis, nonempty_path, out_path,
+                                throughput_text)
 from planner.fileio import check_output_folder
 from planner.plan import Plan, costed, load_plan, validate
 
+from .compare_cli import add_compare_argument, print_comparison
+
 # the pictures `--png` writes (planner.inspect.report.build_figures)
 PNG_NAMES = ("layer_placement", "timeline", "memory_per_rank", "step_breakdown", "plan_comparison", "metrics")
-
-from .compare_cli import add_compare_argument, print_comparison
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

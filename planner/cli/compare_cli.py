@@ -137,7 +137,8 @@ def comparison_table(record: ComparisonRecord):
                   f"{record.exported_step_time_s:.4g} s")
     table.add_row("peak memory per GPU", f"{record.current_peak_memory_bytes / gib:.2f} GiB"
                   + ("" if record.current_fits_in_memory else " (does not fit)"),
-                  f"{record.plan_peak_memory_bytes / gib:.2f} GiB", f"{record.exported_peak_memory_bytes / gib:.2f} GiB")
+                  f"{record.plan_peak_memory_bytes / gib:.2f} GiB",
+                  f"{record.exported_peak_memory_bytes / gib:.2f} GiB")
     table.add_row("speed-up vs yours", "1.00x", f"{record.current_step_time_s / record.plan_step_time_s:.2f}x",
                   f"{record.speedup:.2f}x")
     table.caption = "yours: " + record.current_summary
