@@ -167,7 +167,7 @@ def test_mixed_cluster_checks_dtype_only_where_it_runs():
     assert result.status == "optimal"
 
 
-def _knapsack() -> "Problem":
+def _knapsack() -> "Problem":  # noqa: F821 - imported inside the function
     from planner.search.cbc import Problem
     prob = pulp.LpProblem("knap", pulp.LpMinimize)
     x = [prob.add_variable(f"x{i}", lowBound=0, upBound=3, cat="Integer") for i in range(4)]
