@@ -168,7 +168,7 @@ PRESETS["gpt"].update({
 })
 
 
-def parse_model(text: str, **overrides: DimValue) -> ModelSpec:
+def parse_model(text: str, **overrides: DimValue | None) -> ModelSpec:
     """Turn ``family`` or ``family:preset`` (plus dimension overrides) into a :class:`ModelSpec`.
 
     >>> parse_model("gpt:tiny").dims["layers"]
@@ -223,7 +223,7 @@ HF_DIM_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _reject_overrides(text: str, overrides: dict[str, DimValue]) -> None:
+def _reject_overrides(text: str, overrides: dict[str, DimValue | None]) -> None:
     given = sorted(k for k, v in overrides.items() if v is not None)
     if given:
         raise StratagemError(f"{text} is built by your function, which takes no size overrides "
@@ -262,7 +262,7 @@ def hf_dims(config: dict[str, Any]) -> dict[str, DimValue]:
     return dims
 
 
-def parse_hf(path_text: str, **overrides: DimValue) -> ModelSpec:
+def parse_hf(path_text: str, **overrides: DimValue | None) -> ModelSpec:
     """``hf:PATH`` (plus zoo-named overrides mapped to the config's keys) as a self-contained spec.
 
     >>> parse_hf("tests/data/llama-tiny/config.json", layers=4).dims["layers"]  # doctest: +SKIP

@@ -11,7 +11,7 @@ from planner.errors import StratagemError
 from planner.modelspec import parse_model
 from runtime.models import layer_kind, layer_paths, tp_layout
 from runtime.models.external import external
-from runtime.profile_model import profile_model_analytic
+from runtime.profiling.model import profile_model_analytic
 from runtime_helpers import REPO
 
 EXAMPLE = f"py:{REPO / 'examples' / 'custom_model.py'}:build"

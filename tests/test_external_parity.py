@@ -14,8 +14,8 @@ import pytest
 from planner.modelspec import parse_model
 from planner.plan import save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics
-from runtime.executor.plans import make_plan
-from runtime.executor.reference import reference_losses
+from fixtures.plans import make_plan
+from fixtures.reference import reference_losses
 from hf_helpers import write_config
 from runtime_helpers import REPO, tail, torchrun
 

@@ -18,7 +18,7 @@ from planner.modelspec import parse_model
 from runtime.models import build_model, init_weights, layer_paths, tp_layout
 from runtime.models.external import external
 from runtime.models.hf import build_hf, hf_config, hf_parts, require_transformers
-from runtime.profile_model import profile_model_analytic
+from runtime.profiling.model import profile_model_analytic
 
 
 def _spec(tmp_path, kind="llama", **overrides):
@@ -121,7 +121,7 @@ def test_bad_configs_are_one_line_errors(tmp_path, content, match):
 
 
 def test_measured_profile_of_an_hf_model(tmp_path):
-    from runtime.profile_model import ProfileSettings, profile_model
+    from runtime.profiling.model import ProfileSettings, profile_model
 
     spec = _spec(tmp_path)
     settings = ProfileSettings(micro_batches=(1,), seq_len=8, dtype="fp32", tp_degrees=(1, 2), warmup=0, repeats=1)

@@ -111,7 +111,7 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
         return profile
     spec = spec_from_args(args, max_seq=args.seq)
     if spec.is_external or spec.family not in ("gpt", "llama"):  # derived on the meta device by the runtime
-        from runtime.profile_model import profile_model_analytic
+        from runtime.profiling.model import profile_model_analytic
         seq = args.seq or (int(spec.dim("max_seq")) if spec.is_language_model else 1)
         return profile_model_analytic(spec, seq_len=seq, dtype=dtype)
     from planner.gpt_profile import build_gpt_profile

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from planner.cli.common import MAX_LAYERS, MAX_WIDTH, float_in, int_in
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec, parse_model
 
@@ -31,9 +32,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, with_seq_override: b
     group = parser.add_argument_group("model")
     group.add_argument("--model", required=True, help=MODEL_HELP)
     for flag, (_, what) in OVERRIDES.items():
-        group.add_argument(f"--{flag}", type=int, default=None, help=f"override the model's {what}")
-    group.add_argument("--dropout", type=float, default=None,
-                       help="GPT dropout probability, 0..1 (adds 1-byte masks to activation memory; Megatron used 0.1)")
+        high = MAX_LAYERS if flag == "layers" else MAX_WIDTH  # bounded: a 20-digit --layers hung the search
+        group.add_argument(f"--{flag}", type=int_in(1, high), default=None, help=f"override the model's {what}")
+    group.add_argument("--dropout", type=float_in(0, 1, high_open=True), default=None,
+                       help="GPT dropout probability, 0 <= p < 1 (adds 1-byte masks to activation memory; Megatron "
+                            "used 0.1)")
 
 
 def spec_from_args(args: argparse.Namespace, *, max_seq: int | None = None) -> ModelSpec:
