@@ -119,7 +119,8 @@ class LayerLayout(_Strict):
 
 class StagePrediction(_Strict):
     stage: int = Field(ge=0)
-    time_breakdown_s: dict[str, NonNegativeFloat] = Field(description="per micro-batch forward, backward, ... seconds")
+    # terms are finite but not all >= 0: an overlap term can be a (tiny) negative correction of the cost model
+    time_breakdown_s: dict[str, float] = Field(description="per micro-batch forward, backward, ... seconds")
     memory_breakdown_bytes: dict[str, NonNegativeFloat] = Field(
         description="params, grads, optimizer, activations, ...")
     peak_memory_bytes: NonNegativeFloat
@@ -147,7 +148,7 @@ class Predictions(_Strict):
     hardware_tflops_per_gpu: NonNegativeFloat
     mfu: NonNegativeFloat
     peak_memory_bytes: NonNegativeFloat = Field(description="max over ranks")
-    breakdown_s: dict[str, NonNegativeFloat] = Field(
+    breakdown_s: dict[str, float] = Field(
         description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
     stages: list[StagePrediction]
     per_replica_type: list[ReplicaTypePrediction] = Field(default_factory=list)
