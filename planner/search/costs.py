@@ -317,7 +317,8 @@ class CandidateCosts:
                 op = "all_reduce" if outer.zero_stage == 0 else "reduce_scatter"
                 per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
                 group = dp_group(outer.dp, outer.tp, node.devices_per_node)
-                sync = dp_collective_time(self.cluster, node, op, params * per, group, ParallelConfig().grad_bucket_bytes)
+                sync = dp_collective_time(self.cluster, node, op, params * per, group,
+                                          ParallelConfig().grad_bucket_bytes)
                 total = kappa * sync if not total else min(total, kappa * sync)
             self._least[key] = total
         return self._least[key]

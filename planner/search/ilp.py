@@ -103,7 +103,8 @@ def _style(u: dict, g: int, style: str):
 
 
 def _chunk_extras(prob: pulp.LpProblem, tables: Tables, st: dict, u: dict) -> list:
-    """(d) per-chunk time terms besides the layers' own (those are summed per rank): layout change a->b at the start of group g+1
+    """(d) per-chunk time terms besides the layers' own (those are summed per rank): layout change a->b at
+    the start of group g+1
     (start[g+1,s] = st[g+1,s] - st[g+1,s-1]); the boundary after chunk s (it ends in g iff
     end[g,s] = st[g,s] - st[g+1,s] = 1), charged to chunks s and s+1."""
     groups, chunks = tables.groups, tables.chunks
@@ -249,7 +250,8 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
         else:
             bucket = rm.ddp_buffer_cap_bytes * k
             sel = prob.add_variable(f"ddp_sel[{r}]", cat="Binary")
-            parts.append(at_least(prob, f"DDP[{r}]", "h_ddp", [bucket * (1 - sel) - off, grads - big * (1 - sel) - off]))
+            parts.append(at_least(prob, f"DDP[{r}]", "h_ddp",
+                                  [bucket * (1 - sel) - off, grads - big * (1 - sel) - off]))
     if rm.pp_buffers:
         parts.append((2 * k) * x["out"])
     prob += (pulp.lpSum(parts) * rm.reserve_factor <= 1 - rm.reserve_const_bytes * k, f"h_mem[{r}]")
@@ -272,8 +274,9 @@ def _time_unit_s(tables: Tables) -> float:
     absolute tolerances) and per-layer coefficients stay near 1 (``ilp_terms.COEF_MAX``).
 
     Magnitude: the larger of a floor of the pipeline time (m micro-batches over pp ranks of the layers'
-    least total time, or of their ZeRO-3 communication) and of the gradient sync a rank's even share of the parameters would expose (the
-    step of a communication-bound candidate is mostly that). Not a bound: only its order matters.
+    least total time, or of their ZeRO-3 communication) and of the gradient sync a rank's even share of the
+    parameters would expose (the step of a communication-bound candidate is mostly that). Not a bound: only
+    its order matters.
     """
     magnitude = 0.0
     for lane in tables.lanes:
@@ -308,7 +311,8 @@ def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
         (a later group starts only after the earlier one is complete) => chunks are contiguous ranges.
     (b) rank totals R[g,r] = sum_{s on r} (c[g,s] - c[g,s-1]); options sum_i n[r,g,i] = R[g,r].
     (c) one style per group: sum_style u[g,style] = 1; n[r,g,i] <= N_g u[g, style(i)].
-    (d) rank time: sum n*time over the rank's options + per chunk: layout changes at group starts + the one-way transfer of every
+    (d) rank time: sum n*time over the rank's options + per chunk: layout changes at group starts + the
+        one-way transfer of every
         boundary, charged to both of its chunks; products of binaries linearised.
     (a') interleaved schedules: fixed chunk sizes (equal chunks, planner.cost.placement.
         interleaved_chunk_sizes), so c[g,s] and st[g,s] are constants and (a), (e) drop out.

@@ -218,10 +218,23 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
 
     ``progress(done, total)`` is called as candidates are bounded and solved (for a CLI progress bar).
     Raises :class:`StratagemError` when nothing fits, naming the smallest memory shortfall.
+
+    Steps: enumerate the outer candidates (:func:`_enumerate`), branch and bound over them best-first
+    (:class:`_BranchAndBound`: build and bound, refine, solve), then the result and its proof status
+    (:meth:`_BranchAndBound.result`).
     """
     start = time.perf_counter()
     cluster = with_gpus(cluster, n_devices)
     costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
+    outers = _enumerate(profile, cluster, n_devices=n_devices, global_batch=global_batch, config=config)
+    search = _BranchAndBound(costs, outers, config, start=start, progress=progress)
+    search.run()
+    return search.result(n_devices)
+
+
+def _enumerate(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int,
+               config: SearchConfig) -> list[OuterChoice]:
+    """Every outer candidate; a one-line error when the batch cannot be split at all."""
     outers = list(enumerate_outer(cluster=cluster, n_devices=n_devices, global_batch=global_batch,
                                   n_layers=len(profile.layers), n_blocks=block_count(profile),
                                   tp_degrees=profile.tp_degrees, config=config))
@@ -229,102 +242,135 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
         raise StratagemError(f"no way to split global batch {global_batch} over {n_devices} devices with "
                              f"the allowed dimensions; pick a global batch divisible by a dp degree or "
                              f"allow more (--allow tp,pp,dp)")
-    heap = _quick_bounded(costs, outers)
-    heapq.heapify(heap)
-    total = len(heap)
-    keep = max(1, config.top_k)
-    need = keep if config.exhaustive_top_k else 1
-    state = _State(keep=keep)
-    solved_tables: dict[tuple, list[Tables]] = {}
-    shortfall, notes = math.inf, ""
-    pool = ThreadPoolExecutor(max_workers=config.jobs) if config.jobs > 1 else None
-    pending: dict[Future, tuple[float, OuterChoice, Tables]] = {}
+    return outers
 
-    def must_beat() -> float:
-        """What a candidate must beat to change the proven answer: the best plan, or with
-        exhaustive_top_k the k-th (then the runners-up are proven too)."""
-        return state.ranked[need - 1].step_s if len(state.ranked) >= need else math.inf
 
-    def settle(block: bool) -> None:
-        """Record finished parallel solves (wait for one when ``block``)."""
-        done, _ = wait(list(pending), return_when=FIRST_COMPLETED) if block else (
-            [f for f in pending if f.done()], None)
-        for fut in done:
-            bound, outer, tables = pending.pop(fut)
-            state.record(*fut.result(), bound=bound, tables=tables)
+class _BranchAndBound:
+    """Best-first branch and bound over outer candidates. Heap entries (bound, index, stage, outer, tables):
+    stage 0 has the quick bound, stage 1 the bound with tables (sends, tail, memory), stage 2 the refined
+    bound; a stage-2 entry at the top is solved. The loop ends when the top bound cannot beat the best plan
+    (the k-th with ``exhaustive_top_k``), or the budget runs out."""
 
-    try:
-        while heap:
-            bound, idx, stage, outer, tables = heapq.heappop(heap)
-            if progress:
-                progress(total - len(heap), total)
-            if bound >= must_beat():
-                break                        # best-first: nothing left can beat the best (or enter the top k)
-            if stage == 0:                   # build the coefficients, bound with sends, optimizer, memory
-                try:
-                    tables = costs.tables(outer)
-                except StratagemError as exc:
-                    log.debug("skipping %s: %s", outer.summary(), exc)
-                    continue
-                short = memory_shortfall_bytes(tables)
-                if short > 0:
-                    shortfall = min(shortfall, short)
-                    state.counts["infeasible"] += 1
-                    continue
-                heapq.heappush(heap, (max(bound, lower_bound_s(tables)), idx, 1, outer, tables))
-                continue
-            if stage == 1:                   # tighten with the memory-aware block floor
-                state.counts["refined"] += 1
-                tighter = refined_lower_bound_s(tables)
-                if math.isfinite(tighter):
-                    heapq.heappush(heap, (max(bound, tighter), idx, 2, outer, tables))
-                else:
-                    state.counts["infeasible"] += 1
-                continue
-            if pool is not None:
-                settle(block=len(pending) >= config.jobs)
-                if bound >= must_beat():
+    def __init__(self, costs: CandidateCosts, outers: list[OuterChoice], config: SearchConfig, *, start: float,
+                 progress: Callable[[int, int], None] | None):
+        self.costs, self.outers, self.config, self.start, self.progress = costs, outers, config, start, progress
+        self.heap = _quick_bounded(costs, outers)
+        heapq.heapify(self.heap)
+        self.total = len(self.heap)
+        self.keep = max(1, config.top_k)
+        self.need = self.keep if config.exhaustive_top_k else 1
+        self.state = _State(keep=self.keep)
+        self.solved_tables: dict[tuple, list[Tables]] = {}
+        self.shortfall, self.notes = math.inf, ""
+        self.pool = ThreadPoolExecutor(max_workers=config.jobs) if config.jobs > 1 else None
+        self.pending: dict[Future, tuple[float, OuterChoice, Tables]] = {}
+
+    def must_beat(self) -> float:
+        """What a candidate must beat to change the proven answer: the best plan, or with exhaustive_top_k
+        the k-th (then the runners-up are proven too)."""
+        ranked = self.state.ranked
+        return ranked[self.need - 1].step_s if len(ranked) >= self.need else math.inf
+
+    def run(self) -> None:
+        try:
+            while self.heap:
+                entry = heapq.heappop(self.heap)
+                if self.progress:
+                    self.progress(self.total - len(self.heap), self.total)
+                if entry[0] >= self.must_beat():
+                    break                   # best-first: nothing left can beat the best (or enter the top k)
+                step = (self._build, self._refine, self._solve)[entry[2]]
+                if not step(*entry):
                     break
-            if _dominated(tables, outer, solved_tables):
-                state.counts["dominated"] += 1
-                continue
-            if time.perf_counter() - start > config.budget_s:
-                # every unexplored candidate is >= bound: the best found is within this gap of the optimum
-                notes = (f"the search budget of {config.budget_s:g} s ran out: the plan is the best found so far, "
-                         f"within the stated gap of the optimum (raise --budget to prove more)")
-                state.open_bounds.append((bound, "feasible"))
-                break
-            state.counts["solved"] += 1
-            solved_tables.setdefault(_key(outer), []).append(tables)
-            args = (costs, outer, tables, config)
-            kwargs = dict(best_s=must_beat(), fill=len(state.ranked) < keep)
-            if pool is None:
-                state.record(*_solve_candidate(*args, **kwargs), bound=bound, tables=tables)
-            else:
-                pending[pool.submit(_solve_candidate, *args, **kwargs)] = (bound, outer, tables)
-        while pending:
-            settle(block=True)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-    ranked, counts, open_bounds = state.ranked, state.counts, state.open_bounds
-    if progress:
-        progress(total, total)
-    if not ranked and notes:
-        raise StratagemError(f"the search budget of {config.budget_s:g} s ran out before any candidate was solved "
-                             f"({counts['refined']} of {len(outers)} candidates bounded); raise --budget "
-                             f"(e.g. --budget {max(60.0, 10 * config.budget_s):g})")
-    if not ranked:
-        raise _no_plan_error(shortfall, n_devices)
-    status, gap = _global_status(ranked[0].step_s, open_bounds)
-    runners_up_proven = (config.exhaustive_top_k and status == "optimal"
-                         and all(c.solve.status == "optimal" for c in ranked)
-                         and _global_status(ranked[-1].step_s, open_bounds)[0] == "optimal")
-    log.info("search: %d candidates, %s", len(outers), counts)
-    return SearchResult(best=ranked[0], ranked=tuple(ranked), status=status, gap=gap,
-                        candidates_total=len(outers), candidates_solved=counts["solved"],
-                        candidates_pruned=len(outers) - counts["solved"],
-                        candidates_infeasible=counts["infeasible"], candidates_dominated=counts["dominated"],
-                        wall_time_s=time.perf_counter() - start, notes=notes,
-                        candidates_cut_off=counts["cut_off"], runners_up_proven=runners_up_proven,
-                        solver_warnings=tuple(f"{w} ({k} solves)" for w, k in state.warnings.items()))
+            while self.pending:
+                self._settle(block=True)
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _build(self, bound: float, idx: int, _stage: int, outer: OuterChoice, _tables: None) -> bool:
+        """Stage 0: build the coefficients, bound with sends, tail and memory."""
+        try:
+            tables = self.costs.tables(outer)
+        except StratagemError as exc:
+            log.debug("skipping %s: %s", outer.summary(), exc)
+            return True
+        short = memory_shortfall_bytes(tables)
+        if short > 0:
+            self.shortfall = min(self.shortfall, short)
+            self.state.counts["infeasible"] += 1
+            return True
+        heapq.heappush(self.heap, (max(bound, lower_bound_s(tables)), idx, 1, outer, tables))
+        return True
+
+    def _refine(self, bound: float, idx: int, _stage: int, outer: OuterChoice, tables: Tables) -> bool:
+        """Stage 1: tighten with the memory-aware block floor."""
+        self.state.counts["refined"] += 1
+        tighter = refined_lower_bound_s(tables)
+        if math.isfinite(tighter):
+            heapq.heappush(self.heap, (max(bound, tighter), idx, 2, outer, tables))
+        else:
+            self.state.counts["infeasible"] += 1
+        return True
+
+    def _solve(self, bound: float, _idx: int, _stage: int, outer: OuterChoice, tables: Tables) -> bool:
+        """Stage 2: solve the candidate's ILP (in the pool with ``--jobs``); False ends the search."""
+        if self.pool is not None:
+            self._settle(block=len(self.pending) >= self.config.jobs)
+            if bound >= self.must_beat():
+                return False
+        if _dominated(tables, outer, self.solved_tables):
+            self.state.counts["dominated"] += 1
+            return True
+        if time.perf_counter() - self.start > self.config.budget_s:
+            # every unexplored candidate is >= bound: the best found is within this gap of the optimum
+            self.notes = (f"the search budget of {self.config.budget_s:g} s ran out: the plan is the best found so "
+                          f"far, within the stated gap of the optimum (raise --budget to prove more)")
+            self.state.open_bounds.append((bound, "feasible"))
+            return False
+        self.state.counts["solved"] += 1
+        self.solved_tables.setdefault(_key(outer), []).append(tables)
+        best_s, fill = self.must_beat(), len(self.state.ranked) < self.keep
+        if self.pool is None:
+            out = _solve_candidate(self.costs, outer, tables, self.config, best_s=best_s, fill=fill)
+            self.state.record(*out, bound=bound, tables=tables)
+        else:
+            future = self.pool.submit(_solve_candidate, self.costs, outer, tables, self.config, best_s=best_s,
+                                      fill=fill)
+            self.pending[future] = (bound, outer, tables)
+        return True
+
+    def _settle(self, block: bool) -> None:
+        """Record finished parallel solves (wait for one when ``block``)."""
+        if block:
+            done = wait(list(self.pending), return_when=FIRST_COMPLETED).done
+        else:
+            done = {f for f in self.pending if f.done()}
+        for fut in done:
+            bound, _outer, tables = self.pending.pop(fut)
+            self.state.record(*fut.result(), bound=bound, tables=tables)
+
+    def result(self, n_devices: int) -> SearchResult:
+        """The ranked plans with the proof status; one-line errors when nothing was found."""
+        state, config = self.state, self.config
+        ranked, counts, open_bounds = state.ranked, state.counts, state.open_bounds
+        if self.progress:
+            self.progress(self.total, self.total)
+        if not ranked and self.notes:
+            raise StratagemError(f"the search budget of {config.budget_s:g} s ran out before any candidate was "
+                                 f"solved ({counts['refined']} of {len(self.outers)} candidates bounded); raise "
+                                 f"--budget (e.g. --budget {max(60.0, 10 * config.budget_s):g})")
+        if not ranked:
+            raise _no_plan_error(self.shortfall, n_devices)
+        status, gap = _global_status(ranked[0].step_s, open_bounds)
+        runners_up_proven = (config.exhaustive_top_k and status == "optimal"
+                             and all(c.solve.status == "optimal" for c in ranked)
+                             and _global_status(ranked[-1].step_s, open_bounds)[0] == "optimal")
+        log.info("search: %d candidates, %s", len(self.outers), counts)
+        return SearchResult(best=ranked[0], ranked=tuple(ranked), status=status, gap=gap,
+                            candidates_total=len(self.outers), candidates_solved=counts["solved"],
+                            candidates_pruned=len(self.outers) - counts["solved"],
+                            candidates_infeasible=counts["infeasible"], candidates_dominated=counts["dominated"],
+                            wall_time_s=time.perf_counter() - self.start, notes=self.notes,
+                            candidates_cut_off=counts["cut_off"], runners_up_proven=runners_up_proven,
+                            solver_warnings=tuple(f"{w} ({k} solves)" for w, k in state.warnings.items()))
