@@ -136,9 +136,9 @@ def _run(problem: Problem, config: SearchConfig, cutoff_s: float | None,
     constant = problem.prob.objective.constant if problem.prob.objective is not None else 0.0
     scale = problem.objective_scale_s
     options = list(extra)
-    has_cutoff = cutoff_s is not None and math.isfinite(cutoff_s)
-    if has_cutoff:
-        options.append(f"cutoff {cutoff_s / scale - constant!r}")
+    limit = cutoff_s if cutoff_s is not None and math.isfinite(cutoff_s) else None
+    if limit is not None:
+        options.append(f"cutoff {limit / scale - constant!r}")
     # One thread = CBC's serial code (no "-threads"): "-threads 1" starts CBC's parallel branch-and-bound
     # with one worker, whose start-up sometimes stalls for exactly 10 s here (log: "Thread 0 used 0 times,
     # waiting to start 10.000131"; measured 1 run in 15 on a 0.02 s program).
@@ -162,10 +162,10 @@ def _run(problem: Problem, config: SearchConfig, cutoff_s: float | None,
             bound = _log_bound(log_text)
             floor_s = -math.inf if bound is None else (bound + constant) * scale
             return SolveResult(status="time_limit", objective_s=None, gap=math.inf, wall_time_s=wall_s,
-                               bound_s=min(floor_s, cutoff_s) if has_cutoff else floor_s), log_text
-        if has_cutoff:
+                               bound_s=floor_s if limit is None else min(floor_s, limit)), log_text
+        if limit is not None:
             return SolveResult(status="cut_off", objective_s=None, gap=math.inf, wall_time_s=wall_s,
-                               bound_s=cutoff_s), log_text
+                               bound_s=limit), log_text
         return SolveResult(status="infeasible", objective_s=None, gap=math.inf, wall_time_s=wall_s,
                            bound_s=math.inf), log_text
     scaled = pulp.value(problem.prob.objective)

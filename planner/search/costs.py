@@ -10,13 +10,14 @@ differ only in pp, dp, ZeRO or schedule reuse them.
 from __future__ import annotations
 
 import math
+from typing import Any
 from collections import Counter
 from dataclasses import dataclass, replace
 
 from planner.cost import estimate as estimate_fn
-from planner.cost.collectives import collective_time
+from planner.cost.collectives import Algorithm, collective_time
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
-from planner.cost.config import LayerCost, ParallelConfig
+from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.constants import (CUDA_CONTEXT_BYTES, DDP_BUCKETS_IN_FLIGHT,
                                     FRAGMENTATION_FRACTION, MEMORY_BW_EFFICIENCY, OPTIMIZER_BYTES_PER_PARAM,
                                     OPTIMIZER_FLOPS_PER_PARAM, STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT,
@@ -35,7 +36,8 @@ from planner.search.config import SearchConfig
 from planner.search.space import OuterChoice, typed_slowest_floor
 from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables
 
-_ALGORITHMS = ("ring", "tree", "hierarchical")   # what collective_time(algorithm="auto") minimises over
+# what collective_time(algorithm="auto") minimises over
+_ALGORITHMS: tuple[Algorithm, ...] = ("ring", "tree", "hierarchical")
 
 
 def concave_collective(cluster: ClusterProfile, node: NodeType, op: str, group: GroupShape,
@@ -109,7 +111,8 @@ class CandidateCosts:
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
         self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}   # (groups, layout changes) by key
-        self._least: dict[tuple, object] = {}   # least layer times (tuples); least hidden ZeRO-3/sync time (floats)
+        self._least: dict[tuple, tuple[float, float, list[float]]] = {}   # least layer times by key
+        self._hidden: dict[tuple, float] = {}                              # least hidden ZeRO-3 / sync time
 
     # -- configuration ------------------------------------------------------------------------
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
@@ -127,7 +130,8 @@ class CandidateCosts:
     def options(self, layers: list[LayerProfile], tp: int) -> tuple[Option, ...]:
         """Recompute modes x styles allowed for this group (see the module docstring)."""
         layer = layers[0]
-        modes = ("none", "selective", "full") if self.search.allows("recompute") else ("none",)
+        modes: tuple[Recompute, ...] = ("none", "selective", "full") if self.search.allows("recompute") else ("none",)
+        styles: tuple[TPStyle, ...]
         if tp == 1 or layer.tp_style == "none":
             styles = ("replicate",)
         elif layer.kind == "block" or not self.search.allows("layout"):
@@ -136,14 +140,14 @@ class CandidateCosts:
             styles = ("split", "replicate")
         return tuple(Option(recompute=r, style=s) for s in styles for r in modes)
 
-    def _layer_cost(self, layer: LayerProfile, nt: str, tp: int, style: str, recompute: str,
+    def _layer_cost(self, layer: LayerProfile, nt: str, tp: int, style: TPStyle, recompute: Recompute,
                     sp: bool, mb: int, dp: int, zero: int) -> LayerCost:
         key = (layer.signature, nt, tp, style, recompute, sp, mb, dp_wrapper(dp, zero))
         if key not in self._cache:
             self._cache[key] = self._layer_cost_uncached(layer, nt, tp, style, recompute, sp, mb, dp, zero)
         return self._cache[key]
 
-    def _layer_cost_uncached(self, layer: LayerProfile, nt: str, tp: int, style: str, recompute: str,
+    def _layer_cost_uncached(self, layer: LayerProfile, nt: str, tp: int, style: TPStyle, recompute: Recompute,
                              sp: bool, mb: int, dp: int, zero: int) -> LayerCost:
         node = self.cluster.node_type(nt)
         return layer_cost(layer, node=node, cluster=self.cluster, tp=tp, style=style, recompute=recompute,
@@ -161,9 +165,11 @@ class CandidateCosts:
         if outer.zero_stage == 3:   # over the dp (or dp x tp) group (estimate._zero3_s)
             group = dp_group(outer.dp, outer.tp, node.devices_per_node, include_tp=wide)
             per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
-            coll = dict(node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node)
-            gather = collective_time(self.cluster, "all_gather", k.params * per["params"], group.n_ranks, **coll)
-            scatter = collective_time(self.cluster, "reduce_scatter", k.params * per["grads"], group.n_ranks, **coll)
+            gather = collective_time(self.cluster, "all_gather", k.params * per["params"], group.n_ranks,
+                                     node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node)
+            scatter = collective_time(self.cluster, "reduce_scatter", k.params * per["grads"], group.n_ranks,
+                                      node_type=node, spans_nodes=group.spans_nodes,
+                                      ranks_per_node=group.ranks_per_node)
             z3_mb, z3_gather = 2 * gather + scatter, gather + scatter   # z3_gather_s: never hidden (zero3.py)
             if outer.pp > 1:   # zero3_grad_sync "step" (zero3.py, "Accumulation"): m * z3_mb = (m + 1) g + s
                 z3_mb = gather + (gather + scatter) / outer.num_micro_batches
@@ -305,7 +311,7 @@ class CandidateCosts:
     def _least_hidden_sync_s(self, outer: OuterChoice, types: tuple[str, ...]) -> float:
         """kappa x the data-parallel gradient sync of the least parameters of every layer (cached)."""
         key = ("sync", types, outer.tp, outer.dp, outer.zero_stage)
-        if key not in self._least:
+        if key not in self._hidden:
             total = 0.0
             for nt in types:
                 node = self.cluster.node_type(nt)
@@ -320,21 +326,22 @@ class CandidateCosts:
                 sync = dp_collective_time(self.cluster, node, op, params * per, group,
                                           ParallelConfig().grad_bucket_bytes)
                 total = kappa * sync if not total else min(total, kappa * sync)
-            self._least[key] = total
-        return self._least[key]
+            self._hidden[key] = total
+        return self._hidden[key]
 
     def _least_hidden_z3_s(self, outer: OuterChoice, types: tuple[str, ...]) -> float:
         """kappa x the least ZeRO-3 communication of all layers per micro-batch (cached per tp, dp, types)."""
         key = ("z3", types, outer.tp, outer.dp)
-        if key not in self._least:
+        if key not in self._hidden:
             kappa = min(contention(self.cluster.node_type(nt)) for nt in types)
-            self._least[key] = kappa * sum(
+            self._hidden[key] = kappa * sum(
                 len(layers) * min(self._option_cost(layers[0], nt, outer, o).z3_mb_s
                                   for nt in types for o in self.options(layers, outer.tp))
                 for layers in self.groups) if kappa else 0.0
-        return self._least[key]
+        return self._hidden[key]
 
-    def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...], per_layer: bool = False):
+    def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...],
+                           per_layer: bool = False) -> Any:
         """(sum over layers, max over layers) of each layer's fastest option on ``types`` (``per_layer``:
         the list of each group's fastest time instead); cached, as it depends only on tp, sequence
         parallel, micro-batch and the dp wrapper."""

@@ -126,7 +126,7 @@ def _chunk_extras(prob: pulp.LpProblem, tables: Tables, st: dict, u: dict) -> li
             for g, grp in enumerate(groups):
                 end = st[g, s] - (st[g + 1, s] if g + 1 < len(groups) else 0)
                 for sty in grp.styles:
-                    cost = grp.boundary_s[(sty, *key_nt)]
+                    cost = grp.boundary_s[(sty, key_nt[0], key_nt[1])]
                     term = cost * conjunction(prob, f"e[{s},{g},{sty}]", "d_boundary", [_style(u, g, sty), end])
                     terms[s].append(term)       # sender and receiver each pay one transfer
                     terms[s + 1].append(term)

@@ -45,7 +45,7 @@ def build_stages(candidate: Candidate) -> list[Stage]:
     """One :class:`Stage` per pipeline chunk, with its modules, ranks, node type and recompute modes."""
     outer, config = candidate.outer, candidate.config
     stages = []
-    for s, paths in enumerate(config.stage_layers):
+    for s, paths in enumerate(config.stage_layers or ()):
         pp_rank = s % outer.pp
         recompute = {p: _recompute_of(config, p) for p in paths if _recompute_of(config, p) != "none"}
         stages.append(Stage(index=s, pp_rank=pp_rank, module_paths=list(paths),

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
+from planner.cost.config import ParallelConfig
 from planner.cost.placement import block_count, with_gpus
+from planner.cost.records import Estimate
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
@@ -47,8 +49,8 @@ class Candidate:
     outer: OuterChoice
     assignment: Assignment
     step_s: float
-    estimate: object            # planner.cost.Estimate
-    config: object              # planner.cost.config.ParallelConfig
+    estimate: Estimate
+    config: ParallelConfig
     solve: SolveResult
 
 

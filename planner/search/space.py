@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from planner.cost.config import ScheduleKind
 from planner.profiles import ClusterProfile
 from planner.search.config import SearchConfig
 from planner.search.tables import Tables
@@ -32,7 +33,7 @@ class OuterChoice:
     tp: int
     pp: int
     dp: int
-    schedule: str
+    schedule: ScheduleKind
     virtual_stages: int
     micro_batch: int
     num_micro_batches: int
@@ -63,7 +64,7 @@ class OuterChoice:
                 f"zero{self.zero_stage}{' sp' if self.sequence_parallel else ''}{where}")
 
     def choices(self) -> dict[str, int | str | bool]:
-        out = dict(tp=self.tp, pp=self.pp, dp=self.dp, schedule=self.schedule,
+        out: dict[str, int | str | bool] = dict(tp=self.tp, pp=self.pp, dp=self.dp, schedule=self.schedule,
                    virtual_stages=self.virtual_stages, micro_batch=self.micro_batch,
                    num_micro_batches=self.num_micro_batches, zero_stage=self.zero_stage,
                    sequence_parallel=self.sequence_parallel, node_types="/".join(self.rank_node_types))
@@ -79,7 +80,7 @@ def divisors(n: int) -> list[int]:
 
 def devices_by_type(cluster: ClusterProfile, n_devices: int) -> dict[str, int]:
     """Devices of each node type used when the plan takes the first ``n_devices`` of the cluster."""
-    left, used = n_devices, {}
+    left, used = n_devices, dict[str, int]()
     for group in cluster.nodes:
         per_node = cluster.node_type(group.node_type).devices_per_node
         take = min(left, group.count * per_node)
@@ -120,7 +121,7 @@ def _rank_type_orders(by_type: dict[str, int], pp: int, per_rank: int, limit: in
 
 
 def _schedules(pp: int, m: int, n_blocks: int, config: SearchConfig,
-               m_min: int | None = None) -> Iterator[tuple[str, int]]:
+               m_min: int | None = None) -> Iterator[tuple[ScheduleKind, int]]:
     """(schedule, virtual stages): 1F1B when every replica has at least pp micro-batches (``m_min``, default
     ``m``; torch.distributed.pipelining's 1F1B needs one per stage, runtime/executor/schedule.py); GPipe
     when allowed; interleaved when m % pp == 0 (Megatron-LM's requirement for its interleaved schedule)
@@ -389,9 +390,10 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
         key = (tables.rank_node_types[r], inflight, extra_b)
         if key not in memo:
             memo[key] = block_time_floor(tables, g, r, extra_b, inflight=inflight)
-        if memo[key] is None:
+        floor = memo[key]
+        if floor is None:
             return base
-        floors.append(memo[key] + extra_t)
+        floors.append(floor + extra_t)
     size = tables.groups[g].size
     levels = sorted({float(x) for f in floors for x in f if x != float("inf")})
 

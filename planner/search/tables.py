@@ -188,7 +188,7 @@ class Evaluation:
 
 def group_styles(tables: Tables, assignment: Assignment) -> list[str]:
     """The (uniform) style of each group under ``assignment``; ValueError if a group mixes styles."""
-    styles = []
+    styles: list[str] = []
     for g, group in enumerate(tables.groups):
         used = {group.options[i].style for row in assignment.counts for i, n in enumerate(row[g]) if n}
         if len(used) != 1:
