@@ -19,7 +19,7 @@ written into the plan, so the launch's summary compares the two. Measured = medi
 2.. (max over ranks per step); peak memory on CPU = growth of the process RSS while the plan ran
 (runtime/executor/metrics.py), which also holds allocator slack and gloo buffers. This host's CPU
 steal and the other users of its 2 cores make single timings vary 2-5x
-(shared/notes/torch-distributed-on-cpu.md): the 2-process matmul rate moved between 63 and 185 GFLOP/s
+(docs/torch-distributed-on-cpu.md): the 2-process matmul rate moved between 63 and 185 GFLOP/s
 within an hour here. So each launch is bracketed by the cluster profiler's matmul benchmark run by two
 processes at once, and the prediction is repeated with that rate as the cluster's compute figure
 ("at load"): the model profile's timings are then scaled by its reference matmul over this rate

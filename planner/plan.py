@@ -11,14 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator,
-                      model_validator)
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
-from planner.fileio import MAX_MAGNITUDE, content_hash, read_json, save_document, validate_document
+from planner.fileio import content_hash, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
-from planner.profiles import Dtype
+from planner.profiles import Dtype, _Strict   # one strictness rule for every file the project reads
 from planner.recipe import LRSchedule
 
 PLAN_SCHEMA_VERSION: Final = 2
@@ -27,21 +26,6 @@ PLAN_SCHEMA_VERSION: Final = 2
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
 TPStyle = Literal["replicate", "split"]
-
-
-class _Strict(BaseModel):
-    # No NaN or infinity anywhere in a file: "+Infinity" bandwidth or a NaN time would pass every bound.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _physical(cls, value: Any) -> Any:
-        """Numbers beyond 1e24 (bytes, FLOPs, seconds, counts) are no physical value: the products the cost
-        model forms with them would overflow to infinity."""
-        for v in value if isinstance(value, list) else value.values() if isinstance(value, dict) else (value,):
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) > MAX_MAGNITUDE:
-                raise ValueError(f"{v:g} is beyond any physical value (|x| <= {MAX_MAGNITUDE:g})")
-        return value
 
 
 class TrainingSettings(_Strict):

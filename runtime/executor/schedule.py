@@ -9,7 +9,7 @@ is that of the replica's mean loss. The count is per dp replica: with uneven ``b
 ``r`` runs ``m_r = rows_r / micro_batch_size`` micro-batches (``check_replica_schedules``).
 
 ``loss_parallel()`` (a class-sharded split classifier) can be entered once per context object, so a
-fresh one is made every step (shared/notes/torch-distributed-on-cpu.md, "TP and PP").
+fresh one is made every step (docs/torch-distributed-on-cpu.md, "TP and PP").
 """
 
 from __future__ import annotations

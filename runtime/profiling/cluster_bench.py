@@ -5,7 +5,7 @@ Every rank takes part; rank 0 writes the raw timings (:class:`RawBench`) to ``--
 process fits and writes the :class:`planner.profiles.ClusterProfile`. The raw format is defined in
 :mod:`runtime.profiling.cluster` so the parent can read it without importing torch.
 
-Timing method ("per-iteration median", see shared/notes/torch-distributed-on-cpu.md section 8): for each
+Timing method ("per-iteration median", see docs/torch-distributed-on-cpu.md section 8): for each
 (op, size), a few warm-up calls, then ``repeats`` repeats of up to ``iters`` iterations; each iteration is
 preceded by a barrier and timed alone, the slowest rank's time counts (all_reduce MAX), and a repeat's value
 is the median of its iterations. send_recv is a ping-pong between two ranks, timed as half the round trip

@@ -84,7 +84,7 @@ def _is_attention_scores(t: torch.Tensor, seq_len: int) -> bool:
 
 
 def _storage_key(t: torch.Tensor) -> int:
-    # meta storages all have data_ptr() == 0, so key storages by their C++ object (shared/notes §10)
+    # meta storages all have data_ptr() == 0, so key storages by their C++ object (docs/torch-distributed-on-cpu.md §10)
     return t.untyped_storage()._cdata
 
 
@@ -105,7 +105,7 @@ def saved_bytes(module: nn.Module, x: torch.Tensor, *, seq_len: int) -> SavedByt
         return t
 
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-    hooks.__enter__()  # __enter__ returns None (shared/notes §9), so no `with ... as`
+    hooks.__enter__()  # __enter__ returns None (docs/torch-distributed-on-cpu.md §9), so no `with ... as`
     try:
         out = module(x)
     finally:
