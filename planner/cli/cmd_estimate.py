@@ -22,12 +22,12 @@ import sys
 from planner.cost import ParallelConfig, estimate, with_gpus
 from planner.cost.placement import fill_stage_node_types
 from planner.errors import StratagemError
-from planner.cli.model_args import MODEL_HELP, check_profile_matches, spec_from_args
+from planner.cli.model_args import MODEL_HELP, load_matching_profile, spec_from_args
 from planner.plan import strategy_label
-from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
+from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile
 
 from planner.cli.common import (MAX_BATCH, MAX_DEVICES, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, DefaultsHelpFormatter,
-                                 check_layer_paths, no_ellipsis, throughput_text,
+                                 no_ellipsis, throughput_text,
                                  float_in, int_in, nonempty_path, resolve_cluster_path)
 from .compare_cli import add_source_argument, run_estimate_from
 
@@ -101,14 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
     if args.model_profile is not None:
-        profile = load_model_profile(args.model_profile)
-        check_profile_matches(profile.model, spec_from_args(args), args.model_profile)
-        if args.seq is not None and args.seq != profile.seq_len:
-            raise StratagemError(f"--seq {args.seq} but {args.model_profile} was profiled at seq {profile.seq_len}; "
-                                 f"drop --seq or re-profile with --seq {args.seq}")
-        check_layer_paths(profile.model, [layer.path for layer in profile.layers],
-                          source=f"--model-profile {args.model_profile}")
-        return profile
+        return load_matching_profile(args.model_profile, spec_from_args(args), args.seq)
     spec = spec_from_args(args, max_seq=args.seq)
     if spec.is_external or spec.family not in ("gpt", "llama"):  # derived on the meta device by the runtime
         from runtime.profiling.model import profile_model_analytic

@@ -14,14 +14,13 @@ import logging
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
 from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, validate
-from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
+from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
-from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_layer_paths,
-                     check_out_path, float_in, int_in, no_ellipsis, nonempty_path, out_path, resolve_cluster_path,
-                     throughput_text)
+from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_out_path, float_in,
+                     int_in, no_ellipsis, nonempty_path, out_path, resolve_cluster_path, throughput_text)
 from .compare_cli import add_source_argument, build_comparison, comparison_table
-from .model_args import add_model_arguments, check_profile_matches, spec_from_args
+from .model_args import add_model_arguments, load_matching_profile, spec_from_args
 from .recipe_args import add_recipe_arguments, recipe_from_args
 
 log = logging.getLogger(__name__)
@@ -73,14 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> ModelProfile:
     """The given profile file, else the closed-form GPT/Llama profile, else the runtime's meta profiler."""
     if args.model_profile is not None:
-        profile = load_model_profile(args.model_profile)
-        check_profile_matches(profile.model, spec, args.model_profile)
-        if args.seq is not None and args.seq != profile.seq_len:
-            raise StratagemError(f"--seq {args.seq} but {args.model_profile} was profiled at seq {profile.seq_len}; "
-                                 f"drop --seq or re-profile with --seq {args.seq}")
-        check_layer_paths(profile.model, [layer.path for layer in profile.layers],
-                          source=f"--model-profile {args.model_profile}")
-        return profile
+        return load_matching_profile(args.model_profile, spec, args.seq)
     if spec.family in ("gpt", "llama"):
         from planner.gpt_profile import build_gpt_profile
         return build_gpt_profile(spec, seq_len=seq_len, dtype=args.dtype)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from planner.cli.common import MAX_LAYERS, MAX_WIDTH, float_in, int_in
+from planner.cli.common import MAX_LAYERS, MAX_WIDTH, check_layer_paths, float_in, int_in
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec, parse_model
+from planner.profiles import ModelProfile, load_model_profile
 
 MODEL_HELP = ("gpt:tiny, llama:llama2-7b, gpt (+ size overrides), hf:CONFIG.json (a Hugging Face config or its "
               "folder), py:FILE.py:FUNCTION or module:pkg.mod:FUNCTION (your nn.Module; see README)")
@@ -83,3 +84,15 @@ def check_profile_matches(profile_spec: ModelSpec, spec: ModelSpec, profile_path
         detail = ""
     raise StratagemError(f"--model-profile {profile_path} profiles {profile_spec.name}, not {spec.name}{detail}; pass "
                          f"the --model and size overrides it was profiled with, or re-profile")
+
+
+def load_matching_profile(path: str, spec: ModelSpec, seq: int | None) -> ModelProfile:
+    """``--model-profile`` loaded and checked against ``--model`` (with its size overrides) and ``--seq``:
+    a profile of another model, sequence or layer list is a one-line error naming the fix."""
+    profile = load_model_profile(path)
+    check_profile_matches(profile.model, spec, Path(path))
+    if seq is not None and seq != profile.seq_len:
+        raise StratagemError(f"--seq {seq} but {path} was profiled at seq {profile.seq_len}; "
+                             f"drop --seq or re-profile with --seq {seq}")
+    check_layer_paths(profile.model, [layer.path for layer in profile.layers], source=f"--model-profile {path}")
+    return profile
