@@ -35,29 +35,25 @@ def _one_line_error(status: int, err: str, needle: str) -> None:
     assert status == 2 and len(lines) == 1 and needle in lines[0], err
 
 
+PLAN = [
+    "plan",
+    "--model",
+    "gpt:tiny",
+    "--model-profile",
+    str(MODEL),
+    "--cluster",
+    str(CLUSTER),
+    "--gpus",
+    "2",
+    "--global-batch",
+    "8",
+]
+
+
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
     out = tmp_path_factory.mktemp("plan") / "plan.json"
-    assert (
-        main(
-            [
-                "plan",
-                "--model",
-                "gpt:tiny",
-                "--model-profile",
-                str(MODEL),
-                "--cluster",
-                str(CLUSTER),
-                "--gpus",
-                "2",
-                "--global-batch",
-                "8",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert main([*PLAN, "--out", str(out)]) == 0
     return out
 
 
@@ -318,21 +314,6 @@ def test_estimate_refuses_a_profile_of_another_family(capsys):
         "2",
     ]
     _one_line_error(*_run(capsys, *argv), "profiles gpt:tiny")
-
-
-PLAN = [
-    "plan",
-    "--model",
-    "gpt:tiny",
-    "--model-profile",
-    str(MODEL),
-    "--cluster",
-    str(CLUSTER),
-    "--gpus",
-    "2",
-    "--global-batch",
-    "8",
-]
 
 
 @pytest.mark.parametrize(

@@ -249,20 +249,21 @@ def _rank_sends(tables: Tables) -> list[float]:
     return sends
 
 
-def _least_times(tables: Tables) -> tuple[float, float]:
+def _least_times(tables: Tables, sends: list[float]) -> tuple[float, float]:
     """(least sum_r T_r, least time of one layer): every layer at its fastest option on the fastest node
-    type in use, plus the cheapest transfer for each boundary, paid by both of its chunks."""
+    type in use, plus ``sends`` (:func:`_rank_sends`), the cheapest transfer of each boundary."""
     types = set(tables.rank_node_types)
     t_min = [min(min(k.time_s for k in grp.costs[nt]) for nt in types) for grp in tables.groups]
-    total = sum(t * grp.size for t, grp in zip(t_min, tables.groups)) + sum(_rank_sends(tables))
+    total = sum(t * grp.size for t, grp in zip(t_min, tables.groups)) + sum(sends)
     return total, max(t_min)
 
 
 def _lower_bound_s_lane(tables: Tables) -> float:
     """One lane's bound (:func:`lower_bound_s`)."""
-    total, _ = _least_times(tables)
+    sends = _rank_sends(tables)
+    total, _ = _least_times(tables, sends)
     v, m = tables.v, tables.m
-    return (m - 1 / v) * _slowest_bound(tables) + total / v + _tail_floor_average(tables)
+    return (m - 1 / v) * _slowest_bound(tables, sends) + total / v + _tail_floor_average(tables)
 
 
 def _optimizer_floor(tables: Tables) -> float:
@@ -412,7 +413,8 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
     v, m = tables.v, tables.m
     tail = _tail_floor(tables, g, -(-size // tables.pp))
     old_tail = _tail_floor_average(tables)
-    return base + (m - 1 / v) * max(0.0, levels[lo] - _slowest_bound(tables)) + max(0.0, tail - old_tail)
+    slowest = _slowest_bound(tables, _rank_sends(tables))
+    return base + (m - 1 / v) * max(0.0, levels[lo] - slowest) + max(0.0, tail - old_tail)
 
 
 def typed_slowest_floor(per_type: Mapping[str, Sequence[float]], sizes: Sequence[int],
@@ -438,11 +440,11 @@ def typed_slowest_floor(per_type: Mapping[str, Sequence[float]], sizes: Sequence
     return (sum(f * n for f, n in zip(fast, sizes)) + work) / capacity
 
 
-def _slowest_bound(tables: Tables) -> float:
-    total, largest = _least_times(tables)
+def _slowest_bound(tables: Tables, sends: list[float]) -> float:
+    """A floor of the slowest pp rank's time per micro-batch; ``sends`` from :func:`_rank_sends`."""
+    total, largest = _least_times(tables, sends)
     types = sorted(set(tables.rank_node_types))
     per_type = {nt: [min(k.time_s for k in grp.costs[nt]) for grp in tables.groups] for nt in types}
-    sends = _rank_sends(tables)
     sends_of_type = {nt: sum(x for x, t in zip(sends, tables.rank_node_types) if t == nt) for nt in types}
     typed = typed_slowest_floor(per_type, [grp.size for grp in tables.groups], Counter(tables.rank_node_types),
                                 sends_of_type)
