@@ -42,11 +42,20 @@ from planner.search.planner import plan_search  # noqa: E402
 def megatron_args(case: Case) -> str:
     """The published run as Megatron-LM arguments (examples/sc21/run_table_1.sh's choices)."""
     c = case.config
-    args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}",
-            f"--num-layers {case.layers}", f"--hidden-size {case.hidden}", f"--num-attention-heads {case.heads}",
-            f"--seq-length {case.seq}", f"--max-position-embeddings {case.seq}", f"--vocab-size {case.vocab}",
-            f"--micro-batch-size {c.micro_batch}", f"--global-batch-size {case.global_batch}", "--fp16",
-            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"]
+    args = [
+        f"--tensor-model-parallel-size {c.tp}",
+        f"--pipeline-model-parallel-size {c.pp}",
+        f"--num-layers {case.layers}",
+        f"--hidden-size {case.hidden}",
+        f"--num-attention-heads {case.heads}",
+        f"--seq-length {case.seq}",
+        f"--max-position-embeddings {case.seq}",
+        f"--vocab-size {case.vocab}",
+        f"--micro-batch-size {c.micro_batch}",
+        f"--global-batch-size {case.global_batch}",
+        "--fp16",
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+    ]
     if c.virtual_stages > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {case.layers // (c.pp * c.virtual_stages)}")
     if c.overlap_grad_reduce:
@@ -61,21 +70,35 @@ def table_1_cases(path: Path) -> list[Case]:
 
 
 def run_row(case: Case, cluster, search: SearchConfig) -> str:
-    spec = parse_model("gpt", layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab,
-                       max_seq=case.seq, tie_embeddings=True)
+    spec = parse_model(
+        "gpt",
+        layers=case.layers,
+        hidden=case.hidden,
+        heads=case.heads,
+        vocab=case.vocab,
+        max_seq=case.seq,
+        tie_embeddings=True,
+    )
     profile = build_gpt_profile(spec, seq_len=case.seq, dtype=case.dtype)
     start = time.perf_counter()
     result = plan_search(profile, cluster, n_devices=case.gpus, global_batch=case.global_batch, config=search)
-    plan = build_plan(result, model=spec, profile=profile, cluster=cluster,
-                      training=TrainingSettings(global_batch=case.global_batch, seq_len=case.seq, dtype=case.dtype))
+    plan = build_plan(
+        result,
+        model=spec,
+        profile=profile,
+        cluster=cluster,
+        training=TrainingSettings(global_batch=case.global_batch, seq_len=case.seq, dtype=case.dtype),
+    )
     record = build_comparison(plan, "megatron", megatron_args(case), profile=profile, cluster=cluster)
     wall_s = time.perf_counter() - start
     gib = 2**30
     status = "opt" if result.status == "optimal" else f"gap{result.gap:.1%}"
-    return (f"{case.label[:34]:34s} {case.published_s:8.2f} {record.current_step_time_s:8.2f} {record.plan_step_time_s:8.2f} "
-            f"{record.exported_step_time_s:8.2f} {record.speedup:6.2f}x "
-            f"{record.current_peak_memory_bytes / gib:6.1f} {record.exported_peak_memory_bytes / gib:6.1f} "
-            f"{len(record.flag_changes):4d} {wall_s:6.1f} {status:8s} {result.best.outer.summary()}")
+    return (
+        f"{case.label[:34]:34s} {case.published_s:8.2f} {record.current_step_time_s:8.2f} {record.plan_step_time_s:8.2f} "
+        f"{record.exported_step_time_s:8.2f} {record.speedup:6.2f}x "
+        f"{record.current_peak_memory_bytes / gib:6.1f} {record.exported_peak_memory_bytes / gib:6.1f} "
+        f"{len(record.flag_changes):4d} {wall_s:6.1f} {status:8s} {result.best.outer.summary()}"
+    )
 
 
 def main() -> int:
@@ -91,15 +114,19 @@ def main() -> int:
     cluster = load_cluster_profile(ROOT / "profiles" / "hardware" / "dgx-a100-80g.json")
     search = SearchConfig(budget_s=args.budget, jobs=args.jobs)
     print("SC21 Table 1 (published Megatron config) vs the Stratagem plan, cost-model predictions on dgx-a100-80g")
-    print(f"{'row':34s} {'meas s':>8s} {'pub s':>8s} {'plan s':>8s} {'plan@M s':>8s} {'speedup':>7s} {'pubGiB':>6s} "
-          f"{'newGiB':>6s} {'flags':>4s} {'wall s':>6s} {'search':8s} plan")
+    print(
+        f"{'row':34s} {'meas s':>8s} {'pub s':>8s} {'plan s':>8s} {'plan@M s':>8s} {'speedup':>7s} {'pubGiB':>6s} "
+        f"{'newGiB':>6s} {'flags':>4s} {'wall s':>6s} {'search':8s} plan"
+    )
     speedups = []
     for case in cases:
         line = run_row(case, cluster, search)
         speedups.append(float(line.split("x ")[0].split()[-1]))
         print(line, flush=True)
-    print(f"predicted speed-up of the plan (as Megatron arguments) over the published configuration: "
-          f"min {min(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} rows")
+    print(
+        f"predicted speed-up of the plan (as Megatron arguments) over the published configuration: "
+        f"min {min(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} rows"
+    )
     return 0
 
 

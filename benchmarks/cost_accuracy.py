@@ -65,7 +65,7 @@ class Case:
     dtype: str
     published_s: float
     family: str = "gpt"
-    extra_dims: tuple[tuple[str, int], ...] = ()   # llama: kv_heads, ffn_hidden
+    extra_dims: tuple[tuple[str, int], ...] = ()  # llama: kv_heads, ffn_hidden
     role: str = "validate"  # validate | calib
     assumed: str = ""
     zero3_model: str = ""  # how ZeRO-3 communicates in this row ("" when zero_stage < 3)
@@ -108,8 +108,10 @@ def _zero3_implementation(zero: int, notes: str, recompute: str) -> tuple[dict, 
     if "DeepSpeed" not in notes:
         return {}, "FSDP-like (defaults)"
     gathers = 3 if recompute == "full" else 2
-    return ({**DEEPSPEED_2021_ZERO3, "zero3_param_gathers": gathers},
-            f"DeepSpeed-2021: no overlap, {gathers} gathers/weight, per-tensor, list collectives")
+    return (
+        {**DEEPSPEED_2021_ZERO3, "zero3_param_gathers": gathers},
+        f"DeepSpeed-2021: no overlap, {gathers} gathers/weight, per-tensor, list collectives",
+    )
 
 
 def _case(i: int, r: dict[str, str]) -> Case | None:
@@ -120,8 +122,12 @@ def _case(i: int, r: dict[str, str]) -> Case | None:
         return None  # not fully specified (or a single-layer measurement)
     if metric == "tokens_per_s_per_gpu":
         return _torchtitan_case(i, r)
-    if metric not in ("achieved_tflops_per_gpu", "iteration_time") or r["model"].startswith("GPT-3 175B") and \
-            "README" in src and metric == "achieved_tflops_per_gpu":
+    if (
+        metric not in ("achieved_tflops_per_gpu", "iteration_time")
+        or r["model"].startswith("GPT-3 175B")
+        and "README" in src
+        and metric == "achieved_tflops_per_gpu"
+    ):
         return None  # the README 175B TFLOP/s row duplicates its iteration-time row
     seq = _int(r["seq_len"])
     h100 = "H100" in r["gpu_type"]
@@ -158,10 +164,23 @@ def _case(i: int, r: dict[str, str]) -> Case | None:
     # Megatron-Core 40M parameters (distributed.DistributedDataParallelConfig.bucket_size)
     bucket = 4e7 * 2 if h100 else (25 * 2**20 if overlap else None)
     zero3_fields, zero3_model = _zero3_implementation(zero, notes, recompute)
-    cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_micro_batches=m, schedule=schedule,
-                         virtual_stages=v, zero_stage=zero, sequence_parallel=sp, recompute=recompute,
-                         flash_attention=flash, overlap_grad_reduce=overlap, overlap_tp_comm=overlap_tp,
-                         grad_bucket_bytes=bucket, **zero3_fields)
+    cfg = ParallelConfig(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        micro_batch=mb,
+        num_micro_batches=m,
+        schedule=schedule,
+        virtual_stages=v,
+        zero_stage=zero,
+        sequence_parallel=sp,
+        recompute=recompute,
+        flash_attention=flash,
+        overlap_grad_reduce=overlap,
+        overlap_tp_comm=overlap_tp,
+        grad_bucket_bytes=bucket,
+        **zero3_fields,
+    )
     value = float(r["measured_value"])
     if metric == "iteration_time":
         published_s = value / 1000 if r["unit"] == "ms" else value
@@ -169,11 +188,28 @@ def _case(i: int, r: dict[str, str]) -> Case | None:
         published_s = eq3_flops(gb, seq, layers, hidden, vocab, recompute=not h100) / (value * 1e12 * gpus)
     cluster = "dgx-h100" if h100 else "aws-p3-16xlarge" if v100 else "dgx-a100-80g"
     role = "calib" if (h100 and hidden == 12288) or (v100 and gpus == 1) or "Table 1" in src else "validate"
-    label = f"{r['model'][:22]} {gpus}g t{tp}p{pp}d{dp} v{v} mb{mb} {recompute[:3]}{'+sp' if sp else ''}" \
-            f"{' z3' if zero == 3 else ''}"
-    return Case(row=i, label=label, cluster=cluster, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
-                gpus=gpus, global_batch=gb, config=cfg, dtype="bf16" if h100 else "fp16", published_s=published_s,
-                role=role, assumed="; ".join(assumed), zero3_model=zero3_model)
+    label = (
+        f"{r['model'][:22]} {gpus}g t{tp}p{pp}d{dp} v{v} mb{mb} {recompute[:3]}{'+sp' if sp else ''}"
+        f"{' z3' if zero == 3 else ''}"
+    )
+    return Case(
+        row=i,
+        label=label,
+        cluster=cluster,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq=seq,
+        vocab=vocab,
+        gpus=gpus,
+        global_batch=gb,
+        config=cfg,
+        dtype="bf16" if h100 else "fp16",
+        published_s=published_s,
+        role=role,
+        assumed="; ".join(assumed),
+        zero3_model=zero3_model,
+    )
 
 
 def _note_int(notes: str, key: str) -> int:
@@ -188,22 +224,46 @@ def _torchtitan_case(i: int, r: dict[str, str]) -> Case:
     prefetch overlap), flash attention (SDPA), bf16; "selective layer" AC checkpoints every 2nd block
     (torchtitan's default ``selective_ac_option = 2``); "selective op" is modelled as selective recompute."""
     notes = r["notes"]
-    layers, hidden, heads, seq, gb, mb, gpus = (int(r[k]) for k in ("layers", "hidden", "heads", "seq_len",
-                                                                    "global_batch", "micro_batch", "gpus"))
+    layers, hidden, heads, seq, gb, mb, gpus = (
+        int(r[k]) for k in ("layers", "hidden", "heads", "seq_len", "global_batch", "micro_batch", "gpus")
+    )
     mode = r["recompute"].lower()
     recompute: object = {"no": "none", "full": "full", "selective op": "selective"}.get(mode)
     if mode == "selective layer":
         recompute = {f"blocks.{b}": "full" for b in range(0, layers, 2)}
-    cfg = ParallelConfig(tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), micro_batch=mb,
-                         num_micro_batches=gb // (int(r["dp"]) * mb), zero_stage=3, recompute=recompute,
-                         flash_attention=True, zero3_grad_sync="micro_batch")   # FSDP2's default (m = 1 here)
+    cfg = ParallelConfig(
+        tp=int(r["tp"]),
+        pp=int(r["pp"]),
+        dp=int(r["dp"]),
+        micro_batch=mb,
+        num_micro_batches=gb // (int(r["dp"]) * mb),
+        zero_stage=3,
+        recompute=recompute,
+        flash_attention=True,
+        zero3_grad_sync="micro_batch",
+    )  # FSDP2's default (m = 1 here)
     extra = (("ffn_hidden", _note_int(notes, "ffn")), ("kv_heads", _note_int(notes, "kv_heads")))
     published_s = gb * seq / (gpus * float(r["measured_value"]))
     label = f"{r['model'][:22]} {gpus}g t{cfg.tp}p{cfg.pp}d{cfg.dp} mb{mb} {mode} fsdp2"
-    return Case(row=i, label=label, cluster="dgx-a100-80g", layers=layers, hidden=hidden, heads=heads, seq=seq,
-                vocab=_note_int(notes, "vocab"), gpus=gpus, global_batch=gb, config=cfg, dtype="bf16",
-                published_s=published_s, family="llama", extra_dims=extra,
-                assumed="cluster network (DGX-A100-like)", zero3_model="FSDP2 (defaults)")
+    return Case(
+        row=i,
+        label=label,
+        cluster="dgx-a100-80g",
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq=seq,
+        vocab=_note_int(notes, "vocab"),
+        gpus=gpus,
+        global_batch=gb,
+        config=cfg,
+        dtype="bf16",
+        published_s=published_s,
+        family="llama",
+        extra_dims=extra,
+        assumed="cluster network (DGX-A100-like)",
+        zero3_model="FSDP2 (defaults)",
+    )
 
 
 def load_cases(path: Path) -> list[Case]:
@@ -217,20 +277,37 @@ def predict(case: Case, clusters: dict) -> float:
         clusters[case.cluster] = load_cluster_profile(ROOT / "profiles" / "hardware" / f"{case.cluster}.json")
     cluster = with_gpus(clusters[case.cluster], case.gpus)
     if case.family == "llama":
-        spec = parse_model("llama", layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab,
-                           max_seq=case.seq, **dict(case.extra_dims))
+        spec = parse_model(
+            "llama",
+            layers=case.layers,
+            hidden=case.hidden,
+            heads=case.heads,
+            vocab=case.vocab,
+            max_seq=case.seq,
+            **dict(case.extra_dims),
+        )
     else:
-        spec = parse_model("gpt", layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab,
-                           max_seq=case.seq, dropout=0.1, tie_embeddings=True)
-    model = build_gpt_profile(spec, seq_len=case.seq, dtype=case.dtype, tp_degrees=[1, case.config.tp]
-                              if case.config.tp > 1 else [1])
+        spec = parse_model(
+            "gpt",
+            layers=case.layers,
+            hidden=case.hidden,
+            heads=case.heads,
+            vocab=case.vocab,
+            max_seq=case.seq,
+            dropout=0.1,
+            tie_embeddings=True,
+        )
+    model = build_gpt_profile(
+        spec, seq_len=case.seq, dtype=case.dtype, tp_degrees=[1, case.config.tp] if case.config.tp > 1 else [1]
+    )
     return estimate(model, cluster, case.config, global_batch=case.global_batch, dtype=case.dtype).step_time_s
 
 
 def _with_kernel_params(cluster, **params):
     """``cluster`` with ``params`` (e.g. ``gemm_ceiling=0.7``) set in every node type's kernel model."""
-    types = [nt.model_copy(update={"kernel_model": nt.kernel_model.model_copy(update=params)})
-             for nt in cluster.node_types]
+    types = [
+        nt.model_copy(update={"kernel_model": nt.kernel_model.model_copy(update=params)}) for nt in cluster.node_types
+    ]
     return cluster.model_copy(update={"node_types": types})
 
 
@@ -257,17 +334,34 @@ def fit_a100(cases: list[Case], clusters: dict) -> tuple[float, float, float]:
     """(mean |error|, ceiling, memory efficiency) minimising the mean |error| over ``cases`` on a grid."""
     predict(cases[0], clusters)
     grid = [(c / 100, m / 100) for c in range(70, 88, 2) for m in range(45, 90, 5)]
-    return min((statistics.fmean(abs(e) for e in _errors(cases, clusters, cases[0].cluster, gemm_ceiling=c,
-                                                         memory_bw_efficiency=m)), c, m) for c, m in grid)
+    return min(
+        (
+            statistics.fmean(
+                abs(e) for e in _errors(cases, clusters, cases[0].cluster, gemm_ceiling=c, memory_bw_efficiency=m)
+            ),
+            c,
+            m,
+        )
+        for c, m in grid
+    )
 
 
 def _measured_run(case: Case):
     from planner.calibrate.runs import MeasuredRun
+
     dims = dict(layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab, max_seq=case.seq)
     dims.update(dict(case.extra_dims) if case.family == "llama" else dict(dropout=0.1, tie_embeddings=True))
-    return MeasuredRun(row=case.row, model=case.family, dims=tuple(sorted(dims.items())), seq=case.seq, gpus=case.gpus,
-                       global_batch=case.global_batch, config=case.config, dtype=case.dtype,
-                       step_time_s=case.published_s)
+    return MeasuredRun(
+        row=case.row,
+        model=case.family,
+        dims=tuple(sorted(dims.items())),
+        seq=case.seq,
+        gpus=case.gpus,
+        global_batch=case.global_batch,
+        config=case.config,
+        dtype=case.dtype,
+        step_time_s=case.published_s,
+    )
 
 
 def calibrate_by_group(path: Path) -> list[dict]:
@@ -275,6 +369,7 @@ def calibrate_by_group(path: Path) -> list[dict]:
     to every cluster as ratios to the priors (``planner.calibrate.fit.transfer``) and predict every other
     group's rows. Returns one record per fitting group."""
     from planner.calibrate.fit import Predictor, fit, transfer
+
     clusters: dict = {}
     with open(path, newline="", encoding="utf-8") as fh:
         sources = [r["source"] for r in csv.DictReader(fh)]
@@ -300,8 +395,15 @@ def calibrate_by_group(path: Path) -> list[dict]:
             cl = with_gpus(clusters[other.cluster], other.gpus)
             t = Predictor(cl, [_measured_run(other)]).predict(transfer(res.values, res.prior, cl))[0]
             errors.append((t - other.published_s) / other.published_s)
-        out.append({"group": name, "n_fit": len(rows), "fitted": res.values, "n_predicted": len(errors),
-                    "mean_abs_error": statistics.fmean(abs(e) for e in errors)})
+        out.append(
+            {
+                "group": name,
+                "n_fit": len(rows),
+                "fitted": res.values,
+                "n_predicted": len(errors),
+                "mean_abs_error": statistics.fmean(abs(e) for e in errors),
+            }
+        )
     return out
 
 
@@ -310,20 +412,29 @@ def _print_calibration(path: Path) -> None:
     cases = load_cases(path)
     table1 = [c for c in cases if c.role == "calib" and c.cluster == "dgx-a100-80g"]
     err, ceiling, mem = fit_a100(table1, clusters)
-    print(f"A100 on {len(table1)} SC21 Table 1 rows: gemm_ceiling {ceiling:.2f}, memory_bw_efficiency {mem:.2f} "
-          f"(mean |error| {100 * err:.1f}%)")
+    print(
+        f"A100 on {len(table1)} SC21 Table 1 rows: gemm_ceiling {ceiling:.2f}, memory_bw_efficiency {mem:.2f} "
+        f"(mean |error| {100 * err:.1f}%)"
+    )
     for case in cases:
         if case.role == "calib" and case.cluster != "dgx-a100-80g":
-            print(f"row {case.row} {case.label} on {case.cluster}: gemm_ceiling "
-                  f"{solve_ceiling(case, clusters, memory_bw_efficiency=mem):.3f}")
+            print(
+                f"row {case.row} {case.label} on {case.cluster}: gemm_ceiling "
+                f"{solve_ceiling(case, clusters, memory_bw_efficiency=mem):.3f}"
+            )
 
 
 def _group(case: Case, source: str) -> str:
     if "Table 2" in source and "torchtitan" not in source:
         return "SC21 Table 2, ZeRO-3 (DeepSpeed)" if case.config.zero_stage == 3 else "SC21 Table 2, PTD-P"
-    for key, name in (("Table 1", "SC21 Table 1"), ("Korthikanti", "Korthikanti 2022"),
-                      ("tables.tex", "Megatron README 2020"), ("README.md (2021", "Megatron README 2021"),
-                      ("Performance Benchmarking", "Megatron README H100"), ("torchtitan", "torchtitan FSDP2 A100")):
+    for key, name in (
+        ("Table 1", "SC21 Table 1"),
+        ("Korthikanti", "Korthikanti 2022"),
+        ("tables.tex", "Megatron README 2020"),
+        ("README.md (2021", "Megatron README 2021"),
+        ("Performance Benchmarking", "Megatron README H100"),
+        ("torchtitan", "torchtitan FSDP2 A100"),
+    ):
         if key in source:
             return name
     return "other"
@@ -337,9 +448,20 @@ def run(path: Path) -> dict:
     for case in load_cases(path):
         pred = predict(case, clusters)
         err = (pred - case.published_s) / case.published_s
-        results.append({"row": case.row, "label": case.label, "cluster": case.cluster, "role": case.role,
-                        "assumed": case.assumed, "zero3_model": case.zero3_model, "published_s": case.published_s,
-                        "predicted_s": pred, "error": err, "group": _group(case, sources[case.row])})
+        results.append(
+            {
+                "row": case.row,
+                "label": case.label,
+                "cluster": case.cluster,
+                "role": case.role,
+                "assumed": case.assumed,
+                "zero3_model": case.zero3_model,
+                "published_s": case.published_s,
+                "predicted_s": pred,
+                "error": err,
+                "group": _group(case, sources[case.row]),
+            }
+        )
     val = [r for r in results if r["role"] == "validate"]
     groups: dict[str, list[float]] = {}
     for r in val:
@@ -361,8 +483,15 @@ def run(path: Path) -> dict:
 
 # The DeepSpeed-2021 ZeRO-3 assumptions added one at a time (each row's published ZeRO-3 setting otherwise).
 ZERO3_STEPS = (
-    ("FSDP-like, overlapped", {"zero3_overlap": True, "zero3_param_gathers": 2, "zero3_granularity": "layer",
-                               "zero3_list_collectives": False}),
+    (
+        "FSDP-like, overlapped",
+        {
+            "zero3_overlap": True,
+            "zero3_param_gathers": 2,
+            "zero3_granularity": "layer",
+            "zero3_list_collectives": False,
+        },
+    ),
     ("+ no overlap", {"zero3_overlap": False}),
     ("+ per-tensor", {"zero3_granularity": "tensor"}),
     ("+ 3 gathers", {"zero3_param_gathers": 3}),
@@ -394,6 +523,7 @@ def layer_rows(path: Path) -> list[dict]:
     the per-layer model, not an independent validation.
     """
     from planner.cost import layer_cost
+
     with open(path, newline="", encoding="utf-8") as fh:
         rows = [r for r in csv.DictReader(fh) if r["measured_metric_name"].startswith("per_layer_")]
     cluster = load_cluster_profile(ROOT / "profiles" / "hardware" / "dgx-a100-80g.json")
@@ -403,13 +533,27 @@ def layer_rows(path: Path) -> list[dict]:
     for r in rows:
         mode = r["recompute"].lower()
         recompute = "full" if "full" in mode else "selective" if "selective" in mode else "none"
-        k = layer_cost(model.layer("blocks.0"), node=node, cluster=cluster, tp=8, style="split",
-                       recompute=recompute, sequence_parallel="sequence" in mode, micro_batch=4,
-                       flash_attention=False, dtype="fp16")
+        k = layer_cost(
+            model.layer("blocks.0"),
+            node=node,
+            cluster=cluster,
+            tp=8,
+            style="split",
+            recompute=recompute,
+            sequence_parallel="sequence" in mode,
+            micro_batch=4,
+            flash_attention=False,
+            dtype="fp16",
+        )
         forward = r["measured_metric_name"].endswith("forward_time")
         pred_s = (k.forward_s + k.tp_comm_s / 2) if forward else (k.backward_s + k.tp_comm_s / 2 + k.recompute_s)
-        out.append({"label": f"22B layer, {r['recompute']}, {'forward' if forward else 'backward'}",
-                    "published_ms": float(r["measured_value"]), "predicted_ms": 1e3 * pred_s})
+        out.append(
+            {
+                "label": f"22B layer, {r['recompute']}, {'forward' if forward else 'backward'}",
+                "published_ms": float(r["measured_value"]),
+                "predicted_ms": 1e3 * pred_s,
+            }
+        )
     return out
 
 
@@ -429,23 +573,35 @@ def _print_summary(s: dict, elapsed_s: float) -> None:
     print()
     for group, g in s["by_group"].items():
         print(f"  {group:<36} n={g['n']:>2}  mean |error| {100 * g['mean_abs_error']:5.1f}%")
-    print(f"\nfully stated configurations ({s['n_fully_stated']}): mean |error| "
-          f"{100 * s['mean_abs_error_fully_stated']:.1f}%")
+    print(
+        f"\nfully stated configurations ({s['n_fully_stated']}): mean |error| "
+        f"{100 * s['mean_abs_error_fully_stated']:.1f}%"
+    )
     print(f"all but the DeepSpeed ZeRO-3 rows: mean |error| {100 * s['mean_abs_error_without_zero3']:.1f}%")
-    print(f"validation cases ({s['n_validate']}, calibration rows excluded): mean |error| "
-          f"{100 * s['mean_abs_error']:.1f}%, max |error| {100 * s['max_abs_error']:.1f}%  [{elapsed_s:.1f} s]")
-    print(f"ALL {s['n_all']} predicted cases (calibration rows included): mean |error| "
-          f"{100 * s['mean_abs_error_all']:.1f}%, max |error| {100 * s['max_abs_error_all']:.1f}%")
+    print(
+        f"validation cases ({s['n_validate']}, calibration rows excluded): mean |error| "
+        f"{100 * s['mean_abs_error']:.1f}%, max |error| {100 * s['max_abs_error']:.1f}%  [{elapsed_s:.1f} s]"
+    )
+    print(
+        f"ALL {s['n_all']} predicted cases (calibration rows included): mean |error| "
+        f"{100 * s['mean_abs_error_all']:.1f}%, max |error| {100 * s['max_abs_error_all']:.1f}%"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    parser.add_argument("--calibrate", action="store_true",
-                        help="re-derive the fitted kernel-model parameters from the calib rows, then exit")
-    parser.add_argument("--calibrate-by-group", action="store_true",
-                        help="fit `stratagem calibrate`'s parameters on each source's rows, predict the others")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="re-derive the fitted kernel-model parameters from the calib rows, then exit",
+    )
+    parser.add_argument(
+        "--calibrate-by-group",
+        action="store_true",
+        help="fit `stratagem calibrate`'s parameters on each source's rows, predict the others",
+    )
     args = parser.parse_args(argv)
     if args.calibrate:
         _print_calibration(args.csv)
@@ -454,8 +610,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = calibrate_by_group(args.csv)
         for r in rows:
             fitted = ", ".join(f"{k} {v:.3g}" for k, v in r["fitted"].items())
-            print(f"fit on {r['group']:<34} ({r['n_fit']:>2} rows): other {r['n_predicted']} rows mean |error| "
-                  f"{100 * r['mean_abs_error']:5.1f}%   [{fitted}]")
+            print(
+                f"fit on {r['group']:<34} ({r['n_fit']:>2} rows): other {r['n_predicted']} rows mean |error| "
+                f"{100 * r['mean_abs_error']:5.1f}%   [{fitted}]"
+            )
         print(f"mean over fitting groups: {100 * statistics.fmean(r['mean_abs_error'] for r in rows):.1f}%")
         return 0
     t0 = time.perf_counter()
@@ -464,8 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in out["cases"]:
         flag = r["role"] + (" (assumed: " + r["assumed"] + ")" if r["assumed"] else "")
         flag += f" [ZeRO-3: {r['zero3_model']}]" if r["zero3_model"] else ""
-        print(f"{r['row']:>3} {r['label']:<58} {r['cluster']:<16} {r['published_s']:>9.3f}s "
-              f"{r['predicted_s']:>9.3f}s {100 * r['error']:>+7.1f}%  {flag}")
+        print(
+            f"{r['row']:>3} {r['label']:<58} {r['cluster']:<16} {r['published_s']:>9.3f}s "
+            f"{r['predicted_s']:>9.3f}s {100 * r['error']:>+7.1f}%  {flag}"
+        )
     print("\nKorthikanti et al. Table 4, per layer (held out: the A100 parameters were fitted on SC21 Table 1):")
     for r in layer_rows(args.csv):
         err = (r["predicted_ms"] - r["published_ms"]) / r["published_ms"]

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import fuzz_harness as fz  # noqa: E402
+import fuzz_harness as fz
 
 
 def _print_table(title: str, table: dict) -> None:

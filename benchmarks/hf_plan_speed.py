@@ -19,9 +19,20 @@ import tempfile
 import time
 from pathlib import Path
 
-LLAMA3_70B = dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                  num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
-                  rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False, hidden_act="silu")
+LLAMA3_70B = dict(
+    model_type="llama",
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+)
 
 
 def main() -> None:
@@ -33,15 +44,37 @@ def main() -> None:
         for _ in range(args.repeats):
             out = Path(tmp) / "plan.json"
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "planner.cli.main", "plan", "--model", f"hf:{tmp}", "--cluster",
-                            "dgx-h100", "--gpus", "512", "--global-batch", "1024", "--seq", "8192", "--out", str(out)],
-                           check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "planner.cli.main",
+                    "plan",
+                    "--model",
+                    f"hf:{tmp}",
+                    "--cluster",
+                    "dgx-h100",
+                    "--gpus",
+                    "512",
+                    "--global-batch",
+                    "1024",
+                    "--seq",
+                    "8192",
+                    "--out",
+                    str(out),
+                ],
+                check=True,
+                capture_output=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
             wall_s = time.perf_counter() - start
             search = json.loads(out.read_text())["search"]
             with open("/proc/loadavg") as f:
                 load = f.read().split()[0]
-            print(f"wall {wall_s:.2f} s (search {search['wall_time_s']:.2f} s, {search['status']}, "
-                  f"gap {search['gap']:.2g}); load average {load}")
+            print(
+                f"wall {wall_s:.2f} s (search {search['wall_time_s']:.2f} s, {search['status']}, "
+                f"gap {search['gap']:.2g}); load average {load}"
+            )
 
 
 if __name__ == "__main__":

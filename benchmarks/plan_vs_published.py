@@ -27,15 +27,34 @@ from planner.modelspec import parse_model  # noqa: E402
 from planner.search.config import SearchConfig  # noqa: E402
 from planner.search.planner import plan_search  # noqa: E402
 
-TERMS = ("forward", "backward", "recompute", "tp_comm", "pp_comm", "bubble", "dp_sync_exposed", "zero_comm",
-         "optimizer")
+TERMS = (
+    "forward",
+    "backward",
+    "recompute",
+    "tp_comm",
+    "pp_comm",
+    "bubble",
+    "dp_sync_exposed",
+    "zero_comm",
+    "optimizer",
+)
 
 
 def _choices(cfg) -> dict[str, object]:
-    recompute = cfg.recompute if isinstance(cfg.recompute, str) else \
-        ",".join(sorted(set(cfg.recompute.values()))) or "none"
-    return {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "mb": cfg.micro_batch, "schedule": cfg.schedule,
-            "v": cfg.virtual_stages, "zero": cfg.zero_stage, "sp": cfg.sequence_parallel, "recompute": recompute}
+    recompute = (
+        cfg.recompute if isinstance(cfg.recompute, str) else ",".join(sorted(set(cfg.recompute.values()))) or "none"
+    )
+    return {
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "dp": cfg.dp,
+        "mb": cfg.micro_batch,
+        "schedule": cfg.schedule,
+        "v": cfg.virtual_stages,
+        "zero": cfg.zero_stage,
+        "sp": cfg.sequence_parallel,
+        "recompute": recompute,
+    }
 
 
 def _changed(old, new) -> str:
@@ -58,29 +77,53 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     wanted = {int(x) for x in args.rows.split(",")} if args.rows else None
-    cases = [c for c in ca.load_cases(ca.DEFAULT_CSV) if c.role == "calib" and c.cluster == "dgx-a100-80g"
-             and (wanted is None or c.row in wanted)]   # the SC21 Table 1 rows
+    cases = [
+        c
+        for c in ca.load_cases(ca.DEFAULT_CSV)
+        if c.role == "calib" and c.cluster == "dgx-a100-80g" and (wanted is None or c.row in wanted)
+    ]  # the SC21 Table 1 rows
     clusters: dict = {}
     notes = []
-    print(f"{'row':>3} {'model':<12} {'GPUs':>5} {'published':>9} {'pub.cfg':>8} {'plan':>8} {'speed-up':>8} "
-          f"{'search':>7}  plan")
+    print(
+        f"{'row':>3} {'model':<12} {'GPUs':>5} {'published':>9} {'pub.cfg':>8} {'plan':>8} {'speed-up':>8} "
+        f"{'search':>7}  plan"
+    )
     for case in cases:
         ca.predict(case, clusters)
         cluster = with_gpus(clusters[case.cluster], case.gpus)
-        profile = build_gpt_profile(parse_model("gpt", layers=case.layers, hidden=case.hidden, heads=case.heads,
-                                                vocab=case.vocab, max_seq=case.seq, dropout=0.1,
-                                                tie_embeddings=True), seq_len=case.seq, dtype=case.dtype)
+        profile = build_gpt_profile(
+            parse_model(
+                "gpt",
+                layers=case.layers,
+                hidden=case.hidden,
+                heads=case.heads,
+                vocab=case.vocab,
+                max_seq=case.seq,
+                dropout=0.1,
+                tie_embeddings=True,
+            ),
+            seq_len=case.seq,
+            dtype=case.dtype,
+        )
         pub = estimate(profile, cluster, case.config, global_batch=case.global_batch, dtype=case.dtype)
         start = time.perf_counter()
-        result = plan_search(profile, cluster, n_devices=case.gpus, global_batch=case.global_batch,
-                             config=SearchConfig(budget_s=args.budget))
+        result = plan_search(
+            profile,
+            cluster,
+            n_devices=case.gpus,
+            global_batch=case.global_batch,
+            config=SearchConfig(budget_s=args.budget),
+        )
         wall_s = time.perf_counter() - start
         best = result.best
         changed = _changed(case.config, best.config)
         name = case.label.split(" ")[1]
-        print(f"{case.row:>3} {name:<12} {case.gpus:>5} {case.published_s:>8.2f}s {pub.step_time_s:>7.2f}s "
-              f"{best.step_s:>7.2f}s {pub.step_time_s / best.step_s:>7.2f}x {wall_s:>6.1f}s  "
-              f"{best.outer.summary()} [{result.status}]", flush=True)
+        print(
+            f"{case.row:>3} {name:<12} {case.gpus:>5} {case.published_s:>8.2f}s {pub.step_time_s:>7.2f}s "
+            f"{best.step_s:>7.2f}s {pub.step_time_s / best.step_s:>7.2f}x {wall_s:>6.1f}s  "
+            f"{best.outer.summary()} [{result.status}]",
+            flush=True,
+        )
         notes.append(f"row {case.row} {name}: " + _why(pub.breakdown_s, best.estimate.breakdown_s, changed))
     print("\nWhy each plan is predicted faster than the published configuration (terms of the step time):")
     for line in notes:

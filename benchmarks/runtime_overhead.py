@@ -47,7 +47,10 @@ def ddp_worker(args: argparse.Namespace) -> None:
     fn, per_rank, times = loss_fn(spec), args.global_batch // world, []
     for step in range(1, args.steps + 1):
         batch = synthetic_batch(spec, batch=args.global_batch, seq_len=args.seq, seed=0, step=step)
-        x, y = batch.inputs[rank * per_rank:(rank + 1) * per_rank], batch.targets[rank * per_rank:(rank + 1) * per_rank]
+        x, y = (
+            batch.inputs[rank * per_rank : (rank + 1) * per_rank],
+            batch.targets[rank * per_rank : (rank + 1) * per_rank],
+        )
         t0 = time.perf_counter()
         fn(model(x), y).backward()
         opt.step()
@@ -61,8 +64,9 @@ def ddp_worker(args: argparse.Namespace) -> None:
 
 
 def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900
+    )
     if proc.returncode:
         raise SystemExit(f"{cmd[:4]} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
 
@@ -88,16 +92,48 @@ def main() -> None:
         folder = Path(tmp)
         plan = make_plan(parse_model(args.model), dp=2, global_batch=args.global_batch, seq_len=args.seq)
         plan_path = save_plan(plan, folder / "plan.json")
-        _run([sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(args.steps),
-              "--metrics", str(folder / "m.jsonl")])
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "planner.cli.main",
+                "launch",
+                str(plan_path),
+                "--steps",
+                str(args.steps),
+                "--metrics",
+                str(folder / "m.jsonl"),
+            ]
+        )
         ours = [r["step_time_s"] for r in read_metrics(folder / "m.jsonl") if r["event"] == "step"]
-        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-              str(Path(__file__).resolve()), "--worker", "--model", args.model, "--steps", str(args.steps),
-              "--global-batch", str(args.global_batch), "--seq", str(args.seq), "--out", str(folder / "ddp.json")])
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(Path(__file__).resolve()),
+                "--worker",
+                "--model",
+                args.model,
+                "--steps",
+                str(args.steps),
+                "--global-batch",
+                str(args.global_batch),
+                "--seq",
+                str(args.seq),
+                "--out",
+                str(folder / "ddp.json"),
+            ]
+        )
         ddp = json.loads((folder / "ddp.json").read_text())
     ours_s, ddp_s = statistics.median(ours[WARMUP_STEPS:]), statistics.median(ddp[WARMUP_STEPS:])
-    print(f"{args.model}, DP2 on CPU/gloo, global batch {args.global_batch} x seq {args.seq}, "
-          f"median of steps {WARMUP_STEPS + 1}..{args.steps}:")
+    print(
+        f"{args.model}, DP2 on CPU/gloo, global batch {args.global_batch} x seq {args.seq}, "
+        f"median of steps {WARMUP_STEPS + 1}..{args.steps}:"
+    )
     print(f"  stratagem launch (replicate): {ours_s * 1e3:8.2f} ms/step")
     print(f"  hand-written DDP loop:        {ddp_s * 1e3:8.2f} ms/step")
     print(f"  overhead: {100 * (ours_s / ddp_s - 1):+.1f}%")

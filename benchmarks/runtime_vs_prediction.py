@@ -74,13 +74,18 @@ def config_for_plan(plan):
     reduces its single unit after the whole backward.
     """
     from planner.calibrate.metrics_runs import config_from_plan
+
     return config_from_plan(plan, overlap_grad_reduce=False)
 
 
 def _bare(profile):
     """The profile without wrapper overheads and reference matmul: what the cost model used before them."""
-    return profile.model_copy(update={"reference_matmul": None, "layers": [
-        la.model_copy(update={"runtime_overhead": None}) for la in profile.layers]})
+    return profile.model_copy(
+        update={
+            "reference_matmul": None,
+            "layers": [la.model_copy(update={"runtime_overhead": None}) for la in profile.layers],
+        }
+    )
 
 
 # Blocking collectives take the per-call latency measured after compute (runtime/profiling/sync_latency.py);
@@ -93,11 +98,16 @@ def at_load(cluster, rate_flops_per_s: float, latency_s: dict[str, float] | None
     """``cluster`` with its fp32 achieved matmul rate, and the alpha of its 2-rank intra-node fits for
     ``SYNC_OPS``, replaced by figures measured now."""
     node = cluster.node_types[0]
-    compute = [c.model_copy(update={"achieved_flops_per_s": rate_flops_per_s}) if c.dtype == "fp32" else c
-               for c in node.compute]
-    fits = [f.model_copy(update={"alpha_s": latency_s[f.op]})
-            if latency_s and f.op in SYNC_OPS and f.op in latency_s and f.n_ranks == 2 else f
-            for f in node.intra_node]
+    compute = [
+        c.model_copy(update={"achieved_flops_per_s": rate_flops_per_s}) if c.dtype == "fp32" else c
+        for c in node.compute
+    ]
+    fits = [
+        f.model_copy(update={"alpha_s": latency_s[f.op]})
+        if latency_s and f.op in SYNC_OPS and f.op in latency_s and f.n_ranks == 2
+        else f
+        for f in node.intra_node
+    ]
     node = node.model_copy(update={"compute": compute, "intra_node": fits})
     return cluster.model_copy(update={"node_types": [node, *cluster.node_types[1:]]})
 
@@ -106,26 +116,48 @@ def host_sync_latency(folder: Path) -> dict[str, float]:
     """Per-call collective latency after compute on 2 ranks, now (runtime/profiling/sync_latency.py)."""
     out = folder / "latency.json"
     for _ in range(3):  # gloo on this host sometimes aborts a rank at start-up; try again
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               "-m", "runtime.profiling.sync_latency", "--out", str(out)], cwd=REPO,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "-m",
+                "runtime.profiling.sync_latency",
+                "--out",
+                str(out),
+            ],
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if proc.returncode == 0:
             return json.loads(out.read_text())
         print(f"sync-latency probe failed (exit {proc.returncode}):\n{proc.stderr[-1500:]}", file=sys.stderr)
     raise SystemExit("the sync-latency probe failed 3 times; see above")
 
 
-RATE_SNIPPET = ("import sys, torch; torch.set_num_threads(1); sys.path.insert(0, {repo!r}); "
-                "from runtime.profiling.cluster_bench import time_matmul; "
-                "r = time_matmul('fp32', 1024, device=torch.device('cpu'), repeats=5); "
-                "print(' '.join(str(r.flops_per_matmul / t) for t in r.times_s))")
+RATE_SNIPPET = (
+    "import sys, torch; torch.set_num_threads(1); sys.path.insert(0, {repo!r}); "
+    "from runtime.profiling.cluster_bench import time_matmul; "
+    "r = time_matmul('fp32', 1024, device=torch.device('cpu'), repeats=5); "
+    "print(' '.join(str(r.flops_per_matmul / t) for t in r.times_s))"
+)
 
 
 def host_matmul_rates(ranks: int = 2) -> list[float]:
     """The cluster profiler's fp32 matmul benchmark run by ``ranks`` processes at once, now (FLOP/s each)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", RATE_SNIPPET.format(repo=str(REPO))], env=env,
-                              stdout=subprocess.PIPE, text=True) for _ in range(ranks)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RATE_SNIPPET.format(repo=str(REPO))], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(ranks)
+    ]
     return [float(v) for proc in procs for v in proc.communicate(timeout=120)[0].split()]
 
 
@@ -142,23 +174,54 @@ def make_case(model: str, layout: str, folder: Path, cluster_path: Path) -> dict
     before = estimate(_bare(profile), cluster, config, global_batch=GLOBAL_BATCH, dtype=plan.training.dtype)
     plan = plan.model_copy(update={"predictions": est.to_predictions(), "cluster_name": cluster.name})
     path = save_plan(plan, folder / f"{model.replace(':', '-')}_{layout}.json")
-    return dict(name=path.stem, path=path, profile=profile, cluster=cluster, config=config,
-                before_s=before.step_time_s, pred_s=est.step_time_s, pred_mem=est.peak_mem_bytes)
+    return dict(
+        name=path.stem,
+        path=path,
+        profile=profile,
+        cluster=cluster,
+        config=config,
+        before_s=before.step_time_s,
+        pred_s=est.step_time_s,
+        pred_mem=est.peak_mem_bytes,
+    )
 
 
 def predict_at(case: dict, rate_flops_per_s: float, latency_s: dict[str, float] | None) -> float:
     """The case's predicted step time with the host's matmul rate and sync latency measured at the run."""
     from planner.cost import estimate
-    return estimate(case["profile"], at_load(case["cluster"], rate_flops_per_s, latency_s), case["config"],
-                    global_batch=GLOBAL_BATCH, dtype="fp32").step_time_s
+
+    return estimate(
+        case["profile"],
+        at_load(case["cluster"], rate_flops_per_s, latency_s),
+        case["config"],
+        global_batch=GLOBAL_BATCH,
+        dtype="fp32",
+    ).step_time_s
 
 
 def measure(plan_path: Path, folder: Path, steps: int, attempt: int) -> dict:
     metrics = folder / f"{plan_path.stem}_{attempt}.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(steps),
-                           "--metrics", str(metrics), "--timeout-s", "300"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "launch",
+            str(plan_path),
+            "--steps",
+            str(steps),
+            "--metrics",
+            str(metrics),
+            "--timeout-s",
+            "300",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode:
         log_tail = (proc.stdout + proc.stderr)[-3000:]
         print(f"stratagem launch {plan_path.name} failed (exit {proc.returncode}); tail:\n{log_tail}", file=sys.stderr)
@@ -171,8 +234,10 @@ def _ms(v) -> str:
     return "n/a" if v is None else f"{v * 1e3:.3g}"
 
 
-HEADER = (f"{'plan':<16} {'before':>7} {'static':>7} {'at load (rate)':>15} {'+ sync latency':>15} "
-          f"{'measured':>15} {'meas/pred':>9} {'min/static':>10} {'pred MiB':>8} {'meas MiB':>8} {'load':>5}")
+HEADER = (
+    f"{'plan':<16} {'before':>7} {'static':>7} {'at load (rate)':>15} {'+ sync latency':>15} "
+    f"{'measured':>15} {'meas/pred':>9} {'min/static':>10} {'pred MiB':>8} {'meas MiB':>8} {'load':>5}"
+)
 
 
 def run_case(case: dict, folder: Path, steps: int, repeats: int) -> str:
@@ -191,11 +256,13 @@ def run_case(case: dict, folder: Path, steps: int, repeats: int) -> str:
     if not times:
         return f"{case['name']:<16} launch failed"
     ratio = statistics.median(t / p for t, p in zip(times, preds))
-    static = min(times) / case["pred_s"]   # a calibrated --cluster is judged on this (min of repeats)
-    return (f"{case['name']:<16} {_ms(case['before_s']):>7} {_ms(case['pred_s']):>7} "
-            f"{'/'.join(map(_ms, plain)):>15} {'/'.join(map(_ms, preds)):>15} {'/'.join(map(_ms, times)):>15} "
-            f"{ratio:>8.2f}x {static:>9.2f}x "
-            f"{case['pred_mem'] / 2**20:>8.3g} {max(peaks) / 2**20:>8.3g} {os.getloadavg()[0]:>5.1f}")
+    static = min(times) / case["pred_s"]  # a calibrated --cluster is judged on this (min of repeats)
+    return (
+        f"{case['name']:<16} {_ms(case['before_s']):>7} {_ms(case['pred_s']):>7} "
+        f"{'/'.join(map(_ms, plain)):>15} {'/'.join(map(_ms, preds)):>15} {'/'.join(map(_ms, times)):>15} "
+        f"{ratio:>8.2f}x {static:>9.2f}x "
+        f"{case['pred_mem'] / 2**20:>8.3g} {max(peaks) / 2**20:>8.3g} {os.getloadavg()[0]:>5.1f}"
+    )
 
 
 def main() -> None:
@@ -208,13 +275,16 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="rt-vs-pred-") as tmp:
         folder = Path(tmp)
-        cases = [make_case(m, lay, folder, args.cluster) for m in args.models.split(",")
-                 for lay in args.layouts.split(",")]
-        print("step times in ms; before = no wrapper overheads, no timing scale (the cost model before); static ="
-              " now, with the cluster profile as shipped; at load = now, with the cluster's fp32 matmul rate measured"
-              " around each launch (2 processes at once); + sync latency = also the collectives' per-call latency"
-              " after compute measured before each launch; meas/pred = median of measured / the last; min/static ="
-              " fastest measured / static (the check for a calibrated --cluster: 0.8-1.25); load = 1-min load average")
+        cases = [
+            make_case(m, lay, folder, args.cluster) for m in args.models.split(",") for lay in args.layouts.split(",")
+        ]
+        print(
+            "step times in ms; before = no wrapper overheads, no timing scale (the cost model before); static ="
+            " now, with the cluster profile as shipped; at load = now, with the cluster's fp32 matmul rate measured"
+            " around each launch (2 processes at once); + sync latency = also the collectives' per-call latency"
+            " after compute measured before each launch; meas/pred = median of measured / the last; min/static ="
+            " fastest measured / static (the check for a calibrated --cluster: 0.8-1.25); load = 1-min load average"
+        )
         print(HEADER)
         for case in cases:
             print(run_case(case, folder, args.steps, args.repeats), flush=True)

@@ -46,14 +46,22 @@ from planner.search.config import SearchConfig  # noqa: E402
 from planner.search.planner import plan_search  # noqa: E402
 
 REL_TOL = 1e-9
-MAX_MICRO_BATCH = 16      # SearchConfig defaults: the brute force covers the same sizes
+MAX_MICRO_BATCH = 16  # SearchConfig defaults: the brute force covers the same sizes
 MAX_VIRTUAL_STAGES = 8
 RECOMPUTE = ("none", "selective", "full")
 # Narayanan et al. SC21 Table 1 (benchmarks/data/published_cases.csv): preset, GPUs, global batch
-TABLE_1 = [("megatron-1.7b", 32, 512), ("megatron-3.6b", 64, 512), ("megatron-7.5b", 128, 512),
-           ("megatron-18.4b", 256, 1024), ("megatron-39.1b", 512, 1536), ("megatron-76.1b", 1024, 1792),
-           ("megatron-145.6b", 1536, 2304), ("megatron-310.1b", 1920, 2160), ("megatron-529.6b", 2520, 2520),
-           ("megatron-1008b", 3072, 3072)]
+TABLE_1 = [
+    ("megatron-1.7b", 32, 512),
+    ("megatron-3.6b", 64, 512),
+    ("megatron-7.5b", 128, 512),
+    ("megatron-18.4b", 256, 1024),
+    ("megatron-39.1b", 512, 1536),
+    ("megatron-76.1b", 1024, 1792),
+    ("megatron-145.6b", 1536, 2304),
+    ("megatron-310.1b", 1920, 2160),
+    ("megatron-529.6b", 2520, 2520),
+    ("megatron-1008b", 3072, 3072),
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,13 +77,13 @@ class Instance:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Verdict:
     instance: Instance
-    uniform_s: float | None        # best fitting uniform configuration (None: none fits)
+    uniform_s: float | None  # best fitting uniform configuration (None: none fits)
     uniform: str
-    plan_s: float | None           # the search's plan (None: it said nothing fits)
+    plan_s: float | None  # the search's plan (None: it said nothing fits)
     status: str
     search_wall_s: float
     brute_wall_s: float
-    scored: int                    # configurations estimate accepted
+    scored: int  # configurations estimate accepted
 
     @property
     def kind(self) -> str:
@@ -109,9 +117,21 @@ def uniform_configs(profile: ModelProfile, n_devices: int, global_batch: int) ->
                 for schedule, v in schedules:
                     for zero in (0, 1, 2, 3) if dp > 1 else (0,):
                         for sp in (False, True) if tp > 1 else (False,):
-                            yield tuple(ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_micro_batches=m,
-                                                       schedule=schedule, virtual_stages=v, zero_stage=zero,
-                                                       sequence_parallel=sp, recompute=rc) for rc in RECOMPUTE)
+                            yield tuple(
+                                ParallelConfig(
+                                    tp=tp,
+                                    pp=pp,
+                                    dp=dp,
+                                    micro_batch=mb,
+                                    num_micro_batches=m,
+                                    schedule=schedule,
+                                    virtual_stages=v,
+                                    zero_stage=zero,
+                                    sequence_parallel=sp,
+                                    recompute=rc,
+                                )
+                                for rc in RECOMPUTE
+                            )
 
 
 def best_uniform(inst: Instance) -> tuple[float | None, str, int]:
@@ -120,24 +140,36 @@ def best_uniform(inst: Instance) -> tuple[float | None, str, int]:
     for group in uniform_configs(inst.profile, inst.n_devices, inst.global_batch):
         for config in group:
             try:
-                est = estimate(inst.profile, inst.cluster, config, global_batch=inst.global_batch,
-                               dtype=inst.profile.dtype)
+                est = estimate(
+                    inst.profile, inst.cluster, config, global_batch=inst.global_batch, dtype=inst.profile.dtype
+                )
             except StratagemError:
-                break                     # a split estimate rejects is rejected for every recompute mode
+                break  # a split estimate rejects is rejected for every recompute mode
             scored += 1
             cap = inst.cluster.node_types[0].device_memory_bytes * inst.memory_fraction
             if all(rk.memory.peak_bytes <= cap for rk in est.per_rank):
                 if est.step_time_s < best_s:
-                    best_s, best = est.step_time_s, (f"tp{config.tp} pp{config.pp} dp{config.dp} {config.schedule}"
-                                                     f"(v={config.virtual_stages}) mb{config.micro_batch}x"
-                                                     f"{config.num_micro_batches} zero{config.zero_stage}"
-                                                     f"{' sp' if config.sequence_parallel else ''} "
-                                                     f"recompute={config.recompute}")
+                    best_s, best = (
+                        est.step_time_s,
+                        (
+                            f"tp{config.tp} pp{config.pp} dp{config.dp} {config.schedule}"
+                            f"(v={config.virtual_stages}) mb{config.micro_batch}x"
+                            f"{config.num_micro_batches} zero{config.zero_stage}"
+                            f"{' sp' if config.sequence_parallel else ''} "
+                            f"recompute={config.recompute}"
+                        ),
+                    )
     return (best_s if math.isfinite(best_s) else None), best, scored
 
 
-def random_instance(rng: random.Random, index: int, *, max_blocks: int = 8, max_gpus: int = 16,
-                    hiddens: tuple[int, ...] = (1024, 1536, 2048, 3072, 4096, 6144, 8192)) -> Instance:
+def random_instance(
+    rng: random.Random,
+    index: int,
+    *,
+    max_blocks: int = 8,
+    max_gpus: int = 16,
+    hiddens: tuple[int, ...] = (1024, 1536, 2048, 3072, 4096, 6144, 8192),
+) -> Instance:
     hidden = rng.choice(hiddens)
     blocks = rng.randint(2, max_blocks)
     seq = rng.choice([1024, 2048])
@@ -149,43 +181,72 @@ def random_instance(rng: random.Random, index: int, *, max_blocks: int = 8, max_
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), n_devices)
     global_batch = n_devices * rng.choice([1, 2, 4, 8]) // rng.choice([1, 2])
     fraction = round(rng.uniform(0.3, 0.9), 3)
-    label = (f"#{index} gpt L{blocks} h{hidden} v{vocab} s{seq} on {n_devices} A100, batch {global_batch}, "
-             f"memory {fraction:.0%}")
-    return Instance(label=label, profile=profile, cluster=cluster, n_devices=n_devices, global_batch=global_batch,
-                    memory_fraction=fraction)
+    label = (
+        f"#{index} gpt L{blocks} h{hidden} v{vocab} s{seq} on {n_devices} A100, batch {global_batch}, "
+        f"memory {fraction:.0%}"
+    )
+    return Instance(
+        label=label,
+        profile=profile,
+        cluster=cluster,
+        n_devices=n_devices,
+        global_batch=global_batch,
+        memory_fraction=fraction,
+    )
 
 
 def preset_instance(preset: str, n_devices: int, global_batch: int) -> Instance:
     profile = build_gpt_profile(parse_model(f"gpt:{preset}"), seq_len=2048, dtype="bf16", tp_degrees=[1, 2, 4, 8])
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), n_devices)
-    return Instance(label=f"SC21 Table 1 {preset} on {n_devices} A100, batch {global_batch}", profile=profile,
-                    cluster=cluster, n_devices=n_devices, global_batch=global_batch, memory_fraction=0.9)
+    return Instance(
+        label=f"SC21 Table 1 {preset} on {n_devices} A100, batch {global_batch}",
+        profile=profile,
+        cluster=cluster,
+        n_devices=n_devices,
+        global_batch=global_batch,
+        memory_fraction=0.9,
+    )
 
 
 def check(inst: Instance, *, jobs: int = 1) -> Verdict:
     """Search and brute force one instance."""
-    config = SearchConfig(memory_fraction=inst.memory_fraction, max_micro_batch=MAX_MICRO_BATCH,
-                          max_virtual_stages=MAX_VIRTUAL_STAGES, jobs=jobs)
+    config = SearchConfig(
+        memory_fraction=inst.memory_fraction,
+        max_micro_batch=MAX_MICRO_BATCH,
+        max_virtual_stages=MAX_VIRTUAL_STAGES,
+        jobs=jobs,
+    )
     start = time.perf_counter()
     try:
-        result = plan_search(inst.profile, inst.cluster, n_devices=inst.n_devices, global_batch=inst.global_batch,
-                             config=config)
+        result = plan_search(
+            inst.profile, inst.cluster, n_devices=inst.n_devices, global_batch=inst.global_batch, config=config
+        )
         plan_s, status = result.best.step_s, result.status
     except StratagemError:
         plan_s, status = None, "no plan"
     search_s = time.perf_counter() - start
     start = time.perf_counter()
     uniform_s, uniform, scored = best_uniform(inst)
-    return Verdict(instance=inst, uniform_s=uniform_s, uniform=uniform, plan_s=plan_s, status=status,
-                   search_wall_s=search_s, brute_wall_s=time.perf_counter() - start, scored=scored)
+    return Verdict(
+        instance=inst,
+        uniform_s=uniform_s,
+        uniform=uniform,
+        plan_s=plan_s,
+        status=status,
+        search_wall_s=search_s,
+        brute_wall_s=time.perf_counter() - start,
+        scored=scored,
+    )
 
 
 def _line(v: Verdict) -> str:
     plan = f"{v.plan_s:.6g} s" if v.plan_s is not None else "no plan"
     uni = f"{v.uniform_s:.6g} s" if v.uniform_s is not None else "none fits"
     gain = f"{(1 - v.plan_s / v.uniform_s):7.2%}" if v.plan_s and v.uniform_s else "      -"
-    return (f"{v.kind:15s} plan {plan:>12s} {v.status:10s} uniform {uni:>12s} better by {gain}  "
-            f"search {v.search_wall_s:5.2f} s, brute {v.scored:5d} configs {v.brute_wall_s:5.1f} s  {v.instance.label}")
+    return (
+        f"{v.kind:15s} plan {plan:>12s} {v.status:10s} uniform {uni:>12s} better by {gain}  "
+        f"search {v.search_wall_s:5.2f} s, brute {v.scored:5d} configs {v.brute_wall_s:5.1f} s  {v.instance.label}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,13 +271,19 @@ def main(argv: list[str] | None = None) -> int:
             print(_line(v), flush=True)
     kinds = Counter(v.kind for v in verdicts)
     gains = [1 - v.plan_s / v.uniform_s for v in verdicts if v.plan_s and v.uniform_s]
-    print(f"\n{len(verdicts)} instances: " + ", ".join(f"{k} {kinds[k]}" for k in
-                                                      ("ok", "both_infeasible", "worse", "missed", "not_optimal")))
+    print(
+        f"\n{len(verdicts)} instances: "
+        + ", ".join(f"{k} {kinds[k]}" for k in ("ok", "both_infeasible", "worse", "missed", "not_optimal"))
+    )
     if gains:
-        print(f"plan vs best uniform: better by {sum(gains) / len(gains):.2%} on average, at most {max(gains):.2%}; "
-              f"{sum(1 for g in gains if g > 1e-9)} of {len(gains)} strictly better")
-    print(f"search wall time: median {sorted(v.search_wall_s for v in verdicts)[len(verdicts) // 2]:.2f} s, "
-          f"max {max(v.search_wall_s for v in verdicts):.2f} s")
+        print(
+            f"plan vs best uniform: better by {sum(gains) / len(gains):.2%} on average, at most {max(gains):.2%}; "
+            f"{sum(1 for g in gains if g > 1e-9)} of {len(gains)} strictly better"
+        )
+    print(
+        f"search wall time: median {sorted(v.search_wall_s for v in verdicts)[len(verdicts) // 2]:.2f} s, "
+        f"max {max(v.search_wall_s for v in verdicts):.2f} s"
+    )
     bad = kinds["worse"] + kinds["missed"] + kinds["not_optimal"]
     print(f"FAILURES {bad}" if bad else "0 failures: no plan worse than the best uniform configuration that fits")
     return 1 if bad else 0

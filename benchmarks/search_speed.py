@@ -27,10 +27,18 @@ from planner.search.planner import plan_search
 
 MIXED_ALLOW = frozenset({"tp", "pp", "dp", "zero", "recompute", "mixed"})
 # Narayanan et al. SC21 Table 1 (benchmarks/data/published_cases.csv): preset, GPUs, global batch.
-TABLE_1 = [("megatron-1.7b", 32, 512), ("megatron-3.6b", 64, 512), ("megatron-7.5b", 128, 512),
-           ("megatron-18.4b", 256, 1024), ("megatron-39.1b", 512, 1536), ("megatron-76.1b", 1024, 1792),
-           ("megatron-145.6b", 1536, 2304), ("megatron-310.1b", 1920, 2160), ("megatron-529.6b", 2520, 2520),
-           ("megatron-1008b", 3072, 3072)]
+TABLE_1 = [
+    ("megatron-1.7b", 32, 512),
+    ("megatron-3.6b", 64, 512),
+    ("megatron-7.5b", 128, 512),
+    ("megatron-18.4b", 256, 1024),
+    ("megatron-39.1b", 512, 1536),
+    ("megatron-76.1b", 1024, 1792),
+    ("megatron-145.6b", 1536, 2304),
+    ("megatron-310.1b", 1920, 2160),
+    ("megatron-529.6b", 2520, 2520),
+    ("megatron-1008b", 3072, 3072),
+]
 
 
 def _row(name: str, gpus: int, wall_s: float, plan_s: float, summary: str, status: str, grid) -> str:
@@ -39,17 +47,27 @@ def _row(name: str, gpus: int, wall_s: float, plan_s: float, summary: str, statu
     return f"{name:18s} {gpus:6d} {wall_s:8.2f} {plan_s:9.3f} {grid_s} {ok:>5s}  {status:28s} {summary}"
 
 
-def run_case(name: str, preset: str, gpus: int, batch: int, config: SearchConfig,
-             cluster: ClusterProfile, seq: int = 2048) -> None:
+def run_case(
+    name: str, preset: str, gpus: int, batch: int, config: SearchConfig, cluster: ClusterProfile, seq: int = 2048
+) -> None:
     profile = build_gpt_profile(parse_model(f"gpt:{preset}"), seq_len=seq)
     start = time.perf_counter()
     result = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
     wall_s = time.perf_counter() - start
-    grid = grid_search(profile, cluster, n_devices=gpus, global_batch=batch,
-                       memory_fraction=config.memory_fraction)
+    grid = grid_search(profile, cluster, n_devices=gpus, global_batch=batch, memory_fraction=config.memory_fraction)
     status = result.status if result.status == "optimal" else f"{result.status} gap<={result.gap:.2%}"
-    print(_row(name, gpus, wall_s, result.best.step_s, result.best.outer.summary(),
-               f"{status} ({result.candidates_solved} ILPs)", grid), flush=True)
+    print(
+        _row(
+            name,
+            gpus,
+            wall_s,
+            result.best.step_s,
+            result.best.outer.summary(),
+            f"{status} ({result.candidates_solved} ILPs)",
+            grid,
+        ),
+        flush=True,
+    )
 
 
 def run_mixed(config: SearchConfig) -> None:
@@ -63,39 +81,56 @@ def run_mixed(config: SearchConfig) -> None:
     mixed = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
     wall_s = time.perf_counter() - start
     v100 = cluster.nodes[-1].node_type
-    uniform = cluster.model_copy(update={"nodes": [g.model_copy(update={"node_type": v100}) for g in cluster.nodes],
-                                         "content_hash": None})
-    naive = plan_search(profile, uniform, n_devices=gpus, global_batch=batch,
-                        config=replace(config, allow=MIXED_ALLOW - {"mixed"}))
+    uniform = cluster.model_copy(
+        update={"nodes": [g.model_copy(update={"node_type": v100}) for g in cluster.nodes], "content_hash": None}
+    )
+    naive = plan_search(
+        profile, uniform, n_devices=gpus, global_batch=batch, config=replace(config, allow=MIXED_ALLOW - {"mixed"})
+    )
     placed = fill_stage_node_types(cluster, replace(naive.best.config, stage_node_types=None))
     real = estimate(profile, cluster, placed, global_batch=batch, dtype=profile.dtype)
     a100 = cluster.nodes[0].node_type
     on_a100 = sum(len(st.module_paths) for st in mixed.best.estimate.per_stage if st.node_type == a100)
-    print(f"\nmixed 16 x A100 + 16 x V100, gpt:megatron-1.7b fp16, batch {batch} (dims {sorted(MIXED_ALLOW)}): "
-          f"search {wall_s:.2f} s, {mixed.status}")
+    print(
+        f"\nmixed 16 x A100 + 16 x V100, gpt:megatron-1.7b fp16, batch {batch} (dims {sorted(MIXED_ALLOW)}): "
+        f"search {wall_s:.2f} s, {mixed.status}"
+    )
     print(f"  planner (node type per stage) : {mixed.best.step_s:8.3f} s  {mixed.best.outer.summary()}")
-    print(f"     layers per stage: {[(st.node_type[:4], len(st.module_paths)) for st in mixed.best.estimate.per_stage]}"
-          f" -> {on_a100} of {len(profile.layers)} layers on A100")
-    print(f"  ignoring the difference       : {real.step_time_s:8.3f} s  {naive.best.outer.summary()} "
-          f"(planned as all-V100, placed in cluster order; fits={real.fits_in_memory})")
+    print(
+        f"     layers per stage: {[(st.node_type[:4], len(st.module_paths)) for st in mixed.best.estimate.per_stage]}"
+        f" -> {on_a100} of {len(profile.layers)} layers on A100"
+    )
+    print(
+        f"  ignoring the difference       : {real.step_time_s:8.3f} s  {naive.best.outer.summary()} "
+        f"(planned as all-V100, placed in cluster order; fits={real.fits_in_memory})"
+    )
     # Whale's hardware-aware data parallelism alone (no pipeline): replicas on both types, shares by speed
     start = time.perf_counter()
-    reps = plan_search(profile, cluster, n_devices=gpus, global_batch=batch,
-                       config=replace(config, allow=MIXED_ALLOW - {"pp"}))
+    reps = plan_search(
+        profile, cluster, n_devices=gpus, global_batch=batch, config=replace(config, allow=MIXED_ALLOW - {"pp"})
+    )
     wall_s = time.perf_counter() - start
-    even = estimate(profile, cluster, replace(reps.best.config, batch_shares=None), global_batch=batch,
-                    dtype=profile.dtype)
-    shares = {t: round(s * batch) for t, s in zip(reps.best.config.replica_node_types or (),
-                                                  reps.best.config.batch_shares or ())}
-    print(f"  dp replicas only (no pp)      : {reps.best.step_s:8.3f} s  {reps.best.outer.summary()} "
-          f"(samples per replica {shares}; search {wall_s:.2f} s, {reps.status})")
+    even = estimate(
+        profile, cluster, replace(reps.best.config, batch_shares=None), global_batch=batch, dtype=profile.dtype
+    )
+    shares = {
+        t: round(s * batch)
+        for t, s in zip(reps.best.config.replica_node_types or (), reps.best.config.batch_shares or ())
+    }
+    print(
+        f"  dp replicas only (no pp)      : {reps.best.step_s:8.3f} s  {reps.best.outer.summary()} "
+        f"(samples per replica {shares}; search {wall_s:.2f} s, {reps.status})"
+    )
     print(f"     same degrees, equal shares : {even.step_time_s:8.3f} s")
     # every dimension the search has (tp, pp, dp, ZeRO, recompute, sp, interleaving, GPipe, layouts, mixed)
     start = time.perf_counter()
-    full = plan_search(profile, cluster, n_devices=gpus, global_batch=batch,
-                       config=replace(config, allow=DEFAULT_DIMENSIONS))
-    print(f"  full dimension set            : {full.best.step_s:8.3f} s  {full.best.outer.summary()} "
-          f"(search {time.perf_counter() - start:.2f} s, {full.status}, {full.candidates_solved} ILPs)")
+    full = plan_search(
+        profile, cluster, n_devices=gpus, global_batch=batch, config=replace(config, allow=DEFAULT_DIMENSIONS)
+    )
+    print(
+        f"  full dimension set            : {full.best.step_s:8.3f} s  {full.best.outer.summary()} "
+        f"(search {time.perf_counter() - start:.2f} s, {full.status}, {full.candidates_solved} ILPs)"
+    )
 
 
 def main() -> None:
@@ -107,8 +142,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="candidates solved in parallel (CBC processes)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    config = SearchConfig(time_limit_s=args.time_limit, top_k=args.top_k, allow=DEFAULT_DIMENSIONS,
-                          budget_s=args.budget, jobs=args.jobs)
+    config = SearchConfig(
+        time_limit_s=args.time_limit, top_k=args.top_k, allow=DEFAULT_DIMENSIONS, budget_s=args.budget, jobs=args.jobs
+    )
     cluster = load_cluster_profile(resolve_cluster_path("dgx-a100-80g"))
     cases = set(args.cases.split(","))
     print(f"{'case':18s} {'GPUs':>6s} {'search_s':>8s} {'plan_s':>9s} {'grid_s':>9s} {'<=grid':>5s}  status / strategy")

@@ -39,8 +39,9 @@ def bus_factor(op: str, n_ranks: int) -> float:
     the message being the full (gathered) tensor; send_recv: 1; all_to_all: (n-1)/n.
     """
     if n_ranks < 2:
-        raise StratagemError(f"a collective needs at least 2 ranks, got n_ranks={n_ranks}; "
-                             f"launch with --nproc-per-node 2 or more")
+        raise StratagemError(
+            f"a collective needs at least 2 ranks, got n_ranks={n_ranks}; launch with --nproc-per-node 2 or more"
+        )
     factors = {
         "all_reduce": 2 * (n_ranks - 1) / n_ranks,
         "all_gather": (n_ranks - 1) / n_ranks,
@@ -99,12 +100,15 @@ def fit_alpha_beta(op: str, n_ranks: int, samples: Sequence[tuple[int, Sequence[
     positive times; a flat or decreasing curve (no bandwidth term) is an error naming the fix.
     """
     if len({b for b, _ in samples}) < 2:
-        raise StratagemError(f"{op}: an alpha-beta fit needs at least 2 distinct message sizes, got "
-                             f"{len(samples)}; pass more --sizes")
+        raise StratagemError(
+            f"{op}: an alpha-beta fit needs at least 2 distinct message sizes, got {len(samples)}; pass more --sizes"
+        )
     for message_bytes, times in samples:
         if not times or min(times) <= 0 or not all(math.isfinite(t) for t in times):
-            raise StratagemError(f"{op}: timings at {message_bytes} bytes must be positive and finite, got "
-                                 f"{list(times)}; re-run the profiler")
+            raise StratagemError(
+                f"{op}: timings at {message_bytes} bytes must be positive and finite, got "
+                f"{list(times)}; re-run the profiler"
+            )
     factor = bus_factor(op, n_ranks)
     xs = [factor * b for b, _ in samples]
     ys = [statistics.median(t) for _, t in samples]
@@ -115,11 +119,12 @@ def fit_alpha_beta(op: str, n_ranks: int, samples: Sequence[tuple[int, Sequence[
         # the large messages, where bandwidth shows, decide the slope.
         weighting = "absolute"
         alpha_s, slope_s_per_byte = _weighted_line(xs, ys, [1.0] * len(ys))
-        log.warning("%s: relative-error fit gave no positive slope; fell back to absolute-error least squares",
-                    op)
+        log.warning("%s: relative-error fit gave no positive slope; fell back to absolute-error least squares", op)
     if slope_s_per_byte <= 0:
-        raise StratagemError(f"{op}: time does not grow with message size (slope {slope_s_per_byte:.3g} s/B), "
-                             f"so no bandwidth can be fitted; extend --sizes to larger messages")
+        raise StratagemError(
+            f"{op}: time does not grow with message size (slope {slope_s_per_byte:.3g} s/B), "
+            f"so no bandwidth can be fitted; extend --sizes to larger messages"
+        )
     fitted = [alpha_s + slope_s_per_byte * x for x in xs]
     mean_y = statistics.fmean(ys)
     ss_res = sum((y - f) ** 2 for y, f in zip(ys, fitted))

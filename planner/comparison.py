@@ -26,5 +26,6 @@ class ComparisonRecord(BaseModel):
     exported_peak_memory_bytes: float
     speedup: float = Field(description="current_step_time_s / exported_step_time_s")
     flag_changes: list[str] = Field(description="changes to the user's config, in the framework's names")
-    plan_changes: list[str] = Field(default_factory=list,
-                                    description="plan features the framework cannot express, and what replaced them")
+    plan_changes: list[str] = Field(
+        default_factory=list, description="plan features the framework cannot express, and what replaced them"
+    )

@@ -27,8 +27,9 @@ MAX_MAGNITUDE = 1e24
 PATH_MAX = 4096
 
 
-def check_output_path(path: str | os.PathLike, *, flag: str = "--out",
-                      inputs: dict[str, str | os.PathLike | None] | None = None) -> Path:
+def check_output_path(
+    path: str | os.PathLike, *, flag: str = "--out", inputs: dict[str, str | os.PathLike | None] | None = None
+) -> Path:
     """Check that ``path`` can be (re)written as a regular file, before any work; returns it as a Path.
 
     Refused with a one-line :class:`StratagemError`: an empty string; a name ending in ``/`` (a folder);
@@ -52,8 +53,10 @@ def check_output_path(path: str | os.PathLike, *, flag: str = "--out",
     out = Path(text)
     name_bytes, path_bytes = len(out.name.encode(errors="surrogateescape")), len(text.encode(errors="surrogateescape"))
     if name_bytes > NAME_MAX or path_bytes > PATH_MAX:
-        raise StratagemError(f"{flag} {text[:40]}... is longer than the file system allows ({NAME_MAX} bytes a "
-                             f"name, {PATH_MAX} a path); choose a shorter name")
+        raise StratagemError(
+            f"{flag} {text[:40]}... is longer than the file system allows ({NAME_MAX} bytes a "
+            f"name, {PATH_MAX} a path); choose a shorter name"
+        )
     try:
         st = os.stat(out)
     except (FileNotFoundError, NotADirectoryError):
@@ -61,12 +64,16 @@ def check_output_path(path: str | os.PathLike, *, flag: str = "--out",
     except OSError as exc:
         raise StratagemError(f"cannot use {flag} {out}: {exc.strerror or exc}; choose another path") from None
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise StratagemError(f"{flag} {out} exists and is {_kind(st.st_mode)}, not a regular file; it is never "
-                             f"replaced: choose a file path")
+        raise StratagemError(
+            f"{flag} {out} exists and is {_kind(st.st_mode)}, not a regular file; it is never "
+            f"replaced: choose a file path"
+        )
     for in_flag, in_path in (inputs or {}).items():
         if in_path is not None and str(in_path) and _same_file(out, Path(in_path)):
-            raise StratagemError(f"{flag} {out} is the same file as the input {in_flag} {in_path}; writing would "
-                                 f"destroy the input: choose another {flag} path")
+            raise StratagemError(
+                f"{flag} {out} is the same file as the input {in_flag} {in_path}; writing would "
+                f"destroy the input: choose another {flag} path"
+            )
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -82,8 +89,10 @@ def check_output_folder(path: str | os.PathLike, *, flag: str) -> Path:
         raise StratagemError(f"{flag} is empty; give a folder path")
     folder = Path(text)
     if any(len(part.encode(errors="surrogateescape")) > NAME_MAX for part in folder.parts):
-        raise StratagemError(f"{flag} {str(text)[:40]}... has a name longer than the file system allows "
-                             f"({NAME_MAX} bytes); choose a shorter name")
+        raise StratagemError(
+            f"{flag} {str(text)[:40]}... has a name longer than the file system allows "
+            f"({NAME_MAX} bytes); choose a shorter name"
+        )
     try:
         st = os.stat(folder)
     except FileNotFoundError:
@@ -96,9 +105,13 @@ def check_output_folder(path: str | os.PathLike, *, flag: str) -> Path:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
@@ -129,9 +142,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, flag: str = "--o
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:200]}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise StratagemError(
-            f"cannot write {path}: {exc.strerror or exc}; choose a writable {flag} path"
-        ) from None
+        raise StratagemError(f"cannot write {path}: {exc.strerror or exc}; choose a writable {flag} path") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -144,8 +155,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, flag: str = "--o
         os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise StratagemError(f"cannot write {path}: {exc.strerror or exc}; the previous file is unchanged, "
-                             f"free space or choose another {flag} path") from None
+        raise StratagemError(
+            f"cannot write {path}: {exc.strerror or exc}; the previous file is unchanged, "
+            f"free space or choose another {flag} path"
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -179,21 +192,25 @@ def read_text(path: str | os.PathLike, *, what: str, limit_bytes: int = MAX_INPU
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise StratagemError(f"cannot read {what} file {path}: {reason}; check the path") from None
     if len(raw) > limit_bytes:
-        raise StratagemError(f"{what} file {path} is larger than {limit_bytes // 2**20} MiB (or endless); "
-                             f"give the right file")
+        raise StratagemError(
+            f"{what} file {path} is larger than {limit_bytes // 2**20} MiB (or endless); give the right file"
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise StratagemError(f"{what} file {path} is not UTF-8 text (byte {exc.start}); give a JSON file "
-                             f"written by stratagem, or convert it to UTF-8") from None
+        raise StratagemError(
+            f"{what} file {path} is not UTF-8 text (byte {exc.start}); give a JSON file "
+            f"written by stratagem, or convert it to UTF-8"
+        ) from None
 
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def parse_json(text: str, *, source: str, what: str,
-               fix: str = "regenerate it or restore it from version control") -> Any:
+def parse_json(
+    text: str, *, source: str, what: str, fix: str = "regenerate it or restore it from version control"
+) -> Any:
     """``json.loads`` with one-line errors; NaN, Infinity and nesting deeper than Python's stack refused."""
     try:
         return json.loads(text, parse_constant=_reject_constant)
@@ -202,21 +219,22 @@ def parse_json(text: str, *, source: str, what: str,
     except RecursionError:
         raise StratagemError(f"{what} {source} is nested too deeply to be a stratagem file; regenerate it") from None
     except ValueError as exc:  # NaN/Infinity, or an integer with more digits than Python converts
-        raise StratagemError(f"{what} {source} holds a value that is not a finite number ({exc}); "
-                             f"regenerate it") from None
+        raise StratagemError(
+            f"{what} {source} holds a value that is not a finite number ({exc}); regenerate it"
+        ) from None
 
 
 def read_json(path: str | os.PathLike, *, what: str) -> dict[str, Any]:
     """Read a JSON object from ``path``; ``what`` names the file kind in error messages."""
     data = parse_json(read_text(path, what=what), source=f"file {path}", what=what)
     if not isinstance(data, dict):
-        raise StratagemError(f"{what} file {path} holds a {type(data).__name__}, not a JSON object; "
-                             f"give a file written by stratagem")
+        raise StratagemError(
+            f"{what} file {path} holds a {type(data).__name__}, not a JSON object; give a file written by stratagem"
+        )
     return data
 
 
-def validate_document(model: type[M], data: dict[str, Any], *, source: str, what: str,
-                      schema_version: int) -> M:
+def validate_document(model: type[M], data: dict[str, Any], *, source: str, what: str, schema_version: int) -> M:
     """Check a document's ``schema_version`` and hash, then validate it into ``model``.
 
     Errors name the first offending field, so a corrupt file fails with a field-level message.
@@ -234,8 +252,7 @@ def validate_document(model: type[M], data: dict[str, Any], *, source: str, what
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = " ".join(str(err["msg"]).split())[:300]
         raise StratagemError(
-            f"{what} {source} is invalid at '{loc}': {msg} "
-            f"({exc.error_count()} problem(s)); regenerate the file"
+            f"{what} {source} is invalid at '{loc}': {msg} ({exc.error_count()} problem(s)); regenerate the file"
         ) from None
     stored = data.get("content_hash")
     if stored is not None and stored != content_hash(data):
@@ -260,8 +277,10 @@ def save_document(doc: BaseModel, path: str | os.PathLike) -> Path:
     try:
         text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     except ValueError:
-        raise StratagemError(f"refusing to write {path}: the document holds NaN or infinity (a bug or a bad "
-                             f"input upstream); check the inputs' numbers") from None
+        raise StratagemError(
+            f"refusing to write {path}: the document holds NaN or infinity (a bug or a bad "
+            f"input upstream); check the inputs' numbers"
+        ) from None
     return atomic_write_text(path, text)
 
 

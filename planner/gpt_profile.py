@@ -66,8 +66,10 @@ class _Dims:
 
 def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
     if spec.family not in ("gpt", "llama"):
-        raise StratagemError(f"closed-form profiles cover gpt and llama models, not {spec.family}; profile it "
-                             f"with `stratagem profile model` and pass --model-profile")
+        raise StratagemError(
+            f"closed-form profiles cover gpt and llama models, not {spec.family}; profile it "
+            f"with `stratagem profile model` and pass --model-profile"
+        )
     h, a = int(spec.dim("hidden")), int(spec.dim("heads"))
     if h % a:
         raise StratagemError(f"hidden {h} is not divisible by heads {a}; choose --hidden a multiple of --heads")
@@ -78,10 +80,20 @@ def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
         # GPT: 4h (Radford et al.); Llama: 2/3 of 4h rounded up to a multiple of 256 (Touvron et al. 2023).
         f = 4 * h if spec.family == "gpt" else 256 * math.ceil(8 * h / 3 / 256)
     dropout = spec.family == "gpt" and float(spec.dim("dropout")) > 0
-    return _Dims(s=seq_len, h=h, a=a, h_kv=h * kv // a, f=f, vocab=int(spec.dim("vocab")),
-                 max_seq=int(spec.dim("max_seq")), e=DTYPE_BYTES[dtype], dropout=dropout,
-                 swiglu=spec.family == "llama", tied=bool(spec.dim("tie_embeddings")),
-                 learned_positions=spec.family == "gpt")
+    return _Dims(
+        s=seq_len,
+        h=h,
+        a=a,
+        h_kv=h * kv // a,
+        f=f,
+        vocab=int(spec.dim("vocab")),
+        max_seq=int(spec.dim("max_seq")),
+        e=DTYPE_BYTES[dtype],
+        dropout=dropout,
+        swiglu=spec.family == "llama",
+        tied=bool(spec.dim("tie_embeddings")),
+        learned_positions=spec.family == "gpt",
+    )
 
 
 def _block_params(d: _Dims) -> tuple[int, int]:
@@ -104,12 +116,19 @@ def _block_shard(d: _Dims, t: int) -> ShardProfile:
     split_saved = e * (s * h + 2 * s * hkv + s * h) + e * s * f * (3 if d.swiglu else 2)
     scores = (2 * e + 1 if d.dropout else e) * d.a * s * s
     return ShardProfile(
-        tp=t, params=params, param_bytes=params * e, fwd_flops_per_sample=fwd / t,
+        tp=t,
+        params=params,
+        param_bytes=params * e,
+        fwd_flops_per_sample=fwd / t,
         bwd_flops_per_sample=2 * fwd / t,
         saved_bytes_per_sample=replicated + (split_saved + scores) / t,
-        saved_replicated_bytes_per_sample=replicated, saved_attention_scores_bytes_per_sample=scores / t,
-        attention_scores_flops_per_sample=score_flops / t, ops=_block_ops(d, t), flops_origin="derived",
-        memory_origin="derived")
+        saved_replicated_bytes_per_sample=replicated,
+        saved_attention_scores_bytes_per_sample=scores / t,
+        attention_scores_flops_per_sample=score_flops / t,
+        ops=_block_ops(d, t),
+        flops_origin="derived",
+        memory_origin="derived",
+    )
 
 
 def _mem(name: str, fwd_bytes: float, bwd_bytes: float, **kw) -> OpProfile:
@@ -132,37 +151,41 @@ def _block_ops(d: _Dims, t: int) -> list[OpProfile]:
     hp, ap, dh, kvp = h // t, d.a // t, h // d.a, d.h_kv // t
     drop = 1 if d.dropout else 0
     norm = "rmsnorm" if d.swiglu else "layernorm"
-    ops = [_mem(f"{norm}1", 2 * e * s * h, 3 * e * s * h, replicated=True),
-           OpProfile(name="qkv", kind="gemm", rows_per_sample=s, n=hp + 2 * kvp, k=h)]
+    ops = [
+        _mem(f"{norm}1", 2 * e * s * h, 3 * e * s * h, replicated=True),
+        OpProfile(name="qkv", kind="gemm", rows_per_sample=s, n=hp + 2 * kvp, k=h),
+    ]
     if d.swiglu:
         ops.append(_mem("rotary", 2 * e * s * (hp + kvp), 2 * e * s * (hp + kvp)))
     core = dict(attention_core=True)
-    ops += [OpProfile(name="scores", kind="gemm", rows_per_sample=s, n=s, k=dh, batch_per_sample=ap, scale="batch",
-                      **core),
-            _mem("softmax", 2 * e * ap * s * s, 3 * e * ap * s * s, **core)]
+    ops += [
+        OpProfile(name="scores", kind="gemm", rows_per_sample=s, n=s, k=dh, batch_per_sample=ap, scale="batch", **core),
+        _mem("softmax", 2 * e * ap * s * s, 3 * e * ap * s * s, **core),
+    ]
     if drop:
         ops.append(_mem("attention_dropout", (2 * e + 1) * ap * s * s, (2 * e + 1) * ap * s * s, **core))
-    ops += [OpProfile(name="context", kind="gemm", rows_per_sample=s, n=dh, k=s, batch_per_sample=ap,
-                      scale="batch", **core),
-            _mem("context_permute", 2 * e * s * hp, 2 * e * s * hp),
-            OpProfile(name="attention_out", kind="gemm", rows_per_sample=s, n=h, k=hp),
-            _mem("residual_add1", (3 * e + drop) * s * h, (2 * e + drop) * s * h, replicated=True),
-            _mem(f"{norm}2", 2 * e * s * h, 3 * e * s * h, replicated=True),
-            OpProfile(name="mlp_in", kind="gemm", rows_per_sample=s, n=(2 if d.swiglu else 1) * f // t, k=h),
-            _mem("activation", (3 if d.swiglu else 2) * e * s * f // t, (5 if d.swiglu else 3) * e * s * f // t),
-            OpProfile(name="mlp_out", kind="gemm", rows_per_sample=s, n=h, k=f // t),
-            _mem("residual_add2", (3 * e + drop) * s * h, (2 * e + drop) * s * h, replicated=True)]
+    ops += [
+        OpProfile(
+            name="context", kind="gemm", rows_per_sample=s, n=dh, k=s, batch_per_sample=ap, scale="batch", **core
+        ),
+        _mem("context_permute", 2 * e * s * hp, 2 * e * s * hp),
+        OpProfile(name="attention_out", kind="gemm", rows_per_sample=s, n=h, k=hp),
+        _mem("residual_add1", (3 * e + drop) * s * h, (2 * e + drop) * s * h, replicated=True),
+        _mem(f"{norm}2", 2 * e * s * h, 3 * e * s * h, replicated=True),
+        OpProfile(name="mlp_in", kind="gemm", rows_per_sample=s, n=(2 if d.swiglu else 1) * f // t, k=h),
+        _mem("activation", (3 if d.swiglu else 2) * e * s * f // t, (5 if d.swiglu else 3) * e * s * f // t),
+        OpProfile(name="mlp_out", kind="gemm", rows_per_sample=s, n=h, k=f // t),
+        _mem("residual_add2", (3 * e + drop) * s * h, (2 * e + drop) * s * h, replicated=True),
+    ]
     return ops
 
 
 def _block_collectives(d: _Dims) -> list[CollectiveNeed]:
     act = d.e * d.s * d.h
-    needs = [CollectiveNeed(op="all_reduce", phase=p, bytes_per_sample=act, count=2)
-             for p in ("forward", "backward")]
+    needs = [CollectiveNeed(op="all_reduce", phase=p, bytes_per_sample=act, count=2) for p in ("forward", "backward")]
     for phase in ("forward", "backward"):
         for op in ("all_gather", "reduce_scatter"):
-            needs.append(CollectiveNeed(op=op, phase=phase, bytes_per_sample=act, count=2,
-                                        with_sequence_parallel=True))
+            needs.append(CollectiveNeed(op=op, phase=phase, bytes_per_sample=act, count=2, with_sequence_parallel=True))
     return needs
 
 
@@ -174,25 +197,52 @@ def _embed_ops(d: _Dims, t: int) -> list[OpProfile]:
     drop = 1 if d.dropout else 0
     fwd = 2 * e * s * h + (3 * e * s * h if d.learned_positions else 0) + (2 * e + 1) * s * h * drop
     table = math.ceil(d.vocab / t) * h
-    return [_mem("embedding", fwd, 2 * e * s * h, kernels=1 + int(d.learned_positions) + drop,
-                 backward_fixed_bytes=(e + 2 * FP32_BYTES) * table, backward_kernels=2)]
+    return [
+        _mem(
+            "embedding",
+            fwd,
+            2 * e * s * h,
+            kernels=1 + int(d.learned_positions) + drop,
+            backward_fixed_bytes=(e + 2 * FP32_BYTES) * table,
+            backward_kernels=2,
+        )
+    ]
 
 
 def _embed_layer(d: _Dims, tps: list[int]) -> LayerProfile:
     word = d.vocab * d.h
     pos = d.max_seq * d.h if d.learned_positions else 0
     masks = d.s * d.h if d.dropout else 0
-    shards = [ShardProfile(tp=t, params=math.ceil(word / t) + pos, param_bytes=(math.ceil(word / t) + pos) * d.e,
-                           fwd_flops_per_sample=0, bwd_flops_per_sample=0, saved_bytes_per_sample=masks,
-                           saved_replicated_bytes_per_sample=masks, ops=_embed_ops(d, t), flops_origin="derived",
-                           memory_origin="derived") for t in tps]
+    shards = [
+        ShardProfile(
+            tp=t,
+            params=math.ceil(word / t) + pos,
+            param_bytes=(math.ceil(word / t) + pos) * d.e,
+            fwd_flops_per_sample=0,
+            bwd_flops_per_sample=0,
+            saved_bytes_per_sample=masks,
+            saved_replicated_bytes_per_sample=masks,
+            ops=_embed_ops(d, t),
+            flops_origin="derived",
+            memory_origin="derived",
+        )
+        for t in tps
+    ]
     act = d.e * d.s * d.h
-    needs = [CollectiveNeed(op="all_reduce", phase="forward", bytes_per_sample=act),
-             CollectiveNeed(op="reduce_scatter", phase="forward", bytes_per_sample=act,
-                            with_sequence_parallel=True)]
-    return LayerProfile(path="embed", kind="embedding", signature=f"embed-v{d.vocab}-h{d.h}",
-                        tp_style="vocab_parallel", input_bytes_per_sample=8 * d.s,
-                        output_bytes_per_sample=act, shards=shards, collectives=needs)
+    needs = [
+        CollectiveNeed(op="all_reduce", phase="forward", bytes_per_sample=act),
+        CollectiveNeed(op="reduce_scatter", phase="forward", bytes_per_sample=act, with_sequence_parallel=True),
+    ]
+    return LayerProfile(
+        path="embed",
+        kind="embedding",
+        signature=f"embed-v{d.vocab}-h{d.h}",
+        tp_style="vocab_parallel",
+        input_bytes_per_sample=8 * d.s,
+        output_bytes_per_sample=act,
+        shards=shards,
+        collectives=needs,
+    )
 
 
 def _head_ops(d: _Dims, t: int) -> list[OpProfile]:
@@ -200,8 +250,10 @@ def _head_ops(d: _Dims, t: int) -> list[OpProfile]:
     (``_VocabParallelCrossEntropy``: cast e+4, max 4, subtract 8, exp 8, sum 4, divide 8 bytes per logit;
     backward: subtract the one-hot, multiply by the incoming gradient 8, cast to e for the GEMM 4+e)."""
     s, e, vt = d.s, d.e, math.ceil(d.vocab / t)
-    return [OpProfile(name="lm_head", kind="gemm", rows_per_sample=s, n=vt, k=d.h),
-            _mem("cross_entropy", (e + 36) * s * vt, (12 + e) * s * vt, kernels=6, backward_kernels=3)]
+    return [
+        OpProfile(name="lm_head", kind="gemm", rows_per_sample=s, n=vt, k=d.h),
+        _mem("cross_entropy", (e + 36) * s * vt, (12 + e) * s * vt, kernels=6, backward_kernels=3),
+    ]
 
 
 def _head_layer(d: _Dims, tps: list[int]) -> LayerProfile:
@@ -210,34 +262,68 @@ def _head_layer(d: _Dims, tps: list[int]) -> LayerProfile:
     for t in tps:
         params = 0 if d.tied else math.ceil(v * h / t)
         logits = 4 * s * v / t  # fp32 logits / softmax of the vocab-parallel cross-entropy
-        shards.append(ShardProfile(
-            tp=t, params=params, param_bytes=params * e, fwd_flops_per_sample=2 * s * h * v / t,
-            bwd_flops_per_sample=4 * s * h * v / t, saved_bytes_per_sample=e * s * h + logits,
-            saved_replicated_bytes_per_sample=e * s * h, ops=_head_ops(d, t), flops_origin="derived",
-            memory_origin="derived"))
+        shards.append(
+            ShardProfile(
+                tp=t,
+                params=params,
+                param_bytes=params * e,
+                fwd_flops_per_sample=2 * s * h * v / t,
+                bwd_flops_per_sample=4 * s * h * v / t,
+                saved_bytes_per_sample=e * s * h + logits,
+                saved_replicated_bytes_per_sample=e * s * h,
+                ops=_head_ops(d, t),
+                flops_origin="derived",
+                memory_origin="derived",
+            )
+        )
     act = e * s * h
     needs = []
     for sp in (False, True):
-        needs.append(CollectiveNeed(op="all_reduce", phase="forward", bytes_per_sample=4 * s, count=3,
-                                    with_sequence_parallel=sp))
-    needs += [CollectiveNeed(op="all_reduce", phase="backward", bytes_per_sample=act),
-              CollectiveNeed(op="all_gather", phase="forward", bytes_per_sample=act, with_sequence_parallel=True),
-              CollectiveNeed(op="reduce_scatter", phase="backward", bytes_per_sample=act,
-                             with_sequence_parallel=True)]
-    return LayerProfile(path="head", kind="head", signature=f"head-v{v}-h{h}-tied{int(d.tied)}",
-                        tp_style="vocab_parallel", input_bytes_per_sample=act, output_bytes_per_sample=4,
-                        shards=shards, collectives=needs)
+        needs.append(
+            CollectiveNeed(op="all_reduce", phase="forward", bytes_per_sample=4 * s, count=3, with_sequence_parallel=sp)
+        )
+    needs += [
+        CollectiveNeed(op="all_reduce", phase="backward", bytes_per_sample=act),
+        CollectiveNeed(op="all_gather", phase="forward", bytes_per_sample=act, with_sequence_parallel=True),
+        CollectiveNeed(op="reduce_scatter", phase="backward", bytes_per_sample=act, with_sequence_parallel=True),
+    ]
+    return LayerProfile(
+        path="head",
+        kind="head",
+        signature=f"head-v{v}-h{h}-tied{int(d.tied)}",
+        tp_style="vocab_parallel",
+        input_bytes_per_sample=act,
+        output_bytes_per_sample=4,
+        shards=shards,
+        collectives=needs,
+    )
 
 
 def _norm_layer(d: _Dims) -> LayerProfile:
     params = d.h if d.swiglu else 2 * d.h
     act = d.e * d.s * d.h
     norm = _mem("final_norm", 2 * act, 3 * act, replicated=True)
-    shard = ShardProfile(tp=1, params=params, param_bytes=params * d.e, fwd_flops_per_sample=0,
-                         bwd_flops_per_sample=0, saved_bytes_per_sample=act, saved_replicated_bytes_per_sample=act,
-                         ops=[norm], flops_origin="derived", memory_origin="derived")
-    return LayerProfile(path="norm", kind="norm", signature=f"norm-h{d.h}", tp_style="none",
-                        input_bytes_per_sample=act, output_bytes_per_sample=act, shards=[shard])
+    shard = ShardProfile(
+        tp=1,
+        params=params,
+        param_bytes=params * d.e,
+        fwd_flops_per_sample=0,
+        bwd_flops_per_sample=0,
+        saved_bytes_per_sample=act,
+        saved_replicated_bytes_per_sample=act,
+        ops=[norm],
+        flops_origin="derived",
+        memory_origin="derived",
+    )
+    return LayerProfile(
+        path="norm",
+        kind="norm",
+        signature=f"norm-h{d.h}",
+        tp_style="none",
+        input_bytes_per_sample=act,
+        output_bytes_per_sample=act,
+        shards=[shard],
+    )
 
 
 def default_tp_degrees(spec: ModelSpec) -> list[int]:
@@ -247,8 +333,14 @@ def default_tp_degrees(spec: ModelSpec) -> list[int]:
     return [t for t in (1, 2, 4, 8, 16, 32, 64) if a % t == 0 and (kv or a) % t == 0]
 
 
-def build_gpt_profile(spec: ModelSpec, *, seq_len: int | None = None, dtype: str = "bf16",
-                      tp_degrees: list[int] | None = None, created_utc: str = "") -> ModelProfile:
+def build_gpt_profile(
+    spec: ModelSpec,
+    *,
+    seq_len: int | None = None,
+    dtype: str = "bf16",
+    tp_degrees: list[int] | None = None,
+    created_utc: str = "",
+) -> ModelProfile:
     """The closed-form :class:`ModelProfile` of a GPT/Llama ``spec`` at ``seq_len`` tokens per sample.
 
     >>> from planner.modelspec import parse_model
@@ -268,12 +360,35 @@ def build_gpt_profile(spec: ModelSpec, *, seq_len: int | None = None, dtype: str
     block_shards = [_block_shard(d, t) for t in tps]
     sig = f"{spec.family}-block-h{d.h}-a{d.a}-kv{d.h_kv}-f{d.f}-s{d.s}-drop{int(d.dropout)}"
     act = d.e * d.s * d.h
-    blocks = [LayerProfile(path=f"blocks.{i}", kind="block", signature=sig, tp_style="megatron_block",
-                           input_bytes_per_sample=act, output_bytes_per_sample=act, shards=block_shards,
-                           collectives=_block_collectives(d)) for i in range(int(spec.dim("layers")))]
+    blocks = [
+        LayerProfile(
+            path=f"blocks.{i}",
+            kind="block",
+            signature=sig,
+            tp_style="megatron_block",
+            input_bytes_per_sample=act,
+            output_bytes_per_sample=act,
+            shards=block_shards,
+            collectives=_block_collectives(d),
+        )
+        for i in range(int(spec.dim("layers")))
+    ]
     layers = [_embed_layer(d, tps), *blocks, _norm_layer(d), _head_layer(d, tps)]
     return ModelProfile(
-        name=spec.name, model=spec, seq_len=seq, dtype=dtype, sample_shape=[seq], micro_batches=[1],
-        tp_degrees=tps, total_params=sum(layer.params for layer in layers), layers=layers,
-        provenance=Provenance(method="analytic", tool=f"stratagem {__version__}", created_utc=created_utc,
-                              sources=SOURCES, notes="closed-form (planner.gpt_profile); no timings"))
+        name=spec.name,
+        model=spec,
+        seq_len=seq,
+        dtype=dtype,
+        sample_shape=[seq],
+        micro_batches=[1],
+        tp_degrees=tps,
+        total_params=sum(layer.params for layer in layers),
+        layers=layers,
+        provenance=Provenance(
+            method="analytic",
+            tool=f"stratagem {__version__}",
+            created_utc=created_utc,
+            sources=SOURCES,
+            notes="closed-form (planner.gpt_profile); no timings",
+        ),
+    )

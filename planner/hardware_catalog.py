@@ -23,8 +23,17 @@ from pathlib import Path
 
 from planner import __version__
 from planner.cost.constants import GEMM_EFFICIENCY, gpu_family
-from planner.profiles import (ClusterProfile, CollectiveFit, ComputeFigure, KernelModel, NodeGroup, NodeType,
-                              Provenance, TileShape, save_profile)
+from planner.profiles import (
+    ClusterProfile,
+    CollectiveFit,
+    ComputeFigure,
+    KernelModel,
+    NodeGroup,
+    NodeType,
+    Provenance,
+    TileShape,
+    save_profile,
+)
 
 log = logging.getLogger(__name__)
 GB, GIB = 1e9, 2**30
@@ -54,9 +63,17 @@ def _fits(level: str, link: _Link) -> list[CollectiveFit]:
         bw = link.all_reduce_bus_bw if (op == "all_reduce" and link.all_reduce_bus_bw) else link.bus_bw
         n = 2 if op == "send_recv" else link.n_ranks
         steps = 1 if op == "send_recv" else 2 * (n - 1) if op == "all_reduce" else n - 1
-        fits.append(CollectiveFit(op=op, level=level, n_ranks=n, alpha_s=NCCL_BASE_S + steps * NCCL_STEP_S[link.hw],
-                                  bus_bw_bytes_per_s=bw, origin="derived",
-                                  source=link.source + "; alpha from NCCL tuning.cc (ring, Simple)"))
+        fits.append(
+            CollectiveFit(
+                op=op,
+                level=level,
+                n_ranks=n,
+                alpha_s=NCCL_BASE_S + steps * NCCL_STEP_S[link.hw],
+                bus_bw_bytes_per_s=bw,
+                origin="derived",
+                source=link.source + "; alpha from NCCL tuning.cc (ring, Simple)",
+            )
+        )
     return fits
 
 
@@ -65,11 +82,17 @@ def _fits(level: str, link: _Link) -> list[CollectiveFit]:
 # for fp16/bf16 tensor cores, 128x128, 128x64, 64x64 in its profiler's kernel list). Smaller tiles reload
 # each operand more often per FLOP, so they reach less of the ceiling: the relative efficiencies are an
 # assumption (not fitted), ordered as shared-memory reuse falls (tile m*n/(m+n): 85, 64, 43, 32).
-TILES = [TileShape(m=256, n=128, relative_efficiency=1.0), TileShape(m=128, n=256, relative_efficiency=1.0),
-         TileShape(m=128, n=128, relative_efficiency=0.92), TileShape(m=128, n=64, relative_efficiency=0.8),
-         TileShape(m=64, n=64, relative_efficiency=0.65)]
-TILE_SRC = ("CUTLASS default_gemm_configuration.h tile shapes; relative efficiencies assumed (operand reuse "
-            "per tile), not fitted")
+TILES = [
+    TileShape(m=256, n=128, relative_efficiency=1.0),
+    TileShape(m=128, n=256, relative_efficiency=1.0),
+    TileShape(m=128, n=128, relative_efficiency=0.92),
+    TileShape(m=128, n=64, relative_efficiency=0.8),
+    TileShape(m=64, n=64, relative_efficiency=0.65),
+]
+TILE_SRC = (
+    "CUTLASS default_gemm_configuration.h tile shapes; relative efficiencies assumed (operand reuse "
+    "per tile), not fitted"
+)
 # Per-kernel launch costs. Device gap between dependent kernels on one stream: ~2 us (NVIDIA blog "Getting
 # Started with CUDA Graphs", 2019: a 2.9 us kernel took 3.8 us per launch back-to-back without graphs, i.e.
 # ~1 us of gap plus the launch; 2 us is used as the middle of 1-3 us). Host issue time of one PyTorch
@@ -78,37 +101,61 @@ TILE_SRC = ("CUTLASS default_gemm_configuration.h tile shapes; relative efficien
 # 3.3 us for a view op). Both are assumptions within the cited ranges, not fitted.
 KERNEL_GAP_S = 2e-6
 HOST_OP_S = 10e-6
-LAUNCH_SRC = ("kernel_gap_s 2 us: NVIDIA 'Getting Started with CUDA Graphs' (2019) back-to-back launch gap; "
-              "host_op_s 10 us: PyTorch eager dispatch + cudaLaunchKernel (4-6 us launch, public measurement; "
-              "3.3 us torch op overhead, pytorch PR #32194); assumptions within those ranges")
+LAUNCH_SRC = (
+    "kernel_gap_s 2 us: NVIDIA 'Getting Started with CUDA Graphs' (2019) back-to-back launch gap; "
+    "host_op_s 10 us: PyTorch eager dispatch + cudaLaunchKernel (4-6 us launch, public measurement; "
+    "3.3 us torch op overhead, pytorch PR #32194); assumptions within those ranges"
+)
 # Streaming benchmarks reach 85-92 % of datasheet HBM bandwidth (BabelStream, Deakin et al.); a training
 # step's element-wise kernels are short (tens of us), strided (permutes) and mix 1-byte masks, and reach
 # less. 0.65 is FITTED, jointly with the A100 GEMM ceiling, on the SC21 Table 1 rows (see KERNEL_SPECS).
 MEMORY_BW_EFFICIENCY = 0.65
-MEMORY_SRC = ("fitted 0.65 with the A100 GEMM ceiling on the 10 SC21 Table 1 rows (benchmarks/cost_accuracy.py "
-              "--calibrate); streaming benchmarks reach 0.85-0.92 (BabelStream), short training kernels less")
+MEMORY_SRC = (
+    "fitted 0.65 with the A100 GEMM ceiling on the 10 SC21 Table 1 rows (benchmarks/cost_accuracy.py "
+    "--calibrate); streaming benchmarks reach 0.85-0.92 (BabelStream), short training kernels less"
+)
 
 
 # Per GPU family: SM count (architecture whitepapers), the GEMM ceiling (fitted, see each source), the
 # fused-attention efficiency (FlashAttention papers).
 KERNEL_SPECS: dict[str, dict] = {
-    "A100": dict(sm_count=108, sm_src="NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs (A100 SXM4)",
-                 gemm_ceiling=0.72, ceiling_src="fitted with memory_bw_efficiency on the 10 SC21 Table 1 rows "
-                 "(grid search in steps of 0.02 / 0.05; benchmarks/cost_accuracy.py --calibrate); validated on the "
-                 "other rows",
-                 flash=0.6, flash_src="FlashAttention-2 (Dao 2023) abstract: 50-73 % of A100 peak; 0.6 assumed"),
-    "H100": dict(sm_count=132, sm_src="NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs (H100 SXM5)",
-                 gemm_ceiling=0.64, ceiling_src="fitted: Megatron-LM README H100 table GPT-177B row (solves to "
-                 "0.643; benchmarks/cost_accuracy.py --calibrate); the other 7 rows validate it",
-                 flash=0.5, flash_src="FlashAttention-3 (Shah et al. 2024) abstract: FA2 35 %, FA3 up to 75 % of "
-                 "H100 peak; 0.5 assumed for cuDNN/TE fused attention of 2024"),
-    "V100": dict(sm_count=80, sm_src="NVIDIA Tesla V100 GPU Architecture whitepaper: 80 SMs (V100 SXM2)",
-                 gemm_ceiling=0.88, ceiling_src="fitted: Megatron-LM tables.tex GPT-2 1.2B on one V100 "
-                 "(1121 ms; solves to 0.882; benchmarks/cost_accuracy.py --calibrate)",
-                 flash=0.5, flash_src="assumption (FlashAttention v1 supports V100 poorly; not validated)"),
-    "P100": dict(sm_count=56, sm_src="NVIDIA Tesla P100 whitepaper: 56 SMs (P100 SXM2)",
-                 gemm_ceiling=0.88, ceiling_src="assumption: the V100 value (no P100 reference run here)",
-                 flash=0.5, flash_src="assumption (not validated)"),
+    "A100": dict(
+        sm_count=108,
+        sm_src="NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs (A100 SXM4)",
+        gemm_ceiling=0.72,
+        ceiling_src="fitted with memory_bw_efficiency on the 10 SC21 Table 1 rows "
+        "(grid search in steps of 0.02 / 0.05; benchmarks/cost_accuracy.py --calibrate); validated on the "
+        "other rows",
+        flash=0.6,
+        flash_src="FlashAttention-2 (Dao 2023) abstract: 50-73 % of A100 peak; 0.6 assumed",
+    ),
+    "H100": dict(
+        sm_count=132,
+        sm_src="NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs (H100 SXM5)",
+        gemm_ceiling=0.64,
+        ceiling_src="fitted: Megatron-LM README H100 table GPT-177B row (solves to "
+        "0.643; benchmarks/cost_accuracy.py --calibrate); the other 7 rows validate it",
+        flash=0.5,
+        flash_src="FlashAttention-3 (Shah et al. 2024) abstract: FA2 35 %, FA3 up to 75 % of "
+        "H100 peak; 0.5 assumed for cuDNN/TE fused attention of 2024",
+    ),
+    "V100": dict(
+        sm_count=80,
+        sm_src="NVIDIA Tesla V100 GPU Architecture whitepaper: 80 SMs (V100 SXM2)",
+        gemm_ceiling=0.88,
+        ceiling_src="fitted: Megatron-LM tables.tex GPT-2 1.2B on one V100 "
+        "(1121 ms; solves to 0.882; benchmarks/cost_accuracy.py --calibrate)",
+        flash=0.5,
+        flash_src="assumption (FlashAttention v1 supports V100 poorly; not validated)",
+    ),
+    "P100": dict(
+        sm_count=56,
+        sm_src="NVIDIA Tesla P100 whitepaper: 56 SMs (P100 SXM2)",
+        gemm_ceiling=0.88,
+        ceiling_src="assumption: the V100 value (no P100 reference run here)",
+        flash=0.5,
+        flash_src="assumption (not validated)",
+    ),
 }
 KERNEL_SPECS["H200"] = {**KERNEL_SPECS["H100"], "sm_src": "same GH100 die as H100 (hardware_specs.csv): 132 SMs"}
 
@@ -119,21 +166,35 @@ KERNEL_SPECS["H200"] = {**KERNEL_SPECS["H100"], "sm_src": "same GH100 die as H10
 # the torchtitan FSDP2 rows in benchmarks/data/published_cases.csv hardly tell 0 from 0.2 (mean |error|
 # 4.4 / 4.1 / 4.2 % at 0 / 0.1 / 0.2).
 CONTENTION = 0.1
-CONTENTION_SRC = ("0.1: NCCL's SM share while a collective runs (one CTA per channel, NCCL docs NCCL_MIN_NCHANNELS/"
-                  "NCCL_MAX_CTAS; 8-16 channels of 108-132 SMs); not fitted, checked on the torchtitan FSDP2 rows")
+CONTENTION_SRC = (
+    "0.1: NCCL's SM share while a collective runs (one CTA per channel, NCCL docs NCCL_MIN_NCHANNELS/"
+    "NCCL_MAX_CTAS; 8-16 channels of 108-132 SMs); not fitted, checked on the torchtitan FSDP2 rows"
+)
 
 
 def kernel_model(family: str) -> KernelModel:
     """The shipped per-kernel model of a GPU family (every value with its source in ``sources``)."""
     spec = KERNEL_SPECS[family]
     return KernelModel(
-        sm_count=spec["sm_count"], tile_shapes=TILES, gemm_ceiling=spec["gemm_ceiling"],
-        memory_bw_efficiency=MEMORY_BW_EFFICIENCY, kernel_gap_s=KERNEL_GAP_S, host_op_s=HOST_OP_S,
-        flash_attention_efficiency=spec["flash"], comm_compute_contention=CONTENTION,
-        sources={"comm_compute_contention": CONTENTION_SRC, "sm_count": spec["sm_src"], "tile_shapes": TILE_SRC,
-                 "gemm_ceiling": spec["ceiling_src"],
-                 "memory_bw_efficiency": MEMORY_SRC, "kernel_gap_s": LAUNCH_SRC, "host_op_s": LAUNCH_SRC,
-                 "flash_attention_efficiency": spec["flash_src"]})
+        sm_count=spec["sm_count"],
+        tile_shapes=TILES,
+        gemm_ceiling=spec["gemm_ceiling"],
+        memory_bw_efficiency=MEMORY_BW_EFFICIENCY,
+        kernel_gap_s=KERNEL_GAP_S,
+        host_op_s=HOST_OP_S,
+        flash_attention_efficiency=spec["flash"],
+        comm_compute_contention=CONTENTION,
+        sources={
+            "comm_compute_contention": CONTENTION_SRC,
+            "sm_count": spec["sm_src"],
+            "tile_shapes": TILE_SRC,
+            "gemm_ceiling": spec["ceiling_src"],
+            "memory_bw_efficiency": MEMORY_SRC,
+            "kernel_gap_s": LAUNCH_SRC,
+            "host_op_s": LAUNCH_SRC,
+            "flash_attention_efficiency": spec["flash_src"],
+        },
+    )
 
 
 def default_kernel_model(device: str) -> KernelModel | None:
@@ -145,10 +206,16 @@ def default_kernel_model(device: str) -> KernelModel | None:
 def _compute(device: str, peaks: dict[str, tuple[float, str]]) -> list[ComputeFigure]:
     family = gpu_family(device)
     eff = GEMM_EFFICIENCY[family]
-    return [ComputeFigure(dtype=dtype, peak_flops_per_s=peak, achieved_flops_per_s=eff * peak, origin="derived",
-                          source=f"peak: {src}; achieved = GEMM_EFFICIENCY['{family}'] = {eff} x peak "
-                                 f"(planner/cost/constants.py)")
-            for dtype, (peak, src) in peaks.items()]
+    return [
+        ComputeFigure(
+            dtype=dtype,
+            peak_flops_per_s=peak,
+            achieved_flops_per_s=eff * peak,
+            origin="derived",
+            source=f"peak: {src}; achieved = GEMM_EFFICIENCY['{family}'] = {eff} x peak (planner/cost/constants.py)",
+        )
+        for dtype, (peak, src) in peaks.items()
+    ]
 
 
 A100_SRC = f"{CSV} 'A100 SXM4' rows (glennklockwood.com A100, NVIDIA A100 datasheet r4; Megatron SC21)"
@@ -159,100 +226,175 @@ P100_SRC = f"{CSV} 'P100 SXM2 (NVLink)' rows (tech4gamers Tesla P100 table)"
 
 def a100_node() -> NodeType:
     return NodeType(
-        name="dgx-a100-80g", device="NVIDIA A100-SXM4-80GB", devices_per_node=8, device_memory_bytes=int(80 * GIB),
+        name="dgx-a100-80g",
+        device="NVIDIA A100-SXM4-80GB",
+        devices_per_node=8,
+        device_memory_bytes=int(80 * GIB),
         device_memory_source=f"80 GB HBM2e per GPU (NVIDIA A100 datasheet; nvidia-smi reports 81920 MiB); HBM2e "
-                             f"bandwidth 2039 GB/s: {CSV} 'A100 SXM4 80GB' row",
+        f"bandwidth 2039 GB/s: {CSV} 'A100 SXM4 80GB' row",
         memory_bw_bytes_per_s=2039 * GB,
-        compute=_compute("A100", {"bf16": (312e12, A100_SRC), "fp16": (312e12, A100_SRC),
-                                  "tf32": (156e12, A100_SRC), "fp32": (19.5e12, A100_SRC)}),
-        intra_node=_fits("intra_node", _Link(
-            bus_bw=229.35 * GB, hw="nvlink", n_ranks=8,
-            source=f"{CSV}: 8x A100 SXM4 all_reduce busBw 229.35 GB/s @1GiB (vTrain trace/a100 "
-                   f"AR_GPU8_1M_1024M_LUT); same bus bandwidth assumed for the other ops")),
+        compute=_compute(
+            "A100",
+            {
+                "bf16": (312e12, A100_SRC),
+                "fp16": (312e12, A100_SRC),
+                "tf32": (156e12, A100_SRC),
+                "fp32": (19.5e12, A100_SRC),
+            },
+        ),
+        intra_node=_fits(
+            "intra_node",
+            _Link(
+                bus_bw=229.35 * GB,
+                hw="nvlink",
+                n_ranks=8,
+                source=f"{CSV}: 8x A100 SXM4 all_reduce busBw 229.35 GB/s @1GiB (vTrain trace/a100 "
+                f"AR_GPU8_1M_1024M_LUT); same bus bandwidth assumed for the other ops",
+            ),
+        ),
         nic_bw_bytes_per_s=8 * 25 * GB,
         nic_source=f"{CSV}: DGX A100 (Selene) 8 x 200 Gb/s HDR InfiniBand compute HCAs (SC21 §5)",
-        kernel_model=kernel_model("A100"))
+        kernel_model=kernel_model("A100"),
+    )
 
 
 def h100_node(*, h200: bool = False) -> NodeType:
     name, device = ("dgx-h200", "NVIDIA H200") if h200 else ("dgx-h100", "NVIDIA H100 80GB HBM3")
     src = f"{CSV} 'H200 SXM 141GB' BF16 row (derived: same GH100 die as H100)" if h200 else H100_SRC
-    ar_bw, ar_src = (475 * GB, "8x H200 all_reduce busBw peak 475 GB/s (nccl-tests issue #272)") if h200 else (
-        476 * GB, "8x H100 all_reduce busBw 476 GB/s (nccl-tests issue #290, NVLS)")
+    ar_bw, ar_src = (
+        (475 * GB, "8x H200 all_reduce busBw peak 475 GB/s (nccl-tests issue #272)")
+        if h200
+        else (476 * GB, "8x H100 all_reduce busBw 476 GB/s (nccl-tests issue #290, NVLS)")
+    )
     return NodeType(
-        name=name, device=device, devices_per_node=8,
+        name=name,
+        device=device,
+        devices_per_node=8,
         device_memory_bytes=int(141 * GB) if h200 else int(80 * GIB),
-        device_memory_source=(f"{CSV}: H200 HBM3e capacity 141 GB, HBM3e bandwidth 4800 GB/s" if h200 else
-                              "80 GB HBM3 per GPU (NVIDIA H100 SXM5 datasheet; nvidia-smi reports 81559 MiB); HBM3 "
-                              f"bandwidth 3350 GB/s: {CSV} 'H100 SXM5 80GB' row"),
+        device_memory_source=(
+            f"{CSV}: H200 HBM3e capacity 141 GB, HBM3e bandwidth 4800 GB/s"
+            if h200
+            else "80 GB HBM3 per GPU (NVIDIA H100 SXM5 datasheet; nvidia-smi reports 81559 MiB); HBM3 "
+            f"bandwidth 3350 GB/s: {CSV} 'H100 SXM5 80GB' row"
+        ),
         memory_bw_bytes_per_s=(4800 if h200 else 3350) * GB,
-        compute=_compute("H200" if h200 else "H100", {
-            "bf16": (989.4e12, src), "fp16": (989.4e12, src), "fp8": (1978.9e12, H100_SRC),
-            "tf32": (494.7e12, H100_SRC), "fp32": (66.9e12, H100_SRC)}),
-        intra_node=_fits("intra_node", _Link(
-            bus_bw=370 * GB, all_reduce_bus_bw=ar_bw, hw="nvlink", n_ranks=8,
-            source=f"{CSV}: {ar_src}; other ops ~370 GB/s effective NVLink busBw (nccl-tests issue #212, "
-                   f"450 GB/s line rate minus ~20 % protocol overhead)")),
+        compute=_compute(
+            "H200" if h200 else "H100",
+            {
+                "bf16": (989.4e12, src),
+                "fp16": (989.4e12, src),
+                "fp8": (1978.9e12, H100_SRC),
+                "tf32": (494.7e12, H100_SRC),
+                "fp32": (66.9e12, H100_SRC),
+            },
+        ),
+        intra_node=_fits(
+            "intra_node",
+            _Link(
+                bus_bw=370 * GB,
+                all_reduce_bus_bw=ar_bw,
+                hw="nvlink",
+                n_ranks=8,
+                source=f"{CSV}: {ar_src}; other ops ~370 GB/s effective NVLink busBw (nccl-tests issue #212, "
+                f"450 GB/s line rate minus ~20 % protocol overhead)",
+            ),
+        ),
         nic_bw_bytes_per_s=8 * 50 * GB,
         nic_source=f"{CSV}: DGX H100/H200 8 x 400 Gb/s ConnectX-7 (NVIDIA DGX BasePOD reference architecture)",
-        kernel_model=kernel_model("H200" if h200 else "H100"))
+        kernel_model=kernel_model("H200" if h200 else "H100"),
+    )
 
 
 def v100_node() -> NodeType:
     return NodeType(
-        name="p3.16xlarge", device="Tesla V100-SXM2-16GB", devices_per_node=8, device_memory_bytes=int(16 * GIB),
+        name="p3.16xlarge",
+        device="Tesla V100-SXM2-16GB",
+        devices_per_node=8,
+        device_memory_bytes=int(16 * GIB),
         device_memory_source=f"{CSV}: V100 HBM capacity 16 GB (Alpa artifact p3.16xlarge); HBM2 bandwidth 900 GB/s "
-                             f"(NVIDIA SXM2 datasheet value noted in the 'V100 (PCIe 16GB)' row)",
+        f"(NVIDIA SXM2 datasheet value noted in the 'V100 (PCIe 16GB)' row)",
         memory_bw_bytes_per_s=900 * GB,
         compute=_compute("V100", {"fp16": (125e12, V100_SRC), "fp32": (15.7e12, V100_SRC)}),
-        intra_node=_fits("intra_node", _Link(
-            bus_bw=134.51 * GB, hw="nvlink", n_ranks=8,
-            source=f"{CSV}: 8x V100 node all_reduce busBw 134.51 GB/s @1GiB (vTrain trace/v100); HBM 900 GB/s "
-                   f"is the NVIDIA SXM2 datasheet value noted in the same file")),
+        intra_node=_fits(
+            "intra_node",
+            _Link(
+                bus_bw=134.51 * GB,
+                hw="nvlink",
+                n_ranks=8,
+                source=f"{CSV}: 8x V100 node all_reduce busBw 134.51 GB/s @1GiB (vTrain trace/v100); HBM 900 GB/s "
+                f"is the NVIDIA SXM2 datasheet value noted in the same file",
+            ),
+        ),
         nic_bw_bytes_per_s=25e9 / 8,
         nic_source=f"{CSV}: AWS p3.16xlarge 25 Gb/s network (AWS spec, noted as not re-read)",
-        kernel_model=kernel_model("V100"))
+        kernel_model=kernel_model("V100"),
+    )
 
 
 def p100_node() -> NodeType:
     return NodeType(
-        name="minsky", device="Tesla P100-SXM2-16GB", devices_per_node=4, device_memory_bytes=int(16 * GIB),
-        device_memory_source=f"{CSV}: P100 16GB (HBM2), HBM2 bandwidth 720 GB/s", memory_bw_bytes_per_s=720 * GB,
+        name="minsky",
+        device="Tesla P100-SXM2-16GB",
+        devices_per_node=4,
+        device_memory_bytes=int(16 * GIB),
+        device_memory_source=f"{CSV}: P100 16GB (HBM2), HBM2 bandwidth 720 GB/s",
+        memory_bw_bytes_per_s=720 * GB,
         compute=_compute("P100", {"fp16": (21.2e12, P100_SRC), "fp32": (10.6e12, P100_SRC)}),
-        intra_node=_fits("intra_node", _Link(
-            bus_bw=34 * GB, hw="nvlink", n_ranks=4,
-            source="derived: Minsky pairs GPUs with 2 NVLink-1 links (2 x 20 GB/s per direction, NVIDIA P100 "
-                   "whitepaper) and crosses sockets over the 38.4 GB/s X-bus; a 4-GPU ring runs at the "
-                   "slower hop, ~85 % efficiency -> 34 GB/s (assumption, no measurement in the references)")),
+        intra_node=_fits(
+            "intra_node",
+            _Link(
+                bus_bw=34 * GB,
+                hw="nvlink",
+                n_ranks=4,
+                source="derived: Minsky pairs GPUs with 2 NVLink-1 links (2 x 20 GB/s per direction, NVIDIA P100 "
+                "whitepaper) and crosses sockets over the 38.4 GB/s X-bus; a 4-GPU ring runs at the "
+                "slower hop, ~85 % efficiency -> 34 GB/s (assumption, no measurement in the references)",
+            ),
+        ),
         nic_bw_bytes_per_s=12.5 * GB,
         nic_source="EDR InfiniBand 100 Gb/s per node (IBM Systems blog 'Scaling TensorFlow and Caffe to 256 "
-                   "GPUs'; task brief)",
-        kernel_model=kernel_model("P100"))
+        "GPUs'; task brief)",
+        kernel_model=kernel_model("P100"),
+    )
 
 
 def _inter(bw: float, source: str) -> list[CollectiveFit]:
     return _fits("inter_node", _Link(bus_bw=bw, hw="net", n_ranks=16, source=source))
 
 
-HDR_INTER = (182 * GB, f"{CSV}: 2 nodes x 8 A100 with 4x HDR 200G: all_reduce busBw 86-96 GB/s "
-                       f"(nccl-tests #175, #119, #100; ~91 GB/s) scaled x2 for DGX A100's 8 HCAs")
-NDR_INTER = (376 * GB, f"{CSV}: NDR 400 Gb/s NIC expected NCCL busBw 46-48 GB/s per NIC (nccl-tests #290) "
-                       f"x 8 NICs per DGX H100/H200")
+HDR_INTER = (
+    182 * GB,
+    f"{CSV}: 2 nodes x 8 A100 with 4x HDR 200G: all_reduce busBw 86-96 GB/s "
+    f"(nccl-tests #175, #119, #100; ~91 GB/s) scaled x2 for DGX A100's 8 HCAs",
+)
+NDR_INTER = (
+    376 * GB,
+    f"{CSV}: NDR 400 Gb/s NIC expected NCCL busBw 46-48 GB/s per NIC (nccl-tests #290) x 8 NICs per DGX H100/H200",
+)
 ENA_INTER = (2.8 * GB, f"{CSV}: p3.16xlarge 25 Gb/s = 3.125 GB/s per node at ~90 % (assumed) efficiency")
 EDR_INTER = (11.25 * GB, "EDR 100 Gb/s = 12.5 GB/s per node at ~90 % (assumed) efficiency")
 
 
-def _cluster(name: str, description: str, nodes: list[tuple[NodeType, int]], inter: tuple, created_utc: str,
-             sources: list[str]) -> ClusterProfile:
+def _cluster(
+    name: str, description: str, nodes: list[tuple[NodeType, int]], inter: tuple, created_utc: str, sources: list[str]
+) -> ClusterProfile:
     types = {nt.name: nt for nt, _ in nodes}
     return ClusterProfile(
-        name=name, description=description, node_types=list(types.values()),
+        name=name,
+        description=description,
+        node_types=list(types.values()),
         nodes=[NodeGroup(node_type=nt.name, count=count) for nt, count in nodes],
         inter_node=_inter(*inter),
-        provenance=Provenance(method="datasheet", tool=f"stratagem {__version__}", created_utc=created_utc,
-                              command="python -m planner.hardware_catalog", sources=sources,
-                              notes="derived from datasheet and published measurements; node count covers the "
-                                    "published cases and is rescaled by --gpus"))
+        provenance=Provenance(
+            method="datasheet",
+            tool=f"stratagem {__version__}",
+            created_utc=created_utc,
+            command="python -m planner.hardware_catalog",
+            sources=sources,
+            notes="derived from datasheet and published measurements; node count covers the "
+            "published cases and is rescaled by --gpus",
+        ),
+    )
 
 
 def build_catalog(created_utc: str = "") -> dict[str, ClusterProfile]:
@@ -260,19 +402,54 @@ def build_catalog(created_utc: str = "") -> dict[str, ClusterProfile]:
     a100, h100, h200, v100, p100 = a100_node(), h100_node(), h100_node(h200=True), v100_node(), p100_node()
     base = [CSV]
     return {
-        "dgx-a100-80g": _cluster("dgx-a100-80g", "DGX A100 80GB nodes (Selene-like): NVSwitch, 8x HDR 200 Gb/s",
-                                 [(a100, 384)], HDR_INTER, created_utc, base + ["Narayanan et al. SC21 §5"]),
-        "dgx-h100": _cluster("dgx-h100", "DGX H100 nodes: NVSwitch (NVLink4), 8x NDR 400 Gb/s", [(h100, 768)],
-                             NDR_INTER, created_utc, base + ["NVIDIA DGX BasePOD reference architecture"]),
-        "dgx-h200": _cluster("dgx-h200", "DGX H200 nodes: NVSwitch (NVLink4), 8x NDR 400 Gb/s", [(h200, 768)],
-                             NDR_INTER, created_utc, base + ["NVIDIA DGX BasePOD reference architecture"]),
-        "aws-p3-16xlarge": _cluster("aws-p3-16xlarge", "AWS p3.16xlarge: 8x V100 16GB NVLink, 25 Gb/s Ethernet",
-                                    [(v100, 16)], ENA_INTER, created_utc, base + ["Alpa OSDI'22 artifact"]),
-        "ibm-minsky": _cluster("ibm-minsky", "IBM Power8 S822LC (Minsky): 4x P100 NVLink, EDR InfiniBand",
-                               [(p100, 64)], EDR_INTER, created_utc, base + ["Cho et al. 2017 (PowerAI DDL)"]),
+        "dgx-a100-80g": _cluster(
+            "dgx-a100-80g",
+            "DGX A100 80GB nodes (Selene-like): NVSwitch, 8x HDR 200 Gb/s",
+            [(a100, 384)],
+            HDR_INTER,
+            created_utc,
+            base + ["Narayanan et al. SC21 §5"],
+        ),
+        "dgx-h100": _cluster(
+            "dgx-h100",
+            "DGX H100 nodes: NVSwitch (NVLink4), 8x NDR 400 Gb/s",
+            [(h100, 768)],
+            NDR_INTER,
+            created_utc,
+            base + ["NVIDIA DGX BasePOD reference architecture"],
+        ),
+        "dgx-h200": _cluster(
+            "dgx-h200",
+            "DGX H200 nodes: NVSwitch (NVLink4), 8x NDR 400 Gb/s",
+            [(h200, 768)],
+            NDR_INTER,
+            created_utc,
+            base + ["NVIDIA DGX BasePOD reference architecture"],
+        ),
+        "aws-p3-16xlarge": _cluster(
+            "aws-p3-16xlarge",
+            "AWS p3.16xlarge: 8x V100 16GB NVLink, 25 Gb/s Ethernet",
+            [(v100, 16)],
+            ENA_INTER,
+            created_utc,
+            base + ["Alpa OSDI'22 artifact"],
+        ),
+        "ibm-minsky": _cluster(
+            "ibm-minsky",
+            "IBM Power8 S822LC (Minsky): 4x P100 NVLink, EDR InfiniBand",
+            [(p100, 64)],
+            EDR_INTER,
+            created_utc,
+            base + ["Cho et al. 2017 (PowerAI DDL)"],
+        ),
         "mixed-a100-v100": _cluster(
-            "mixed-a100-v100", "2 DGX A100 80GB nodes + 2 p3.16xlarge V100 nodes on the slower 25 Gb/s network",
-            [(a100, 2), (v100, 2)], ENA_INTER, created_utc, base + ["mixed-cluster example (Whale, ATC'22)"]),
+            "mixed-a100-v100",
+            "2 DGX A100 80GB nodes + 2 p3.16xlarge V100 nodes on the slower 25 Gb/s network",
+            [(a100, 2), (v100, 2)],
+            ENA_INTER,
+            created_utc,
+            base + ["mixed-cluster example (Whale, ATC'22)"],
+        ),
     }
 
 

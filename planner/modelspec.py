@@ -40,13 +40,19 @@ class ModelSpec(BaseModel):
 
     family: Family
     preset: str | None = Field(None, description="preset name the dims came from, if any")
-    dims: dict[str, DimValue] = Field(description="family constructor arguments, e.g. layers, hidden; for hf "
-                                                  "and custom models a read-only summary (layers, hidden, ...)")
-    source: str | None = Field(None, description="hf: the config.json it was read from; custom: "
-                                                 "'py:FILE.py:FUNCTION' or 'module:pkg.mod:FUNCTION'")
+    dims: dict[str, DimValue] = Field(
+        description="family constructor arguments, e.g. layers, hidden; for hf "
+        "and custom models a read-only summary (layers, hidden, ...)"
+    )
+    source: str | None = Field(
+        None,
+        description="hf: the config.json it was read from; custom: 'py:FILE.py:FUNCTION' or 'module:pkg.mod:FUNCTION'",
+    )
     config: dict[str, Any] | None = Field(
-        None, description="hf: the whole config.json (the plan is self-contained: launch rebuilds the model from "
-                          "it); custom: {'sha256': of the file} for py: sources")
+        None,
+        description="hf: the whole config.json (the plan is self-contained: launch rebuilds the model from "
+        "it); custom: {'sha256': of the file} for py: sources",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
@@ -67,7 +73,8 @@ class ModelSpec(BaseModel):
         ``family:`` plus the dimensions that differ from the family defaults (``gpt:heads2-hidden32``)."""
         if self.family == "hf":
             return f"hf:{(self.config or {}).get('model_type', 'model')}-" + "-".join(
-                f"{k}{self.dims[k]}" for k in ("layers", "hidden", "heads", "vocab") if k in self.dims)
+                f"{k}{self.dims[k]}" for k in ("layers", "hidden", "heads", "vocab") if k in self.dims
+            )
         if self.family == "custom":
             return "custom:" + (self.source or "").rpartition(":")[2]
         if self.preset:
@@ -97,12 +104,21 @@ class ModelSpec(BaseModel):
 
 # Every dimension a family takes, with its default. A spec may override any of them.
 FAMILY_DEFAULTS: dict[str, dict[str, DimValue]] = {
-    "gpt": dict(layers=2, hidden=64, heads=4, ffn_hidden=0, vocab=256, max_seq=128, dropout=0.0,
-                tie_embeddings=False),
-    "llama": dict(layers=2, hidden=64, heads=4, kv_heads=0, ffn_hidden=0, vocab=256, max_seq=128,
-                  rope_theta=10000.0, tie_embeddings=False),
-    "resnet": dict(depths_0=3, depths_1=4, depths_2=6, depths_3=3, width=64, num_classes=1000,
-                   image_size=224, in_channels=3),
+    "gpt": dict(layers=2, hidden=64, heads=4, ffn_hidden=0, vocab=256, max_seq=128, dropout=0.0, tie_embeddings=False),
+    "llama": dict(
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=0,
+        ffn_hidden=0,
+        vocab=256,
+        max_seq=128,
+        rope_theta=10000.0,
+        tie_embeddings=False,
+    ),
+    "resnet": dict(
+        depths_0=3, depths_1=4, depths_2=6, depths_3=3, width=64, num_classes=1000, image_size=224, in_channels=3
+    ),
     "mlp": dict(in_features=64, hidden=128, layers=4, out_features=10),
 }
 # ffn_hidden 0 means 4*hidden (GPT) or the Llama rule; kv_heads 0 means heads (no grouped-query attention).
@@ -139,13 +155,11 @@ PRESETS: dict[str, dict[str, dict[str, DimValue]]] = {
         "tiny": dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, max_seq=128),
         "llama2-7b": dict(layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, max_seq=4096),
         "llama2-13b": dict(layers=40, hidden=5120, heads=40, ffn_hidden=13824, vocab=32000, max_seq=4096),
-        "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000,
-                           max_seq=4096),
+        "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000, max_seq=4096),
     },
     "resnet": {
         "tiny": dict(depths_0=1, depths_1=1, depths_2=1, depths_3=1, width=8, num_classes=10, image_size=32),
-        "tiny-wide": dict(depths_0=1, depths_1=1, depths_2=1, depths_3=1, width=8, num_classes=1000,
-                          image_size=32),
+        "tiny-wide": dict(depths_0=1, depths_1=1, depths_2=1, depths_3=1, width=8, num_classes=1000, image_size=32),
         "resnet50": dict(num_classes=1000),
         "resnet50-wide": dict(num_classes=100_000),
     },
@@ -154,18 +168,20 @@ PRESETS: dict[str, dict[str, dict[str, DimValue]]] = {
         "small": dict(in_features=256, hidden=1024, layers=8, out_features=100),
     },
 }
-PRESETS["gpt"].update({
-    # Megatron-LM README H100 table (vocab 131072, sequence 4096)
-    "megatron-h100-1.7b": dict(layers=24, hidden=2048, heads=16, **_MEGATRON_H100),
-    "megatron-h100-7.1b": dict(layers=30, hidden=4096, heads=32, **_MEGATRON_H100),
-    "megatron-h100-16b": dict(layers=32, hidden=6144, heads=48, **_MEGATRON_H100),
-    "megatron-h100-32b": dict(layers=48, hidden=7168, heads=56, **_MEGATRON_H100),
-    "megatron-h100-70b": dict(layers=84, hidden=8192, heads=64, **_MEGATRON_H100),
-    "megatron-h100-119b": dict(layers=92, hidden=10240, heads=80, **_MEGATRON_H100),
-    "megatron-h100-177b": dict(layers=96, hidden=12288, heads=96, **_MEGATRON_H100),
-    "megatron-h100-314b": dict(layers=96, hidden=16384, heads=128, **_MEGATRON_H100),
-    "megatron-h100-462b": dict(layers=112, hidden=18432, heads=144, **_MEGATRON_H100),
-})
+PRESETS["gpt"].update(
+    {
+        # Megatron-LM README H100 table (vocab 131072, sequence 4096)
+        "megatron-h100-1.7b": dict(layers=24, hidden=2048, heads=16, **_MEGATRON_H100),
+        "megatron-h100-7.1b": dict(layers=30, hidden=4096, heads=32, **_MEGATRON_H100),
+        "megatron-h100-16b": dict(layers=32, hidden=6144, heads=48, **_MEGATRON_H100),
+        "megatron-h100-32b": dict(layers=48, hidden=7168, heads=56, **_MEGATRON_H100),
+        "megatron-h100-70b": dict(layers=84, hidden=8192, heads=64, **_MEGATRON_H100),
+        "megatron-h100-119b": dict(layers=92, hidden=10240, heads=80, **_MEGATRON_H100),
+        "megatron-h100-177b": dict(layers=96, hidden=12288, heads=96, **_MEGATRON_H100),
+        "megatron-h100-314b": dict(layers=96, hidden=16384, heads=128, **_MEGATRON_H100),
+        "megatron-h100-462b": dict(layers=112, hidden=18432, heads=144, **_MEGATRON_H100),
+    }
+)
 
 
 def parse_model(text: str, **overrides: DimValue | None) -> ModelSpec:
@@ -190,17 +206,14 @@ def parse_model(text: str, **overrides: DimValue | None) -> ModelSpec:
     dims: dict[str, DimValue] = {}
     if preset:
         if preset not in PRESETS[family]:
-            raise StratagemError(
-                f"unknown {family} preset {preset!r}; choose one of {', '.join(PRESETS[family])}"
-            )
+            raise StratagemError(f"unknown {family} preset {preset!r}; choose one of {', '.join(PRESETS[family])}")
         dims.update(PRESETS[family][preset])
     for key, value in overrides.items():
         if value is None:
             continue
         if key not in FAMILY_DEFAULTS[family]:
             raise StratagemError(
-                f"{family} models have no dimension {key!r}; valid ones: "
-                f"{', '.join(FAMILY_DEFAULTS[family])}"
+                f"{family} models have no dimension {key!r}; valid ones: {', '.join(FAMILY_DEFAULTS[family])}"
             )
         dims[key] = value
     try:
@@ -226,9 +239,11 @@ HF_DIM_KEYS: dict[str, tuple[str, ...]] = {
 def _reject_overrides(text: str, overrides: dict[str, DimValue | None]) -> None:
     given = sorted(k for k, v in overrides.items() if v is not None)
     if given:
-        raise StratagemError(f"{text} is built by your function, which takes no size overrides "
-                             f"({', '.join('--' + k.replace('_', '-') for k in given)}); change the sizes in "
-                             f"the function instead")
+        raise StratagemError(
+            f"{text} is built by your function, which takes no size overrides "
+            f"({', '.join('--' + k.replace('_', '-') for k in given)}); change the sizes in "
+            f"the function instead"
+        )
 
 
 def load_hf_config(path_text: str) -> tuple[Path, dict[str, Any]]:
@@ -239,16 +254,21 @@ def load_hf_config(path_text: str) -> tuple[Path, dict[str, Any]]:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise StratagemError(f"hf config {path} does not exist; pass a local config.json or a folder holding one "
-                             f"(no hub downloads: save it first with config.save_pretrained(FOLDER))")
+        raise StratagemError(
+            f"hf config {path} does not exist; pass a local config.json or a folder holding one "
+            f"(no hub downloads: save it first with config.save_pretrained(FOLDER))"
+        )
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StratagemError(f"hf config {path} is not readable JSON ({exc}); pass a config.json written by "
-                             f"transformers") from None
+        raise StratagemError(
+            f"hf config {path} is not readable JSON ({exc}); pass a config.json written by transformers"
+        ) from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise StratagemError(f"hf config {path} has no 'model_type'; pass a config.json written by transformers "
-                             f"(e.g. LlamaConfig(...).save_pretrained(FOLDER))")
+        raise StratagemError(
+            f"hf config {path} has no 'model_type'; pass a config.json written by transformers "
+            f"(e.g. LlamaConfig(...).save_pretrained(FOLDER))"
+        )
     return path, config
 
 
@@ -285,8 +305,9 @@ def parse_custom(text: str) -> ModelSpec:
     target, _, function = rest.rpartition(":")
     if not target or not function.isidentifier():
         example = "py:examples/custom_model.py:build" if kind == "py" else "module:mypkg.models:build"
-        raise StratagemError(f"--model {text!r} must be {kind}:{'FILE.py' if kind == 'py' else 'pkg.mod'}:FUNCTION, "
-                             f"e.g. {example}")
+        raise StratagemError(
+            f"--model {text!r} must be {kind}:{'FILE.py' if kind == 'py' else 'pkg.mod'}:FUNCTION, e.g. {example}"
+        )
     if kind == "module":
         return ModelSpec(family="custom", dims={}, source=f"module:{target}:{function}", config={})
     path = Path(target).expanduser()
@@ -325,9 +346,11 @@ def check_dims(spec: ModelSpec) -> None:
     if spec.family in ("gpt", "llama"):
         hidden, heads = int(spec.dim("hidden")), int(spec.dim("heads"))
         if hidden % heads:
-            raise StratagemError(f"{spec.family} hidden {hidden} is not divisible by heads {heads}; choose heads "
-                                 f"dividing hidden")
+            raise StratagemError(
+                f"{spec.family} hidden {hidden} is not divisible by heads {heads}; choose heads dividing hidden"
+            )
         kv = int(spec.dims.get("kv_heads", 0) or 0)
         if kv and heads % kv:
-            raise StratagemError(f"llama heads {heads} is not divisible by kv_heads {kv}; choose kv heads "
-                                 f"dividing heads")
+            raise StratagemError(
+                f"llama heads {heads} is not divisible by kv_heads {kv}; choose kv heads dividing heads"
+            )

@@ -17,7 +17,7 @@ from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
 from planner.fileio import content_hash, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
-from planner.profiles import Dtype, _Strict   # one strictness rule for every file the project reads
+from planner.profiles import Dtype, _Strict  # one strictness rule for every file the project reads
 from planner.recipe import LRSchedule
 
 PLAN_SCHEMA_VERSION: Final = 2
@@ -39,7 +39,8 @@ class TrainingSettings(_Strict):
     weight_decay: NonNegativeFloat = 0.0
     seed: int = Field(0, ge=0)
     lr_schedule: LRSchedule | None = Field(
-        None, description="Goyal et al. 2017 large-batch recipe (planner/recipe.py); None = constant lr")
+        None, description="Goyal et al. 2017 large-batch recipe (planner/recipe.py); None = constant lr"
+    )
 
 
 class Mesh(_Strict):
@@ -79,8 +80,10 @@ class Schedule(_Strict):
     num_micro_batches: int = Field(ge=1, description="micro-batches of the busiest dp replica per step")
     virtual_stages: int = Field(1, ge=1, description="model chunks per pp rank (interleaved 1F1B)")
     micro_batches_per_replica: list[PositiveInt] | None = Field(
-        None, description="micro-batches each dp replica runs per step, in dp order; filled in by the Plan "
-                          "(None only while a plan whose split does not work out is being rejected)")
+        None,
+        description="micro-batches each dp replica runs per step, in dp order; filled in by the Plan "
+        "(None only while a plan whose split does not work out is being rejected)",
+    )
 
 
 class Stage(_Strict):
@@ -106,7 +109,8 @@ class StagePrediction(_Strict):
     # terms are finite but not all >= 0: an overlap term can be a (tiny) negative correction of the cost model
     time_breakdown_s: dict[str, float] = Field(description="per micro-batch forward, backward, ... seconds")
     memory_breakdown_bytes: dict[str, NonNegativeFloat] = Field(
-        description="params, grads, optimizer, activations, ...")
+        description="params, grads, optimizer, activations, ..."
+    )
     peak_memory_bytes: NonNegativeFloat
     memory_capacity_bytes: PositiveFloat
 
@@ -132,8 +136,7 @@ class Predictions(_Strict):
     hardware_tflops_per_gpu: NonNegativeFloat
     mfu: NonNegativeFloat
     peak_memory_bytes: NonNegativeFloat = Field(description="max over ranks")
-    breakdown_s: dict[str, float] = Field(
-        description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
+    breakdown_s: dict[str, float] = Field(description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
     stages: list[StagePrediction]
     per_replica_type: list[ReplicaTypePrediction] = Field(default_factory=list)
 
@@ -146,9 +149,12 @@ class Alternative(_Strict):
     peak_memory_bytes: NonNegativeFloat
     slowdown: PositiveFloat = Field(description="step_time_s / best step_time_s")
     choices: dict[str, int | float | str | bool]
-    proven_optimal: bool = Field(True, description="False when this candidate's own solve was stopped early "
-                                 "(its bound already showed it cannot beat the best plan): a better layout "
-                                 "for the same choices may exist")
+    proven_optimal: bool = Field(
+        True,
+        description="False when this candidate's own solve was stopped early "
+        "(its bound already showed it cannot beat the best plan): a better layout "
+        "for the same choices may exist",
+    )
 
 
 class SearchRecord(_Strict):
@@ -177,11 +183,14 @@ class Plan(_Strict):
     layout: dict[str, LayerLayout] = Field(default_factory=dict, description="per module path; absent = replicate")
     zero_stage: Literal[0, 1, 2, 3] = 0
     batch_shares: list[PositiveFloat] | None = Field(
-        None, description="fraction of the global batch per dp replica (None = equal); sums to 1")
+        None, description="fraction of the global batch per dp replica (None = equal); sums to 1"
+    )
     replica_node_types: list[str] | None = Field(
-        None, description="node type of each dp replica when replicas run on different GPU types (Whale's "
-                          "hardware-aware data parallelism; mesh axes dp, pp, tp so that replica j is the j-th "
-                          "block of pp x tp ranks); None = the stages' node types")
+        None,
+        description="node type of each dp replica when replicas run on different GPU types (Whale's "
+        "hardware-aware data parallelism; mesh axes dp, pp, tp so that replica j is the j-th "
+        "block of pp x tp ranks); None = the stages' node types",
+    )
     predictions: Predictions | None = None
     search: SearchRecord | None = None
     comparison: ComparisonRecord | None = Field(None, description="against the user's config (plan --compare-to)")
@@ -231,9 +240,19 @@ def costed(plan: Plan) -> tuple[Predictions, SearchRecord | None]:
     return plan.predictions, plan.search
 
 
-def strategy_label(*, tp: int, pp: int, dp: int, schedule: str, virtual_stages: int, micro_batch: int,
-                   num_micro_batches: int, zero_stage: int, sequence_parallel: bool = False,
-                   recompute: dict[str, int] | None = None) -> str:
+def strategy_label(
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    schedule: str,
+    virtual_stages: int,
+    micro_batch: int,
+    num_micro_batches: int,
+    zero_stage: int,
+    sequence_parallel: bool = False,
+    recompute: dict[str, int] | None = None,
+) -> str:
     """The one short name of a strategy, used by every command, table, picture and notebook.
 
     ``recompute`` counts modules per recompute mode (modes ``none`` left out). The search's runner-ups use
@@ -245,8 +264,10 @@ def strategy_label(*, tp: int, pp: int, dp: int, schedule: str, virtual_stages: 
     """
     sched = schedule if virtual_stages == 1 else f"{schedule}(v={virtual_stages})"
     modes = "+".join(f"{mode} x{n}" for mode, n in sorted((recompute or {}).items()) if mode != "none" and n)
-    return (f"tp{tp} pp{pp} dp{dp} {sched} mb{micro_batch}x{num_micro_batches} zero{zero_stage}"
-            f"{' sp' if sequence_parallel else ''}{' recompute ' + modes if modes else ''}")
+    return (
+        f"tp{tp} pp{pp} dp{dp} {sched} mb{micro_batch}x{num_micro_batches} zero{zero_stage}"
+        f"{' sp' if sequence_parallel else ''}{' recompute ' + modes if modes else ''}"
+    )
 
 
 def plan_label(plan: Plan) -> str:
@@ -256,11 +277,18 @@ def plan_label(plan: Plan) -> str:
         for mode in stage.recompute.values():
             counts[mode] = counts.get(mode, 0) + 1
     s = plan.schedule
-    return strategy_label(tp=plan.mesh.size("tp"), pp=plan.mesh.size("pp"), dp=plan.mesh.size("dp"),
-                          schedule=s.kind, virtual_stages=s.virtual_stages, micro_batch=s.micro_batch_size,
-                          num_micro_batches=s.num_micro_batches, zero_stage=plan.zero_stage,
-                          sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
-                          recompute=counts)
+    return strategy_label(
+        tp=plan.mesh.size("tp"),
+        pp=plan.mesh.size("pp"),
+        dp=plan.mesh.size("dp"),
+        schedule=s.kind,
+        virtual_stages=s.virtual_stages,
+        micro_batch=s.micro_batch_size,
+        num_micro_batches=s.num_micro_batches,
+        zero_stage=plan.zero_stage,
+        sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
+        recompute=counts,
+    )
 
 
 def validate(plan: Plan, world_size: int) -> None:
@@ -268,7 +296,8 @@ def validate(plan: Plan, world_size: int) -> None:
     if plan.world_size != world_size:
         raise StratagemError(
             f"plan needs {plan.world_size} ranks but the launch has {world_size}: start with "
-            f"--nproc-per-node/--nnodes giving {plan.world_size}, or re-plan with --gpus {world_size}")
+            f"--nproc-per-node/--nnodes giving {plan.world_size}, or re-plan with --gpus {world_size}"
+        )
     seen: set[int] = set()
     per_pp: dict[int, set[int]] = {}
     for st in plan.stages:
@@ -285,8 +314,10 @@ def validate(plan: Plan, world_size: int) -> None:
     _check_batch(plan)
     max_seq = plan.model.dims.get("max_seq") if plan.model.family in ("gpt", "llama") else None
     if max_seq is not None and plan.training.seq_len > max_seq:
-        raise StratagemError(f"plan trains seq_len {plan.training.seq_len} but {plan.model.name} has max_seq "
-                             f"{max_seq}; re-plan with --seq <= {max_seq}")
+        raise StratagemError(
+            f"plan trains seq_len {plan.training.seq_len} but {plan.model.name} has max_seq "
+            f"{max_seq}; re-plan with --seq <= {max_seq}"
+        )
     paths = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     if len(paths) != len(set(paths)):
         raise StratagemError("a module is placed on two stages; the plan file is corrupt, re-plan")
@@ -299,7 +330,8 @@ def _check_batch(plan: Plan) -> None:
         raise StratagemError(
             f"plan splits global batch {plan.training.global_batch} as dp {dp} x micro-batch {s.micro_batch_size} "
             f"x {s.num_micro_batches} micro-batches = {dp * s.micro_batch_size * s.num_micro_batches}; the file "
-            f"is inconsistent, re-plan")
+            f"is inconsistent, re-plan"
+        )
 
 
 def rows_per_replica(global_batch: int, shares: list[float] | None, dp: int) -> list[int]:
@@ -315,14 +347,14 @@ def rows_per_replica(global_batch: int, shares: list[float] | None, dp: int) -> 
         if abs(share * global_batch - n) > 1e-6 or n < 1:
             raise StratagemError(
                 f"batch share {share} of dp replica {r} is {share * global_batch:g} of the {global_batch}-sample "
-                f"global batch, not a whole number >= 1; choose shares that are multiples of 1/{global_batch}")
+                f"global batch, not a whole number >= 1; choose shares that are multiples of 1/{global_batch}"
+            )
     if sum(rows) != global_batch:
         raise StratagemError(f"batch shares give {sum(rows)} rows, not the global batch {global_batch}; re-plan")
     return rows
 
 
-def micro_batches_per_replica(rows: list[int], *, micro_batch_size: int | None,
-                              num_micro_batches: int) -> list[int]:
+def micro_batches_per_replica(rows: list[int], *, micro_batch_size: int | None, num_micro_batches: int) -> list[int]:
     """Micro-batches each dp replica runs per step.
 
     ``micro_batch_size`` given (uneven ``batch_shares``): ``m_r = rows_r / micro_batch_size``, every
@@ -337,14 +369,16 @@ def micro_batches_per_replica(rows: list[int], *, micro_batch_size: int | None,
             if n % num_micro_batches:
                 raise StratagemError(
                     f"dp replica {r} gets {n} samples, which do not split into {num_micro_batches} micro-batches; "
-                    f"choose a global batch or micro-batch count so that each replica's rows divide by it")
+                    f"choose a global batch or micro-batch count so that each replica's rows divide by it"
+                )
         return [num_micro_batches] * len(rows)
     for r, n in enumerate(rows):
         if n % micro_batch_size:
             raise StratagemError(
                 f"dp replica {r} gets {n} samples, not a multiple of the plan's {micro_batch_size}-sample "
                 f"micro-batch (schedule.micro_batch_size); choose batch shares whose rows are multiples of "
-                f"{micro_batch_size}, or re-plan with a micro-batch size dividing every replica's rows")
+                f"{micro_batch_size}, or re-plan with a micro-batch size dividing every replica's rows"
+            )
     return [n // micro_batch_size for n in rows]
 
 
@@ -352,8 +386,8 @@ def micro_batches_per_replica(rows: list[int], *, micro_batch_size: int | None,
 class BatchSplit:
     """How one step's global batch is spread over the dp replicas."""
 
-    rows: tuple[int, ...]            # samples of each dp replica per step
-    micro_batches: tuple[int, ...]   # micro-batches each dp replica runs per step
+    rows: tuple[int, ...]  # samples of each dp replica per step
+    micro_batches: tuple[int, ...]  # micro-batches each dp replica runs per step
 
 
 def split_batch(plan: Plan) -> BatchSplit:
@@ -365,12 +399,18 @@ def split_batch(plan: Plan) -> BatchSplit:
     shares every replica runs ``schedule.num_micro_batches`` micro-batches of ``B / dp`` rows. The plan file
     carries the counts (``schedule.micro_batches_per_replica``); readers take them from there.
     """
-    return _split(global_batch=plan.training.global_batch, dp=plan.mesh.size("dp"), shares=plan.batch_shares,
-                  micro_batch_size=plan.schedule.micro_batch_size, num_micro_batches=plan.schedule.num_micro_batches)
+    return _split(
+        global_batch=plan.training.global_batch,
+        dp=plan.mesh.size("dp"),
+        shares=plan.batch_shares,
+        micro_batch_size=plan.schedule.micro_batch_size,
+        num_micro_batches=plan.schedule.num_micro_batches,
+    )
 
 
-def _split(*, global_batch: int, dp: int, shares: list[float] | None, micro_batch_size: int,
-           num_micro_batches: int) -> BatchSplit:
+def _split(
+    *, global_batch: int, dp: int, shares: list[float] | None, micro_batch_size: int, num_micro_batches: int
+) -> BatchSplit:
     rows = rows_per_replica(global_batch, shares, dp)
     size = micro_batch_size if shares is not None else None
     counts = micro_batches_per_replica(rows, micro_batch_size=size, num_micro_batches=num_micro_batches)
@@ -393,8 +433,10 @@ def migrate_v1(data: dict[str, Any], *, source: str) -> dict[str, Any]:
     """
     stored = data.get("content_hash")
     if stored is not None and stored != content_hash(data):
-        raise StratagemError(f"plan {source} was modified after it was written (content_hash mismatch); "
-                             f"regenerate it, or delete its content_hash field if the edit was deliberate")
+        raise StratagemError(
+            f"plan {source} was modified after it was written (content_hash mismatch); "
+            f"regenerate it, or delete its content_hash field if the edit was deliberate"
+        )
     migrated = {**data, "schema_version": PLAN_SCHEMA_VERSION, "content_hash": None}
     schedule = migrated.get("schedule")
     if isinstance(schedule, dict):

@@ -13,8 +13,10 @@ def migrate_cluster_v1(data: dict, *, source: str = "cluster profile") -> dict:
     and unknown devices, which keep the layer-level roofline)."""
     stored = data.get("content_hash")
     if stored is not None and stored != content_hash(data):
-        raise StratagemError(f"cluster profile {source} was modified after it was written (content_hash "
-                             f"mismatch); regenerate it, or delete its content_hash field if the edit was deliberate")
+        raise StratagemError(
+            f"cluster profile {source} was modified after it was written (content_hash "
+            f"mismatch); regenerate it, or delete its content_hash field if the edit was deliberate"
+        )
     out = {k: v for k, v in data.items() if k != "content_hash"}
     out["schema_version"] = 2
     types = []

@@ -28,7 +28,7 @@ from planner.modelspec import ModelSpec
 SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent / "shipped_profiles"
 
 MODEL_PROFILE_SCHEMA_VERSION: Final = 1
-CLUSTER_PROFILE_SCHEMA_VERSION: Final = 2   # 2: NodeType.kernel_model, ClusterProfile.calibration (v1 migrates)
+CLUSTER_PROFILE_SCHEMA_VERSION: Final = 2  # 2: NodeType.kernel_model, ClusterProfile.calibration (v1 migrates)
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 DTYPES: tuple[str, ...] = get_args(Dtype)  # the --dtype choices of every command that takes one
@@ -70,6 +70,7 @@ class Provenance(_Strict):
 # Model profile
 # ---------------------------------------------------------------------------------------------
 
+
 class TimingStats(_Strict):
     """Repeated timing of one measurement: median and spread, in seconds."""
 
@@ -97,7 +98,8 @@ class CollectiveNeed(_Strict):
     bytes_per_sample: float = Field(ge=0, description="message size per sample, full (unsharded) tensor")
     count: int = Field(1, ge=1, description="how many such collectives per micro-batch")
     with_sequence_parallel: bool = Field(
-        False, description="True: issued only with sequence parallelism; False: only without it")
+        False, description="True: issued only with sequence parallelism; False: only without it"
+    )
 
 
 class OpProfile(_Strict):
@@ -117,19 +119,27 @@ class OpProfile(_Strict):
     n: int = Field(0, ge=0)
     k: int = Field(0, ge=0)
     batch_per_sample: int = Field(1, ge=1, description="independent GEMMs per sample (attention heads)")
-    scale: Literal["rows", "batch"] = Field("rows", description="what grows with the samples: the rows "
-                                            "(linear layers) or the batch of GEMMs (attention)")
+    scale: Literal["rows", "batch"] = Field(
+        "rows", description="what grows with the samples: the rows (linear layers) or the batch of GEMMs (attention)"
+    )
     kernels: int = Field(1, ge=1, description="kernels of a memory op's forward")
     bytes_per_sample: float = Field(0, ge=0, description="HBM bytes read + written forward (memory kernels)")
     backward_bytes_per_sample: float = Field(0, ge=0, description="HBM bytes of its backward kernel(s)")
     backward_kernels: int = Field(1, ge=0, description="kernels of a memory op's backward")
-    backward_fixed_bytes: float = Field(0, ge=0, description="backward bytes independent of the samples "
-                                                             "(a dense embedding gradient)")
-    replicated: bool = Field(False, description="runs on the full activation on every TP rank (LayerNorm, "
-                                                "dropout-add); sequence parallelism divides it by tp")
-    attention_core: bool = Field(False, description="part of the s x s attention (scores, softmax, dropout, "
-                                                    "context): flash attention replaces these, selective "
-                                                    "recompute repeats them")
+    backward_fixed_bytes: float = Field(
+        0, ge=0, description="backward bytes independent of the samples (a dense embedding gradient)"
+    )
+    replicated: bool = Field(
+        False,
+        description="runs on the full activation on every TP rank (LayerNorm, "
+        "dropout-add); sequence parallelism divides it by tp",
+    )
+    attention_core: bool = Field(
+        False,
+        description="part of the s x s attention (scores, softmax, dropout, "
+        "context): flash attention replaces these, selective "
+        "recompute repeats them",
+    )
 
 
 class ShardProfile(_Strict):
@@ -141,19 +151,31 @@ class ShardProfile(_Strict):
     fwd_flops_per_sample: float = Field(ge=0)
     bwd_flops_per_sample: float = Field(ge=0)
     saved_bytes_per_sample: float = Field(
-        ge=0, description="bytes autograd saves for backward on one rank, per sample, no sequence parallel")
+        ge=0, description="bytes autograd saves for backward on one rank, per sample, no sequence parallel"
+    )
     saved_replicated_bytes_per_sample: float = Field(
-        0, ge=0, description="part of saved_bytes that every TP rank holds in full (LayerNorm inputs, "
-                             "dropout masks); sequence parallelism divides it by tp")
+        0,
+        ge=0,
+        description="part of saved_bytes that every TP rank holds in full (LayerNorm inputs, "
+        "dropout masks); sequence parallelism divides it by tp",
+    )
     saved_attention_scores_bytes_per_sample: float = Field(
-        0, ge=0, description="part of saved_bytes that is seq x seq attention scores (softmax, its dropout); "
-                             "selective recompute and flash attention drop it")
+        0,
+        ge=0,
+        description="part of saved_bytes that is seq x seq attention scores (softmax, its dropout); "
+        "selective recompute and flash attention drop it",
+    )
     attention_scores_flops_per_sample: float = Field(
-        0, ge=0, description="part of fwd_flops that computes and applies the seq x seq scores (QK^T, "
-                             "probs x V); selective recompute repeats it in backward (0 = unknown/none)")
+        0,
+        ge=0,
+        description="part of fwd_flops that computes and applies the seq x seq scores (QK^T, "
+        "probs x V); selective recompute repeats it in backward (0 = unknown/none)",
+    )
     timings: list[LayerTiming] = Field(default_factory=list, description="measured times per micro-batch")
-    ops: list[OpProfile] = Field(default_factory=list, description="the shard's forward kernels (empty: "
-                                 "unknown; the cost model then uses the layer-level roofline)")
+    ops: list[OpProfile] = Field(
+        default_factory=list,
+        description="the shard's forward kernels (empty: unknown; the cost model then uses the layer-level roofline)",
+    )
     time_origin: Origin = "derived"
     flops_origin: Origin = "measured"
     memory_origin: Origin = "measured"
@@ -172,10 +194,12 @@ class RuntimeOverhead(_Strict):
     tp_forward_s: float = Field(0, ge=0, description="DTensor tensor-parallel dispatch, forward")
     tp_backward_s: float = Field(0, ge=0, description="DTensor tensor-parallel dispatch, backward")
     replicate_forward_s: float = Field(
-        0, ge=0, description="FSDP2 replicate (ZeRO-0 data parallel): this layer's marginal cost inside a unit")
+        0, ge=0, description="FSDP2 replicate (ZeRO-0 data parallel): this layer's marginal cost inside a unit"
+    )
     replicate_backward_s: float = Field(0, ge=0)
     fully_shard_forward_s: float = Field(
-        0, ge=0, description="FSDP2 fully_shard (ZeRO-1/2/3): this layer's marginal cost inside a unit")
+        0, ge=0, description="FSDP2 fully_shard (ZeRO-1/2/3): this layer's marginal cost inside a unit"
+    )
     fully_shard_backward_s: float = Field(0, ge=0)
     replicate_unit_forward_s: float = Field(0, ge=0, description="fixed cost of one replicate unit")
     replicate_unit_backward_s: float = Field(0, ge=0)
@@ -197,7 +221,8 @@ class LayerProfile(_Strict):
     shards: list[ShardProfile] = Field(min_length=1, description="tp=1 first, then each profiled degree")
     collectives: list[CollectiveNeed] = Field(default_factory=list, description="needs at tp>1")
     runtime_overhead: RuntimeOverhead | None = Field(
-        None, description="measured host overhead of the runtime's wrappers (None: not measured, e.g. analytic)")
+        None, description="measured host overhead of the runtime's wrappers (None: not measured, e.g. analytic)"
+    )
 
     def shard(self, tp: int) -> ShardProfile:
         """The profiled shard at degree ``tp`` (KeyError if that degree was not profiled)."""
@@ -225,8 +250,10 @@ class ModelProfile(_Strict):
     total_params: int = Field(ge=0)
     layers: list[LayerProfile] = Field(min_length=1)
     reference_matmul: "ComputeFigure | None" = Field(
-        None, description="the cluster profiler's matmul benchmark run in the model profiler's process while "
-                          "it timed the layers: relates these timings to a cluster profile's compute figure")
+        None,
+        description="the cluster profiler's matmul benchmark run in the model profiler's process while "
+        "it timed the layers: relates these timings to a cluster profile's compute figure",
+    )
     provenance: Provenance
     content_hash: str | None = None
 
@@ -252,6 +279,7 @@ class ModelProfile(_Strict):
 # ---------------------------------------------------------------------------------------------
 # Cluster profile
 # ---------------------------------------------------------------------------------------------
+
 
 class CollectiveSample(_Strict):
     """Raw timings of one collective at one message size (every repeat kept)."""
@@ -315,8 +343,12 @@ class KernelModel(_Strict):
     kernel_gap_s: float = Field(ge=0, description="device idle time between dependent kernels")
     host_op_s: float = Field(ge=0, description="host time to issue one operator (framework + launch)")
     flash_attention_efficiency: float = Field(gt=0, le=1, description="fraction of dense peak of fused attention")
-    comm_compute_contention: float = Field(0.0, ge=0, lt=1, description="fraction of an overlapped collective's "
-                                           "time that still costs compute time (SMs and HBM it takes)")
+    comm_compute_contention: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="fraction of an overlapped collective's time that still costs compute time (SMs and HBM it takes)",
+    )
     sources: dict[str, str] = Field(description="parameter name -> citation or how it was fitted")
 
 
@@ -334,7 +366,8 @@ class NodeType(_Strict):
     nic_bw_bytes_per_s: float | None = Field(None, description="injection bandwidth per node, all NICs")
     nic_source: str | None = None
     kernel_model: KernelModel | None = Field(
-        None, description="per-kernel model (GPUs); None: the layer-level roofline on achieved_flops_per_s")
+        None, description="per-kernel model (GPUs); None: the layer-level roofline on achieved_flops_per_s"
+    )
 
     def compute_for(self, dtype: str) -> ComputeFigure:
         for c in self.compute:
@@ -434,14 +467,14 @@ def resolve_cluster_path(name_or_path: str) -> Path:
     if shipped.exists():
         return shipped
     names = sorted(p.stem for p in (PROFILES_DIR / "hardware").glob("*.json"))
-    raise StratagemError(f"unknown cluster {name_or_path!r}; use a shipped one ({', '.join(names)}) "
-                         f"or a path to a profile file")
+    raise StratagemError(
+        f"unknown cluster {name_or_path!r}; use a shipped one ({', '.join(names)}) or a path to a profile file"
+    )
 
 
 def load_model_profile(path: str | Path) -> ModelProfile:
     """Load and validate a model profile file (errors are one line with the fix)."""
-    return load_document(ModelProfile, path, what="model profile",
-                         schema_version=MODEL_PROFILE_SCHEMA_VERSION)
+    return load_document(ModelProfile, path, what="model profile", schema_version=MODEL_PROFILE_SCHEMA_VERSION)
 
 
 def load_cluster_profile(path: str | Path) -> ClusterProfile:
@@ -450,9 +483,11 @@ def load_cluster_profile(path: str | Path) -> ClusterProfile:
     data = read_json(path, what="cluster profile")
     if data.get("schema_version") == 1:
         from planner.profile_migration import migrate_cluster_v1  # imports the catalog, which imports this module
+
         data = migrate_cluster_v1(data, source=str(path))
-    return validate_document(ClusterProfile, data, source=str(path), what="cluster profile",
-                             schema_version=CLUSTER_PROFILE_SCHEMA_VERSION)
+    return validate_document(
+        ClusterProfile, data, source=str(path), what="cluster profile", schema_version=CLUSTER_PROFILE_SCHEMA_VERSION
+    )
 
 
 def save_profile(profile: ModelProfile | ClusterProfile, path: str | Path) -> Path:

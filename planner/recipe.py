@@ -38,8 +38,9 @@ class LRSchedule(BaseModel):
     decay: DecayStyle = "cosine"
     total_steps: int = Field(ge=1, description="optimizer steps of the run (end of the cosine)")
     min_lr: float = Field(0.0, ge=0, description="rate at and after total_steps (cosine)")
-    step_milestones: list[int] = Field(default_factory=list,
-                                       description="steps at which a step decay multiplies the rate by step_gamma")
+    step_milestones: list[int] = Field(
+        default_factory=list, description="steps at which a step decay multiplies the rate by step_gamma"
+    )
     step_gamma: float = Field(0.1, gt=0, le=1)
 
     @model_validator(mode="after")
@@ -51,18 +52,35 @@ class LRSchedule(BaseModel):
         return self
 
 
-def build_lr_schedule(*, base_lr: float, reference_batch: int, total_steps: int, warmup_steps: int = 0,
-                      decay: DecayStyle = "cosine", min_lr: float = 0.0, step_milestones: tuple[int, ...] = (),
-                      step_gamma: float = 0.1, warmup_start_lr: float | None = None) -> LRSchedule:
+def build_lr_schedule(
+    *,
+    base_lr: float,
+    reference_batch: int,
+    total_steps: int,
+    warmup_steps: int = 0,
+    decay: DecayStyle = "cosine",
+    min_lr: float = 0.0,
+    step_milestones: tuple[int, ...] = (),
+    step_gamma: float = 0.1,
+    warmup_start_lr: float | None = None,
+) -> LRSchedule:
     """Goyal et al.'s recipe with the warm-up starting at ``base_lr`` unless ``warmup_start_lr`` is given.
 
     >>> s = build_lr_schedule(base_lr=0.1, reference_batch=256, total_steps=100, warmup_steps=5)
     >>> round(peak_lr(s, global_batch=8192), 6)      # k = 32: 0.1 x 32
     3.2
     """
-    return LRSchedule(base_lr=base_lr, reference_batch=reference_batch, total_steps=total_steps,
-                      warmup_steps=warmup_steps, decay=decay, min_lr=min_lr, step_milestones=list(step_milestones),
-                      step_gamma=step_gamma, warmup_start_lr=base_lr if warmup_start_lr is None else warmup_start_lr)
+    return LRSchedule(
+        base_lr=base_lr,
+        reference_batch=reference_batch,
+        total_steps=total_steps,
+        warmup_steps=warmup_steps,
+        decay=decay,
+        min_lr=min_lr,
+        step_milestones=list(step_milestones),
+        step_gamma=step_gamma,
+        warmup_start_lr=base_lr if warmup_start_lr is None else warmup_start_lr,
+    )
 
 
 def peak_lr(schedule: LRSchedule, *, global_batch: int) -> float:
@@ -79,13 +97,13 @@ def lr_at_step(schedule: LRSchedule, *, global_batch: int, step: int) -> float:
     """
     peak = peak_lr(schedule, global_batch=global_batch)
     warm = schedule.warmup_steps
-    if warm > 0 and step <= warm:   # Goyal et al. §2.2, linear; Megatron includes the last warm-up step
+    if warm > 0 and step <= warm:  # Goyal et al. §2.2, linear; Megatron includes the last warm-up step
         return schedule.warmup_start_lr + (peak - schedule.warmup_start_lr) * step / warm
     if schedule.decay == "constant":
         return peak
-    if schedule.decay == "step":    # Goyal et al. §5.1: x0.1 at each milestone
+    if schedule.decay == "step":  # Goyal et al. §5.1: x0.1 at each milestone
         return peak * schedule.step_gamma ** sum(1 for m in schedule.step_milestones if step >= m)
     if step > schedule.total_steps:
         return schedule.min_lr
-    ratio = (step - warm) / max(1, schedule.total_steps - warm)   # cosine (SGDR eq. 5, one period)
+    ratio = (step - warm) / max(1, schedule.total_steps - warm)  # cosine (SGDR eq. 5, one period)
     return schedule.min_lr + (peak - schedule.min_lr) * 0.5 * (math.cos(math.pi * ratio) + 1.0)

@@ -47,8 +47,10 @@ class LaunchOptions:
         if self.nproc_per_node is not None:
             return self.nproc_per_node
         if plan.world_size % self.nnodes:
-            raise StratagemError(f"plan needs {plan.world_size} ranks, which do not split over --nnodes "
-                                 f"{self.nnodes}; use a node count dividing {plan.world_size}")
+            raise StratagemError(
+                f"plan needs {plan.world_size} ranks, which do not split over --nnodes "
+                f"{self.nnodes}; use a node count dividing {plan.world_size}"
+            )
         return plan.world_size // self.nnodes
 
 
@@ -89,8 +91,16 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
 
 def train_args(opts: LaunchOptions) -> list[str]:
     """Arguments of ``runtime.executor.train`` for these options."""
-    args = ["--plan", str(opts.plan_path), "--steps", str(opts.steps), "--data", opts.data,
-            "--timeout-s", str(opts.timeout_s)]
+    args = [
+        "--plan",
+        str(opts.plan_path),
+        "--steps",
+        str(opts.steps),
+        "--data",
+        opts.data,
+        "--timeout-s",
+        str(opts.timeout_s),
+    ]
     if opts.metrics:
         args += ["--metrics", str(opts.metrics)]
     if opts.checkpoint_dir:
@@ -109,8 +119,18 @@ def build_command(plan: Plan, opts: LaunchOptions) -> list[str]:
         cmd.append("--standalone")
     else:
         rdzv_id = "stratagem-" + hashlib.sha256(str(opts.plan_path.resolve()).encode()).hexdigest()[:8]
-        cmd += ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", opts.rdzv_endpoint or "", "--rdzv-id", rdzv_id]
+        cmd += [
+            "--nnodes",
+            str(opts.nnodes),
+            "--node-rank",
+            str(opts.node_rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            opts.rdzv_endpoint or "",
+            "--rdzv-id",
+            rdzv_id,
+        ]
     cmd += ["--nproc-per-node", str(opts.procs_per_node(plan))]
     if opts.max_restarts:
         cmd += ["--max-restarts", str(opts.max_restarts)]
@@ -120,17 +140,38 @@ def build_command(plan: Plan, opts: LaunchOptions) -> list[str]:
 def build_slurm_script(plan: Plan, opts: LaunchOptions) -> str:
     """An sbatch script running the plan on ``--nnodes`` nodes (one torchrun per node, c10d rendezvous)."""
     nproc = opts.procs_per_node(plan)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(opts.nnodes),
-                "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", '"$HEAD:29500"',
-                "--rdzv-id", '"$SLURM_JOB_ID"']
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(opts.nnodes),
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        '"$HEAD:29500"',
+        "--rdzv-id",
+        '"$SLURM_JOB_ID"',
+    ]
     if opts.max_restarts:
         torchrun += ["--max-restarts", str(opts.max_restarts)]
     body = " ".join(torchrun) + " -m runtime.executor.train " + shlex.join(train_args(opts))
-    return "\n".join([
-        "#!/bin/bash", f"#SBATCH --job-name=stratagem-{plan.model.name.replace(':', '-')}",
-        f"#SBATCH --nodes={opts.nnodes}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={nproc}",
-        "set -euo pipefail", f"cd {shlex.quote(os.getcwd())}",
-        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"srun {body}", ""])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"#SBATCH --job-name=stratagem-{plan.model.name.replace(':', '-')}",
+            f"#SBATCH --nodes={opts.nnodes}",
+            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --gpus-per-node={nproc}",
+            "set -euo pipefail",
+            f"cd {shlex.quote(os.getcwd())}",
+            'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            f"srun {body}",
+            "",
+        ]
+    )
 
 
 PREEMPT_GRACE_S = 120.0  # after a forwarded SIGTERM, how long the ranks get to checkpoint and exit
@@ -167,8 +208,9 @@ def run_command(cmd: list[str], *, timeout_s: float) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        raise StratagemError(f"the job ran past --timeout-s {timeout_s:g} and was stopped; raise --timeout-s "
-                             f"or lower --steps") from None
+        raise StratagemError(
+            f"the job ran past --timeout-s {timeout_s:g} and was stopped; raise --timeout-s or lower --steps"
+        ) from None
     except KeyboardInterrupt:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=KILL_GRACE_S)

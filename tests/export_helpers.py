@@ -25,16 +25,45 @@ def plan_from_settings(s: FrameworkSettings, spec: ModelSpec) -> Plan:
             recompute = {p: config.recompute for p in paths if kind_of[p] == "block" and config.recompute != "none"}
         else:
             recompute = {p: m for p, m in config.recompute.items() if p in paths}
-        stages.append(Stage(index=i, pp_rank=i % s.pp, module_paths=paths, node_type=CLUSTER, recompute=recompute,
-                            ranks=stage_ranks(i % s.pp, dp=s.dp, tp=s.tp)))
-    layout = {layer.path: LayerLayout(style="split" if s.tp > 1 and layer.tp_style != "none" else "replicate",
-                                      sequence_parallel=s.sequence_parallel and s.tp > 1 and layer.tp_style != "none")
-              for layer in profile.layers}
-    return Plan(planner_version="test", created_utc="", model=spec, model_profile_hash=None, cluster_name=CLUSTER,
-                cluster_hash=None, training=TrainingSettings(global_batch=s.global_batch, seq_len=s.seq_len,
-                                                             dtype=s.dtype, lr_schedule=s.lr_schedule,
-                                                             weight_decay=s.weight_decay or 0.0),
-                mesh=Mesh(sizes=[s.pp, s.dp, s.tp]),
-                schedule=Schedule(kind=s.schedule, micro_batch_size=s.micro_batch, num_micro_batches=s.num_micro_batches,
-                                  virtual_stages=s.virtual_stages),
-                stages=stages, layout=layout, zero_stage=s.zero_stage)
+        stages.append(
+            Stage(
+                index=i,
+                pp_rank=i % s.pp,
+                module_paths=paths,
+                node_type=CLUSTER,
+                recompute=recompute,
+                ranks=stage_ranks(i % s.pp, dp=s.dp, tp=s.tp),
+            )
+        )
+    layout = {
+        layer.path: LayerLayout(
+            style="split" if s.tp > 1 and layer.tp_style != "none" else "replicate",
+            sequence_parallel=s.sequence_parallel and s.tp > 1 and layer.tp_style != "none",
+        )
+        for layer in profile.layers
+    }
+    return Plan(
+        planner_version="test",
+        created_utc="",
+        model=spec,
+        model_profile_hash=None,
+        cluster_name=CLUSTER,
+        cluster_hash=None,
+        training=TrainingSettings(
+            global_batch=s.global_batch,
+            seq_len=s.seq_len,
+            dtype=s.dtype,
+            lr_schedule=s.lr_schedule,
+            weight_decay=s.weight_decay or 0.0,
+        ),
+        mesh=Mesh(sizes=[s.pp, s.dp, s.tp]),
+        schedule=Schedule(
+            kind=s.schedule,
+            micro_batch_size=s.micro_batch,
+            num_micro_batches=s.num_micro_batches,
+            virtual_stages=s.virtual_stages,
+        ),
+        stages=stages,
+        layout=layout,
+        zero_stage=s.zero_stage,
+    )

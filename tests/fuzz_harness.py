@@ -172,7 +172,7 @@ def snapshot(w: Workdir) -> dict[str, tuple]:
 # ------------------------------------------------------------------------------------------------------
 
 
-def _on_alarm(signum, frame):  # noqa: ARG001 - signal handler API
+def _on_alarm(signum, frame):
     raise _Timeout
 
 

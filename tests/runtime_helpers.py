@@ -10,8 +10,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def torchrun(nproc: int, train_args: list[str], *, timeout_s: float, env: dict | None = None,
-             max_restarts: int = 0) -> subprocess.CompletedProcess:
+def torchrun(
+    nproc: int, train_args: list[str], *, timeout_s: float, env: dict | None = None, max_restarts: int = 0
+) -> subprocess.CompletedProcess:
     """Start ``nproc`` ranks on this machine (gloo, one thread each) and wait at most ``timeout_s``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     if max_restarts:

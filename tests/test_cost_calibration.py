@@ -18,14 +18,31 @@ BLOCK = MODEL.layer("blocks.0")
 
 
 def _ms(recompute="none", sp=False):
-    k = layer_cost(BLOCK, node=NODE, cluster=A100, tp=8, style="split", recompute=recompute, sequence_parallel=sp,
-                   micro_batch=4, flash_attention=False, dtype="fp16")
+    k = layer_cost(
+        BLOCK,
+        node=NODE,
+        cluster=A100,
+        tp=8,
+        style="split",
+        recompute=recompute,
+        sequence_parallel=sp,
+        micro_batch=4,
+        flash_attention=False,
+        dtype="fp16",
+    )
     return 1e3 * (k.forward_s + k.tp_comm_s / 2), 1e3 * (k.backward_s + k.tp_comm_s / 2 + k.recompute_s)
 
 
-@pytest.mark.parametrize("recompute,sp,fwd_ms,bwd_ms", [
-    ("none", False, 7.7, 11.9), ("none", True, 7.2, 11.8), ("full", False, 7.7, 19.5),
-    ("selective", False, 7.7, 13.2), ("selective", True, 7.2, 13.1)])
+@pytest.mark.parametrize(
+    "recompute,sp,fwd_ms,bwd_ms",
+    [
+        ("none", False, 7.7, 11.9),
+        ("none", True, 7.2, 11.8),
+        ("full", False, 7.7, 19.5),
+        ("selective", False, 7.7, 13.2),
+        ("selective", True, 7.2, 13.1),
+    ],
+)
 def test_table_4_layer_times(recompute, sp, fwd_ms, bwd_ms):
     fwd, bwd = _ms(recompute, sp)
     assert fwd == pytest.approx(fwd_ms, rel=0.15)
@@ -33,5 +50,5 @@ def test_table_4_layer_times(recompute, sp, fwd_ms, bwd_ms):
 
 
 def test_table_4_effects_have_the_published_sign():
-    assert _ms("none", True)[0] < _ms("none", False)[0]                        # SP: 7.7 -> 7.2 ms
-    assert _ms("none")[1] < _ms("selective")[1] < _ms("full")[1]               # 11.9 < 13.2 < 19.5 ms
+    assert _ms("none", True)[0] < _ms("none", False)[0]  # SP: 7.7 -> 7.2 ms
+    assert _ms("none")[1] < _ms("selective")[1] < _ms("full")[1]  # 11.9 < 13.2 < 19.5 ms

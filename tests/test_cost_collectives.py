@@ -13,8 +13,9 @@ NODE = CL.node_types[0]
 
 
 def t(op, nbytes, n, *, spans=False, per_node=None, algorithm="auto"):
-    return collective_time(CL, op, nbytes, n, node_type=NODE, spans_nodes=spans,
-                           ranks_per_node=per_node or n, algorithm=algorithm)
+    return collective_time(
+        CL, op, nbytes, n, node_type=NODE, spans_nodes=spans, ranks_per_node=per_node or n, algorithm=algorithm
+    )
 
 
 def test_ring_all_reduce_intra_node_hand_computed():
@@ -40,7 +41,8 @@ def test_tree_wins_for_small_messages_on_many_ranks_and_ring_for_large():
     tree_big = t("all_reduce", 1e10, 64, spans=True, per_node=4, algorithm="tree")
     assert ring_big < tree_big
     assert t("all_reduce", 1e10, 64, spans=True, per_node=4) == pytest.approx(
-        min(ring_big, tree_big, t("all_reduce", 1e10, 64, spans=True, per_node=4, algorithm="hierarchical")))
+        min(ring_big, tree_big, t("all_reduce", 1e10, 64, spans=True, per_node=4, algorithm="hierarchical"))
+    )
 
 
 def test_hierarchical_is_reduce_scatter_inter_all_reduce_all_gather():

@@ -12,8 +12,17 @@ NODE = CL.node_types[0]
 
 
 def _cost(layer, **kw):
-    args = dict(node=NODE, cluster=CL, tp=1, style="split", recompute="none", sequence_parallel=False,
-                micro_batch=1, flash_attention=False, dtype="bf16")
+    args = dict(
+        node=NODE,
+        cluster=CL,
+        tp=1,
+        style="split",
+        recompute="none",
+        sequence_parallel=False,
+        micro_batch=1,
+        flash_attention=False,
+        dtype="bf16",
+    )
     args.update(kw)
     return layer_cost(layer, **args)
 
@@ -24,13 +33,18 @@ def _stats(t):
 
 def test_measured_timings_interpolate_and_extrapolate():
     layer = block("blocks.0")
-    timed = layer.shards[0].model_copy(update={"timings": [
-        LayerTiming(micro_batch=1, forward=_stats(1.0), backward=_stats(2.0)),
-        LayerTiming(micro_batch=3, forward=_stats(2.0), backward=_stats(5.0))]})
+    timed = layer.shards[0].model_copy(
+        update={
+            "timings": [
+                LayerTiming(micro_batch=1, forward=_stats(1.0), backward=_stats(2.0)),
+                LayerTiming(micro_batch=3, forward=_stats(2.0), backward=_stats(5.0)),
+            ]
+        }
+    )
     layer = layer.model_copy(update={"shards": [timed, *layer.shards[1:]]})
     assert _cost(layer, micro_batch=2).forward_s == pytest.approx(1.5)
     assert _cost(layer, micro_batch=2).backward_s == pytest.approx(3.5)
-    assert _cost(layer, micro_batch=6).forward_s == pytest.approx(4.0)   # proportional beyond the range
+    assert _cost(layer, micro_batch=6).forward_s == pytest.approx(4.0)  # proportional beyond the range
     assert _cost(layer, micro_batch=1, use_timings=False).forward_s == pytest.approx(1e12 / RATE)
 
 
@@ -47,7 +61,7 @@ def test_overlapped_tp_comm_hides_behind_gemms():
     layer = block("blocks.0", act_bytes=1e9)
     plain = _cost(layer, tp=2)
     hidden = _cost(layer, tp=2, overlap_tp_comm=True)
-    comm = 2e-6 + 1.0 * 1e9 / INTRA_BW   # one all-reduce of 1 GB over 2 ranks per phase
+    comm = 2e-6 + 1.0 * 1e9 / INTRA_BW  # one all-reduce of 1 GB over 2 ranks per phase
     assert plain.tp_comm_s == pytest.approx(2 * comm)
     # forward GEMMs 1e12/2/RATE = 10 ms hide all of the 10 ms collective but its latency
     assert hidden.tp_comm_s == pytest.approx(max(0.0, comm - 0.01) + max(0.0, comm - 0.02))
@@ -56,10 +70,11 @@ def test_overlapped_tp_comm_hides_behind_gemms():
 def test_whale_layout_changes_gather_along_the_batch():
     col = block("cls").model_copy(update={"tp_style": "column"})
     nxt = block("next")
-    gather = 1e-6 + 0.5 * 2e6 / INTRA_BW   # all-gather of 2 samples x 1e6 B over 2 ranks (ring, 1 step)
+    gather = 1e-6 + 0.5 * 2e6 / INTRA_BW  # all-gather of 2 samples x 1e6 B over 2 ranks (ring, 1 step)
 
     def change(prev, a, b):
         return layout_change_cost(prev, nxt, a, b, node=NODE, cluster=CL, tp=2, micro_batch=2)
+
     # column-split output (sharded features) -> batch-split replica: gather forward, gather the grad backward
     assert change(col, "split", "replicate") == pytest.approx(2 * gather)
     # whole output -> replica: a local slice forward, an all-gather of the batch-sliced gradient backward
@@ -73,16 +88,17 @@ def test_whale_layout_changes_gather_along_the_batch():
 def test_replica_computes_a_batch_slice_under_tp():
     layer = block("blocks.0", saved=1e9)
     whole = _cost(layer, tp=1, style="replicate", micro_batch=1)
-    sliced = _cost(layer, tp=2, style="replicate", micro_batch=2)   # each TP rank: 1 of the 2 samples
+    sliced = _cost(layer, tp=2, style="replicate", micro_batch=2)  # each TP rank: 1 of the 2 samples
     assert sliced.forward_s == pytest.approx(whole.forward_s) and sliced.act_bytes == pytest.approx(1e9)
     assert sliced.params == whole.params and sliced.tp_comm_s == 0
-    odd = _cost(layer, tp=2, style="replicate", micro_batch=3)     # the busiest rank gets ceil(3 / 2) = 2
+    odd = _cost(layer, tp=2, style="replicate", micro_batch=3)  # the busiest rank gets ceil(3 / 2) = 2
     assert odd.act_bytes == pytest.approx(2e9)
 
 
 def test_flash_attention_drops_scores_and_makes_selective_free():
     from planner.gpt_profile import build_gpt_profile
     from planner.modelspec import parse_model
+
     blk = build_gpt_profile(parse_model("gpt:korthikanti-22b", dropout=0.1), tp_degrees=[1, 2]).layer("blocks.0")
     shard = blk.shard(2)
     plain = _cost(blk, tp=2, micro_batch=1)

@@ -7,8 +7,13 @@ from test_cost_helpers import INTRA_BW, MEM_BW, RATE, cluster, model
 
 from planner.cost import ParallelConfig, estimate
 from planner.cost.collectives import collective_time
-from planner.cost.constants import (CUDA_CONTEXT_BYTES, DDP_BUCKET_BYTES, FRAGMENTATION_FRACTION,
-                                    MEMORY_BW_EFFICIENCY, OPTIMIZER_BYTES_PER_PARAM)
+from planner.cost.constants import (
+    CUDA_CONTEXT_BYTES,
+    DDP_BUCKET_BYTES,
+    FRAGMENTATION_FRACTION,
+    MEMORY_BW_EFFICIENCY,
+    OPTIMIZER_BYTES_PER_PARAM,
+)
 from planner.errors import StratagemError
 from planner.plan import Predictions
 
@@ -31,8 +36,9 @@ def test_pipeline_two_stages_hand_computed():
     assert est.breakdown_s["forward"] == pytest.approx(4 * 0.02)
     # memory: 16 B/param states + 2 boundary buffers of 1e6 B, reserve = context + 10 %
     allocated = 16e6 + 2e6
-    assert est.per_rank[0].memory.peak_bytes == pytest.approx(allocated * (1 + FRAGMENTATION_FRACTION)
-                                                              + CUDA_CONTEXT_BYTES)
+    assert est.per_rank[0].memory.peak_bytes == pytest.approx(
+        allocated * (1 + FRAGMENTATION_FRACTION) + CUDA_CONTEXT_BYTES
+    )
     assert sum(v for k, v in est.breakdown_s.items() if k != "dp_sync_overlapped") == pytest.approx(est.step_time_s)
 
 
@@ -51,8 +57,9 @@ def test_data_parallel_sync_exposed_and_overlapped():
     sync = 2e6 * (6e-6 + 1.5 * DDP_BUCKET_BYTES / INTRA_BW) / DDP_BUCKET_BYTES
     est = estimate(model(1), CL, ParallelConfig(**base, overlap_grad_reduce=False), global_batch=4)
     assert est.breakdown_s["dp_sync_exposed"] == pytest.approx(sync)
-    one = estimate(model(1), CL, ParallelConfig(**base, overlap_grad_reduce=False, grad_bucket_bytes=None),
-                   global_batch=4)
+    one = estimate(
+        model(1), CL, ParallelConfig(**base, overlap_grad_reduce=False, grad_bucket_bytes=None), global_batch=4
+    )
     assert one.breakdown_s["dp_sync_exposed"] == pytest.approx(6e-6 + 1.5 * 2e6 / INTRA_BW)
     est = estimate(model(1), CL, ParallelConfig(**base), global_batch=4)
     # the 2 MB of gradients fit in one bucket, and the last bucket is always exposed
@@ -67,8 +74,12 @@ def test_zero_stages_shrink_memory_and_zero3_is_about_zero0_over_dp():
     m = model(2, params=50_000_000)
     mems = {}
     for z in (0, 1, 2, 3):
-        est = estimate(m, CL, ParallelConfig(dp=8, zero_stage=z, micro_batch=1, num_micro_batches=1,
-                                             overlap_grad_reduce=False), global_batch=8)
+        est = estimate(
+            m,
+            CL,
+            ParallelConfig(dp=8, zero_stage=z, micro_batch=1, num_micro_batches=1, overlap_grad_reduce=False),
+            global_batch=8,
+        )
         mem = est.per_rank[0].memory
         mems[z] = mem.params + mem.grads + mem.optimizer
         if z == 3:
@@ -98,37 +109,49 @@ def test_replicate_style_is_data_parallel_inside_the_tp_group():
     # its gradients are averaged over dp x tp = 2 ranks although dp = 1: one all-reduce of all of them
     grads = repl.per_rank[0].memory.grads
     assert split.per_rank[0].dp_sync_s == 0
-    per_bucket_s = collective_time(CL, "all_reduce", DDP_BUCKET_BYTES, 2, node_type=CL.node_types[0],
-                                   spans_nodes=False, ranks_per_node=2)
+    per_bucket_s = collective_time(
+        CL, "all_reduce", DDP_BUCKET_BYTES, 2, node_type=CL.node_types[0], spans_nodes=False, ranks_per_node=2
+    )
     assert repl.per_rank[0].dp_sync_s == pytest.approx(grads * per_bucket_s / DDP_BUCKET_BYTES)
     one = {"blocks.1": "replicate"}
     mixed = estimate(m, CL, ParallelConfig(tp=2, micro_batch=2, num_micro_batches=1, layout=one), global_batch=2)
     # whole -> batch slice: local forward, one all-gather of the 2-sample x 1e6 B gradient backward
     gather = 1e-6 + 0.5 * 2e6 / INTRA_BW
     assert mixed.per_stage[0].time_s["layout"] == pytest.approx(gather)
-    mixed_sp = estimate(m, CL, ParallelConfig(tp=2, micro_batch=2, num_micro_batches=1, layout=one,
-                                              sequence_parallel=True), global_batch=2)
+    mixed_sp = estimate(
+        m,
+        CL,
+        ParallelConfig(tp=2, micro_batch=2, num_micro_batches=1, layout=one, sequence_parallel=True),
+        global_batch=2,
+    )
     # sequence-sharded -> whole -> slice: one more all-gather forward
     assert mixed_sp.per_stage[0].time_s["layout"] == pytest.approx(2 * gather)
 
 
 def test_to_predictions_is_a_valid_plan_section():
-    est = estimate(model(4), CL, ParallelConfig(pp=2, micro_batch=1, num_micro_batches=4, schedule="interleaved_1f1b",
-                                                virtual_stages=2), global_batch=4)
+    est = estimate(
+        model(4),
+        CL,
+        ParallelConfig(pp=2, micro_batch=1, num_micro_batches=4, schedule="interleaved_1f1b", virtual_stages=2),
+        global_batch=4,
+    )
     pred = est.to_predictions()
     assert isinstance(pred, Predictions)
     assert [s.stage for s in pred.stages] == [0, 1, 2, 3]
     assert pred.step_time_s == est.step_time_s
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(tp=2, pp=4, dp=4), "cluster test has 16"),
-    (dict(pp=3), "chunks"),
-    (dict(num_micro_batches=3), "global batch 4"),
-    (dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_micro_batches=3), "multiple of pp"),
-    (dict(tp=3), "tp=3"),
-    (dict(zero_stage=4), "ZeRO stage 4"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(tp=2, pp=4, dp=4), "cluster test has 16"),
+        (dict(pp=3), "chunks"),
+        (dict(num_micro_batches=3), "global batch 4"),
+        (dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_micro_batches=3), "multiple of pp"),
+        (dict(tp=3), "tp=3"),
+        (dict(zero_stage=4), "ZeRO stage 4"),
+    ],
+)
 def test_impossible_configs_name_the_fix(change, match):
     cfg = dataclasses.replace(ParallelConfig(micro_batch=1, num_micro_batches=4), **change)
     gb = cfg.dp * cfg.micro_batch * 4
@@ -142,11 +165,24 @@ def test_mixed_cluster_stage_on_the_slower_node_type_hand_computed():
     from test_cost_helpers import fits, node
 
     from planner.profiles import ComputeFigure, NodeGroup
-    slow = node("slow").model_copy(update={"compute": [ComputeFigure(
-        dtype="bf16", peak_flops_per_s=100e12, achieved_flops_per_s=RATE / 2, origin="derived", source="test")]})
+
+    slow = node("slow").model_copy(
+        update={
+            "compute": [
+                ComputeFigure(
+                    dtype="bf16",
+                    peak_flops_per_s=100e12,
+                    achieved_flops_per_s=RATE / 2,
+                    origin="derived",
+                    source="test",
+                )
+            ]
+        }
+    )
     groups = [NodeGroup(node_type="fast", count=1), NodeGroup(node_type="slow", count=1)]
-    mixed = CL.model_copy(update={"node_types": [node("fast"), slow], "nodes": groups,
-                                  "inter_node": fits("inter_node", 30e-6, 10e9, 16)})
+    mixed = CL.model_copy(
+        update={"node_types": [node("fast"), slow], "nodes": groups, "inter_node": fits("inter_node", 30e-6, 10e9, 16)}
+    )
     cfg = ParallelConfig(pp=2, micro_batch=1, num_micro_batches=4, stage_node_types=("fast", "slow"))
     est = estimate(model(2), mixed, cfg, global_batch=4)
     fast, slow_rank = est.per_rank

@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from planner.cost import (ParallelConfig, collective_time, estimate, proportional_shares, replica_micro_batches,
-                          with_gpus)
+from planner.cost import (
+    ParallelConfig,
+    collective_time,
+    estimate,
+    proportional_shares,
+    replica_micro_batches,
+    with_gpus,
+)
 from planner.cost.constants import DDP_BUCKET_BYTES
 from planner.cost.pipeline import pipeline_step_time
 from planner.errors import StratagemError
@@ -26,23 +32,27 @@ def _mixed(shares=None, **kw) -> ParallelConfig:
     return ParallelConfig(tp=8, pp=1, dp=4, micro_batch=1, replica_node_types=TYPES, batch_shares=shares, **kw)
 
 
-@pytest.mark.parametrize("tp,pp,dp,schedule,v", [(2, 2, 4, "1f1b", 1), (2, 2, 2, "interleaved_1f1b", 2),
-                                                 (8, 1, 2, "1f1b", 1)])
+@pytest.mark.parametrize(
+    "tp,pp,dp,schedule,v", [(2, 2, 4, "1f1b", 1), (2, 2, 2, "interleaved_1f1b", 2), (8, 1, 2, "1f1b", 1)]
+)
 def test_one_type_with_equal_shares_is_the_ordinary_estimate(tp, pp, dp, schedule, v):
     cluster = with_gpus(load_cluster_profile(HW / "dgx-a100-80g.json"), tp * pp * dp)
     gb, mb = 32, 2
-    base = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_micro_batches=gb // (dp * mb),
-                          schedule=schedule, virtual_stages=v)
+    base = ParallelConfig(
+        tp=tp, pp=pp, dp=dp, micro_batch=mb, num_micro_batches=gb // (dp * mb), schedule=schedule, virtual_stages=v
+    )
     ref = estimate(GPT, cluster, base, global_batch=gb, dtype="fp16")
-    est = estimate(GPT, cluster, dataclasses.replace(base, replica_node_types=(A100,) * dp),
-                   global_batch=gb, dtype="fp16")
+    est = estimate(
+        GPT, cluster, dataclasses.replace(base, replica_node_types=(A100,) * dp), global_batch=gb, dtype="fp16"
+    )
     for name in ("step_time_s", "mfu", "hfu", "peak_mem_bytes", "model_tflops_per_gpu", "tokens_per_s"):
         assert getattr(est, name) == pytest.approx(getattr(ref, name), rel=1e-12, abs=0)
     assert est.fits_in_memory == ref.fits_in_memory
     assert est.breakdown_s == pytest.approx(ref.breakdown_s, rel=1e-12, abs=1e-15)
     assert [rk.tail_s for rk in est.per_rank] == pytest.approx([rk.tail_s for rk in ref.per_rank], rel=1e-12)
     assert [rk.memory.peak_bytes for rk in est.per_rank] == pytest.approx(
-        [rk.memory.peak_bytes for rk in ref.per_rank], rel=1e-12)
+        [rk.memory.peak_bytes for rk in ref.per_rank], rel=1e-12
+    )
     (only,) = est.per_replica_type
     assert (only.node_type, only.replicas, only.micro_batches) == (A100, tuple(range(dp)), gb // (dp * mb))
     assert ref.per_replica_type == ()
@@ -74,14 +84,14 @@ def test_mixed_step_is_formula_h_and_speed_shares_beat_equal_shares():
         # pp = 1: (P) is m_t * T_t; step (H) = max_t pipeline_t + max_{t,r} tail_{t,r}
         for t in (a, v):
             assert t.pipeline_s == pytest.approx(t.micro_batches * t.per_rank[0].microbatch_s, rel=1e-12)
-            assert t.pipeline_s == pytest.approx(pipeline_step_time([r.microbatch_s for r in t.per_rank],
-                                                                    t.micro_batches), rel=1e-12)
+            assert t.pipeline_s == pytest.approx(
+                pipeline_step_time([r.microbatch_s for r in t.per_rank], t.micro_batches), rel=1e-12
+            )
         tail = max(r.tail_s for t in (a, v) for r in t.per_rank)
         assert est.step_time_s == pytest.approx(max(a.pipeline_s, v.pipeline_s) + tail, rel=1e-12)
         critical = max((a, v), key=lambda t: t.pipeline_s + t.tail_s)
         assert est.per_rank == critical.per_rank
-        assert sum(x for k, x in est.breakdown_s.items() if k != "dp_sync_overlapped") == pytest.approx(
-            est.step_time_s)
+        assert sum(x for k, x in est.breakdown_s.items() if k != "dp_sync_overlapped") == pytest.approx(est.step_time_s)
     assert equal.per_rank[0].node_type == V100 and fast.per_rank[0].node_type == A100
 
 
@@ -96,8 +106,10 @@ def test_mixed_gradient_sync_runs_on_the_inter_node_link():
     wide_bytes = 2 * sum(layer.shards[0].params for layer in GPT.layers if layer.tp_style == "none")
     split_bytes = a.per_rank[0].memory.params - wide_bytes  # fp16: 2 bytes per parameter, weights and grads
     per_bucket_s = 6 * 2.964e-4 / 30 + 1.5 * DDP_BUCKET_BYTES / (2.8e9 / 8)
-    wide_s = {t: collective_time(MIXED, "all_reduce", DDP_BUCKET_BYTES, 32, node_type=t, spans_nodes=True,
-                                 ranks_per_node=8) for t in (A100, V100)}
+    wide_s = {
+        t: collective_time(MIXED, "all_reduce", DDP_BUCKET_BYTES, 32, node_type=t, spans_nodes=True, ranks_per_node=8)
+        for t in (A100, V100)
+    }
     assert wide_s[V100] > wide_s[A100]
     expected_s = (split_bytes * per_bucket_s + wide_bytes * wide_s[V100]) / DDP_BUCKET_BYTES
     assert a.per_rank[0].dp_sync_s == pytest.approx(expected_s, rel=1e-10)
@@ -116,17 +128,30 @@ def test_mixed_flops_memory_and_micro_batches():
     assert [t.micro_batches for t in est.per_replica_type] == [24, 8]
 
 
-@pytest.mark.parametrize("config,match", [
-    (_mixed(), "names 4 node types for dp=2"),
-    (ParallelConfig(tp=8, dp=4, replica_node_types=(A100, A100, V100, "tpu-v4")), "not in cluster"),
-    (ParallelConfig(tp=8, dp=4, replica_node_types=(A100, V100, V100, V100)), "need 24 devices"),
-    (_mixed((0.3, 0.3, 0.2, 0.2)), "not a whole number"),
-    (_mixed((0.5, 0.5, 0.25, 0.25)), "summing to 1"),
-    (ParallelConfig(tp=4, pp=2, dp=4, replica_node_types=TYPES, stage_node_types=(A100, V100)), "not both"),
-    (_mixed(zero_stage=3), "ZeRO-3"),
-    (ParallelConfig(tp=4, pp=2, dp=4, schedule="interleaved_1f1b", virtual_stages=2, replica_node_types=TYPES,
-                    batch_shares=(0.375, 0.375, 0.140625, 0.109375)), "multiple of pp=2"),
-])
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        (_mixed(), "names 4 node types for dp=2"),
+        (ParallelConfig(tp=8, dp=4, replica_node_types=(A100, A100, V100, "tpu-v4")), "not in cluster"),
+        (ParallelConfig(tp=8, dp=4, replica_node_types=(A100, V100, V100, V100)), "need 24 devices"),
+        (_mixed((0.3, 0.3, 0.2, 0.2)), "not a whole number"),
+        (_mixed((0.5, 0.5, 0.25, 0.25)), "summing to 1"),
+        (ParallelConfig(tp=4, pp=2, dp=4, replica_node_types=TYPES, stage_node_types=(A100, V100)), "not both"),
+        (_mixed(zero_stage=3), "ZeRO-3"),
+        (
+            ParallelConfig(
+                tp=4,
+                pp=2,
+                dp=4,
+                schedule="interleaved_1f1b",
+                virtual_stages=2,
+                replica_node_types=TYPES,
+                batch_shares=(0.375, 0.375, 0.140625, 0.109375),
+            ),
+            "multiple of pp=2",
+        ),
+    ],
+)
 def test_bad_replica_configs_raise_one_line_errors(config, match):
     dp = 2 if match.startswith("names") else config.dp
     with pytest.raises(StratagemError, match=match) as err:
@@ -138,9 +163,29 @@ def test_cli_estimate_takes_replica_node_types_and_shares(capsys):
     import json
 
     from planner.cli.main import main
-    argv = ["estimate", "--model", "gpt:megatron-1.7b", "--seq", "2048", "--cluster", "mixed-a100-v100",
-            "--tp", "8", "--dp", "4", "--global-batch", "64", "--dtype", "fp16", "--json",
-            "--replica-node-types", ",".join(TYPES), "--batch-shares", "0.359375,0.359375,0.140625,0.140625"]
+
+    argv = [
+        "estimate",
+        "--model",
+        "gpt:megatron-1.7b",
+        "--seq",
+        "2048",
+        "--cluster",
+        "mixed-a100-v100",
+        "--tp",
+        "8",
+        "--dp",
+        "4",
+        "--global-batch",
+        "64",
+        "--dtype",
+        "fp16",
+        "--json",
+        "--replica-node-types",
+        ",".join(TYPES),
+        "--batch-shares",
+        "0.359375,0.359375,0.140625,0.140625",
+    ]
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [t["micro_batches"] for t in doc["per_replica_type"]] == [23, 9]
@@ -150,12 +195,15 @@ def test_cli_estimate_takes_replica_node_types_and_shares(capsys):
     assert "not a whole number" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("tp,pp,dp,per_node_dp,per_node_dpt,sends_cross", [
-    (1, 8, 4, 1, 1, False),    # a replica fills a node: one DP member per node
-    (1, 4, 4, 2, 2, False),    # two replicas of 4 ranks per node
-    (4, 1, 8, 2, 8, False),    # two tp4 replicas per node
-    (1, 16, 2, 1, 1, True),    # a replica spans two nodes: its sends are charged inter-node
-])
+@pytest.mark.parametrize(
+    "tp,pp,dp,per_node_dp,per_node_dpt,sends_cross",
+    [
+        (1, 8, 4, 1, 1, False),  # a replica fills a node: one DP member per node
+        (1, 4, 4, 2, 2, False),  # two replicas of 4 ranks per node
+        (4, 1, 8, 2, 8, False),  # two tp4 replicas per node
+        (1, 16, 2, 1, 1, True),  # a replica spans two nodes: its sends are charged inter-node
+    ],
+)
 def test_replica_groups_follow_the_dp_outer_rank_layout(tp, pp, dp, per_node_dp, per_node_dpt, sends_cross):
     """Plans with replicas on several types lay ranks out as dp, pp, tp (replica j = j-th block of pp x tp
     ranks): DP members are pp x tp ranks apart, so a node of 8 holds 8 // (pp x tp) of them."""

@@ -28,8 +28,13 @@ CASES = [("korthikanti-22b", 4), ("gpt3-175b", 1), ("korthikanti-530b", 1), ("ko
 def _paper_bytes(s, b, h, a, t, mode):
     """Korthikanti Table 2, bytes per layer per rank."""
     sbh = s * b * h
-    return {"tp": sbh * (10 + 24 / t + 5 * a * s / (h * t)), "tp+sp": sbh * (34 / t + 5 * a * s / (h * t)),
-            "tp+sel": sbh * (10 + 24 / t), "tp+sp+sel": sbh * 34 / t, "full": 2 * sbh}[mode]
+    return {
+        "tp": sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp+sp": sbh * (34 / t + 5 * a * s / (h * t)),
+        "tp+sel": sbh * (10 + 24 / t),
+        "tp+sp+sel": sbh * 34 / t,
+        "full": 2 * sbh,
+    }[mode]
 
 
 @pytest.mark.parametrize("preset,mb", CASES)
@@ -38,18 +43,39 @@ def test_block_activation_memory_matches_korthikanti_table_2(preset, mb, mode):
     spec = parse_model(f"gpt:{preset}", dropout=0.1)
     model = build_gpt_profile(spec, dtype="fp16", tp_degrees=[1, 8])
     recompute = "full" if mode == "full" else "selective" if "sel" in mode else "none"
-    cost = layer_cost(model.layer("blocks.0"), node=A100.node_types[0], cluster=A100, tp=8, style="split",
-                      recompute=recompute, sequence_parallel="sp" in mode, micro_batch=mb,
-                      flash_attention=False, dtype="fp16")
+    cost = layer_cost(
+        model.layer("blocks.0"),
+        node=A100.node_types[0],
+        cluster=A100,
+        tp=8,
+        style="split",
+        recompute=recompute,
+        sequence_parallel="sp" in mode,
+        micro_batch=mb,
+        flash_attention=False,
+        dtype="fp16",
+    )
     s, h, a = 2048, int(spec.dim("hidden")), int(spec.dim("heads"))
     assert cost.act_bytes == pytest.approx(_paper_bytes(s, mb, h, a, 8, mode), rel=0.05)
 
 
 def test_recompute_lowers_memory_and_raises_time():
     model = build_gpt_profile(parse_model("gpt:gpt3-175b", dropout=0.1), dtype="fp16", tp_degrees=[1, 8])
-    costs = {rc: layer_cost(model.layer("blocks.0"), node=A100.node_types[0], cluster=A100, tp=8, style="split",
-                            recompute=rc, sequence_parallel=False, micro_batch=1, flash_attention=False,
-                            dtype="fp16") for rc in ("none", "selective", "full")}
+    costs = {
+        rc: layer_cost(
+            model.layer("blocks.0"),
+            node=A100.node_types[0],
+            cluster=A100,
+            tp=8,
+            style="split",
+            recompute=rc,
+            sequence_parallel=False,
+            micro_batch=1,
+            flash_attention=False,
+            dtype="fp16",
+        )
+        for rc in ("none", "selective", "full")
+    }
     acts = [costs[rc].act_bytes for rc in ("none", "selective", "full")]
     times = [costs[rc].recompute_s for rc in ("none", "selective", "full")]
     assert acts[0] > acts[1] > acts[2]
@@ -58,8 +84,12 @@ def test_recompute_lowers_memory_and_raises_time():
 
 
 # Korthikanti et al. Table 5 runs: (preset, tp, pp, v, global batch = micro-batches)
-RUNS = [("korthikanti-22b", 8, 1, 1, 4, 4), ("gpt3-175b", 8, 8, 3, 64, 1), ("korthikanti-530b", 8, 35, 3, 280, 1),
-        ("korthikanti-1t", 8, 64, 1, 512, 1)]
+RUNS = [
+    ("korthikanti-22b", 8, 1, 1, 4, 4),
+    ("gpt3-175b", 8, 8, 3, 64, 1),
+    ("korthikanti-530b", 8, 35, 3, 280, 1),
+    ("korthikanti-1t", 8, 64, 1, 512, 1),
+]
 
 
 @pytest.mark.parametrize("preset,tp,pp,v,gb,mb", RUNS)
@@ -70,12 +100,20 @@ def test_first_rank_activation_memory_matches_korthikanti(preset, tp, pp, v, gb,
     (§4.3: sbh bytes per micro-batch in flight, /t with SP), plus with full recompute the re-materialised
     layer (Table 2 baseline), within 5 %."""
     from planner.cost import ParallelConfig, estimate, with_gpus
+
     spec = parse_model(f"gpt:{preset}", dropout=0.1)
     model = build_gpt_profile(spec, dtype="fp16", tp_degrees=[1, tp])
     m = gb // mb
-    cfg = ParallelConfig(tp=tp, pp=pp, micro_batch=mb, num_micro_batches=m,
-                         schedule="interleaved_1f1b" if v > 1 else "1f1b", virtual_stages=v,
-                         recompute="full" if mode == "full" else "selective", sequence_parallel=mode != "full")
+    cfg = ParallelConfig(
+        tp=tp,
+        pp=pp,
+        micro_batch=mb,
+        num_micro_batches=m,
+        schedule="interleaved_1f1b" if v > 1 else "1f1b",
+        virtual_stages=v,
+        recompute="full" if mode == "full" else "selective",
+        sequence_parallel=mode != "full",
+    )
     est = estimate(model, with_gpus(A100, tp * pp), cfg, global_batch=gb, dtype="fp16")
     s, h, a, layers = 2048, int(spec.dim("hidden")), int(spec.dim("heads")), int(spec.dim("layers"))
     inflight = min(pp * (1 + (pp - 1) / (pp * v)) if v > 1 else pp, m)

@@ -35,7 +35,8 @@ def test_inflight_per_schedule():
     # Korthikanti §4.2.3: the first stage holds p (1 + (p - 1)/(p v)) stage-worths of activations
     assert inflight_microbatches("interleaved_1f1b", p, 0, 64, v) == pytest.approx(p * (1 + (p - 1) / (p * v)))
     assert inflight_microbatches("interleaved_1f1b", p, p - 1, 64, v) < inflight_microbatches(
-        "interleaved_1f1b", p, 0, 64, v)
+        "interleaved_1f1b", p, 0, 64, v
+    )
 
 
 def test_bad_schedule_arguments():

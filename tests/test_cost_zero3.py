@@ -19,8 +19,9 @@ from planner.profiles import load_cluster_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHA_S, BUS_BW = 32.2e-6, 229.35e9
-DEEPSPEED_2021 = dict(zero3_overlap=False, zero3_param_gathers=3, zero3_granularity="tensor",
-                      zero3_list_collectives=True)
+DEEPSPEED_2021 = dict(
+    zero3_overlap=False, zero3_param_gathers=3, zero3_granularity="tensor", zero3_list_collectives=True
+)
 
 
 def _ring_s(nbytes: float) -> float:
@@ -30,8 +31,7 @@ def _ring_s(nbytes: float) -> float:
 @pytest.fixture(scope="module")
 def tiny():
     """GPT with h=256, f=1024, 2 blocks, vocab 1000, 128 positions (tied head: 0 parameters)."""
-    spec = parse_model("gpt", layers=2, hidden=256, heads=4, vocab=1000, max_seq=128, dropout=0.1,
-                       tie_embeddings=True)
+    spec = parse_model("gpt", layers=2, hidden=256, heads=4, vocab=1000, max_seq=128, dropout=0.1, tie_embeddings=True)
     model = build_gpt_profile(spec, seq_len=128, dtype="bf16", tp_degrees=[1])
     cluster = with_gpus(load_cluster_profile(ROOT / "profiles" / "hardware" / "dgx-a100-80g.json"), 8)
     return model, cluster
@@ -58,9 +58,17 @@ def test_list_collective_overhead_hand_computed():
 
 def test_per_tensor_three_gathers_no_overlap_hand_computed(tiny):
     model, cluster = tiny
-    cfg = ParallelConfig(dp=8, micro_batch=1, num_micro_batches=2, zero_stage=3, recompute="full",
-                         zero3_overlap=False, zero3_param_gathers=3, zero3_granularity="tensor",
-                         zero3_grad_sync="micro_batch")
+    cfg = ParallelConfig(
+        dp=8,
+        micro_batch=1,
+        num_micro_batches=2,
+        zero_stage=3,
+        recompute="full",
+        zero3_overlap=False,
+        zero3_param_gathers=3,
+        zero3_granularity="tensor",
+        zero3_grad_sync="micro_batch",
+    )
     rank = estimate(model, cluster, cfg, global_batch=16, dtype="bf16").per_rank[0]
     gathered_block = (196608 + 262144 + 262144) * 2  # QKV, FC1, FC2; the 65536-element projection persists
     block = 3 * (3 * ALPHA_S + 7 / 8 * gathered_block / BUS_BW) + 12 * ALPHA_S + 7 / 8 * 789760 * 2 / BUS_BW
@@ -84,22 +92,28 @@ def test_grad_sync_per_step_hand_computed(tiny):
     sizes = (288768, 789760, 789760, 512)
     base = ParallelConfig(dp=8, num_micro_batches=4, zero_stage=3, overlap_grad_reduce=False)
     for sync, gathers, scatters in (("micro_batch", 8, 4), ("step", 5, 1)):
-        rank = estimate(model, cluster, replace(base, zero3_grad_sync=sync), global_batch=32,
-                        dtype="bf16").per_rank[0]
-        assert rank.zero_comm_s == pytest.approx(sum((gathers + scatters) * _ring_s(p * 2) for p in sizes),
-                                                 rel=1e-12)
+        rank = estimate(model, cluster, replace(base, zero3_grad_sync=sync), global_batch=32, dtype="bf16").per_rank[0]
+        assert rank.zero_comm_s == pytest.approx(sum((gathers + scatters) * _ring_s(p * 2) for p in sizes), rel=1e-12)
 
 
 def test_grad_sync_per_step_holds_unsharded_weights_and_grads(tiny):
     # bf16 mixed precision: 2-byte weights, 2-byte gradients (STATE_BYTES_PER_PARAM) of all 1,868,800 params
     model, cluster = tiny
     cfg = ParallelConfig(dp=8, num_micro_batches=4, zero_stage=3)
-    mem = [estimate(model, cluster, replace(cfg, zero3_grad_sync=s), global_batch=32,
-                    dtype="bf16").per_rank[0].memory.comm_buffers for s in ("micro_batch", "step")]
+    mem = [
+        estimate(model, cluster, replace(cfg, zero3_grad_sync=s), global_batch=32, dtype="bf16")
+        .per_rank[0]
+        .memory.comm_buffers
+        for s in ("micro_batch", "step")
+    ]
     assert mem[1] - mem[0] == pytest.approx(sum((288768, 789760, 789760, 512)) * 4, rel=1e-12)
     one = replace(cfg, num_micro_batches=1, zero3_grad_sync="step")
-    assert estimate(model, cluster, one, global_batch=8, dtype="bf16").peak_mem_bytes == \
-        estimate(model, cluster, replace(one, zero3_grad_sync="micro_batch"), global_batch=8, dtype="bf16").peak_mem_bytes
+    assert (
+        estimate(model, cluster, one, global_batch=8, dtype="bf16").peak_mem_bytes
+        == estimate(
+            model, cluster, replace(one, zero3_grad_sync="micro_batch"), global_batch=8, dtype="bf16"
+        ).peak_mem_bytes
+    )
 
 
 def test_grad_sync_default_follows_the_runtime():
@@ -114,6 +128,7 @@ def test_first_layer_gather_and_reduce_scatter_are_never_hidden(tiny):
     # pp = 1, m = 2: the runtime reduce-scatters every micro-batch (2 gathers + 1 reduce-scatter each)
     model, cluster = tiny
     from planner.cost.kernels import contention
+
     cfg = ParallelConfig(dp=8, num_micro_batches=2, zero_stage=3)
     est = estimate(model, cluster, cfg, global_batch=16, dtype="bf16")
     rank, k = est.per_rank[0], contention(cluster.node_types[0])
@@ -154,8 +169,10 @@ def test_bad_zero3_fields_are_refused(tiny):
 
 def test_benchmark_states_zero3_model_and_ends_with_headline(capsys):
     import sys
+
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import cost_accuracy
+
     if not cost_accuracy.DEFAULT_CSV.exists():
         pytest.skip("benchmarks/data/published_cases.csv not present")
     cost_accuracy.main([])

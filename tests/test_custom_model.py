@@ -32,16 +32,20 @@ def test_example_layers_kinds_and_tp_plan():
     profile = profile_model_analytic(spec, seq_len=1, dtype="fp32")
     assert profile.tp_degrees == [1, 2, 4, 8, 16, 32, 64]
     assert profile.layer("blocks.0").shard(2).fwd_flops_per_sample == pytest.approx(
-        profile.layer("blocks.0").shard(1).fwd_flops_per_sample / 2, rel=0.01)  # the LayerNorm is not split
+        profile.layer("blocks.0").shard(1).fwd_flops_per_sample / 2, rel=0.01
+    )  # the LayerNorm is not split
 
 
 def test_module_form_and_no_tp_plan(tmp_path, monkeypatch):
-    (tmp_path / "mymodels.py").write_text(HEADER + textwrap.dedent("""
+    (tmp_path / "mymodels.py").write_text(
+        HEADER
+        + textwrap.dedent("""
         def build():
             m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
             m.input_spec = {"sample_shape": [8], "dtype": "float32", "num_classes": 3}
             return m
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = parse_model("module:mymodels:build")
     assert layer_paths(spec) == ["blocks.0", "blocks.1", "blocks.2"]
@@ -53,7 +57,8 @@ BAD = {
     "raises": ("def build():\n    raise RuntimeError('boom')\n", "raised RuntimeError: boom"),
     "not a module": ("def build():\n    return 3\n", "returned int, not an nn.Module"),
     "no input_spec": ("def build():\n    return nn.Sequential(nn.Linear(2, 2))\n", "no input_spec"),
-    "out of order": ("""
+    "out of order": (
+        """
         class M(nn.Module):
             input_spec = {"sample_shape": [4], "dtype": "float32", "num_classes": 4}
             def __init__(self):
@@ -63,8 +68,11 @@ BAD = {
                 return self.b(self.a(x))
         def build():
             return M()
-    """, r"forward calls its layers as \[a, b\] but the children are \[b, a\]"),
-    "called twice": ("""
+    """,
+        r"forward calls its layers as \[a, b\] but the children are \[b, a\]",
+    ),
+    "called twice": (
+        """
         class M(nn.Module):
             input_spec = {"sample_shape": [4], "dtype": "float32", "num_classes": 4}
             def __init__(self):
@@ -74,20 +82,28 @@ BAD = {
                 return self.a(self.a(x))
         def build():
             return M()
-    """, "each child must run once"),
-    "bad style": ("""
+    """,
+        "each child must run once",
+    ),
+    "bad style": (
+        """
         def build():
             m = nn.Sequential(nn.Linear(4, 4))
             m.input_spec = {"sample_shape": [4], "dtype": "float32", "num_classes": 4}
             m.tp_plan = {"Linear": {"": "diagonal"}}
             return m
-    """, "style 'diagonal' .* is unknown"),
-    "classes": ("""
+    """,
+        "style 'diagonal' .* is unknown",
+    ),
+    "classes": (
+        """
         def build():
             m = nn.Sequential(nn.Linear(4, 5))
             m.input_spec = {"sample_shape": [4], "dtype": "float32", "num_classes": 4}
             return m
-    """, "last dimension is 5 but input_spec says num_classes=4"),
+    """,
+        "last dimension is 5 but input_spec says num_classes=4",
+    ),
 }
 
 
@@ -100,11 +116,14 @@ def test_contract_violations_are_one_line_errors(tmp_path, case):
     assert "\n" not in message and ("build" in message or ".py" in message)
 
 
-@pytest.mark.parametrize("text,match", [
-    ("py:missing.py:build", "does not exist"),
-    ("py:examples/custom_model.py", "must be py:FILE.py:FUNCTION"),
-    ("module:no_such_module_xyz:build", "cannot import module"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("py:missing.py:build", "does not exist"),
+        ("py:examples/custom_model.py", "must be py:FILE.py:FUNCTION"),
+        ("module:no_such_module_xyz:build", "cannot import module"),
+    ],
+)
 def test_bad_model_arguments(text, match, monkeypatch):
     monkeypatch.chdir(REPO)
     with pytest.raises(StratagemError, match=match):
@@ -118,5 +137,6 @@ def test_missing_function_and_changed_file(tmp_path):
     spec = parse_model(src)
     (tmp_path / "model.py").write_text("# edited\n" + (tmp_path / "model.py").read_text())
     from runtime.models.custom import _load_function
+
     with pytest.raises(StratagemError, match="changed since the plan was made"):
         _load_function(spec)

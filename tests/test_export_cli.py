@@ -7,11 +7,26 @@ import json
 from planner.cli.main import main
 from planner.plan import load_plan
 
-MEGATRON = ("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers 24 --hidden-size 2304 "
-            "--num-attention-heads 24 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 4 "
-            "--global-batch-size 512 --fp16 --recompute-granularity full --recompute-method uniform")
-PLAN = ["plan", "--model", "gpt:megatron-1.7b", "--cluster", "dgx-a100-80g", "--gpus", "32", "--global-batch", "512",
-        "--seq", "2048", "--dtype", "fp16"]
+MEGATRON = (
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers 24 --hidden-size 2304 "
+    "--num-attention-heads 24 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 4 "
+    "--global-batch-size 512 --fp16 --recompute-granularity full --recompute-method uniform"
+)
+PLAN = [
+    "plan",
+    "--model",
+    "gpt:megatron-1.7b",
+    "--cluster",
+    "dgx-a100-80g",
+    "--gpus",
+    "32",
+    "--global-batch",
+    "512",
+    "--seq",
+    "2048",
+    "--dtype",
+    "fp16",
+]
 
 
 def test_plan_compare_to_megatron_stores_speedup_and_flag_changes(tmp_path, capsys):
@@ -23,9 +38,11 @@ def test_plan_compare_to_megatron_stores_speedup_and_flag_changes(tmp_path, caps
     assert c is not None and c.framework == "megatron"
     assert c.current_summary.startswith("tp2 pp2 dp8 1f1b mb4x16 zero0")
     assert c.speedup == c.current_step_time_s / c.exported_step_time_s
-    assert c.plan_step_time_s <= c.current_step_time_s   # the search is optimal under the same model
-    assert any(line.startswith("--tensor-model-parallel-size 2 -> ") for line in c.flag_changes) or \
-        plan.mesh.size("tp") == 2
+    assert c.plan_step_time_s <= c.current_step_time_s  # the search is optimal under the same model
+    assert (
+        any(line.startswith("--tensor-model-parallel-size 2 -> ") for line in c.flag_changes)
+        or plan.mesh.size("tp") == 2
+    )
     assert "predicted speed-up" in printed and "what to change in your megatron config" in printed
     assert main(["show", str(out)]) == 0
     assert "predicted speed-up" in capsys.readouterr().out
@@ -35,9 +52,17 @@ def test_show_compares_with_a_deepspeed_file(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main([*PLAN, "--out", str(out)]) == 0
     ds = tmp_path / "ds_config.json"
-    ds.write_text(json.dumps({"train_batch_size": 512, "train_micro_batch_size_per_gpu": 4,
-                              "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 3},
-                              "fp16": {"enabled": True}}))
+    ds.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 512,
+                "train_micro_batch_size_per_gpu": 4,
+                "gradient_accumulation_steps": 4,
+                "zero_optimization": {"stage": 3},
+                "fp16": {"enabled": True},
+            }
+        )
+    )
     capsys.readouterr()
     assert main(["show", str(out), "--compare-to", "deepspeed", str(ds)]) == 0
     printed = capsys.readouterr().out

@@ -37,7 +37,7 @@ def expressible(draw, framework: str) -> FrameworkSettings:
     schedule = draw(st.sampled_from(caps.schedules)) if pp > 1 else "1f1b"
     v = 2 if schedule == "interleaved_1f1b" else 1
     mb = draw(st.sampled_from([1, 2]))
-    if schedule == "interleaved_1f1b":   # Megatron: micro-batches a multiple of pp
+    if schedule == "interleaved_1f1b":  # Megatron: micro-batches a multiple of pp
         m = pp * draw(st.integers(1, 2))
     else:
         m = draw(st.integers(pp, 2 * pp)) if pp > 1 else draw(st.integers(1, 3))
@@ -49,8 +49,15 @@ def expressible(draw, framework: str) -> FrameworkSettings:
             last = draw(st.integers(1, 3))
             if (layers - first - last) % (pp - 2):
                 last += (layers - first - last) % (pp - 2)
-    chunk_min = min(x for x in (first, last, (layers - (first or 0) - (last or 0)) //
-                                max(1, pp * v - (first is not None) - (last is not None))) if x is not None)
+    chunk_min = min(
+        x
+        for x in (
+            first,
+            last,
+            (layers - (first or 0) - (last or 0)) // max(1, pp * v - (first is not None) - (last is not None)),
+        )
+        if x is not None
+    )
     recompute = draw(st.sampled_from(caps.recompute))
     block = None
     if recompute == "full" and caps.recompute_block_count and chunk_min > 1 and draw(st.booleans()):
@@ -63,16 +70,35 @@ def expressible(draw, framework: str) -> FrameworkSettings:
         decay = draw(st.sampled_from(caps.decays))
         ref = draw(st.sampled_from([gb, 256]))
         peak = base * gb / ref
-        lr_schedule = build_lr_schedule(base_lr=base, reference_batch=ref, total_steps=total, warmup_steps=warm,
-                                        decay=decay, min_lr=peak * 0.1 if decay == "cosine" else 0.0,
-                                        warmup_start_lr=None if caps.warmup_start else 0.0)
-    return FrameworkSettings(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=schedule,
-                             virtual_stages=v, first_chunk_blocks=first, last_chunk_blocks=last,
-                             zero_stage=draw(st.sampled_from(zeros)),
-                             sequence_parallel=tp > 1 and caps.sequence_parallel and draw(st.booleans()),
-                             recompute=recompute, recompute_blocks_per_chunk=block, seq_len=SEQ,
-                             dtype=draw(st.sampled_from(["bf16", "fp16"])), model=model, lr_schedule=lr_schedule,
-                             weight_decay=0.1)
+        lr_schedule = build_lr_schedule(
+            base_lr=base,
+            reference_batch=ref,
+            total_steps=total,
+            warmup_steps=warm,
+            decay=decay,
+            min_lr=peak * 0.1 if decay == "cosine" else 0.0,
+            warmup_start_lr=None if caps.warmup_start else 0.0,
+        )
+    return FrameworkSettings(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        micro_batch=mb,
+        global_batch=gb,
+        schedule=schedule,
+        virtual_stages=v,
+        first_chunk_blocks=first,
+        last_chunk_blocks=last,
+        zero_stage=draw(st.sampled_from(zeros)),
+        sequence_parallel=tp > 1 and caps.sequence_parallel and draw(st.booleans()),
+        recompute=recompute,
+        recompute_blocks_per_chunk=block,
+        seq_len=SEQ,
+        dtype=draw(st.sampled_from(["bf16", "fp16"])),
+        model=model,
+        lr_schedule=lr_schedule,
+        weight_decay=0.1,
+    )
 
 
 def _round_trip(framework: str, s: FrameworkSettings) -> None:
@@ -86,7 +112,7 @@ def _round_trip(framework: str, s: FrameworkSettings) -> None:
     assert export.exported_estimate.step_time_s == pytest.approx(export.plan_estimate.step_time_s, rel=1e-12)
     assert export.exported_estimate.peak_mem_bytes == pytest.approx(export.plan_estimate.peak_mem_bytes, rel=1e-12)
     if framework == "accelerate":
-        return   # Accelerate's launch config is write-only here (no importer; see planner/export/accelerate.py)
+        return  # Accelerate's launch config is write-only here (no importer; see planner/export/accelerate.py)
     back = import_config(framework, export.text, layers=int(s.model.dim("layers")))
     a, b = to_parallel_config(back, kinds), to_parallel_config(s, kinds)
     assert a == b, {f: (getattr(a, f), getattr(b, f)) for f in a.__slots__ if getattr(a, f) != getattr(b, f)}
@@ -103,6 +129,7 @@ def test_export_then_import_gives_the_same_config(framework):
     @given(expressible(framework))
     def check(s):
         _round_trip(framework, s)
+
     check()
 
 
@@ -110,20 +137,32 @@ def test_the_warmup_from_base_lr_survives_megatron():
     s = build_lr_schedule(base_lr=0.1, reference_batch=256, total_steps=90, warmup_steps=5)
     assert peak_lr(s, global_batch=8192) == pytest.approx(3.2)
     model = parse_model("gpt", layers=8, hidden=64, heads=8, vocab=256, max_seq=SEQ)
-    settings_ = FrameworkSettings(dp=4, micro_batch=2, global_batch=8192, seq_len=SEQ, dtype="bf16", model=model,
-                                  lr_schedule=s)
+    settings_ = FrameworkSettings(
+        dp=4, micro_batch=2, global_batch=8192, seq_len=SEQ, dtype="bf16", model=model, lr_schedule=s
+    )
     _round_trip("megatron", settings_)
 
 
 def test_virtual_stages_that_do_not_divide_the_layers_become_the_nearest_that_do():
     from planner.export import megatron
     from planner.export.nearest import nearest_candidates
+
     model = parse_model("gpt", layers=12, hidden=64, heads=8, vocab=256, max_seq=SEQ)
-    s = FrameworkSettings(pp=2, dp=2, micro_batch=1, global_batch=8, schedule="interleaved_1f1b", virtual_stages=4,
-                          seq_len=SEQ, dtype="bf16", model=model)   # 12 layers over 2 x 4 chunks: 2,2,2,2,1,1,1,1
-    plan = plan_from_settings(s, model)   # (the search and estimate run equal chunks only: a hand-made plan)
+    s = FrameworkSettings(
+        pp=2,
+        dp=2,
+        micro_batch=1,
+        global_batch=8,
+        schedule="interleaved_1f1b",
+        virtual_stages=4,
+        seq_len=SEQ,
+        dtype="bf16",
+        model=model,
+    )  # 12 layers over 2 x 4 chunks: 2,2,2,2,1,1,1,1
+    plan = plan_from_settings(s, model)  # (the search and estimate run equal chunks only: a hand-made plan)
     [(settings_, changes)] = nearest_candidates(plan, build_gpt_profile(model, seq_len=SEQ), "megatron")
     assert settings_.virtual_stages == 3 and settings_.schedule == "interleaved_1f1b"
     assert [c.line() for c in changes] == [
-        "virtual stages per pipeline rank: 4 -> 3 (12 layers must split evenly over pp 2 x virtual stages)"]
+        "virtual stages per pipeline rank: 4 -> 3 (12 layers must split evenly over pp 2 x virtual stages)"
+    ]
     assert "--num-layers-per-virtual-pipeline-stage 2" in megatron.render(settings_, header=[])

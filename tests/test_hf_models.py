@@ -51,9 +51,14 @@ def test_wrapped_model_gives_the_hf_models_logits(tmp_path, kind):
 def test_tp_layout_derived_from_the_module_tree(tmp_path):
     spec = _spec(tmp_path)
     assert tp_layout(spec, "blocks.1") == {
-        "layer.self_attn.q_proj": "colwise", "layer.self_attn.k_proj": "colwise", "layer.self_attn.v_proj": "colwise",
-        "layer.self_attn.o_proj": "rowwise", "layer.mlp.gate_proj": "colwise", "layer.mlp.up_proj": "colwise",
-        "layer.mlp.down_proj": "rowwise"}
+        "layer.self_attn.q_proj": "colwise",
+        "layer.self_attn.k_proj": "colwise",
+        "layer.self_attn.v_proj": "colwise",
+        "layer.self_attn.o_proj": "rowwise",
+        "layer.mlp.gate_proj": "colwise",
+        "layer.mlp.up_proj": "colwise",
+        "layer.mlp.down_proj": "rowwise",
+    }
     assert tp_layout(spec, "embed") == {"tok": "vocab_embedding"} and tp_layout(spec, "norm") == {}
     assert external(spec).tp_note == ""
     # GQA: 2 KV heads allow tp 1 and 2 only
@@ -82,7 +87,8 @@ def test_flops_and_params_agree_with_the_zoo_llama(tmp_path):
             assert sa.fwd_flops_per_sample == pytest.approx(sb.fwd_flops_per_sample, rel=1e-12)
             assert sa.bwd_flops_per_sample == pytest.approx(sb.bwd_flops_per_sample, rel=1e-12)
     assert ours.layer("blocks.0").shard(2).fwd_flops_per_sample == pytest.approx(
-        ours.layer("blocks.0").shard(1).fwd_flops_per_sample / 2)
+        ours.layer("blocks.0").shard(1).fwd_flops_per_sample / 2
+    )
 
 
 def test_llama3_8b_parameter_count_without_allocation(tmp_path):
@@ -103,14 +109,20 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch):
         require_transformers()
 
 
-@pytest.mark.parametrize("content,match", [
-    (None, "does not exist"),
-    ("{not json", "not readable JSON"),
-    (json.dumps({"hidden_size": 8}), "no 'model_type'"),
-    (json.dumps({"model_type": "no-such-arch"}), "cannot read"),
-    (json.dumps({"model_type": "t5"}), "cannot build"),
-    (json.dumps({"model_type": "gemma2", "final_logit_softcapping": 30.0}), "final_logit_softcapping.*does not apply"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (None, "does not exist"),
+        ("{not json", "not readable JSON"),
+        (json.dumps({"hidden_size": 8}), "no 'model_type'"),
+        (json.dumps({"model_type": "no-such-arch"}), "cannot read"),
+        (json.dumps({"model_type": "t5"}), "cannot build"),
+        (
+            json.dumps({"model_type": "gemma2", "final_logit_softcapping": 30.0}),
+            "final_logit_softcapping.*does not apply",
+        ),
+    ],
+)
 def test_bad_configs_are_one_line_errors(tmp_path, content, match):
     path = tmp_path / "config.json"
     if content is not None:

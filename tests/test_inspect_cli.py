@@ -23,8 +23,17 @@ def plan_file(tmp_path_factory):
 def metrics_file(plan_file, tmp_path_factory):
     _, plan = plan_file
     path = tmp_path_factory.mktemp("metrics") / "run.jsonl"
-    lines = [dict(step=i, loss=5.0 - i, step_time_s=t, tokens_per_s=1000.0, peak_mem_bytes=[2**30, 2**31],
-                  predicted_step_time_s=plan.predictions.step_time_s) for i, t in enumerate([0.9, 0.2, 0.2])]
+    lines = [
+        dict(
+            step=i,
+            loss=5.0 - i,
+            step_time_s=t,
+            tokens_per_s=1000.0,
+            peak_mem_bytes=[2**30, 2**31],
+            predicted_step_time_s=plan.predictions.step_time_s,
+        )
+        for i, t in enumerate([0.9, 0.2, 0.2])
+    ]
     lines.append(dict(summary=True))
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
@@ -46,16 +55,24 @@ def test_show_prints_a_readable_summary(plan_file, metrics_file, capsys):
 def test_show_writes_self_contained_html_and_pngs(plan_file, metrics_file, tmp_path, capsys):
     path, _ = plan_file
     html_path, png_dir = tmp_path / "report.html", tmp_path / "png"
-    assert main(["show", str(path), "--metrics", str(metrics_file), "--html", str(html_path),
-                 "--png", str(png_dir)]) == 0
+    assert (
+        main(["show", str(path), "--metrics", str(metrics_file), "--html", str(html_path), "--png", str(png_dir)]) == 0
+    )
     page = html_path.read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 6  # placement, timeline, memory, breakdown, comparison, metrics
     assert all(base64.b64decode(i)[:4] == b"\x89PNG" for i in images)
     assert "http" not in page  # nothing fetched from elsewhere
     assert sorted(p.name for p in png_dir.iterdir()) == sorted(
-        ["layer_placement.png", "timeline.png", "memory_per_rank.png", "step_breakdown.png",
-         "plan_comparison.png", "metrics.png"])
+        [
+            "layer_placement.png",
+            "timeline.png",
+            "memory_per_rank.png",
+            "step_breakdown.png",
+            "plan_comparison.png",
+            "metrics.png",
+        ]
+    )
 
 
 def test_show_without_predictions_draws_the_placement_only(tmp_path, capsys):
@@ -66,11 +83,14 @@ def test_show_without_predictions_draws_the_placement_only(tmp_path, capsys):
     assert [p.name for p in (tmp_path / "png").iterdir()] == ["layer_placement.png"]
 
 
-@pytest.mark.parametrize("content,message", [
-    ("{not json", "is not valid JSON"),
-    ('{"schema_version": 1, "planner_version": "x"}', "is invalid at"),
-    (None, "does not exist"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"schema_version": 1, "planner_version": "x"}', "is invalid at"),
+        (None, "does not exist"),
+    ],
+)
 def test_bad_plan_file_is_a_one_line_error(tmp_path, capsys, content, message):
     path = tmp_path / "plan.json"
     if content is not None:

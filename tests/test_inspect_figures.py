@@ -7,8 +7,15 @@ import pandas as pd
 import pytest
 
 from planner.errors import StratagemError
-from planner.inspect import (build_example_plan, plot_layer_placement, plot_memory_per_rank, plot_metrics,
-                             plot_plan_comparison, plot_step_breakdown, plot_timeline)
+from planner.inspect import (
+    build_example_plan,
+    plot_layer_placement,
+    plot_memory_per_rank,
+    plot_metrics,
+    plot_plan_comparison,
+    plot_step_breakdown,
+    plot_timeline,
+)
 from planner.inspect.report import figure_png
 
 matplotlib.use("Agg")
@@ -21,8 +28,9 @@ CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)]
 @pytest.fixture(scope="module", params=CASES, ids=[k for k, _ in CASES])
 def plan(request):
     kind, v = request.param
-    return build_example_plan(kind, pp=PP, num_micro_batches=M, virtual_stages=v, forward_s=TF, backward_s=TB,
-                              recompute_s=0.005, dp=2, tp=2)
+    return build_example_plan(
+        kind, pp=PP, num_micro_batches=M, virtual_stages=v, forward_s=TF, backward_s=TB, recompute_s=0.005, dp=2, tp=2
+    )
 
 
 def _collections(ax, prefix):
@@ -60,8 +68,9 @@ def test_timeline_draws_one_bar_per_stage_micro_batch_and_phase(plan):
 
 @pytest.mark.parametrize("kind,v", CASES)
 def test_timeline_idle_area_is_the_bubble(kind, v):
-    plan = build_example_plan(kind, pp=PP, num_micro_batches=M, virtual_stages=v, forward_s=TF, backward_s=TB,
-                              with_alternatives=False)
+    plan = build_example_plan(
+        kind, pp=PP, num_micro_batches=M, virtual_stages=v, forward_s=TF, backward_s=TB, with_alternatives=False
+    )
     ax = plot_timeline(plan).axes[0]
     ideal_ms = M * (TF + TB) * 1e3
     # SC21 §2.2: bubble = (p - 1)/m x ideal, divided by v when interleaved; summed over p rows
@@ -78,8 +87,9 @@ def test_memory_per_rank_stacks_each_kind_against_capacity(plan):
         assert len(bars) == PP
         for r, bar in enumerate(bars):
             # every chunk of pp rank r carries the memory of r's devices
-            expected = {sp.memory_breakdown_bytes[kind] for sp in plan.predictions.stages
-                        if plan.stages[sp.stage].pp_rank == r}
+            expected = {
+                sp.memory_breakdown_bytes[kind] for sp in plan.predictions.stages if plan.stages[sp.stage].pp_rank == r
+            }
             assert len(expected) == 1 and bar.get_height() == pytest.approx(expected.pop() / GIB)
     capacity = _collections(ax, "capacity")[0]
     assert len(capacity.get_segments()) == PP
@@ -118,8 +128,9 @@ def test_plan_comparison_marks_the_chosen_plan(plan):
     chosen = _collections(ax, "chosen")[0].get_offsets()
     others = _collections(ax, "alternatives")[0].get_offsets()
     assert len(chosen) == 1 and len(others) == len(plan.search.top_k) == 2
-    assert tuple(chosen[0]) == pytest.approx((plan.predictions.step_time_s * 1e3,
-                                              plan.predictions.peak_memory_bytes / GIB))
+    assert tuple(chosen[0]) == pytest.approx(
+        (plan.predictions.step_time_s * 1e3, plan.predictions.peak_memory_bytes / GIB)
+    )
     assert "(ms)" in ax.get_xlabel() and "GiB" in ax.get_ylabel()
 
 

@@ -7,16 +7,35 @@ import json
 import pytest
 
 from planner.errors import StratagemError
-from planner.inspect import (build_example_plan, compare_plans, diff_plans, layer_frame, metrics_frame,
-                             predicted_vs_measured, rank_frame, stage_frame, summary_frame)
+from planner.inspect import (
+    build_example_plan,
+    compare_plans,
+    diff_plans,
+    layer_frame,
+    metrics_frame,
+    predicted_vs_measured,
+    rank_frame,
+    stage_frame,
+    summary_frame,
+)
 from planner.inspect.frames import rank_coordinates
 from planner.inspect.measured import load_metrics
 
 
 @pytest.fixture(scope="module")
 def plan():
-    return build_example_plan("1f1b", pp=2, num_micro_batches=4, dp=2, tp=2, forward_s=0.01, backward_s=0.02,
-                              recompute_s=0.005, tp_comm_s=0.002, with_alternatives=False)
+    return build_example_plan(
+        "1f1b",
+        pp=2,
+        num_micro_batches=4,
+        dp=2,
+        tp=2,
+        forward_s=0.01,
+        backward_s=0.02,
+        recompute_s=0.005,
+        tp_comm_s=0.002,
+        with_alternatives=False,
+    )
 
 
 def test_stage_frame_per_micro_batch_and_per_step(plan):
@@ -42,8 +61,9 @@ def test_rank_frame_coordinates_and_memory(plan):
 
 
 def test_rank_frame_of_an_interleaved_rank_holds_both_chunks():
-    plan = build_example_plan("interleaved_1f1b", pp=2, num_micro_batches=4, virtual_stages=2, hidden=1024,
-                              with_alternatives=False)
+    plan = build_example_plan(
+        "interleaved_1f1b", pp=2, num_micro_batches=4, virtual_stages=2, hidden=1024, with_alternatives=False
+    )
     frame = rank_frame(plan)
     assert frame.loc[0, "stages"] == "0,2"
     # chunks 0 (embed + 2 blocks) and 2 (2 blocks) on rank 0: 4 blocks of 12 h^2 + V h, 2 bytes each
@@ -69,12 +89,22 @@ def _write_metrics(path, lines):
 
 
 def test_metrics_frame_reads_steps_per_rank_memory_and_summary(tmp_path):
-    path = _write_metrics(tmp_path / "run.jsonl", [
-        dict(step=0, loss=5.0, step_time_s=0.9, tokens_per_s=100.0, peak_mem_bytes=[1e9, 3e9],
-             predicted_step_time_s=0.4),
-        dict(step=1, loss=4.5, step_time_s=0.5, tokens_per_s=200.0, peak_mem_bytes={"0": 1e9, "1": 2e9}),
-        dict(step=2, loss=4.0, step_time_s=0.3, tokens_per_s=300.0, peak_mem_bytes=[1e9, 4e9]),
-        dict(summary=True, measured_step_time_s=0.4)])
+    path = _write_metrics(
+        tmp_path / "run.jsonl",
+        [
+            dict(
+                step=0,
+                loss=5.0,
+                step_time_s=0.9,
+                tokens_per_s=100.0,
+                peak_mem_bytes=[1e9, 3e9],
+                predicted_step_time_s=0.4,
+            ),
+            dict(step=1, loss=4.5, step_time_s=0.5, tokens_per_s=200.0, peak_mem_bytes={"0": 1e9, "1": 2e9}),
+            dict(step=2, loss=4.0, step_time_s=0.3, tokens_per_s=300.0, peak_mem_bytes=[1e9, 4e9]),
+            dict(summary=True, measured_step_time_s=0.4),
+        ],
+    )
     frame = metrics_frame(path)
     assert list(frame.index) == [0, 1, 2]
     assert frame["peak_mem_bytes_max"].tolist() == [3e9, 2e9, 4e9]
@@ -101,8 +131,10 @@ def test_bad_metrics_files_are_one_line_errors(tmp_path):
 
 
 def test_compare_plans_ranks_by_step_time():
-    plans = [build_example_plan(k, virtual_stages=v, with_alternatives=False)
-             for k, v in [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)]]
+    plans = [
+        build_example_plan(k, virtual_stages=v, with_alternatives=False)
+        for k, v in [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)]
+    ]
     frame = compare_plans(plans, names=["a", "b", "c"])
     assert list(frame.index) == ["a", "b", "c"]
     assert frame["slowdown"].min() == 1.0
@@ -130,12 +162,16 @@ def test_diff_plans_lists_decisions_and_their_predicted_cost():
 
 def test_metrics_in_the_runtime_format_with_a_restart(tmp_path):
     # runtime/executor/metrics.py: event lines, per-rank peaks, an attempt that re-logs step 2
-    path = _write_metrics(tmp_path / "run.jsonl", [
-        dict(event="start", attempt=0),
-        dict(event="step", step=1, loss=5.0, step_time_s=0.7, peak_memory_bytes_per_rank=[10, 20], attempt=0),
-        dict(event="step", step=2, loss=4.0, step_time_s=0.9, peak_memory_bytes_per_rank=[10, 20], attempt=0),
-        dict(event="step", step=2, loss=4.5, step_time_s=0.2, peak_memory_bytes_per_rank=[30, 20], attempt=1),
-        dict(event="summary", measured_step_time_s=0.2, attempt=1)])
+    path = _write_metrics(
+        tmp_path / "run.jsonl",
+        [
+            dict(event="start", attempt=0),
+            dict(event="step", step=1, loss=5.0, step_time_s=0.7, peak_memory_bytes_per_rank=[10, 20], attempt=0),
+            dict(event="step", step=2, loss=4.0, step_time_s=0.9, peak_memory_bytes_per_rank=[10, 20], attempt=0),
+            dict(event="step", step=2, loss=4.5, step_time_s=0.2, peak_memory_bytes_per_rank=[30, 20], attempt=1),
+            dict(event="summary", measured_step_time_s=0.2, attempt=1),
+        ],
+    )
     frame = metrics_frame(path)
     assert list(frame.index) == [1, 2] and "event" not in frame
     assert frame.loc[2, "loss"] == 4.5 and frame.loc[2, "attempt"] == 1

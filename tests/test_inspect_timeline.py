@@ -14,8 +14,11 @@ TF, TB = 1.0, 2.0  # seconds per micro-batch for one pp rank's share of the mode
 
 
 def _spans(timeline, rank, kinds=("forward", "backward")):
-    return [(iv.kind[0].upper(), iv.stage, iv.micro_batch, iv.start_s, iv.end_s) for iv in timeline.intervals
-            if iv.pp_rank == rank and iv.kind in kinds]
+    return [
+        (iv.kind[0].upper(), iv.stage, iv.micro_batch, iv.start_s, iv.end_s)
+        for iv in timeline.intervals
+        if iv.pp_rank == rank and iv.kind in kinds
+    ]
 
 
 def test_gpipe_two_stages_two_micro_batches_by_hand():
@@ -30,10 +33,22 @@ def test_gpipe_two_stages_two_micro_batches_by_hand():
 def test_1f1b_two_stages_three_micro_batches_by_hand():
     # rank 0 warms up with p - 0 - 1 = 1 forward, rank 1 with none (SC21 §2.2.1)
     t = simulate("1f1b", [StageCost(forward_s=TF, backward_s=TB)] * 2, pp=2, num_micro_batches=3)
-    assert _spans(t, 0) == [("F", 0, 0, 0, 1), ("F", 0, 1, 1, 2), ("B", 0, 0, 4, 6), ("F", 0, 2, 6, 7),
-                            ("B", 0, 1, 7, 9), ("B", 0, 2, 10, 12)]
-    assert _spans(t, 1) == [("F", 1, 0, 1, 2), ("B", 1, 0, 2, 4), ("F", 1, 1, 4, 5), ("B", 1, 1, 5, 7),
-                            ("F", 1, 2, 7, 8), ("B", 1, 2, 8, 10)]
+    assert _spans(t, 0) == [
+        ("F", 0, 0, 0, 1),
+        ("F", 0, 1, 1, 2),
+        ("B", 0, 0, 4, 6),
+        ("F", 0, 2, 6, 7),
+        ("B", 0, 1, 7, 9),
+        ("B", 0, 2, 10, 12),
+    ]
+    assert _spans(t, 1) == [
+        ("F", 1, 0, 1, 2),
+        ("B", 1, 0, 2, 4),
+        ("F", 1, 1, 4, 5),
+        ("B", 1, 1, 5, 7),
+        ("F", 1, 2, 7, 8),
+        ("B", 1, 2, 8, 10),
+    ]
     assert t.makespan_s == 12  # (m + p - 1)(t_f + t_b)
 
 
@@ -41,10 +56,24 @@ def test_interleaved_order_matches_megatron_for_rank_0():
     # p=2, v=2, m=4: warm-up (p-r-1)*2 + (v-1)*p = 4 forwards; chunk 1 of rank 0 is stage 2
     order = schedule_order("interleaved_1f1b", 2, 4, 2)[0]
     got = [(op.phase[0].upper(), op.stage, op.micro_batch) for op in order]
-    assert got == [("F", 0, 0), ("F", 0, 1), ("F", 2, 0), ("F", 2, 1),
-                   ("F", 0, 2), ("B", 2, 0), ("F", 0, 3), ("B", 2, 1),
-                   ("F", 2, 2), ("B", 0, 0), ("F", 2, 3), ("B", 0, 1),
-                   ("B", 2, 2), ("B", 2, 3), ("B", 0, 2), ("B", 0, 3)]
+    assert got == [
+        ("F", 0, 0),
+        ("F", 0, 1),
+        ("F", 2, 0),
+        ("F", 2, 1),
+        ("F", 0, 2),
+        ("B", 2, 0),
+        ("F", 0, 3),
+        ("B", 2, 1),
+        ("F", 2, 2),
+        ("B", 0, 0),
+        ("F", 2, 3),
+        ("B", 0, 1),
+        ("B", 2, 2),
+        ("B", 2, 3),
+        ("B", 0, 2),
+        ("B", 0, 3),
+    ]
 
 
 @pytest.mark.parametrize("kind,v", [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4)])
@@ -73,10 +102,16 @@ def test_async_pp_comm_is_a_wait_and_the_rest_is_bubble():
     c = 0.5  # pp_comm per micro-batch of the boundary: c/2 each way
     costs = [StageCost(forward_s=TF, backward_s=TB, pp_comm_s=c), StageCost(forward_s=TF, backward_s=TB)]
     t = simulate("gpipe", costs, pp=2, num_micro_batches=1, pp_comm_mode="async")
-    idle = sorted((iv.pp_rank, iv.kind, iv.start_s, iv.end_s) for iv in t.intervals
-                  if iv.kind in ("bubble", "pp_wait", "pp_comm"))
-    assert idle == [(0, "bubble", 1, 4.25), (0, "pp_wait", 4.25, 4.5), (1, "bubble", 0, 1),
-                    (1, "bubble", 4.25, 6.5), (1, "pp_wait", 1, 1.25)]
+    idle = sorted(
+        (iv.pp_rank, iv.kind, iv.start_s, iv.end_s) for iv in t.intervals if iv.kind in ("bubble", "pp_wait", "pp_comm")
+    )
+    assert idle == [
+        (0, "bubble", 1, 4.25),
+        (0, "pp_wait", 4.25, 4.5),
+        (1, "bubble", 0, 1),
+        (1, "bubble", 4.25, 6.5),
+        (1, "pp_wait", 1, 1.25),
+    ]
     assert t.makespan_s == 6 + c
     assert t.exposed_pp_comm_s() == pytest.approx(c)
 
@@ -102,8 +137,9 @@ def test_blocking_mode_matches_the_cost_model_pipeline_formula(kind, v):
 
 
 def test_recompute_runs_right_before_its_backward_and_tp_comm_sits_inside_ops():
-    plan = build_example_plan("1f1b", pp=2, num_micro_batches=3, recompute_s=0.004, tp=2, tp_comm_s=0.002,
-                              with_alternatives=False)
+    plan = build_example_plan(
+        "1f1b", pp=2, num_micro_batches=3, recompute_s=0.004, tp=2, tp_comm_s=0.002, with_alternatives=False
+    )
     t = simulate_plan(plan)
     ops = {(iv.kind, iv.stage, iv.micro_batch): iv for iv in t.intervals}
     for s in range(2):
@@ -147,18 +183,34 @@ def _cost_model_plan(kind: str, v: int):
 
     spec = parse_model("gpt:megatron-1.7b")
     cluster = load_cluster_profile(Path(__file__).resolve().parents[1] / "profiles/hardware/dgx-a100-80g.json")
-    config = ParallelConfig(tp=2, pp=4, dp=1, micro_batch=1, num_micro_batches=8, schedule=kind,
-                            virtual_stages=v, recompute="full")
+    config = ParallelConfig(
+        tp=2, pp=4, dp=1, micro_batch=1, num_micro_batches=8, schedule=kind, virtual_stages=v, recompute="full"
+    )
     est = estimate_mod.estimate(build_gpt_profile(spec, seq_len=2048), cluster, config, global_batch=8)
-    stages = [Stage(index=ch.index, pp_rank=ch.pp_rank, module_paths=list(ch.module_paths),
-                    ranks=[2 * ch.pp_rank, 2 * ch.pp_rank + 1], node_type=ch.node_type,
-                    recompute={p: "full" for p in ch.module_paths if p.startswith("blocks.")})
-              for ch in est.per_stage]
-    return Plan(planner_version="test", created_utc="", model=spec, model_profile_hash=None,
-                cluster_name=cluster.name, cluster_hash=None,
-                training=TrainingSettings(global_batch=8, seq_len=2048, dtype="bf16"), mesh=Mesh(sizes=[4, 1, 2]),
-                schedule=Schedule(kind=kind, micro_batch_size=1, num_micro_batches=8, virtual_stages=v),
-                stages=stages, predictions=est.to_predictions())
+    stages = [
+        Stage(
+            index=ch.index,
+            pp_rank=ch.pp_rank,
+            module_paths=list(ch.module_paths),
+            ranks=[2 * ch.pp_rank, 2 * ch.pp_rank + 1],
+            node_type=ch.node_type,
+            recompute={p: "full" for p in ch.module_paths if p.startswith("blocks.")},
+        )
+        for ch in est.per_stage
+    ]
+    return Plan(
+        planner_version="test",
+        created_utc="",
+        model=spec,
+        model_profile_hash=None,
+        cluster_name=cluster.name,
+        cluster_hash=None,
+        training=TrainingSettings(global_batch=8, seq_len=2048, dtype="bf16"),
+        mesh=Mesh(sizes=[4, 1, 2]),
+        schedule=Schedule(kind=kind, micro_batch_size=1, num_micro_batches=8, virtual_stages=v),
+        stages=stages,
+        predictions=est.to_predictions(),
+    )
 
 
 @pytest.mark.parametrize("kind,v,rel", [("gpipe", 1, 1e-9), ("1f1b", 1, 1e-9), ("interleaved_1f1b", 2, 0.02)])
@@ -178,6 +230,7 @@ def test_timeline_of_a_cost_model_plan_ends_at_its_predicted_step_time(kind, v, 
 def test_docstring_examples_of_the_inspect_package_hold():
     import doctest
     import importlib
+
     for name in ("timeline", "examples", "compare", "units", "report"):
         module = importlib.import_module(f"planner.inspect.{name}")
         result = doctest.testmod(module)

@@ -54,18 +54,48 @@ def test_shipped_profiles_are_found_from_another_folder(venv, tmp_path):
     where = _run([venv / "bin" / "python", "-c", "import planner; print(planner.__file__)"], tmp_path).stdout
     assert str(venv) in where and str(REPO) not in where  # the installed copy, not this checkout
     plan = tmp_path / "plan.json"
-    _run([venv / "bin" / "stratagem", "plan", "--model", "gpt:tiny", "--cluster", "dgx-a100-80g", "--gpus", 8,
-          "--global-batch", 16, "--out", plan], tmp_path)
+    _run(
+        [
+            venv / "bin" / "stratagem",
+            "plan",
+            "--model",
+            "gpt:tiny",
+            "--cluster",
+            "dgx-a100-80g",
+            "--gpus",
+            8,
+            "--global-batch",
+            16,
+            "--out",
+            plan,
+        ],
+        tmp_path,
+    )
     assert json.loads(plan.read_text())["cluster_name"] == "dgx-a100-80g"
-    est = _run([venv / "bin" / "stratagem", "estimate", "--model", "gpt:tiny", "--cluster", "dgx-h100",
-                "--global-batch", 8, "--json"], tmp_path)
+    est = _run(
+        [
+            venv / "bin" / "stratagem",
+            "estimate",
+            "--model",
+            "gpt:tiny",
+            "--cluster",
+            "dgx-h100",
+            "--global-batch",
+            8,
+            "--json",
+        ],
+        tmp_path,
+    )
     assert json.loads(est.stdout)["step_time_s"] > 0
     assert not (tmp_path / "profiles").exists()
 
 
 def test_every_module_of_the_wheel_imports(venv, wheel, tmp_path):
-    modules = [n[:-3].replace("/", ".").removesuffix(".__init__") for n in zipfile.ZipFile(wheel).namelist()
-               if n.endswith(".py")]
+    modules = [
+        n[:-3].replace("/", ".").removesuffix(".__init__")
+        for n in zipfile.ZipFile(wheel).namelist()
+        if n.endswith(".py")
+    ]
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint(len(sys.argv) - 1)"
     done = _run([venv / "bin" / "python", "-c", code, *modules], tmp_path)
     assert int(done.stdout) == len(modules) > 50
@@ -85,10 +115,16 @@ def _third_party_imports(root: Path) -> set[str]:
 def test_every_imported_package_is_declared(wheel):
     metadata = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
-    required = {re.split(r"[ <>=!~;\[]", line.split(":", 1)[1].strip())[0].lower()
-                for line in text.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line}
-    extras = {re.split(r"[ <>=!~;\[]", line.split(":", 1)[1].strip())[0].lower()
-              for line in text.splitlines() if line.startswith("Requires-Dist:") and "extra == \"hf\"" in line}
+    required = {
+        re.split(r"[ <>=!~;\[]", line.split(":", 1)[1].strip())[0].lower()
+        for line in text.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    }
+    extras = {
+        re.split(r"[ <>=!~;\[]", line.split(":", 1)[1].strip())[0].lower()
+        for line in text.splitlines()
+        if line.startswith("Requires-Dist:") and 'extra == "hf"' in line
+    }
     declared = {IMPORT_NAMES.get(d, d) for d in required}
     imported = _third_party_imports(REPO / "planner") | _third_party_imports(REPO / "runtime")
     assert imported - OPTIONAL <= declared, f"imported but not declared: {sorted(imported - OPTIONAL - declared)}"

@@ -26,15 +26,40 @@ def _cli(capsys, *argv):
 
 def _plan(capsys, tmp_path, model_args, *extra, gpus=2, cluster="local-cpu-2core"):
     out = tmp_path / "plan.json"
-    status, text, err = _cli(capsys, "plan", *model_args, "--cluster", cluster, "--gpus", gpus,
-                             "--global-batch", 8, "--seq", 16, "--out", out, *extra)
+    status, text, err = _cli(
+        capsys,
+        "plan",
+        *model_args,
+        "--cluster",
+        cluster,
+        "--gpus",
+        gpus,
+        "--global-batch",
+        8,
+        "--seq",
+        16,
+        "--out",
+        out,
+        *extra,
+    )
     return status, err, out
 
 
 def test_custom_gpt_sizes_through_profile_plan_and_launch_check(capsys, tmp_path):
     prof = tmp_path / "custom.json"
-    status, _, err = _cli(capsys, "profile", "model", *CUSTOM_GPT, "--analytic", "--cluster", "local-cpu-2core",
-                          "--seq", 16, "--out", prof)
+    status, _, err = _cli(
+        capsys,
+        "profile",
+        "model",
+        *CUSTOM_GPT,
+        "--analytic",
+        "--cluster",
+        "local-cpu-2core",
+        "--seq",
+        16,
+        "--out",
+        prof,
+    )
     assert status == 0, err
     assert load_model_profile(prof).model.dims["layers"] == 3
     status, err, out = _plan(capsys, tmp_path, CUSTOM_GPT, "--model-profile", prof)
@@ -44,15 +69,32 @@ def test_custom_gpt_sizes_through_profile_plan_and_launch_check(capsys, tmp_path
     check_supported(plan)  # the stages hold the model's 6 modules: the launch would build the same model
 
 
-@pytest.mark.parametrize("model_args,match", [
-    (["--model", "gpt"], "profiles gpt:heads2-hidden32-layers3-vocab128, not gpt; differs in .*hidden 32 vs 64"),
-    (["--model", "gpt:tiny"], "profiles gpt:"),
-    (["--model", "llama", "--layers", "3", "--hidden", "32", "--heads", "2", "--vocab", "128"], "not llama"),
-])
+@pytest.mark.parametrize(
+    "model_args,match",
+    [
+        (["--model", "gpt"], "profiles gpt:heads2-hidden32-layers3-vocab128, not gpt; differs in .*hidden 32 vs 64"),
+        (["--model", "gpt:tiny"], "profiles gpt:"),
+        (["--model", "llama", "--layers", "3", "--hidden", "32", "--heads", "2", "--vocab", "128"], "not llama"),
+    ],
+)
 def test_profile_of_another_model_is_rejected_at_plan_time(capsys, tmp_path, model_args, match):
     prof = tmp_path / "custom.json"
-    assert _cli(capsys, "profile", "model", *CUSTOM_GPT, "--analytic", "--cluster", "local-cpu-2core",
-                "--seq", 16, "--out", prof)[0] == 0
+    assert (
+        _cli(
+            capsys,
+            "profile",
+            "model",
+            *CUSTOM_GPT,
+            "--analytic",
+            "--cluster",
+            "local-cpu-2core",
+            "--seq",
+            16,
+            "--out",
+            prof,
+        )[0]
+        == 0
+    )
     status, err, out = _plan(capsys, tmp_path, model_args, "--model-profile", prof)
     assert status == 2 and not out.exists()
     assert err.startswith("error: ") and err.count("\n") == 1
@@ -70,14 +112,41 @@ def test_every_command_takes_an_hf_config(capsys, tmp_path):
     config = write_config(tmp_path / "llama")
     model = ["--model", f"hf:{config.parent}", "--layers", "4"]
     prof = tmp_path / "hf.json"
-    status, text, err = _cli(capsys, "profile", "model", *model, "--analytic", "--cluster", "local-cpu-2core",
-                             "--seq", 16, "--tp", "1,2", "--out", prof)
+    status, text, err = _cli(
+        capsys,
+        "profile",
+        "model",
+        *model,
+        "--analytic",
+        "--cluster",
+        "local-cpu-2core",
+        "--seq",
+        16,
+        "--tp",
+        "1,2",
+        "--out",
+        prof,
+    )
     assert status == 0, err
     profile = load_model_profile(prof)
     assert profile.model.family == "hf" and profile.model.config["num_hidden_layers"] == 4
     assert len(profile.layers) == 4 + 3
-    status, text, err = _cli(capsys, "estimate", *model, "--cluster", "local-cpu-2core", "--global-batch", 8,
-                             "--seq", 16, "--tp", 2, "--dp", 1, "--json")
+    status, text, err = _cli(
+        capsys,
+        "estimate",
+        *model,
+        "--cluster",
+        "local-cpu-2core",
+        "--global-batch",
+        8,
+        "--seq",
+        16,
+        "--tp",
+        2,
+        "--dp",
+        1,
+        "--json",
+    )
     assert status == 0, err
     assert json.loads(text)["step_time_s"] > 0
     status, err, out = _plan(capsys, tmp_path, model, "--model-profile", prof)
@@ -108,11 +177,12 @@ def test_hf_without_tp_layout_says_so_in_the_plan(capsys, tmp_path):
     assert plan.mesh.size("tp") == 1 and "Conv1D" in plan.search.notes
 
 
-
 def test_hf_without_transformers_is_one_line_naming_the_extra(capsys, tmp_path, monkeypatch):
     config = write_config(tmp_path / "llama", num_hidden_layers=3)  # a spec no earlier test has built
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)
     status, err, out = _plan(capsys, tmp_path, ["--model", f"hf:{config}"])
     assert status == 2 and not out.exists()
-    assert err == "error: hf: models need the optional 'transformers' package; install it with " \
-                  "pip install 'stratagem[hf]'\n"
+    assert (
+        err == "error: hf: models need the optional 'transformers' package; install it with "
+        "pip install 'stratagem[hf]'\n"
+    )

@@ -31,8 +31,11 @@ def _kernel_dir(root: Path) -> Path:
     """A kernelspec whose argv is this interpreter, so the kernel sees the project's venv."""
     spec_dir = root / "kernels" / "stratagem-test"
     spec_dir.mkdir(parents=True)
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "stratagem test kernel", "language": "python"}
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "stratagem test kernel",
+        "language": "python",
+    }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     return root
 
@@ -61,9 +64,11 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     # (tests/test_profile_cluster.py covers `stratagem profile cluster --quick`) to keep the suite short
     monkeypatch.setenv("STRATAGEM_NB_MEASURE_CLUSTER", "0")
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    client = NotebookClient(nb, kernel_name="stratagem-test", timeout=CELL_TIMEOUT_S,
-                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client = NotebookClient(
+        nb, kernel_name="stratagem-test", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
     client.execute()
-    images = sum("image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
-                 for out in cell.outputs)
+    images = sum(
+        "image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+    )
     assert images >= 1, f"{name} drew no picture"

@@ -64,8 +64,27 @@ def test_validate_rejects_wrong_world_size(tiny_plan):
 
 def test_cli_plan_on_cpu_writes_a_valid_plan(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    code = main(["plan", "--model", "gpt:tiny", "--model-profile", str(TINY), "--cluster", "local-cpu-2core",
-                 "--gpus", "2", "--global-batch", "8", "--seq", "64", "--top-k", "2", "--out", str(out)])
+    code = main(
+        [
+            "plan",
+            "--model",
+            "gpt:tiny",
+            "--model-profile",
+            str(TINY),
+            "--cluster",
+            "local-cpu-2core",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+            "--seq",
+            "64",
+            "--top-k",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     plan = load_plan(out)
     validate(plan, 2)
@@ -74,9 +93,25 @@ def test_cli_plan_on_cpu_writes_a_valid_plan(tmp_path, capsys):
 
 
 def test_no_plan_fits_names_the_shortfall(tmp_path, capsys):
-    code = main(["plan", "--model", "gpt:tiny", "--model-profile", str(TINY), "--cluster", "local-cpu-2core",
-                 "--gpus", "2", "--global-batch", "8", "--memory-fraction", "0.000001",
-                 "--out", str(tmp_path / "p.json")])
+    code = main(
+        [
+            "plan",
+            "--model",
+            "gpt:tiny",
+            "--model-profile",
+            str(TINY),
+            "--cluster",
+            "local-cpu-2core",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+            "--memory-fraction",
+            "0.000001",
+            "--out",
+            str(tmp_path / "p.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "no plan fits in memory" in err and "bytes) short" in err and "more GPUs" in err
@@ -94,14 +129,33 @@ def test_a_stopped_search_is_reported_as_not_optimal(tmp_path, capsys, monkeypat
     real_solve = search_planner.solve
 
     def stopped(problem, config, **kwargs):
-        return replace(real_solve(problem, config, **kwargs), status="time_limit", gap=math.inf,
-                       bound_s=-math.inf)
+        return replace(real_solve(problem, config, **kwargs), status="time_limit", gap=math.inf, bound_s=-math.inf)
 
     monkeypatch.setattr(search_planner, "solve", stopped)
     out = tmp_path / "plan.json"
-    code = main(["plan", "--model", "gpt:tiny", "--model-profile", str(TINY), "--cluster", "local-cpu-2core",
-                 "--gpus", "2", "--global-batch", "8", "--seq", "64", "--top-k", "1", "--time-limit", "1",
-                 "--out", str(out)])
+    code = main(
+        [
+            "plan",
+            "--model",
+            "gpt:tiny",
+            "--model-profile",
+            str(TINY),
+            "--cluster",
+            "local-cpu-2core",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+            "--seq",
+            "64",
+            "--top-k",
+            "1",
+            "--time-limit",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     plan = load_plan(out)
     assert plan.search.status == "time_limit" and 0.0 < plan.search.gap <= 1.0
@@ -112,6 +166,7 @@ def test_a_stopped_search_is_reported_as_not_optimal(tmp_path, capsys, monkeypat
 @pytest.mark.parametrize("command", ["plan", "launch"])
 def test_every_flag_has_help_and_no_none_default_noise(command):
     from planner.cli.main import build_parser
+
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
     parser = sub.choices[command]
     text = parser.format_help()

@@ -16,9 +16,16 @@ from planner.cli.cmd_profile_cluster import parse_size, parse_sizes
 from planner.errors import StratagemError
 from planner.profiles import load_cluster_profile
 from runtime.profiling.cluster_bench import FAIL_RANK_ENV
-from runtime.profiling.cluster import (ClusterBenchConfig, RawBench, RawCollective, RawCompute, RawSample,
-                                     _failure_line, build_cluster_profile,
-                                     build_torchrun_command)
+from runtime.profiling.cluster import (
+    ClusterBenchConfig,
+    RawBench,
+    RawCollective,
+    RawCompute,
+    RawSample,
+    _failure_line,
+    build_cluster_profile,
+    build_torchrun_command,
+)
 
 SIZES = [1024 * 4**k for k in range(8)]  # 1 KiB .. 16 MiB
 
@@ -29,15 +36,25 @@ def _synthetic(op: str, n: int, alpha_s: float, bw: float, noise=(1.0,)) -> list
 
 # ------------------------------------------------------------------------------------------ fitting
 
-@pytest.mark.parametrize("op,n,factor", [("all_reduce", 2, 1.0), ("all_reduce", 8, 1.75),
-                                         ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875),
-                                         ("send_recv", 2, 1.0), ("all_to_all", 4, 0.75)])
+
+@pytest.mark.parametrize(
+    "op,n,factor",
+    [
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 8, 1.75),
+        ("all_gather", 4, 0.75),
+        ("reduce_scatter", 8, 0.875),
+        ("send_recv", 2, 1.0),
+        ("all_to_all", 4, 0.75),
+    ],
+)
 def test_bus_factor_matches_nccl_tests_convention(op, n, factor):
     assert bus_factor(op, n) == pytest.approx(factor, rel=1e-12)
 
 
-@pytest.mark.parametrize("op,n", [("all_reduce", 2), ("all_reduce", 8), ("all_gather", 4),
-                                  ("reduce_scatter", 16), ("send_recv", 2)])
+@pytest.mark.parametrize(
+    "op,n", [("all_reduce", 2), ("all_reduce", 8), ("all_gather", 4), ("reduce_scatter", 16), ("send_recv", 2)]
+)
 @pytest.mark.parametrize("alpha_s,bw", [(5e-6, 150e9), (2e-4, 0.8e9), (0.0, 3e9)])
 def test_fit_recovers_known_alpha_and_bandwidth(op, n, alpha_s, bw):
     fit = fit_alpha_beta(op, n, _synthetic(op, n, alpha_s, bw))
@@ -89,11 +106,14 @@ def test_fit_falls_back_to_absolute_least_squares_when_noise_tilts_the_slope():
     assert fit.max_rel_err == pytest.approx(2.0, rel=1e-9)
 
 
-@pytest.mark.parametrize("samples,fix", [
-    ([(1000, [1e-3])], "--sizes"),
-    ([(1000, [1e-3]), (2000, [0.0])], "re-run"),
-    ([(1000, [2e-3]), (1_000_000, [1e-3])], "larger messages"),  # decreasing under both weightings
-])
+@pytest.mark.parametrize(
+    "samples,fix",
+    [
+        ([(1000, [1e-3])], "--sizes"),
+        ([(1000, [1e-3]), (2000, [0.0])], "re-run"),
+        ([(1000, [2e-3]), (1_000_000, [1e-3])], "larger messages"),  # decreasing under both weightings
+    ],
+)
 def test_fit_rejects_unusable_data(samples, fix):
     with pytest.raises(StratagemError, match=fix):
         fit_alpha_beta("all_reduce", 2, samples)
@@ -105,6 +125,7 @@ def test_bus_factor_rejects_single_rank():
 
 
 # ------------------------------------------------------------------------------------------ CLI parsing
+
 
 def test_parse_sizes():
     assert parse_size("4KiB") == 4096 and parse_size("1MB") == 10**6 and parse_size("512") == 512
@@ -120,9 +141,12 @@ def test_parse_sizes():
 def test_torchrun_command_single_and_multi_node(tmp_path):
     single = build_torchrun_command(ClusterBenchConfig(nproc_per_node=2, sizes_bytes=(4096,)), tmp_path / "r")
     assert "--standalone" in single and "--nproc-per-node=2" in single
-    multi = build_torchrun_command(ClusterBenchConfig(nproc_per_node=8, nnodes=2, node_rank=1,
-                                                      rdzv_endpoint="10.0.0.1:29500", sizes_bytes=(4096,)),
-                                   tmp_path / "r")
+    multi = build_torchrun_command(
+        ClusterBenchConfig(
+            nproc_per_node=8, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500", sizes_bytes=(4096,)
+        ),
+        tmp_path / "r",
+    )
     assert {"--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500"} <= set(multi)
     with pytest.raises(StratagemError, match="HOST:PORT"):
         build_torchrun_command(ClusterBenchConfig(nproc_per_node=8, nnodes=2, sizes_bytes=(1,)), tmp_path)
@@ -137,16 +161,34 @@ def test_failure_line_prefers_worker_error():
 
 # ------------------------------------------------------------------------------------------ profile build
 
+
 def test_build_cluster_profile_from_raw_results():
     alpha_s, bw = 1e-4, 1e9
-    coll = [RawCollective(op=op, level="intra_node", n_ranks=2,
-                          samples=[RawSample(bytes=b, times_s=t) for b, t in _synthetic(op, 2, alpha_s, bw)])
-            for op in ("all_reduce", "send_recv")]
-    raw = RawBench(world_size=2, nnodes=1, nproc_per_node=2, backend="gloo", device_name="test cpu",
-                   device_memory_bytes=2**30, device_memory_source="test", torch_version="x", host="h",
-                   cpu_steal_fraction=0.25, not_measured=["inter_node (single node)"], collectives=coll,
-                   compute=[RawCompute(dtype="fp32", matrix_n=100, flops_per_matmul=2e6,
-                                       times_s=[1e-3, 2e-3, 4e-3])], wall_s=1.0)
+    coll = [
+        RawCollective(
+            op=op,
+            level="intra_node",
+            n_ranks=2,
+            samples=[RawSample(bytes=b, times_s=t) for b, t in _synthetic(op, 2, alpha_s, bw)],
+        )
+        for op in ("all_reduce", "send_recv")
+    ]
+    raw = RawBench(
+        world_size=2,
+        nnodes=1,
+        nproc_per_node=2,
+        backend="gloo",
+        device_name="test cpu",
+        device_memory_bytes=2**30,
+        device_memory_source="test",
+        torch_version="x",
+        host="h",
+        cpu_steal_fraction=0.25,
+        not_measured=["inter_node (single node)"],
+        collectives=coll,
+        compute=[RawCompute(dtype="fp32", matrix_n=100, flops_per_matmul=2e6, times_s=[1e-3, 2e-3, 4e-3])],
+        wall_s=1.0,
+    )
     cfg = ClusterBenchConfig(nproc_per_node=2, sizes_bytes=tuple(SIZES))
     prof = build_cluster_profile(raw, name="t", command="c", created_utc="2026-01-01T00:00:00+00:00", cfg=cfg)
     node = prof.node_types[0]
@@ -163,22 +205,28 @@ def test_build_cluster_profile_from_raw_results():
 
 # ------------------------------------------------------------------------------------------ torchrun runs
 
+
 def _cli(args: list[str], env_extra: dict[str, str] | None = None, timeout_s: float = 120):
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, env=env, timeout=timeout_s
+    )
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--sizes", "4 parsecs"], "malformed message size"),
-    (["--sizes", "8KiB..1KiB"], "malformed size range"),
-    (["--nproc-per-node", "0"], "expected an integer 1..4096"),
-    (["--repeats", "0"], "expected an integer 1.."),  # 0 is refused, not silently replaced by the default
-    (["--iters", "0"], "expected an integer 1.."),
-    (["--out-parent-is-a-file"], "not a writable folder"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--sizes", "4 parsecs"], "malformed message size"),
+        (["--sizes", "8KiB..1KiB"], "malformed size range"),
+        (["--nproc-per-node", "0"], "expected an integer 1..4096"),
+        (["--repeats", "0"], "expected an integer 1.."),  # 0 is refused, not silently replaced by the default
+        (["--iters", "0"], "expected an integer 1.."),
+        (["--out-parent-is-a-file"], "not a writable folder"),
+    ],
+)
 def test_bad_cli_input_exits_2_before_torchrun_and_writes_nothing(tmp_path, capsys, args, needle):
     from planner.cli.main import main
+
     out = tmp_path / "p.json"
     if args == ["--out-parent-is-a-file"]:
         (tmp_path / "file.txt").write_text("x")
@@ -192,8 +240,7 @@ def test_bad_cli_input_exits_2_before_torchrun_and_writes_nothing(tmp_path, caps
 @pytest.mark.slow
 def test_quick_profile_on_two_gloo_ranks(tmp_path):
     out = tmp_path / "local.json"
-    res = _cli(["profile", "cluster", "--nproc-per-node", "2", "--quick", "--timeout-s", "100",
-                "--out", str(out)])
+    res = _cli(["profile", "cluster", "--nproc-per-node", "2", "--quick", "--timeout-s", "100", "--out", str(out)])
     assert res.returncode == 0, res.stderr[-2000:]
     prof = load_cluster_profile(out)  # validates schema version, fields and content hash
     node = prof.node_types[0]
@@ -209,8 +256,10 @@ def test_quick_profile_on_two_gloo_ranks(tmp_path):
 @pytest.mark.slow
 def test_failing_rank_gives_one_line_error_and_no_file(tmp_path):
     out = tmp_path / "never.json"
-    res = _cli(["profile", "cluster", "--nproc-per-node", "2", "--quick", "--timeout-s", "100",
-                "--out", str(out)], env_extra={FAIL_RANK_ENV: "1"})
+    res = _cli(
+        ["profile", "cluster", "--nproc-per-node", "2", "--quick", "--timeout-s", "100", "--out", str(out)],
+        env_extra={FAIL_RANK_ENV: "1"},
+    )
     assert res.returncode == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "rank 1" in lines[0], res.stderr
@@ -220,8 +269,9 @@ def test_failing_rank_gives_one_line_error_and_no_file(tmp_path):
 @pytest.mark.slow
 def test_timeout_kills_the_run_and_writes_nothing(tmp_path):
     out = tmp_path / "never.json"
-    res = _cli(["profile", "cluster", "--nproc-per-node", "2", "--quick", "--timeout-s", "1",
-                "--out", str(out)], timeout_s=60)
+    res = _cli(
+        ["profile", "cluster", "--nproc-per-node", "2", "--quick", "--timeout-s", "1", "--out", str(out)], timeout_s=60
+    )
     assert res.returncode == 2 and "--timeout-s" in res.stderr and not out.exists()
     assert res.stderr.count("\n") == 1
 
@@ -232,11 +282,29 @@ def test_two_nodes_on_loopback_measure_the_inter_node_level(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    common = ["profile", "cluster", "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint",
-              f"127.0.0.1:{port}", "--sizes", "64KiB..16MiB", "--repeats", "2", "--timeout-s", "90"]
-    node1 = subprocess.Popen([sys.executable, "-m", "planner.cli.main", *common, "--node-rank", "1",
-                              "--out", str(tmp_path / "node1.json")], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    common = [
+        "profile",
+        "cluster",
+        "--nproc-per-node",
+        "1",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--sizes",
+        "64KiB..16MiB",
+        "--repeats",
+        "2",
+        "--timeout-s",
+        "90",
+    ]
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "planner.cli.main", *common, "--node-rank", "1", "--out", str(tmp_path / "node1.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     try:
         res = _cli([*common, "--node-rank", "0", "--out", str(tmp_path / "node0.json")])
         out1, err1 = node1.communicate(timeout=60)

@@ -48,11 +48,11 @@ def test_local_cpu_profile_is_shipped_and_measured():
     prof = load_cluster_profile(PROFILES / "hardware" / "local-cpu-2core.json")
     assert prof.provenance.method == "measured" and prof.inter_node == []
     assert "inter_node" in prof.provenance.notes  # says it was not measured, never invents it
-    assert {f.op for f in prof.node_types[0].intra_node} == {"all_reduce", "all_gather", "reduce_scatter",
-                                                              "send_recv"}
+    assert {f.op for f in prof.node_types[0].intra_node} == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
 
 
 # ------------------------------------------------------------------------------------------ broken files
+
 
 @pytest.fixture()
 def good_cluster_data() -> dict:
@@ -115,22 +115,31 @@ def test_cli_check_exits_2_with_one_line(tmp_path, good_cluster_data, breakage):
         good_cluster_data.pop("content_hash")
     else:
         good_cluster_data["name"] = "edited"
-    res = subprocess.run([sys.executable, "-m", "planner.cli.main", "profile", "check",
-                          str(_write(tmp_path, data))], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    res = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "profile", "check", str(_write(tmp_path, data))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: ") and "regenerate" in res.stderr
 
 
 def test_cli_check_accepts_shipped_files():
     files = [str(p) for p in HARDWARE + MODELS]
-    res = subprocess.run([sys.executable, "-m", "planner.cli.main", "profile", "check", *files],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "profile", "check", *files],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("ok ") == len(files)
 
 
 # ------------------------------------------------------------------------------------------ schemas, docs
+
 
 def test_json_schemas_are_up_to_date():
     stale = stale_schemas()
@@ -162,8 +171,11 @@ def _profile_classes(root: type[BaseModel]) -> list[type[BaseModel]]:
     return seen
 
 
-@pytest.mark.parametrize("cls", sorted({c for r in (ModelProfile, ClusterProfile) for c in _profile_classes(r)},
-                                       key=lambda c: c.__name__), ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls",
+    sorted({c for r in (ModelProfile, ClusterProfile) for c in _profile_classes(r)}, key=lambda c: c.__name__),
+    ids=lambda c: c.__name__,
+)
 def test_readme_documents_every_field(cls):
     readme = (PROFILES / "README.md").read_text()
     heading = f"### `{cls.__name__}`"

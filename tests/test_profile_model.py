@@ -14,8 +14,15 @@ import torch
 
 from planner.cli.main import main
 from planner.modelspec import parse_model
-from planner.profiles import (ClusterProfile, ComputeFigure, NodeGroup, NodeType, Provenance, load_model_profile,
-                              save_profile)
+from planner.profiles import (
+    ClusterProfile,
+    ComputeFigure,
+    NodeGroup,
+    NodeType,
+    Provenance,
+    load_model_profile,
+    save_profile,
+)
 from runtime.models import build_model, build_tp_shard
 from runtime.profiling.model import ProfileSettings, profile_model
 from runtime.profiling.measure import make_input, saved_bytes
@@ -25,26 +32,60 @@ ACHIEVED_FLOPS_PER_S = 1.0e14  # made-up throughput of the test cluster below
 
 
 def _cluster_file(tmp_path: Path) -> Path:
-    figure = ComputeFigure(dtype="bf16", peak_flops_per_s=2e14, achieved_flops_per_s=ACHIEVED_FLOPS_PER_S,
-                           origin="derived", source="test fixture")
-    node = NodeType(name="test-node", device="test-gpu", devices_per_node=8, device_memory_bytes=80 * 2**30,
-                    device_memory_source="test fixture", compute=[figure])
-    cluster = ClusterProfile(name="test", node_types=[node], nodes=[NodeGroup(node_type="test-node", count=1)],
-                             provenance=Provenance(method="datasheet", tool="test", created_utc="2026-01-01"))
+    figure = ComputeFigure(
+        dtype="bf16",
+        peak_flops_per_s=2e14,
+        achieved_flops_per_s=ACHIEVED_FLOPS_PER_S,
+        origin="derived",
+        source="test fixture",
+    )
+    node = NodeType(
+        name="test-node",
+        device="test-gpu",
+        devices_per_node=8,
+        device_memory_bytes=80 * 2**30,
+        device_memory_source="test fixture",
+        compute=[figure],
+    )
+    cluster = ClusterProfile(
+        name="test",
+        node_types=[node],
+        nodes=[NodeGroup(node_type="test-node", count=1)],
+        provenance=Provenance(method="datasheet", tool="test", created_utc="2026-01-01"),
+    )
     return save_profile(cluster, tmp_path / "cluster.json")
 
 
 def test_tiny_gpt_cli_profile_matches_hand_count(tmp_path):
     out = tmp_path / "gpt-tiny.json"
     s, h, _heads, v = 32, 64, 4, 256  # gpt:tiny at --seq 32
-    rc = main(["profile", "model", "--model", "gpt:tiny", "--micro-batch", "1,2", "--seq", str(s),
-               "--tp", "1,2", "--warmup", "0", "--repeats", "1", "--out", str(out)])
+    rc = main(
+        [
+            "profile",
+            "model",
+            "--model",
+            "gpt:tiny",
+            "--micro-batch",
+            "1,2",
+            "--seq",
+            str(s),
+            "--tp",
+            "1,2",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     profile = load_model_profile(out)
     assert [layer.path for layer in profile.layers] == ["embed", "blocks.0", "blocks.1", "norm", "head"]
     # hand count, 2*m*n*k per matmul, per sample: qkv, QK^T (a heads x 2 s s h/a), probs@V, proj, fc1, fc2
-    block_fwd = 2 * s * h * 3 * h + 2 * s * s * h + 2 * s * s * h + 2 * s * h * h + 2 * s * h * 4 * h \
-        + 2 * s * 4 * h * h
+    block_fwd = (
+        2 * s * h * 3 * h + 2 * s * s * h + 2 * s * s * h + 2 * s * h * h + 2 * s * h * 4 * h + 2 * s * 4 * h * h
+    )
     block = profile.layer("blocks.1")
     assert block.shard(1).fwd_flops_per_sample == block_fwd
     assert block.shard(1).bwd_flops_per_sample == 2 * block_fwd  # data + weight gradients
@@ -60,7 +101,9 @@ def test_tiny_gpt_cli_profile_matches_hand_count(tmp_path):
     assert [t.micro_batch for t in block.shard(2).timings] == [1, 2]
     assert block.shard(1).timings[0].forward.median_s > 0 and block.shard(1).time_origin == "measured"
     assert {(c.op, c.phase, c.count) for c in block.collectives if not c.with_sequence_parallel} == {
-        ("all_reduce", "forward", 2), ("all_reduce", "backward", 2)}
+        ("all_reduce", "forward", 2),
+        ("all_reduce", "backward", 2),
+    }
     assert profile.provenance.method == "measured" and profile.content_hash.startswith("sha256:")
 
 
@@ -84,24 +127,56 @@ def test_block_saved_bytes_match_korthikanti(tp):
 def test_profile_fits_replicated_bytes_like_table2():
     h, a, s = 1024, 16, 512
     spec = parse_model("gpt", layers=2, hidden=h, heads=a, max_seq=s, vocab=1024, dropout=0.1)
-    settings = ProfileSettings(micro_batches=(1,), seq_len=s, dtype="bf16", tp_degrees=(1, 4), device="meta",
-                               achieved_flops_per_s=ACHIEVED_FLOPS_PER_S)
+    settings = ProfileSettings(
+        micro_batches=(1,),
+        seq_len=s,
+        dtype="bf16",
+        tp_degrees=(1, 4),
+        device="meta",
+        achieved_flops_per_s=ACHIEVED_FLOPS_PER_S,
+    )
     block = profile_model(spec, settings, created_utc="2026-01-01T00:00:00+00:00").layer("blocks.0")
     # replicated: LayerNorm inputs, QKV and FC1 inputs (2 bytes) and two dropout masks (1 byte) = 10 sbh
     assert block.shard(4).saved_replicated_bytes_per_sample == pytest.approx(10 * s * h, rel=2e-3)
     assert block.shard(1).saved_replicated_bytes_per_sample == block.shard(4).saved_replicated_bytes_per_sample
     assert block.shard(4).timings[0].forward.median_s == pytest.approx(
-        block.shard(4).fwd_flops_per_sample / ACHIEVED_FLOPS_PER_S)
+        block.shard(4).fwd_flops_per_sample / ACHIEVED_FLOPS_PER_S
+    )
 
 
 def test_analytic_175b_is_fast_and_small(tmp_path):
     out = tmp_path / "gpt3.json"
-    cmd = [sys.executable, "-m", "planner.cli.main", "profile", "model", "--model", "gpt:gpt3-175b", "--analytic",
-           "--cluster", str(_cluster_file(tmp_path)), "--seq", "2048", "--dtype", "bf16", "--tp", "1,8",
-           "--micro-batch", "1,2", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "planner.cli.main",
+        "profile",
+        "model",
+        "--model",
+        "gpt:gpt3-175b",
+        "--analytic",
+        "--cluster",
+        str(_cluster_file(tmp_path)),
+        "--seq",
+        "2048",
+        "--dtype",
+        "bf16",
+        "--tp",
+        "1,8",
+        "--micro-batch",
+        "1,2",
+        "--out",
+        str(out),
+    ]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     wall_s = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr
     rss_bytes = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
@@ -114,14 +189,21 @@ def test_analytic_175b_is_fast_and_small(tmp_path):
     assert block.shard(1).fwd_flops_per_sample == 24 * s * h * h + 4 * s * s * h  # SC21 eq. 3 per layer
     assert block.shard(8).time_origin == "derived"
     assert block.shard(8).timings[1].backward.median_s == pytest.approx(
-        2 * block.shard(8).bwd_flops_per_sample / ACHIEVED_FLOPS_PER_S)
+        2 * block.shard(8).bwd_flops_per_sample / ACHIEVED_FLOPS_PER_S
+    )
 
 
 def test_measured_and_closed_form_profiles_agree():
     gpt_profile = pytest.importorskip("planner.gpt_profile")
     spec = parse_model("gpt", layers=2, hidden=256, heads=8, max_seq=128, vocab=512, dropout=0.1)
-    settings = ProfileSettings(micro_batches=(1,), seq_len=128, dtype="bf16", tp_degrees=(1, 2), device="meta",
-                               achieved_flops_per_s=ACHIEVED_FLOPS_PER_S)
+    settings = ProfileSettings(
+        micro_batches=(1,),
+        seq_len=128,
+        dtype="bf16",
+        tp_degrees=(1, 2),
+        device="meta",
+        achieved_flops_per_s=ACHIEVED_FLOPS_PER_S,
+    )
     mine = profile_model(spec, settings, created_utc="2026-01-01T00:00:00+00:00")
     ref = gpt_profile.build_gpt_profile(spec, seq_len=128, dtype="bf16", tp_degrees=[1, 2])
     assert mine.total_params == ref.total_params
@@ -141,14 +223,17 @@ def test_other_families_profile(tmp_path):
     fc = profile.layer("fc")
     assert fc.tp_style == "column" and fc.shard(2).fwd_flops_per_sample == 2 * 8 * 32 * 1000 / 2
     assert profile.layer("blocks.0").tp_style == "none" and len(profile.layer("blocks.0").shards) == 1
-    llama = profile_model(parse_model("llama:tiny"), ProfileSettings(
-        micro_batches=(1,), seq_len=16, dtype="fp32", tp_degrees=(1, 2), warmup=0, repeats=1),
-        created_utc="2026-01-01T00:00:00+00:00")
+    llama = profile_model(
+        parse_model("llama:tiny"),
+        ProfileSettings(micro_batches=(1,), seq_len=16, dtype="fp32", tp_degrees=(1, 2), warmup=0, repeats=1),
+        created_utc="2026-01-01T00:00:00+00:00",
+    )
     assert llama.layer("blocks.0").shard(2).params < llama.layer("blocks.0").shard(1).params
 
 
 def test_analytic_profile_for_the_planner():
     from runtime.profiling.model import profile_model_analytic
+
     profile = profile_model_analytic(parse_model("resnet:resnet50-wide"), seq_len=1, dtype="bf16")
     fc = profile.layer("fc")  # Whale's split classifier: 2048 features x 100,000 classes
     assert fc.shard(1).fwd_flops_per_sample == 2 * 2048 * 100_000
@@ -163,17 +248,20 @@ def _run_cli(args, capsys):
     return rc, err
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--model", "gpt:nope"], "unknown gpt preset"),
-    (["--model", "bert:tiny"], "unknown model family"),
-    (["--model", "gpt:tiny", "--micro-batch", "1,x"], "malformed --micro-batch"),
-    (["--model", "gpt:tiny", "--tp", "0"], "malformed --tp"),
-    (["--model", "gpt:tiny", "--tp", "1,3"], "tp=3 does not divide heads=4"),
-    (["--model", "gpt:tiny", "--seq", "4096"], "exceeds"),
-    (["--model", "resnet:tiny", "--micro-batch", "1,2"], "BatchNorm"),
-    (["--model", "gpt:tiny", "--analytic"], "--analytic needs --cluster"),
-    (["--model", "gpt:tiny", "--analytic", "--cluster", "no-such-cluster"], "unknown cluster"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "gpt:nope"], "unknown gpt preset"),
+        (["--model", "bert:tiny"], "unknown model family"),
+        (["--model", "gpt:tiny", "--micro-batch", "1,x"], "malformed --micro-batch"),
+        (["--model", "gpt:tiny", "--tp", "0"], "malformed --tp"),
+        (["--model", "gpt:tiny", "--tp", "1,3"], "tp=3 does not divide heads=4"),
+        (["--model", "gpt:tiny", "--seq", "4096"], "exceeds"),
+        (["--model", "resnet:tiny", "--micro-batch", "1,2"], "BatchNorm"),
+        (["--model", "gpt:tiny", "--analytic"], "--analytic needs --cluster"),
+        (["--model", "gpt:tiny", "--analytic", "--cluster", "no-such-cluster"], "unknown cluster"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line_and_no_file(tmp_path, capsys, args, needle):
     out = tmp_path / "p.json"
     rc, err = _run_cli([*args, "--out", str(out)], capsys)

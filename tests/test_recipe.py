@@ -26,8 +26,9 @@ def test_linear_scaling_warmup_and_cosine_by_hand():
 
 
 def test_step_decay_multiplies_at_each_milestone():
-    s = build_lr_schedule(base_lr=0.1, reference_batch=256, total_steps=100, warmup_steps=0, decay="step",
-                          step_milestones=(30, 60, 80))
+    s = build_lr_schedule(
+        base_lr=0.1, reference_batch=256, total_steps=100, warmup_steps=0, decay="step", step_milestones=(30, 60, 80)
+    )
     got = [lr_at_step(s, global_batch=256, step=k) for k in (0, 29, 30, 59, 60, 80, 99)]
     assert got == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001, 0.0001, 0.0001])
 
@@ -39,6 +40,7 @@ def test_warmup_longer_than_the_run_is_rejected():
 
 def _plan_with_schedule() -> Plan:
     from fixtures.plans import make_plan
+
     plan = make_plan(parse_model("gpt:tiny"), global_batch=8, seq_len=16)
     schedule = build_lr_schedule(base_lr=1e-3, reference_batch=4, total_steps=4, warmup_steps=2, min_lr=1e-4)
     return plan.model_copy(update={"training": plan.training.model_copy(update={"lr_schedule": schedule})})

@@ -43,7 +43,7 @@ def test_round_trip_through_the_restricted_loader(one_rank, tmp_path):
     assert not torch.equal(other.weight, model.weight)
     assert load_checkpoint(path, [other], [other_opt]) == 3
     assert torch.equal(other.weight, model.weight) and torch.equal(other.bias, model.bias)
-    assert other_opt.param_groups[0]["lr"] == 1e-3       # a non-tensor entry, loaded with weights_only=True
+    assert other_opt.param_groups[0]["lr"] == 1e-3  # a non-tensor entry, loaded with weights_only=True
     state = other_opt.state[other.weight]["exp_avg"]
     assert torch.equal(state, opt.state[model.weight]["exp_avg"])
 
@@ -91,8 +91,9 @@ def test_failed_checkpoint_write_leaves_the_previous_one_intact(one_rank, tmp_pa
         real_save = ck.dcp.save
 
         def save_then_fail(state, checkpoint_id):
-            real_save(state, checkpoint_id=checkpoint_id)   # shards written, then the disk fills
+            real_save(state, checkpoint_id=checkpoint_id)  # shards written, then the disk fills
             disk_full()
+
         monkeypatch.setattr(ck.dcp, "save", save_then_fail)
     else:
         monkeypatch.setattr(ck, "atomic_write_text", disk_full)

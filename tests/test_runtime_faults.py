@@ -26,9 +26,25 @@ GPT = parse_model("gpt:tiny")
 def _launch(tmp_path, plan, hook: dict) -> tuple[list[dict], subprocess.CompletedProcess]:
     plan_path = save_plan(plan, tmp_path / "plan.json")
     metrics = tmp_path / "metrics.jsonl"
-    cmd = [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(STEPS),
-           "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2", "--max-restarts", "1",
-           "--metrics", str(metrics), "--timeout-s", "200"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "planner.cli.main",
+        "launch",
+        str(plan_path),
+        "--steps",
+        str(STEPS),
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--checkpoint-every",
+        "2",
+        "--max-restarts",
+        "1",
+        "--metrics",
+        str(metrics),
+        "--timeout-s",
+        "200",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **hook}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -65,7 +81,6 @@ def test_interrupted_save_is_never_resumed_from(tmp_path):
     assert all((ck / n / COMPLETE_MARKER).is_file() for n in ("step_000002", "step_000004", "step_000006"))
 
 
-
 def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(tmp_path):
     """Preemption: SIGTERM to `stratagem launch` (as Slurm or Kubernetes send it) reaches the ranks, which
     agree on it at the next step boundary, checkpoint there and exit cleanly; `--resume` then trains the
@@ -73,18 +88,32 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(tmp_path):
     plan = make_plan(GPT, dp=2)
     plan_path = save_plan(plan, tmp_path / "plan.json")
     metrics = tmp_path / "metrics.jsonl"
-    base = [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(STEPS),
-            "--checkpoint-dir", str(tmp_path / "ck"), "--metrics", str(metrics), "--timeout-s", "200"]
+    base = [
+        sys.executable,
+        "-m",
+        "planner.cli.main",
+        "launch",
+        str(plan_path),
+        "--steps",
+        str(STEPS),
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--metrics",
+        str(metrics),
+        "--timeout-s",
+        "200",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STRATAGEM_TEST_SIGTERM_AT_STEP": "3"}
     first = subprocess.run(base, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert first.returncode == 0 and "preempted (SIGTERM) after step" in first.stdout, \
-        (first.stdout + first.stderr)[-3000:]
+    assert first.returncode == 0 and "preempted (SIGTERM) after step" in first.stdout, (first.stdout + first.stderr)[
+        -3000:
+    ]
     records = read_metrics(metrics)
     stopped = [r for r in records if r["event"] == "preempted"]
     assert len(stopped) == 1 and stopped[0]["step"] >= 3 and stopped[0]["checkpoint"]
     stop = stopped[0]["step"]
     assert stop < STEPS, "the signal came too late to test a resume"
-    assert max(r["step"] for r in records if r["event"] == "step") == stop   # no step after the boundary
+    assert max(r["step"] for r in records if r["event"] == "step") == stop  # no step after the boundary
     assert find_latest_checkpoint(tmp_path / "ck") == tmp_path / "ck" / f"step_{stop:06d}"
     env.pop("STRATAGEM_TEST_SIGTERM_AT_STEP")
     second = subprocess.run(base + ["--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)

@@ -32,11 +32,35 @@ def _two_node_launch(plan_path, tmp_path) -> tuple[list[int], list[str]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for r in (0, 1):
         (tmp_path / f"m{r}.jsonl").unlink(missing_ok=True)
-    nodes = [subprocess.Popen(
-        [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", "2", "--nnodes", "2",
-         "--node-rank", str(r), "--rdzv-endpoint", endpoint, "--timeout-s", "90",
-         "--metrics", str(tmp_path / f"m{r}.jsonl")], cwd=REPO, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "planner.cli.main",
+                "launch",
+                str(plan_path),
+                "--steps",
+                "2",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(r),
+                "--rdzv-endpoint",
+                endpoint,
+                "--timeout-s",
+                "90",
+                "--metrics",
+                str(tmp_path / f"m{r}.jsonl"),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     try:
         outputs = [n.communicate(timeout=120)[0] for n in nodes]
     finally:

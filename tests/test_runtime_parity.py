@@ -44,8 +44,9 @@ PLANS_2 = {
     "whale_resnet": dict(tp=2, split=["fc"], spec="resnet:tiny-wide"),
     "whale_resnet_replicated_fc": dict(tp=2, split=[], spec="resnet:tiny-wide"),
     "tp2_sequence_parallel": dict(tp=2, split=["embed", "head"], sequence_parallel=["blocks.0", "blocks.1", "norm"]),
-    "llama_tp2_sp_mixed": dict(tp=2, split=["embed", "blocks.1", "head"], sequence_parallel=["blocks.0"],
-                               spec="llama:tiny"),
+    "llama_tp2_sp_mixed": dict(
+        tp=2, split=["embed", "blocks.1", "head"], sequence_parallel=["blocks.0"], spec="llama:tiny"
+    ),
     "bf16_pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2, dtype="bf16"),
     "bf16_tp2": dict(tp=2, split=ALL_SPLIT, dtype="bf16"),
     "tied_pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2, spec="gpt:tiny", tie=True),
@@ -54,16 +55,28 @@ PLANS_2 = {
 PLANS_4 = {
     "pp2_tp2": dict(pp=2, tp=2, schedule="1f1b", num_micro_batches=2, split=ALL_SPLIT),
     "dp2_tp2": dict(dp=2, tp=2, split=ALL_SPLIT),
-    "pp2_tp2_sp": dict(pp=2, tp=2, schedule="gpipe", num_micro_batches=2, split=["embed", "head"],
-                            sequence_parallel=["blocks.0", "blocks.1", "norm"]),
+    "pp2_tp2_sp": dict(
+        pp=2,
+        tp=2,
+        schedule="gpipe",
+        num_micro_batches=2,
+        split=["embed", "head"],
+        sequence_parallel=["blocks.0", "blocks.1", "norm"],
+    ),
     "dp2_tp2_zero3": dict(dp=2, tp=2, split=ALL_SPLIT, zero_stage=3),
     "tied_pp2_tp2": dict(pp=2, tp=2, schedule="1f1b", num_micro_batches=2, split=ALL_SPLIT, tie=True),
     # two independent 1F1B pipelines: 12 and 4 rows in micro-batches of 2 -> 6 and 2 micro-batches (>= pp)
-    "pp2_dp2_uneven": dict(pp=2, dp=2, schedule="1f1b", global_batch=16, batch_shares=[0.75, 0.25],
-                           micro_batch_size=2),
+    "pp2_dp2_uneven": dict(pp=2, dp=2, schedule="1f1b", global_batch=16, batch_shares=[0.75, 0.25], micro_batch_size=2),
     # the planner's layout for replicas on different GPU types: replica d = ranks 2d, 2d+1 (axes dp, pp, tp)
-    "dp2_pp2_uneven_replicas_outer": dict(pp=2, dp=2, schedule="1f1b", global_batch=16,
-                                          batch_shares=[0.75, 0.25], micro_batch_size=2, axes=("dp", "pp", "tp")),
+    "dp2_pp2_uneven_replicas_outer": dict(
+        pp=2,
+        dp=2,
+        schedule="1f1b",
+        global_batch=16,
+        batch_shares=[0.75, 0.25],
+        micro_batch_size=2,
+        axes=("dp", "pp", "tp"),
+    ),
 }
 
 
@@ -75,8 +88,7 @@ def _run_job(tmp_path_factory, plans: dict, nproc: int, timeout_s: float) -> dic
         spec = parse_model(cfg.pop("spec", "gpt:tiny"), tie_embeddings=cfg.pop("tie", None))
         plan = make_plan(spec, global_batch=cfg.pop("global_batch", 8), seq_len=16, **cfg)
         path = save_plan(plan, root / f"{name}.json")
-        args += ["--plan", str(path), "--metrics", str(root / f"{name}.jsonl"),
-                 "--layout-report", str(root / name)]
+        args += ["--plan", str(path), "--metrics", str(root / f"{name}.jsonl"), "--layout-report", str(root / name)]
         out[name] = (plan, root / f"{name}.jsonl", root / name)
     proc = torchrun(nproc, args, timeout_s=timeout_s)
     assert proc.returncode == 0, tail(proc)
@@ -116,8 +128,9 @@ def _check_parity(entry) -> None:
 BATCHNORM_SPLIT = pytest.mark.xfail(strict=True, reason="batch-split replica: per-slice BatchNorm statistics")
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=BATCHNORM_SPLIT) if n.startswith("whale_resnet") else n
-                                  for n in PLANS_2])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=BATCHNORM_SPLIT) if n.startswith("whale_resnet") else n for n in PLANS_2]
+)
 def test_two_rank_layouts_match_single_process(job2, name):
     _check_parity(job2[name])
 
@@ -190,17 +203,27 @@ def test_uneven_batch_shares_are_applied(job2, job4):
     # with loss x1.5, replica 1 rows 6..7 in 1 micro-batch x0.5
     for name in ("dp2_uneven", "fsdp_zero2_uneven"):
         reports = [_report(job2[name][2], r) for r in (0, 1)]
-        assert [(r["rows"], r["micro_batches"], r["loss_scale"]) for r in reports] == [([0, 6], 3, 1.5),
-                                                                                      ([6, 8], 1, 0.5)]
+        assert [(r["rows"], r["micro_batches"], r["loss_scale"]) for r in reports] == [
+            ([0, 6], 3, 1.5),
+            ([6, 8], 1, 0.5),
+        ]
     assert [_report(job2["dp2"][2], 1)[k] for k in ("rows", "micro_batches")] == [[4, 8], 1]
     # pp 2 x dp 2, global batch 16: ranks (pp, dp) = 0 (0, 0), 1 (0, 1), 2 (1, 0), 3 (1, 1)
     reports = [_report(job4["pp2_dp2_uneven"][2], r) for r in range(4)]
     assert [(r["coords"]["dp"], r["rows"], r["micro_batches"]) for r in reports] == [
-        (0, [0, 12], 6), (1, [12, 16], 2), (0, [0, 12], 6), (1, [12, 16], 2)]
+        (0, [0, 12], 6),
+        (1, [12, 16], 2),
+        (0, [0, 12], 6),
+        (1, [12, 16], 2),
+    ]
     # axes dp, pp, tp (the planner's layout for replicas on different GPU types): replica 0 = ranks 0, 1
     reports = [_report(job4["dp2_pp2_uneven_replicas_outer"][2], r) for r in range(4)]
     assert [(r["coords"]["dp"], r["coords"]["pp"], r["micro_batches"]) for r in reports] == [
-        (0, 0, 6), (0, 1, 6), (1, 0, 2), (1, 1, 2)]
+        (0, 0, 6),
+        (0, 1, 6),
+        (1, 0, 2),
+        (1, 1, 2),
+    ]
 
 
 def test_recompute_is_applied(job2):

@@ -14,8 +14,15 @@ from planner.errors import StratagemError
 from planner.modelspec import parse_model
 from planner.plan import LayerLayout, save_plan
 from runtime.executor.checkpoint import COMPLETE_MARKER, find_latest_checkpoint
-from runtime.executor.data import (BatchSplit, loss_scale, micro_batches_per_replica, replica_rows, rows_per_replica,
-                                   split_batch, synthetic_batch)
+from runtime.executor.data import (
+    BatchSplit,
+    loss_scale,
+    micro_batches_per_replica,
+    replica_rows,
+    rows_per_replica,
+    split_batch,
+    synthetic_batch,
+)
 from runtime.executor.describe import describe_ranks
 from runtime.executor.mesh import ParallelDims
 from fixtures.plans import make_plan, split_layers
@@ -76,14 +83,26 @@ def test_each_replica_schedule_is_checked_with_its_own_count():
     assert check_replica_schedules(ok).micro_batches == (6, 2)
     # 12 and 4 rows in micro-batches of 4: replica 1 gets one micro-batch, too few for 2 1F1B stages
     few = make_plan(GPT, pp=2, dp=2, schedule="1f1b", global_batch=16, batch_shares=[0.75, 0.25])
-    with pytest.raises(StratagemError, match=r"dp replica 1 trains 4 rows = 1 micro-batches of 4 samples: 1f1b "
-                                             r"needs at least one micro-batch per stage \(2\)"):
+    with pytest.raises(
+        StratagemError,
+        match=r"dp replica 1 trains 4 rows = 1 micro-batches of 4 samples: 1f1b "
+        r"needs at least one micro-batch per stage \(2\)",
+    ):
         check_replica_schedules(few)
-    assert check_replica_schedules(few.model_copy(update={"schedule": few.schedule.model_copy(
-        update={"kind": "gpipe"})})).micro_batches == (3, 1)
+    assert check_replica_schedules(
+        few.model_copy(update={"schedule": few.schedule.model_copy(update={"kind": "gpipe"})})
+    ).micro_batches == (3, 1)
     # interleaved, pp 2: 7 micro-batches run 3 rounds, which 7 does not divide
-    inter = make_plan(GPT, pp=2, dp=2, schedule="interleaved_1f1b", virtual_stages=2, global_batch=8,
-                      batch_shares=[0.875, 0.125], micro_batch_size=1)
+    inter = make_plan(
+        GPT,
+        pp=2,
+        dp=2,
+        schedule="interleaved_1f1b",
+        virtual_stages=2,
+        global_batch=8,
+        batch_shares=[0.875, 0.125],
+        micro_batch_size=1,
+    )
     with pytest.raises(StratagemError, match="dp replica 0 trains 7 rows .* 3 rounds"):
         check_replica_schedules(inter)
     zero3 = make_plan(GPT, dp=2, zero_stage=3, batch_shares=[0.75, 0.25])
@@ -96,10 +115,19 @@ def test_impossible_share_fails_the_launch_before_starting(tmp_path, capsys, no_
     bad = make_plan(GPT, dp=2, batch_shares=[0.75, 0.25], micro_batch_size=3)  # rows 6 and 2
     path = save_plan(bad, tmp_path / "bad.json")
     assert "dp replica 1 gets 2 samples, not a multiple of the plan's 3-sample micro-batch" in _launch_error(
-        capsys, [str(path), "--dry-run"])
-    assert "dp replica 0 trains 4 rows = 1 micro-batches" in _launch_error(capsys, [str(save_plan(
-        make_plan(GPT, pp=2, dp=2, schedule="1f1b", batch_shares=[0.5, 0.5], micro_batch_size=4),
-        tmp_path / "few.json"))])
+        capsys, [str(path), "--dry-run"]
+    )
+    assert "dp replica 0 trains 4 rows = 1 micro-batches" in _launch_error(
+        capsys,
+        [
+            str(
+                save_plan(
+                    make_plan(GPT, pp=2, dp=2, schedule="1f1b", batch_shares=[0.5, 0.5], micro_batch_size=4),
+                    tmp_path / "few.json",
+                )
+            )
+        ],
+    )
     good = make_plan(GPT, dp=2, batch_shares=[0.75, 0.25])
     lines = describe_ranks(good)
     assert lines[0].endswith("batch rows 0..5 in 3 micro-batches of 2")
@@ -139,8 +167,9 @@ def test_two_cut_stages_compose_to_the_full_model():
     first, second = cut_stage(_model(), paths[:2], paths), cut_stage(_model(), paths[2:], paths)
     assert first.layer_paths() == ["embed", "blocks.0"] and second.layer_paths() == ["blocks.1", "norm", "head"]
     assert torch.allclose(second(first(x)), full(x), rtol=0, atol=1e-6)
-    assert set(dict(first.named_parameters())) | set(dict(second.named_parameters())) == \
-        set(dict(full.named_parameters()))
+    assert set(dict(first.named_parameters())) | set(dict(second.named_parameters())) == set(
+        dict(full.named_parameters())
+    )
 
 
 @pytest.mark.parametrize("mode", ["full", "selective"])
@@ -157,16 +186,23 @@ def test_recompute_keeps_gradients(mode):
 
 
 def test_tp_styles_follow_the_plan_layout():
-    layout = {"blocks.0": LayerLayout(style="split"), "head": LayerLayout(style="split"),
-              "blocks.1": LayerLayout(style="replicate")}
+    layout = {
+        "blocks.0": LayerLayout(style="split"),
+        "head": LayerLayout(style="split"),
+        "blocks.1": LayerLayout(style="replicate"),
+    }
     styles = tp_styles(GPT, layout, ["blocks.0", "blocks.1", "norm", "head"])
     # Whale replicas (blocks.1, norm) run a batch slice: R -> B is a local slice on blocks.1, norm stays on
     # the slice, and the split head all-gathers the batch inside its ColwiseParallel (B -> R).
-    assert styles == {"blocks.0.attn.qkv": "colwise", "blocks.0.attn.proj": "rowwise",
-                      "blocks.0.mlp.fc1": "colwise", "blocks.0.mlp.fc2": "rowwise",
-                      "blocks.1": "batch_slice", "norm": "replica",
-                      "head": "colwise_sharded_output_from_batch"}
-
+    assert styles == {
+        "blocks.0.attn.qkv": "colwise",
+        "blocks.0.attn.proj": "rowwise",
+        "blocks.0.mlp.fc1": "colwise",
+        "blocks.0.mlp.fc2": "rowwise",
+        "blocks.1": "batch_slice",
+        "norm": "replica",
+        "head": "colwise_sharded_output_from_batch",
+    }
 
 
 def test_sequence_parallel_styles_convert_at_layer_boundaries():
@@ -176,16 +212,27 @@ def test_sequence_parallel_styles_convert_at_layer_boundaries():
     # reduce-scatter; the replicated head gathers the batch back for the loss.
     layout = {"blocks.0": LayerLayout(style="split", sequence_parallel=True)}
     styles = tp_styles(GPT, layout, layer_paths(GPT))
-    assert styles == {"embed": "batch_slice", "blocks.0.ln1": "sequence_parallel",
-                      "blocks.0.attn": "gather_sequence", "blocks.0.attn.qkv": "colwise",
-                      "blocks.0.attn.proj": "rowwise_to_sequence", "blocks.0.ln2": "sequence_parallel",
-                      "blocks.0.mlp": "gather_sequence", "blocks.0.mlp.fc1": "colwise",
-                      "blocks.0.mlp.fc2": "rowwise_to_sequence", "blocks.0": "batch_to_sequence",
-                      "blocks.1": "batch_slice_from_sequence", "norm": "replica", "head": "gather_batch_output"}
+    assert styles == {
+        "embed": "batch_slice",
+        "blocks.0.ln1": "sequence_parallel",
+        "blocks.0.attn": "gather_sequence",
+        "blocks.0.attn.qkv": "colwise",
+        "blocks.0.attn.proj": "rowwise_to_sequence",
+        "blocks.0.ln2": "sequence_parallel",
+        "blocks.0.mlp": "gather_sequence",
+        "blocks.0.mlp.fc1": "colwise",
+        "blocks.0.mlp.fc2": "rowwise_to_sequence",
+        "blocks.0": "batch_to_sequence",
+        "blocks.1": "batch_slice_from_sequence",
+        "norm": "replica",
+        "head": "gather_batch_output",
+    }
     # a split head fed by a sequence-parallel norm gathers inside its own ColwiseParallel
     layout = {"norm": LayerLayout(style="split", sequence_parallel=True), "head": LayerLayout(style="split")}
     assert tp_styles(GPT, layout, ["norm", "head"]) == {
-        "norm": "sequence_parallel_local", "head": "colwise_sharded_output_from_sequence"}
+        "norm": "sequence_parallel_local",
+        "head": "colwise_sharded_output_from_sequence",
+    }
     with pytest.raises(StratagemError, match="no sequence dimension"):
         tp_styles(parse_model("resnet:tiny"), {"fc": LayerLayout(style="split", sequence_parallel=True)}, ["fc"])
 
@@ -224,6 +271,7 @@ def test_command_and_slurm_script(tmp_path):
 def no_processes(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a process was started")
+
     monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
@@ -236,34 +284,41 @@ def _launch_error(capsys, argv) -> str:
 
 def test_bad_launches_fail_in_one_line_before_starting(tmp_path, capsys, no_processes):
     plan_path = save_plan(make_plan(GPT, dp=2), tmp_path / "plan.json")
-    assert "plan needs 2 ranks but the launch has 4" in _launch_error(
-        capsys, [str(plan_path), "--nproc-per-node", "4"])
+    assert "plan needs 2 ranks but the launch has 4" in _launch_error(capsys, [str(plan_path), "--nproc-per-node", "4"])
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text(plan_path.read_text()[:100])
     assert "not valid JSON" in _launch_error(capsys, [str(corrupt)])
     assert "no complete checkpoint" in _launch_error(
-        capsys, [str(plan_path), "--resume", "--checkpoint-dir", str(tmp_path / "ck")])
+        capsys, [str(plan_path), "--resume", "--checkpoint-dir", str(tmp_path / "ck")]
+    )
     other = tmp_path / "ck" / "step_000002"
     other.mkdir(parents=True)
     (other / COMPLETE_MARKER).write_text("x")
     (other / "meta.json").write_text(json.dumps({"model": "gpt:small", "world_size": 2}))
     assert "written for model gpt:small but the plan trains gpt:tiny" in _launch_error(
-        capsys, [str(plan_path), "--resume", "--checkpoint-dir", str(tmp_path / "ck")])
-    torch.save({"inputs": torch.zeros(4, 32, dtype=torch.long), "targets": torch.zeros(4, 32, dtype=torch.long)},
-               tmp_path / "long.pt")
+        capsys, [str(plan_path), "--resume", "--checkpoint-dir", str(tmp_path / "ck")]
+    )
+    torch.save(
+        {"inputs": torch.zeros(4, 32, dtype=torch.long), "targets": torch.zeros(4, 32, dtype=torch.long)},
+        tmp_path / "long.pt",
+    )
     assert "samples have shape [32] but gpt:tiny at seq_len 16 takes [16]" in _launch_error(
-        capsys, [str(plan_path), "--data", str(tmp_path / "long.pt")])
+        capsys, [str(plan_path), "--data", str(tmp_path / "long.pt")]
+    )
     data = json.loads(plan_path.read_text())
     data["model"]["dims"]["layers"] = 3  # stages no longer cover the model's layers
     data.pop("content_hash")
     wrong = tmp_path / "wrong_model.json"
     wrong.write_text(json.dumps(data))
     assert "plan is for another model" in _launch_error(capsys, [str(wrong)])
-    if not torch.cuda.is_available():   # a plan for a shipped GPU cluster cannot run on this CPU machine
-        gpu_plan = save_plan(make_plan(GPT, dp=2).model_copy(update={"cluster_name": "dgx-a100-80g"}),
-                             tmp_path / "gpu_plan.json")
-        assert "made for cluster dgx-a100-80g (NVIDIA A100-SXM4-80GB) and needs 2 GPUs on this node but it has 0" \
+    if not torch.cuda.is_available():  # a plan for a shipped GPU cluster cannot run on this CPU machine
+        gpu_plan = save_plan(
+            make_plan(GPT, dp=2).model_copy(update={"cluster_name": "dgx-a100-80g"}), tmp_path / "gpu_plan.json"
+        )
+        assert (
+            "made for cluster dgx-a100-80g (NVIDIA A100-SXM4-80GB) and needs 2 GPUs on this node but it has 0"
             in _launch_error(capsys, [str(gpu_plan)])
+        )
 
 
 def test_unbuildable_schedules_are_rejected():
@@ -293,8 +348,17 @@ def test_metrics_summary_compares_with_the_prediction(tmp_path):
     from planner.plan import Predictions
     from runtime.executor.metrics import MetricsLog, read_metrics
 
-    pred = Predictions(step_time_s=0.15, tokens_per_s=1.0, samples_per_s=1.0, model_tflops_per_gpu=0.0,
-                       hardware_tflops_per_gpu=0.0, mfu=0.0, peak_memory_bytes=100.0, breakdown_s={}, stages=[])
+    pred = Predictions(
+        step_time_s=0.15,
+        tokens_per_s=1.0,
+        samples_per_s=1.0,
+        model_tflops_per_gpu=0.0,
+        hardware_tflops_per_gpu=0.0,
+        mfu=0.0,
+        peak_memory_bytes=100.0,
+        breakdown_s={},
+        stages=[],
+    )
     log = MetricsLog(tmp_path / "m.jsonl", make_plan(GPT).model_copy(update={"predictions": pred}), attempt=0)
     for step, t in enumerate([1.0, 0.2, 0.4], start=1):
         log.step(step=step, loss=5.0 - step, step_time_s=t, tokens=128, samples=8, peak_memory_bytes=[150, 200])

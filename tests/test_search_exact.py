@@ -28,25 +28,44 @@ from planner.search.planner import check_exact
 from planner.search.space import enumerate_outer
 
 N_INSTANCES = 56
-MAX_BRUTE = 700          # assignments per instance (keeps the whole test well under a minute)
+MAX_BRUTE = 700  # assignments per instance (keeps the whole test well under a minute)
 
 
 def _instance(rng: random.Random):
-    cluster_name, dtype, n_devices = rng.choice([("dgx-a100-80g", "bf16", rng.choice([2, 4, 8, 16])),
-                                                 ("mixed-a100-v100", "fp16", 32),
-                                                 ("local-cpu-2core", "fp32", 2)])
+    cluster_name, dtype, n_devices = rng.choice(
+        [
+            ("dgx-a100-80g", "bf16", rng.choice([2, 4, 8, 16])),
+            ("mixed-a100-v100", "fp16", 32),
+            ("local-cpu-2core", "fp32", 2),
+        ]
+    )
     cluster = load_cluster_profile(resolve_cluster_path(cluster_name))
     cluster = with_gpus(cluster, n_devices)
-    spec = parse_model("gpt", layers=rng.choice([1, 2]), hidden=rng.choice([64, 128]), heads=4,
-                       vocab=rng.choice([256, 1024]), max_seq=64, tie_embeddings=rng.random() < 0.5)
+    spec = parse_model(
+        "gpt",
+        layers=rng.choice([1, 2]),
+        hidden=rng.choice([64, 128]),
+        heads=4,
+        vocab=rng.choice([256, 1024]),
+        max_seq=64,
+        tie_embeddings=rng.random() < 0.5,
+    )
     profile = build_gpt_profile(spec, seq_len=64, dtype=dtype, tp_degrees=[1, 2, 4])
     allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "layout", "mixed", "recompute"}
     if rng.random() < 0.3:
         allow.discard("recompute")
     config = SearchConfig(time_limit_s=30, allow=frozenset(allow))
-    outers = list(enumerate_outer(cluster=cluster, n_devices=n_devices, global_batch=8 * n_devices // 2,
-                                  n_layers=len(profile.layers), n_blocks=block_count(profile),
-                                  tp_degrees=profile.tp_degrees, config=config))
+    outers = list(
+        enumerate_outer(
+            cluster=cluster,
+            n_devices=n_devices,
+            global_batch=8 * n_devices // 2,
+            n_layers=len(profile.layers),
+            n_blocks=block_count(profile),
+            tp_degrees=profile.tp_degrees,
+            config=config,
+        )
+    )
     return profile, cluster, config, rng.choice(outers), 8 * n_devices // 2
 
 
@@ -61,8 +80,7 @@ def _brute(costs: CandidateCosts, outer, tables, capacity: dict[str, float]):
     for choice in iter_layer_assignments(tables):
         est = costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, choice)))
         peaks.append(max(rk.memory.peak_bytes / capacity[rk.node_type] for rk in _ranks(est)))
-        fits = all(rk.memory.peak_bytes <= capacity[rk.node_type] * costs.search.memory_fraction
-                   for rk in _ranks(est))
+        fits = all(rk.memory.peak_bytes <= capacity[rk.node_type] * costs.search.memory_fraction for rk in _ranks(est))
         if fits and (best is None or est.step_time_s < best):
             best = est.step_time_s
     return best, peaks
@@ -84,8 +102,14 @@ def test_ilp_equals_brute_force_under_estimate():
         # solver's 1e-7 feasibility tolerance), or below the leanest, or above the fattest
         levels = sorted(set(peaks))
         j = rng.randrange(len(levels) - 1) if len(levels) > 1 else 0
-        fraction = rng.choice([min(peaks) * 0.99, (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2,
-                               (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2, max(peaks) * 1.01])
+        fraction = rng.choice(
+            [
+                min(peaks) * 0.99,
+                (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2,
+                (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2,
+                max(peaks) * 1.01,
+            ]
+        )
         costs.search = SearchConfig(time_limit_s=30, allow=config.allow, memory_fraction=min(fraction, 1.0))
         tables = costs.tables(outer)
         best, _ = _brute(costs, outer, tables, capacity)
@@ -103,23 +127,39 @@ def test_ilp_equals_brute_force_under_estimate():
         step_s = check_exact(tables, assignment, est, outer, result.objective_s)
         assert math.isclose(step_s, best, rel_tol=1e-9), (outer.summary(), step_s, best)
         feasible += 1
-        binding += best > min(costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, ch)))
-                              .step_time_s for ch in iter_layer_assignments(tables)) * (1 + 1e-12)
+        binding += best > min(
+            costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, ch))).step_time_s
+            for ch in iter_layer_assignments(tables)
+        ) * (1 + 1e-12)
     assert feasible >= 30 and infeasible >= 3 and binding >= 5, (feasible, infeasible, binding)
-    assert replica_types >= 5, replica_types    # dp replicas on A100 and V100 with their own m_t (lanes)
+    assert replica_types >= 5, replica_types  # dp replicas on A100 and V100 with their own m_t (lanes)
 
 
 @pytest.mark.parametrize("cuts", [False, True])
 def test_cuts_do_not_change_the_optimum(cuts):
     """The valid inequalities tighten the relaxation only: same optimum with and without them."""
-    profile = build_gpt_profile(parse_model("gpt", layers=6, hidden=128, heads=4, vocab=512, max_seq=64),
-                                seq_len=64, dtype="bf16", tp_degrees=[1, 2])
+    profile = build_gpt_profile(
+        parse_model("gpt", layers=6, hidden=128, heads=4, vocab=512, max_seq=64),
+        seq_len=64,
+        dtype="bf16",
+        tp_degrees=[1, 2],
+    )
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 8)
     config = SearchConfig(time_limit_s=30, memory_fraction=0.0135)
     costs = CandidateCosts(profile, cluster, global_batch=32, config=config)
-    outer = next(o for o in enumerate_outer(cluster=cluster, n_devices=8, global_batch=32,
-                                            n_layers=len(profile.layers), n_blocks=block_count(profile), tp_degrees=[1, 2], config=config)
-                 if o.pp == 4 and o.tp == 2 and o.schedule == "1f1b" and o.micro_batch == 2)
+    outer = next(
+        o
+        for o in enumerate_outer(
+            cluster=cluster,
+            n_devices=8,
+            global_batch=32,
+            n_layers=len(profile.layers),
+            n_blocks=block_count(profile),
+            tp_degrees=[1, 2],
+            config=config,
+        )
+        if o.pp == 4 and o.tp == 2 and o.schedule == "1f1b" and o.micro_batch == 2
+    )
     tables = costs.tables(outer)
     plain = solve(build_problem(tables, cuts=False), config)
     with_cuts = solve(build_problem(tables, cuts=cuts), config)

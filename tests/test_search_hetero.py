@@ -20,7 +20,7 @@ from planner.search.plan_file import build_plan
 from planner.search.planner import plan_search
 
 A100, V100 = "dgx-a100-80g", "p3.16xlarge"
-NO_PP = frozenset({"tp", "dp", "zero", "recompute", "mixed"})   # mixed without pipelines: replicas only
+NO_PP = frozenset({"tp", "dp", "zero", "recompute", "mixed"})  # mixed without pipelines: replicas only
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,13 @@ def test_faster_replicas_get_more_of_the_batch(searched):
 
 def test_plan_file_places_replicas_by_type(searched, tmp_path):
     cluster, spec, profile, _, result = searched
-    plan = build_plan(result, model=spec, profile=profile, cluster=cluster,
-                      training=TrainingSettings(global_batch=64, seq_len=2048, dtype="fp16"))
+    plan = build_plan(
+        result,
+        model=spec,
+        profile=profile,
+        cluster=cluster,
+        training=TrainingSettings(global_batch=64, seq_len=2048, dtype="fp16"),
+    )
     validate(plan, 32)
     assert plan.mesh.axes == ["dp", "pp", "tp"]
     assert plan.replica_node_types == list(result.best.outer.replica_node_types)
@@ -62,7 +67,7 @@ def test_plan_file_places_replicas_by_type(searched, tmp_path):
     tp, pp = plan.mesh.size("tp"), plan.mesh.size("pp")
     first_v100 = plan.replica_node_types.index(V100)
     assert all(t == A100 for t in plan.replica_node_types[:first_v100])
-    assert first_v100 * pp * tp == 16        # 2 DGX A100 nodes x 8 GPUs
+    assert first_v100 * pp * tp == 16  # 2 DGX A100 nodes x 8 GPUs
     # predictions per replica type: each type's memory against its own capacity (80 GB A100, 16 GB V100)
     per_type = {t.node_type: t for t in plan.predictions.per_replica_type}
     assert set(per_type) == {A100, V100}
@@ -86,8 +91,12 @@ def test_prove_top_k_gives_the_k_best_candidates():
     from planner.search.tables import dominates
 
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 4)
-    profile = build_gpt_profile(parse_model("gpt", layers=3, hidden=128, heads=4, vocab=512, max_seq=64),
-                                seq_len=64, dtype="bf16", tp_degrees=[1, 2])
+    profile = build_gpt_profile(
+        parse_model("gpt", layers=3, hidden=128, heads=4, vocab=512, max_seq=64),
+        seq_len=64,
+        dtype="bf16",
+        tp_degrees=[1, 2],
+    )
     config = SearchConfig(top_k=4, exhaustive_top_k=True, allow=frozenset({"tp", "pp", "dp", "zero"}))
     result = plan_search(profile, cluster, n_devices=4, global_batch=8, config=config)
     assert result.status == "optimal" and result.runners_up_proven and len(result.ranked) == 4
@@ -95,8 +104,15 @@ def test_prove_top_k_gives_the_k_best_candidates():
     kth = result.ranked[-1].step_s
     ranked_tables = [costs.tables(c.outer) for c in result.ranked]
     below = 0
-    for outer in enumerate_outer(cluster=cluster, n_devices=4, global_batch=8, n_layers=len(profile.layers),
-                                 n_blocks=block_count(profile), tp_degrees=[1, 2], config=config):
+    for outer in enumerate_outer(
+        cluster=cluster,
+        n_devices=4,
+        global_batch=8,
+        n_layers=len(profile.layers),
+        n_blocks=block_count(profile),
+        tp_degrees=[1, 2],
+        config=config,
+    ):
         tables = costs.tables(outer)
         if memory_shortfall_bytes(tables) > 0:
             continue
@@ -104,9 +120,12 @@ def test_prove_top_k_gives_the_k_best_candidates():
         if solved.objective_s is None or solved.objective_s >= kth * (1 - 1e-9):
             continue
         below += 1
-        assert outer in [c.outer for c in result.ranked] or any(dominates(t, tables) for t in ranked_tables), \
-            (outer.summary(), solved.objective_s, kth)
-    assert below >= 3, below      # the ranked plans themselves (the 4th is the bound)
+        assert outer in [c.outer for c in result.ranked] or any(dominates(t, tables) for t in ranked_tables), (
+            outer.summary(),
+            solved.objective_s,
+            kth,
+        )
+    assert below >= 3, below  # the ranked plans themselves (the 4th is the bound)
     assert math.isclose(result.best.step_s, min(c.step_s for c in result.ranked))
 
 

@@ -24,23 +24,46 @@ FULL_SPLIT = Option(recompute="full", style="split")
 
 
 def _rank(cap: float = 1e9, **extra) -> RankModel:
-    fields = dict(capacity_bytes=cap, state_bytes_per_param_dp=0.0, state_bytes_per_param_dpt=0.0,
-                  reserve_factor=1.0, reserve_const_bytes=0.0, ddp_buffer="never", ddp_buffer_cap_bytes=0.0,
-                  grad_bytes_per_param=0.0, zero3_buffer_layers=0, pp_buffers=False, sync_dp=Concave(),
-                  sync_dpt=Concave(), last_bucket_s=0.0, gather_dp=Concave(), gather_dpt=Concave(),
-                  optimizer_s_per_param_dp=0.0, optimizer_s_per_param_dpt=0.0)
+    fields = dict(
+        capacity_bytes=cap,
+        state_bytes_per_param_dp=0.0,
+        state_bytes_per_param_dpt=0.0,
+        reserve_factor=1.0,
+        reserve_const_bytes=0.0,
+        ddp_buffer="never",
+        ddp_buffer_cap_bytes=0.0,
+        grad_bytes_per_param=0.0,
+        zero3_buffer_layers=0,
+        pp_buffers=False,
+        sync_dp=Concave(),
+        sync_dpt=Concave(),
+        last_bucket_s=0.0,
+        gather_dp=Concave(),
+        gather_dpt=Concave(),
+        optimizer_s_per_param_dp=0.0,
+        optimizer_s_per_param_dpt=0.0,
+    )
     return RankModel(**{**fields, **extra})
 
 
 def _layer(path: str, time_s: float, act: float = 0.0, options=(NONE_SPLIT,), costs=None) -> Group:
     costs = costs or (OptionCost(time_s=time_s, act_bytes=act),)
-    return Group(paths=(path,), options=options, costs={"A": costs},
-                 boundary_s={("split", "A", "A"): 0.0})
+    return Group(paths=(path,), options=options, costs={"A": costs}, boundary_s={("split", "A", "A"): 0.0})
 
 
 def _tables(groups, *, pp=2, v=1, m=3, cap=1e9, inflight=None) -> Tables:
-    return Tables(groups=tuple(groups), pp=pp, v=v, m=m, zero_stage=0, rank_node_types=("A",) * pp,
-                  inflight=inflight or (1.0,) * pp, ranks={"A": _rank(cap)}, change_s={}, tied_params={})
+    return Tables(
+        groups=tuple(groups),
+        pp=pp,
+        v=v,
+        m=m,
+        zero_stage=0,
+        rank_node_types=("A",) * pp,
+        inflight=inflight or (1.0,) * pp,
+        ranks={"A": _rank(cap)},
+        change_s={},
+        tied_params={},
+    )
 
 
 def _solve(tables: Tables):
@@ -75,7 +98,7 @@ def test_memory_forces_recompute_hand_computed():
     # capacity 11: only one layer may keep its activations -> 1 + 1.5 = 2.5 s per micro-batch, m = 2.
     result, _ = _solve(_tables(layers, pp=1, m=2, cap=11))
     assert result.objective_s == pytest.approx(2 * 2.5, rel=1e-9)
-    result, _ = _solve(_tables(layers, pp=1, m=2, cap=1))   # 2 bytes needed even with full recompute
+    result, _ = _solve(_tables(layers, pp=1, m=2, cap=1))  # 2 bytes needed even with full recompute
     assert result.status == "infeasible"
 
 
@@ -101,33 +124,78 @@ def _random_tables(rng: random.Random) -> Tables:
         styles = ["replicate", "split"] if rng.random() < 0.4 else ["split"]
         modes = rng.sample(["none", "selective", "full"], rng.randint(1, 3))
         opts = tuple(Option(recompute=r, style=s) for s in styles for r in modes)
-        gather = {s: rng.uniform(0, 0.05) for s in styles}   # a weight gather depends on the layout only
-        costs = {t: tuple(OptionCost(time_s=(1 + 0.7 * (t == "B")) * rng.uniform(0.1, 1), fwd_s=rng.uniform(0, 0.2),
-                                     bwd_s=rng.uniform(0, 0.3), act_bytes=rng.uniform(0, 10),
-                                     params_dp=rng.uniform(0, 3), params_dpt=rng.uniform(0, 1) * (o.style == "replicate"),
-                                     param_bytes=rng.uniform(0, 2), ws_bytes=rng.uniform(0, 4) * (o.recompute == "full"),
-                                     z3_mb_s=rng.uniform(0, 0.4), z3_gather_s=gather[o.style])
-                          for o in opts) for t in types}
-        groups.append(Group(paths=tuple(f"l{k + j}" for j in range(size)), options=opts, costs=costs,
-                            boundary_s={(sty, a, b): rng.uniform(0, 0.1) for sty in styles for a in types
-                                        for b in types}, out_buffer_bytes=rng.uniform(0, 1)))
+        gather = {s: rng.uniform(0, 0.05) for s in styles}  # a weight gather depends on the layout only
+        costs = {
+            t: tuple(
+                OptionCost(
+                    time_s=(1 + 0.7 * (t == "B")) * rng.uniform(0.1, 1),
+                    fwd_s=rng.uniform(0, 0.2),
+                    bwd_s=rng.uniform(0, 0.3),
+                    act_bytes=rng.uniform(0, 10),
+                    params_dp=rng.uniform(0, 3),
+                    params_dpt=rng.uniform(0, 1) * (o.style == "replicate"),
+                    param_bytes=rng.uniform(0, 2),
+                    ws_bytes=rng.uniform(0, 4) * (o.recompute == "full"),
+                    z3_mb_s=rng.uniform(0, 0.4),
+                    z3_gather_s=gather[o.style],
+                )
+                for o in opts
+            )
+            for t in types
+        }
+        groups.append(
+            Group(
+                paths=tuple(f"l{k + j}" for j in range(size)),
+                options=opts,
+                costs=costs,
+                boundary_s={(sty, a, b): rng.uniform(0, 0.1) for sty in styles for a in types for b in types},
+                out_buffer_bytes=rng.uniform(0, 1),
+            )
+        )
         k += size
-    change = {(g, a, b, t): rng.uniform(0, 0.3) for g in range(len(groups) - 1)
-              for a in groups[g].styles for b in groups[g + 1].styles for t in types if a != b}
-    ranks = {t: _rank(rng.uniform(15, 50), state_bytes_per_param_dp=rng.uniform(0, 2),
-                      state_bytes_per_param_dpt=rng.uniform(0, 1), reserve_factor=rng.choice([1.0, 1.1]),
-                      reserve_const_bytes=rng.uniform(0, 2), ddp_buffer=rng.choice(["never", "always"]),
-                      ddp_buffer_cap_bytes=rng.choice([math.inf, rng.uniform(0, 3)]), grad_bytes_per_param=1.0,
-                      zero3_buffer_layers=2 if zero == 3 else 0, pp_buffers=pp > 1, sync_dp=_concave(rng),
-                      sync_dpt=_concave(rng), last_bucket_s=rng.choice([0.0, rng.uniform(0, 0.05)]),
-                      gather_dp=_concave(rng), gather_dpt=_concave(rng),
-                      optimizer_s_per_param_dp=rng.uniform(0, 0.01), optimizer_s_per_param_dpt=rng.uniform(0, 0.01))
-             for t in types}
+    change = {
+        (g, a, b, t): rng.uniform(0, 0.3)
+        for g in range(len(groups) - 1)
+        for a in groups[g].styles
+        for b in groups[g + 1].styles
+        for t in types
+        if a != b
+    }
+    ranks = {
+        t: _rank(
+            rng.uniform(15, 50),
+            state_bytes_per_param_dp=rng.uniform(0, 2),
+            state_bytes_per_param_dpt=rng.uniform(0, 1),
+            reserve_factor=rng.choice([1.0, 1.1]),
+            reserve_const_bytes=rng.uniform(0, 2),
+            ddp_buffer=rng.choice(["never", "always"]),
+            ddp_buffer_cap_bytes=rng.choice([math.inf, rng.uniform(0, 3)]),
+            grad_bytes_per_param=1.0,
+            zero3_buffer_layers=2 if zero == 3 else 0,
+            pp_buffers=pp > 1,
+            sync_dp=_concave(rng),
+            sync_dpt=_concave(rng),
+            last_bucket_s=rng.choice([0.0, rng.uniform(0, 0.05)]),
+            gather_dp=_concave(rng),
+            gather_dpt=_concave(rng),
+            optimizer_s_per_param_dp=rng.uniform(0, 0.01),
+            optimizer_s_per_param_dpt=rng.uniform(0, 0.01),
+        )
+        for t in types
+    }
     tied = {sty: rng.uniform(0, 2) for sty in groups[0].styles} if rng.random() < 0.3 else {}
-    return Tables(groups=tuple(groups), pp=pp, v=v, m=rng.randint(1, 4), zero_stage=zero,
-                  rank_node_types=tuple(rng.choice(types) for _ in range(pp)),
-                  inflight=tuple(float(rng.randint(1, 3)) for _ in range(pp)), ranks=ranks, change_s=change,
-                  tied_params=tied)
+    return Tables(
+        groups=tuple(groups),
+        pp=pp,
+        v=v,
+        m=rng.randint(1, 4),
+        zero_stage=zero,
+        rank_node_types=tuple(rng.choice(types) for _ in range(pp)),
+        inflight=tuple(float(rng.randint(1, 3)) for _ in range(pp)),
+        ranks=ranks,
+        change_s=change,
+        tied_params=tied,
+    )
 
 
 def test_ilp_equals_brute_force_on_random_tables():
@@ -149,4 +217,4 @@ def test_ilp_equals_brute_force_on_random_tables():
         assert math.isclose(ev.step_s, brute[0].step_s, rel_tol=1e-9)
         assert math.isclose(result.objective_s, ev.step_s, rel_tol=1e-6)
         assert lower_bound_s(tables) <= ev.step_s * (1 + 1e-12)
-    assert feasible >= 40 and infeasible >= 1   # the memory limits bind in some instances
+    assert feasible >= 40 and infeasible >= 1  # the memory limits bind in some instances

@@ -53,9 +53,13 @@ def test_full_space_replicates_backbone_and_splits_classifier(wide_resnet):
     # pure data parallelism (tp = 1, every layer replicated) at every micro-batch and ZeRO stage the
     # search allows: the Whale hybrid wins by > 3 %
     per_replica = BATCH // GPUS
-    dp_best = min(costs.estimate(ParallelConfig(dp=GPUS, micro_batch=mb, num_micro_batches=per_replica // mb,
-                                                zero_stage=zero)).step_time_s
-                  for mb in (1, 2, 4, 8, 16) for zero in (0, 1, 2, 3))
+    dp_best = min(
+        costs.estimate(
+            ParallelConfig(dp=GPUS, micro_batch=mb, num_micro_batches=per_replica // mb, zero_stage=zero)
+        ).step_time_s
+        for mb in (1, 2, 4, 8, 16)
+        for zero in (0, 1, 2, 3)
+    )
     log.info("Whale plan %s: %.3f ms; best pure DP: %.3f ms", best.outer, best.step_s * 1e3, dp_best * 1e3)
     print(f"Whale plan {best.outer}: {best.step_s * 1e3:.3f} ms; best pure DP (mb <= 16): {dp_best * 1e3:.3f} ms")
     assert best.step_s < dp_best / 1.03

@@ -7,8 +7,19 @@ import torch
 
 from planner.errors import StratagemError
 from planner.modelspec import parse_model
-from runtime.models import (build_layer, build_model, build_tp_shard, example_batch, init_weights, layer_kind,
-                            layer_paths, loss_fn, tp_collectives, tp_constraints, tp_layout)
+from runtime.models import (
+    build_layer,
+    build_model,
+    build_tp_shard,
+    example_batch,
+    init_weights,
+    layer_kind,
+    layer_paths,
+    loss_fn,
+    tp_collectives,
+    tp_constraints,
+    tp_layout,
+)
 
 TINY = ["gpt:tiny", "llama:tiny", "resnet:tiny", "resnet:tiny-wide", "mlp:tiny"]
 
@@ -48,11 +59,14 @@ def test_gpt3_175b_param_count_matches_megatron_eq2():
     assert params == 12 * l * h * h + 13 * l * h + (v + s) * h + 2 * h  # + final LayerNorm (2h)
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("resnet:resnet50", 25_557_032),      # torchvision resnet50 / He et al. 2016 (25.6M)
-    ("gpt:gpt2", 124_439_808),            # HF gpt2 model card (124M)
-    ("llama:llama2-7b", 6_738_415_616),   # HF meta-llama/Llama-2-7b-hf (6.74B)
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("resnet:resnet50", 25_557_032),  # torchvision resnet50 / He et al. 2016 (25.6M)
+        ("gpt:gpt2", 124_439_808),  # HF gpt2 model card (124M)
+        ("llama:llama2-7b", 6_738_415_616),  # HF meta-llama/Llama-2-7b-hf (6.74B)
+    ],
+)
 def test_published_param_counts(name, expected):
     assert n_params(build_model(parse_model(name), device="meta")) == expected
 
@@ -61,8 +75,15 @@ def test_layer_paths_kinds_and_pipeline_cut():
     spec = parse_model("gpt:tiny")
     assert layer_paths(spec) == ["embed", "blocks.0", "blocks.1", "norm", "head"]
     assert [layer_kind(p) for p in layer_paths(spec)] == ["embedding", "block", "block", "norm", "head"]
-    assert layer_paths(parse_model("resnet:tiny")) == ["stem", "blocks.0", "blocks.1", "blocks.2", "blocks.3",
-                                                       "pool", "fc"]
+    assert layer_paths(parse_model("resnet:tiny")) == [
+        "stem",
+        "blocks.0",
+        "blocks.1",
+        "blocks.2",
+        "blocks.3",
+        "pool",
+        "fc",
+    ]
     assert len(layer_paths(parse_model("resnet:resnet50"))) == 16 + 3
     full = init_weights(build_model(spec), seed=1)
     first, second = init_weights(build_model(spec), seed=1), init_weights(build_model(spec), seed=1)
@@ -113,14 +134,21 @@ def test_tp_layout_and_constraints_are_megatron():
     spec = parse_model("gpt:gpt2")
     layout = tp_layout(spec, "blocks.0")
     assert {k: v for k, v in layout.items() if v != "sequence_parallel"} == {
-        "attn.qkv": "colwise", "attn.proj": "rowwise", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}
+        "attn.qkv": "colwise",
+        "attn.proj": "rowwise",
+        "mlp.fc1": "colwise",
+        "mlp.fc2": "rowwise",
+    }
     assert tp_layout(spec, "embed") == {"tok": "vocab_embedding"}
     assert tp_layout(spec, "head") == {"": "colwise_sharded_output"}
     assert tp_layout(parse_model("resnet:tiny"), "blocks.0") == {}
     assert tp_constraints(spec, "blocks.3") == {"heads": 12, "ffn_hidden": 3072}
     assert tp_constraints(spec, "head") == {"vocab": 50257}
-    assert tp_constraints(parse_model("llama:llama2-70b"), "blocks.0") == {"heads": 64, "kv_heads": 8,
-                                                                           "ffn_hidden": 28672}
+    assert tp_constraints(parse_model("llama:llama2-70b"), "blocks.0") == {
+        "heads": 64,
+        "kv_heads": 8,
+        "ffn_hidden": 28672,
+    }
 
 
 def test_tp_collectives_gpt_block_hand_count():
@@ -130,8 +158,12 @@ def test_tp_collectives_gpt_block_hand_count():
     act = 1024 * 768 * 2  # s * h * 2 bytes
     assert sorted(no_sp) == [("all_reduce", "backward", 2, act), ("all_reduce", "forward", 2, act)]
     sp = {(n.op, n.phase): n.count for n in needs if n.with_sequence_parallel}
-    assert sp == {("all_gather", "forward"): 2, ("reduce_scatter", "forward"): 2,
-                  ("all_gather", "backward"): 2, ("reduce_scatter", "backward"): 2}
+    assert sp == {
+        ("all_gather", "forward"): 2,
+        ("reduce_scatter", "forward"): 2,
+        ("all_gather", "backward"): 2,
+        ("reduce_scatter", "backward"): 2,
+    }
     assert tp_collectives(spec, "norm", 1024) == []
 
 
@@ -142,9 +174,9 @@ def _shard_params(full: torch.nn.Module, shard: torch.nn.Module, rank: int, tp: 
             src = full.get_parameter(name)
             if p.shape == src.shape:
                 p.copy_(src)
-            elif p.shape[0] != src.shape[0]:   # colwise: rows (output features) split
+            elif p.shape[0] != src.shape[0]:  # colwise: rows (output features) split
                 p.copy_(src.chunk(tp, 0)[rank])
-            else:                              # rowwise: columns (input features) split
+            else:  # rowwise: columns (input features) split
                 p.copy_(src.chunk(tp, 1)[rank])
 
 
@@ -179,11 +211,11 @@ def test_tp_embedding_and_head_shards():
     for rank in range(2):
         emb = build_tp_shard(spec, "embed", 2).eval()
         emb.tok.start = rank * 128
-        emb.tok.weight.data.copy_(model.embed.tok.weight[rank * 128:(rank + 1) * 128])
+        emb.tok.weight.data.copy_(model.embed.tok.weight[rank * 128 : (rank + 1) * 128])
         emb.pos.weight.data.copy_(model.embed.pos.weight if rank == 0 else torch.zeros_like(emb.pos.weight))
         emb_sum = emb_sum + emb(ids)
         head = build_tp_shard(spec, "head", 2)
-        head.weight.data.copy_(model.head.weight[rank * 128:(rank + 1) * 128])
+        head.weight.data.copy_(model.head.weight[rank * 128 : (rank + 1) * 128])
         logits.append(head(h))
     torch.testing.assert_close(emb_sum, model.embed(ids))
     torch.testing.assert_close(torch.cat(logits, -1), model.head(h))

@@ -16,19 +16,37 @@ from pathlib import Path
 
 from planner.inspect.examples import build_example_plan
 from planner.inspect.fig_timeline import plot_timeline
-from planner.inspect.figures import (plot_layer_placement, plot_memory_per_rank, plot_metrics,
-                                     plot_plan_comparison, plot_step_breakdown)
+from planner.inspect.figures import (
+    plot_layer_placement,
+    plot_memory_per_rank,
+    plot_metrics,
+    plot_plan_comparison,
+    plot_step_breakdown,
+)
 from planner.inspect.measured import metrics_frame
 from planner.inspect.report import atomic_write_bytes, figure_png
 from planner.plan import load_plan
 
 log = logging.getLogger(__name__)
-EXAMPLE = dict(pp=4, num_micro_batches=8, dp=2, tp=2, forward_s=0.010, backward_s=0.020, recompute_s=0.006,
-               tp_comm_s=0.002, pp_comm_s=0.001, dp_comm_s=0.015, hidden=8192, heads=64)
+EXAMPLE = dict(
+    pp=4,
+    num_micro_batches=8,
+    dp=2,
+    tp=2,
+    forward_s=0.010,
+    backward_s=0.020,
+    recompute_s=0.006,
+    tp_comm_s=0.002,
+    pp_comm_s=0.001,
+    dp_comm_s=0.015,
+    hidden=8192,
+    heads=64,
+)
 
 
-def save_docs_pictures(out: Path, plan_path: Path | None = None, metrics_path: Path | None = None,
-                       metrics_plan_path: Path | None = None) -> list[Path]:
+def save_docs_pictures(
+    out: Path, plan_path: Path | None = None, metrics_path: Path | None = None, metrics_plan_path: Path | None = None
+) -> list[Path]:
     """Write every picture into ``out``; returns the paths written."""
     figures = {
         "timeline_gpipe": plot_timeline(build_example_plan("gpipe", **EXAMPLE)),
@@ -38,8 +56,12 @@ def save_docs_pictures(out: Path, plan_path: Path | None = None, metrics_path: P
     plan = load_plan(plan_path) if plan_path else build_example_plan("1f1b", **EXAMPLE)
     if plan_path:
         figures["timeline_searched"] = plot_timeline(plan)
-    figures.update(memory_per_rank=plot_memory_per_rank(plan), layer_placement=plot_layer_placement(plan),
-                   step_breakdown=plot_step_breakdown(plan), plan_comparison=plot_plan_comparison(plan))
+    figures.update(
+        memory_per_rank=plot_memory_per_rank(plan),
+        layer_placement=plot_layer_placement(plan),
+        step_breakdown=plot_step_breakdown(plan),
+        plan_comparison=plot_plan_comparison(plan),
+    )
     if metrics_path:
         metrics_plan = load_plan(metrics_plan_path) if metrics_plan_path else plan
         figures["metrics"] = plot_metrics(metrics_frame(metrics_path), metrics_plan)

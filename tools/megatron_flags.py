@@ -15,10 +15,14 @@ import re
 import sys
 from pathlib import Path
 
-CONFIG_FILES = ["megatron/training/arguments.py", "megatron/training/config/*.py",
-                "megatron/core/model_parallel_config.py", "megatron/core/transformer/transformer_config.py",
-                "megatron/core/distributed/distributed_data_parallel_config.py",
-                "megatron/core/optimizer/optimizer_config.py"]
+CONFIG_FILES = [
+    "megatron/training/arguments.py",
+    "megatron/training/config/*.py",
+    "megatron/core/model_parallel_config.py",
+    "megatron/core/transformer/transformer_config.py",
+    "megatron/core/distributed/distributed_data_parallel_config.py",
+    "megatron/core/optimizer/optimizer_config.py",
+]
 
 
 def flags_of(root: Path) -> set[str]:

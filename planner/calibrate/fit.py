@@ -33,18 +33,24 @@ from planner.gpt_profile import build_gpt_profile
 from planner.modelspec import ModelSpec
 from planner.profiles import ClusterProfile
 
-PRIOR_WIDTH = 0.3          # prior standard deviation of log(parameter / datasheet value): ~ +-35 %
-MEASUREMENT_NOISE = 0.03   # assumed relative noise of a measured step time (run-to-run spread of a few %)
-MIN_NEW_DIRECTION = 0.15   # Gram-Schmidt remainder below which a parameter is collinear with the taken ones
+PRIOR_WIDTH = 0.3  # prior standard deviation of log(parameter / datasheet value): ~ +-35 %
+MEASUREMENT_NOISE = 0.03  # assumed relative noise of a measured step time (run-to-run spread of a few %)
+MIN_NEW_DIRECTION = 0.15  # Gram-Schmidt remainder below which a parameter is collinear with the taken ones
 # name -> (lower, upper) bounds of the absolute value (fractions of peak, seconds, bandwidth factors)
-BOUNDS = {"gemm_ceiling": (0.2, 0.98), "memory_bw_efficiency": (0.2, 0.98), "host_op_s": (1e-6, 2e-4),
-          "achieved_flops_scale": (0.1, 10.0), "intra_bw_scale": (0.2, 2.0), "inter_bw_scale": (0.2, 2.0),
-          "intra_alpha_scale": (0.2, 20.0)}
+BOUNDS = {
+    "gemm_ceiling": (0.2, 0.98),
+    "memory_bw_efficiency": (0.2, 0.98),
+    "host_op_s": (1e-6, 2e-4),
+    "achieved_flops_scale": (0.1, 10.0),
+    "intra_bw_scale": (0.2, 2.0),
+    "inter_bw_scale": (0.2, 2.0),
+    "intra_alpha_scale": (0.2, 20.0),
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Parameter:
-    name: str            # "<node type>.gemm_ceiling", "intra_bw_scale", "scale", ...
+    name: str  # "<node type>.gemm_ceiling", "intra_bw_scale", "scale", ...
     prior: float
     lower: float
     upper: float
@@ -63,18 +69,47 @@ def apply(cluster: ClusterProfile, values: dict[str, float]) -> ClusterProfile:
     for key, v in values.items():
         node, _, what = key.rpartition(".")
         if what in ("gemm_ceiling", "memory_bw_efficiency", "host_op_s"):
-            cluster = _set_node(cluster, node, lambda nt, w=what, v=v: nt.model_copy(
-                update={"kernel_model": nt.kernel_model.model_copy(update={w: v})}))
+            cluster = _set_node(
+                cluster,
+                node,
+                lambda nt, w=what, v=v: nt.model_copy(
+                    update={"kernel_model": nt.kernel_model.model_copy(update={w: v})}
+                ),
+            )
         elif what == "achieved_flops_scale":
-            cluster = _set_node(cluster, node, lambda nt, v=v: nt.model_copy(update={"compute": [
-                c.model_copy(update={"achieved_flops_per_s": c.achieved_flops_per_s * v}) for c in nt.compute]}))
+            cluster = _set_node(
+                cluster,
+                node,
+                lambda nt, v=v: nt.model_copy(
+                    update={
+                        "compute": [
+                            c.model_copy(update={"achieved_flops_per_s": c.achieved_flops_per_s * v})
+                            for c in nt.compute
+                        ]
+                    }
+                ),
+            )
         elif what == "intra_bw_scale":
-            cluster = cluster.model_copy(update={"node_types": [
-                nt.model_copy(update={"intra_node": _scale_fits(nt.intra_node, v)}) for nt in cluster.node_types]})
+            cluster = cluster.model_copy(
+                update={
+                    "node_types": [
+                        nt.model_copy(update={"intra_node": _scale_fits(nt.intra_node, v)}) for nt in cluster.node_types
+                    ]
+                }
+            )
         elif what == "intra_alpha_scale":
-            cluster = cluster.model_copy(update={"node_types": [nt.model_copy(update={"intra_node": [
-                f.model_copy(update={"alpha_s": f.alpha_s * v}) for f in nt.intra_node]})
-            for nt in cluster.node_types]})
+            cluster = cluster.model_copy(
+                update={
+                    "node_types": [
+                        nt.model_copy(
+                            update={
+                                "intra_node": [f.model_copy(update={"alpha_s": f.alpha_s * v}) for f in nt.intra_node]
+                            }
+                        )
+                        for nt in cluster.node_types
+                    ]
+                }
+            )
         elif what == "inter_bw_scale":
             cluster = cluster.model_copy(update={"inter_node": _scale_fits(cluster.inter_node, v)})
         else:
@@ -88,9 +123,14 @@ def candidate_parameters(cluster: ClusterProfile) -> list[Parameter]:
     for nt in cluster.node_types:
         if nt.kernel_model is not None:
             for what in ("gemm_ceiling", "memory_bw_efficiency", "host_op_s"):
-                out.append(Parameter(name=f"{nt.name}.{what}", prior=getattr(nt.kernel_model, what),
-                                     lower=BOUNDS[what][0],
-                                     upper=BOUNDS[what][1]))
+                out.append(
+                    Parameter(
+                        name=f"{nt.name}.{what}",
+                        prior=getattr(nt.kernel_model, what),
+                        lower=BOUNDS[what][0],
+                        upper=BOUNDS[what][1],
+                    )
+                )
         else:
             out.append(Parameter(name=f"{nt.name}.achieved_flops_scale", prior=1.0, lower=0.1, upper=10.0))
     out.append(Parameter(name="intra_bw_scale", prior=1.0, lower=0.2, upper=2.0))
@@ -123,8 +163,9 @@ class Predictor:
         for i in runs if runs is not None else range(len(self.runs)):
             r = self.runs[i]
             try:
-                est = estimate(self.models[i], with_gpus(cluster, r.gpus), r.config, global_batch=r.global_batch,
-                               dtype=r.dtype)
+                est = estimate(
+                    self.models[i], with_gpus(cluster, r.gpus), r.config, global_batch=r.global_batch, dtype=r.dtype
+                )
             except StratagemError as exc:
                 raise StratagemError(f"runs {r.label()}: the cost model rejects it ({exc})") from None
             out.append(est.step_time_s)
@@ -136,9 +177,9 @@ class FitResult:
     values: dict[str, float]
     prior: dict[str, float]
     bounds: dict[str, tuple[float, float]]
-    residuals: list[float]             # predicted / measured - 1 per run, after
+    residuals: list[float]  # predicted / measured - 1 per run, after
     residuals_before: list[float]
-    cv_errors: list[float] = field(default_factory=list)   # |held-out error| per run, k-fold
+    cv_errors: list[float] = field(default_factory=list)  # |held-out error| per run, k-fold
     note: str = ""
 
 
@@ -173,8 +214,9 @@ def _choose(params: list[Parameter], jac: np.ndarray, n_runs: int) -> tuple[list
     return taken, note
 
 
-def _solve(pred: Predictor, params: list[Parameter], measured: np.ndarray, runs: list[int],
-           iterations: int = 12) -> dict[str, float]:
+def _solve(
+    pred: Predictor, params: list[Parameter], measured: np.ndarray, runs: list[int], iterations: int = 12
+) -> dict[str, float]:
     """Levenberg-Marquardt in log space with the ridge prior and projection onto the bounds."""
     x0 = np.log([p.prior for p in params])
     lo, hi = np.log([p.lower for p in params]), np.log([p.upper for p in params])
@@ -209,8 +251,10 @@ def fit(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> 
     """Fit the cluster's parameters to ``runs`` (module docstring) and cross-validate with ``folds`` folds
     (``folds=0``: no cross-validation)."""
     if len(runs) < 2:
-        raise StratagemError(f"calibration needs at least 2 measured runs, got {len(runs)}; add runs of other "
-                             f"configurations (micro-batch, tp, model size) to the runs file")
+        raise StratagemError(
+            f"calibration needs at least 2 measured runs, got {len(runs)}; add runs of other "
+            f"configurations (micro-batch, tp, model size) to the runs file"
+        )
     pred = Predictor(cluster, runs)
     measured = np.array([r.step_time_s for r in runs])
     before = pred.predict({})
@@ -231,10 +275,15 @@ def fit(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> 
             train = [i for i in range(len(runs)) if i % k != f]
             v = _solve(pred, params, measured[train], train)
             cv += list(np.abs(pred.predict(v, held) / measured[held] - 1))
-    return FitResult(values=values, prior={p.name: p.prior for p in params},
-                     bounds={p.name: (p.lower, p.upper) for p in params},
-                     residuals=list(after / measured - 1), residuals_before=list(before / measured - 1),
-                     cv_errors=cv, note=note)
+    return FitResult(
+        values=values,
+        prior={p.name: p.prior for p in params},
+        bounds={p.name: (p.lower, p.upper) for p in params},
+        residuals=list(after / measured - 1),
+        residuals_before=list(before / measured - 1),
+        cv_errors=cv,
+        note=note,
+    )
 
 
 def mean_abs(xs: list[float]) -> float:

@@ -27,22 +27,30 @@ def config_from_plan(plan: Plan, *, overlap_grad_reduce: bool = True) -> Paralle
     stages = sorted(plan.stages, key=lambda s: s.index)
     recompute = {p: m for s in stages for p, m in s.recompute.items()}
     return ParallelConfig(
-        tp=plan.mesh.size("tp"), pp=plan.mesh.size("pp"), dp=plan.mesh.size("dp"),
-        micro_batch=plan.schedule.micro_batch_size, num_micro_batches=plan.schedule.num_micro_batches,
-        schedule=plan.schedule.kind, virtual_stages=plan.schedule.virtual_stages, zero_stage=plan.zero_stage,
-        recompute=recompute, stage_layers=tuple(tuple(s.module_paths) for s in stages),
+        tp=plan.mesh.size("tp"),
+        pp=plan.mesh.size("pp"),
+        dp=plan.mesh.size("dp"),
+        micro_batch=plan.schedule.micro_batch_size,
+        num_micro_batches=plan.schedule.num_micro_batches,
+        schedule=plan.schedule.kind,
+        virtual_stages=plan.schedule.virtual_stages,
+        zero_stage=plan.zero_stage,
+        recompute=recompute,
+        stage_layers=tuple(tuple(s.module_paths) for s in stages),
         layout={p: lay.style for p, lay in plan.layout.items()},
         sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
-        overlap_grad_reduce=overlap_grad_reduce)
+        overlap_grad_reduce=overlap_grad_reduce,
+    )
 
 
 def _records(path: Path) -> list[dict]:
-    lines = read_text(path, what="metrics").splitlines()   # bounded, UTF-8, one-line errors
+    lines = read_text(path, what="metrics").splitlines()  # bounded, UTF-8, one-line errors
     out = []
     for number, line in enumerate(lines, start=1):
         if line.strip():
-            record = parse_json(line, source=f"file {path} line {number}", what="metrics",
-                                fix="delete that line or re-run the launch")
+            record = parse_json(
+                line, source=f"file {path} line {number}", what="metrics", fix="delete that line or re-run the launch"
+            )
             if not isinstance(record, dict):
                 raise StratagemError(f"metrics file {path} line {number} is not a JSON object; re-run the launch")
             out.append(record)
@@ -57,8 +65,11 @@ def _profile_for(plan: Plan) -> ModelProfile | None:
         if plan.model_profile_hash and profile.content_hash == plan.model_profile_hash:
             return profile
     for profile in profiles:
-        if (profile.model == plan.model and profile.seq_len == plan.training.seq_len
-                and profile.dtype == plan.training.dtype):
+        if (
+            profile.model == plan.model
+            and profile.seq_len == plan.training.seq_len
+            and profile.dtype == plan.training.dtype
+        ):
             return profile
     return None
 
@@ -70,23 +81,38 @@ def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, ro
     start = next((r for r in records if r.get("event") == "start"), {})
     named = plan_path or start.get("plan_path")
     if not named:
-        raise StratagemError(f"metrics file {path} names no plan (its start line has no plan_path); pass the "
-                             f"launched plan with --plan PLAN.json")
+        raise StratagemError(
+            f"metrics file {path} names no plan (its start line has no plan_path); pass the "
+            f"launched plan with --plan PLAN.json"
+        )
     plan = load_plan(named)
     if start.get("plan_hash") and plan.content_hash and start["plan_hash"] != plan.content_hash:
-        raise StratagemError(f"metrics file {path} was measured with another plan than {named} (plan_hash "
-                             f"differs); pass the plan that was launched with --plan")
+        raise StratagemError(
+            f"metrics file {path} was measured with another plan than {named} (plan_hash "
+            f"differs); pass the plan that was launched with --plan"
+        )
     summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
     times = [r["step_time_s"] for r in records if r.get("event") == "step" and "step_time_s" in r]
     measured = summary.get("measured_step_time_s") if summary else None
     if measured is None and times:
         measured = statistics.median(times[1:] or times)
     if not measured or measured <= 0:
-        raise StratagemError(f"metrics file {path} has no measured step time; run `stratagem launch` with "
-                             f"--steps >= 2 and --metrics")
+        raise StratagemError(
+            f"metrics file {path} has no measured step time; run `stratagem launch` with --steps >= 2 and --metrics"
+        )
     cpu = start.get("device", "cuda") == "cpu"
     config = config_from_plan(plan, overlap_grad_reduce=not cpu)
     tr = plan.training
-    return MeasuredRun(row=row, model=plan.model.name, dims=tuple(sorted(plan.model.dims.items())), seq=tr.seq_len,
-                       gpus=config.world_size, global_batch=tr.global_batch, config=config, dtype=tr.dtype,
-                       step_time_s=float(measured), profile=_profile_for(plan), family=plan.model.family)
+    return MeasuredRun(
+        row=row,
+        model=plan.model.name,
+        dims=tuple(sorted(plan.model.dims.items())),
+        seq=tr.seq_len,
+        gpus=config.world_size,
+        global_batch=tr.global_batch,
+        config=config,
+        dtype=tr.dtype,
+        step_time_s=float(measured),
+        profile=_profile_for(plan),
+        family=plan.model.family,
+    )

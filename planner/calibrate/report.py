@@ -10,15 +10,22 @@ from planner.fileio import atomic_write_bytes, atomic_write_text
 from planner.profiles import Calibration, ClusterProfile
 
 
-def calibrated_profile(cluster: ClusterProfile, runs: list[MeasuredRun], result: FitResult, *,
-                       created_utc: str) -> ClusterProfile:
+def calibrated_profile(
+    cluster: ClusterProfile, runs: list[MeasuredRun], result: FitResult, *, created_utc: str
+) -> ClusterProfile:
     """``cluster`` with the fitted values applied and a :class:`Calibration` section recording the fit."""
     out = apply(cluster, result.values)
-    section = Calibration(runs_hash=runs_hash(runs), runs=len(runs), fitted=result.values, prior=result.prior,
-                          cv_mean_abs_error=mean_abs(result.cv_errors) if result.cv_errors else None,
-                          mean_abs_error_before=mean_abs(result.residuals_before),
-                          mean_abs_error_after=mean_abs(result.residuals), created_utc=created_utc,
-                          note=result.note)
+    section = Calibration(
+        runs_hash=runs_hash(runs),
+        runs=len(runs),
+        fitted=result.values,
+        prior=result.prior,
+        cv_mean_abs_error=mean_abs(result.cv_errors) if result.cv_errors else None,
+        mean_abs_error_before=mean_abs(result.residuals_before),
+        mean_abs_error_after=mean_abs(result.residuals),
+        created_utc=created_utc,
+        note=result.note,
+    )
     return out.model_copy(update={"calibration": section, "name": cluster.name, "content_hash": None})
 
 
@@ -31,8 +38,10 @@ def table_lines(runs: list[MeasuredRun], result: FitResult) -> list[str]:
     lines.append(f"{'run':<44} {'measured':>10} {'before':>8} {'after':>8}")
     for r, b, a in zip(runs, result.residuals_before, result.residuals):
         lines.append(f"{r.label():<44} {r.step_time_s:>9.4g}s {100 * b:>+7.1f}% {100 * a:>+7.1f}%")
-    lines.append(f"mean |error|: before {100 * mean_abs(result.residuals_before):.1f}%, after "
-                 f"{100 * mean_abs(result.residuals):.1f}% (in-sample)")
+    lines.append(
+        f"mean |error|: before {100 * mean_abs(result.residuals_before):.1f}%, after "
+        f"{100 * mean_abs(result.residuals):.1f}% (in-sample)"
+    )
     if result.cv_errors:
         lines.append(f"k-fold cross-validated mean |error|: {100 * mean_abs(result.cv_errors):.1f}%")
     else:
@@ -46,16 +55,23 @@ def save_png(runs: list[MeasuredRun], result: FitResult, path: Path) -> Path:
     import io
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     measured = [r.step_time_s for r in runs]
     fig, ax = plt.subplots(figsize=(5, 5))
     for res, label, marker in ((result.residuals_before, "before", "x"), (result.residuals, "after", "o")):
         ax.scatter(measured, [m * (1 + e) for m, e in zip(measured, res)], label=label, marker=marker)
     lo, hi = min(measured) * 0.7, max(measured) * 1.4
     ax.plot([lo, hi], [lo, hi], "k--", linewidth=1)
-    ax.set(xscale="log", yscale="log", xlabel="measured step time (s)", ylabel="predicted step time (s)",
-           title="stratagem calibrate")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="measured step time (s)",
+        ylabel="predicted step time (s)",
+        title="stratagem calibrate",
+    )
     ax.legend()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")

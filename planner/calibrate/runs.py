@@ -25,10 +25,21 @@ from planner.profiles import ModelProfile
 
 REQUIRED = ("model", "gpus", "global_batch", "micro_batch", "tp", "pp", "dp", "step_time_s")
 DIMS = ("layers", "hidden", "heads", "seq", "vocab")
-OPTIONAL = {"schedule": "1f1b", "virtual_stages": "1", "zero": "0", "recompute": "none",
-            "sequence_parallel": "false", "overlap_grad_reduce": "true", "dtype": "bf16"}
-SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved_1f1b",
-             "interleaved_1f1b": "interleaved_1f1b"}
+OPTIONAL = {
+    "schedule": "1f1b",
+    "virtual_stages": "1",
+    "zero": "0",
+    "recompute": "none",
+    "sequence_parallel": "false",
+    "overlap_grad_reduce": "true",
+    "dtype": "bf16",
+}
+SCHEDULES = {
+    "1f1b": "1f1b",
+    "gpipe": "gpipe",
+    "interleaved": "interleaved_1f1b",
+    "interleaved_1f1b": "interleaved_1f1b",
+}
 BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -45,8 +56,8 @@ class MeasuredRun:
     config: ParallelConfig
     dtype: str
     step_time_s: float
-    profile: ModelProfile | None = None   # a measured model profile (metrics runs); None: closed-form
-    family: str = ""                      # "" = the family in ``model`` ("gpt:tiny" -> "gpt")
+    profile: ModelProfile | None = None  # a measured model profile (metrics runs); None: closed-form
+    family: str = ""  # "" = the family in ``model`` ("gpt:tiny" -> "gpt")
 
     def label(self) -> str:
         c = self.config
@@ -57,8 +68,9 @@ def _int(value: str, row: int, column: str, *, minimum: int = 1) -> int:
     try:
         out = int(value)
     except ValueError:
-        raise StratagemError(f"runs row {row} column {column!r}: {value!r} is not an integer; write a whole "
-                             f"number >= {minimum}") from None
+        raise StratagemError(
+            f"runs row {row} column {column!r}: {value!r} is not an integer; write a whole number >= {minimum}"
+        ) from None
     if out < minimum:
         raise StratagemError(f"runs row {row} column {column!r}: {out} is below {minimum}; fix the value")
     return out
@@ -74,8 +86,10 @@ def _run(row: int, r: dict[str, str]) -> MeasuredRun:
     except ValueError:
         t = math.nan
     if not math.isfinite(t) or t <= 0:
-        raise StratagemError(f"runs row {row} column 'step_time_s': {get['step_time_s']!r} is not a positive "
-                             f"number of seconds; write the measured seconds per optimizer step")
+        raise StratagemError(
+            f"runs row {row} column 'step_time_s': {get['step_time_s']!r} is not a positive "
+            f"number of seconds; write the measured seconds per optimizer step"
+        )
     dims = {k: _int(get[k], row, k) for k in ("layers", "hidden", "heads", "vocab") if get[k]}
     name = get["model"]
     try:
@@ -96,16 +110,34 @@ def _run(row: int, r: dict[str, str]) -> MeasuredRun:
     if tp * pp * dp != gpus:
         raise StratagemError(f"runs row {row} columns tp, pp, dp: {tp} x {pp} x {dp} != gpus {gpus}; fix the degrees")
     if gb % (dp * mb):
-        raise StratagemError(f"runs row {row} column 'global_batch': {gb} is not a multiple of dp x micro_batch "
-                             f"= {dp * mb}; fix the batch")
-    config = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_micro_batches=gb // (dp * mb),
-                            schedule=SCHEDULES[opt["schedule"]], virtual_stages=_int(opt["virtual_stages"], row,
-                                                                                     "virtual_stages"),
-                            zero_stage=_int(opt["zero"], row, "zero", minimum=0), recompute=opt["recompute"],
-                            sequence_parallel=BOOLS[opt["sequence_parallel"]],
-                            overlap_grad_reduce=BOOLS[opt["overlap_grad_reduce"]])
-    return MeasuredRun(row=row, model=name, dims=tuple(sorted(spec.dims.items())), seq=seq, gpus=gpus,
-                       global_batch=gb, config=config, dtype=opt["dtype"], step_time_s=t)
+        raise StratagemError(
+            f"runs row {row} column 'global_batch': {gb} is not a multiple of dp x micro_batch "
+            f"= {dp * mb}; fix the batch"
+        )
+    config = ParallelConfig(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        micro_batch=mb,
+        num_micro_batches=gb // (dp * mb),
+        schedule=SCHEDULES[opt["schedule"]],
+        virtual_stages=_int(opt["virtual_stages"], row, "virtual_stages"),
+        zero_stage=_int(opt["zero"], row, "zero", minimum=0),
+        recompute=opt["recompute"],
+        sequence_parallel=BOOLS[opt["sequence_parallel"]],
+        overlap_grad_reduce=BOOLS[opt["overlap_grad_reduce"]],
+    )
+    return MeasuredRun(
+        row=row,
+        model=name,
+        dims=tuple(sorted(spec.dims.items())),
+        seq=seq,
+        gpus=gpus,
+        global_batch=gb,
+        config=config,
+        dtype=opt["dtype"],
+        step_time_s=t,
+    )
 
 
 def load_runs_csv(path: str | Path) -> list[MeasuredRun]:
@@ -120,13 +152,21 @@ def load_runs_csv(path: str | Path) -> list[MeasuredRun]:
         raise StratagemError(f"runs file {path} has no data rows; add one measured run per row under the header")
     missing = [c for c in REQUIRED if c not in rows[0]]
     if missing:
-        raise StratagemError(f"runs file {path} lacks column(s) {', '.join(missing)}; the header needs "
-                             f"{', '.join(REQUIRED)} (see `stratagem calibrate --help`)")
+        raise StratagemError(
+            f"runs file {path} lacks column(s) {', '.join(missing)}; the header needs "
+            f"{', '.join(REQUIRED)} (see `stratagem calibrate --help`)"
+        )
     return [_run(i, r) for i, r in enumerate(rows, start=1)]
 
 
 def runs_hash(runs: list[MeasuredRun]) -> str:
     """``sha256:`` of the runs' canonical JSON (the calibration section records it)."""
-    body = [{**{k: v for k, v in asdict(r).items() if k not in ("config", "profile")}, "config": repr(r.config),
-             "profile": r.profile.content_hash if r.profile is not None else None} for r in runs]
+    body = [
+        {
+            **{k: v for k, v in asdict(r).items() if k not in ("config", "profile")},
+            "config": repr(r.config),
+            "profile": r.profile.content_hash if r.profile is not None else None,
+        }
+        for r in runs
+    ]
     return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

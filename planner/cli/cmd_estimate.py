@@ -26,76 +26,155 @@ from planner.cli.model_args import MODEL_HELP, load_matching_profile, spec_from_
 from planner.plan import strategy_label
 from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile
 
-from planner.cli.common import (MAX_BATCH, MAX_DEVICES, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, DefaultsHelpFormatter,
-                                 no_ellipsis, throughput_text,
-                                 float_in, int_in, nonempty_path, resolve_cluster_path)
+from planner.cli.common import (
+    MAX_BATCH,
+    MAX_DEVICES,
+    MAX_LAYERS,
+    MAX_SEQ,
+    MAX_WIDTH,
+    DefaultsHelpFormatter,
+    no_ellipsis,
+    throughput_text,
+    float_in,
+    int_in,
+    nonempty_path,
+    resolve_cluster_path,
+)
 from .compare_cli import add_source_argument, run_estimate_from
 
-SCHEDULE_ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved_1f1b",
-                    "interleaved_1f1b": "interleaved_1f1b", "interleaved-1f1b": "interleaved_1f1b"}
+SCHEDULE_ALIASES = {
+    "gpipe": "gpipe",
+    "1f1b": "1f1b",
+    "interleaved": "interleaved_1f1b",
+    "interleaved_1f1b": "interleaved_1f1b",
+    "interleaved-1f1b": "interleaved_1f1b",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("estimate", help="predict step time and memory of one configuration",
-                              description="Predict the step time and per-rank peak memory of one parallel "
-                                          "configuration of a model on a cluster.",
-                              formatter_class=DefaultsHelpFormatter)
+    p = subparsers.add_parser(
+        "estimate",
+        help="predict step time and memory of one configuration",
+        description="Predict the step time and per-rank peak memory of one parallel "
+        "configuration of a model on a cluster.",
+        formatter_class=DefaultsHelpFormatter,
+    )
     m = p.add_argument_group("model")
-    m.add_argument("--model", default=None,
-                   help=MODEL_HELP + " (required without --from, or when --from's config does not state the model's "
-                        "dimensions)")
-    for dim, what, high in (("layers", "transformer blocks, count", MAX_LAYERS),
-                            ("hidden", "hidden size, features per token", MAX_WIDTH),
-                            ("heads", "attention heads, count", MAX_WIDTH),
-                            ("vocab", "vocabulary size, tokens", MAX_WIDTH),
-                            ("ffn-hidden", "MLP inner size, features (default 4 x hidden)", MAX_WIDTH),
-                            ("kv-heads", "key/value heads for grouped-query attention, count (llama)", MAX_WIDTH)):
+    m.add_argument(
+        "--model",
+        default=None,
+        help=MODEL_HELP + " (required without --from, or when --from's config does not state the model's dimensions)",
+    )
+    for dim, what, high in (
+        ("layers", "transformer blocks, count", MAX_LAYERS),
+        ("hidden", "hidden size, features per token", MAX_WIDTH),
+        ("heads", "attention heads, count", MAX_WIDTH),
+        ("vocab", "vocabulary size, tokens", MAX_WIDTH),
+        ("ffn-hidden", "MLP inner size, features (default 4 x hidden)", MAX_WIDTH),
+        ("kv-heads", "key/value heads for grouped-query attention, count (llama)", MAX_WIDTH),
+    ):
         m.add_argument(f"--{dim}", type=int_in(1, high), default=None, help=f"override the preset's {what}")
-    m.add_argument("--seq", type=int_in(1, MAX_SEQ), default=None,
-                   help="sequence length, tokens per sample (default: the model's max_seq)")
-    m.add_argument("--dropout", type=float_in(0, 1, high_open=True), default=None,
-                   help="GPT dropout probability, 0 <= p < 1 (adds 1-byte masks to activation memory; Megatron "
-                        "used 0.1)")
-    m.add_argument("--model-profile", type=nonempty_path, default=None,
-                   help="a model profile JSON (from `stratagem profile model`) instead of the closed-form GPT one")
+    m.add_argument(
+        "--seq",
+        type=int_in(1, MAX_SEQ),
+        default=None,
+        help="sequence length, tokens per sample (default: the model's max_seq)",
+    )
+    m.add_argument(
+        "--dropout",
+        type=float_in(0, 1, high_open=True),
+        default=None,
+        help="GPT dropout probability, 0 <= p < 1 (adds 1-byte masks to activation memory; Megatron used 0.1)",
+    )
+    m.add_argument(
+        "--model-profile",
+        type=nonempty_path,
+        default=None,
+        help="a model profile JSON (from `stratagem profile model`) instead of the closed-form GPT one",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
     c.add_argument("--gpus", type=int_in(1, MAX_DEVICES), default=None, help="GPUs to use, count (default: tp*pp*dp)")
-    c.add_argument("--stage-node-types", default=None,
-                   help="node type name per pipeline rank, comma-separated (mixed clusters; default: in cluster order)")
-    c.add_argument("--replica-node-types", default=None,
-                   help="node type name per dp replica, comma-separated (mixed clusters; instead of "
-                        "--stage-node-types)")
-    c.add_argument("--batch-shares", default=None,
-                   help="fraction of the global batch per dp replica, comma-separated, summing to 1 (default: equal)")
+    c.add_argument(
+        "--stage-node-types",
+        default=None,
+        help="node type name per pipeline rank, comma-separated (mixed clusters; default: in cluster order)",
+    )
+    c.add_argument(
+        "--replica-node-types",
+        default=None,
+        help="node type name per dp replica, comma-separated (mixed clusters; instead of --stage-node-types)",
+    )
+    c.add_argument(
+        "--batch-shares",
+        default=None,
+        help="fraction of the global batch per dp replica, comma-separated, summing to 1 (default: equal)",
+    )
     s = p.add_argument_group("configuration")
-    s.add_argument("--global-batch", type=int_in(1, MAX_BATCH), default=None,
-                   help="samples per optimizer step (required without --from)")
+    s.add_argument(
+        "--global-batch",
+        type=int_in(1, MAX_BATCH),
+        default=None,
+        help="samples per optimizer step (required without --from)",
+    )
     s.add_argument("--micro-batch", type=int_in(1, MAX_BATCH), default=1, help="samples per micro-batch")
     s.add_argument("--tp", type=int_in(1, MAX_DEVICES), default=1, help="tensor-parallel degree, GPUs per layer")
-    s.add_argument("--pp", type=int_in(1, MAX_DEVICES), default=1,
-                   help="pipeline-parallel degree, stages (GPUs per replica / tp)")
-    s.add_argument("--dp", type=int_in(1, MAX_DEVICES), default=None,
-                   help="data-parallel degree, replicas (default: gpus / (tp * pp))")
-    s.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULE_ALIASES),
-                   help="pipeline schedule (interleaved = interleaved 1F1B, needs --virtual-stages >= 2)")
-    s.add_argument("--virtual-stages", type=int_in(1, MAX_LAYERS), default=1,
-                   help="model chunks per pipeline rank, count (interleaved schedule)")
+    s.add_argument(
+        "--pp", type=int_in(1, MAX_DEVICES), default=1, help="pipeline-parallel degree, stages (GPUs per replica / tp)"
+    )
+    s.add_argument(
+        "--dp",
+        type=int_in(1, MAX_DEVICES),
+        default=None,
+        help="data-parallel degree, replicas (default: gpus / (tp * pp))",
+    )
+    s.add_argument(
+        "--schedule",
+        default="1f1b",
+        choices=sorted(SCHEDULE_ALIASES),
+        help="pipeline schedule (interleaved = interleaved 1F1B, needs --virtual-stages >= 2)",
+    )
+    s.add_argument(
+        "--virtual-stages",
+        type=int_in(1, MAX_LAYERS),
+        default=1,
+        help="model chunks per pipeline rank, count (interleaved schedule)",
+    )
     s.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
-    s.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
-                   help="activation recompute of every block (selective = attention core only, Korthikanti et al.)")
-    s.add_argument("--sequence-parallel", action="store_true",
-                   help="Megatron sequence parallelism: norms/dropout sharded over tp, all-reduce -> RS + AG")
-    s.add_argument("--flash-attention", action="store_true",
-                   help="fused attention: the s x s scores are not stored (less activation memory)")
-    s.add_argument("--no-overlap-grad-reduce", action="store_true",
-                   help="gradient sync after the backward (default: overlapped with it)")
+    s.add_argument(
+        "--recompute",
+        default="none",
+        choices=("none", "selective", "full"),
+        help="activation recompute of every block (selective = attention core only, Korthikanti et al.)",
+    )
+    s.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="Megatron sequence parallelism: norms/dropout sharded over tp, all-reduce -> RS + AG",
+    )
+    s.add_argument(
+        "--flash-attention",
+        action="store_true",
+        help="fused attention: the s x s scores are not stored (less activation memory)",
+    )
+    s.add_argument(
+        "--no-overlap-grad-reduce",
+        action="store_true",
+        help="gradient sync after the backward (default: overlapped with it)",
+    )
     s.add_argument("--overlap-tp-comm", action="store_true", help="hide TP collectives behind GEMMs (TE)")
-    s.add_argument("--dtype", default=None, choices=DTYPES,
-                   help="compute dtype, e.g. bf16 (default: bf16, else fp16, else one every node type has)")
+    s.add_argument(
+        "--dtype",
+        default=None,
+        choices=DTYPES,
+        help="compute dtype, e.g. bf16 (default: bf16, else fp16, else one every node type has)",
+    )
     add_source_argument(p, "--from", "estimate the user's own framework config instead of the flags above")
-    p.add_argument("--json", action="store_true",
-                   help="print the estimate as JSON (times in s, memory in bytes) instead of a table")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the estimate as JSON (times in s, memory in bytes) instead of a table",
+    )
     p.set_defaults(func=run)
 
 
@@ -105,17 +184,22 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
     spec = spec_from_args(args, max_seq=args.seq)
     if spec.is_external or spec.family not in ("gpt", "llama"):  # derived on the meta device by the runtime
         from runtime.profiling.model import profile_model_analytic
+
         seq = args.seq or (int(spec.dim("max_seq")) if spec.is_language_model else 1)
         return profile_model_analytic(spec, seq_len=seq, dtype=dtype)
     from planner.gpt_profile import build_gpt_profile
+
     return build_gpt_profile(spec, seq_len=args.seq, dtype=dtype)
 
 
 def _dtype(args: argparse.Namespace, cluster: ClusterProfile) -> str:
     if args.dtype:
         return args.dtype
-    common = [c.dtype for c in cluster.node_types[0].compute
-              if all(any(o.dtype == c.dtype for o in nt.compute) for nt in cluster.node_types)]
+    common = [
+        c.dtype
+        for c in cluster.node_types[0].compute
+        if all(any(o.dtype == c.dtype for o in nt.compute) for nt in cluster.node_types)
+    ]
     for preferred in ("bf16", "fp16"):
         if preferred in common:
             return preferred
@@ -132,33 +216,51 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
     if gpus is None:
         gpus = world
     if dp < 1 or world != gpus:
-        raise StratagemError(f"tp {args.tp} x pp {args.pp} x dp {dp} = {world} but --gpus is {gpus}; make the "
-                             f"degrees multiply to the GPU count")
+        raise StratagemError(
+            f"tp {args.tp} x pp {args.pp} x dp {dp} = {world} but --gpus is {gpus}; make the "
+            f"degrees multiply to the GPU count"
+        )
     if world > MAX_DEVICES:
-        raise StratagemError(f"tp {args.tp} x pp {args.pp} x dp {dp} = {world} devices, more than {MAX_DEVICES}; "
-                             f"lower the degrees")
+        raise StratagemError(
+            f"tp {args.tp} x pp {args.pp} x dp {dp} = {world} devices, more than {MAX_DEVICES}; lower the degrees"
+        )
     if args.sequence_parallel and args.tp == 1:
-        raise StratagemError("--sequence-parallel shards activations over tensor-parallel ranks and needs --tp >= 2; "
-                             "drop --sequence-parallel or raise --tp")
+        raise StratagemError(
+            "--sequence-parallel shards activations over tensor-parallel ranks and needs --tp >= 2; "
+            "drop --sequence-parallel or raise --tp"
+        )
     if args.stage_node_types and args.replica_node_types:
-        raise StratagemError("--stage-node-types and --replica-node-types exclude each other (node types per "
-                             "pipeline stage, or per dp replica); pass one of them")
+        raise StratagemError(
+            "--stage-node-types and --replica-node-types exclude each other (node types per "
+            "pipeline stage, or per dp replica); pass one of them"
+        )
     per_step = dp * args.micro_batch
     shares = _shares(args.batch_shares, dp)
     replica_types = tuple(args.replica_node_types.split(",")) if args.replica_node_types else None
     if shares is None and args.global_batch % per_step:
-        raise StratagemError(f"global batch {args.global_batch} is not a multiple of dp {dp} x micro-batch "
-                             f"{args.micro_batch} = {per_step}; change --global-batch or --micro-batch")
+        raise StratagemError(
+            f"global batch {args.global_batch} is not a multiple of dp {dp} x micro-batch "
+            f"{args.micro_batch} = {per_step}; change --global-batch or --micro-batch"
+        )
     stage_types = tuple(args.stage_node_types.split(",")) if args.stage_node_types else None
     config = ParallelConfig(
-        tp=args.tp, pp=args.pp, dp=dp, micro_batch=args.micro_batch,
+        tp=args.tp,
+        pp=args.pp,
+        dp=dp,
+        micro_batch=args.micro_batch,
         num_micro_batches=max(1, args.global_batch // per_step),
         schedule=SCHEDULE_ALIASES[args.schedule],  # type: ignore[arg-type]  # argparse choices
-        virtual_stages=args.virtual_stages, zero_stage=args.zero,
-        replica_node_types=replica_types, batch_shares=shares,
-        sequence_parallel=args.sequence_parallel, recompute=args.recompute, stage_node_types=stage_types,
-        flash_attention=args.flash_attention, overlap_grad_reduce=not args.no_overlap_grad_reduce,
-        overlap_tp_comm=args.overlap_tp_comm)
+        virtual_stages=args.virtual_stages,
+        zero_stage=args.zero,
+        replica_node_types=replica_types,
+        batch_shares=shares,
+        sequence_parallel=args.sequence_parallel,
+        recompute=args.recompute,
+        stage_node_types=stage_types,
+        flash_attention=args.flash_attention,
+        overlap_grad_reduce=not args.no_overlap_grad_reduce,
+        overlap_tp_comm=args.overlap_tp_comm,
+    )
     if cluster.is_mixed and stage_types is None and replica_types is None:
         config = fill_stage_node_types(cluster, config)
     return config, gpus
@@ -173,55 +275,105 @@ def _shares(text: str | None, dp: int) -> tuple[float, ...] | None:
         shares = tuple(float(x) for x in text.split(","))
     except ValueError:
         shares = ()
-    if (len(shares) != dp or not all(math.isfinite(x) and x > 0 for x in shares)
-            or abs(sum(shares) - 1) > 1e-6):
-        raise StratagemError(f"--batch-shares {text!r} must be {dp} positive fractions (one per dp replica) "
-                             f"summing to 1, e.g. {example}")
+    if len(shares) != dp or not all(math.isfinite(x) and x > 0 for x in shares) or abs(sum(shares) - 1) > 1e-6:
+        raise StratagemError(
+            f"--batch-shares {text!r} must be {dp} positive fractions (one per dp replica) summing to 1, e.g. {example}"
+        )
     return shares
 
 
 def estimate_to_json(est, config: ParallelConfig) -> dict:
     """The ``--json`` document: headline figures, breakdown, per pp rank and per chunk."""
     return {
-        "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s, "samples_per_s": est.samples_per_s,
-        "model_tflops_per_gpu": est.model_tflops_per_gpu, "hardware_tflops_per_gpu": est.hardware_tflops_per_gpu,
-        "mfu": est.mfu, "hfu": est.hfu, "peak_mem_bytes": est.peak_mem_bytes, "fits_in_memory": est.fits_in_memory,
-        "flop_convention": est.flop_convention, "breakdown": est.breakdown_s,
-        "config": {"tp": config.tp, "pp": config.pp, "dp": config.dp, "micro_batch": config.micro_batch,
-                   "num_micro_batches": config.num_micro_batches, "schedule": config.schedule,
-                   "virtual_stages": config.virtual_stages, "zero_stage": config.zero_stage,
-                   "recompute": config.recompute if isinstance(config.recompute, str) else dict(config.recompute),
-                   "sequence_parallel": config.sequence_parallel,
-                   "stage_node_types": list(config.stage_node_types or []),
-                   "replica_node_types": list(config.replica_node_types or []),
-                   "batch_shares": list(config.batch_shares or [])},
-        "per_replica_type": [{"node_type": t.node_type, "replicas": list(t.replicas), "micro_batches": t.micro_batches,
-                              "batch_share_total": t.batch_share_total, "pipeline_s": t.pipeline_s,
-                              "tail_s": t.tail_s} for t in est.per_replica_type],
-        "per_rank": [{"pp_rank": r.pp_rank, "node_type": r.node_type, "microbatch_s": r.microbatch_s,
-                      "inflight_microbatches": r.inflight_microbatches, "dp_sync_s": r.dp_sync_s,
-                      "dp_sync_exposed_s": r.dp_sync_exposed_s, "zero_comm_s": r.zero_comm_s,
-                      "optimizer_s": r.optimizer_s, "peak_mem_bytes": r.memory.peak_bytes,
-                      "memory_bytes": r.memory.as_dict()} for r in est.per_rank],
-        "per_stage": [{"stage": ch.index, "pp_rank": ch.pp_rank, "node_type": ch.node_type,
-                       "layers": len(ch.module_paths), "first": ch.module_paths[0], "last": ch.module_paths[-1],
-                       "time_per_microbatch_s": ch.time_s} for ch in est.per_stage],
+        "step_time_s": est.step_time_s,
+        "tokens_per_s": est.tokens_per_s,
+        "samples_per_s": est.samples_per_s,
+        "model_tflops_per_gpu": est.model_tflops_per_gpu,
+        "hardware_tflops_per_gpu": est.hardware_tflops_per_gpu,
+        "mfu": est.mfu,
+        "hfu": est.hfu,
+        "peak_mem_bytes": est.peak_mem_bytes,
+        "fits_in_memory": est.fits_in_memory,
+        "flop_convention": est.flop_convention,
+        "breakdown": est.breakdown_s,
+        "config": {
+            "tp": config.tp,
+            "pp": config.pp,
+            "dp": config.dp,
+            "micro_batch": config.micro_batch,
+            "num_micro_batches": config.num_micro_batches,
+            "schedule": config.schedule,
+            "virtual_stages": config.virtual_stages,
+            "zero_stage": config.zero_stage,
+            "recompute": config.recompute if isinstance(config.recompute, str) else dict(config.recompute),
+            "sequence_parallel": config.sequence_parallel,
+            "stage_node_types": list(config.stage_node_types or []),
+            "replica_node_types": list(config.replica_node_types or []),
+            "batch_shares": list(config.batch_shares or []),
+        },
+        "per_replica_type": [
+            {
+                "node_type": t.node_type,
+                "replicas": list(t.replicas),
+                "micro_batches": t.micro_batches,
+                "batch_share_total": t.batch_share_total,
+                "pipeline_s": t.pipeline_s,
+                "tail_s": t.tail_s,
+            }
+            for t in est.per_replica_type
+        ],
+        "per_rank": [
+            {
+                "pp_rank": r.pp_rank,
+                "node_type": r.node_type,
+                "microbatch_s": r.microbatch_s,
+                "inflight_microbatches": r.inflight_microbatches,
+                "dp_sync_s": r.dp_sync_s,
+                "dp_sync_exposed_s": r.dp_sync_exposed_s,
+                "zero_comm_s": r.zero_comm_s,
+                "optimizer_s": r.optimizer_s,
+                "peak_mem_bytes": r.memory.peak_bytes,
+                "memory_bytes": r.memory.as_dict(),
+            }
+            for r in est.per_rank
+        ],
+        "per_stage": [
+            {
+                "stage": ch.index,
+                "pp_rank": ch.pp_rank,
+                "node_type": ch.node_type,
+                "layers": len(ch.module_paths),
+                "first": ch.module_paths[0],
+                "last": ch.module_paths[-1],
+                "time_per_microbatch_s": ch.time_s,
+            }
+            for ch in est.per_stage
+        ],
     }
 
 
 def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: ClusterProfile, gpus: int) -> None:
     from rich.console import Console
     from rich.table import Table
+
     gib = 2**30
     console = Console()
     recompute = config.recompute if isinstance(config.recompute, str) else None
     blocks = sum(layer.kind == "block" for layer in model.layers)
     modes: list[str] = [] if isinstance(config.recompute, str) else list(config.recompute.values())
     counts: dict[str, int] = {recompute: blocks} if recompute else {m: modes.count(m) for m in set(modes)}
-    label = strategy_label(tp=config.tp, pp=config.pp, dp=config.dp, schedule=config.schedule,
-                           virtual_stages=config.virtual_stages, micro_batch=config.micro_batch,
-                           num_micro_batches=config.num_micro_batches, zero_stage=config.zero_stage,
-                           sequence_parallel=config.sequence_parallel, recompute=counts)
+    label = strategy_label(
+        tp=config.tp,
+        pp=config.pp,
+        dp=config.dp,
+        schedule=config.schedule,
+        virtual_stages=config.virtual_stages,
+        micro_batch=config.micro_batch,
+        num_micro_batches=config.num_micro_batches,
+        zero_stage=config.zero_stage,
+        sequence_parallel=config.sequence_parallel,
+        recompute=counts,
+    )
     head = Table(title=f"{model.name} on {gpus} x {cluster.name}: {label}")
     head.add_column("quantity")
     head.add_column("value", justify="right")
@@ -230,9 +382,12 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
     head.add_row("model TFLOP/s per device (MFU)", f"{est.model_tflops_per_gpu:.3g} ({100 * est.mfu:.1f} %)")
     head.add_row("hardware TFLOP/s per device (HFU)", f"{est.hardware_tflops_per_gpu:.3g} ({100 * est.hfu:.1f} %)")
     worst = max(est.per_rank, key=lambda r: r.memory.peak_bytes / r.memory.capacity)
-    head.add_row("peak memory per device", f"{est.peak_mem_bytes / gib:.2f} GiB (pp rank {worst.pp_rank}: "
-                 f"{worst.memory.peak_bytes / gib:.2f} of its {worst.memory.capacity / gib:.0f} GiB)"
-                 + ("" if est.fits_in_memory else "  [red]DOES NOT FIT[/red]"))
+    head.add_row(
+        "peak memory per device",
+        f"{est.peak_mem_bytes / gib:.2f} GiB (pp rank {worst.pp_rank}: "
+        f"{worst.memory.peak_bytes / gib:.2f} of its {worst.memory.capacity / gib:.0f} GiB)"
+        + ("" if est.fits_in_memory else "  [red]DOES NOT FIT[/red]"),
+    )
     for key, value in est.breakdown_s.items():
         head.add_row(f"  {key}", f"{value:.4g} s")
     console.print(no_ellipsis(head))
@@ -247,16 +402,30 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
         memory.add_column(col, justify="right")
     for r in est.per_rank:
         mem = r.memory
-        memory.add_row(str(r.pp_rank), *(f"{v / gib:.3g}" for v in (mem.params, mem.grads, mem.optimizer,
-                                                                    mem.activations, mem.comm_buffers, mem.reserve,
-                                                                    mem.peak_bytes, mem.capacity)))
+        memory.add_row(
+            str(r.pp_rank),
+            *(
+                f"{v / gib:.3g}"
+                for v in (
+                    mem.params,
+                    mem.grads,
+                    mem.optimizer,
+                    mem.activations,
+                    mem.comm_buffers,
+                    mem.reserve,
+                    mem.peak_bytes,
+                    mem.capacity,
+                )
+            ),
+        )
     console.print(no_ellipsis(memory))
     console.print("[dim]optim = optimizer state, activ = activations, buffers = communication buffers[/dim]")
     for t in est.per_replica_type:
-        console.print(f"replicas {list(t.replicas)} on {t.node_type}: {t.micro_batches} micro-batches "
-                      f"({100 * t.batch_share_total:.1f} % of the batch), pipeline {t.pipeline_s:.4g} s, "
-                      f"tail {t.tail_s:.4g} s" + ("  [bold](critical: ranks above)[/bold]"
-                                                  if t.per_rank == est.per_rank else ""))
+        console.print(
+            f"replicas {list(t.replicas)} on {t.node_type}: {t.micro_batches} micro-batches "
+            f"({100 * t.batch_share_total:.1f} % of the batch), pipeline {t.pipeline_s:.4g} s, "
+            f"tail {t.tail_s:.4g} s" + ("  [bold](critical: ranks above)[/bold]" if t.per_rank == est.per_rank else "")
+        )
     if config.dp > 1:
         console.print(_algorithm_comparison(est, config, cluster))
     console.print(f"[dim]{est.flop_convention}[/dim]")
@@ -268,6 +437,7 @@ def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) 
     """One all-reduce of pp rank 0's gradients over its DP group, per algorithm (for comparison)."""
     from planner.cost import collective_time, dp_group
     from planner.cost.constants import STATE_BYTES_PER_PARAM
+
     node = cluster.node_type(est.per_rank[0].node_type)
     group = dp_group(config.dp, config.tp, node.devices_per_node)
     per = STATE_BYTES_PER_PARAM["mixed"]
@@ -276,9 +446,16 @@ def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) 
     parts = []
     for algorithm in ("ring", "tree", "hierarchical", "parameter_server"):
         try:
-            t = collective_time(cluster, "all_reduce", grad_bytes, group.n_ranks, node_type=node,
-                                spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node,
-                                algorithm=algorithm)
+            t = collective_time(
+                cluster,
+                "all_reduce",
+                grad_bytes,
+                group.n_ranks,
+                node_type=node,
+                spans_nodes=group.spans_nodes,
+                ranks_per_node=group.ranks_per_node,
+                algorithm=algorithm,
+            )
         except StratagemError:
             continue
         parts.append(f"{algorithm} {t:.3g} s")

@@ -20,23 +20,34 @@ from .common import DefaultsHelpFormatter, check_out_path, nonempty_path, out_pa
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("export", help="write a plan as a Megatron-LM / torchtitan / DeepSpeed / Accelerate "
-                                             "config", description=__doc__.split("\n\n")[1].replace("``", "'"),
-                              formatter_class=DefaultsHelpFormatter)
+    p = subparsers.add_parser(
+        "export",
+        help="write a plan as a Megatron-LM / torchtitan / DeepSpeed / Accelerate config",
+        description=__doc__.split("\n\n")[1].replace("``", "'"),
+        formatter_class=DefaultsHelpFormatter,
+    )
     p.add_argument("plan", type=nonempty_path, help="plan file written by `stratagem plan`")
     p.add_argument("--to", required=True, choices=FRAMEWORKS, help="the framework whose config to write")
-    p.add_argument("--out", type=out_path, default=None, metavar="FILE",
-                   help="file to write (default: print the config to stdout)")
+    p.add_argument(
+        "--out", type=out_path, default=None, metavar="FILE", help="file to write (default: print the config to stdout)"
+    )
     add_costing_arguments(p)
     p.set_defaults(func=run)
 
 
 def add_costing_arguments(p: argparse.ArgumentParser) -> None:
     """--cluster / --model-profile: what the estimates are computed on (default: the plan's own)."""
-    p.add_argument("--cluster", default=None,
-                   help="cluster profile to estimate on (default: the plan's cluster, by its shipped name)")
-    p.add_argument("--model-profile", type=nonempty_path, default=None,
-                   help="model profile JSON (default: the closed-form GPT/Llama profile of the plan's model)")
+    p.add_argument(
+        "--cluster",
+        default=None,
+        help="cluster profile to estimate on (default: the plan's cluster, by its shipped name)",
+    )
+    p.add_argument(
+        "--model-profile",
+        type=nonempty_path,
+        default=None,
+        help="model profile JSON (default: the closed-form GPT/Llama profile of the plan's model)",
+    )
 
 
 def costing_inputs(plan: Plan, args: argparse.Namespace) -> tuple[ModelProfile, ClusterProfile]:
@@ -48,9 +59,12 @@ def costing_inputs(plan: Plan, args: argparse.Namespace) -> tuple[ModelProfile, 
     if args.model_profile is not None:
         return load_model_profile(args.model_profile), cluster
     if plan.model.family not in ("gpt", "llama"):
-        raise StratagemError(f"{plan.model.family} models need their profile to be estimated; pass --model-profile "
-                             f"(the one the plan was made with)")
+        raise StratagemError(
+            f"{plan.model.family} models need their profile to be estimated; pass --model-profile "
+            f"(the one the plan was made with)"
+        )
     from planner.gpt_profile import build_gpt_profile
+
     return build_gpt_profile(plan.model, seq_len=plan.training.seq_len, dtype=plan.training.dtype), cluster
 
 

@@ -7,42 +7,61 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from planner.cli.common import (MAX_DEVICES, DefaultsHelpFormatter, check_out_path, float_in, int_in, nonempty_path,
-                                 out_path)
+from planner.cli.common import (
+    MAX_DEVICES,
+    DefaultsHelpFormatter,
+    check_out_path,
+    float_in,
+    int_in,
+    nonempty_path,
+    out_path,
+)
 from planner.errors import StratagemError
 from planner.plan import load_plan
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "launch", help="execute a plan with torch.distributed (torchrun)",
+        "launch",
+        help="execute a plan with torch.distributed (torchrun)",
         description="Check the plan against this launch, then start torchrun with the plan's world size "
-                    "(NCCL with CUDA, else gloo). Mismatches stop here with one line and exit 2.",
-        formatter_class=DefaultsHelpFormatter)
+        "(NCCL with CUDA, else gloo). Mismatches stop here with one line and exit 2.",
+        formatter_class=DefaultsHelpFormatter,
+    )
     p.add_argument("plan", type=nonempty_path, help="plan file written by `stratagem plan`")
     p.add_argument("--steps", type=int_in(1, 10**9), default=10, help="optimizer steps to train")
-    p.add_argument("--data", default="synthetic", type=_data_arg,
-                   help="'synthetic' or a tensor file {'inputs','targets'}")
+    p.add_argument(
+        "--data", default="synthetic", type=_data_arg, help="'synthetic' or a tensor file {'inputs','targets'}"
+    )
     p.add_argument("--checkpoint-dir", type=nonempty_path, help="folder for DCP checkpoints (step_NNNNNN/)")
     p.add_argument("--checkpoint-every", type=int_in(0, 10**9), default=0, help="save every K steps (0 = never)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--metrics", type=out_path, help="JSON-lines metrics file (default: a temporary file)")
     p.add_argument("--max-restarts", type=int_in(0, 1000), default=0, help="elastic restarts after a rank dies")
-    p.add_argument("--nnodes", type=int_in(1, MAX_DEVICES), default=1,
-                   help="nodes (machines) in the job; passed to torchrun")
-    p.add_argument("--node-rank", type=int_in(0, MAX_DEVICES), default=0,
-                   help="index of this node, 0..nnodes-1 (multi-node)")
+    p.add_argument(
+        "--nnodes", type=int_in(1, MAX_DEVICES), default=1, help="nodes (machines) in the job; passed to torchrun"
+    )
+    p.add_argument(
+        "--node-rank", type=int_in(0, MAX_DEVICES), default=0, help="index of this node, 0..nnodes-1 (multi-node)"
+    )
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the first node (multi-node)")
-    p.add_argument("--nproc-per-node", type=int_in(1, 4096),
-                   help="processes on this node (default: world size / nnodes)")
-    p.add_argument("--slurm", type=out_path,
-                   help="write an sbatch script for this launch to FILE instead of running")
-    p.add_argument("--dry-run", action="store_true",
-                   help=f"print the command and what each rank builds (one rank per pipeline rank above "
-                        f"{DRY_RUN_ALL_RANKS} ranks), start nothing")
+    p.add_argument(
+        "--nproc-per-node", type=int_in(1, 4096), help="processes on this node (default: world size / nnodes)"
+    )
+    p.add_argument("--slurm", type=out_path, help="write an sbatch script for this launch to FILE instead of running")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help=f"print the command and what each rank builds (one rank per pipeline rank above "
+        f"{DRY_RUN_ALL_RANKS} ranks), start nothing",
+    )
     p.add_argument("--all-ranks", action="store_true", help="with --dry-run: describe every rank")
-    p.add_argument("--timeout-s", type=float_in(0, 30 * 86_400, low_open=True), default=1800.0,
-                   help="wall-clock limit of the job and of each collective, seconds")
+    p.add_argument(
+        "--timeout-s",
+        type=float_in(0, 30 * 86_400, low_open=True),
+        default=1800.0,
+        help="wall-clock limit of the job and of each collective, seconds",
+    )
     p.add_argument("--layout-report", type=out_path, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -71,11 +90,22 @@ def _check_paths(args: argparse.Namespace) -> None:
 def _options(args: argparse.Namespace, metrics: Path | None):
     from runtime.launch import LaunchOptions
 
-    return LaunchOptions(plan_path=args.plan, steps=args.steps, data=args.data, checkpoint_dir=args.checkpoint_dir,
-                         checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=metrics,
-                         max_restarts=args.max_restarts, nnodes=args.nnodes, node_rank=args.node_rank,
-                         rdzv_endpoint=args.rdzv_endpoint, nproc_per_node=args.nproc_per_node,
-                         timeout_s=args.timeout_s, layout_report=args.layout_report)
+    return LaunchOptions(
+        plan_path=args.plan,
+        steps=args.steps,
+        data=args.data,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        metrics=metrics,
+        max_restarts=args.max_restarts,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        nproc_per_node=args.nproc_per_node,
+        timeout_s=args.timeout_s,
+        layout_report=args.layout_report,
+    )
 
 
 def _print_summary(metrics: Path, *, keep: bool) -> None:
@@ -86,10 +116,11 @@ def _print_summary(metrics: Path, *, keep: bool) -> None:
         return
     s = summary[-1]
     pred = s["predicted_step_time_s"]
-    print(f"trained {s['steps']} steps: final loss {s['final_loss']:.6f}, step time "
-          f"{s['measured_step_time_s']:.4f} s (predicted {'n/a' if pred is None else f'{pred:.4f} s'}), "
-          f"peak memory {s['measured_peak_memory_bytes'] / 2**20:.0f} MiB"
-          + (f"; metrics in {metrics}" if keep else ""))
+    print(
+        f"trained {s['steps']} steps: final loss {s['final_loss']:.6f}, step time "
+        f"{s['measured_step_time_s']:.4f} s (predicted {'n/a' if pred is None else f'{pred:.4f} s'}), "
+        f"peak memory {s['measured_peak_memory_bytes'] / 2**20:.0f} MiB" + (f"; metrics in {metrics}" if keep else "")
+    )
 
 
 def _preempted(metrics: Path) -> tuple[int, str | None] | None:
@@ -124,9 +155,11 @@ def check_cluster(plan, nproc_per_node: int) -> None:
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have < nproc_per_node:
-        raise StratagemError(f"plan was made for cluster {plan.cluster_name} ({', '.join(sorted(devices))}) and "
-                             f"needs {nproc_per_node} GPUs on this node but it has {have}; launch on that "
-                             f"cluster or re-plan here with --cluster local-cpu-2core (or a measured profile)")
+        raise StratagemError(
+            f"plan was made for cluster {plan.cluster_name} ({', '.join(sorted(devices))}) and "
+            f"needs {nproc_per_node} GPUs on this node but it has {have}; launch on that "
+            f"cluster or re-plan here with --cluster local-cpu-2core (or a measured profile)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,8 +168,10 @@ def run(args: argparse.Namespace) -> int:
 
     _check_paths(args)
     if args.node_rank >= args.nnodes:
-        raise StratagemError(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes} (nodes are "
-                             f"numbered 0..{args.nnodes - 1})")
+        raise StratagemError(
+            f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes} (nodes are "
+            f"numbered 0..{args.nnodes - 1})"
+        )
     plan = load_plan(args.plan)
     tmp = None
     metrics = args.metrics
@@ -145,10 +180,11 @@ def run(args: argparse.Namespace) -> int:
         metrics = Path(tmp.name) / "metrics.jsonl"
     opts = _options(args, metrics)
     check_launch(plan, opts, slurm=args.slurm is not None)
-    if not (args.slurm or args.dry_run):   # those may be prepared on a machine without the cluster's GPUs
+    if not (args.slurm or args.dry_run):  # those may be prepared on a machine without the cluster's GPUs
         check_cluster(plan, opts.procs_per_node(plan))
     if args.slurm:
         from planner.fileio import atomic_write_text
+
         atomic_write_text(args.slurm, build_slurm_script(plan, opts), flag="--slurm")
         print(f"wrote {args.slurm}; submit it with: sbatch {args.slurm}")
         return 0
@@ -156,21 +192,31 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         every = args.all_ranks or plan.world_size <= DRY_RUN_ALL_RANKS
-        shown = None if every else [min(st.ranks) for st in sorted(plan.stages, key=lambda s: s.index)
-                                    if st.index < plan.mesh.size("pp")]
+        shown = (
+            None
+            if every
+            else [min(st.ranks) for st in sorted(plan.stages, key=lambda s: s.index) if st.index < plan.mesh.size("pp")]
+        )
         for line in describe_ranks(plan, shown):
             print(line)
         if not every:
-            print(f"({plan.world_size} ranks: the first rank of each pipeline rank is shown; the dp x tp ranks of a "
-                  f"pipeline rank build the same modules on other rows; --all-ranks lists every rank)")
+            print(
+                f"({plan.world_size} ranks: the first rank of each pipeline rank is shown; the dp x tp ranks of a "
+                f"pipeline rank build the same modules on other rows; --all-ranks lists every rank)"
+            )
         return 0
     status = run_command(cmd, timeout_s=args.timeout_s)
     preempted = _preempted(metrics)
     if preempted is not None:
         step, checkpoint = preempted
-        print(f"preempted (SIGTERM) after step {step}: " + (
-            f"checkpoint {checkpoint}; continue with the same command plus --resume" if checkpoint else
-            "no --checkpoint-dir, nothing saved"))
+        print(
+            f"preempted (SIGTERM) after step {step}: "
+            + (
+                f"checkpoint {checkpoint}; continue with the same command plus --resume"
+                if checkpoint
+                else "no --checkpoint-dir, nothing saved"
+            )
+        )
         if tmp is not None:
             tmp.cleanup()
         return 0

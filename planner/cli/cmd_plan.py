@@ -17,8 +17,21 @@ from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, 
 from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
-from .common import (MAX_BATCH, MAX_DEVICES, MAX_SECONDS, MAX_SEQ, DefaultsHelpFormatter, check_out_path, float_in,
-                     int_in, no_ellipsis, nonempty_path, out_path, resolve_cluster_path, throughput_text)
+from .common import (
+    MAX_BATCH,
+    MAX_DEVICES,
+    MAX_SECONDS,
+    MAX_SEQ,
+    DefaultsHelpFormatter,
+    check_out_path,
+    float_in,
+    int_in,
+    no_ellipsis,
+    nonempty_path,
+    out_path,
+    resolve_cluster_path,
+    throughput_text,
+)
 from .compare_cli import add_source_argument, build_comparison, comparison_table
 from .model_args import add_model_arguments, load_matching_profile, spec_from_args
 from .recipe_args import add_recipe_arguments, recipe_from_args
@@ -27,42 +40,102 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plan", help="find the fastest parallel plan (exact ILP under the cost model)",
-                              description=__doc__.split("\n\n")[0].replace("``", "'"),
-                              formatter_class=DefaultsHelpFormatter)
+    p = subparsers.add_parser(
+        "plan",
+        help="find the fastest parallel plan (exact ILP under the cost model)",
+        description=__doc__.split("\n\n")[0].replace("``", "'"),
+        formatter_class=DefaultsHelpFormatter,
+    )
     add_model_arguments(p)
-    p.add_argument("--model-profile", type=nonempty_path, default=None,
-                   help="model profile JSON (default: derived analytically for the model)")
+    p.add_argument(
+        "--model-profile",
+        type=nonempty_path,
+        default=None,
+        help="model profile JSON (default: derived analytically for the model)",
+    )
     p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile JSON")
-    p.add_argument("--gpus", type=int_in(1, MAX_DEVICES), required=True, metavar="N",
-                   help="devices to plan for, a count (CPU ranks on a CPU cluster)")
-    p.add_argument("--global-batch", type=int_in(1, MAX_BATCH), required=True, metavar="SAMPLES",
-                   help="samples per optimizer step (fixed; the plan never changes it)")
-    p.add_argument("--seq", type=int_in(1, MAX_SEQ), default=None, metavar="TOKENS",
-                   help="tokens per sample (default: the model's max_seq)")
-    p.add_argument("--dtype", default="bf16", choices=DTYPES,
-                   help="training precision of the analytic profile (ignored with --model-profile)")
-    p.add_argument("--memory-fraction", type=float_in(0, 1, low_open=True), default=0.9, metavar="FRACTION",
-                   help="share of each device's memory a plan may use, 0 < f <= 1")
-    p.add_argument("--time-limit-s", "--time-limit", dest="time_limit", type=float_in(0, MAX_SECONDS, low_open=True),
-                   default=30.0, metavar="SECONDS",
-                   help="CBC time limit per ILP, seconds; a stopped solve is reported as not optimal")
-    p.add_argument("--budget-s", "--budget", dest="budget", type=float_in(0, MAX_SECONDS, low_open=True),
-                   default=600.0, metavar="SECONDS",
-                   help="wall-clock budget of the whole search, seconds; when it runs out the best plan so far "
-                        "is written and reported with its proven gap, not as optimal")
-    p.add_argument("--gap", type=float_in(0, 1, high_open=True), default=0.0, metavar="FRACTION",
-                   help="relative optimality gap CBC may stop at, 0 <= g < 1 (0.01 = 1 %%)")
-    p.add_argument("--top-k", type=int_in(1, 100), default=5, metavar="K",
-                   help="plans to keep (the best and its runners-up)")
-    p.add_argument("--jobs", type=int_in(1, 256), default=1, metavar="N",
-                   help="candidates solved in parallel, one CBC process each (e.g. the number of CPU cores); "
-                        "the best step time and its proof do not depend on it")
-    p.add_argument("--prove-top-k", action="store_true",
-                   help="go on until the runners-up are proven the k best candidates too (slower); by default "
-                        "they are the best of the candidates solved while proving the best plan optimal")
-    p.add_argument("--allow", default=None,
-                   help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})")
+    p.add_argument(
+        "--gpus",
+        type=int_in(1, MAX_DEVICES),
+        required=True,
+        metavar="N",
+        help="devices to plan for, a count (CPU ranks on a CPU cluster)",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int_in(1, MAX_BATCH),
+        required=True,
+        metavar="SAMPLES",
+        help="samples per optimizer step (fixed; the plan never changes it)",
+    )
+    p.add_argument(
+        "--seq",
+        type=int_in(1, MAX_SEQ),
+        default=None,
+        metavar="TOKENS",
+        help="tokens per sample (default: the model's max_seq)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="bf16",
+        choices=DTYPES,
+        help="training precision of the analytic profile (ignored with --model-profile)",
+    )
+    p.add_argument(
+        "--memory-fraction",
+        type=float_in(0, 1, low_open=True),
+        default=0.9,
+        metavar="FRACTION",
+        help="share of each device's memory a plan may use, 0 < f <= 1",
+    )
+    p.add_argument(
+        "--time-limit-s",
+        "--time-limit",
+        dest="time_limit",
+        type=float_in(0, MAX_SECONDS, low_open=True),
+        default=30.0,
+        metavar="SECONDS",
+        help="CBC time limit per ILP, seconds; a stopped solve is reported as not optimal",
+    )
+    p.add_argument(
+        "--budget-s",
+        "--budget",
+        dest="budget",
+        type=float_in(0, MAX_SECONDS, low_open=True),
+        default=600.0,
+        metavar="SECONDS",
+        help="wall-clock budget of the whole search, seconds; when it runs out the best plan so far "
+        "is written and reported with its proven gap, not as optimal",
+    )
+    p.add_argument(
+        "--gap",
+        type=float_in(0, 1, high_open=True),
+        default=0.0,
+        metavar="FRACTION",
+        help="relative optimality gap CBC may stop at, 0 <= g < 1 (0.01 = 1 %%)",
+    )
+    p.add_argument(
+        "--top-k", type=int_in(1, 100), default=5, metavar="K", help="plans to keep (the best and its runners-up)"
+    )
+    p.add_argument(
+        "--jobs",
+        type=int_in(1, 256),
+        default=1,
+        metavar="N",
+        help="candidates solved in parallel, one CBC process each (e.g. the number of CPU cores); "
+        "the best step time and its proof do not depend on it",
+    )
+    p.add_argument(
+        "--prove-top-k",
+        action="store_true",
+        help="go on until the runners-up are proven the k best candidates too (slower); by default "
+        "they are the best of the candidates solved while proving the best plan optimal",
+    )
+    p.add_argument(
+        "--allow",
+        default=None,
+        help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})",
+    )
     p.add_argument("--out", type=out_path, required=True, metavar="FILE", help="plan JSON to write")
     add_recipe_arguments(p)
     add_source_argument(p, "--compare-to", "compare the plan with your current config (speed-up, memory, flags)")
@@ -75,14 +148,17 @@ def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> M
         return load_matching_profile(args.model_profile, spec, args.seq)
     if spec.family in ("gpt", "llama"):
         from planner.gpt_profile import build_gpt_profile
+
         return build_gpt_profile(spec, seq_len=seq_len, dtype=args.dtype)
     if args.dtype not in ("fp32", "tf32", "bf16", "fp16"):
         raise StratagemError(f"--dtype {args.dtype} cannot be profiled on the meta device for {spec.name}; use bf16")
     try:
         from runtime.profiling.model import profile_model_analytic
     except ImportError:
-        raise StratagemError(f"no analytic profile for {spec.family} models in this build; run "
-                             f"'stratagem profile model --model {spec.name}' and pass --model-profile") from None
+        raise StratagemError(
+            f"no analytic profile for {spec.family} models in this build; run "
+            f"'stratagem profile model --model {spec.name}' and pass --model-profile"
+        ) from None
     return profile_model_analytic(spec, seq_len=seq_len, dtype=args.dtype)
 
 
@@ -107,6 +183,7 @@ def _external_limits(spec: ModelSpec, allow: frozenset[str]) -> tuple[frozenset[
 
 def _summary_table(plan: Plan, cluster: ClusterProfile):
     from rich.table import Table
+
     pred, search = costed(plan)
     table = Table(title=f"plan for {plan.model.name} on {plan.world_size} x {cluster.name}")
     table.add_column("item")
@@ -116,21 +193,30 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     table.add_row("predicted step time", f"{pred.step_time_s:.4g} s")
     table.add_row("throughput", throughput_text(pred.samples_per_s, pred.tokens_per_s, plan.model.family))
     table.add_row("MFU", f"{pred.mfu * 100:.1f} % ({pred.model_tflops_per_gpu:.3g} TFLOP/s per device)")
-    if pred.per_replica_type:   # replicas on several node types: each type's pipeline and memory
+    if pred.per_replica_type:  # replicas on several node types: each type's pipeline and memory
         for t in pred.per_replica_type:
             rows = t.micro_batches * sched.micro_batch_size
-            table.add_row(f"{len(t.replicas)} replicas on {t.node_type}",
-                          f"{rows} samples each ({t.micro_batches} micro-batches), pipeline {t.pipeline_s:.4g} s")
+            table.add_row(
+                f"{len(t.replicas)} replicas on {t.node_type}",
+                f"{rows} samples each ({t.micro_batches} micro-batches), pipeline {t.pipeline_s:.4g} s",
+            )
             for sp in t.stages:
-                table.add_row(f"  stage {sp.stage} peak memory",
-                              f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB")
+                table.add_row(
+                    f"  stage {sp.stage} peak memory",
+                    f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB",
+                )
     else:
         for sp in pred.stages:
-            table.add_row(f"stage {sp.stage} peak memory",
-                          f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB")
+            table.add_row(
+                f"stage {sp.stage} peak memory",
+                f"{sp.peak_memory_bytes / 2**30:.2f} / {sp.memory_capacity_bytes / 2**30:.2f} GiB",
+            )
     if search is not None:
-        table.add_row("search", f"{search.status}, gap {search.gap:.2g}, {search.wall_time_s:.2f} s, "
-                                f"{search.candidates_solved} solved / {search.candidates_pruned} pruned")
+        table.add_row(
+            "search",
+            f"{search.status}, gap {search.gap:.2g}, {search.wall_time_s:.2f} s, "
+            f"{search.candidates_solved} solved / {search.candidates_pruned} pruned",
+        )
         if search.notes:
             table.add_row("notes", search.notes)
     return table
@@ -146,19 +232,21 @@ def _check_dtype(cluster, n_devices: int, dtype: str) -> None:
     for node in cluster.node_types:
         have = [c.dtype for c in node.compute]
         if node.name in used and dtype not in have:
-            raise StratagemError(f"node type {node.name} ({node.device}) of cluster {cluster.name} has no {dtype} "
-                                 f"throughput (has {', '.join(have)}); use --dtype with one of those")
+            raise StratagemError(
+                f"node type {node.name} ({node.device}) of cluster {cluster.name} has no {dtype} "
+                f"throughput (has {', '.join(have)}); use --dtype with one of those"
+            )
 
 
 def _alternatives_table(plan: Plan):
     from rich.table import Table
+
     table = Table(title="runners-up")
     for col in ("#", "strategy", "step time", "slowdown", "peak memory"):
         table.add_column(col)
     for i, alt in enumerate(plan.search.top_k if plan.search else [], start=2):
         step = f"{alt.step_time_s:.4g} s" + ("" if alt.proven_optimal else " (layout not proven best)")
-        table.add_row(str(i), alt.summary, step, f"{alt.slowdown:.3f}x",
-                      f"{alt.peak_memory_bytes / 2**30:.2f} GiB")
+        table.add_row(str(i), alt.summary, step, f"{alt.slowdown:.3f}x", f"{alt.peak_memory_bytes / 2**30:.2f} GiB")
     return table
 
 
@@ -178,26 +266,42 @@ def run(args: argparse.Namespace) -> int:
     profile = _model_profile(spec, args, seq_len)
     _check_dtype(cluster, args.gpus, profile.dtype)
     allow, notes = _external_limits(spec, parse_allow(args.allow))
-    config = SearchConfig(time_limit_s=args.time_limit, gap_rel=args.gap, top_k=args.top_k,
-                          exhaustive_top_k=args.prove_top_k, jobs=args.jobs,
-                          allow=allow, memory_fraction=args.memory_fraction,
-                          budget_s=args.budget)
+    config = SearchConfig(
+        time_limit_s=args.time_limit,
+        gap_rel=args.gap,
+        top_k=args.top_k,
+        exhaustive_top_k=args.prove_top_k,
+        jobs=args.jobs,
+        allow=allow,
+        memory_fraction=args.memory_fraction,
+        budget_s=args.budget,
+    )
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("searching", total=None)
-        result = plan_search(profile, cluster, n_devices=args.gpus, global_batch=args.global_batch,
-                             config=config, progress=lambda done, total: bar.update(task, completed=done,
-                                                                                     total=total))
-    training = TrainingSettings(global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype,
-                                lr_schedule=lr_schedule)
+        result = plan_search(
+            profile,
+            cluster,
+            n_devices=args.gpus,
+            global_batch=args.global_batch,
+            config=config,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    training = TrainingSettings(
+        global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype, lr_schedule=lr_schedule
+    )
     plan = build_plan(result, model=spec, profile=profile, cluster=cluster, training=training)
     if notes and plan.search is not None:
-        plan = plan.model_copy(update={"search": plan.search.model_copy(
-            update={"notes": "; ".join(filter(None, [plan.search.notes, *notes]))})})
+        plan = plan.model_copy(
+            update={
+                "search": plan.search.model_copy(update={"notes": "; ".join(filter(None, [plan.search.notes, *notes]))})
+            }
+        )
     validate(plan, args.gpus)
     if args.compare_to:
-        plan = plan.model_copy(update={"comparison": build_comparison(plan, *args.compare_to, profile=profile,
-                                                                      cluster=cluster)})
+        plan = plan.model_copy(
+            update={"comparison": build_comparison(plan, *args.compare_to, profile=profile, cluster=cluster)}
+        )
     save_plan(plan, args.out)
     out = Console()
     out.print(no_ellipsis(_summary_table(plan, cluster)))
@@ -208,7 +312,9 @@ def run(args: argparse.Namespace) -> int:
         out.print(*comparison_table(plan.comparison))
     if search is not None and search.status != "optimal":
         fix = "raise --budget-s to prove it" if "budget" in search.notes else "raise --time-limit-s to prove it"
-        out.print(f"[bold yellow]not proven optimal[/]: search {search.status}, best within "
-                  f"{search.gap:.2%} of the optimum under the cost model; {fix}")
+        out.print(
+            f"[bold yellow]not proven optimal[/]: search {search.status}, best within "
+            f"{search.gap:.2%} of the optimum under the cost model; {fix}"
+        )
     out.print(f"wrote {args.out}")
     return 0

@@ -16,8 +16,15 @@ from planner.errors import StratagemError
 from planner.fileio import save_document
 from planner.profiles import ClusterProfile, CollectiveFit
 
-from planner.cli.common import (MAX_SECONDS, DefaultsHelpFormatter, check_out_path, float_in, int_in, nonempty_path,
-                                 out_path)
+from planner.cli.common import (
+    MAX_SECONDS,
+    DefaultsHelpFormatter,
+    check_out_path,
+    float_in,
+    int_in,
+    nonempty_path,
+    out_path,
+)
 from .common import command_line, utc_now
 
 # The quick sweep reaches 16 MiB because on a loaded 2-core VM small-message times jitter by ~2 ms (wake-up
@@ -33,8 +40,10 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text)
     unit = match.group(2).upper() if match else None
     if not match or unit not in _UNITS or int(match.group(1)) < 1:
-        raise StratagemError(f"malformed message size {text!r}; write a positive number with an optional "
-                             f"unit B, KiB, MiB, GiB, KB, MB or GB, e.g. 64KiB")
+        raise StratagemError(
+            f"malformed message size {text!r}; write a positive number with an optional "
+            f"unit B, KiB, MiB, GiB, KB, MB or GB, e.g. 64KiB"
+        )
     return int(match.group(1)) * _UNITS[unit]
 
 
@@ -47,8 +56,10 @@ def parse_sizes(text: str) -> list[int]:
     lo, hi = parse_size(lo_text), parse_size(hi_text)
     factor = int(step.lower().removeprefix("x")) if step.lower().removeprefix("x").isdigit() else 0
     if step and factor < 2 or lo > hi:
-        raise StratagemError(f"malformed size range {text!r}; write LOW..HIGH[:xFACTOR] with LOW <= HIGH and "
-                             f"FACTOR >= 2, e.g. 1KiB..64MiB:x4")
+        raise StratagemError(
+            f"malformed size range {text!r}; write LOW..HIGH[:xFACTOR] with LOW <= HIGH and "
+            f"FACTOR >= 2, e.g. 1KiB..64MiB:x4"
+        )
     sizes, size = [], lo
     while size <= hi:
         sizes.append(size)
@@ -62,40 +73,71 @@ MAX_SIZES = 64
 
 def _check_sizes(sizes: list[int], text: str) -> list[int]:
     if not sizes or len(sizes) > MAX_SIZES or max(sizes) > MAX_MESSAGE_BYTES:
-        raise StratagemError(f"--sizes {text!r} gives {len(sizes)} message sizes up to {max(sizes, default=0):,} "
-                             f"bytes; give 1..{MAX_SIZES} sizes of at most 16GiB, e.g. 4KiB..16MiB")
+        raise StratagemError(
+            f"--sizes {text!r} gives {len(sizes)} message sizes up to {max(sizes, default=0):,} "
+            f"bytes; give 1..{MAX_SIZES} sizes of at most 16GiB, e.g. 4KiB..16MiB"
+        )
     return sizes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "cluster", help="measure collectives (alpha-beta) and matmul throughput with torchrun",
+        "cluster",
+        help="measure collectives (alpha-beta) and matmul throughput with torchrun",
         description="Time collectives and matmul on this cluster with torchrun, fit alpha-beta per collective and "
-                    "link level, and write a cluster profile JSON.", formatter_class=DefaultsHelpFormatter)
+        "link level, and write a cluster profile JSON.",
+        formatter_class=DefaultsHelpFormatter,
+    )
     p.add_argument("--nproc-per-node", type=int_in(1, 4096), required=True, help="ranks (devices) per node, count")
-    p.add_argument("--nnodes", type=int_in(1, 100_000), default=1,
-                   help="nodes, count; >1 also measures the inter-node level")
-    p.add_argument("--node-rank", type=int_in(0, 100_000), default=0,
-                   help="this node's index, 0..nnodes-1 (0 writes the profile)")
+    p.add_argument(
+        "--nnodes", type=int_in(1, 100_000), default=1, help="nodes, count; >1 also measures the inter-node level"
+    )
+    p.add_argument(
+        "--node-rank", type=int_in(0, 100_000), default=0, help="this node's index, 0..nnodes-1 (0 writes the profile)"
+    )
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0 when --nnodes > 1")
-    p.add_argument("--sizes", default=None,
-                   help=f"message sizes in bytes (suffix B, KiB, MiB, GiB, KB, MB, GB): LOW..HIGH[:xF] (x4 steps "
-                        f"unless F is given) or a list 4KiB,1MiB (default {FULL_SIZES}, --quick {QUICK_SIZES})")
-    p.add_argument("--repeats", type=int_in(1, 1000), default=None,
-                   help="repeats (count) per size, for the run-to-run spread (default 5, --quick 3)")
-    p.add_argument("--iters", type=int_in(1, 100_000), default=None,
-                   help="most timed iterations (count) per repeat (default 10, --quick 5)")
-    p.add_argument("--quick", action="store_true",
-                   help=f"small sweep that finishes in seconds ({QUICK_SIZES}, 3 repeats, 5 iterations)")
-    p.add_argument("--timeout-s", type=float_in(0, MAX_SECONDS, low_open=True), default=300.0,
-                   help="kill the whole run after this many seconds (exit 2, no file)")
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help=f"message sizes in bytes (suffix B, KiB, MiB, GiB, KB, MB, GB): LOW..HIGH[:xF] (x4 steps "
+        f"unless F is given) or a list 4KiB,1MiB (default {FULL_SIZES}, --quick {QUICK_SIZES})",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int_in(1, 1000),
+        default=None,
+        help="repeats (count) per size, for the run-to-run spread (default 5, --quick 3)",
+    )
+    p.add_argument(
+        "--iters",
+        type=int_in(1, 100_000),
+        default=None,
+        help="most timed iterations (count) per repeat (default 10, --quick 5)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"small sweep that finishes in seconds ({QUICK_SIZES}, 3 repeats, 5 iterations)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=float_in(0, MAX_SECONDS, low_open=True),
+        default=300.0,
+        help="kill the whole run after this many seconds (exit 2, no file)",
+    )
     p.add_argument("--name", default=None, help="profile and node-type name (default: the --out file stem)")
-    p.add_argument("--out", required=True, type=out_path,
-                   help="cluster profile JSON file to write (atomically; only node 0 writes)")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=out_path,
+        help="cluster profile JSON file to write (atomically; only node 0 writes)",
+    )
     p.set_defaults(func=run)
     check = subparsers.add_parser(
-        "check", help="validate profile files (schema version, fields, content hash)",
-        description="Load each cluster or model profile file as the planner would; exit 2 on the first bad one.")
+        "check",
+        help="validate profile files (schema version, fields, content hash)",
+        description="Load each cluster or model profile file as the planner would; exit 2 on the first bad one.",
+    )
     check.add_argument("files", nargs="+", type=nonempty_path, help="cluster or model profile JSON files to validate")
     check.set_defaults(func=run_check)
 
@@ -108,10 +150,16 @@ def _fit_table(profile: ClusterProfile):
         table.add_column(col, justify="left" if col in ("op", "level") else "right", no_wrap=True)
     fits: list[CollectiveFit] = [f for nt in profile.node_types for f in nt.intra_node] + profile.inter_node
     for f in fits:
-        table.add_row(f.op, f.level, str(f.n_ranks), f"{f.alpha_s * 1e6:.1f}", f"{f.bus_bw_bytes_per_s / 1e9:.3f}",
-                      "-" if f.fit_r2 is None else f"{f.fit_r2:.2f}",
-                      "-" if f.fit_max_rel_err is None else f"{100 * f.fit_max_rel_err:.0f}%",
-                      "-" if f.run_cv is None else f"{100 * f.run_cv:.0f}%")
+        table.add_row(
+            f.op,
+            f.level,
+            str(f.n_ranks),
+            f"{f.alpha_s * 1e6:.1f}",
+            f"{f.bus_bw_bytes_per_s / 1e9:.3f}",
+            "-" if f.fit_r2 is None else f"{f.fit_r2:.2f}",
+            "-" if f.fit_max_rel_err is None else f"{100 * f.fit_max_rel_err:.0f}%",
+            "-" if f.run_cv is None else f"{100 * f.run_cv:.0f}%",
+        )
     return table, fits
 
 
@@ -125,11 +173,13 @@ def _print_summary(profile: ClusterProfile) -> None:
     console.print(table)
     cvs = sorted(f.run_cv for f in fits if f.run_cv is not None)
     if cvs:
-        console.print(f"run-to-run spread (CV across repeats, median per op): {100 * cvs[0]:.0f}% .. "
-                      f"{100 * cvs[-1]:.0f}%")
+        console.print(
+            f"run-to-run spread (CV across repeats, median per op): {100 * cvs[0]:.0f}% .. {100 * cvs[-1]:.0f}%"
+        )
     for c in profile.node_types[0].compute:
-        console.print(f"matmul {c.dtype}: {c.achieved_flops_per_s / 1e9:.1f} GFLOP/s median, "
-                      f"{c.peak_flops_per_s / 1e9:.1f} best")
+        console.print(
+            f"matmul {c.dtype}: {c.achieved_flops_per_s / 1e9:.1f} GFLOP/s median, {c.peak_flops_per_s / 1e9:.1f} best"
+        )
     console.print(f"notes: {profile.provenance.notes}")
     for line in poor_fit_warnings(fits):
         print(line, file=sys.stderr)
@@ -146,9 +196,11 @@ def poor_fit_warnings(fits: list[CollectiveFit]) -> list[str]:
     for f in fits:
         r2, err = f.fit_r2, f.fit_max_rel_err
         if (r2 is not None and r2 < POOR_FIT_R2) or (err is not None and err > POOR_FIT_MAX_REL_ERR):
-            lines.append(f"warning: the {f.op} {f.level} fit is poor (r2 {r2 if r2 is not None else float('nan'):.2f}, "
-                         f"max error {100 * (err or 0):.0f} %): plans will mis-price it; re-run on an idle machine "
-                         f"with more --repeats, or larger --sizes")
+            lines.append(
+                f"warning: the {f.op} {f.level} fit is poor (r2 {r2 if r2 is not None else float('nan'):.2f}, "
+                f"max error {100 * (err or 0):.0f} %): plans will mis-price it; re-run on an idle machine "
+                f"with more --repeats, or larger --sizes"
+            )
     return lines
 
 
@@ -162,8 +214,10 @@ def load_any_profile(path: Path):
         return load_cluster_profile(path)
     if "layers" in data:
         return load_model_profile(path)
-    raise StratagemError(f"{path} is neither a cluster profile (no 'node_types') nor a model profile (no "
-                         f"'layers'); pass a file written by 'stratagem profile cluster' or 'profile model'")
+    raise StratagemError(
+        f"{path} is neither a cluster profile (no 'node_types') nor a model profile (no "
+        f"'layers'); pass a file written by 'stratagem profile cluster' or 'profile model'"
+    )
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -179,16 +233,22 @@ def run(args: argparse.Namespace) -> int:
     from runtime.profiling.cluster import ClusterBenchConfig, build_cluster_profile, run_cluster_bench
 
     cfg = ClusterBenchConfig(
-        nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
+        nproc_per_node=args.nproc_per_node,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
-        sizes_bytes=tuple(parse_sizes(args.sizes if args.sizes is not None else
-                                      (QUICK_SIZES if args.quick else FULL_SIZES))),
+        sizes_bytes=tuple(
+            parse_sizes(args.sizes if args.sizes is not None else (QUICK_SIZES if args.quick else FULL_SIZES))
+        ),
         repeats=(3 if args.quick else 5) if args.repeats is None else args.repeats,
         iters=(5 if args.quick else 10) if args.iters is None else args.iters,
-        timeout_s=args.timeout_s)
+        timeout_s=args.timeout_s,
+    )
     if args.node_rank >= args.nnodes:
-        raise StratagemError(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes} (nodes are "
-                             f"numbered 0..{args.nnodes - 1})")
+        raise StratagemError(
+            f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes} (nodes are "
+            f"numbered 0..{args.nnodes - 1})"
+        )
     if args.node_rank == 0:
         check_out_path(args.out)  # fail before the benchmark, not after it
     with Progress(transient=True) as progress:
@@ -196,12 +256,14 @@ def run(args: argparse.Namespace) -> int:
 
         def on_progress(done: int, total: int, label: str) -> None:
             progress.update(task, completed=done, total=total, description=label)
+
         raw = run_cluster_bench(cfg, on_progress)
     if raw is None:
         print(f"node {args.node_rank} done; node 0 writes the profile")
         return 0
-    profile = build_cluster_profile(raw, name=args.name or args.out.stem, command=command_line(),
-                                    created_utc=utc_now(), cfg=cfg)
+    profile = build_cluster_profile(
+        raw, name=args.name or args.out.stem, command=command_line(), created_utc=utc_now(), cfg=cfg
+    )
     _print_summary(profile)
     save_document(profile, args.out)
     print(f"wrote {args.out}")

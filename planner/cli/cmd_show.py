@@ -15,8 +15,7 @@ from rich.table import Table
 from planner.inspect.frames import plan_label, stage_frame
 from planner.inspect.measured import metrics_frame, predicted_vs_measured
 from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
-from planner.cli.common import (check_layer_paths, check_out_path, no_ellipsis, nonempty_path, out_path,
-                                throughput_text)
+from planner.cli.common import check_layer_paths, check_out_path, no_ellipsis, nonempty_path, out_path, throughput_text
 from planner.fileio import check_output_folder
 from planner.plan import Plan, costed, load_plan, validate
 
@@ -28,12 +27,15 @@ PNG_NAMES = ("layer_placement", "timeline", "memory_per_rank", "step_breakdown",
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "show", help="summarize a plan file; write HTML or PNG pictures of it",
+        "show",
+        help="summarize a plan file; write HTML or PNG pictures of it",
         description="Print a readable summary of a plan (and of a launch's metrics beside its predictions); "
-                    "optionally write a self-contained HTML report or the pictures as PNG files.")
+        "optionally write a self-contained HTML report or the pictures as PNG files.",
+    )
     parser.add_argument("plan", type=nonempty_path, help="plan file written by `stratagem plan`")
-    parser.add_argument("--metrics", type=nonempty_path, metavar="FILE",
-                        help="metrics JSON lines written by `stratagem launch`")
+    parser.add_argument(
+        "--metrics", type=nonempty_path, metavar="FILE", help="metrics JSON lines written by `stratagem launch`"
+    )
     parser.add_argument("--html", type=out_path, metavar="FILE", help="write a self-contained HTML report here")
     parser.add_argument("--png", type=nonempty_path, metavar="DIR", help="write one PNG per picture into this folder")
     add_compare_argument(parser)
@@ -55,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     plan = load_plan(args.plan)
     validate(plan, plan.world_size)  # what `launch` would refuse is not shown as a plan either
-    check_layer_paths(plan.model, [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths],
-                      source=f"plan {args.plan}")
+    check_layer_paths(
+        plan.model,
+        [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths],
+        source=f"plan {args.plan}",
+    )
     metrics = metrics_frame(args.metrics) if args.metrics else None
     console = Console(highlight=False)
     console.print(no_ellipsis(_overview(plan)))
@@ -72,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     print_comparison(console, plan, args)
     if args.html or args.png:
         from planner.inspect.report import render_pngs, save_html, save_pngs  # matplotlib only if asked
+
         pngs = render_pngs(plan, metrics)
         if args.html:
             console.print(f"wrote {save_html(plan, args.html, metrics, pngs)}")
@@ -86,24 +92,38 @@ def _overview(plan: Plan) -> Table:
     table.add_column(style="bold")
     table.add_column()
     s = plan.schedule
-    table.add_row("ranks", f"{plan.world_size} = pp {plan.mesh.size('pp')} x dp {plan.mesh.size('dp')} x "
-                           f"tp {plan.mesh.size('tp')}  (axes {', '.join(plan.mesh.axes)})")
-    table.add_row("schedule", f"{s.kind}, {s.num_micro_batches} micro-batches of {s.micro_batch_size}, "
-                              f"{s.virtual_stages} chunk(s) per pp rank")
-    table.add_row("training", f"global batch {plan.training.global_batch}, seq {plan.training.seq_len}, "
-                              f"{plan.training.dtype}, ZeRO stage {plan.zero_stage}")
+    table.add_row(
+        "ranks",
+        f"{plan.world_size} = pp {plan.mesh.size('pp')} x dp {plan.mesh.size('dp')} x "
+        f"tp {plan.mesh.size('tp')}  (axes {', '.join(plan.mesh.axes)})",
+    )
+    table.add_row(
+        "schedule",
+        f"{s.kind}, {s.num_micro_batches} micro-batches of {s.micro_batch_size}, "
+        f"{s.virtual_stages} chunk(s) per pp rank",
+    )
+    table.add_row(
+        "training",
+        f"global batch {plan.training.global_batch}, seq {plan.training.seq_len}, "
+        f"{plan.training.dtype}, ZeRO stage {plan.zero_stage}",
+    )
     p = plan.predictions
     if p is None:
         table.add_row("predictions", "none (the plan was not costed)")
     else:
-        table.add_row("step time", f"{fmt_seconds(p.step_time_s)}  "
-                                   f"({throughput_text(p.samples_per_s, p.tokens_per_s, plan.model.family)})")
+        table.add_row(
+            "step time",
+            f"{fmt_seconds(p.step_time_s)}  ({throughput_text(p.samples_per_s, p.tokens_per_s, plan.model.family)})",
+        )
         table.add_row("compute", f"{p.model_tflops_per_gpu:.3g} model TFLOP/s per device, MFU {p.mfu:.1%}")
         table.add_row("peak memory", _peak_memory_text(plan))
     if plan.search is not None:
         sr = plan.search
-        table.add_row("search", f"{sr.solver}: {sr.status}, gap {sr.gap:.2g}, {sr.wall_time_s:.3g} s, "
-                                f"{sr.candidates_solved} solved / {sr.candidates_pruned} pruned")
+        table.add_row(
+            "search",
+            f"{sr.solver}: {sr.status}, gap {sr.gap:.2g}, {sr.wall_time_s:.3g} s, "
+            f"{sr.candidates_solved} solved / {sr.candidates_pruned} pruned",
+        )
         if sr.notes.startswith("cluster calibrated"):
             table.add_row("cluster", sr.notes.split(". ", 1)[0].removeprefix("cluster "))
         if sr.notes:
@@ -121,9 +141,11 @@ def _peak_memory_text(plan: Plan) -> str:
         return f"{fmt_bytes(p.peak_memory_bytes)} (no per-stage figures)"
     full = max(p.stages, key=lambda sp: sp.peak_memory_bytes / sp.memory_capacity_bytes)
     node = next((st.node_type for st in plan.stages if st.index == full.stage), "?")
-    return (f"{fmt_bytes(full.peak_memory_bytes)} of {fmt_bytes(full.memory_capacity_bytes)} "
-            f"({full.peak_memory_bytes / full.memory_capacity_bytes:.0%}, stage {full.stage} on {node}); "
-            f"max over ranks {fmt_bytes(p.peak_memory_bytes)}")
+    return (
+        f"{fmt_bytes(full.peak_memory_bytes)} of {fmt_bytes(full.memory_capacity_bytes)} "
+        f"({full.peak_memory_bytes / full.memory_capacity_bytes:.0%}, stage {full.stage} on {node}); "
+        f"max over ranks {fmt_bytes(p.peak_memory_bytes)}"
+    )
 
 
 def _stages_table(plan: Plan) -> Table:
@@ -135,23 +157,30 @@ def _stages_table(plan: Plan) -> Table:
         table.add_column(name, justify="left" if left else "right", no_wrap=left)
     for index, row in frame.iterrows():
         modules = row["first_module"] if row["modules"] == 1 else f"{row['first_module']}..{row['last_module']}"
-        table.add_row(str(index), str(row["pp_rank"]), modules, str(row["modules"]), str(row["ranks"]),
-                      row["node_type"],
-                      row["recompute"], str(row["tp_split_modules"]))
+        table.add_row(
+            str(index),
+            str(row["pp_rank"]),
+            modules,
+            str(row["modules"]),
+            str(row["ranks"]),
+            row["node_type"],
+            row["recompute"],
+            str(row["tp_split_modules"]),
+        )
     return table
 
 
 def _stage_costs_table(plan: Plan) -> Table:
     """Predicted seconds per micro-batch by term and memory per device of each stage."""
     frame = stage_frame(plan, simulated=False)
-    table = Table(title="stages: predicted time per micro-batch and memory per device", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+    table = Table(
+        title="stages: predicted time per micro-batch and memory per device", box=box.SIMPLE_HEAD, pad_edge=False
+    )
     terms = ("forward", "backward", "recompute", "tp_comm", "pp_comm")
     for name in ("stage", *terms, "peak/capacity"):
         table.add_column(name, justify="right", no_wrap=name == "peak/capacity")
     for index, row in frame.iterrows():
-        cells = [fmt_seconds(row[f"{t}_s_per_micro_batch"]) if row[f"{t}_s_per_micro_batch"] else "-"
-                 for t in terms]
+        cells = [fmt_seconds(row[f"{t}_s_per_micro_batch"]) if row[f"{t}_s_per_micro_batch"] else "-" for t in terms]
         table.add_row(str(index), *cells, _peak_of_capacity(row["peak_memory_bytes"], row["memory_capacity_bytes"]))
     return table
 
@@ -185,8 +214,9 @@ def _alternatives_table(plan: Plan) -> Table:
     for name in ("plan", "step time", "slowdown", "peak memory"):
         table.add_column(name, justify="left" if name == "plan" else "right")
     for alt in plan.search.top_k if plan.search else []:
-        table.add_row(alt.summary, fmt_seconds(alt.step_time_s), f"{alt.slowdown:.3f}x",
-                      fmt_bytes(alt.peak_memory_bytes))
+        table.add_row(
+            alt.summary, fmt_seconds(alt.step_time_s), f"{alt.slowdown:.3f}x", fmt_bytes(alt.peak_memory_bytes)
+        )
     return table
 
 
@@ -195,20 +225,26 @@ def _gap_explanation(plan: Plan, metrics) -> str:
     frame = predicted_vs_measured(plan, metrics)
     ratio = frame.loc["step_time_s", "measured_over_predicted"]
     memory = frame.loc["peak_memory_bytes", "measured_over_predicted"]
-    memory_note = (f" Measured memory ({memory:.1f}x) also counts what the prediction leaves out: the allocator's "
-                   f"slack, communication and autograd buffers, and on CPUs the resident pages of the process."
-                   if memory == memory and memory > 1.5 else "")
+    memory_note = (
+        f" Measured memory ({memory:.1f}x) also counts what the prediction leaves out: the allocator's "
+        f"slack, communication and autograd buffers, and on CPUs the resident pages of the process."
+        if memory == memory and memory > 1.5
+        else ""
+    )
     if ratio != ratio:
         return "no step-time prediction to compare with (the plan was not costed)"
     if 0.8 <= ratio <= 1.25:
-        return (f"measured step time is {ratio:.2f}x the prediction: within the cost model's usual accuracy"
-                + memory_note)
-    return (f"measured step time is {ratio:.2f}x the prediction. The prediction prices the profiled layer times "
-            f"and the cluster's collective fits; a gap this size usually means the machine was busier than when it "
-            f"was profiled (shared CPUs vary 2-5x between runs), or per-step costs the profile does not hold "
-            f"(first-step warm-up is excluded above, Python and process-group overhead are not). Re-profile on "
-            f"this machine while it is idle (stratagem profile model / profile cluster) and re-plan to close it."
-            + memory_note)
+        return (
+            f"measured step time is {ratio:.2f}x the prediction: within the cost model's usual accuracy" + memory_note
+        )
+    return (
+        f"measured step time is {ratio:.2f}x the prediction. The prediction prices the profiled layer times "
+        f"and the cluster's collective fits; a gap this size usually means the machine was busier than when it "
+        f"was profiled (shared CPUs vary 2-5x between runs), or per-step costs the profile does not hold "
+        f"(first-step warm-up is excluded above, Python and process-group overhead are not). Re-profile on "
+        f"this machine while it is idle (stratagem profile model / profile cluster) and re-plan to close it."
+        + memory_note
+    )
 
 
 def _measured_table(plan: Plan, metrics) -> Table:

@@ -16,15 +16,14 @@ from planner.errors import StratagemError
 from planner.profiles import PROFILES_DIR, resolve_cluster_path  # noqa: F401 - the CLI's names for them
 
 
-
 # Upper bounds of count flags: far above any real job, low enough that loops over divisors, layers or ranks
 # finish in well under a second (a 20-digit --gpus made the search enumerate for ever).
-MAX_DEVICES = 2**20           # ranks / GPUs in one job (the largest published runs use ~2**15)
-MAX_BATCH = 2**20             # samples per optimizer step
-MAX_SEQ = 2**22               # tokens per sample
-MAX_LAYERS = 10_000           # transformer blocks (published models: <= 128)
-MAX_WIDTH = 2**22             # hidden, ffn, vocab sizes and head counts
-MAX_SECONDS = 7 * 86_400.0    # time limits: one week
+MAX_DEVICES = 2**20  # ranks / GPUs in one job (the largest published runs use ~2**15)
+MAX_BATCH = 2**20  # samples per optimizer step
+MAX_SEQ = 2**22  # tokens per sample
+MAX_LAYERS = 10_000  # transformer blocks (published models: <= 128)
+MAX_WIDTH = 2**22  # hidden, ffn, vocab sizes and head counts
+MAX_SECONDS = 7 * 86_400.0  # time limits: one week
 
 
 def int_in(low: int, high: int, *, what: str = "") -> Callable[[str], int]:
@@ -37,6 +36,7 @@ def int_in(low: int, high: int, *, what: str = "") -> Callable[[str], int]:
     ...
     argparse.ArgumentTypeError: expected an integer 1..8, got '0'
     """
+
     def parse(text: str) -> int:
         try:
             value = int(text.strip())
@@ -45,12 +45,14 @@ def int_in(low: int, high: int, *, what: str = "") -> Callable[[str], int]:
         if value is None or not low <= value <= high:
             raise argparse.ArgumentTypeError(f"expected an integer {low}..{high}{what}, got {text!r}")
         return value
+
     parse.__name__ = "integer"
     return parse
 
 
-def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
-             what: str = "") -> Callable[[str], float]:
+def float_in(
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False, what: str = ""
+) -> Callable[[str], float]:
     """argparse ``type=``: a finite number between ``low`` and ``high`` (open ends excluded).
 
     >>> float_in(0, 1, low_open=True)("0.5")
@@ -68,11 +70,15 @@ def float_in(low: float, high: float, *, low_open: bool = False, high_open: bool
             value = float(text)
         except ValueError:
             value = math.nan
-        ok = (math.isfinite(value) and (value > low if low_open else value >= low)
-              and (value < high if high_open else value <= high))
+        ok = (
+            math.isfinite(value)
+            and (value > low if low_open else value >= low)
+            and (value < high if high_open else value <= high)
+        )
         if not ok:
             raise argparse.ArgumentTypeError(f"expected a number {lo_text} and {hi_text}{what}, got {text!r}")
         return value
+
     parse.__name__ = "number"
     return parse
 
@@ -131,8 +137,9 @@ def check_layer_paths(spec, paths: list[str], *, source: str) -> None:
     if list(paths) != expected:
         unknown = [p for p in paths if p not in expected][:3]
         detail = f"unknown {unknown}" if unknown else f"{len(paths)} layers, expected {len(expected)} in model order"
-        raise StratagemError(f"{source} does not match the layers of {spec.name} ({detail}); regenerate it for "
-                             f"this model")
+        raise StratagemError(
+            f"{source} does not match the layers of {spec.name} ({detail}); regenerate it for this model"
+        )
 
 
 def no_ellipsis(table):
@@ -160,12 +167,14 @@ def out_path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a file path, got an empty string")
     if text.endswith(("/", os.sep, "/.", "/..")) or text in (".", ".."):
-        raise argparse.ArgumentTypeError(f"expected a file path, got the folder name {text!r}; add a file name, "
-                                         f"e.g. {text.rstrip('/')}/out.json")
+        raise argparse.ArgumentTypeError(
+            f"expected a file path, got the folder name {text!r}; add a file name, e.g. {text.rstrip('/')}/out.json"
+        )
     return Path(text)
 
 
 def check_out_path(path: str | os.PathLike, *, flag: str = "--out", inputs: dict | None = None) -> Path:
     """Fail before any work if ``path`` cannot be written (see :func:`planner.fileio.check_output_path`)."""
     from planner.fileio import check_output_path
+
     return check_output_path(path, flag=flag, inputs=inputs)

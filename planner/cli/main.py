@@ -45,8 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stratagem {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    profile = sub.add_parser("profile", help="measure (or derive) a model's or a cluster's profile",
-                             description="Write a versioned profile JSON for a model or a cluster.")
+    profile = sub.add_parser(
+        "profile",
+        help="measure (or derive) a model's or a cluster's profile",
+        description="Write a versioned profile JSON for a model or a cluster.",
+    )
     profile_sub = profile.add_subparsers(dest="what", metavar="WHAT", parser_class=_Parser)
     profile.set_defaults(func=lambda _args: _usage(profile))
     groups = {None: sub, "profile": profile_sub}
@@ -58,11 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that subcommand is not part of this build yet
             raise
         module.register(groups[group])
-    for action in (sub, profile_sub):   # -v also after the subcommand: `stratagem plan ... -v`
+    for action in (sub, profile_sub):  # -v also after the subcommand: `stratagem plan ... -v`
         for name, leaf in action.choices.items():
             if name != "profile":
-                leaf.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                                  help="log progress details to stderr")
+                leaf.add_argument(
+                    "-v",
+                    "--verbose",
+                    action="store_true",
+                    default=argparse.SUPPRESS,
+                    help="log progress details to stderr",
+                )
     return parser
 
 
@@ -78,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage error (2) or --help/--version (0): a status, for in-process callers too
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -15,8 +15,10 @@ from planner.errors import StratagemError
 from planner.modelspec import ModelSpec, parse_model
 from planner.profiles import ModelProfile, load_model_profile
 
-MODEL_HELP = ("gpt:tiny, llama:llama2-7b, gpt (+ size overrides), hf:CONFIG.json (a Hugging Face config or its "
-              "folder), py:FILE.py:FUNCTION or module:pkg.mod:FUNCTION (your nn.Module; see README)")
+MODEL_HELP = (
+    "gpt:tiny, llama:llama2-7b, gpt (+ size overrides), hf:CONFIG.json (a Hugging Face config or its "
+    "folder), py:FILE.py:FUNCTION or module:pkg.mod:FUNCTION (your nn.Module; see README)"
+)
 # flag -> (ModelSpec dimension, help)
 OVERRIDES = {
     "layers": ("layers", "transformer blocks, count"),
@@ -35,9 +37,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, with_seq_override: b
     for flag, (_, what) in OVERRIDES.items():
         high = MAX_LAYERS if flag == "layers" else MAX_WIDTH  # bounded: a 20-digit --layers hung the search
         group.add_argument(f"--{flag}", type=int_in(1, high), default=None, help=f"override the model's {what}")
-    group.add_argument("--dropout", type=float_in(0, 1, high_open=True), default=None,
-                       help="GPT dropout probability, 0 <= p < 1 (adds 1-byte masks to activation memory; Megatron "
-                            "used 0.1)")
+    group.add_argument(
+        "--dropout",
+        type=float_in(0, 1, high_open=True),
+        default=None,
+        help="GPT dropout probability, 0 <= p < 1 (adds 1-byte masks to activation memory; Megatron used 0.1)",
+    )
 
 
 def spec_from_args(args: argparse.Namespace, *, max_seq: int | None = None) -> ModelSpec:
@@ -64,8 +69,12 @@ def _comparable(spec: ModelSpec) -> dict:
     from planner.modelspec import FAMILY_DEFAULTS
 
     if spec.family == "hf":
-        return {"family": "hf", "config": {k: v for k, v in (spec.config or {}).items()
-                                           if k not in ("transformers_version", "_name_or_path")}}
+        return {
+            "family": "hf",
+            "config": {
+                k: v for k, v in (spec.config or {}).items() if k not in ("transformers_version", "_name_or_path")
+            },
+        }
     if spec.family == "custom":
         return {"family": "custom", "source": spec.source, "config": spec.config}
     return {"family": spec.family, "dims": {**FAMILY_DEFAULTS[spec.family], **spec.dims}}
@@ -77,13 +86,18 @@ def check_profile_matches(profile_spec: ModelSpec, spec: ModelSpec, profile_path
         return
     mine, theirs = _comparable(spec), _comparable(profile_spec)
     if mine["family"] == theirs["family"] and "dims" in mine:
-        diff = [f"{k} {theirs['dims'].get(k)} vs {mine['dims'].get(k)}" for k in sorted(mine["dims"])
-                if theirs["dims"].get(k) != mine["dims"].get(k)]
+        diff = [
+            f"{k} {theirs['dims'].get(k)} vs {mine['dims'].get(k)}"
+            for k in sorted(mine["dims"])
+            if theirs["dims"].get(k) != mine["dims"].get(k)
+        ]
         detail = "; differs in " + ", ".join(diff[:4])
     else:
         detail = ""
-    raise StratagemError(f"--model-profile {profile_path} profiles {profile_spec.name}, not {spec.name}{detail}; pass "
-                         f"the --model and size overrides it was profiled with, or re-profile")
+    raise StratagemError(
+        f"--model-profile {profile_path} profiles {profile_spec.name}, not {spec.name}{detail}; pass "
+        f"the --model and size overrides it was profiled with, or re-profile"
+    )
 
 
 def load_matching_profile(path: str, spec: ModelSpec, seq: int | None) -> ModelProfile:
@@ -92,7 +106,8 @@ def load_matching_profile(path: str, spec: ModelSpec, seq: int | None) -> ModelP
     profile = load_model_profile(path)
     check_profile_matches(profile.model, spec, Path(path))
     if seq is not None and seq != profile.seq_len:
-        raise StratagemError(f"--seq {seq} but {path} was profiled at seq {profile.seq_len}; "
-                             f"drop --seq or re-profile with --seq {seq}")
+        raise StratagemError(
+            f"--seq {seq} but {path} was profiled at seq {profile.seq_len}; drop --seq or re-profile with --seq {seq}"
+        )
     check_layer_paths(profile.model, [layer.path for layer in profile.layers], source=f"--model-profile {path}")
     return profile

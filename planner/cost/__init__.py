@@ -53,16 +53,46 @@ from planner.cost.estimate import dp_collective_time, estimate
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, layer_overhead_s, timings_scale
 from planner.cost.memory import MemoryBreakdown, ModelStates, model_states_bytes
 from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
-from planner.cost.placement import (ReplicaSet, assign_chunks, dp_group, proportional_shares, replica_sets,
-                                    tp_group, with_gpus)
+from planner.cost.placement import (
+    ReplicaSet,
+    assign_chunks,
+    dp_group,
+    proportional_shares,
+    replica_sets,
+    tp_group,
+    with_gpus,
+)
 from planner.cost.records import ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
 from planner.cost.validate import replica_micro_batches
 
 __all__ = [
-    "ChunkEstimate", "Estimate", "LayerCost", "MemoryBreakdown", "ModelStates", "ParallelConfig",
-    "RankEstimate", "ReplicaSet", "ReplicaTypeEstimate", "assign_chunks", "chunk_overhead_s",
-    "collective_time", "dp_collective_time", "dp_group", "dp_wrapper", "estimate", "full_saved_bytes",
-    "inflight_microbatches", "layer_cost", "layer_overhead_s", "layout_change_cost", "model_states_bytes",
-    "pipeline_step_time", "proportional_shares", "replica_micro_batches", "replica_sets", "timings_scale",
-    "tp_group", "with_gpus",
+    "ChunkEstimate",
+    "Estimate",
+    "LayerCost",
+    "MemoryBreakdown",
+    "ModelStates",
+    "ParallelConfig",
+    "RankEstimate",
+    "ReplicaSet",
+    "ReplicaTypeEstimate",
+    "assign_chunks",
+    "chunk_overhead_s",
+    "collective_time",
+    "dp_collective_time",
+    "dp_group",
+    "dp_wrapper",
+    "estimate",
+    "full_saved_bytes",
+    "inflight_microbatches",
+    "layer_cost",
+    "layer_overhead_s",
+    "layout_change_cost",
+    "model_states_bytes",
+    "pipeline_step_time",
+    "proportional_shares",
+    "replica_micro_batches",
+    "replica_sets",
+    "timings_scale",
+    "tp_group",
+    "with_gpus",
 ]

@@ -56,8 +56,10 @@ def _find_fit(fits: list[CollectiveFit], op: str, where: str) -> CollectiveFit:
     for fit in fits:
         if fit.op == "all_reduce":
             return fit
-    raise StratagemError(f"{where} has no collective fit for {op} (nor all_reduce); profile the cluster "
-                         f"with `stratagem profile cluster` or add the fit to its profile")
+    raise StratagemError(
+        f"{where} has no collective fit for {op} (nor all_reduce); profile the cluster "
+        f"with `stratagem profile cluster` or add the fit to its profile"
+    )
 
 
 def _alpha_step(fit: CollectiveFit) -> float:
@@ -84,11 +86,15 @@ class _Link:
     nodes: int
 
 
-def _flat_link(cluster: ClusterProfile, node: NodeType, op: str, n_ranks: int, spans_nodes: bool,
-               ranks_per_node: int) -> _Link:
+def _flat_link(
+    cluster: ClusterProfile, node: NodeType, op: str, n_ranks: int, spans_nodes: bool, ranks_per_node: int
+) -> _Link:
     """Latencies and bandwidth of a flat ring or tree over this group."""
-    intra = _find_fit(node.intra_node, op, f"node type {node.name} (intra-node)") if (
-        ranks_per_node > 1 or not spans_nodes) else None
+    intra = (
+        _find_fit(node.intra_node, op, f"node type {node.name} (intra-node)")
+        if (ranks_per_node > 1 or not spans_nodes)
+        else None
+    )
     if not spans_nodes:
         step = _alpha_step(intra)
         return _Link(intra_step_s=step, inter_step_s=step, bw=intra.bus_bw_bytes_per_s, nodes=1)
@@ -100,8 +106,12 @@ def _flat_link(cluster: ClusterProfile, node: NodeType, op: str, n_ranks: int, s
     if intra is not None:
         bw = min(bw, intra.bus_bw_bytes_per_s)
     inter_step = _alpha_step(inter)
-    return _Link(intra_step_s=_alpha_step(intra) if intra is not None else inter_step, inter_step_s=inter_step,
-                 bw=bw, nodes=max(2, math.ceil(n_ranks / ranks_per_node)))
+    return _Link(
+        intra_step_s=_alpha_step(intra) if intra is not None else inter_step,
+        inter_step_s=inter_step,
+        bw=bw,
+        nodes=max(2, math.ceil(n_ranks / ranks_per_node)),
+    )
 
 
 def _ring_s(op: str, message_bytes: float, n: int, link: _Link) -> float:
@@ -119,20 +129,29 @@ def _tree_s(message_bytes: float, n: int, link: _Link) -> float:
     return latency + 2 * message_bytes / link.bw
 
 
-def _hierarchical_s(cluster: ClusterProfile, node: NodeType, message_bytes: float, n: int,
-                    ranks_per_node: int) -> float:
+def _hierarchical_s(
+    cluster: ClusterProfile, node: NodeType, message_bytes: float, n: int, ranks_per_node: int
+) -> float:
     k = ranks_per_node
     nodes = max(2, math.ceil(n / k))
     intra = _find_fit(node.intra_node, "reduce_scatter", f"node type {node.name} (intra-node)")
     inter = _find_fit(cluster.inter_node, "all_reduce", f"cluster {cluster.name} (inter-node)")
     step = _alpha_step(intra)
-    scatter_s = _ring_s("reduce_scatter", message_bytes, k,
-                        _Link(intra_step_s=step, inter_step_s=step, bw=intra.bus_bw_bytes_per_s, nodes=1))
+    scatter_s = _ring_s(
+        "reduce_scatter",
+        message_bytes,
+        k,
+        _Link(intra_step_s=step, inter_step_s=step, bw=intra.bus_bw_bytes_per_s, nodes=1),
+    )
     group_bw = inter.bus_bw_bytes_per_s * min(1.0, k / node.devices_per_node)
     # k concurrent inter-node all-reduces of S/k, sharing the group's NIC bandwidth: each gets group_bw/k.
     step = _alpha_step(inter)
-    inter_s = _ring_s("all_reduce", message_bytes / k, nodes,
-                      _Link(intra_step_s=step, inter_step_s=step, bw=group_bw / k, nodes=nodes))
+    inter_s = _ring_s(
+        "all_reduce",
+        message_bytes / k,
+        nodes,
+        _Link(intra_step_s=step, inter_step_s=step, bw=group_bw / k, nodes=nodes),
+    )
     return 2 * scatter_s + inter_s  # the all-gather mirrors the reduce-scatter
 
 
@@ -140,9 +159,17 @@ def _parameter_server_s(message_bytes: float, n: int, link: _Link) -> float:
     return 2 * link.inter_step_s + 2 * n * message_bytes / link.bw
 
 
-def collective_time(cluster: ClusterProfile, op: str, message_bytes: float, n_ranks: int, *,
-                    node_type: NodeType | str, spans_nodes: bool, ranks_per_node: int,
-                    algorithm: Algorithm = "auto") -> float:
+def collective_time(
+    cluster: ClusterProfile,
+    op: str,
+    message_bytes: float,
+    n_ranks: int,
+    *,
+    node_type: NodeType | str,
+    spans_nodes: bool,
+    ranks_per_node: int,
+    algorithm: Algorithm = "auto",
+) -> float:
     """Seconds for one ``op`` of ``message_bytes`` (the full tensor) over ``n_ranks`` ranks.
 
     ``ranks_per_node``: ranks of this group inside each node (= n_ranks when it does not span nodes).
@@ -165,6 +192,8 @@ def collective_time(cluster: ClusterProfile, op: str, message_bytes: float, n_ra
     if algorithm == "auto":
         return min(t for name, t in options.items() if name != "parameter_server")
     if algorithm not in options:
-        raise StratagemError(f"algorithm {algorithm!r} does not apply to {op} over {n_ranks} ranks "
-                             f"(spans_nodes={spans_nodes}); use one of {', '.join(options)} or auto")
+        raise StratagemError(
+            f"algorithm {algorithm!r} does not apply to {op} over {n_ranks} ranks "
+            f"(spans_nodes={spans_nodes}); use one of {', '.join(options)} or auto"
+        )
     return options[algorithm]

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 from planner.cost.collectives import collective_time
 from planner.cost.config import LayerCost, Recompute, TPStyle
-from planner.cost.constants import (BACKWARD_TRAFFIC_FACTOR, DTYPE_BYTES, MEMORY_BW_EFFICIENCY,
-                                    TRAFFIC_PER_SAVED_BYTE)
+from planner.cost.constants import BACKWARD_TRAFFIC_FACTOR, DTYPE_BYTES, MEMORY_BW_EFFICIENCY, TRAFFIC_PER_SAVED_BYTE
 from planner.cost.framework import DPWrapper, layer_overhead_s
 from planner.cost.kernels import Device, layer_kernels
 from planner.errors import StratagemError
@@ -44,14 +43,15 @@ def _shard_for(layer: LayerProfile, tp: int, style: TPStyle) -> tuple[ShardProfi
     if style != "split":
         raise StratagemError(f"layer {layer.path}: unknown TP style {style!r}; use 'split' or 'replicate'")
     if layer.tp_style == "none":
-        raise StratagemError(f"layer {layer.path} ({layer.kind}) cannot be tensor-split; set its layout to "
-                             f"'replicate'")
+        raise StratagemError(f"layer {layer.path} ({layer.kind}) cannot be tensor-split; set its layout to 'replicate'")
     try:
         return layer.shard(tp), True
     except KeyError:
         have = ", ".join(str(s.tp) for s in layer.shards)
-        raise StratagemError(f"layer {layer.path} was profiled at tp in {{{have}}}, not tp={tp}; choose one "
-                             f"of those or re-profile with --tp {tp}") from None
+        raise StratagemError(
+            f"layer {layer.path} was profiled at tp in {{{have}}}, not tp={tp}; choose one "
+            f"of those or re-profile with --tp {tp}"
+        ) from None
 
 
 def replica_samples(micro_batch: int, tp: int, style: TPStyle) -> int:
@@ -82,8 +82,15 @@ def _saved_parts(shard: ShardProfile, samples: int, tp: int, sp: bool) -> tuple[
     """(replicated, scores, rest) saved bytes for ``samples`` samples; SP divides the replicated part."""
     replicated = shard.saved_replicated_bytes_per_sample * samples / (tp if sp else 1)
     scores = shard.saved_attention_scores_bytes_per_sample * samples
-    rest = max(0.0, shard.saved_bytes_per_sample - shard.saved_replicated_bytes_per_sample
-               - shard.saved_attention_scores_bytes_per_sample) * samples
+    rest = (
+        max(
+            0.0,
+            shard.saved_bytes_per_sample
+            - shard.saved_replicated_bytes_per_sample
+            - shard.saved_attention_scores_bytes_per_sample,
+        )
+        * samples
+    )
     return replicated, scores, rest
 
 
@@ -91,8 +98,12 @@ def _kernel_device(node: NodeType, shard: ShardProfile, dtype: str) -> Device | 
     """The per-kernel model's view of ``node`` when both the node and the shard support it, else None."""
     if node.kernel_model is None or not shard.ops or not node.memory_bw_bytes_per_s:
         return None
-    return Device(km=node.kernel_model, peak_flops_per_s=_compute_figure(node, dtype).peak_flops_per_s,
-                  memory_bw_bytes_per_s=node.memory_bw_bytes_per_s, elem_bytes=DTYPE_BYTES[dtype])
+    return Device(
+        km=node.kernel_model,
+        peak_flops_per_s=_compute_figure(node, dtype).peak_flops_per_s,
+        memory_bw_bytes_per_s=node.memory_bw_bytes_per_s,
+        elem_bytes=DTYPE_BYTES[dtype],
+    )
 
 
 def _traffic_s(node: NodeType, nbytes: float) -> float:
@@ -110,29 +121,50 @@ def _compute_figure(node: NodeType, dtype: str) -> ComputeFigure:
         return node.compute_for(dtype)
     except KeyError:
         have = ", ".join(c.dtype for c in node.compute)
-        raise StratagemError(f"node type {node.name} has no {dtype} compute figure (has {have}); use "
-                             f"--dtype with one of those") from None
+        raise StratagemError(
+            f"node type {node.name} has no {dtype} compute figure (has {have}); use --dtype with one of those"
+        ) from None
 
 
-def _tp_comm_s(layer: LayerProfile, cluster: ClusterProfile, node: NodeType, tp: int, samples: int,
-               sp: bool, spans_nodes: bool) -> tuple[float, float]:
+def _tp_comm_s(
+    layer: LayerProfile, cluster: ClusterProfile, node: NodeType, tp: int, samples: int, sp: bool, spans_nodes: bool
+) -> tuple[float, float]:
     """(forward_s, backward_s) of the layer's TP collectives for one micro-batch."""
     times = {"forward": 0.0, "backward": 0.0}
     for need in layer.collectives:
         if need.axis != "tp" or need.with_sequence_parallel != sp:
             continue
-        t = collective_time(cluster, need.op, need.bytes_per_sample * samples, tp, node_type=node,
-                            spans_nodes=spans_nodes,
-                            ranks_per_node=node.devices_per_node if spans_nodes else tp)
+        t = collective_time(
+            cluster,
+            need.op,
+            need.bytes_per_sample * samples,
+            tp,
+            node_type=node,
+            spans_nodes=spans_nodes,
+            ranks_per_node=node.devices_per_node if spans_nodes else tp,
+        )
         times[need.phase] += need.count * t
     return times["forward"], times["backward"]
 
 
-def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, tp: int, style: TPStyle,
-               recompute: Recompute, sequence_parallel: bool, micro_batch: int, flash_attention: bool,
-               dtype: str, tp_group_spans_nodes: bool = False, use_timings: bool = True,
-               overlap_tp_comm: bool = False, dp_wrapper: DPWrapper = "none",
-               timings_scale: float = 1.0) -> LayerCost:
+def layer_cost(
+    layer: LayerProfile,
+    *,
+    node: NodeType,
+    cluster: ClusterProfile,
+    tp: int,
+    style: TPStyle,
+    recompute: Recompute,
+    sequence_parallel: bool,
+    micro_batch: int,
+    flash_attention: bool,
+    dtype: str,
+    tp_group_spans_nodes: bool = False,
+    use_timings: bool = True,
+    overlap_tp_comm: bool = False,
+    dp_wrapper: DPWrapper = "none",
+    timings_scale: float = 1.0,
+) -> LayerCost:
     """Per-micro-batch cost of ``layer`` on one rank of a TP group of ``tp`` (see the module docstring).
 
     ``use_timings=False`` ignores measured timings (e.g. timings from another device than ``node``).
@@ -154,25 +186,28 @@ def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, 
     kernels = None
     if use_timings and shard.timings:
         forward_s, backward_s = _interpolate(shard.timings, samples)
-        extra_fwd_s, extra_bwd_s, optimizer_s = layer_overhead_s(layer, split_tp=split and tp > 1,
-                                                                 wrapper=dp_wrapper)
+        extra_fwd_s, extra_bwd_s, optimizer_s = layer_overhead_s(layer, split_tp=split and tp > 1, wrapper=dp_wrapper)
         forward_s = (forward_s + extra_fwd_s) * timings_scale
         backward_s = (backward_s + extra_bwd_s) * timings_scale
         optimizer_s *= timings_scale
     elif (dev := _kernel_device(node, shard, dtype)) is not None:
-        kernels = layer_kernels(shard.ops, samples, dev, sp_tp=tp if sp else 1, flash=flash_attention,
-                                score_flops=score_flops)
+        kernels = layer_kernels(
+            shard.ops, samples, dev, sp_tp=tp if sp else 1, flash=flash_attention, score_flops=score_flops
+        )
         forward_s, backward_s = kernels.forward.wall_s(dev.km), kernels.backward.wall_s(dev.km)
     else:
-        fwd_traffic_s = _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["replicated"] * replicated
-                                   + TRAFFIC_PER_SAVED_BYTE["split"] * rest) + scores_traffic_s
+        fwd_traffic_s = (
+            _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["replicated"] * replicated + TRAFFIC_PER_SAVED_BYTE["split"] * rest)
+            + scores_traffic_s
+        )
         forward_s = shard.fwd_flops_per_sample * samples / rate + fwd_traffic_s
         backward_s = shard.bwd_flops_per_sample * samples / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
     flash_bwd_flops = score_flops / 2 if flash_attention else 0.0
     if kernels is None:
         backward_s += flash_bwd_flops / rate
-    comm_fwd_s, comm_bwd_s = _tp_comm_s(layer, cluster, node, tp, samples, sp, tp_group_spans_nodes) if (
-        split and tp > 1) else (0.0, 0.0)
+    comm_fwd_s, comm_bwd_s = (
+        _tp_comm_s(layer, cluster, node, tp, samples, sp, tp_group_spans_nodes) if (split and tp > 1) else (0.0, 0.0)
+    )
     model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples
     if overlap_tp_comm:
         comm_fwd_s = max(0.0, comm_fwd_s - shard.fwd_flops_per_sample * samples / rate)
@@ -180,8 +215,11 @@ def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, 
     if recompute == "full":
         recompute_s, recompute_flops = forward_s + comm_fwd_s, shard.fwd_flops_per_sample * samples
     elif recompute == "selective" and not flash_attention:
-        recompute_s = (score_flops / rate + scores_traffic_s if kernels is None
-                       else kernels.attention_forward.wall_s(node.kernel_model))
+        recompute_s = (
+            score_flops / rate + scores_traffic_s
+            if kernels is None
+            else kernels.attention_forward.wall_s(node.kernel_model)
+        )
         recompute_flops = score_flops
     elif recompute in ("none", "selective"):
         recompute_s, recompute_flops = 0.0, 0.0
@@ -194,16 +232,23 @@ def layer_cost(layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, 
     else:
         act_bytes = replicated + scores + rest
     return LayerCost(
-        forward_s=forward_s, backward_s=backward_s, recompute_s=recompute_s,
-        tp_comm_s=comm_fwd_s + comm_bwd_s, act_bytes=act_bytes, param_bytes=float(shard.param_bytes),
-        params=float(shard.params), output_bytes=layer.output_bytes_per_sample * micro_batch,
-        model_flops=model_flops, hardware_flops=model_flops + recompute_flops + flash_bwd_flops,
+        forward_s=forward_s,
+        backward_s=backward_s,
+        recompute_s=recompute_s,
+        tp_comm_s=comm_fwd_s + comm_bwd_s,
+        act_bytes=act_bytes,
+        param_bytes=float(shard.param_bytes),
+        params=float(shard.params),
+        output_bytes=layer.output_bytes_per_sample * micro_batch,
+        model_flops=model_flops,
+        hardware_flops=model_flops + recompute_flops + flash_bwd_flops,
         optimizer_s=optimizer_s,
     )
 
 
-def full_saved_bytes(layer: LayerProfile, *, tp: int, style: TPStyle, sequence_parallel: bool,
-                     micro_batch: int, flash_attention: bool) -> float:
+def full_saved_bytes(
+    layer: LayerProfile, *, tp: int, style: TPStyle, sequence_parallel: bool, micro_batch: int, flash_attention: bool
+) -> float:
     """Bytes the layer saves for one micro-batch with no recompute (the backward working set of full
     recompute, which re-materialises them)."""
     shard, split = _shard_for(layer, tp, style)
@@ -212,10 +257,19 @@ def full_saved_bytes(layer: LayerProfile, *, tp: int, style: TPStyle, sequence_p
     return replicated + rest + (0.0 if flash_attention else scores)
 
 
-def layout_change_cost(prev: LayerProfile, next: LayerProfile, prev_style: TPStyle,  # noqa: A002
-                       next_style: TPStyle, *, node: NodeType, cluster: ClusterProfile, tp: int,
-                       micro_batch: int, sequence_parallel: bool = False,
-                       tp_group_spans_nodes: bool = False) -> float:
+def layout_change_cost(
+    prev: LayerProfile,
+    next: LayerProfile,  # noqa: A002
+    prev_style: TPStyle,
+    next_style: TPStyle,
+    *,
+    node: NodeType,
+    cluster: ClusterProfile,
+    tp: int,
+    micro_batch: int,
+    sequence_parallel: bool = False,
+    tp_group_spans_nodes: bool = False,
+) -> float:
     """Seconds per micro-batch to re-lay-out ``prev``'s output for ``next`` (Whale, Jia et al. ATC'22 §4).
 
     0 when the styles agree or ``tp == 1``. A replicated layer under ``tp > 1`` holds a batch slice of the
@@ -231,8 +285,11 @@ def layout_change_cost(prev: LayerProfile, next: LayerProfile, prev_style: TPSty
     if tp == 1 or prev_style == next_style:
         return 0.0
     nbytes = prev.output_bytes_per_sample * micro_batch
-    coll = dict(node_type=node, spans_nodes=tp_group_spans_nodes,
-                ranks_per_node=node.devices_per_node if tp_group_spans_nodes else tp)
+    coll = dict(
+        node_type=node,
+        spans_nodes=tp_group_spans_nodes,
+        ranks_per_node=node.devices_per_node if tp_group_spans_nodes else tp,
+    )
     gather = collective_time(cluster, "all_gather", nbytes, tp, **coll)
     if prev_style == "replicate":
         return gather + collective_time(cluster, "reduce_scatter", nbytes, tp, **coll)

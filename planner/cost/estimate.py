@@ -49,14 +49,29 @@ from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cos
 from planner.cost.config import LayerCost, ParallelConfig
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
-from planner.cost.constants import (DDP_BUCKETS_IN_FLIGHT, MEMORY_BW_EFFICIENCY,
-                                    OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_FLOPS_PER_PARAM,
-                                    STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT, is_gpu)
+from planner.cost.constants import (
+    DDP_BUCKETS_IN_FLIGHT,
+    MEMORY_BW_EFFICIENCY,
+    OPTIMIZER_BYTES_PER_PARAM,
+    OPTIMIZER_FLOPS_PER_PARAM,
+    STATE_BYTES_PER_PARAM,
+    ZERO3_LAYERS_IN_FLIGHT,
+    is_gpu,
+)
 from planner.cost.memory import build_memory_breakdown, model_states_bytes, precision_kind
 from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
-from planner.cost.placement import (GroupShape, ReplicaSet, assign_chunks, dp_group, layer_recompute,
-                                    layer_style, rank_node_types, replica_sends_cross_nodes, replica_sets,
-                                    tp_group)
+from planner.cost.placement import (
+    GroupShape,
+    ReplicaSet,
+    assign_chunks,
+    dp_group,
+    layer_recompute,
+    layer_style,
+    rank_node_types,
+    replica_sends_cross_nodes,
+    replica_sets,
+    tp_group,
+)
 from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
 from planner.cost.validate import check_config, micro_batches_per_replica, replica_micro_batches
 from planner.cost.zero3 import Zero3Comm, zero3_accumulation_bytes
@@ -64,12 +79,20 @@ from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeTyp
 
 
 def _coll(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape) -> float:
-    return collective_time(cluster, op, nbytes, group.n_ranks, node_type=node, spans_nodes=group.spans_nodes,
-                           ranks_per_node=group.ranks_per_node)
+    return collective_time(
+        cluster,
+        op,
+        nbytes,
+        group.n_ranks,
+        node_type=node,
+        spans_nodes=group.spans_nodes,
+        ranks_per_node=group.ranks_per_node,
+    )
 
 
-def dp_collective_time(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape,
-                       bucket_bytes: float | None) -> float:
+def dp_collective_time(
+    cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape, bucket_bytes: float | None
+) -> float:
     """Seconds to move ``nbytes`` of gradients (or ZeRO-1/2 weights) over a data-parallel group.
 
     In buckets of ``bucket_bytes``, one collective each with the algorithm chosen at the bucket size
@@ -94,8 +117,15 @@ class _Assembler:
     """Builds the chunk and rank records of one configuration (one instance per ``estimate`` call, or
     per replica node type: ``replicas`` puts every pp rank on its type with its ``m_t`` and DP groups)."""
 
-    def __init__(self, model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, dtype: str,
-                 global_batch: int, replicas: ReplicaSet | None = None):
+    def __init__(
+        self,
+        model: ModelProfile,
+        cluster: ClusterProfile,
+        config: ParallelConfig,
+        dtype: str,
+        global_batch: int,
+        replicas: ReplicaSet | None = None,
+    ):
         self.model, self.cluster, self.cfg, self.dtype = model, cluster, config, dtype
         self.global_batch, self.replicas = global_batch, replicas
         self.chunks = assign_chunks(model, config)
@@ -117,20 +147,38 @@ class _Assembler:
         key = (layer.signature, style, recompute, node.name)
         if key not in self._cache:
             self._cache[key] = layer_cost(
-                layer, node=node, cluster=self.cluster, tp=cfg.tp, style=style, recompute=recompute,
-                sequence_parallel=cfg.sequence_parallel, micro_batch=cfg.micro_batch,
-                flash_attention=cfg.flash_attention, dtype=self.dtype,
+                layer,
+                node=node,
+                cluster=self.cluster,
+                tp=cfg.tp,
+                style=style,
+                recompute=recompute,
+                sequence_parallel=cfg.sequence_parallel,
+                micro_batch=cfg.micro_batch,
+                flash_attention=cfg.flash_attention,
+                dtype=self.dtype,
                 tp_group_spans_nodes=tp_group(cfg.tp, node.devices_per_node).spans_nodes,
-                use_timings=_timings_apply(self.model, node), overlap_tp_comm=cfg.overlap_tp_comm,
-                dp_wrapper=dp_wrapper(cfg.dp, cfg.zero_stage), timings_scale=timings_scale(self.model, node))
+                use_timings=_timings_apply(self.model, node),
+                overlap_tp_comm=cfg.overlap_tp_comm,
+                dp_wrapper=dp_wrapper(cfg.dp, cfg.zero_stage),
+                timings_scale=timings_scale(self.model, node),
+            )
         return self._cache[key]
 
     def _layout_s(self, prev: LayerProfile, nxt: LayerProfile, node: NodeType) -> float:
         cfg = self.cfg
-        return layout_change_cost(prev, nxt, layer_style(cfg, prev), layer_style(cfg, nxt), node=node,
-                                  cluster=self.cluster, tp=cfg.tp, micro_batch=cfg.micro_batch,
-                                  sequence_parallel=cfg.sequence_parallel,
-                                  tp_group_spans_nodes=tp_group(cfg.tp, node.devices_per_node).spans_nodes)
+        return layout_change_cost(
+            prev,
+            nxt,
+            layer_style(cfg, prev),
+            layer_style(cfg, nxt),
+            node=node,
+            cluster=self.cluster,
+            tp=cfg.tp,
+            micro_batch=cfg.micro_batch,
+            sequence_parallel=cfg.sequence_parallel,
+            tp_group_spans_nodes=tp_group(cfg.tp, node.devices_per_node).spans_nodes,
+        )
 
     def _boundary_s(self, c: int) -> float:
         """One-way time of the activation crossing the boundary after chunk ``c`` (per micro-batch)."""
@@ -139,13 +187,14 @@ class _Assembler:
         node = self.node(src)
         last = self.chunks[c][-1]
         full_bytes = last.output_bytes_per_sample * cfg.micro_batch
-        if self.replicas is not None and len(self.replicas.sync_node_types) > 1:   # dp, pp, tp layout
+        if self.replicas is not None and len(self.replicas.sync_node_types) > 1:  # dp, pp, tp layout
             spans = replica_sends_cross_nodes(cfg, node.devices_per_node)
-        else:   # pp, dp, tp layout: a stage's dp x tp ranks (count_t x tp for one replica type)
+        else:  # pp, dp, tp layout: a stage's dp x tp ranks (count_t x tp for one replica type)
             stage_ranks = (cfg.dp if self.replicas is None else len(self.replicas.replicas)) * cfg.tp
-            spans = (self.node_names[src] != self.node_names[dst] or stage_ranks >= node.devices_per_node)
-        one_way = collective_time(self.cluster, "send_recv", full_bytes / cfg.tp, 2, node_type=node,
-                                  spans_nodes=spans, ranks_per_node=1)
+            spans = self.node_names[src] != self.node_names[dst] or stage_ranks >= node.devices_per_node
+        one_way = collective_time(
+            self.cluster, "send_recv", full_bytes / cfg.tp, 2, node_type=node, spans_nodes=spans, ranks_per_node=1
+        )
         if cfg.tp > 1 and not cfg.sequence_parallel and layer_style(cfg, last) == "split":
             one_way += _coll(self.cluster, node, "all_gather", full_bytes, tp_group(cfg.tp, node.devices_per_node))
         return one_way
@@ -167,8 +216,9 @@ class _Assembler:
         """Fixed per-chunk host cost of the chunk's root FSDP2 unit (``framework.chunk_overhead_s``)."""
         if not _timings_apply(self.model, node):
             return 0.0, 0.0
-        return chunk_overhead_s(self.model, dp_wrapper(self.cfg.dp, self.cfg.zero_stage),
-                                timings_scale(self.model, node))
+        return chunk_overhead_s(
+            self.model, dp_wrapper(self.cfg.dp, self.cfg.zero_stage), timings_scale(self.model, node)
+        )
 
     def build_chunks(self) -> list[ChunkEstimate]:
         out = []
@@ -183,13 +233,22 @@ class _Assembler:
             time_s = {
                 "forward": sum(k.forward_s for k in costs) + unit_fwd_s,
                 "backward": sum(k.backward_s for k in costs) + unit_bwd_s,
-                "recompute": sum(k.recompute_s for k in costs), "tp_comm": sum(k.tp_comm_s for k in costs),
-                "layout": sum(self._layout_s(a, b, node) for a, b in neighbours), "pp_comm": self._p2p_s(c),
+                "recompute": sum(k.recompute_s for k in costs),
+                "tp_comm": sum(k.tp_comm_s for k in costs),
+                "layout": sum(self._layout_s(a, b, node) for a, b in neighbours),
+                "pp_comm": self._p2p_s(c),
             }
-            out.append(ChunkEstimate(index=c, pp_rank=c % self.cfg.pp, node_type=node.name,
-                                     module_paths=tuple(layer.path for layer in layers), time_s=time_s,
-                                     model_flops=sum(k.model_flops for k in costs),
-                                     hardware_flops=sum(k.hardware_flops for k in costs)))
+            out.append(
+                ChunkEstimate(
+                    index=c,
+                    pp_rank=c % self.cfg.pp,
+                    node_type=node.name,
+                    module_paths=tuple(layer.path for layer in layers),
+                    time_s=time_s,
+                    model_flops=sum(k.model_flops for k in costs),
+                    hardware_flops=sum(k.hardware_flops for k in costs),
+                )
+            )
         return out
 
     def _rank_params(self, r: int) -> tuple[float, float, list[tuple[LayerProfile, LayerCost]]]:
@@ -197,8 +256,11 @@ class _Assembler:
         (layer, cost) pairs). A replicated layer under ``tp > 1`` is data-parallel inside the TP group
         (Whale), so its gradients average over ``dp x tp``; a split layer's shard syncs over DP alone."""
         cfg = self.cfg
-        pairs = [(layer, cost) for c in range(r, len(self.chunks), cfg.pp)
-                 for layer, cost in zip(self.chunks[c], self.costs[c])]
+        pairs = [
+            (layer, cost)
+            for c in range(r, len(self.chunks), cfg.pp)
+            for layer, cost in zip(self.chunks[c], self.costs[c])
+        ]
         wide = sum(k.params for layer, k in pairs if self._batch_split(layer))
         return sum(k.params for _, k in pairs) - wide + self._tied_copy(r), wide, pairs
 
@@ -219,8 +281,10 @@ class _Assembler:
     def _dp_groups(self, node: NodeType) -> tuple[GroupShape, GroupShape]:
         if self.replicas is not None:
             return self.replicas.dp_group, self.replicas.dp_tp_group
-        return (dp_group(self.cfg.dp, self.cfg.tp, node.devices_per_node),
-                dp_group(self.cfg.dp, self.cfg.tp, node.devices_per_node, include_tp=True))
+        return (
+            dp_group(self.cfg.dp, self.cfg.tp, node.devices_per_node),
+            dp_group(self.cfg.dp, self.cfg.tp, node.devices_per_node, include_tp=True),
+        )
 
     def _dp_s(self, node: NodeType, op: str, nbytes: float, group: GroupShape, bucket: float | None) -> float:
         """:func:`dp_collective_time` at the slowest node type the DP group touches: a ring or tree runs at
@@ -245,8 +309,9 @@ class _Assembler:
         if cfg.zero_stage < 3:
             op = "all_reduce" if cfg.zero_stage == 0 else "reduce_scatter"
             bucket = cfg.grad_bucket_bytes
-            sync_s = (self._dp_s(node, op, params * grad_b, dp_g, bucket)
-                      + self._dp_s(node, op, wide * grad_b, dpt_g, bucket))
+            sync_s = self._dp_s(node, op, params * grad_b, dp_g, bucket) + self._dp_s(
+                node, op, wide * grad_b, dpt_g, bucket
+            )
             if cfg.overlap_grad_reduce:
                 # the last bucket only starts when the backward ends: it is exposed whatever the overlap;
                 # the hidden part still costs kappa of its time (contention, kernels.contention)
@@ -255,29 +320,55 @@ class _Assembler:
             else:
                 exposed_s = sync_s
             if cfg.zero_stage > 0:
-                gather_s = (self._dp_s(node, "all_gather", params * weight_b, dp_g, bucket)
-                            + self._dp_s(node, "all_gather", wide * weight_b, dpt_g, bucket))
-                zero_s = (max(gather_s - (1 - kappa) * fwd_window, kappa * gather_s) if cfg.overlap_grad_reduce
-                          else gather_s)
+                gather_s = self._dp_s(node, "all_gather", params * weight_b, dp_g, bucket) + self._dp_s(
+                    node, "all_gather", wide * weight_b, dpt_g, bucket
+                )
+                zero_s = (
+                    max(gather_s - (1 - kappa) * fwd_window, kappa * gather_s) if cfg.overlap_grad_reduce else gather_s
+                )
         else:
             zero_s = self._zero3_s(pairs, node, dp_g, dpt_g, weight_b, grad_b, fwd_window + bwd_window)
-        return RankEstimate(pp_rank=r, node_type=node.name, microbatch_s=sum(ch.total_s for ch in mine),
-                            inflight_microbatches=inflight_microbatches(cfg.schedule, cfg.pp, r, self.m,
-                                                                        cfg.virtual_stages),
-                            dp_sync_s=sync_s, dp_sync_exposed_s=exposed_s, zero_comm_s=zero_s,
-                            optimizer_s=(self._optimizer_s(node, params, cfg.dp)
-                                         + self._optimizer_s(node, wide, cfg.dp * cfg.tp)
-                                         + sum(k.optimizer_s for _, k in pairs)),
-                            memory=self._memory(r, node, params, wide, pairs))
+        return RankEstimate(
+            pp_rank=r,
+            node_type=node.name,
+            microbatch_s=sum(ch.total_s for ch in mine),
+            inflight_microbatches=inflight_microbatches(cfg.schedule, cfg.pp, r, self.m, cfg.virtual_stages),
+            dp_sync_s=sync_s,
+            dp_sync_exposed_s=exposed_s,
+            zero_comm_s=zero_s,
+            optimizer_s=(
+                self._optimizer_s(node, params, cfg.dp)
+                + self._optimizer_s(node, wide, cfg.dp * cfg.tp)
+                + sum(k.optimizer_s for _, k in pairs)
+            ),
+            memory=self._memory(r, node, params, wide, pairs),
+        )
 
-    def _zero3_s(self, pairs: list[tuple[LayerProfile, LayerCost]], node: NodeType, dp_g: GroupShape,
-                 dpt_g: GroupShape, weight_b: float, grad_b: float, window_s: float) -> float:
+    def _zero3_s(
+        self,
+        pairs: list[tuple[LayerProfile, LayerCost]],
+        node: NodeType,
+        dp_g: GroupShape,
+        dpt_g: GroupShape,
+        weight_b: float,
+        grad_b: float,
+        window_s: float,
+    ) -> float:
         """ZeRO-3 per step: per layer and micro-batch, gather the weights ``zero3_param_gathers`` times and
         reduce-scatter the gradients; with overlap only what exceeds the compute shows (``zero3.py``)."""
         spec = self.model.model
-        comm = Zero3Comm(cfg=self.cfg, cluster=self.cluster, node=node, group=dp_g, weight_bytes=weight_b,
-                         grad_bytes=grad_b, family=spec.family, hidden=int(spec.dims.get("hidden", 0) or 0),
-                         ffn_hidden=int(spec.dims.get("ffn_hidden", 0) or 0), wide_group=dpt_g)
+        comm = Zero3Comm(
+            cfg=self.cfg,
+            cluster=self.cluster,
+            node=node,
+            group=dp_g,
+            weight_bytes=weight_b,
+            grad_bytes=grad_b,
+            family=spec.family,
+            hidden=int(spec.dims.get("hidden", 0) or 0),
+            ffn_hidden=int(spec.dims.get("ffn_hidden", 0) or 0),
+            wide_group=dpt_g,
+        )
         wide = frozenset(layer.path for layer, _ in pairs if self._batch_split(layer))
         return comm.step_s(pairs, micro_batches=self.m, window_s=window_s, wide_paths=wide)
 
@@ -288,16 +379,28 @@ class _Assembler:
             return params * OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
         return params * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
 
-    def _memory(self, r: int, node: NodeType, params: float, wide: float,
-                pairs: list[tuple[LayerProfile, LayerCost]]):
+    def _memory(self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]):
         cfg = self.cfg
-        states = [model_states_bytes(params, cfg.zero_stage, cfg.dp, self.dtype),
-                  model_states_bytes(wide, cfg.zero_stage, cfg.dp * cfg.tp, self.dtype)]
+        states = [
+            model_states_bytes(params, cfg.zero_stage, cfg.dp, self.dtype),
+            model_states_bytes(wide, cfg.zero_stage, cfg.dp * cfg.tp, self.dtype),
+        ]
         act = sum(k.act_bytes for _, k in pairs)
-        working = max([full_saved_bytes(layer, tp=cfg.tp, style=layer_style(cfg, layer),
-                                        sequence_parallel=cfg.sequence_parallel, micro_batch=cfg.micro_batch,
-                                        flash_attention=cfg.flash_attention)
-                       for layer, _ in pairs if layer_recompute(cfg, layer) == "full"], default=0.0)
+        working = max(
+            [
+                full_saved_bytes(
+                    layer,
+                    tp=cfg.tp,
+                    style=layer_style(cfg, layer),
+                    sequence_parallel=cfg.sequence_parallel,
+                    micro_batch=cfg.micro_batch,
+                    flash_attention=cfg.flash_attention,
+                )
+                for layer, _ in pairs
+                if layer_recompute(cfg, layer) == "full"
+            ],
+            default=0.0,
+        )
         buffers = 0.0
         grad_bytes = (params + wide) * STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
         if cfg.zero_stage < 3 and (cfg.dp > 1 or wide > 0):
@@ -305,20 +408,33 @@ class _Assembler:
         if cfg.zero_stage == 3:
             buffers += ZERO3_LAYERS_IN_FLIGHT * max((k.param_bytes for _, k in pairs), default=0.0)
             per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
-            buffers += zero3_accumulation_bytes(cfg, micro_batches=self.m, params=params + wide,
-                                                weight_bytes=per["params"], grad_bytes=per["grads"])
+            buffers += zero3_accumulation_bytes(
+                cfg, micro_batches=self.m, params=params + wide, weight_bytes=per["params"], grad_bytes=per["grads"]
+            )
         if cfg.pp > 1:
-            buffers += 2 * sum(self.chunks[c][-1].output_bytes_per_sample * cfg.micro_batch / cfg.tp
-                               for c in range(r, len(self.chunks), cfg.pp))
+            buffers += 2 * sum(
+                self.chunks[c][-1].output_bytes_per_sample * cfg.micro_batch / cfg.tp
+                for c in range(r, len(self.chunks), cfg.pp)
+            )
         inflight = inflight_microbatches(cfg.schedule, cfg.pp, r, self.m, cfg.virtual_stages)
-        return build_memory_breakdown(states=states, act_bytes_per_microbatch=act, inflight_microbatches=inflight,
-                                      working_set_bytes=working, comm_buffer_bytes=buffers,
-                                      capacity_bytes=float(node.device_memory_bytes),
-                                      is_gpu=is_gpu(node.device))
+        return build_memory_breakdown(
+            states=states,
+            act_bytes_per_microbatch=act,
+            inflight_microbatches=inflight,
+            working_set_bytes=working,
+            comm_buffer_bytes=buffers,
+            capacity_bytes=float(node.device_memory_bytes),
+            is_gpu=is_gpu(node.device),
+        )
 
 
-def _breakdown(chunks: list[ChunkEstimate], ranks: list[RankEstimate], pipeline_s: float, m: int,
-               tail_ranks: list[RankEstimate] | None = None) -> dict:
+def _breakdown(
+    chunks: list[ChunkEstimate],
+    ranks: list[RankEstimate],
+    pipeline_s: float,
+    m: int,
+    tail_ranks: list[RankEstimate] | None = None,
+) -> dict:
     """Step time by cause along the slowest rank of ``ranks`` (the bubble is the rest of ``pipeline_s``)
     plus the tail of the rank with the largest tail among ``tail_ranks`` (default ``ranks``)."""
     slow = max(ranks, key=lambda rk: rk.microbatch_s)
@@ -340,13 +456,26 @@ def _evaluate(asm: _Assembler) -> tuple[list[ChunkEstimate], list[RankEstimate],
     """Chunk and rank records of one assembler and its pipeline time, formula (P)."""
     chunks = asm.build_chunks()
     ranks = [asm.build_rank(r, chunks) for r in range(asm.cfg.pp)]
-    return chunks, ranks, pipeline_step_time([rk.microbatch_s for rk in ranks], asm.m, asm.cfg.virtual_stages,
-                                             asm.cfg.schedule)
+    return (
+        chunks,
+        ranks,
+        pipeline_step_time([rk.microbatch_s for rk in ranks], asm.m, asm.cfg.virtual_stages, asm.cfg.schedule),
+    )
 
 
-def _finish(model: ModelProfile, config: ParallelConfig, global_batch: int, *, step_s: float,
-            chunks: list[ChunkEstimate], ranks: list[RankEstimate], all_ranks: list[RankEstimate],
-            peak_flops: float, breakdown_s: dict, **extra) -> Estimate:
+def _finish(
+    model: ModelProfile,
+    config: ParallelConfig,
+    global_batch: int,
+    *,
+    step_s: float,
+    chunks: list[ChunkEstimate],
+    ranks: list[RankEstimate],
+    all_ranks: list[RankEstimate],
+    peak_flops: float,
+    breakdown_s: dict,
+    **extra,
+) -> Estimate:
     """The :class:`Estimate`: FLOPs from ``chunks`` (per micro-batch, the same on every node type), memory
     over ``all_ranks``, records ``chunks``/``ranks``."""
     micro_batches_total = global_batch / config.micro_batch
@@ -354,17 +483,25 @@ def _finish(model: ModelProfile, config: ParallelConfig, global_batch: int, *, s
     hardware_flops = micro_batches_total * config.tp * sum(ch.hardware_flops for ch in chunks)
     world = config.world_size
     return Estimate(
-        step_time_s=step_s, tokens_per_s=global_batch * model.seq_len / step_s,
-        samples_per_s=global_batch / step_s, model_tflops_per_gpu=model_flops / step_s / world / 1e12,
+        step_time_s=step_s,
+        tokens_per_s=global_batch * model.seq_len / step_s,
+        samples_per_s=global_batch / step_s,
+        model_tflops_per_gpu=model_flops / step_s / world / 1e12,
         hardware_tflops_per_gpu=hardware_flops / step_s / world / 1e12,
-        mfu=model_flops / step_s / peak_flops, hfu=hardware_flops / step_s / peak_flops,
+        mfu=model_flops / step_s / peak_flops,
+        hfu=hardware_flops / step_s / peak_flops,
         peak_mem_bytes=max(rk.memory.peak_bytes for rk in all_ranks),
         fits_in_memory=all(rk.memory.peak_bytes <= rk.memory.capacity for rk in all_ranks),
-        breakdown_s=breakdown_s, per_stage=tuple(chunks), per_rank=tuple(ranks), **extra)
+        breakdown_s=breakdown_s,
+        per_stage=tuple(chunks),
+        per_rank=tuple(ranks),
+        **extra,
+    )
 
 
-def _estimate_replicas(model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *,
-                       global_batch: int, dtype: str) -> Estimate:
+def _estimate_replicas(
+    model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int, dtype: str
+) -> Estimate:
     """``estimate`` with ``config.replica_node_types``: each distinct type ``t`` runs the whole pipeline on
     its node type with its own ``m_t`` (the most micro-batches of its replicas), and
 
@@ -381,27 +518,47 @@ def _estimate_replicas(model: ModelProfile, cluster: ClusterProfile, config: Par
     per_type = []
     for rs in replica_sets(cluster, config, replica_micro_batches(config, global_batch)):
         chunks, ranks, pipeline_s = _evaluate(_Assembler(model, cluster, config, dtype, global_batch, rs))
-        per_type.append(ReplicaTypeEstimate(
-            node_type=rs.node_type, replicas=rs.replicas, micro_batches=rs.micro_batches,
-            batch_share_total=rs.batch_share_total, pipeline_s=pipeline_s, per_rank=tuple(ranks),
-            per_stage=tuple(chunks)))
+        per_type.append(
+            ReplicaTypeEstimate(
+                node_type=rs.node_type,
+                replicas=rs.replicas,
+                micro_batches=rs.micro_batches,
+                batch_share_total=rs.batch_share_total,
+                pipeline_s=pipeline_s,
+                per_rank=tuple(ranks),
+                per_stage=tuple(chunks),
+            )
+        )
     critical = max(per_type, key=lambda t: t.pipeline_s + t.tail_s)
     all_ranks = [rk for t in per_type for rk in t.per_rank]
     pipeline_s = max(t.pipeline_s for t in per_type)
     step_s = pipeline_s + max(rk.tail_s for rk in all_ranks)
     peak_flops = sum(cluster.node_type(t).compute_for(dtype).peak_flops_per_s for t in config.replica_node_types)
     peak_flops *= config.pp * config.tp
-    note = (f"replica node types: step = max over types of pipeline + max tail (H); per_rank/per_stage are "
-            f"{critical.node_type}'s (critical); the bubble includes waiting for slower types")
-    return _finish(model, config, global_batch, step_s=step_s, chunks=list(critical.per_stage),
-                   ranks=list(critical.per_rank), all_ranks=all_ranks, peak_flops=peak_flops,
-                   breakdown_s=_breakdown(list(critical.per_stage), list(critical.per_rank), pipeline_s,
-                                          critical.micro_batches, all_ranks),
-                   per_replica_type=tuple(per_type), notes=(note,))
+    note = (
+        f"replica node types: step = max over types of pipeline + max tail (H); per_rank/per_stage are "
+        f"{critical.node_type}'s (critical); the bubble includes waiting for slower types"
+    )
+    return _finish(
+        model,
+        config,
+        global_batch,
+        step_s=step_s,
+        chunks=list(critical.per_stage),
+        ranks=list(critical.per_rank),
+        all_ranks=all_ranks,
+        peak_flops=peak_flops,
+        breakdown_s=_breakdown(
+            list(critical.per_stage), list(critical.per_rank), pipeline_s, critical.micro_batches, all_ranks
+        ),
+        per_replica_type=tuple(per_type),
+        notes=(note,),
+    )
 
 
-def estimate(model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int,
-             dtype: str = "bf16") -> Estimate:
+def estimate(
+    model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int, dtype: str = "bf16"
+) -> Estimate:
     """Predict one training step of ``model`` on ``cluster`` under ``config`` (pure function).
 
     Raises :class:`StratagemError` naming the fix for impossible configurations. Peak memory over the
@@ -416,8 +573,17 @@ def estimate(model: ModelProfile, cluster: ClusterProfile, config: ParallelConfi
     step_s = pipeline_s + max(rk.tail_s for rk in ranks)
     peak_flops = sum(asm.node(r).compute_for(dtype).peak_flops_per_s for r in range(config.pp))
     peak_flops *= config.dp * config.tp
-    return _finish(model, config, global_batch, step_s=step_s, chunks=chunks, ranks=ranks, all_ranks=ranks,
-                   peak_flops=peak_flops, breakdown_s=_breakdown(chunks, ranks, pipeline_s, asm.m))
+    return _finish(
+        model,
+        config,
+        global_batch,
+        step_s=step_s,
+        chunks=chunks,
+        ranks=ranks,
+        all_ranks=ranks,
+        peak_flops=peak_flops,
+        breakdown_s=_breakdown(chunks, ranks, pipeline_s, asm.m),
+    )
 
 
 __all__ = ["estimate", "Estimate"]

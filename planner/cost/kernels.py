@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 from planner.profiles import KernelModel, OpProfile
 
-SPLIT_K = (1, 2, 4)       # split-K factors the model lets the library choose from (CUTLASS split-K parallel)
-FP32_BYTES = 4            # split-K partial outputs are fp32 (CUTLASS accumulates in fp32)
-FLASH_BACKWARD_FLOPS_FACTOR = 2.5   # FlashAttention-2 §3.1.2: backward = 2x forward + the QK^T recompute
+SPLIT_K = (1, 2, 4)  # split-K factors the model lets the library choose from (CUTLASS split-K parallel)
+FP32_BYTES = 4  # split-K partial outputs are fp32 (CUTLASS accumulates in fp32)
+FLASH_BACKWARD_FLOPS_FACTOR = 2.5  # FlashAttention-2 §3.1.2: backward = 2x forward + the QK^T recompute
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,8 +59,15 @@ class Device:
     def key(self) -> tuple:
         """Everything a GEMM's time depends on besides its shape (the cache key of :func:`gemm_s`)."""
         km = self.km
-        return (km.sm_count, km.gemm_ceiling, km.memory_bw_efficiency, tuple((t.m, t.n, t.relative_efficiency)
-                for t in km.tile_shapes), self.peak_flops_per_s, self.memory_bw_bytes_per_s, self.elem_bytes)
+        return (
+            km.sm_count,
+            km.gemm_ceiling,
+            km.memory_bw_efficiency,
+            tuple((t.m, t.n, t.relative_efficiency) for t in km.tile_shapes),
+            self.peak_flops_per_s,
+            self.memory_bw_bytes_per_s,
+            self.elem_bytes,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,7 +86,7 @@ class PassTime:
 
 
 _GEMM_CACHE: dict[tuple, float] = {}
-_GEMM_CACHE_LIMIT = 200_000   # shapes x devices; the search asks for a few thousand
+_GEMM_CACHE_LIMIT = 200_000  # shapes x devices; the search asks for a few thousand
 
 
 def gemm_s(m: int, n: int, k: int, batch: int, dev: Device) -> float:
@@ -106,7 +113,7 @@ def _gemm_uncached_s(m: int, n: int, k: int, batch: int, dev: Device) -> float:
                 break
             waves = math.ceil(tiles * split / km.sm_count)
             t = waves * 2 * tile.m * tile.n * math.ceil(k / split) / tile_rate
-            if split > 1:   # write and re-read the fp32 partial outputs, write the result
+            if split > 1:  # write and re-read the fp32 partial outputs, write the result
                 t += batch * m * n * (2 * split * FP32_BYTES + dev.elem_bytes) / dev.stream_bytes_per_s
             best = min(best, t)
     stream_s = dev.elem_bytes * batch * (m * k + k * n + m * n) / dev.stream_bytes_per_s
@@ -150,8 +157,9 @@ class LayerKernels:
     attention_forward: PassTime
 
 
-def layer_kernels(ops: list[OpProfile], samples: int, dev: Device, *, sp_tp: int, flash: bool,
-                  score_flops: float) -> LayerKernels:
+def layer_kernels(
+    ops: list[OpProfile], samples: int, dev: Device, *, sp_tp: int, flash: bool, score_flops: float
+) -> LayerKernels:
     """Kernels of one layer on one rank for ``samples`` samples.
 
     ``sp_tp``: the TP degree when sequence parallelism shards the replicated ops, else 1. ``flash``: the

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.constants import (CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION, STATE_BYTES_PER_PARAM)
+from planner.cost.constants import CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION, STATE_BYTES_PER_PARAM
 from planner.errors import StratagemError
 
 
@@ -54,13 +54,18 @@ class MemoryBreakdown:
 
     @property
     def peak_bytes(self) -> float:
-        return (self.params + self.grads + self.optimizer + self.activations + self.comm_buffers
-                + self.reserve)
+        return self.params + self.grads + self.optimizer + self.activations + self.comm_buffers + self.reserve
 
     def as_dict(self) -> dict[str, float]:
-        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations, "comm_buffers": self.comm_buffers,
-                "reserve": self.reserve, "capacity": self.capacity}
+        return {
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "comm_buffers": self.comm_buffers,
+            "reserve": self.reserve,
+            "capacity": self.capacity,
+        }
 
 
 def precision_kind(dtype: str) -> str:
@@ -97,15 +102,28 @@ def reserve_bytes(allocated_bytes: float, *, is_gpu: bool) -> float:
     return (CUDA_CONTEXT_BYTES if is_gpu else 0.0) + FRAGMENTATION_FRACTION * allocated_bytes
 
 
-def build_memory_breakdown(*, states: list[ModelStates], act_bytes_per_microbatch: float,
-                           inflight_microbatches: float, working_set_bytes: float,
-                           comm_buffer_bytes: float, capacity_bytes: float, is_gpu: bool) -> MemoryBreakdown:
+def build_memory_breakdown(
+    *,
+    states: list[ModelStates],
+    act_bytes_per_microbatch: float,
+    inflight_microbatches: float,
+    working_set_bytes: float,
+    comm_buffer_bytes: float,
+    capacity_bytes: float,
+    is_gpu: bool,
+) -> MemoryBreakdown:
     """Assemble one rank's peak memory from its parts (formulae in the module docstring)."""
     params = sum(s.params_bytes for s in states)
     grads = sum(s.grads_bytes for s in states)
     optimizer = sum(s.optimizer_bytes for s in states)
     activations = act_bytes_per_microbatch * inflight_microbatches + working_set_bytes
     allocated = params + grads + optimizer + activations + comm_buffer_bytes
-    return MemoryBreakdown(params=params, grads=grads, optimizer=optimizer, activations=activations,
-                           comm_buffers=comm_buffer_bytes, reserve=reserve_bytes(allocated, is_gpu=is_gpu),
-                           capacity=capacity_bytes)
+    return MemoryBreakdown(
+        params=params,
+        grads=grads,
+        optimizer=optimizer,
+        activations=activations,
+        comm_buffers=comm_buffer_bytes,
+        reserve=reserve_bytes(allocated, is_gpu=is_gpu),
+        capacity=capacity_bytes,
+    )

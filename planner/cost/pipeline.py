@@ -32,15 +32,19 @@ def _check(schedule: str, pp: int, num_micro_batches: int, virtual_stages: int) 
     if schedule not in SCHEDULES:
         raise StratagemError(f"unknown pipeline schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
     if pp < 1 or num_micro_batches < 1 or virtual_stages < 1:
-        raise StratagemError(f"pp={pp}, micro-batches={num_micro_batches} and virtual stages="
-                             f"{virtual_stages} must all be >= 1")
+        raise StratagemError(
+            f"pp={pp}, micro-batches={num_micro_batches} and virtual stages={virtual_stages} must all be >= 1"
+        )
     if schedule != "interleaved_1f1b" and virtual_stages != 1:
-        raise StratagemError(f"{schedule} runs one chunk per rank but virtual_stages={virtual_stages}; "
-                             f"use --schedule interleaved_1f1b or --virtual-stages 1")
+        raise StratagemError(
+            f"{schedule} runs one chunk per rank but virtual_stages={virtual_stages}; "
+            f"use --schedule interleaved_1f1b or --virtual-stages 1"
+        )
 
 
-def pipeline_step_time(rank_times_s: Sequence[float], num_micro_batches: int, virtual_stages: int = 1,
-                       schedule: str = "1f1b") -> float:
+def pipeline_step_time(
+    rank_times_s: Sequence[float], num_micro_batches: int, virtual_stages: int = 1, schedule: str = "1f1b"
+) -> float:
     """Seconds for ``m`` micro-batches through the pipeline, formula (P) of the module docstring.
 
     >>> pipeline_step_time([1.0, 1.0, 1.0, 1.0], 8)            # (8 + 4 - 1) * 1
@@ -55,8 +59,9 @@ def pipeline_step_time(rank_times_s: Sequence[float], num_micro_batches: int, vi
     return (num_micro_batches - 1.0 / v) * max(rank_times_s) + sum(rank_times_s) / v
 
 
-def inflight_microbatches(schedule: str, pp: int, pp_rank: int, num_micro_batches: int,
-                          virtual_stages: int = 1) -> float:
+def inflight_microbatches(
+    schedule: str, pp: int, pp_rank: int, num_micro_batches: int, virtual_stages: int = 1
+) -> float:
     """Micro-batches whose activations pp rank ``pp_rank`` holds at its peak, in whole-rank units.
 
     Multiply by the activation bytes of ALL the rank's chunks for one micro-batch.

@@ -51,16 +51,24 @@ def with_gpus(cluster: ClusterProfile, gpus: int) -> ClusterProfile:
     if gpus < 1:
         raise StratagemError(f"--gpus must be >= 1, got {gpus}")
     if cluster.is_inventory and gpus > cluster.total_devices:
-        raise StratagemError(f"cluster {cluster.name} is a measured inventory of {cluster.total_devices} devices, "
-                             f"not {gpus}; use --gpus <= {cluster.total_devices}, or profile the larger cluster "
-                             f"(stratagem profile cluster --nnodes ...)")
+        raise StratagemError(
+            f"cluster {cluster.name} is a measured inventory of {cluster.total_devices} devices, "
+            f"not {gpus}; use --gpus <= {cluster.total_devices}, or profile the larger cluster "
+            f"(stratagem profile cluster --nnodes ...)"
+        )
     if not cluster.is_mixed and not cluster.is_inventory and gpus > cluster.total_devices:
-        log.warning("cluster %s lists %d devices; planning for %d of its node type (a datasheet template, resized)",
-                    cluster.name, cluster.total_devices, gpus)
+        log.warning(
+            "cluster %s lists %d devices; planning for %d of its node type (a datasheet template, resized)",
+            cluster.name,
+            cluster.total_devices,
+            gpus,
+        )
     if cluster.is_mixed:
         if gpus > cluster.total_devices:
-            raise StratagemError(f"mixed cluster {cluster.name} has {cluster.total_devices} devices, not "
-                                 f"{gpus}; use --gpus <= {cluster.total_devices} or edit its node groups")
+            raise StratagemError(
+                f"mixed cluster {cluster.name} has {cluster.total_devices} devices, not "
+                f"{gpus}; use --gpus <= {cluster.total_devices} or edit its node groups"
+            )
         return cluster
     node_type = cluster.nodes[0].node_type
     per_node = cluster.node_type(node_type).devices_per_node
@@ -123,32 +131,39 @@ def assign_chunks(model: ModelProfile, config: ParallelConfig) -> list[list[Laye
     if not blocks:
         blocks = list(range(len(model.layers)))
     if len(blocks) < n_chunks:
-        raise StratagemError(f"the model has {len(blocks)} blocks but pp={config.pp} x virtual stages="
-                             f"{config.virtual_stages} needs {n_chunks} chunks; reduce --pp or --virtual-stages")
+        raise StratagemError(
+            f"the model has {len(blocks)} blocks but pp={config.pp} x virtual stages="
+            f"{config.virtual_stages} needs {n_chunks} chunks; reduce --pp or --virtual-stages"
+        )
     base, extra = divmod(len(blocks), n_chunks)
     chunks: list[list[LayerProfile]] = []
     start = 0
     for c in range(n_chunks):
         size = base + (1 if c < extra else 0)
-        chunks.append([model.layers[i] for i in blocks[start:start + size]])
+        chunks.append([model.layers[i] for i in blocks[start : start + size]])
         start += size
-    chunks[0] = model.layers[:blocks[0]] + chunks[0]
-    chunks[-1] = chunks[-1] + model.layers[blocks[-1] + 1:]
+    chunks[0] = model.layers[: blocks[0]] + chunks[0]
+    chunks[-1] = chunks[-1] + model.layers[blocks[-1] + 1 :]
     return chunks
 
 
-def _explicit_chunks(model: ModelProfile, config: ParallelConfig, by_path: dict[str, LayerProfile],
-                     n_chunks: int) -> list[list[LayerProfile]]:
+def _explicit_chunks(
+    model: ModelProfile, config: ParallelConfig, by_path: dict[str, LayerProfile], n_chunks: int
+) -> list[list[LayerProfile]]:
     stage_layers = config.stage_layers or ()
     if len(stage_layers) != n_chunks:
-        raise StratagemError(f"stage_layers lists {len(stage_layers)} chunks but pp={config.pp} x virtual "
-                             f"stages={config.virtual_stages} = {n_chunks}; give one entry per chunk")
+        raise StratagemError(
+            f"stage_layers lists {len(stage_layers)} chunks but pp={config.pp} x virtual "
+            f"stages={config.virtual_stages} = {n_chunks}; give one entry per chunk"
+        )
     flat = [p for chunk in stage_layers for p in chunk]
     if flat != [layer.path for layer in model.layers]:
         unknown = sorted(set(flat) - set(by_path))
         missing = sorted(set(by_path) - set(flat))
-        raise StratagemError(f"stage_layers must list every layer once, in model order (unknown {unknown[:3]}, "
-                             f"missing {missing[:3]}); fix the stage boundaries")
+        raise StratagemError(
+            f"stage_layers must list every layer once, in model order (unknown {unknown[:3]}, "
+            f"missing {missing[:3]}); fix the stage boundaries"
+        )
     if any(not chunk for chunk in stage_layers):
         raise StratagemError("a pipeline chunk in stage_layers is empty; give every chunk at least one layer")
     return [[by_path[p] for p in chunk] for chunk in stage_layers]
@@ -159,8 +174,9 @@ def rank_node_types(cluster: ClusterProfile, config: ParallelConfig) -> list[str
     names = [nt.name for nt in cluster.node_types]
     types = list(config.stage_node_types) if config.stage_node_types else [cluster.nodes[0].node_type] * config.pp
     if len(types) != config.pp:
-        raise StratagemError(f"stage_node_types names {len(types)} node types for pp={config.pp}; give one per "
-                             f"pipeline rank")
+        raise StratagemError(
+            f"stage_node_types names {len(types)} node types for pp={config.pp}; give one per pipeline rank"
+        )
     for t in types:
         if t not in names:
             raise StratagemError(f"stage node type {t!r} is not in cluster {cluster.name} ({', '.join(names)})")
@@ -168,8 +184,10 @@ def rank_node_types(cluster: ClusterProfile, config: ParallelConfig) -> list[str
         need = types.count(name) * config.dp * config.tp
         have = sum(g.count for g in cluster.nodes if g.node_type == name) * cluster.node_type(name).devices_per_node
         if need > have:
-            raise StratagemError(f"the stages placed on {name} need {need} devices but the cluster has {have}; "
-                                 f"move stages to another node type or use a larger cluster")
+            raise StratagemError(
+                f"the stages placed on {name} need {need} devices but the cluster has {have}; "
+                f"move stages to another node type or use a larger cluster"
+            )
     return types
 
 
@@ -178,15 +196,18 @@ def fill_stage_node_types(cluster: ClusterProfile, config: ParallelConfig) -> Pa
     from the first type with room (the default placement on a mixed cluster)."""
     free = {}
     for group in cluster.nodes:
-        free[group.node_type] = free.get(group.node_type, 0) + group.count * cluster.node_type(
-            group.node_type).devices_per_node
+        free[group.node_type] = (
+            free.get(group.node_type, 0) + group.count * cluster.node_type(group.node_type).devices_per_node
+        )
     need = config.dp * config.tp
     types = []
     for r in range(config.pp):
         name = next((t for t, n in free.items() if n >= need), None)
         if name is None:
-            raise StratagemError(f"pipeline rank {r} needs {need} devices of one node type but none is left in "
-                                 f"{cluster.name}; reduce dp*tp or pp")
+            raise StratagemError(
+                f"pipeline rank {r} needs {need} devices of one node type but none is left in "
+                f"{cluster.name}; reduce dp*tp or pp"
+            )
         free[name] -= need
         types.append(name)
     return replace(config, stage_node_types=tuple(types))
@@ -230,8 +251,10 @@ def _mixed_dp_groups(cluster: ClusterProfile, config: ParallelConfig) -> tuple[G
         whole = d // block
         per_dp.append(min(count, max(whole, 1)))
         per_dpt.append(min(count, whole) * tp if whole >= 1 else min(tp, d))
-    return (GroupShape(n_ranks=config.dp, ranks_per_node=min(per_dp), spans_nodes=True),
-            GroupShape(n_ranks=config.dp * tp, ranks_per_node=min(per_dpt), spans_nodes=True))
+    return (
+        GroupShape(n_ranks=config.dp, ranks_per_node=min(per_dp), spans_nodes=True),
+        GroupShape(n_ranks=config.dp * tp, ranks_per_node=min(per_dpt), spans_nodes=True),
+    )
 
 
 def replica_sends_cross_nodes(config: ParallelConfig, devices_per_node: int) -> bool:
@@ -242,8 +265,7 @@ def replica_sends_cross_nodes(config: ParallelConfig, devices_per_node: int) -> 
     return config.pp * config.tp > devices_per_node
 
 
-def replica_sets(cluster: ClusterProfile, config: ParallelConfig,
-                 micro_batches: tuple[int, ...]) -> list[ReplicaSet]:
+def replica_sets(cluster: ClusterProfile, config: ParallelConfig, micro_batches: tuple[int, ...]) -> list[ReplicaSet]:
     """One :class:`ReplicaSet` per distinct node type of ``config.replica_node_types`` (in order of first use).
 
     ``micro_batches``: per replica (``validate.replica_micro_batches``). With a single type the groups are
@@ -260,14 +282,23 @@ def replica_sets(cluster: ClusterProfile, config: ParallelConfig,
     out = []
     for name in distinct:
         mine = tuple(j for j, t in enumerate(types) if t == name)
-        out.append(ReplicaSet(node_type=name, replicas=mine, micro_batches=max(micro_batches[j] for j in mine),
-                              batch_share_total=sum(shares[j] for j in mine), dp_group=groups[0],
-                              dp_tp_group=groups[1], sync_node_types=distinct))
+        out.append(
+            ReplicaSet(
+                node_type=name,
+                replicas=mine,
+                micro_batches=max(micro_batches[j] for j in mine),
+                batch_share_total=sum(shares[j] for j in mine),
+                dp_group=groups[0],
+                dp_tp_group=groups[1],
+                sync_node_types=distinct,
+            )
+        )
     return out
 
 
-def proportional_shares(cluster: ClusterProfile, node_types: list[str] | tuple[str, ...], global_batch: int,
-                        micro_batch: int, *, dtype: str) -> tuple[int, ...]:
+def proportional_shares(
+    cluster: ClusterProfile, node_types: list[str] | tuple[str, ...], global_batch: int, micro_batch: int, *, dtype: str
+) -> tuple[int, ...]:
     """Micro-batches per dp replica proportional to its node type's achieved FLOP/s of ``dtype``.
 
     Whale's hardware-aware balancing (Jia et al. ATC'22 §4: batch per replica proportional to device
@@ -279,19 +310,25 @@ def proportional_shares(cluster: ClusterProfile, node_types: list[str] | tuple[s
     >>> # (23, 23, 9, 9)
     """
     if micro_batch < 1 or global_batch % micro_batch:
-        raise StratagemError(f"global batch {global_batch} is not a multiple of micro-batch {micro_batch}; "
-                             f"change --global-batch or --micro-batch")
+        raise StratagemError(
+            f"global batch {global_batch} is not a multiple of micro-batch {micro_batch}; "
+            f"change --global-batch or --micro-batch"
+        )
     total = global_batch // micro_batch
     if not node_types or total < len(node_types):
-        raise StratagemError(f"{total} micro-batches cannot give each of {len(node_types)} replicas at least one; "
-                             f"use fewer replicas or a larger global batch")
+        raise StratagemError(
+            f"{total} micro-batches cannot give each of {len(node_types)} replicas at least one; "
+            f"use fewer replicas or a larger global batch"
+        )
     speeds = []
     for name in node_types:
         try:
             speeds.append(cluster.node_type(name).compute_for(dtype).achieved_flops_per_s)
         except KeyError:
-            raise StratagemError(f"node type {name!r} of cluster {cluster.name} has no {dtype} compute figure; "
-                                 f"use a known node type and a dtype it lists") from None
+            raise StratagemError(
+                f"node type {name!r} of cluster {cluster.name} has no {dtype} compute figure; "
+                f"use a known node type and a dtype it lists"
+            ) from None
     ideal = [total * s / sum(speeds) for s in speeds]
     counts = [max(1, math.floor(q)) for q in ideal]
     while sum(counts) < total:  # the largest remainder first, ties to the lower index

@@ -7,12 +7,23 @@ from dataclasses import dataclass, field
 from planner.cost.memory import MemoryBreakdown
 from planner.plan import Predictions, ReplicaTypePrediction, StagePrediction
 
-BREAKDOWN_KEYS = ("forward", "backward", "recompute", "tp_comm", "pp_comm", "bubble", "dp_sync_exposed",
-                  "dp_sync_overlapped", "zero_comm", "optimizer")
+BREAKDOWN_KEYS = (
+    "forward",
+    "backward",
+    "recompute",
+    "tp_comm",
+    "pp_comm",
+    "bubble",
+    "dp_sync_exposed",
+    "dp_sync_overlapped",
+    "zero_comm",
+    "optimizer",
+)
 FLOP_CONVENTION = (
     "model FLOPs = forward + backward FLOPs of the profile (GPT: 72 B s l h^2 (1 + s/6h + V/12lh), SC21 eq. 3 "
     "without the recompute forward); hardware FLOPs add recomputed forwards (SC21 eq. 3 itself under full "
-    "recompute); MFU/HFU divide by the datasheet dense peak of the compute dtype (PaLM App. B)")
+    "recompute); MFU/HFU divide by the datasheet dense peak of the compute dtype (PaLM App. B)"
+)
 
 
 def _stage_predictions(chunks, ranks) -> list[StagePrediction]:
@@ -21,9 +32,15 @@ def _stage_predictions(chunks, ranks) -> list[StagePrediction]:
     for chunk in chunks:
         mem = ranks[chunk.pp_rank].memory
         breakdown = {k: v for k, v in mem.as_dict().items() if k != "capacity"}
-        stages.append(StagePrediction(stage=chunk.index, time_breakdown_s=dict(chunk.time_s),
-                                      memory_breakdown_bytes=breakdown, peak_memory_bytes=mem.peak_bytes,
-                                      memory_capacity_bytes=mem.capacity))
+        stages.append(
+            StagePrediction(
+                stage=chunk.index,
+                time_breakdown_s=dict(chunk.time_s),
+                memory_breakdown_bytes=breakdown,
+                peak_memory_bytes=mem.peak_bytes,
+                memory_capacity_bytes=mem.capacity,
+            )
+        )
     return stages
 
 
@@ -107,12 +124,24 @@ class Estimate:
     def to_predictions(self) -> Predictions:
         """The plan file's :class:`Predictions`, one :class:`StagePrediction` per chunk (and per replica
         node type in ``per_replica_type`` when replicas run on several)."""
-        return Predictions(step_time_s=self.step_time_s, tokens_per_s=self.tokens_per_s,
-                           samples_per_s=self.samples_per_s, model_tflops_per_gpu=self.model_tflops_per_gpu,
-                           hardware_tflops_per_gpu=self.hardware_tflops_per_gpu, mfu=self.mfu,
-                           peak_memory_bytes=self.peak_mem_bytes, breakdown_s=dict(self.breakdown_s),
-                           stages=_stage_predictions(self.per_stage, self.per_rank),
-                           per_replica_type=[ReplicaTypePrediction(
-                               node_type=t.node_type, replicas=list(t.replicas), micro_batches=t.micro_batches,
-                               pipeline_s=t.pipeline_s, stages=_stage_predictions(t.per_stage, t.per_rank))
-                               for t in self.per_replica_type])
+        return Predictions(
+            step_time_s=self.step_time_s,
+            tokens_per_s=self.tokens_per_s,
+            samples_per_s=self.samples_per_s,
+            model_tflops_per_gpu=self.model_tflops_per_gpu,
+            hardware_tflops_per_gpu=self.hardware_tflops_per_gpu,
+            mfu=self.mfu,
+            peak_memory_bytes=self.peak_mem_bytes,
+            breakdown_s=dict(self.breakdown_s),
+            stages=_stage_predictions(self.per_stage, self.per_rank),
+            per_replica_type=[
+                ReplicaTypePrediction(
+                    node_type=t.node_type,
+                    replicas=list(t.replicas),
+                    micro_batches=t.micro_batches,
+                    pipeline_s=t.pipeline_s,
+                    stages=_stage_predictions(t.per_stage, t.per_rank),
+                )
+                for t in self.per_replica_type
+            ],
+        )

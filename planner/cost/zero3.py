@@ -62,8 +62,7 @@ from collections.abc import Sequence
 
 from planner.cost.collectives import collective_time
 from planner.cost.config import LayerCost, ParallelConfig
-from planner.cost.constants import (DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS, EAGER_OP_OVERHEAD_S,
-                                    MEMORY_BW_EFFICIENCY)
+from planner.cost.constants import DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS, EAGER_OP_OVERHEAD_S, MEMORY_BW_EFFICIENCY
 from planner.cost.kernels import contention
 from planner.cost.placement import GroupShape
 from planner.profiles import ClusterProfile, LayerProfile, NodeType
@@ -84,8 +83,15 @@ def parameter_tensors(layer: LayerProfile, family: str, hidden: int, ffn_hidden:
 
 
 def _ring_s(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape) -> float:
-    return collective_time(cluster, op, nbytes, group.n_ranks, node_type=node, spans_nodes=group.spans_nodes,
-                           ranks_per_node=group.ranks_per_node)
+    return collective_time(
+        cluster,
+        op,
+        nbytes,
+        group.n_ranks,
+        node_type=node,
+        spans_nodes=group.spans_nodes,
+        ranks_per_node=group.ranks_per_node,
+    )
 
 
 def list_collective_overhead_s(op: str, nbytes: float, n_ranks: int, hbm_bytes_per_s: float | None) -> float:
@@ -111,9 +117,20 @@ def list_collective_overhead_s(op: str, nbytes: float, n_ranks: int, hbm_bytes_p
 class Zero3Comm:
     """ZeRO-3 collectives of one rank (one instance per rank and ``estimate`` call)."""
 
-    def __init__(self, *, cfg: ParallelConfig, cluster: ClusterProfile, node: NodeType, group: GroupShape,
-                 weight_bytes: float, grad_bytes: float, family: str, hidden: int, ffn_hidden: int,
-                 wide_group: GroupShape | None = None):
+    def __init__(
+        self,
+        *,
+        cfg: ParallelConfig,
+        cluster: ClusterProfile,
+        node: NodeType,
+        group: GroupShape,
+        weight_bytes: float,
+        grad_bytes: float,
+        family: str,
+        hidden: int,
+        ffn_hidden: int,
+        wide_group: GroupShape | None = None,
+    ):
         """``wide_group``: the ``dp x tp`` group over which batch-split replicated layers shard (Whale)."""
         self.cfg, self.cluster, self.node, self.group = cfg, cluster, node, group
         self.wide_group = wide_group or group
@@ -132,36 +149,48 @@ class Zero3Comm:
         ``wide``: over the ``dp x tp`` group (a batch-split replicated layer)."""
         g = self.wide_group if wide else self.group
         if self.cfg.zero3_granularity == "layer":
-            return (self._one_s("all_gather", cost.params * self.weight_bytes, g),
-                    self._one_s("reduce_scatter", cost.params * self.grad_bytes, g))
+            return (
+                self._one_s("all_gather", cost.params * self.weight_bytes, g),
+                self._one_s("reduce_scatter", cost.params * self.grad_bytes, g),
+            )
         tensors = parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden)
         share = cost.params / layer.params if layer.params else 0.0  # this rank's part (TP shards)
-        gather = sum(self._one_s("all_gather", t * share * self.weight_bytes, g) for t in tensors
-                     if t >= DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS)
+        gather = sum(
+            self._one_s("all_gather", t * share * self.weight_bytes, g)
+            for t in tensors
+            if t >= DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS
+        )
         scatter = sum(self._one_s("reduce_scatter", t * share * self.grad_bytes, g) for t in tensors)
         return gather, scatter
 
-    def step_s(self, pairs: Sequence[tuple[LayerProfile, LayerCost]], *, micro_batches: int,
-               window_s: float, wide_paths: frozenset[str] = frozenset()) -> float:
+    def step_s(
+        self,
+        pairs: Sequence[tuple[LayerProfile, LayerCost]],
+        *,
+        micro_batches: int,
+        window_s: float,
+        wide_paths: frozenset[str] = frozenset(),
+    ) -> float:
         """Seconds of ZeRO-3 communication the step pays on this rank (module docstring)."""
         cfg, m = self.cfg, micro_batches
         gathers, scatters = m * cfg.zero3_param_gathers, m
-        if cfg.zero3_grad_sync_mode == "step":   # module docstring, "Accumulation"
+        if cfg.zero3_grad_sync_mode == "step":  # module docstring, "Accumulation"
             gathers, scatters = m * (cfg.zero3_param_gathers - 1) + 1, 1
         per_step, exposed = 0.0, None
         for layer, k in pairs:
             gather, scatter = self.layer_s(layer, k, layer.path in wide_paths)
-            exposed = gather + scatter if exposed is None else exposed   # the first layer's: never hidden
+            exposed = gather + scatter if exposed is None else exposed  # the first layer's: never hidden
             per_step += gathers * gather + scatters * scatter
         overlap = cfg.overlap_grad_reduce if cfg.zero3_overlap is None else cfg.zero3_overlap
         if not overlap:
             return per_step
-        kappa = contention(self.node)   # the hidden part still costs kappa of its time (kernels.contention)
+        kappa = contention(self.node)  # the hidden part still costs kappa of its time (kernels.contention)
         return max(per_step - (1 - kappa) * m * window_s, kappa * per_step) + (exposed or 0.0)
 
 
-def zero3_accumulation_bytes(cfg: ParallelConfig, *, micro_batches: int, params: float, weight_bytes: float,
-                             grad_bytes: float) -> float:
+def zero3_accumulation_bytes(
+    cfg: ParallelConfig, *, micro_batches: int, params: float, weight_bytes: float, grad_bytes: float
+) -> float:
     """Extra bytes a rank holds under ``zero3_grad_sync="step"`` with ``micro_batches > 1``: its ``params``
     unsharded weights and unsharded gradients between micro-batches (module docstring, "Accumulation").
 

@@ -15,17 +15,27 @@ from planner.recipe import peak_lr
 
 def to_items(s: FrameworkSettings) -> dict:
     """The YAML mapping (nested dict for ``fsdp_config``)."""
-    items: dict = {"compute_environment": "LOCAL_MACHINE",
-                   "distributed_type": "FSDP" if s.zero_stage >= 2 else "MULTI_GPU",
-                   "mixed_precision": s.dtype if s.dtype in ("bf16", "fp16") else "no",
-                   "num_machines": max(1, s.world_size // 8) if s.world_size % 8 == 0 else 1,
-                   "num_processes": s.world_size, "machine_rank": 0, "main_training_function": "main",
-                   "rdzv_backend": "static", "same_network": True, "use_cpu": False}
+    items: dict = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP" if s.zero_stage >= 2 else "MULTI_GPU",
+        "mixed_precision": s.dtype if s.dtype in ("bf16", "fp16") else "no",
+        "num_machines": max(1, s.world_size // 8) if s.world_size % 8 == 0 else 1,
+        "num_processes": s.world_size,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
     if s.zero_stage >= 2:
-        items["fsdp_config"] = {"fsdp_version": 2, "fsdp_reshard_after_forward": s.zero_stage == 3,
-                                "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                                "fsdp_activation_checkpointing": s.recompute != "none",
-                                "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_offload_params": False}
+        items["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": s.zero_stage == 3,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_activation_checkpointing": s.recompute != "none",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_offload_params": False,
+        }
     return items
 
 
@@ -37,15 +47,19 @@ def _yaml_value(value) -> str:
 
 def recipe_comments(s: FrameworkSettings) -> list[str]:
     """What the training script must set: batch split and learning rate (no Accelerate keys for them)."""
-    lines = [f"training script: micro-batch {s.micro_batch} per process, gradient accumulation "
-             f"{s.num_micro_batches} (global batch {s.global_batch})"]
+    lines = [
+        f"training script: micro-batch {s.micro_batch} per process, gradient accumulation "
+        f"{s.num_micro_batches} (global batch {s.global_batch})"
+    ]
     sched = s.lr_schedule
     if sched is not None:
         peak = peak_lr(sched, global_batch=s.global_batch)
-        lines.append(f"learning rate (Goyal et al. 2017): peak {peak:.6g} = {sched.base_lr:g} x {s.global_batch}/"
-                     f"{sched.reference_batch}, linear warm-up from {sched.warmup_start_lr:g} over "
-                     f"{sched.warmup_steps} steps, {sched.decay} decay over {sched.total_steps} steps"
-                     + (f" to {sched.min_lr:g}" if sched.decay == "cosine" else ""))
+        lines.append(
+            f"learning rate (Goyal et al. 2017): peak {peak:.6g} = {sched.base_lr:g} x {s.global_batch}/"
+            f"{sched.reference_batch}, linear warm-up from {sched.warmup_start_lr:g} over "
+            f"{sched.warmup_steps} steps, {sched.decay} decay over {sched.total_steps} steps"
+            + (f" to {sched.min_lr:g}" if sched.decay == "cosine" else "")
+        )
     return lines
 
 

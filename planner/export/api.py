@@ -1,8 +1,8 @@
 """Export a plan and import a framework config, each with the cost model's estimate beside it.
 
-    export_plan(plan, "megatron", profile=profile, cluster=cluster) -> Export
-    import_config("megatron", text, world_size=1024) -> FrameworkSettings
-    compare(plan, current, framework, profile=..., cluster=...) -> Comparison   (plan vs the user's config)
+export_plan(plan, "megatron", profile=profile, cluster=cluster) -> Export
+import_config("megatron", text, world_size=1024) -> FrameworkSettings
+compare(plan, current, framework, profile=..., cluster=...) -> Comparison   (plan vs the user's config)
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ from planner.plan import Plan
 from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 
-FORMATS: dict[str, ModuleType] = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed,
-                                  "accelerate": accelerate}
+FORMATS: dict[str, ModuleType] = {
+    "megatron": megatron,
+    "torchtitan": torchtitan,
+    "deepspeed": deepspeed,
+    "accelerate": accelerate,
+}
 IMPORTERS = ("megatron", "deepspeed", "torchtitan")
 
 
@@ -35,22 +39,33 @@ def plan_parallel_config(plan: Plan) -> ParallelConfig:
     """The plan exactly as the cost model sees it (stages, per-layer recompute and layout, node types)."""
     stages = sorted(plan.stages, key=lambda s: s.index)
     pp = plan.mesh.size("pp")
-    node_types = None if plan.replica_node_types else tuple(
-        next(s.node_type for s in stages if s.pp_rank == r) for r in range(pp))
+    node_types = (
+        None
+        if plan.replica_node_types
+        else tuple(next(s.node_type for s in stages if s.pp_rank == r) for r in range(pp))
+    )
     return ParallelConfig(
-        tp=plan.mesh.size("tp"), pp=pp, dp=plan.mesh.size("dp"), micro_batch=plan.schedule.micro_batch_size,
-        num_micro_batches=plan.schedule.num_micro_batches, schedule=plan.schedule.kind,
-        virtual_stages=plan.schedule.virtual_stages, zero_stage=plan.zero_stage,
+        tp=plan.mesh.size("tp"),
+        pp=pp,
+        dp=plan.mesh.size("dp"),
+        micro_batch=plan.schedule.micro_batch_size,
+        num_micro_batches=plan.schedule.num_micro_batches,
+        schedule=plan.schedule.kind,
+        virtual_stages=plan.schedule.virtual_stages,
+        zero_stage=plan.zero_stage,
         sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
         recompute={p: m for s in stages for p, m in s.recompute.items()},
         stage_layers=tuple(tuple(s.module_paths) for s in stages),
-        layout={p: lay.style for p, lay in plan.layout.items()}, stage_node_types=node_types,
+        layout={p: lay.style for p, lay in plan.layout.items()},
+        stage_node_types=node_types,
         batch_shares=tuple(plan.batch_shares) if plan.batch_shares else None,
-        replica_node_types=tuple(plan.replica_node_types) if plan.replica_node_types else None)
+        replica_node_types=tuple(plan.replica_node_types) if plan.replica_node_types else None,
+    )
 
 
-def estimate_config(config: ParallelConfig, *, profile: ModelProfile, cluster: ClusterProfile,
-                    global_batch: int) -> Estimate:
+def estimate_config(
+    config: ParallelConfig, *, profile: ModelProfile, cluster: ClusterProfile, global_batch: int
+) -> Estimate:
     """The cost model's estimate of ``config`` on ``cluster`` resized to its GPU count."""
     sized = with_gpus(cluster, config.world_size)
     if sized.is_mixed and config.stage_node_types is None and config.replica_node_types is None:
@@ -59,8 +74,12 @@ def estimate_config(config: ParallelConfig, *, profile: ModelProfile, cluster: C
 
 
 def estimate_settings(settings: FrameworkSettings, *, profile: ModelProfile, cluster: ClusterProfile) -> Estimate:
-    return estimate_config(to_parallel_config(settings, layer_kinds(profile)), profile=profile, cluster=cluster,
-                           global_batch=settings.global_batch)
+    return estimate_config(
+        to_parallel_config(settings, layer_kinds(profile)),
+        profile=profile,
+        cluster=cluster,
+        global_batch=settings.global_batch,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,10 +97,12 @@ class Export:
         """The comparison the CLI prints and the file header carries."""
         p, e = self.plan_estimate, self.exported_estimate
         gib = 2**30
-        lines = [f"plan (cost model): step {p.step_time_s:.4g} s, peak {p.peak_mem_bytes / gib:.2f} GiB per GPU",
-                 f"this {self.framework} config (cost model): step {e.step_time_s:.4g} s "
-                 f"({(e.step_time_s / p.step_time_s - 1) * 100:+.1f} %), peak {e.peak_mem_bytes / gib:.2f} GiB"
-                 + ("" if e.fits_in_memory else " - DOES NOT FIT in device memory")]
+        lines = [
+            f"plan (cost model): step {p.step_time_s:.4g} s, peak {p.peak_mem_bytes / gib:.2f} GiB per GPU",
+            f"this {self.framework} config (cost model): step {e.step_time_s:.4g} s "
+            f"({(e.step_time_s / p.step_time_s - 1) * 100:+.1f} %), peak {e.peak_mem_bytes / gib:.2f} GiB"
+            + ("" if e.fits_in_memory else " - DOES NOT FIT in device memory"),
+        ]
         if self.changes:
             lines.append(f"changed from the plan ({len(self.changes)}): the framework cannot express")
             lines += [f"  - {c.line()}" for c in self.changes]
@@ -110,22 +131,39 @@ def export_plan(plan: Plan, framework: str, *, profile: ModelProfile, cluster: C
     """The framework's nearest config to ``plan``, with its estimate next to the plan's."""
     if framework not in FORMATS:
         raise StratagemError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}")
-    plan_est = estimate_config(plan_parallel_config(plan), profile=profile, cluster=cluster,
-                               global_batch=plan.training.global_batch)
-    settings, changes, exported_est = _fastest_that_fits(nearest_candidates(plan, profile, framework),
-                                                         profile=profile, cluster=cluster)
-    export = Export(framework=framework, text="", settings=settings, changes=changes, plan_estimate=plan_est,
-                    exported_estimate=exported_est)
-    header = [f"{framework} config for the Stratagem plan of {plan.model.name} on {plan.world_size} x "
-              f"{plan.cluster_name} (stratagem export; plan {str(plan.content_hash or '')[:19]})",
-              *export.summary_lines()]
+    plan_est = estimate_config(
+        plan_parallel_config(plan), profile=profile, cluster=cluster, global_batch=plan.training.global_batch
+    )
+    settings, changes, exported_est = _fastest_that_fits(
+        nearest_candidates(plan, profile, framework), profile=profile, cluster=cluster
+    )
+    export = Export(
+        framework=framework,
+        text="",
+        settings=settings,
+        changes=changes,
+        plan_estimate=plan_est,
+        exported_estimate=exported_est,
+    )
+    header = [
+        f"{framework} config for the Stratagem plan of {plan.model.name} on {plan.world_size} x "
+        f"{plan.cluster_name} (stratagem export; plan {str(plan.content_hash or '')[:19]})",
+        *export.summary_lines(),
+    ]
     text = FORMATS[framework].render(settings, header=header)
-    return Export(framework=framework, text=text, settings=settings, changes=changes, plan_estimate=plan_est,
-                  exported_estimate=exported_est)
+    return Export(
+        framework=framework,
+        text=text,
+        settings=settings,
+        changes=changes,
+        plan_estimate=plan_est,
+        exported_estimate=exported_est,
+    )
 
 
-def import_config(framework: str, text: str, *, world_size: int | None = None,
-                  layers: int | None = None) -> FrameworkSettings:
+def import_config(
+    framework: str, text: str, *, world_size: int | None = None, layers: int | None = None
+) -> FrameworkSettings:
     """Parse a framework config (Megatron arguments, ``ds_config.json``, torchtitan config)."""
     if framework == "megatron":
         return megatron.parse(text, world_size=world_size)
@@ -147,6 +185,7 @@ def flat_items(framework: str, settings: FrameworkSettings) -> dict[str, str]:
                 walk(f"{prefix}.{k}" if prefix else k, v)
         else:
             out[prefix] = "" if value is None else str(value)
+
     walk("", items)
     return out
 
@@ -185,8 +224,9 @@ class Comparison:
         return self.current_estimate.step_time_s / self.proposed_estimate.step_time_s
 
 
-def compare(plan: Plan, current: FrameworkSettings, framework: str, *, profile: ModelProfile,
-            cluster: ClusterProfile) -> Comparison:
+def compare(
+    plan: Plan, current: FrameworkSettings, framework: str, *, profile: ModelProfile, cluster: ClusterProfile
+) -> Comparison:
     """Estimate the user's ``current`` config and the plan (and its nearest ``framework`` config)."""
     current_est = estimate_settings(current, profile=profile, cluster=cluster)
     exported = export_plan(plan, framework, profile=profile, cluster=cluster)
@@ -195,7 +235,13 @@ def compare(plan: Plan, current: FrameworkSettings, framework: str, *, profile: 
     proposed = replace(exported.settings, weight_decay=current.weight_decay)
     if plan.training.lr_schedule is None:
         proposed = replace(proposed, lr_schedule=current.lr_schedule)
-    return Comparison(framework=framework, current=current, current_estimate=current_est,
-                      plan_estimate=exported.plan_estimate, proposed=proposed,
-                      proposed_estimate=exported.exported_estimate, changes=exported.changes,
-                      flag_changes=flag_changes(framework, current, proposed))
+    return Comparison(
+        framework=framework,
+        current=current,
+        current_estimate=current_est,
+        plan_estimate=exported.plan_estimate,
+        proposed=proposed,
+        proposed_estimate=exported.exported_estimate,
+        changes=exported.changes,
+        flag_changes=flag_changes(framework, current, proposed),
+    )

@@ -26,14 +26,22 @@ from planner.recipe import LRSchedule, peak_lr
 
 SOURCE = "megatron"
 FLAGS_FILE = Path(__file__).with_name("data") / "megatron_flags.txt"
-ZERO_FLAGS = {1: ["--use-distributed-optimizer"],
-              2: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"],
-              3: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]}
+ZERO_FLAGS = {
+    1: ["--use-distributed-optimizer"],
+    2: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"],
+    3: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"],
+}
 SHARDING_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-FLAG_NAMES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
-              "micro_batch": "--micro-batch-size", "global_batch": "--global-batch-size",
-              "sequence_parallel": "--sequence-parallel", "virtual_stages": "--num-layers-per-virtual-pipeline-stage",
-              "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size"}
+FLAG_NAMES = {
+    "tp": "--tensor-model-parallel-size",
+    "pp": "--pipeline-model-parallel-size",
+    "micro_batch": "--micro-batch-size",
+    "global_batch": "--global-batch-size",
+    "sequence_parallel": "--sequence-parallel",
+    "virtual_stages": "--num-layers-per-virtual-pipeline-stage",
+    "cp": "--context-parallel-size",
+    "ep": "--expert-model-parallel-size",
+}
 # launcher options whose value is the next token (torchrun / python -m torch.distributed.run)
 _LAUNCHER_NODES = ("--nnodes",)
 _LAUNCHER_PER_NODE = ("--nproc-per-node", "--nproc_per_node")
@@ -49,8 +57,10 @@ def known_flags() -> frozenset[str]:
 # -- export -----------------------------------------------------------------------------------------
 def to_items(s: FrameworkSettings) -> dict[str, str | None]:
     """Flag -> value (``None`` for a switch), in the order they are written."""
-    items: dict[str, str | None] = {"--tensor-model-parallel-size": str(s.tp),
-                                    "--pipeline-model-parallel-size": str(s.pp)}
+    items: dict[str, str | None] = {
+        "--tensor-model-parallel-size": str(s.tp),
+        "--pipeline-model-parallel-size": str(s.pp),
+    }
     layers = int(s.model.dim("layers")) if s.model is not None else None
     if s.virtual_stages > 1:
         if layers is not None and layers % (s.pp * s.virtual_stages) == 0:
@@ -92,15 +102,24 @@ def _model_items(model: ModelSpec | None, seq_len: int | None) -> dict[str, str 
     if model is None:
         return {}
     dim = model.dim
-    items: dict[str, str | None] = {"--num-layers": str(dim("layers")), "--hidden-size": str(dim("hidden")),
-                                    "--num-attention-heads": str(dim("heads"))}
+    items: dict[str, str | None] = {
+        "--num-layers": str(dim("layers")),
+        "--hidden-size": str(dim("hidden")),
+        "--num-attention-heads": str(dim("heads")),
+    }
     if dim("ffn_hidden"):
         items["--ffn-hidden-size"] = str(dim("ffn_hidden"))
     if model.family == "llama":
         if dim("kv_heads") and dim("kv_heads") != dim("heads"):
             items.update({"--group-query-attention": None, "--num-query-groups": str(dim("kv_heads"))})
-        items.update({"--swiglu": None, "--normalization": "RMSNorm", "--position-embedding-type": "rope",
-                      "--disable-bias-linear": None})
+        items.update(
+            {
+                "--swiglu": None,
+                "--normalization": "RMSNorm",
+                "--position-embedding-type": "rope",
+                "--disable-bias-linear": None,
+            }
+        )
     if not dim("tie_embeddings"):
         items["--untie-embeddings-and-output-weights"] = None
     items["--seq-length"] = str(seq_len or dim("max_seq"))
@@ -115,9 +134,14 @@ def _recipe_items(schedule: LRSchedule | None, global_batch: int, weight_decay: 
         items["--weight-decay"] = f"{weight_decay:g}"
     if schedule is None:
         return items
-    items.update({"--lr": f"{peak_lr(schedule, global_batch=global_batch):.10g}",
-                  "--lr-decay-style": schedule.decay, "--train-iters": str(schedule.total_steps),
-                  "--lr-decay-iters": str(schedule.total_steps)})
+    items.update(
+        {
+            "--lr": f"{peak_lr(schedule, global_batch=global_batch):.10g}",
+            "--lr-decay-style": schedule.decay,
+            "--train-iters": str(schedule.total_steps),
+            "--lr-decay-iters": str(schedule.total_steps),
+        }
+    )
     if schedule.decay == "cosine":
         items["--min-lr"] = f"{schedule.min_lr:.10g}"
     if schedule.warmup_steps:
@@ -129,12 +153,19 @@ def _recipe_items(schedule: LRSchedule | None, global_batch: int, weight_decay: 
 def render(s: FrameworkSettings, *, header: list[str]) -> str:
     """A shell fragment: ``WORLD_SIZE_GPUS`` and ``MEGATRON_ARGS`` for ``pretrain_gpt.py``."""
     lines = [f"# {h}" for h in header]
-    nodes = f"--nnodes {s.world_size // 8} --nproc-per-node 8" if s.world_size % 8 == 0 else \
-        f"--nproc-per-node {s.world_size}"
-    lines += [f"# world size {s.world_size} = tp {s.tp} x pp {s.pp} x dp {s.dp}"
-              + (f" x cp {s.cp}" if s.cp > 1 else "") + " (Megatron derives dp from the world size)",
-              f"# run: torchrun {nodes} pretrain_gpt.py $MEGATRON_ARGS <data, tokenizer and checkpoint flags>",
-              f"WORLD_SIZE_GPUS={s.world_size}", 'MEGATRON_ARGS="']
+    nodes = (
+        f"--nnodes {s.world_size // 8} --nproc-per-node 8"
+        if s.world_size % 8 == 0
+        else f"--nproc-per-node {s.world_size}"
+    )
+    lines += [
+        f"# world size {s.world_size} = tp {s.tp} x pp {s.pp} x dp {s.dp}"
+        + (f" x cp {s.cp}" if s.cp > 1 else "")
+        + " (Megatron derives dp from the world size)",
+        f"# run: torchrun {nodes} pretrain_gpt.py $MEGATRON_ARGS <data, tokenizer and checkpoint flags>",
+        f"WORLD_SIZE_GPUS={s.world_size}",
+        'MEGATRON_ARGS="',
+    ]
     for flag, value in to_items(s).items():
         lines.append(f"  {flag}" + ("" if value is None else f" {value}"))
     lines.append('"')
@@ -156,7 +187,7 @@ def _tokens(text: str) -> tuple[list[str], int | None]:
         raise StratagemError(f"cannot split the Megatron command into arguments ({exc}); check its quotes") from None
     script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
     if script is not None:
-        launcher, tokens = tokens[:script], tokens[script + 1:]
+        launcher, tokens = tokens[:script], tokens[script + 1 :]
         nodes, per_node = _launcher_value(launcher, _LAUNCHER_NODES), _launcher_value(launcher, _LAUNCHER_PER_NODE)
         if per_node:
             world = int(nodes or 1) * int(per_node)
@@ -185,12 +216,15 @@ def _parse_tokens(tokens: list[str]) -> dict[str, str | None]:
     while i < len(tokens):
         token = tokens[i]
         if not token.startswith("--"):
-            raise StratagemError(f"Megatron argument {token!r} is not a flag (expected --name [value]); check the "
-                                 f"quoting of the command")
+            raise StratagemError(
+                f"Megatron argument {token!r} is not a flag (expected --name [value]); check the quoting of the command"
+            )
         flag, _, inline = token.partition("=")
         if flag not in known:
-            raise StratagemError(f"unknown Megatron-LM flag {flag}: not an argument of megatron/training/arguments.py "
-                                 f"(Megatron-LM d98e8a64); check its spelling or remove it")
+            raise StratagemError(
+                f"unknown Megatron-LM flag {flag}: not an argument of megatron/training/arguments.py "
+                f"(Megatron-LM d98e8a64); check its spelling or remove it"
+            )
         if inline:
             out[flag] = inline
         elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
@@ -223,13 +257,22 @@ def _float(args: dict, flag: str, default: float | None = None) -> float | None:
 def _model(args: dict) -> ModelSpec | None:
     if "--num-layers" not in args or "--hidden-size" not in args or "--num-attention-heads" not in args:
         return None
-    llama = "--swiglu" in args or args.get("--normalization") == "RMSNorm" or args.get("--position-embedding-type") == "rope"
+    llama = (
+        "--swiglu" in args
+        or args.get("--normalization") == "RMSNorm"
+        or args.get("--position-embedding-type") == "rope"
+    )
     family = "llama" if llama else "gpt"
     seq = _int(args, "--seq-length") or _int(args, "--max-position-embeddings")
-    dims = dict(layers=_int(args, "--num-layers"), hidden=_int(args, "--hidden-size"),
-                heads=_int(args, "--num-attention-heads"), ffn_hidden=_int(args, "--ffn-hidden-size"),
-                vocab=_int(args, "--vocab-size", 32000 if llama else 51200), max_seq=seq,
-                tie_embeddings="--untie-embeddings-and-output-weights" not in args)
+    dims = dict(
+        layers=_int(args, "--num-layers"),
+        hidden=_int(args, "--hidden-size"),
+        heads=_int(args, "--num-attention-heads"),
+        ffn_hidden=_int(args, "--ffn-hidden-size"),
+        vocab=_int(args, "--vocab-size", 32000 if llama else 51200),
+        max_seq=seq,
+        tie_embeddings="--untie-embeddings-and-output-weights" not in args,
+    )
     if llama:
         dims["kv_heads"] = _int(args, "--num-query-groups") if "--group-query-attention" in args else None
     return parse_model(family, **dims)
@@ -239,8 +282,10 @@ def _zero(args: dict) -> int:
     if "--use-megatron-fsdp" in args or "--use-torch-fsdp2" in args:
         strategy = args.get("--data-parallel-sharding-strategy") or "optim_grads_params"
         if strategy not in SHARDING_ZERO:
-            raise StratagemError(f"Megatron flag --data-parallel-sharding-strategy {strategy!r}: expected one of "
-                                 f"{', '.join(SHARDING_ZERO)}")
+            raise StratagemError(
+                f"Megatron flag --data-parallel-sharding-strategy {strategy!r}: expected one of "
+                f"{', '.join(SHARDING_ZERO)}"
+            )
         return SHARDING_ZERO[strategy]
     return 1 if "--use-distributed-optimizer" in args else 0
 
@@ -268,7 +313,7 @@ def _schedule(args: dict, s_global: int) -> LRSchedule | None:
         return None
     style = args.get("--lr-decay-style") or "linear"
     if style not in ("cosine", "constant"):
-        return None   # linear / inverse-square-root / WSD: not part of the recipe; the estimate does not need it
+        return None  # linear / inverse-square-root / WSD: not part of the recipe; the estimate does not need it
 
     def steps(iters_flag: str, samples_flag: str) -> int | None:
         if iters_flag in args:
@@ -278,9 +323,15 @@ def _schedule(args: dict, s_global: int) -> LRSchedule | None:
     total = steps("--lr-decay-iters", "--lr-decay-samples") or steps("--train-iters", "--train-samples")
     if total is None:
         return None
-    return LRSchedule(base_lr=_float(args, "--lr"), reference_batch=s_global, decay=style,
-                      warmup_steps=steps("--lr-warmup-iters", "--lr-warmup-samples") or 0, total_steps=total,
-                      warmup_start_lr=_float(args, "--lr-warmup-init", 0.0), min_lr=_float(args, "--min-lr", 0.0))
+    return LRSchedule(
+        base_lr=_float(args, "--lr"),
+        reference_batch=s_global,
+        decay=style,
+        warmup_steps=steps("--lr-warmup-iters", "--lr-warmup-samples") or 0,
+        total_steps=total,
+        warmup_start_lr=_float(args, "--lr-warmup-init", 0.0),
+        min_lr=_float(args, "--min-lr", 0.0),
+    )
 
 
 def parse(text: str, *, world_size: int | None = None) -> FrameworkSettings:
@@ -291,12 +342,16 @@ def parse(text: str, *, world_size: int | None = None) -> FrameworkSettings:
     tp, pp = _int(args, "--tensor-model-parallel-size", 1), _int(args, "--pipeline-model-parallel-size", 1)
     cp = _int(args, "--context-parallel-size", 1)
     if world is None:
-        raise StratagemError("the Megatron arguments do not state the GPU count (Megatron derives the data-parallel "
-                             "size from it); pass --gpus N")
+        raise StratagemError(
+            "the Megatron arguments do not state the GPU count (Megatron derives the data-parallel "
+            "size from it); pass --gpus N"
+        )
     if world % (tp * pp * cp):
-        raise StratagemError(f"{world} GPUs do not divide into --tensor-model-parallel-size {tp} x "
-                             f"--pipeline-model-parallel-size {pp} x --context-parallel-size {cp}; fix the degrees "
-                             f"or --gpus")
+        raise StratagemError(
+            f"{world} GPUs do not divide into --tensor-model-parallel-size {tp} x "
+            f"--pipeline-model-parallel-size {pp} x --context-parallel-size {cp}; fix the degrees "
+            f"or --gpus"
+        )
     dp = world // (tp * pp * cp)
     model = _model(args)
     mb = _int(args, "--micro-batch-size")
@@ -308,19 +363,34 @@ def parse(text: str, *, world_size: int | None = None) -> FrameworkSettings:
     if "--num-layers-per-virtual-pipeline-stage" in args:
         per = _int(args, "--num-layers-per-virtual-pipeline-stage")
         if layers is None or per < 1 or layers % (pp * per):
-            raise StratagemError(f"--num-layers-per-virtual-pipeline-stage {per} does not divide --num-layers "
-                                 f"{layers} over --pipeline-model-parallel-size {pp}; fix one of them")
+            raise StratagemError(
+                f"--num-layers-per-virtual-pipeline-stage {per} does not divide --num-layers "
+                f"{layers} over --pipeline-model-parallel-size {pp}; fix one of them"
+            )
         v = layers // (pp * per)
     chunk = layers // (pp * v) if layers is not None and layers % (pp * v) == 0 else None
     dtype = "bf16" if "--bf16" in args else "fp16" if "--fp16" in args else "fp32"
     settings = FrameworkSettings(
-        tp=tp, pp=pp, dp=dp, cp=cp, ep=_int(args, "--expert-model-parallel-size", 1), micro_batch=mb,
-        global_batch=gb, schedule="interleaved_1f1b" if v > 1 else "1f1b", virtual_stages=v,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=_int(args, "--expert-model-parallel-size", 1),
+        micro_batch=mb,
+        global_batch=gb,
+        schedule="interleaved_1f1b" if v > 1 else "1f1b",
+        virtual_stages=v,
         first_chunk_blocks=_int(args, "--decoder-first-pipeline-num-layers"),
         last_chunk_blocks=_int(args, "--decoder-last-pipeline-num-layers"),
-        zero_stage=_zero(args), sequence_parallel="--sequence-parallel" in args,
-        **_recompute(args, chunk), overlap_grad_reduce="--overlap-grad-reduce" in args,
-        seq_len=_int(args, "--seq-length"), dtype=dtype, model=model, lr_schedule=_schedule(args, gb),
-        weight_decay=_float(args, "--weight-decay"))
+        zero_stage=_zero(args),
+        sequence_parallel="--sequence-parallel" in args,
+        **_recompute(args, chunk),
+        overlap_grad_reduce="--overlap-grad-reduce" in args,
+        seq_len=_int(args, "--seq-length"),
+        dtype=dtype,
+        model=model,
+        lr_schedule=_schedule(args, gb),
+        weight_decay=_float(args, "--weight-decay"),
+    )
     check_settings(settings, source="Megatron arguments", names=FLAG_NAMES)
     return settings

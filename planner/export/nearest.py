@@ -25,32 +25,53 @@ class Capabilities:
     schedules: tuple[str, ...]
     zero_stages: tuple[int, ...]
     recompute: tuple[str, ...]
-    recompute_block_count: bool = False      # Megatron's --recompute-method block --recompute-num-layers N
-    uneven_first_last: bool = False          # Megatron's --decoder-first/last-pipeline-num-layers
+    recompute_block_count: bool = False  # Megatron's --recompute-method block --recompute-num-layers N
+    uneven_first_last: bool = False  # Megatron's --decoder-first/last-pipeline-num-layers
     sequence_parallel: bool = True
-    max_tp: int | None = None                # 1 = no tensor parallelism (Accelerate's FSDP config)
+    max_tp: int | None = None  # 1 = no tensor parallelism (Accelerate's FSDP config)
     max_pp: int | None = None
     zero_with_pp: tuple[int, ...] | None = None  # ZeRO stages allowed together with pp > 1
     decays: tuple[str, ...] = ("cosine", "constant")
-    warmup_start: bool = True                # a non-zero rate at step 0
+    warmup_start: bool = True  # a non-zero rate at step 0
 
 
 CAPABILITIES: dict[str, Capabilities] = {
     # Megatron-LM: 1F1B and interleaved 1F1B only (no GPipe); --use-distributed-optimizer (ZeRO-1),
     # --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads / optim_grads_params (ZeRO-2/3).
-    "megatron": Capabilities(schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3),
-                             recompute=("none", "selective", "full"), recompute_block_count=True,
-                             uneven_first_last=True),
+    "megatron": Capabilities(
+        schedules=("1f1b", "interleaved_1f1b"),
+        zero_stages=(0, 1, 2, 3),
+        recompute=("none", "selective", "full"),
+        recompute_block_count=True,
+        uneven_first_last=True,
+    ),
     # torchtitan: DDP (zero 0), FSDP2 reshard_after_forward never (ZeRO-2-like) / always (ZeRO-3).
-    "torchtitan": Capabilities(schedules=("gpipe", "1f1b", "interleaved_1f1b"), zero_stages=(0, 2, 3),
-                               recompute=("none", "selective", "full"), warmup_start=False),
+    "torchtitan": Capabilities(
+        schedules=("gpipe", "1f1b", "interleaved_1f1b"),
+        zero_stages=(0, 2, 3),
+        recompute=("none", "selective", "full"),
+        warmup_start=False,
+    ),
     # DeepSpeed: PipelineModule runs its own 1F1B-like TrainSchedule; ZeRO-2/3 refuse pipeline parallelism;
     # AutoTP has no sequence parallelism; activation checkpointing recomputes whole layers.
-    "deepspeed": Capabilities(schedules=("1f1b",), zero_stages=(0, 1, 2, 3), recompute=("none", "full"),
-                              sequence_parallel=False, zero_with_pp=(0, 1)),
+    "deepspeed": Capabilities(
+        schedules=("1f1b",),
+        zero_stages=(0, 1, 2, 3),
+        recompute=("none", "full"),
+        sequence_parallel=False,
+        zero_with_pp=(0, 1),
+    ),
     # Accelerate's FSDP/DDP launch config: data parallelism only.
-    "accelerate": Capabilities(schedules=("1f1b",), zero_stages=(0, 2, 3), recompute=("none", "full"),
-                               sequence_parallel=False, max_tp=1, max_pp=1, decays=(), warmup_start=False),
+    "accelerate": Capabilities(
+        schedules=("1f1b",),
+        zero_stages=(0, 2, 3),
+        recompute=("none", "full"),
+        sequence_parallel=False,
+        max_tp=1,
+        max_pp=1,
+        decays=(),
+        warmup_start=False,
+    ),
 }
 
 
@@ -69,12 +90,15 @@ class Change:
 
 def _block_modes(plan: Plan, kinds: dict[str, str]) -> list[list[str]]:
     """Recompute mode of every block, per chunk in model order."""
-    return [[st.recompute.get(p, "none") for p in st.module_paths if kinds.get(p) == "block"]
-            for st in sorted(plan.stages, key=lambda s: s.index)]
+    return [
+        [st.recompute.get(p, "none") for p in st.module_paths if kinds.get(p) == "block"]
+        for st in sorted(plan.stages, key=lambda s: s.index)
+    ]
 
 
-def _recompute(plan: Plan, kinds: dict[str, str], caps: Capabilities,
-               changes: list[Change]) -> list[tuple[dict, Change | None]]:
+def _recompute(
+    plan: Plan, kinds: dict[str, str], caps: Capabilities, changes: list[Change]
+) -> list[tuple[dict, Change | None]]:
     """Recompute settings the framework can state, each with the change it makes (None = exact).
 
     One candidate when the plan's choice is expressible (a uniform mode, or Megatron's 'full on the first N
@@ -83,16 +107,31 @@ def _recompute(plan: Plan, kinds: dict[str, str], caps: Capabilities,
     """
     per_chunk = _block_modes(plan, kinds)
     modes = Counter(m for chunk in per_chunk for m in chunk)
-    others = sorted({p for st in plan.stages for p, m in st.recompute.items() if m != "none" and kinds.get(p) != "block"})
+    others = sorted(
+        {p for st in plan.stages for p, m in st.recompute.items() if m != "none" and kinds.get(p) != "block"}
+    )
     if others:
-        changes.append(Change(what="recompute of non-block layers", plan=", ".join(others), exported="none",
-                              why="frameworks recompute transformer layers only"))
+        changes.append(
+            Change(
+                what="recompute of non-block layers",
+                plan=", ".join(others),
+                exported="none",
+                why="frameworks recompute transformer layers only",
+            )
+        )
     if len(modes) <= 1:
         mode = next(iter(modes), "none")
         exported = mode if mode in caps.recompute else ("full" if mode == "selective" else "none")
-        change = None if exported == mode else Change(what="recompute", plan=f"{mode} on every block",
-                                                      exported=f"{exported} on every block",
-                                                      why=f"the framework has no '{mode}' mode")
+        change = (
+            None
+            if exported == mode
+            else Change(
+                what="recompute",
+                plan=f"{mode} on every block",
+                exported=f"{exported} on every block",
+                why=f"the framework has no '{mode}' mode",
+            )
+        )
         return [({"recompute": exported}, change)]
     text = f"per layer ({', '.join(f'{n} {m}' for m, n in sorted(modes.items()))})"
     counts = [sum(m != "none" for m in chunk) for chunk in per_chunk]
@@ -100,16 +139,32 @@ def _recompute(plan: Plan, kinds: dict[str, str], caps: Capabilities,
     if caps.recompute_block_count and firsts and len(set(counts)) == 1 and "selective" not in modes:
         return [({"recompute": "full", "recompute_blocks_per_chunk": counts[0]}, None)]
     candidates: list[tuple[dict, Change | None]] = [
-        ({"recompute": mode}, Change(what="recompute", plan=text, exported=f"{mode} on every block",
-                                     why="one recompute mode for all transformer layers (the fastest that fits)"))
-        for mode in caps.recompute]
+        (
+            {"recompute": mode},
+            Change(
+                what="recompute",
+                plan=text,
+                exported=f"{mode} on every block",
+                why="one recompute mode for all transformer layers (the fastest that fits)",
+            ),
+        )
+        for mode in caps.recompute
+    ]
     if caps.recompute_block_count:
         full_counts = {max(sum(m == "full" for m in chunk) for chunk in per_chunk), max(counts)}
         for k in sorted(full_counts - {0}):
-            candidates.append(({"recompute": "full", "recompute_blocks_per_chunk": k},
-                               Change(what="recompute", plan=text, exported=f"full on the first {k} blocks of every chunk",
-                                      why="the framework recomputes the same number of leading layers per chunk "
-                                          "(the fastest that fits)")))
+            candidates.append(
+                (
+                    {"recompute": "full", "recompute_blocks_per_chunk": k},
+                    Change(
+                        what="recompute",
+                        plan=text,
+                        exported=f"full on the first {k} blocks of every chunk",
+                        why="the framework recomputes the same number of leading layers per chunk "
+                        "(the fastest that fits)",
+                    ),
+                )
+            )
     return candidates
 
 
@@ -130,8 +185,10 @@ def runs(counts: list[int]) -> str:
 
 def _stage_split(plan: Plan, kinds: dict[str, str], caps: Capabilities, changes: list[Change]) -> dict:
     """Blocks per chunk: even, or (Megatron, no interleaving) equal middle chunks with own first/last counts."""
-    counts = [len([p for p in st.module_paths if kinds.get(p) == "block"])
-              for st in sorted(plan.stages, key=lambda s: s.index)]
+    counts = [
+        len([p for p in st.module_paths if kinds.get(p) == "block"])
+        for st in sorted(plan.stages, key=lambda s: s.index)
+    ]
     n, total = len(counts), sum(counts)
     base, extra = divmod(total, n)
     even = [base + (1 if c < extra else 0) for c in range(n)]
@@ -142,16 +199,24 @@ def _stage_split(plan: Plan, kinds: dict[str, str], caps: Capabilities, changes:
             return {"first_chunk_blocks": counts[0]}
         if len(set(counts[1:-1])) == 1:
             mid = counts[1]
-            return {"first_chunk_blocks": counts[0] if counts[0] != mid else None,
-                    "last_chunk_blocks": counts[-1] if counts[-1] != mid else None}
+            return {
+                "first_chunk_blocks": counts[0] if counts[0] != mid else None,
+                "last_chunk_blocks": counts[-1] if counts[-1] != mid else None,
+            }
         out = {"first_chunk_blocks": base + extra} if extra else {}
         exported = [base + extra] + [base] * (n - 1)
     elif counts == even:
         return {}
     else:
         out, exported = {}, even
-    changes.append(Change(what="blocks per pipeline chunk", plan=runs(counts), exported=runs(exported),
-                          why="the framework splits layers evenly" + (" except the first/last chunk" if out else "")))
+    changes.append(
+        Change(
+            what="blocks per pipeline chunk",
+            plan=runs(counts),
+            exported=runs(exported),
+            why="the framework splits layers evenly" + (" except the first/last chunk" if out else ""),
+        )
+    )
     return out
 
 
@@ -162,18 +227,32 @@ def _degrees(plan: Plan, caps: Capabilities, changes: list[Change], framework: s
     if (caps.max_tp is not None and tp > caps.max_tp) or (caps.max_pp is not None and pp > caps.max_pp):
         new_dp = world
         if gb % new_dp:
-            raise StratagemError(f"{framework}'s config is data-parallel only, but global batch {gb} does not split "
-                                 f"over the plan's {world} ranks; export to megatron/torchtitan/deepspeed, or re-plan "
-                                 f"with a global batch that is a multiple of {world}")
+            raise StratagemError(
+                f"{framework}'s config is data-parallel only, but global batch {gb} does not split "
+                f"over the plan's {world} ranks; export to megatron/torchtitan/deepspeed, or re-plan "
+                f"with a global batch that is a multiple of {world}"
+            )
         new_mb = max(d for d in range(1, gb // new_dp + 1) if (gb // new_dp) % d == 0 and d <= max(mb, 1))
-        changes.append(Change(what="degrees", plan=f"tp {tp} x pp {pp} x dp {dp}", exported=f"dp {new_dp}",
-                              why="the config describes data parallelism only (FSDP/DDP)"))
+        changes.append(
+            Change(
+                what="degrees",
+                plan=f"tp {tp} x pp {pp} x dp {dp}",
+                exported=f"dp {new_dp}",
+                why="the config describes data parallelism only (FSDP/DDP)",
+            )
+        )
         return {"tp": 1, "pp": 1, "dp": new_dp, "micro_batch": new_mb, "schedule": "1f1b", "virtual_stages": 1}
     out = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": mb, "schedule": kind, "virtual_stages": v}
     if pp > 1 and kind not in caps.schedules:
         new = "interleaved_1f1b" if kind == "interleaved_1f1b" and "interleaved_1f1b" in caps.schedules else "1f1b"
-        changes.append(Change(what="pipeline schedule", plan=f"{kind} v={v}", exported=f"{new} v=1" if new == "1f1b"
-                              else new, why=f"the framework runs {', '.join(caps.schedules)}"))
+        changes.append(
+            Change(
+                what="pipeline schedule",
+                plan=f"{kind} v={v}",
+                exported=f"{new} v=1" if new == "1f1b" else new,
+                why=f"the framework runs {', '.join(caps.schedules)}",
+            )
+        )
         out.update(schedule=new, virtual_stages=1 if new == "1f1b" else v)
     if pp == 1:
         out.update(schedule="1f1b", virtual_stages=1)
@@ -190,8 +269,14 @@ def _divisible_virtual_stages(degrees: dict, kinds: dict[str, str], changes: lis
         return False
     options = [w for w in range(2, blocks // pp + 1) if blocks % (pp * w) == 0]
     new_v = min(options, key=lambda w: (abs(w - v), w)) if options else 1
-    changes.append(Change(what="virtual stages per pipeline rank", plan=str(v), exported=str(new_v),
-                          why=f"{blocks} layers must split evenly over pp {pp} x virtual stages"))
+    changes.append(
+        Change(
+            what="virtual stages per pipeline rank",
+            plan=str(v),
+            exported=str(new_v),
+            why=f"{blocks} layers must split evenly over pp {pp} x virtual stages",
+        )
+    )
     degrees.update(virtual_stages=new_v, schedule="interleaved_1f1b" if new_v > 1 else "1f1b")
     return True
 
@@ -202,9 +287,15 @@ def _zero(plan: Plan, pp: int, caps: Capabilities, changes: list[Change]) -> int
     if zero in allowed:
         return zero
     new = min((z for z in allowed if z >= zero), default=max(allowed))
-    changes.append(Change(what="ZeRO stage", plan=str(zero), exported=str(new),
-                          why=f"the framework offers stages {', '.join(map(str, allowed))}"
-                              + (" with pipeline parallelism" if pp > 1 and caps.zero_with_pp else "")))
+    changes.append(
+        Change(
+            what="ZeRO stage",
+            plan=str(zero),
+            exported=str(new),
+            why=f"the framework offers stages {', '.join(map(str, allowed))}"
+            + (" with pipeline parallelism" if pp > 1 and caps.zero_with_pp else ""),
+        )
+    )
     return new
 
 
@@ -213,13 +304,24 @@ def _layout(plan: Plan, profile: ModelProfile, tp: int, caps: Capabilities, chan
     capable = {layer.path for layer in profile.layers if layer.tp_style != "none"}
     replicated = sorted(p for p, lay in plan.layout.items() if lay.style == "replicate" and p in capable)
     if tp > 1 and replicated:
-        changes.append(Change(what="tensor-parallel layout", plan=f"replicated: {', '.join(replicated[:4])}"
-                              + (" ..." if len(replicated) > 4 else ""), exported="split",
-                              why="the framework shards every tensor-parallel layer"))
+        changes.append(
+            Change(
+                what="tensor-parallel layout",
+                plan=f"replicated: {', '.join(replicated[:4])}" + (" ..." if len(replicated) > 4 else ""),
+                exported="split",
+                why="the framework shards every tensor-parallel layer",
+            )
+        )
     sp = any(lay.sequence_parallel for lay in plan.layout.values())
     if sp and (not caps.sequence_parallel or tp == 1):
-        changes.append(Change(what="sequence parallelism", plan="on", exported="off",
-                              why="the framework's config has no Megatron-style sequence parallelism"))
+        changes.append(
+            Change(
+                what="sequence parallelism",
+                plan="on",
+                exported="off",
+                why="the framework's config has no Megatron-style sequence parallelism",
+            )
+        )
         return False
     return sp
 
@@ -229,39 +331,71 @@ def _recipe(plan: Plan, caps: Capabilities, changes: list[Change]):
     if schedule is None:
         return None
     if not caps.decays:
-        changes.append(Change(what="learning-rate recipe", plan=schedule.decay, exported="comments only",
-                              why="the config has no scheduler; set it in the training script"))
+        changes.append(
+            Change(
+                what="learning-rate recipe",
+                plan=schedule.decay,
+                exported="comments only",
+                why="the config has no scheduler; set it in the training script",
+            )
+        )
         return schedule
     if schedule.decay not in caps.decays:
-        changes.append(Change(what="learning-rate decay", plan=schedule.decay, exported="cosine",
-                              why=f"the framework's decays are {', '.join(caps.decays)}"))
+        changes.append(
+            Change(
+                what="learning-rate decay",
+                plan=schedule.decay,
+                exported="cosine",
+                why=f"the framework's decays are {', '.join(caps.decays)}",
+            )
+        )
         schedule = schedule.model_copy(update={"decay": "cosine", "step_milestones": []})
     if not caps.warmup_start and schedule.warmup_steps and schedule.warmup_start_lr > 0:
-        changes.append(Change(what="warm-up start", plan=f"{schedule.warmup_start_lr:g}", exported="0",
-                              why="the framework's warm-up starts from zero"))
+        changes.append(
+            Change(
+                what="warm-up start",
+                plan=f"{schedule.warmup_start_lr:g}",
+                exported="0",
+                why="the framework's warm-up starts from zero",
+            )
+        )
         schedule = schedule.model_copy(update={"warmup_start_lr": 0.0})
     return schedule
 
 
-def nearest_candidates(plan: Plan, profile: ModelProfile, framework: str) -> list[tuple[FrameworkSettings, list[Change]]]:
+def nearest_candidates(
+    plan: Plan, profile: ModelProfile, framework: str
+) -> list[tuple[FrameworkSettings, list[Change]]]:
     """The framework's configurations nearest to ``plan``, each with what had to change (empty when exact).
     More than one only when the plan's per-layer recompute has no equal; ``export_plan`` picks among them."""
     caps = CAPABILITIES[framework]
     kinds = {layer.path: layer.kind for layer in profile.layers}
     changes: list[Change] = []
     if plan.replica_node_types or plan.batch_shares or len({st.node_type for st in plan.stages}) > 1:
-        changes.append(Change(what="heterogeneous GPUs", plan="per-stage / per-replica node types and batch shares",
-                              exported="one node type, equal batch shares",
-                              why="frameworks assume identical ranks"))
+        changes.append(
+            Change(
+                what="heterogeneous GPUs",
+                plan="per-stage / per-replica node types and batch shares",
+                exported="one node type, equal batch shares",
+                why="frameworks assume identical ranks",
+            )
+        )
     degrees = _degrees(plan, caps, changes, framework)
     data_parallel_only = degrees["pp"] == 1 and plan.mesh.size("pp") > 1
     revirtualised = _divisible_virtual_stages(degrees, kinds, changes)
     split = {} if degrees["pp"] == 1 or revirtualised else _stage_split(plan, kinds, caps, changes)
-    common = dict(**degrees, **split, global_batch=plan.training.global_batch,
-                  zero_stage=_zero(plan, degrees["pp"], caps, changes),
-                  sequence_parallel=_layout(plan, profile, degrees["tp"], caps, changes),
-                  seq_len=plan.training.seq_len, dtype=plan.training.dtype, model=plan.model,
-                  lr_schedule=_recipe(plan, caps, changes), weight_decay=plan.training.weight_decay)
+    common = dict(
+        **degrees,
+        **split,
+        global_batch=plan.training.global_batch,
+        zero_stage=_zero(plan, degrees["pp"], caps, changes),
+        sequence_parallel=_layout(plan, profile, degrees["tp"], caps, changes),
+        seq_len=plan.training.seq_len,
+        dtype=plan.training.dtype,
+        model=plan.model,
+        lr_schedule=_recipe(plan, caps, changes),
+        weight_decay=plan.training.weight_decay,
+    )
     out = []
     for recompute, change in _recompute(plan, kinds, caps, changes):
         if data_parallel_only and recompute.get("recompute_blocks_per_chunk") is not None:

@@ -69,6 +69,7 @@ class FrameworkSettings:
 def check_settings(s: FrameworkSettings, *, source: str, names: dict[str, str] | None = None) -> None:
     """Reject contradictory degrees and batches with one line naming the framework's flag or key
     (``names``: field -> flag, e.g. ``{"tp": "--tensor-model-parallel-size"}``)."""
+
     def n(field_name: str) -> str:
         return (names or {}).get(field_name, field_name)
 
@@ -76,34 +77,43 @@ def check_settings(s: FrameworkSettings, *, source: str, names: dict[str, str] |
         if getattr(s, name) < 1:
             raise StratagemError(f"{source}: {n(name)} is {getattr(s, name)}; it must be a positive integer")
     if s.global_batch % (s.dp * s.micro_batch):
-        raise StratagemError(f"{source}: {n('global_batch')} {s.global_batch} is not a multiple of data-parallel "
-                             f"size {s.dp} x {n('micro_batch')} {s.micro_batch}; change one of them")
+        raise StratagemError(
+            f"{source}: {n('global_batch')} {s.global_batch} is not a multiple of data-parallel "
+            f"size {s.dp} x {n('micro_batch')} {s.micro_batch}; change one of them"
+        )
     if s.virtual_stages > 1 and s.pp == 1:
-        raise StratagemError(f"{source}: {n('virtual_stages')} needs {n('pp')} > 1; raise it or drop the virtual "
-                             f"stages")
+        raise StratagemError(
+            f"{source}: {n('virtual_stages')} needs {n('pp')} > 1; raise it or drop the virtual stages"
+        )
     if s.schedule != "gpipe" and s.pp > 1 and s.num_micro_batches < s.pp:
-        raise StratagemError(f"{source}: 1F1B with {n('pp')} {s.pp} needs >= {s.pp} micro-batches per step but "
-                             f"{n('global_batch')} {s.global_batch} / (dp {s.dp} x {n('micro_batch')} "
-                             f"{s.micro_batch}) = {s.num_micro_batches}; raise the global batch or lower the "
-                             f"micro-batch")
+        raise StratagemError(
+            f"{source}: 1F1B with {n('pp')} {s.pp} needs >= {s.pp} micro-batches per step but "
+            f"{n('global_batch')} {s.global_batch} / (dp {s.dp} x {n('micro_batch')} "
+            f"{s.micro_batch}) = {s.num_micro_batches}; raise the global batch or lower the "
+            f"micro-batch"
+        )
     if s.virtual_stages > 1 and s.num_micro_batches % s.pp:
-        raise StratagemError(f"{source}: interleaved 1F1B needs the micro-batches per step ({s.num_micro_batches}) "
-                             f"to be a multiple of {n('pp')} {s.pp} (Megatron-LM); change {n('global_batch')} or "
-                             f"{n('micro_batch')}")
+        raise StratagemError(
+            f"{source}: interleaved 1F1B needs the micro-batches per step ({s.num_micro_batches}) "
+            f"to be a multiple of {n('pp')} {s.pp} (Megatron-LM); change {n('global_batch')} or "
+            f"{n('micro_batch')}"
+        )
     if s.sequence_parallel and s.tp == 1:
-        raise StratagemError(f"{source}: {n('sequence_parallel')} needs {n('tp')} > 1; drop it or raise "
-                             f"{n('tp')}")
+        raise StratagemError(f"{source}: {n('sequence_parallel')} needs {n('tp')} > 1; drop it or raise {n('tp')}")
     if s.recompute_blocks_per_chunk is not None and s.recompute != "full":
         raise StratagemError(f"{source}: a recompute layer count needs full recompute granularity")
     if s.model is not None:
         heads = int(s.model.dim("heads"))
         if heads % s.tp:
-            raise StratagemError(f"{source}: {heads} attention heads do not split over {n('tp')} {s.tp}; choose "
-                                 f"a divisor of {heads}")
+            raise StratagemError(
+                f"{source}: {heads} attention heads do not split over {n('tp')} {s.tp}; choose a divisor of {heads}"
+            )
         layers = int(s.model.dim("layers"))
         if layers < s.pp * s.virtual_stages:
-            raise StratagemError(f"{source}: {layers} layers cannot fill {n('pp')} {s.pp} x {s.virtual_stages} "
-                                 f"virtual stages; lower {n('pp')}")
+            raise StratagemError(
+                f"{source}: {layers} layers cannot fill {n('pp')} {s.pp} x {s.virtual_stages} "
+                f"virtual stages; lower {n('pp')}"
+            )
 
 
 def chunk_paths(layers: list[tuple[str, str]], s: FrameworkSettings) -> list[list[str]]:
@@ -122,15 +132,17 @@ def chunk_paths(layers: list[tuple[str, str]], s: FrameworkSettings) -> list[lis
         middle_chunks = n - (first is not None) - (last is not None)
         rest = len(blocks) - (first or 0) - (last or 0)
         if middle_chunks <= 0 or rest < middle_chunks or rest % middle_chunks:
-            raise StratagemError(f"{len(blocks)} layers with {first} on the first and {last} on the last chunk "
-                                 f"leave {rest} for {middle_chunks} chunks; make the rest divide evenly")
+            raise StratagemError(
+                f"{len(blocks)} layers with {first} on the first and {last} on the last chunk "
+                f"leave {rest} for {middle_chunks} chunks; make the rest divide evenly"
+            )
         each = rest // middle_chunks
         counts = ([first] if first is not None else []) + [each] * middle_chunks + ([last] if last is not None else [])
     out, start = [], 0
     for count in counts:
-        out.append(blocks[start:start + count])
+        out.append(blocks[start : start + count])
         start += count
-    head = [p for p, _ in layers[:[p for p, _ in layers].index(blocks[0])]]
+    head = [p for p, _ in layers[: [p for p, _ in layers].index(blocks[0])]]
     tail_start = [p for p, _ in layers].index(blocks[-1]) + 1
     out[0] = head + out[0]
     out[-1] = out[-1] + [p for p, _ in layers[tail_start:]]
@@ -144,18 +156,31 @@ def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> P
     layout); explicit chunk boundaries only where the split is uneven or the recompute is per-layer.
     """
     if s.cp > 1 or s.ep > 1:
-        raise StratagemError(f"context parallel {s.cp} / expert parallel {s.ep}: the cost model does not "
-                             f"estimate these yet; set them to 1 to estimate the rest")
+        raise StratagemError(
+            f"context parallel {s.cp} / expert parallel {s.ep}: the cost model does not "
+            f"estimate these yet; set them to 1 to estimate the rest"
+        )
     explicit = s.first_chunk_blocks is not None or s.last_chunk_blocks is not None
     chunks = chunk_paths(layers, s) if explicit or s.recompute_blocks_per_chunk is not None else None
     recompute: Recompute | dict[str, Recompute] = s.recompute
     if s.recompute_blocks_per_chunk is not None and chunks is not None:
         kinds = dict(layers)
-        recompute = {p: "full" for chunk in chunks
-                     for p in [q for q in chunk if kinds[q] == "block"][:s.recompute_blocks_per_chunk]}
+        recompute = {
+            p: "full"
+            for chunk in chunks
+            for p in [q for q in chunk if kinds[q] == "block"][: s.recompute_blocks_per_chunk]
+        }
     return ParallelConfig(
-        tp=s.tp, pp=s.pp, dp=s.dp, micro_batch=s.micro_batch, num_micro_batches=s.num_micro_batches,
-        schedule=s.schedule, virtual_stages=s.virtual_stages, zero_stage=s.zero_stage,
-        sequence_parallel=s.sequence_parallel, recompute=recompute,
+        tp=s.tp,
+        pp=s.pp,
+        dp=s.dp,
+        micro_batch=s.micro_batch,
+        num_micro_batches=s.num_micro_batches,
+        schedule=s.schedule,
+        virtual_stages=s.virtual_stages,
+        zero_stage=s.zero_stage,
+        sequence_parallel=s.sequence_parallel,
+        recompute=recompute,
         stage_layers=tuple(tuple(c) for c in chunks) if chunks is not None and explicit else None,
-        overlap_grad_reduce=s.overlap_grad_reduce)
+        overlap_grad_reduce=s.overlap_grad_reduce,
+    )

@@ -26,37 +26,78 @@ from planner.recipe import LRSchedule, peak_lr
 
 SOURCE = "torchtitan config"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
-PARALLELISM_KEYS = frozenset({
-    "data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-    "enable_fsdp_symm_mem", "tensor_parallel_degree", "enable_sequence_parallel", "spmd_backend",
-    "pipeline_parallel_degree", "module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
-    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
-    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size", "context_parallel_degree",
-    "context_parallel_load_balancer", "context_parallel_ptrr_mask_key", "expert_parallel_degree",
-    "expert_tensor_parallel_degree", "disable_loss_parallel"})
-TRAINING_KEYS = frozenset({"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps",
-                           "enable_cpu_offload", "disable_cuda_graphs", "dtype", "mixed_precision_param",
-                           "mixed_precision_reduce", "gc_freq", "gc_debug"})
+PARALLELISM_KEYS = frozenset(
+    {
+        "data_parallel_replicate_degree",
+        "data_parallel_shard_degree",
+        "fsdp_reshard_after_forward",
+        "enable_fsdp_symm_mem",
+        "tensor_parallel_degree",
+        "enable_sequence_parallel",
+        "spmd_backend",
+        "pipeline_parallel_degree",
+        "module_fqns_per_model_part",
+        "pipeline_parallel_first_stage_less_layers",
+        "pipeline_parallel_last_stage_less_layers",
+        "pipeline_parallel_layers_per_stage",
+        "pipeline_parallel_schedule",
+        "pipeline_parallel_schedule_csv",
+        "pipeline_parallel_microbatch_size",
+        "context_parallel_degree",
+        "context_parallel_load_balancer",
+        "context_parallel_ptrr_mask_key",
+        "expert_parallel_degree",
+        "expert_tensor_parallel_degree",
+        "disable_loss_parallel",
+    }
+)
+TRAINING_KEYS = frozenset(
+    {
+        "local_batch_size",
+        "global_batch_size",
+        "seq_len",
+        "max_norm",
+        "steps",
+        "enable_cpu_offload",
+        "disable_cuda_graphs",
+        "dtype",
+        "mixed_precision_param",
+        "mixed_precision_reduce",
+        "gc_freq",
+        "gc_debug",
+    }
+)
 LR_KEYS = frozenset({"warmup_steps", "total_steps", "decay_ratio", "decay_type", "min_lr_factor"})
-KEY_NAMES = {"tp": "parallelism.tensor_parallel_degree", "pp": "parallelism.pipeline_parallel_degree",
-             "micro_batch": "parallelism.pipeline_parallel_microbatch_size",
-             "global_batch": "training.global_batch_size", "sequence_parallel": "parallelism.enable_sequence_parallel",
-             "virtual_stages": "parallelism.pipeline_parallel_layers_per_stage",
-             "cp": "parallelism.context_parallel_degree", "ep": "parallelism.expert_parallel_degree"}
+KEY_NAMES = {
+    "tp": "parallelism.tensor_parallel_degree",
+    "pp": "parallelism.pipeline_parallel_degree",
+    "micro_batch": "parallelism.pipeline_parallel_microbatch_size",
+    "global_batch": "training.global_batch_size",
+    "sequence_parallel": "parallelism.enable_sequence_parallel",
+    "virtual_stages": "parallelism.pipeline_parallel_layers_per_stage",
+    "cp": "parallelism.context_parallel_degree",
+    "ep": "parallelism.expert_parallel_degree",
+}
 
 
 def to_items(s: FrameworkSettings) -> dict[str, dict]:
     """Section -> keyword arguments (what the config function sets)."""
     fsdp = s.zero_stage >= 2
-    par: dict = {"data_parallel_replicate_degree": 1 if fsdp else s.dp,
-                 "data_parallel_shard_degree": s.dp if fsdp else 1}
+    par: dict = {
+        "data_parallel_replicate_degree": 1 if fsdp else s.dp,
+        "data_parallel_shard_degree": s.dp if fsdp else 1,
+    }
     if fsdp:
         par["fsdp_reshard_after_forward"] = "always" if s.zero_stage == 3 else "never"
     par.update(tensor_parallel_degree=s.tp, enable_sequence_parallel=s.sequence_parallel and s.tp > 1)
     if s.pp > 1:
-        par.update(pipeline_parallel_degree=s.pp, pipeline_parallel_schedule=SCHEDULES[s.schedule],
-                   pipeline_parallel_microbatch_size=s.micro_batch,
-                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
+        par.update(
+            pipeline_parallel_degree=s.pp,
+            pipeline_parallel_schedule=SCHEDULES[s.schedule],
+            pipeline_parallel_microbatch_size=s.micro_batch,
+            pipeline_parallel_first_stage_less_layers=0,
+            pipeline_parallel_last_stage_less_layers=0,
+        )
         if s.virtual_stages > 1 and s.model is not None:
             par["pipeline_parallel_layers_per_stage"] = int(s.model.dim("layers")) // (s.pp * s.virtual_stages)
     if s.cp > 1:
@@ -67,15 +108,18 @@ def to_items(s: FrameworkSettings) -> dict[str, dict]:
     training: dict = {"local_batch_size": local, "global_batch_size": s.global_batch}
     if s.seq_len:
         training["seq_len"] = s.seq_len
-    out = {"parallelism": par, "training": training,
-           "activation_checkpoint": {"mode": s.recompute}}
+    out = {"parallelism": par, "training": training, "activation_checkpoint": {"mode": s.recompute}}
     if s.lr_schedule is not None:
         sched = s.lr_schedule
         peak = peak_lr(sched, global_batch=s.global_batch)
         training["steps"] = sched.total_steps
         out["optimizer"] = {"lr": peak, **({"weight_decay": s.weight_decay} if s.weight_decay is not None else {})}
-        out["lr_scheduler"] = {"warmup_steps": sched.warmup_steps, "total_steps": sched.total_steps,
-                               "decay_type": "cosine", "min_lr_factor": sched.min_lr / peak}
+        out["lr_scheduler"] = {
+            "warmup_steps": sched.warmup_steps,
+            "total_steps": sched.total_steps,
+            "decay_type": "cosine",
+            "min_lr_factor": sched.min_lr / peak,
+        }
         if sched.decay == "constant":
             out["lr_scheduler"].update(decay_ratio=0.0, min_lr_factor=1.0)
     return out
@@ -90,30 +134,50 @@ def render(s: FrameworkSettings, *, header: list[str]) -> str:
     """A Python module with ``stratagem_plan() -> Trainer.Config`` for ``--module``/``--config``."""
     items = to_items(s)
     base = "llama3_70b" if s.model is not None and s.model.family == "llama" else "llama3_8b"
-    doc = "\n".join(header + ["", f"Run: NGPU={s.world_size} MODULE=<this module> CONFIG=stratagem_plan "
-                                   f"./run_train.sh  (world size {s.world_size} = dp {s.dp} x tp {s.tp} x pp {s.pp})",
-                              f"Model: start from torchtitan's {base} (replace with your model's config function)."])
+    doc = "\n".join(
+        header
+        + [
+            "",
+            f"Run: NGPU={s.world_size} MODULE=<this module> CONFIG=stratagem_plan "
+            f"./run_train.sh  (world size {s.world_size} = dp {s.dp} x tp {s.tp} x pp {s.pp})",
+            f"Model: start from torchtitan's {base} (replace with your model's config function).",
+        ]
+    )
     ac = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()", "none": "None"}[s.recompute]
-    lines = [f'"""{doc}\n"""', "",
-             "from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw",
-             "from torchtitan.config import ParallelismConfig, TrainingConfig",
-             "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
-             f"from torchtitan.models.llama3.config_registry import {base} as base_config",
-             "from torchtitan.trainer import Trainer", "", f"WORLD_SIZE_GPUS = {s.world_size}", "", "",
-             "def stratagem_plan() -> Trainer.Config:", "    config = base_config()",
-             f"    config.parallelism = {_call('ParallelismConfig', items['parallelism'])}",
-             f"    config.training = {_call('TrainingConfig', items['training'])}",
-             f"    config.activation_checkpoint = {ac}"]
+    lines = [
+        f'"""{doc}\n"""',
+        "",
+        "from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw",
+        "from torchtitan.config import ParallelismConfig, TrainingConfig",
+        "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
+        f"from torchtitan.models.llama3.config_registry import {base} as base_config",
+        "from torchtitan.trainer import Trainer",
+        "",
+        f"WORLD_SIZE_GPUS = {s.world_size}",
+        "",
+        "",
+        "def stratagem_plan() -> Trainer.Config:",
+        "    config = base_config()",
+        f"    config.parallelism = {_call('ParallelismConfig', items['parallelism'])}",
+        f"    config.training = {_call('TrainingConfig', items['training'])}",
+        f"    config.activation_checkpoint = {ac}",
+    ]
     if "optimizer" in items:
-        lines += [f"    config.optimizer = {_call('default_adamw', items['optimizer'])}",
-                  f"    config.lr_scheduler = {_call('LRSchedulersContainer.Config', items['lr_scheduler'])}"]
+        lines += [
+            f"    config.optimizer = {_call('default_adamw', items['optimizer'])}",
+            f"    config.lr_scheduler = {_call('LRSchedulersContainer.Config', items['lr_scheduler'])}",
+        ]
     lines += ["    return config"]
     return "\n".join(lines) + "\n"
 
 
 # -- import -----------------------------------------------------------------------------------------
-_CALLS = {"ParallelismConfig": "parallelism", "TrainingConfig": "training", "default_adamw": "optimizer",
-          "Config": "lr_scheduler"}
+_CALLS = {
+    "ParallelismConfig": "parallelism",
+    "TrainingConfig": "training",
+    "default_adamw": "optimizer",
+    "Config": "lr_scheduler",
+}
 _AC = {"FullAC": "full", "SelectiveAC": "selective"}
 
 
@@ -128,11 +192,17 @@ def _sections_from_python(text: str) -> tuple[dict[str, dict], int | None]:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             if any(isinstance(t, ast.Name) and t.id == "WORLD_SIZE_GPUS" for t in node.targets):
                 world = int(node.value.value)
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "activation_checkpoint"
-                                                for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and t.attr == "activation_checkpoint" for t in node.targets
+        ):
             value = node.value
-            name = value.func.value.id if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
-                and isinstance(value.func.value, ast.Name) else None
+            name = (
+                value.func.value.id
+                if isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Attribute)
+                and isinstance(value.func.value, ast.Name)
+                else None
+            )
             sections["activation_checkpoint"] = {"mode": _AC.get(name, "none")}
         if isinstance(node, ast.Call):
             func = node.func
@@ -141,13 +211,15 @@ def _sections_from_python(text: str) -> tuple[dict[str, dict], int | None]:
                 try:
                     sections[_CALLS[name]] = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
                 except ValueError:
-                    raise StratagemError(f"torchtitan config: {name}(...) has a non-literal argument; write plain "
-                                         f"numbers and strings") from None
+                    raise StratagemError(
+                        f"torchtitan config: {name}(...) has a non-literal argument; write plain numbers and strings"
+                    ) from None
     return sections, world
 
 
 def _sections_from_toml(text: str) -> tuple[dict[str, dict], int | None]:
     import tomllib
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -159,8 +231,10 @@ def _check_keys(sections: dict[str, dict]) -> None:
     for section, known in (("parallelism", PARALLELISM_KEYS), ("training", TRAINING_KEYS), ("lr_scheduler", LR_KEYS)):
         for key in sections.get(section, {}):
             if key not in known:
-                raise StratagemError(f"unknown torchtitan key {section}.{key}: not a field of torchtitan 0.3's "
-                                     f"config; check its spelling or remove it")
+                raise StratagemError(
+                    f"unknown torchtitan key {section}.{key}: not a field of torchtitan 0.3's "
+                    f"config; check its spelling or remove it"
+                )
 
 
 def _degrees(par: dict, world: int | None, tp: int, pp: int, cp: int) -> tuple[int, int]:
@@ -168,17 +242,23 @@ def _degrees(par: dict, world: int | None, tp: int, pp: int, cp: int) -> tuple[i
     replicate, shard = int(par.get("data_parallel_replicate_degree", 1)), int(par.get("data_parallel_shard_degree", -1))
     if shard == -1:
         if world is None:
-            raise StratagemError("torchtitan's data_parallel_shard_degree is -1 (the rest of the GPUs) and the GPU "
-                                 "count is unknown; pass --gpus N")
+            raise StratagemError(
+                "torchtitan's data_parallel_shard_degree is -1 (the rest of the GPUs) and the GPU "
+                "count is unknown; pass --gpus N"
+            )
         if world % (replicate * tp * pp * cp):
-            raise StratagemError(f"{world} GPUs do not divide into parallelism degrees replicate {replicate} x tp "
-                                 f"{tp} x pp {pp} x cp {cp}; fix the config or --gpus")
+            raise StratagemError(
+                f"{world} GPUs do not divide into parallelism degrees replicate {replicate} x tp "
+                f"{tp} x pp {pp} x cp {cp}; fix the config or --gpus"
+            )
         shard = world // (replicate * tp * pp * cp)
     dp = replicate * shard
     if world is not None and dp * tp * pp * cp != world:
-        raise StratagemError(f"torchtitan degrees give {dp * tp * pp * cp} GPUs (replicate {replicate} x shard {shard} "
-                             f"x tp {tp} x pp {pp} x cp {cp}) but the run has {world}; fix the degrees or --gpus")
-    if shard == 1 and "fsdp_reshard_after_forward" not in par:   # DDP (FSDP2 over one rank when it is set)
+        raise StratagemError(
+            f"torchtitan degrees give {dp * tp * pp * cp} GPUs (replicate {replicate} x shard {shard} "
+            f"x tp {tp} x pp {pp} x cp {cp}) but the run has {world}; fix the degrees or --gpus"
+        )
+    if shard == 1 and "fsdp_reshard_after_forward" not in par:  # DDP (FSDP2 over one rank when it is set)
         return dp, 0
     return dp, 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
 
@@ -201,29 +281,47 @@ def parse(text: str, *, world_size: int | None = None, layers: int | None = None
     names = {v: k for k, v in SCHEDULES.items()}
     kind = par.get("pipeline_parallel_schedule", "1F1B") if pp > 1 else "1F1B"
     if kind not in names:
-        raise StratagemError(f"torchtitan parallelism.pipeline_parallel_schedule {kind!r}: Stratagem estimates "
-                             f"{', '.join(names)}; pick one of them")
+        raise StratagemError(
+            f"torchtitan parallelism.pipeline_parallel_schedule {kind!r}: Stratagem estimates "
+            f"{', '.join(names)}; pick one of them"
+        )
     v = 1
     per_stage = par.get("pipeline_parallel_layers_per_stage")
     if per_stage and pp > 1:
         if layers is None:
-            raise StratagemError("torchtitan parallelism.pipeline_parallel_layers_per_stage needs the model's layer "
-                                 "count to give virtual stages; pass --model")
+            raise StratagemError(
+                "torchtitan parallelism.pipeline_parallel_layers_per_stage needs the model's layer "
+                "count to give virtual stages; pass --model"
+            )
         if layers % (pp * int(per_stage)):
-            raise StratagemError(f"torchtitan parallelism.pipeline_parallel_layers_per_stage {per_stage} does not "
-                                 f"divide {layers} layers over pipeline_parallel_degree {pp}; fix one of them")
+            raise StratagemError(
+                f"torchtitan parallelism.pipeline_parallel_layers_per_stage {per_stage} does not "
+                f"divide {layers} layers over pipeline_parallel_degree {pp}; fix one of them"
+            )
         v = layers // (pp * int(per_stage))
     if names[kind] == "interleaved_1f1b" and v < 2:
-        raise StratagemError("torchtitan parallelism.pipeline_parallel_schedule Interleaved1F1B: set "
-                             "parallelism.pipeline_parallel_layers_per_stage so that each rank holds >= 2 stages")
+        raise StratagemError(
+            "torchtitan parallelism.pipeline_parallel_schedule Interleaved1F1B: set "
+            "parallelism.pipeline_parallel_layers_per_stage so that each rank holds >= 2 stages"
+        )
     mode = sections.get("activation_checkpoint", {}).get("mode", "selective")
     settings = FrameworkSettings(
-        tp=tp, pp=pp, dp=dp, cp=cp, ep=int(par.get("expert_parallel_degree", 1)), micro_batch=mb, global_batch=gb,
-        schedule=names[kind] if pp > 1 else "1f1b", virtual_stages=v if names[kind] == "interleaved_1f1b" else 1,
-        zero_stage=zero, sequence_parallel=bool(par.get("enable_sequence_parallel", True)) and tp > 1,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=int(par.get("expert_parallel_degree", 1)),
+        micro_batch=mb,
+        global_batch=gb,
+        schedule=names[kind] if pp > 1 else "1f1b",
+        virtual_stages=v if names[kind] == "interleaved_1f1b" else 1,
+        zero_stage=zero,
+        sequence_parallel=bool(par.get("enable_sequence_parallel", True)) and tp > 1,
         recompute=mode if mode in ("none", "selective", "full") else "full",
-        seq_len=training.get("seq_len"), lr_schedule=_schedule(sections, gb),
-        weight_decay=sections.get("optimizer", {}).get("weight_decay"))
+        seq_len=training.get("seq_len"),
+        lr_schedule=_schedule(sections, gb),
+        weight_decay=sections.get("optimizer", {}).get("weight_decay"),
+    )
     check_settings(settings, source=SOURCE, names=KEY_NAMES)
     return settings
 
@@ -237,6 +335,12 @@ def _schedule(sections: dict[str, dict], global_batch: int) -> LRSchedule | None
     constant = sched.get("decay_ratio") == 0.0
     if not constant and sched.get("decay_type", "linear") != "cosine":
         return None
-    return LRSchedule(base_lr=lr, reference_batch=global_batch, warmup_steps=int(sched.get("warmup_steps", 200)),
-                      warmup_start_lr=0.0, decay="constant" if constant else "cosine", total_steps=total,
-                      min_lr=0.0 if constant else lr * float(sched.get("min_lr_factor", 0.0)))
+    return LRSchedule(
+        base_lr=lr,
+        reference_batch=global_batch,
+        warmup_steps=int(sched.get("warmup_steps", 200)),
+        warmup_start_lr=0.0,
+        decay="constant" if constant else "cosine",
+        total_steps=total,
+        min_lr=0.0 if constant else lr * float(sched.get("min_lr_factor", 0.0)),
+    )

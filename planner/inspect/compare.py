@@ -74,18 +74,27 @@ class PlanDiff:
     costs: tuple[CostDelta, ...]
 
     def changes_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([dict(what=c.what, before=c.before, after=c.after) for c in self.changes],
-                            columns=["what", "before", "after"])
+        return pd.DataFrame(
+            [dict(what=c.what, before=c.before, after=c.after) for c in self.changes],
+            columns=["what", "before", "after"],
+        )
 
     def costs_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([dict(quantity=c.quantity, before=c.before, after=c.after, delta=c.delta,
-                                  relative=c.relative) for c in self.costs],
-                            columns=["quantity", "before", "after", "delta", "relative"]).set_index("quantity")
+        return pd.DataFrame(
+            [
+                dict(quantity=c.quantity, before=c.before, after=c.after, delta=c.delta, relative=c.relative)
+                for c in self.costs
+            ],
+            columns=["quantity", "before", "after", "delta", "relative"],
+        ).set_index("quantity")
 
     def __str__(self) -> str:
         lines = [f"{c.what}: {c.before} -> {c.after}" for c in self.changes] or ["no decision changed"]
-        lines += [f"{c.quantity}: {c.before:.4g} -> {c.after:.4g} ({_relative_text(c)})" for c in self.costs
-                  if c.before or c.after]
+        lines += [
+            f"{c.quantity}: {c.before:.4g} -> {c.after:.4g} ({_relative_text(c)})"
+            for c in self.costs
+            if c.before or c.after
+        ]
         return "\n".join(lines)
 
 
@@ -103,12 +112,19 @@ def _fields(plan: Plan) -> dict[str, str]:
     s = plan.schedule
     out = {"model": plan.model.name, "cluster": plan.cluster_name, "world_size": str(plan.world_size)}
     out.update({f"mesh.{axis}": str(plan.mesh.size(axis)) for axis in ("pp", "dp", "tp")})
-    out.update({"schedule.kind": s.kind, "schedule.virtual_stages": str(s.virtual_stages),
-                "schedule.micro_batch_size": str(s.micro_batch_size),
-                "schedule.num_micro_batches": str(s.num_micro_batches),
-                "training.global_batch": str(plan.training.global_batch), "zero_stage": str(plan.zero_stage),
-                "batch_shares": str(plan.batch_shares), "stages": str(len(plan.stages)),
-                "node_type_per_pp_rank": ",".join(_node_types_by_pp_rank(plan))})
+    out.update(
+        {
+            "schedule.kind": s.kind,
+            "schedule.virtual_stages": str(s.virtual_stages),
+            "schedule.micro_batch_size": str(s.micro_batch_size),
+            "schedule.num_micro_batches": str(s.num_micro_batches),
+            "training.global_batch": str(plan.training.global_batch),
+            "zero_stage": str(plan.zero_stage),
+            "batch_shares": str(plan.batch_shares),
+            "stages": str(len(plan.stages)),
+            "node_type_per_pp_rank": ",".join(_node_types_by_pp_rank(plan)),
+        }
+    )
     return out
 
 
@@ -138,8 +154,11 @@ def _listed(what: str, items: list[tuple[str, str, str]]) -> list[Change]:
 
 def _placement_changes(a: Plan, b: Plan) -> list[Change]:
     sa, sb = _stage_of(a), _stage_of(b)
-    moved = [(p, f"stage {sa.get(p, '-')}", f"stage {sb.get(p, '-')}") for p in sorted(set(sa) | set(sb),
-             key=lambda p: (sa.get(p, sb.get(p, 0)), p)) if sa.get(p) != sb.get(p)]
+    moved = [
+        (p, f"stage {sa.get(p, '-')}", f"stage {sb.get(p, '-')}")
+        for p in sorted(set(sa) | set(sb), key=lambda p: (sa.get(p, sb.get(p, 0)), p))
+        if sa.get(p) != sb.get(p)
+    ]
     return _listed("stage", moved)
 
 
@@ -147,6 +166,7 @@ def _layout_changes(a: Plan, b: Plan) -> list[Change]:
     def style(plan: Plan, path: str) -> str:
         lay = plan.layout.get(path)
         return "replicate" if lay is None else lay.style + ("+sp" if lay.sequence_parallel else "")
+
     paths = sorted(set(_stage_of(a)) | set(_stage_of(b)))
     return _listed("layout", [(p, style(a, p), style(b, p)) for p in paths if style(a, p) != style(b, p)])
 
@@ -154,19 +174,29 @@ def _layout_changes(a: Plan, b: Plan) -> list[Change]:
 def _recompute_changes(a: Plan, b: Plan) -> list[Change]:
     def modes(plan: Plan) -> dict[str, str]:
         return {p: m for st in plan.stages for p, m in st.recompute.items()}
+
     ma, mb = modes(a), modes(b)
     paths = sorted(set(_stage_of(a)) | set(_stage_of(b)))
-    return _listed("recompute", [(p, ma.get(p, "none"), mb.get(p, "none")) for p in paths
-                                 if ma.get(p, "none") != mb.get(p, "none")])
+    return _listed(
+        "recompute",
+        [(p, ma.get(p, "none"), mb.get(p, "none")) for p in paths if ma.get(p, "none") != mb.get(p, "none")],
+    )
 
 
 def _cost_deltas(a: Plan, b: Plan) -> list[CostDelta]:
     if a.predictions is None or b.predictions is None:
         return []
     pa, pb = a.predictions, b.predictions
-    out = [CostDelta(quantity=q, before=getattr(pa, q), after=getattr(pb, q))
-           for q in ("step_time_s", "tokens_per_s", "peak_memory_bytes", "mfu")]
+    out = [
+        CostDelta(quantity=q, before=getattr(pa, q), after=getattr(pb, q))
+        for q in ("step_time_s", "tokens_per_s", "peak_memory_bytes", "mfu")
+    ]
     for term in list(pa.breakdown_s) + [t for t in pb.breakdown_s if t not in pa.breakdown_s]:
-        out.append(CostDelta(quantity=f"breakdown.{term}_s", before=pa.breakdown_s.get(term, 0.0),
-                             after=pb.breakdown_s.get(term, 0.0)))
+        out.append(
+            CostDelta(
+                quantity=f"breakdown.{term}_s",
+                before=pa.breakdown_s.get(term, 0.0),
+                after=pb.breakdown_s.get(term, 0.0),
+            )
+        )
     return out

@@ -32,8 +32,7 @@ IDLE_STYLE = {
     "optimizer": dict(facecolor="#8c6d31", edgecolor="#5a4620", label="optimizer step"),
 }
 STRIP_STYLE = {  # communication inside an operation, drawn over the lower part of its bar
-    "tp_comm": dict(facecolor="none", edgecolor="#222222", hatch="////", linewidth=0.0,
-                    label="tp comm (inside op)"),
+    "tp_comm": dict(facecolor="none", edgecolor="#222222", hatch="////", linewidth=0.0, label="tp comm (inside op)"),
     "pp_comm": dict(facecolor="#fd8d3c", edgecolor="#a63603", linewidth=0.0, label="pp send/recv (inside op)"),
 }
 STRIP_HEIGHT = 0.22
@@ -47,8 +46,10 @@ def plot_timeline(plan: Plan, timeline: Timeline | None = None, *, width_in: flo
     """Gantt chart of one step of ``plan`` (simulated from its predictions if ``timeline`` is None)."""
     timeline = timeline or simulate_plan(plan)
     scale, unit = time_unit(timeline.makespan_s)
-    fig = Figure(figsize=(width_in, 1.6 + 0.5 * timeline.pp + 0.25 * (len(handles_needed(timeline, plan)) // 5)),
-                 layout="constrained")
+    fig = Figure(
+        figsize=(width_in, 1.6 + 0.5 * timeline.pp + 0.25 * (len(handles_needed(timeline, plan)) // 5)),
+        layout="constrained",
+    )
     ax = fig.add_subplot()
     ops_per_rank = sum(iv.kind in SHADES for iv in timeline.intervals) / timeline.pp
     edge = 0.6 if ops_per_rank <= MAX_EDGED_OPS_PER_RANK else 0.0  # thin bars would drown in their edges
@@ -56,17 +57,24 @@ def plot_timeline(plan: Plan, timeline: Timeline | None = None, *, width_in: flo
     _draw_idle(ax, timeline, scale, edge)
     handles = _legend_handles(timeline, plan.schedule.virtual_stages)
     if plan.predictions is not None:
-        line = ax.axvline(plan.predictions.step_time_s * scale, color="black", linestyle="--", linewidth=1.2,
-                          label="predicted step time")
+        line = ax.axvline(
+            plan.predictions.step_time_s * scale,
+            color="black",
+            linestyle="--",
+            linewidth=1.2,
+            label="predicted step time",
+        )
         handles.append(line)
     ax.set_yticks(range(timeline.pp), [f"pp rank {r}" for r in range(timeline.pp)])
     ax.set_ylim(timeline.pp - 0.5, -0.5)
     ax.set_xlim(0, timeline.makespan_s * scale * 1.01)
     ax.set_xlabel(f"time within one training step ({unit})")
     ax.set_ylabel("pipeline rank")
-    ax.set_title(f"{plan_label(plan)}: simulated step {fmt_seconds(timeline.makespan_s)}, "
-                 f"bubble {timeline.total_s('bubble') / (timeline.pp * timeline.makespan_s):.1%} of device time",
-                 fontsize=10)
+    ax.set_title(
+        f"{plan_label(plan)}: simulated step {fmt_seconds(timeline.makespan_s)}, "
+        f"bubble {timeline.total_s('bubble') / (timeline.pp * timeline.makespan_s):.1%} of device time",
+        fontsize=10,
+    )
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return fig
@@ -88,30 +96,46 @@ def _draw_operations(ax, timeline: Timeline, scale: float, edge: float) -> None:
         spans = [(iv.start_s * scale, iv.duration_s * scale) for iv in ivs]
         if kind in STRIP_STYLE:
             style = {k: v for k, v in STRIP_STYLE[kind].items() if k != "label"}
-            ax.broken_barh(spans, (rank + BAR_HEIGHT / 2 - STRIP_HEIGHT, STRIP_HEIGHT), gid=f"{kind}:{chunk}",
-                           **style)
+            ax.broken_barh(spans, (rank + BAR_HEIGHT / 2 - STRIP_HEIGHT, STRIP_HEIGHT), gid=f"{kind}:{chunk}", **style)
             continue
-        ax.broken_barh(spans, (rank - BAR_HEIGHT / 2, BAR_HEIGHT), facecolors=SHADES[kind][chunk % 4],
-                       edgecolors="white" if edge else "none", linewidth=edge, gid=f"{kind}:{chunk}")
+        ax.broken_barh(
+            spans,
+            (rank - BAR_HEIGHT / 2, BAR_HEIGHT),
+            facecolors=SHADES[kind][chunk % 4],
+            edgecolors="white" if edge else "none",
+            linewidth=edge,
+            gid=f"{kind}:{chunk}",
+        )
         if n_ops <= MAX_LABELLED_OPS:
             for iv in ivs:
                 if iv.duration_s < MIN_LABELLED_FRACTION * timeline.makespan_s:
                     continue  # no room for the number
-                ax.text((iv.start_s + iv.duration_s / 2) * scale, rank, str(iv.micro_batch), ha="center",
-                        va="center", fontsize=7, color="white" if chunk % 4 < 2 else "black")
+                ax.text(
+                    (iv.start_s + iv.duration_s / 2) * scale,
+                    rank,
+                    str(iv.micro_batch),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if chunk % 4 < 2 else "black",
+                )
 
 
 def _draw_idle(ax, timeline: Timeline, scale: float, edge: float) -> None:
     for kind, style in IDLE_STYLE.items():
         for rank in range(timeline.pp):
-            spans = [(iv.start_s * scale, iv.duration_s * scale) for iv in timeline.intervals
-                     if iv.kind == kind and iv.pp_rank == rank]
+            spans = [
+                (iv.start_s * scale, iv.duration_s * scale)
+                for iv in timeline.intervals
+                if iv.kind == kind and iv.pp_rank == rank
+            ]
             if spans:
                 style_args = {k: v for k, v in style.items() if k != "label"}
                 if not edge:
                     style_args["edgecolor"] = "none" if "hatch" not in style_args else style_args["edgecolor"]
-                ax.broken_barh(spans, (rank - BAR_HEIGHT / 2, BAR_HEIGHT), gid=f"{kind}:-", linewidth=edge,
-                               **style_args)
+                ax.broken_barh(
+                    spans, (rank - BAR_HEIGHT / 2, BAR_HEIGHT), gid=f"{kind}:-", linewidth=edge, **style_args
+                )
 
 
 def _legend_handles(timeline: Timeline, v: int) -> list:

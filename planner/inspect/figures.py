@@ -21,9 +21,20 @@ from planner.inspect.units import bytes_unit, fmt_bytes, time_unit
 from planner.plan import Plan
 
 MEMORY_COLORS = {"params": "#3182bd", "grads": "#9ecae1", "optimizer": "#31a354", "activations": "#fd8d3c"}
-TERM_COLORS = {"compute": "#3182bd", "forward": "#1f5f9e", "backward": "#2b7a2b", "recompute": "#6a3d9a",
-               "tp_comm": "#636363", "layout": "#969696", "pp_comm": "#e6550d", "bubble": "#bdbdbd",
-               "dp_comm": "#de2d26", "dp_sync_exposed": "#de2d26", "zero_comm": "#fb6a4a", "optimizer": "#8c6d31"}
+TERM_COLORS = {
+    "compute": "#3182bd",
+    "forward": "#1f5f9e",
+    "backward": "#2b7a2b",
+    "recompute": "#6a3d9a",
+    "tp_comm": "#636363",
+    "layout": "#969696",
+    "pp_comm": "#e6550d",
+    "bubble": "#bdbdbd",
+    "dp_comm": "#de2d26",
+    "dp_sync_exposed": "#de2d26",
+    "zero_comm": "#fb6a4a",
+    "optimizer": "#8c6d31",
+}
 MAX_NAMED_POINTS = 12
 OTHER_COLORS = ("#756bb1", "#e7ba52", "#ad494a", "#8ca252", "#7b4173", "#843c39")
 
@@ -34,8 +45,9 @@ def _color(table: dict[str, str], key: str, index: int) -> str:
 
 def _needs_predictions(plan: Plan, what: str) -> None:
     if plan.predictions is None:
-        raise StratagemError(f"plan has no predictions, so there is no {what} to draw; re-plan with "
-                             f"`stratagem plan` to fill them")
+        raise StratagemError(
+            f"plan has no predictions, so there is no {what} to draw; re-plan with `stratagem plan` to fill them"
+        )
 
 
 def plot_memory_per_rank(plan: Plan) -> Figure:
@@ -54,13 +66,20 @@ def plot_memory_per_rank(plan: Plan) -> Figure:
     x = list(range(len(frame)))
     bottom = [0.0] * len(frame)
     for i, column in enumerate(kinds):
-        kind = column[len("mem_"):-len("_bytes")]
+        kind = column[len("mem_") : -len("_bytes")]
         values = (frame[column].fillna(0.0) * scale).tolist()
         ax.bar(x, values, bottom=bottom, color=_color(MEMORY_COLORS, kind, i), width=0.6, label=kind, gid=f"mem:{kind}")
         bottom = [b + v for b, v in zip(bottom, values)]
     capacity = (frame["memory_capacity_bytes"] * scale).tolist()
-    ax.hlines(capacity, [i - 0.4 for i in x], [i + 0.4 for i in x], colors="#cb181d", linewidth=2.2,
-              label="device capacity", gid="capacity")
+    ax.hlines(
+        capacity,
+        [i - 0.4 for i in x],
+        [i + 0.4 for i in x],
+        colors="#cb181d",
+        linewidth=2.2,
+        label="device capacity",
+        gid="capacity",
+    )
     peaks = (frame["peak_memory_bytes"] * scale).tolist()
     ax.scatter(x, peaks, marker="D", color="black", zorder=3, s=18, label="predicted peak", gid="peak")
     if len(frame) <= 16:
@@ -88,21 +107,40 @@ def plot_layer_placement(plan: Plan) -> Figure:
     with a marker where recomputed."""
     modules = [(p, st) for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     pp = plan.mesh.size("pp")
-    fig = Figure(figsize=(min(16.0, max(7.0, 2.5 + 0.28 * len(modules))), 1.6 + 0.45 * pp + 0.9),
-                 layout="constrained")
+    fig = Figure(figsize=(min(16.0, max(7.0, 2.5 + 0.28 * len(modules))), 1.6 + 0.45 * pp + 0.9), layout="constrained")
     ax = fig.add_subplot()
     cmap = _stage_colors(len(plan.stages))
     for i, (path, st) in enumerate(modules):
         split = plan.layout.get(path) is not None and plan.layout[path].style == "split"
-        ax.bar(i, 0.8, bottom=st.pp_rank - 0.4, width=1.0, color=cmap[st.index], edgecolor="white",
-               hatch="///" if split else None, gid=f"module:{path}")
+        ax.bar(
+            i,
+            0.8,
+            bottom=st.pp_rank - 0.4,
+            width=1.0,
+            color=cmap[st.index],
+            edgecolor="white",
+            hatch="///" if split else None,
+            gid=f"module:{path}",
+        )
         mode = st.recompute.get(path, "none")
         if mode != "none":
-            ax.plot(i, st.pp_rank - 0.52, marker="v", color="black", markersize=4,
-                    markerfacecolor="black" if mode == "full" else "white", gid=f"recompute:{path}")
+            ax.plot(
+                i,
+                st.pp_rank - 0.52,
+                marker="v",
+                color="black",
+                markersize=4,
+                markerfacecolor="black" if mode == "full" else "white",
+                gid=f"recompute:{path}",
+            )
     step = max(1, len(modules) // 24)
-    ax.set_xticks(range(0, len(modules), step), [modules[i][0] for i in range(0, len(modules), step)],
-                  rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(
+        range(0, len(modules), step),
+        [modules[i][0] for i in range(0, len(modules), step)],
+        rotation=60,
+        ha="right",
+        fontsize=7,
+    )
     node_of = {st.pp_rank: st.node_type for st in plan.stages}
     mixed = len(set(node_of.values())) > 1
     ax.set_yticks(range(pp), [f"pp rank {r}" + (f"\n{node_of[r]}" if mixed else "") for r in range(pp)])
@@ -110,8 +148,9 @@ def plot_layer_placement(plan: Plan) -> Figure:
     ax.set_xlim(-0.6, len(modules) - 0.4)
     ax.set_xlabel("top-level module, in model order (module path)")
     ax.set_ylabel("pipeline rank")
-    ax.set_title(f"{plan_label(plan)}: layer placement ({len(modules)} modules, {len(plan.stages)} stages)",
-                 fontsize=10)
+    ax.set_title(
+        f"{plan_label(plan)}: layer placement ({len(modules)} modules, {len(plan.stages)} stages)", fontsize=10
+    )
     handles = _placement_legend(plan, cmap)
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
@@ -119,6 +158,7 @@ def plot_layer_placement(plan: Plan) -> Figure:
 
 def _stage_colors(n: int) -> list:
     from matplotlib import colormaps
+
     cmap = colormaps["tab20" if n > 10 else "tab10"]
     return [cmap(i % cmap.N) for i in range(n)]
 
@@ -134,8 +174,11 @@ def _placement_legend(plan: Plan, colors: list) -> list:
     if "full" in modes:
         handles.append(Line2D([], [], marker="v", color="black", linestyle="", label="full recompute"))
     if "selective" in modes:
-        handles.append(Line2D([], [], marker="v", color="black", markerfacecolor="white", linestyle="",
-                              label="selective recompute"))
+        handles.append(
+            Line2D(
+                [], [], marker="v", color="black", markerfacecolor="white", linestyle="", label="selective recompute"
+            )
+        )
     return handles
 
 
@@ -151,8 +194,9 @@ def plot_step_breakdown(plan: Plan) -> Figure:
     left, right = fig.subplots(1, 2, width_ratios=[1, 2.2])
     x = 0.0
     for i, (term, seconds) in enumerate(stacked.items()):
-        left.bar(0, seconds * scale, bottom=x, width=0.5, color=_color(TERM_COLORS, term, i), label=term,
-                 gid=f"term:{term}")
+        left.bar(
+            0, seconds * scale, bottom=x, width=0.5, color=_color(TERM_COLORS, term, i), label=term, gid=f"term:{term}"
+        )
         x += seconds * scale
     for term, seconds in hidden.items():
         left.plot([], [], " ", label=f"{term}: {seconds * scale:.3g} {unit} (hidden)")
@@ -176,8 +220,15 @@ def _per_stage_bars(ax, plan: Plan, scale: float, unit: str) -> None:
         if column not in frame or not (frame[column] > 0).any():
             continue
         values = (frame[column] * m * scale).tolist()
-        ax.bar(frame.index, values, bottom=bottom, color=_color(TERM_COLORS, term, i), width=0.6,
-               label=f"{term} (x{m} micro-batches)", gid=f"stage:{term}")
+        ax.bar(
+            frame.index,
+            values,
+            bottom=bottom,
+            color=_color(TERM_COLORS, term, i),
+            width=0.6,
+            label=f"{term} (x{m} micro-batches)",
+            gid=f"stage:{term}",
+        )
         bottom = [b + v for b, v in zip(bottom, values)]
     if len(frame) <= 12:
         ax.set_xticks(frame.index, [f"{s}\n(pp {r})" for s, r in zip(frame.index, frame["pp_rank"])], fontsize=8)
@@ -198,22 +249,41 @@ def comparison_points(plans: Plan | Sequence[Plan], names: Sequence[str] | None 
     if isinstance(plans, Plan):
         plan = plans
         _needs_predictions(plan, "comparison")
-        rows = [dict(label=names[0] if names else plan_label(plan), step_time_s=plan.predictions.step_time_s,
-                     peak_memory_bytes=plan.predictions.peak_memory_bytes, chosen=True)]
+        rows = [
+            dict(
+                label=names[0] if names else plan_label(plan),
+                step_time_s=plan.predictions.step_time_s,
+                peak_memory_bytes=plan.predictions.peak_memory_bytes,
+                chosen=True,
+            )
+        ]
         for alt in plan.search.top_k if plan.search else []:
-            rows.append(dict(label=alt.summary, step_time_s=alt.step_time_s,
-                             peak_memory_bytes=alt.peak_memory_bytes, chosen=False))
+            rows.append(
+                dict(
+                    label=alt.summary,
+                    step_time_s=alt.step_time_s,
+                    peak_memory_bytes=alt.peak_memory_bytes,
+                    chosen=False,
+                )
+            )
         return pd.DataFrame(rows)
     rows = []
     for i, plan in enumerate(plans):
         _needs_predictions(plan, "comparison")
-        rows.append(dict(label=names[i] if names else plan_label(plan), step_time_s=plan.predictions.step_time_s,
-                         peak_memory_bytes=plan.predictions.peak_memory_bytes, chosen=i == 0))
+        rows.append(
+            dict(
+                label=names[i] if names else plan_label(plan),
+                step_time_s=plan.predictions.step_time_s,
+                peak_memory_bytes=plan.predictions.peak_memory_bytes,
+                chosen=i == 0,
+            )
+        )
     return pd.DataFrame(rows)
 
 
-def plot_plan_comparison(plans: Plan | Sequence[Plan], names: Sequence[str] | None = None,
-                         *, memory_capacity_bytes: float | None = None) -> Figure:
+def plot_plan_comparison(
+    plans: Plan | Sequence[Plan], names: Sequence[str] | None = None, *, memory_capacity_bytes: float | None = None
+) -> Figure:
     """Step time vs peak memory per device of several plans (the first is the chosen one, starred), or
     of one plan and its search's top-k alternatives."""
     points = comparison_points(plans, names)
@@ -225,17 +295,43 @@ def plot_plan_comparison(plans: Plan | Sequence[Plan], names: Sequence[str] | No
     fig = Figure(figsize=(11, 5), layout="constrained")
     ax = fig.add_subplot()
     others, chosen = points[~points["chosen"]], points[points["chosen"]]
-    ax.scatter(others["step_time_s"] * t_scale, others["peak_memory_bytes"] * m_scale, s=40, color="#6baed6",
-               edgecolor="#08519c", label="alternative", gid="alternatives")
-    ax.scatter(chosen["step_time_s"] * t_scale, chosen["peak_memory_bytes"] * m_scale, s=220, marker="*",
-               color="#fdae6b", edgecolor="#a63603", zorder=3, label="chosen plan", gid="chosen")
+    ax.scatter(
+        others["step_time_s"] * t_scale,
+        others["peak_memory_bytes"] * m_scale,
+        s=40,
+        color="#6baed6",
+        edgecolor="#08519c",
+        label="alternative",
+        gid="alternatives",
+    )
+    ax.scatter(
+        chosen["step_time_s"] * t_scale,
+        chosen["peak_memory_bytes"] * m_scale,
+        s=220,
+        marker="*",
+        color="#fdae6b",
+        edgecolor="#a63603",
+        zorder=3,
+        label="chosen plan",
+        gid="chosen",
+    )
     if memory_capacity_bytes:
         mixed = first.predictions and len({sp.memory_capacity_bytes for sp in first.predictions.stages}) > 1
-        ax.axhline(memory_capacity_bytes * m_scale, color="#cb181d", linestyle="--",
-                   label="smallest device capacity" if mixed else "device capacity")
+        ax.axhline(
+            memory_capacity_bytes * m_scale,
+            color="#cb181d",
+            linestyle="--",
+            label="smallest device capacity" if mixed else "device capacity",
+        )
     for i, row in points.head(MAX_NAMED_POINTS).iterrows():  # numbers on the plot, names in the legend
-        ax.annotate(f"#{i + 1}", (row["step_time_s"] * t_scale, row["peak_memory_bytes"] * m_scale),
-                    xytext=(5, 4 + 8 * (i % 2)), textcoords="offset points", fontsize=8, gid=f"point:{i + 1}")
+        ax.annotate(
+            f"#{i + 1}",
+            (row["step_time_s"] * t_scale, row["peak_memory_bytes"] * m_scale),
+            xytext=(5, 4 + 8 * (i % 2)),
+            textcoords="offset points",
+            fontsize=8,
+            gid=f"point:{i + 1}",
+        )
         label = row["label"] if len(row["label"]) <= 60 else row["label"][:57] + "..."
         ax.plot([], [], " ", label=f"#{i + 1} {label}")
     ax.set_xlabel(f"predicted step time ({t_unit})")

@@ -45,11 +45,19 @@ def stage_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool
     m = plan.schedule.num_micro_batches
     rows = []
     for st in sorted(plan.stages, key=lambda s: s.index):
-        row = dict(stage=st.index, pp_rank=st.pp_rank, modules=len(st.module_paths),
-                   first_module=st.module_paths[0], last_module=st.module_paths[-1], ranks=len(st.ranks),
-                   node_type=st.node_type, recompute=_recompute_label(st.recompute),
-                   tp_split_modules=sum(plan.layout.get(p) is not None and plan.layout[p].style == "split"
-                                        for p in st.module_paths))
+        row = dict(
+            stage=st.index,
+            pp_rank=st.pp_rank,
+            modules=len(st.module_paths),
+            first_module=st.module_paths[0],
+            last_module=st.module_paths[-1],
+            ranks=len(st.ranks),
+            node_type=st.node_type,
+            recompute=_recompute_label(st.recompute),
+            tp_split_modules=sum(
+                plan.layout.get(p) is not None and plan.layout[p].style == "split" for p in st.module_paths
+            ),
+        )
         sp = preds.get(st.index)
         if sp is not None:
             t = sp.time_breakdown_s
@@ -57,11 +65,16 @@ def stage_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool
             row["compute_s"] = m * sum(t.get(k, 0.0) for k in ("forward", "backward", "recompute"))
             row["comm_s"] = m * (t.get("tp_comm", 0.0) + t.get("layout", 0.0) + t.get("pp_comm", 0.0))
             row.update({f"mem_{k}_bytes": v for k, v in sp.memory_breakdown_bytes.items()})
-            row.update(peak_memory_bytes=sp.peak_memory_bytes, memory_capacity_bytes=sp.memory_capacity_bytes,
-                       memory_headroom_bytes=sp.memory_capacity_bytes - sp.peak_memory_bytes)
+            row.update(
+                peak_memory_bytes=sp.peak_memory_bytes,
+                memory_capacity_bytes=sp.memory_capacity_bytes,
+                memory_headroom_bytes=sp.memory_capacity_bytes - sp.peak_memory_bytes,
+            )
         if timeline is not None:
-            row.update(bubble_s=timeline.total_s("bubble", st.pp_rank),
-                       exposed_pp_comm_s=timeline.exposed_pp_comm_s(st.pp_rank))
+            row.update(
+                bubble_s=timeline.total_s("bubble", st.pp_rank),
+                exposed_pp_comm_s=timeline.exposed_pp_comm_s(st.pp_rank),
+            )
         rows.append(row)
     return pd.DataFrame(rows).set_index("stage")
 
@@ -87,8 +100,12 @@ def rank_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool 
     rows = []
     for rank in range(plan.world_size):
         held = stages_of.get(rank, [])
-        row = dict(rank=rank, **rank_coordinates(plan, rank), stages=",".join(str(s.index) for s in held),
-                   node_type=held[0].node_type if held else "")
+        row = dict(
+            rank=rank,
+            **rank_coordinates(plan, rank),
+            stages=",".join(str(s.index) for s in held),
+            node_type=held[0].node_type if held else "",
+        )
         chunk_preds = [preds[s.index] for s in held if s.index in preds]
         if chunk_preds:  # each chunk carries its device's memory (planner.cost.records): take the largest
             for sp in chunk_preds:
@@ -98,8 +115,11 @@ def rank_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool 
             row["memory_capacity_bytes"] = min(sp.memory_capacity_bytes for sp in chunk_preds)
         if timeline is not None and held:
             r = held[0].pp_rank
-            row.update(busy_s=timeline.busy_s(r), bubble_s=timeline.total_s("bubble", r),
-                       exposed_pp_comm_s=timeline.exposed_pp_comm_s(r))
+            row.update(
+                busy_s=timeline.busy_s(r),
+                bubble_s=timeline.total_s("bubble", r),
+                exposed_pp_comm_s=timeline.exposed_pp_comm_s(r),
+            )
         rows.append(row)
     return pd.DataFrame(rows).set_index("rank")
 
@@ -113,33 +133,59 @@ def layer_frame(plan: Plan) -> pd.DataFrame:
     for st in sorted(plan.stages, key=lambda s: s.index):
         for position, path in enumerate(st.module_paths):
             layout = plan.layout.get(path)
-            rows.append(dict(module=path, stage=st.index, pp_rank=st.pp_rank, position_in_stage=position,
-                             ranks=len(st.ranks), node_type=st.node_type,
-                             tp_style=layout.style if layout else "replicate",
-                             sequence_parallel=bool(layout and layout.sequence_parallel),
-                             recompute=st.recompute.get(path, "none")))
+            rows.append(
+                dict(
+                    module=path,
+                    stage=st.index,
+                    pp_rank=st.pp_rank,
+                    position_in_stage=position,
+                    ranks=len(st.ranks),
+                    node_type=st.node_type,
+                    tp_style=layout.style if layout else "replicate",
+                    sequence_parallel=bool(layout and layout.sequence_parallel),
+                    recompute=st.recompute.get(path, "none"),
+                )
+            )
     return pd.DataFrame(rows).set_index("module")
 
 
 def summary_frame(plan: Plan, name: str | None = None, timeline: Timeline | None = None) -> pd.DataFrame:
     """One row describing the plan: degrees, schedule, predicted speed and memory, search outcome."""
     s = plan.schedule
-    row = dict(plan=name or plan_label(plan), model=plan.model.name, cluster=plan.cluster_name,
-               world_size=plan.world_size, pp=plan.mesh.size("pp"), dp=plan.mesh.size("dp"),
-               tp=plan.mesh.size("tp"), schedule=s.kind, virtual_stages=s.virtual_stages,
-               micro_batch_size=s.micro_batch_size, num_micro_batches=s.num_micro_batches,
-               global_batch=plan.training.global_batch, zero_stage=plan.zero_stage,
-               recompute_modules=sum(m != "none" for st in plan.stages for m in st.recompute.values()),
-               tp_split_modules=sum(lay.style == "split" for lay in plan.layout.values()))
+    row = dict(
+        plan=name or plan_label(plan),
+        model=plan.model.name,
+        cluster=plan.cluster_name,
+        world_size=plan.world_size,
+        pp=plan.mesh.size("pp"),
+        dp=plan.mesh.size("dp"),
+        tp=plan.mesh.size("tp"),
+        schedule=s.kind,
+        virtual_stages=s.virtual_stages,
+        micro_batch_size=s.micro_batch_size,
+        num_micro_batches=s.num_micro_batches,
+        global_batch=plan.training.global_batch,
+        zero_stage=plan.zero_stage,
+        recompute_modules=sum(m != "none" for st in plan.stages for m in st.recompute.values()),
+        tp_split_modules=sum(lay.style == "split" for lay in plan.layout.values()),
+    )
     p = plan.predictions
     if p is not None:
         capacity = min(sp.memory_capacity_bytes for sp in p.stages) if p.stages else float("nan")
-        row.update(step_time_s=p.step_time_s, tokens_per_s=p.tokens_per_s, samples_per_s=p.samples_per_s,
-                   model_tflops_per_gpu=p.model_tflops_per_gpu, mfu=p.mfu, peak_memory_bytes=p.peak_memory_bytes,
-                   memory_capacity_bytes=capacity, memory_fraction=p.peak_memory_bytes / capacity,
-                   bubble_fraction_of_step=p.breakdown_s.get("bubble", 0.0) / p.step_time_s,
-                   simulated_step_time_s=(timeline or simulate_plan(plan)).makespan_s)
+        row.update(
+            step_time_s=p.step_time_s,
+            tokens_per_s=p.tokens_per_s,
+            samples_per_s=p.samples_per_s,
+            model_tflops_per_gpu=p.model_tflops_per_gpu,
+            mfu=p.mfu,
+            peak_memory_bytes=p.peak_memory_bytes,
+            memory_capacity_bytes=capacity,
+            memory_fraction=p.peak_memory_bytes / capacity,
+            bubble_fraction_of_step=p.breakdown_s.get("bubble", 0.0) / p.step_time_s,
+            simulated_step_time_s=(timeline or simulate_plan(plan)).makespan_s,
+        )
     if plan.search is not None:
-        row.update(search_status=plan.search.status, search_gap=plan.search.gap,
-                   search_wall_time_s=plan.search.wall_time_s)
+        row.update(
+            search_status=plan.search.status, search_gap=plan.search.gap, search_wall_time_s=plan.search.wall_time_s
+        )
     return pd.DataFrame([row]).set_index("plan")

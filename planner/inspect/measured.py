@@ -32,8 +32,12 @@ def load_metrics(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        record = parse_json(line, source=f"file {path} line {number}", what="metrics",
-                            fix="the launch was probably interrupted while writing: delete that line")
+        record = parse_json(
+            line,
+            source=f"file {path} line {number}",
+            what="metrics",
+            fix="the launch was probably interrupted while writing: delete that line",
+        )
         if not isinstance(record, dict):
             raise StratagemError(f"metrics file {path} line {number} is not a JSON object; re-run the launch")
         if record.get("summary") or record.get("event") == "summary":
@@ -58,21 +62,26 @@ def _check_step_record(record: dict[str, Any], where: str) -> None:
     """A step line holds an integer step >= 0, finite numbers, and peak memory as bytes >= 0."""
     step = record["step"]
     if not _is_number(step) or not isinstance(step, int) or not 0 <= step < 2**53:
-        raise StratagemError(f"{where}: step {step!r} is not a step number (an integer >= 0); "
-                             f"pass the file `stratagem launch --metrics` wrote")
+        raise StratagemError(
+            f"{where}: step {step!r} is not a step number (an integer >= 0); "
+            f"pass the file `stratagem launch --metrics` wrote"
+        )
     for key in _STEP_NUMBERS:
         value = record.get(key)
         if value is not None and not (_is_number(value) and (key == "loss" or value > 0)):
-            raise StratagemError(f"{where}: {key} {value!r} is not a finite number"
-                                 f"{'' if key == 'loss' else ' > 0'}; pass the file `stratagem launch` wrote")
+            raise StratagemError(
+                f"{where}: {key} {value!r} is not a finite number"
+                f"{'' if key == 'loss' else ' > 0'}; pass the file `stratagem launch` wrote"
+            )
     for key in PEAK_KEYS:
         value = record.get(key)
-        values = (value if isinstance(value, list) else list(value.values()) if isinstance(value, dict)
-                  else [value])
+        values = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
         bad_keys = isinstance(value, dict) and not all(str(k).isdigit() for k in value)
         if value is not None and (bad_keys or not all(v is None or (_is_number(v) and v >= 0) for v in values)):
-            raise StratagemError(f"{where}: {key} {value!r} is not bytes per rank (numbers >= 0, a list or "
-                                 f"{{rank: bytes}}); pass the file `stratagem launch` wrote")
+            raise StratagemError(
+                f"{where}: {key} {value!r} is not bytes per rank (numbers >= 0, a list or "
+                f"{{rank: bytes}}); pass the file `stratagem launch` wrote"
+            )
 
 
 def _flatten(record: dict[str, Any]) -> dict[str, Any]:
@@ -104,8 +113,9 @@ def metrics_frame(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame([_flatten(r) for r in steps]).set_index("step").sort_index()
 
 
-def predicted_vs_measured(plan: Plan | None, metrics: pd.DataFrame | str | Path,
-                          *, skip_steps: int = 1) -> pd.DataFrame:
+def predicted_vs_measured(
+    plan: Plan | None, metrics: pd.DataFrame | str | Path, *, skip_steps: int = 1
+) -> pd.DataFrame:
     """Predicted and measured step time, throughput and peak memory, with their ratio.
 
     Measured = median over the steps after the first ``skip_steps`` (warm-up: allocation, autotuning);
@@ -114,21 +124,29 @@ def predicted_vs_measured(plan: Plan | None, metrics: pd.DataFrame | str | Path,
     frame = metrics if isinstance(metrics, pd.DataFrame) else metrics_frame(metrics)
     steady = frame.iloc[skip_steps:] if len(frame) > skip_steps else frame
     predicted = _predicted(plan, frame)
-    measured = {"step_time_s": _median(steady, "step_time_s"), "tokens_per_s": _median(steady, "tokens_per_s"),
-                "peak_memory_bytes": _median(steady, "peak_mem_bytes_max")}
+    measured = {
+        "step_time_s": _median(steady, "step_time_s"),
+        "tokens_per_s": _median(steady, "tokens_per_s"),
+        "peak_memory_bytes": _median(steady, "peak_mem_bytes_max"),
+    }
     rows = []
     for quantity, value in measured.items():
         pred = predicted.get(quantity, math.nan)
-        rows.append(dict(quantity=quantity, predicted=pred, measured=value,
-                         measured_over_predicted=value / pred if pred and not math.isnan(pred) else math.nan))
+        rows.append(
+            dict(
+                quantity=quantity,
+                predicted=pred,
+                measured=value,
+                measured_over_predicted=value / pred if pred and not math.isnan(pred) else math.nan,
+            )
+        )
     return pd.DataFrame(rows).set_index("quantity")
 
 
 def _predicted(plan: Plan | None, frame: pd.DataFrame) -> dict[str, float]:
     if plan is not None and plan.predictions is not None:
         p = plan.predictions
-        return {"step_time_s": p.step_time_s, "tokens_per_s": p.tokens_per_s,
-                "peak_memory_bytes": p.peak_memory_bytes}
+        return {"step_time_s": p.step_time_s, "tokens_per_s": p.tokens_per_s, "peak_memory_bytes": p.peak_memory_bytes}
     out = {}
     for quantity in ("step_time_s", "tokens_per_s", "peak_memory_bytes"):
         for column in (f"predicted_{quantity}", "predicted_peak_mem_bytes" if "memory" in quantity else ""):

@@ -19,8 +19,13 @@ from matplotlib.figure import Figure
 from planner.errors import StratagemError
 from planner.fileio import atomic_write_bytes, atomic_write_text
 from planner.inspect.fig_timeline import plot_timeline
-from planner.inspect.figures import (plot_layer_placement, plot_memory_per_rank, plot_metrics,
-                                     plot_plan_comparison, plot_step_breakdown)
+from planner.inspect.figures import (
+    plot_layer_placement,
+    plot_memory_per_rank,
+    plot_metrics,
+    plot_plan_comparison,
+    plot_step_breakdown,
+)
 from planner.inspect.frames import plan_label, plan_timeline, stage_frame, summary_frame
 from planner.inspect.measured import predicted_vs_measured
 from planner.inspect.timeline import Timeline
@@ -30,8 +35,9 @@ log = logging.getLogger(__name__)
 PNG_DPI = 110
 
 
-def build_figures(plan: Plan, metrics: pd.DataFrame | None = None,
-                  timeline: Timeline | None = None) -> dict[str, Figure]:
+def build_figures(
+    plan: Plan, metrics: pd.DataFrame | None = None, timeline: Timeline | None = None
+) -> dict[str, Figure]:
     """Name -> figure for every picture that applies: placement always; timeline, memory, breakdown and
     comparison when the plan has predictions; metrics when a metrics table is given."""
     figures = {"layer_placement": plot_layer_placement(plan)}
@@ -54,14 +60,14 @@ def figure_png(fig: Figure, *, dpi: int = PNG_DPI) -> bytes:
     return buffer.getvalue()
 
 
-def render_pngs(plan: Plan, metrics: pd.DataFrame | None = None,
-                timeline: Timeline | None = None) -> dict[str, bytes]:
+def render_pngs(plan: Plan, metrics: pd.DataFrame | None = None, timeline: Timeline | None = None) -> dict[str, bytes]:
     """Name -> PNG bytes of every picture of :func:`build_figures` (render once, write as PNG and HTML)."""
     return {name: figure_png(fig) for name, fig in build_figures(plan, metrics, timeline).items()}
 
 
-def save_pngs(plan: Plan, folder: str | Path, metrics: pd.DataFrame | None = None,
-              pngs: dict[str, bytes] | None = None) -> list[Path]:
+def save_pngs(
+    plan: Plan, folder: str | Path, metrics: pd.DataFrame | None = None, pngs: dict[str, bytes] | None = None
+) -> list[Path]:
     """Write ``<name>.png`` for each picture into ``folder`` (rendered unless ``pngs`` is given)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
@@ -74,8 +80,9 @@ def _table(frame: pd.DataFrame) -> str:
     return frame.to_html(float_format=lambda v: f"{v:.4g}", border=0, classes="t")
 
 
-def build_html(plan: Plan, metrics: pd.DataFrame | None = None, *, title: str | None = None,
-               pngs: dict[str, bytes] | None = None) -> str:
+def build_html(
+    plan: Plan, metrics: pd.DataFrame | None = None, *, title: str | None = None, pngs: dict[str, bytes] | None = None
+) -> str:
     """A self-contained HTML page: summary, stages, predicted vs measured, search, every picture."""
     title = title or f"Stratagem plan: {plan.model.name} on {plan.cluster_name} ({plan_label(plan)})"
     timeline = plan_timeline(plan)
@@ -85,24 +92,33 @@ def build_html(plan: Plan, metrics: pd.DataFrame | None = None, *, title: str | 
         parts += ["<h2>Predicted vs measured</h2>", _table(predicted_vs_measured(plan, metrics))]
     if plan.search is not None:
         s = plan.search
-        parts.append(f"<h2>Search</h2><p>{html.escape(s.solver)}: {html.escape(s.status)}, gap {s.gap:.3g}, "
-                     f"{s.wall_time_s:.3g} s, {s.candidates_solved} solved, {s.candidates_pruned} pruned. "
-                     f"{html.escape(s.notes)}</p>")
+        parts.append(
+            f"<h2>Search</h2><p>{html.escape(s.solver)}: {html.escape(s.status)}, gap {s.gap:.3g}, "
+            f"{s.wall_time_s:.3g} s, {s.candidates_solved} solved, {s.candidates_pruned} pruned. "
+            f"{html.escape(s.notes)}</p>"
+        )
         if s.top_k:
             parts.append(_table(pd.DataFrame([a.model_dump() for a in s.top_k]).set_index("summary")))
     pngs = pngs if pngs is not None else render_pngs(plan, metrics, timeline)
     for name, data in pngs.items():
         encoded = base64.b64encode(data).decode("ascii")
-        parts.append(f"<h2>{html.escape(name.replace('_', ' '))}</h2>"
-                     f'<img alt="{html.escape(name)}" src="data:image/png;base64,{encoded}">')
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}img{max-width:100%}"
-             "table.t{border-collapse:collapse;font-size:12px}table.t td,table.t th{padding:2px 8px;"
-             "border-bottom:1px solid #ddd;text-align:right}")
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
+        parts.append(
+            f"<h2>{html.escape(name.replace('_', ' '))}</h2>"
+            f'<img alt="{html.escape(name)}" src="data:image/png;base64,{encoded}">'
+        )
+    style = (
+        "body{font-family:sans-serif;margin:2em;max-width:1400px}img{max-width:100%}"
+        "table.t{border-collapse:collapse;font-size:12px}table.t td,table.t th{padding:2px 8px;"
+        "border-bottom:1px solid #ddd;text-align:right}"
+    )
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{style}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n"
+    )
 
 
-def save_html(plan: Plan, path: str | Path, metrics: pd.DataFrame | None = None,
-              pngs: dict[str, bytes] | None = None) -> Path:
+def save_html(
+    plan: Plan, path: str | Path, metrics: pd.DataFrame | None = None, pngs: dict[str, bytes] | None = None
+) -> Path:
     """Write :func:`build_html` atomically to ``path``."""
     return atomic_write_text(path, build_html(plan, metrics, pngs=pngs), flag="--html")

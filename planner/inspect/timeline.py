@@ -121,8 +121,11 @@ class Timeline:
         """Most micro-batches whose forward ran on this rank before their backward (stashed activations).
 
         GPipe holds all ``m``; 1F1B at most ``p - r`` on rank ``r`` (SC21 §2.2.1)."""
-        events = sorted((iv.start_s, 1 if iv.kind == "forward" else -1) for iv in self.intervals
-                        if iv.pp_rank == pp_rank and iv.kind in ("forward", "backward"))
+        events = sorted(
+            (iv.start_s, 1 if iv.kind == "forward" else -1)
+            for iv in self.intervals
+            if iv.pp_rank == pp_rank and iv.kind in ("forward", "backward")
+        )
         live = peak = 0
         for _, delta in events:
             live += delta
@@ -145,8 +148,10 @@ class _Op:
 def stage_costs(plan: Plan) -> list[StageCost]:
     """Per-stage costs from the plan's predictions, in stage order."""
     if plan.predictions is None:
-        raise StratagemError("plan has no predictions, so there is no timeline to draw; re-plan with "
-                             "`stratagem plan` (or `stratagem estimate`) to fill them")
+        raise StratagemError(
+            "plan has no predictions, so there is no timeline to draw; re-plan with "
+            "`stratagem plan` (or `stratagem estimate`) to fill them"
+        )
     by_stage = {sp.stage: sp.time_breakdown_s for sp in plan.predictions.stages}
     missing = [st.index for st in plan.stages if st.index not in by_stage]
     if missing:
@@ -154,15 +159,21 @@ def stage_costs(plan: Plan) -> list[StageCost]:
     costs = []
     for index in range(len(plan.stages)):
         t = by_stage[index]
-        costs.append(StageCost(forward_s=t.get("forward", 0.0), backward_s=t.get("backward", 0.0),
-                               recompute_s=t.get("recompute", 0.0),
-                               tp_comm_s=t.get("tp_comm", 0.0) + t.get("layout", 0.0),
-                               pp_comm_s=t.get("pp_comm", 0.0)))
+        costs.append(
+            StageCost(
+                forward_s=t.get("forward", 0.0),
+                backward_s=t.get("backward", 0.0),
+                recompute_s=t.get("recompute", 0.0),
+                tp_comm_s=t.get("tp_comm", 0.0) + t.get("layout", 0.0),
+                pp_comm_s=t.get("pp_comm", 0.0),
+            )
+        )
     return costs
 
 
-def schedule_order(kind: str, pp: int, num_micro_batches: int, virtual_stages: int = 1,
-                   *, recompute: tuple[bool, ...] = ()) -> dict[int, list[_Op]]:
+def schedule_order(
+    kind: str, pp: int, num_micro_batches: int, virtual_stages: int = 1, *, recompute: tuple[bool, ...] = ()
+) -> dict[int, list[_Op]]:
     """Each pp rank's operations in execution order; ``recompute[s]`` inserts a recompute before backward."""
     m, v = num_micro_batches, virtual_stages
     order: dict[int, list[_Op]] = {}
@@ -173,8 +184,10 @@ def schedule_order(kind: str, pp: int, num_micro_batches: int, virtual_stages: i
             pairs = _one_f_one_b(m, min(pp - r - 1, m), lambda k, _fwd, r=r: (r, k))
         elif kind == "interleaved_1f1b":
             if m % pp:
-                raise StratagemError(f"interleaved 1F1B needs micro-batches divisible by pp, got m={m} "
-                                     f"and pp={pp} (Narayanan et al. SC21 §2.2.2); re-plan with a multiple")
+                raise StratagemError(
+                    f"interleaved 1F1B needs micro-batches divisible by pp, got m={m} "
+                    f"and pp={pp} (Narayanan et al. SC21 §2.2.2); re-plan with a multiple"
+                )
             warmup = m * v if m == pp else min((pp - r - 1) * 2 + (v - 1) * pp, m * v)
             pairs = _one_f_one_b(m * v, warmup, lambda k, fwd, r=r: _virtual(k, fwd, r, pp, v))
         else:
@@ -210,20 +223,35 @@ def _virtual(k: int, forward: bool, r: int, pp: int, v: int) -> tuple[int, int]:
 def simulate_plan(plan: Plan, *, pp_comm_mode: PpCommMode = "blocking") -> Timeline:
     """Simulate one step of ``plan`` from its predicted per-stage costs (see the module docstring)."""
     costs = stage_costs(plan)
-    recompute = tuple(any(m != "none" for m in st.recompute.values())
-                      for st in sorted(plan.stages, key=lambda s: s.index))
+    recompute = tuple(
+        any(m != "none" for m in st.recompute.values()) for st in sorted(plan.stages, key=lambda s: s.index)
+    )
     tail = {}
     if plan.predictions is not None:
         tail = {k: plan.predictions.breakdown_s.get(k, 0.0) for k in STEP_TAIL_TERMS}
-    return simulate(plan.schedule.kind, costs, pp=plan.mesh.size("pp"),
-                    num_micro_batches=plan.schedule.num_micro_batches,
-                    virtual_stages=plan.schedule.virtual_stages, recompute=recompute, step_tail_s=tail,
-                    pp_comm_mode=pp_comm_mode)
+    return simulate(
+        plan.schedule.kind,
+        costs,
+        pp=plan.mesh.size("pp"),
+        num_micro_batches=plan.schedule.num_micro_batches,
+        virtual_stages=plan.schedule.virtual_stages,
+        recompute=recompute,
+        step_tail_s=tail,
+        pp_comm_mode=pp_comm_mode,
+    )
 
 
-def simulate(kind: str, costs: list[StageCost], *, pp: int, num_micro_batches: int,
-             virtual_stages: int = 1, recompute: tuple[bool, ...] = (),
-             step_tail_s: dict[str, float] | None = None, pp_comm_mode: PpCommMode = "blocking") -> Timeline:
+def simulate(
+    kind: str,
+    costs: list[StageCost],
+    *,
+    pp: int,
+    num_micro_batches: int,
+    virtual_stages: int = 1,
+    recompute: tuple[bool, ...] = (),
+    step_tail_s: dict[str, float] | None = None,
+    pp_comm_mode: PpCommMode = "blocking",
+) -> Timeline:
     """Simulate a schedule with ``costs[s]`` for stage ``s`` (stage s on pp rank s mod pp).
 
     >>> t = simulate("gpipe", [StageCost(forward_s=1, backward_s=2)] * 2, pp=2, num_micro_batches=2)
@@ -231,8 +259,9 @@ def simulate(kind: str, costs: list[StageCost], *, pp: int, num_micro_batches: i
     (9.0, 6.0)
     """
     if len(costs) != pp * virtual_stages:
-        raise StratagemError(f"{len(costs)} stage costs for pp={pp} x virtual_stages={virtual_stages}; "
-                             f"give one cost per stage")
+        raise StratagemError(
+            f"{len(costs)} stage costs for pp={pp} x virtual_stages={virtual_stages}; give one cost per stage"
+        )
     recompute = tuple(recompute) + (False,) * (len(costs) - len(recompute))
     recompute = tuple(r and costs[i].recompute_s > 0 for i, r in enumerate(recompute))
     if pp_comm_mode not in ("blocking", "async"):
@@ -244,8 +273,15 @@ def simulate(kind: str, costs: list[StageCost], *, pp: int, num_micro_batches: i
     makespan = max(iv.end_s for iv in intervals)
     intervals += _trailing_bubbles(intervals, pp, makespan)
     intervals.sort(key=lambda iv: (iv.pp_rank, iv.start_s, iv.kind))
-    return Timeline(kind=kind, pp=pp, num_micro_batches=num_micro_batches, virtual_stages=virtual_stages,
-                    intervals=tuple(intervals), makespan_s=makespan, pp_comm_mode=pp_comm_mode)
+    return Timeline(
+        kind=kind,
+        pp=pp,
+        num_micro_batches=num_micro_batches,
+        virtual_stages=virtual_stages,
+        intervals=tuple(intervals),
+        makespan_s=makespan,
+        pp_comm_mode=pp_comm_mode,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -302,13 +338,16 @@ def _run(order: dict[int, list[_Op]], sim: _Sim) -> list[Interval]:
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise StratagemError("the schedule deadlocks (an operation waits on one that never runs); "
-                                 "this is a bug in the schedule order, please report it")
+            raise StratagemError(
+                "the schedule deadlocks (an operation waits on one that never runs); "
+                "this is a bug in the schedule order, please report it"
+            )
     return out
 
 
-def _place(op: _Op, r: int, free_s: float, deps: list[tuple[tuple, float]], done: dict[tuple, float],
-           sim: _Sim) -> list[Interval]:
+def _place(
+    op: _Op, r: int, free_s: float, deps: list[tuple[tuple, float]], done: dict[tuple, float], sim: _Sim
+) -> list[Interval]:
     """Start ``op`` when its rank is free and its inputs arrived; split any wait into bubble / pp wait."""
     produced_s = max([done[key] for key, _ in deps], default=0.0)
     arrived_s = max([done[key] + comm for key, comm in deps], default=0.0)

@@ -36,12 +36,13 @@ def iter_layer_assignments(tables: Tables) -> Iterator[LayerChoice]:
     group_of_layer = [g for g, grp in enumerate(tables.groups) for _ in grp.paths]
     per_group_styles = [grp.styles for grp in tables.groups]
     splits = _splits(len(group_of_layer), tables.chunks)
-    if tables.chunk_sizes is not None:   # interleaved: equal chunks, one split
+    if tables.chunk_sizes is not None:  # interleaved: equal chunks, one split
         splits = iter([tuple(s for s, size in enumerate(tables.chunk_sizes) for _ in range(size))])
     for chunk_of_layer in splits:
         for styles in itertools.product(*per_group_styles):
-            choices = [[i for i, o in enumerate(tables.groups[g].options) if o.style == styles[g]]
-                       for g in group_of_layer]
+            choices = [
+                [i for i, o in enumerate(tables.groups[g].options) if o.style == styles[g]] for g in group_of_layer
+            ]
             for option_of_layer in itertools.product(*choices):
                 yield LayerChoice(chunk_of_layer=chunk_of_layer, option_of_layer=option_of_layer)
 

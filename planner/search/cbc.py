@@ -24,7 +24,7 @@ from planner.search.config import SearchConfig
 from planner.search.tables import Tables
 
 log = logging.getLogger(__name__)
-_WARNINGS_LOCK = threading.Lock()   # warnings.catch_warnings is process-global; solves may run in threads
+_WARNINGS_LOCK = threading.Lock()  # warnings.catch_warnings is process-global; solves may run in threads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,9 +33,9 @@ class Problem:
 
     prob: pulp.LpProblem
     tables: Tables
-    count: dict[tuple[int, int, int], Any]   # (pp rank r, group g, option i) -> integer variable
-    cumulative: dict[tuple[int, int], Any]   # (group g, chunk s) -> layers of g in chunks <= s
-    objective_scale_s: float                 # the objective is in units of this many seconds
+    count: dict[tuple[int, int, int], Any]  # (pp rank r, group g, option i) -> integer variable
+    cumulative: dict[tuple[int, int], Any]  # (group g, chunk s) -> layers of g in chunks <= s
+    objective_scale_s: float  # the objective is in units of this many seconds
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,8 +95,9 @@ def _refuted(first: SolveResult, second: SolveResult, cutoff_s: float | None) ->
     return (f"CBC claimed {first.status} but a solve without preprocessing found a solution",)
 
 
-def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = None,
-          max_nodes: int | None = None) -> SolveResult:
+def solve(
+    problem: Problem, config: SearchConfig, *, cutoff_s: float | None = None, max_nodes: int | None = None
+) -> SolveResult:
     """Run CBC with the config's time limit, relative gap and threads; confirm what it cannot be trusted on.
 
     ``max_nodes``: stop after this many branch-and-bound nodes (a limit that, unlike time, gives the same
@@ -122,14 +123,24 @@ def solve(problem: Problem, config: SearchConfig, *, cutoff_s: float | None = No
     wall_s = first.wall_time_s + second.wall_time_s
     found = tuple(dict.fromkeys(found + log_warnings(second_log) + _refuted(first, second, cutoff_s)))
     if found:
-        log.warning("CBC: %s; re-solved without preprocessing: %s %s (cutoff %s)", "; ".join(found), second.status,
-                    second.objective_s, cutoff_s)
-    return replace(second, wall_time_s=wall_s, warnings=found,
-                   confirmed=second.status in ("infeasible", "cut_off") and first.status == second.status)
+        log.warning(
+            "CBC: %s; re-solved without preprocessing: %s %s (cutoff %s)",
+            "; ".join(found),
+            second.status,
+            second.objective_s,
+            cutoff_s,
+        )
+    return replace(
+        second,
+        wall_time_s=wall_s,
+        warnings=found,
+        confirmed=second.status in ("infeasible", "cut_off") and first.status == second.status,
+    )
 
 
-def _run(problem: Problem, config: SearchConfig, cutoff_s: float | None,
-         extra: tuple[str, ...]) -> tuple[SolveResult, str]:
+def _run(
+    problem: Problem, config: SearchConfig, cutoff_s: float | None, extra: tuple[str, ...]
+) -> tuple[SolveResult, str]:
     """One CBC process on ``problem``: (result, CBC's log)."""
     fd, log_path = tempfile.mkstemp(prefix="stratagem-cbc-", suffix=".log")
     os.close(fd)
@@ -143,10 +154,17 @@ def _run(problem: Problem, config: SearchConfig, cutoff_s: float | None,
     # with one worker, whose start-up sometimes stalls for exactly 10 s here (log: "Thread 0 used 0 times,
     # waiting to start 10.000131"; measured 1 run in 15 on a 0.02 s program).
     threads = config.threads if config.threads > 1 else None
-    with _WARNINGS_LOCK, warnings.catch_warnings():   # PuLP 3.3 flags PULP_CBC_CMD for a 4.0 rename; current API
+    with _WARNINGS_LOCK, warnings.catch_warnings():  # PuLP 3.3 flags PULP_CBC_CMD for a 4.0 rename; current API
         warnings.simplefilter("ignore", DeprecationWarning)
-        cmd = pulp.PULP_CBC_CMD(msg=False, timeLimit=config.time_limit_s, gapRel=config.gap_rel, gapAbs=0.0,
-                                threads=threads, logPath=log_path, options=options)
+        cmd = pulp.PULP_CBC_CMD(
+            msg=False,
+            timeLimit=config.time_limit_s,
+            gapRel=config.gap_rel,
+            gapAbs=0.0,
+            threads=threads,
+            logPath=log_path,
+            options=options,
+        )
     start = time.perf_counter()
     try:
         problem.prob.solve(cmd)
@@ -161,23 +179,39 @@ def _run(problem: Problem, config: SearchConfig, cutoff_s: float | None,
             # CBC's bound covers the solutions better than the cutoff: the candidate's floor is the smaller
             bound = _log_bound(log_text)
             floor_s = -math.inf if bound is None else (bound + constant) * scale
-            return SolveResult(status="time_limit", objective_s=None, gap=math.inf, wall_time_s=wall_s,
-                               bound_s=floor_s if limit is None else min(floor_s, limit)), log_text
+            return SolveResult(
+                status="time_limit",
+                objective_s=None,
+                gap=math.inf,
+                wall_time_s=wall_s,
+                bound_s=floor_s if limit is None else min(floor_s, limit),
+            ), log_text
         if limit is not None:
-            return SolveResult(status="cut_off", objective_s=None, gap=math.inf, wall_time_s=wall_s,
-                               bound_s=limit), log_text
-        return SolveResult(status="infeasible", objective_s=None, gap=math.inf, wall_time_s=wall_s,
-                           bound_s=math.inf), log_text
+            return SolveResult(
+                status="cut_off", objective_s=None, gap=math.inf, wall_time_s=wall_s, bound_s=limit
+            ), log_text
+        return SolveResult(
+            status="infeasible", objective_s=None, gap=math.inf, wall_time_s=wall_s, bound_s=math.inf
+        ), log_text
     scaled = pulp.value(problem.prob.objective)
     objective_s = scaled * scale
     bound = _log_bound(log_text)
     bound = None if bound is None else bound + constant
     if sol == pulp.LpSolutionOptimal and not stopped:
-        return SolveResult(status="optimal", objective_s=objective_s,
-                           gap=min(_relative_gap(scaled, bound), config.gap_rel) if bound is not None else 0.0,
-                           wall_time_s=wall_s, bound_s=objective_s * (1 - config.gap_rel)), log_text
+        return SolveResult(
+            status="optimal",
+            objective_s=objective_s,
+            gap=min(_relative_gap(scaled, bound), config.gap_rel) if bound is not None else 0.0,
+            wall_time_s=wall_s,
+            bound_s=objective_s * (1 - config.gap_rel),
+        ), log_text
     status = "time_limit" if "Stopped on time" in log_text else "feasible"
     gap = _relative_gap(scaled, bound) if bound is not None else math.inf
     log.info("CBC stopped before proving optimality (%s, gap %s)", status, gap)
-    return SolveResult(status=status, objective_s=objective_s, gap=gap, wall_time_s=wall_s,
-                       bound_s=min(bound * scale, objective_s) if bound is not None else -math.inf), log_text
+    return SolveResult(
+        status=status,
+        objective_s=objective_s,
+        gap=gap,
+        wall_time_s=wall_s,
+        bound_s=min(bound * scale, objective_s) if bound is not None else -math.inf,
+    ), log_text

@@ -7,8 +7,19 @@ from dataclasses import dataclass, field
 from planner.errors import StratagemError
 
 # Every dimension `--allow` can name. Absent from the set = that dimension stays at its trivial value.
-ALL_DIMENSIONS = ("tp", "pp", "dp", "zero", "recompute", "sp", "interleave", "gpipe", "layout", "mixed",
-                  "cross_node_tp")
+ALL_DIMENSIONS = (
+    "tp",
+    "pp",
+    "dp",
+    "zero",
+    "recompute",
+    "sp",
+    "interleave",
+    "gpipe",
+    "layout",
+    "mixed",
+    "cross_node_tp",
+)
 DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS)
 
 
@@ -37,13 +48,12 @@ class SearchConfig:
     max_virtual_stages: int = 8
     memory_fraction: float = 0.9
     budget_s: float = 600.0
-    jobs: int = 1          # candidates solved at once (each its own CBC process)
+    jobs: int = 1  # candidates solved at once (each its own CBC process)
 
     def __post_init__(self) -> None:
         unknown = set(self.allow) - set(ALL_DIMENSIONS)
         if unknown:
-            raise StratagemError(f"unknown --allow entries {sorted(unknown)}; choose from "
-                                 f"{','.join(ALL_DIMENSIONS)}")
+            raise StratagemError(f"unknown --allow entries {sorted(unknown)}; choose from {','.join(ALL_DIMENSIONS)}")
         if not 0 < self.memory_fraction <= 1:
             raise StratagemError(f"--memory-fraction {self.memory_fraction} must be in (0, 1]; e.g. 0.9")
         if self.time_limit_s <= 0:

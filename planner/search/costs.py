@@ -18,17 +18,30 @@ from planner.cost import estimate as estimate_fn
 from planner.cost.collectives import Algorithm, collective_time
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
-from planner.cost.constants import (CUDA_CONTEXT_BYTES, DDP_BUCKETS_IN_FLIGHT,
-                                    FRAGMENTATION_FRACTION, MEMORY_BW_EFFICIENCY, OPTIMIZER_BYTES_PER_PARAM,
-                                    OPTIMIZER_FLOPS_PER_PARAM, STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT,
-                                    is_gpu)
-from planner.cost.estimate import _timings_apply, dp_collective_time   # the rules estimate applies
+from planner.cost.constants import (
+    CUDA_CONTEXT_BYTES,
+    DDP_BUCKETS_IN_FLIGHT,
+    FRAGMENTATION_FRACTION,
+    MEMORY_BW_EFFICIENCY,
+    OPTIMIZER_BYTES_PER_PARAM,
+    OPTIMIZER_FLOPS_PER_PARAM,
+    STATE_BYTES_PER_PARAM,
+    ZERO3_LAYERS_IN_FLIGHT,
+    is_gpu,
+)
+from planner.cost.estimate import _timings_apply, dp_collective_time  # the rules estimate applies
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
 from planner.cost.memory import model_states_bytes, precision_kind
 from planner.cost.pipeline import inflight_microbatches
-from planner.cost.placement import (GroupShape, dp_group, interleaved_chunk_sizes, replica_sends_cross_nodes,
-                                     replica_sets, tp_group)
+from planner.cost.placement import (
+    GroupShape,
+    dp_group,
+    interleaved_chunk_sizes,
+    replica_sends_cross_nodes,
+    replica_sets,
+    tp_group,
+)
 from planner.cost.validate import check_config, replica_micro_batches
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
@@ -40,8 +53,14 @@ from planner.search.tables import Assignment, Concave, Group, Option, OptionCost
 _ALGORITHMS: tuple[Algorithm, ...] = ("ring", "tree", "hierarchical")
 
 
-def concave_collective(cluster: ClusterProfile, node: NodeType, op: str, group: GroupShape,
-                       bytes_per_param: float, bucket_bytes: float | None) -> Concave:
+def concave_collective(
+    cluster: ClusterProfile,
+    node: NodeType,
+    op: str,
+    group: GroupShape,
+    bytes_per_param: float,
+    bucket_bytes: float | None,
+) -> Concave:
     """``estimate.dp_collective_time`` of ``params * bytes_per_param`` bytes as a :class:`Concave`.
 
     Bucketed: ``bytes * t(bucket) / bucket`` (one piece through 0). Unbucketed: ``collective_time`` with the
@@ -55,14 +74,23 @@ def concave_collective(cluster: ClusterProfile, node: NodeType, op: str, group: 
         return Concave(pieces=((0.0, per_byte * bytes_per_param),))
     pieces = []
     for alg in _ALGORITHMS:
+
         def t(params: float) -> float:
-            return collective_time(cluster, op, params * bytes_per_param, group.n_ranks, node_type=node,
-                                   spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node,
-                                   algorithm=alg)
+            return collective_time(
+                cluster,
+                op,
+                params * bytes_per_param,
+                group.n_ranks,
+                node_type=node,
+                spans_nodes=group.spans_nodes,
+                ranks_per_node=group.ranks_per_node,
+                algorithm=alg,
+            )
+
         try:
             lo, hi = t(1e3), t(1e9)
         except StratagemError:
-            continue   # algorithm does not apply to this op/group
+            continue  # algorithm does not apply to this op/group
         beta = (hi - lo) / (1e9 - 1e3)
         alpha = lo - beta * 1e3
         mid = t(3e6)
@@ -79,8 +107,9 @@ def _slowest(functions) -> Concave:
     if len(functions) == 1:
         return functions[0]
     if any(len(f.pieces) > 1 or (f.pieces and f.pieces[0][0] != 0.0) for f in functions):
-        raise RuntimeError("the slowest of several unbucketed collectives is not a Concave; the search "
-                           "plans with bucketed gradients")
+        raise RuntimeError(
+            "the slowest of several unbucketed collectives is not a Concave; the search plans with bucketed gradients"
+        )
     return max(functions, key=lambda f: f.pieces[0][1] if f.pieces else 0.0)
 
 
@@ -104,28 +133,37 @@ class _Candidate:
 class CandidateCosts:
     """Builds ILP tables for outer choices of one (model, cluster, global batch, search config)."""
 
-    def __init__(self, profile: ModelProfile, cluster: ClusterProfile, *, global_batch: int,
-                 config: SearchConfig):
+    def __init__(self, profile: ModelProfile, cluster: ClusterProfile, *, global_batch: int, config: SearchConfig):
         self.profile, self.cluster, self.global_batch, self.search = profile, cluster, global_batch, config
         self.dtype = profile.dtype
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
-        self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}   # (groups, layout changes) by key
-        self._least: dict[tuple, tuple[float, float, list[float]]] = {}   # least layer times by key
-        self._hidden: dict[tuple, float] = {}                              # least hidden ZeRO-3 / sync time
+        self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}  # (groups, layout changes) by key
+        self._least: dict[tuple, tuple[float, float, list[float]]] = {}  # least layer times by key
+        self._hidden: dict[tuple, float] = {}  # least hidden ZeRO-3 / sync time
 
     # -- configuration ------------------------------------------------------------------------
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
-        if outer.replica_node_types:   # batch share of replica j: its micro-batches x micro-batch size
-            extra.update(replica_node_types=outer.replica_node_types,
-                         batch_shares=tuple(m * outer.micro_batch / self.global_batch
-                                            for m in outer.replica_micro_batches or ()))
-        return ParallelConfig(tp=outer.tp, pp=outer.pp, dp=outer.dp, micro_batch=outer.micro_batch,
-                              num_micro_batches=outer.num_micro_batches, schedule=outer.schedule,
-                              virtual_stages=outer.virtual_stages, zero_stage=outer.zero_stage,
-                              sequence_parallel=outer.sequence_parallel,
-                              stage_node_types=None if outer.replica_node_types else outer.rank_node_types,
-                              **extra)
+        if outer.replica_node_types:  # batch share of replica j: its micro-batches x micro-batch size
+            extra.update(
+                replica_node_types=outer.replica_node_types,
+                batch_shares=tuple(
+                    m * outer.micro_batch / self.global_batch for m in outer.replica_micro_batches or ()
+                ),
+            )
+        return ParallelConfig(
+            tp=outer.tp,
+            pp=outer.pp,
+            dp=outer.dp,
+            micro_batch=outer.micro_batch,
+            num_micro_batches=outer.num_micro_batches,
+            schedule=outer.schedule,
+            virtual_stages=outer.virtual_stages,
+            zero_stage=outer.zero_stage,
+            sequence_parallel=outer.sequence_parallel,
+            stage_node_types=None if outer.replica_node_types else outer.rank_node_types,
+            **extra,
+        )
 
     def options(self, layers: list[LayerProfile], tp: int) -> tuple[Option, ...]:
         """Recompute modes x styles allowed for this group (see the module docstring)."""
@@ -140,75 +178,166 @@ class CandidateCosts:
             styles = ("split", "replicate")
         return tuple(Option(recompute=r, style=s) for s in styles for r in modes)
 
-    def _layer_cost(self, layer: LayerProfile, nt: str, tp: int, style: TPStyle, recompute: Recompute,
-                    sp: bool, mb: int, dp: int, zero: int) -> LayerCost:
+    def _layer_cost(
+        self,
+        layer: LayerProfile,
+        nt: str,
+        tp: int,
+        style: TPStyle,
+        recompute: Recompute,
+        sp: bool,
+        mb: int,
+        dp: int,
+        zero: int,
+    ) -> LayerCost:
         key = (layer.signature, nt, tp, style, recompute, sp, mb, dp_wrapper(dp, zero))
         if key not in self._cache:
             self._cache[key] = self._layer_cost_uncached(layer, nt, tp, style, recompute, sp, mb, dp, zero)
         return self._cache[key]
 
-    def _layer_cost_uncached(self, layer: LayerProfile, nt: str, tp: int, style: TPStyle, recompute: Recompute,
-                             sp: bool, mb: int, dp: int, zero: int) -> LayerCost:
+    def _layer_cost_uncached(
+        self,
+        layer: LayerProfile,
+        nt: str,
+        tp: int,
+        style: TPStyle,
+        recompute: Recompute,
+        sp: bool,
+        mb: int,
+        dp: int,
+        zero: int,
+    ) -> LayerCost:
         node = self.cluster.node_type(nt)
-        return layer_cost(layer, node=node, cluster=self.cluster, tp=tp, style=style, recompute=recompute,
-                          sequence_parallel=sp, micro_batch=mb, flash_attention=False, dtype=self.dtype,
-                          tp_group_spans_nodes=tp_group(tp, node.devices_per_node).spans_nodes,
-                          use_timings=_timings_apply(self.profile, node), dp_wrapper=dp_wrapper(dp, zero),
-                          timings_scale=timings_scale(self.profile, node))
+        return layer_cost(
+            layer,
+            node=node,
+            cluster=self.cluster,
+            tp=tp,
+            style=style,
+            recompute=recompute,
+            sequence_parallel=sp,
+            micro_batch=mb,
+            flash_attention=False,
+            dtype=self.dtype,
+            tp_group_spans_nodes=tp_group(tp, node.devices_per_node).spans_nodes,
+            use_timings=_timings_apply(self.profile, node),
+            dp_wrapper=dp_wrapper(dp, zero),
+            timings_scale=timings_scale(self.profile, node),
+        )
 
     def _option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
-        k = self._layer_cost(layer, nt, outer.tp, opt.style, opt.recompute, outer.sequence_parallel,
-                             outer.micro_batch, outer.dp, outer.zero_stage)
+        k = self._layer_cost(
+            layer,
+            nt,
+            outer.tp,
+            opt.style,
+            opt.recompute,
+            outer.sequence_parallel,
+            outer.micro_batch,
+            outer.dp,
+            outer.zero_stage,
+        )
         node = self.cluster.node_type(nt)
-        wide = outer.tp > 1 and opt.style == "replicate"   # batch-split replica: syncs over dp x tp
+        wide = outer.tp > 1 and opt.style == "replicate"  # batch-split replica: syncs over dp x tp
         z3_mb = z3_gather = 0.0
-        if outer.zero_stage == 3:   # over the dp (or dp x tp) group (estimate._zero3_s)
+        if outer.zero_stage == 3:  # over the dp (or dp x tp) group (estimate._zero3_s)
             group = dp_group(outer.dp, outer.tp, node.devices_per_node, include_tp=wide)
             per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
-            gather = collective_time(self.cluster, "all_gather", k.params * per["params"], group.n_ranks,
-                                     node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node)
-            scatter = collective_time(self.cluster, "reduce_scatter", k.params * per["grads"], group.n_ranks,
-                                      node_type=node, spans_nodes=group.spans_nodes,
-                                      ranks_per_node=group.ranks_per_node)
-            z3_mb, z3_gather = 2 * gather + scatter, gather + scatter   # z3_gather_s: never hidden (zero3.py)
-            if outer.pp > 1:   # zero3_grad_sync "step" (zero3.py, "Accumulation"): m * z3_mb = (m + 1) g + s
+            gather = collective_time(
+                self.cluster,
+                "all_gather",
+                k.params * per["params"],
+                group.n_ranks,
+                node_type=node,
+                spans_nodes=group.spans_nodes,
+                ranks_per_node=group.ranks_per_node,
+            )
+            scatter = collective_time(
+                self.cluster,
+                "reduce_scatter",
+                k.params * per["grads"],
+                group.n_ranks,
+                node_type=node,
+                spans_nodes=group.spans_nodes,
+                ranks_per_node=group.ranks_per_node,
+            )
+            z3_mb, z3_gather = 2 * gather + scatter, gather + scatter  # z3_gather_s: never hidden (zero3.py)
+            if outer.pp > 1:  # zero3_grad_sync "step" (zero3.py, "Accumulation"): m * z3_mb = (m + 1) g + s
                 z3_mb = gather + (gather + scatter) / outer.num_micro_batches
-        ws = full_saved_bytes(layer, tp=outer.tp, style=opt.style, sequence_parallel=outer.sequence_parallel,
-                              micro_batch=outer.micro_batch, flash_attention=False) if opt.recompute == "full" else 0.0
-        return OptionCost(time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s, fwd_s=k.forward_s,
-                          bwd_s=k.backward_s + k.recompute_s, act_bytes=k.act_bytes,
-                          params_dp=0.0 if wide else k.params, params_dpt=k.params if wide else 0.0,
-                          param_bytes=k.param_bytes, ws_bytes=ws, z3_mb_s=z3_mb, z3_gather_s=z3_gather,
-                          opt_s=k.optimizer_s)
+        ws = (
+            full_saved_bytes(
+                layer,
+                tp=outer.tp,
+                style=opt.style,
+                sequence_parallel=outer.sequence_parallel,
+                micro_batch=outer.micro_batch,
+                flash_attention=False,
+            )
+            if opt.recompute == "full"
+            else 0.0
+        )
+        return OptionCost(
+            time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s,
+            fwd_s=k.forward_s,
+            bwd_s=k.backward_s + k.recompute_s,
+            act_bytes=k.act_bytes,
+            params_dp=0.0 if wide else k.params,
+            params_dpt=k.params if wide else 0.0,
+            param_bytes=k.param_bytes,
+            ws_bytes=ws,
+            z3_mb_s=z3_mb,
+            z3_gather_s=z3_gather,
+            opt_s=k.optimizer_s,
+        )
 
     def _group(self, layers: list[LayerProfile], outer: OuterChoice, types: list[str]) -> Group:
         options = self.options(layers, outer.tp)
         costs = {nt: tuple(self._option_cost(layers[0], nt, outer, o) for o in options) for nt in types}
-        keep = [i for i, o in enumerate(options)   # drop an option identical to an earlier one everywhere
-                if not any(options[j].style == o.style and all(costs[nt][j] == costs[nt][i] for nt in types)
-                           for j in range(i))]
+        keep = [
+            i
+            for i, o in enumerate(options)  # drop an option identical to an earlier one everywhere
+            if not any(
+                options[j].style == o.style and all(costs[nt][j] == costs[nt][i] for nt in types) for j in range(i)
+            )
+        ]
         last = layers[-1]
-        return Group(paths=tuple(layer.path for layer in layers), options=tuple(options[i] for i in keep),
-                     costs={nt: tuple(costs[nt][i] for i in keep) for nt in types},
-                     boundary_s={(sty, a, b): self._boundary_s(last, sty, a, b, outer)
-                                 for sty in dict.fromkeys(options[i].style for i in keep)
-                                 for a in types for b in types} if outer.pp > 1 else {},
-                     out_buffer_bytes=last.output_bytes_per_sample * outer.micro_batch / outer.tp)
+        return Group(
+            paths=tuple(layer.path for layer in layers),
+            options=tuple(options[i] for i in keep),
+            costs={nt: tuple(costs[nt][i] for i in keep) for nt in types},
+            boundary_s={
+                (sty, a, b): self._boundary_s(last, sty, a, b, outer)
+                for sty in dict.fromkeys(options[i].style for i in keep)
+                for a in types
+                for b in types
+            }
+            if outer.pp > 1
+            else {},
+            out_buffer_bytes=last.output_bytes_per_sample * outer.micro_batch / outer.tp,
+        )
 
     def _boundary_s(self, last: LayerProfile, style: str, src: str, dst: str, outer: OuterChoice) -> float:
         """One-way transfer after a chunk ending in ``last`` (``estimate._Assembler._boundary_s``)."""
         node = self.cluster.node_type(src)
         full_bytes = last.output_bytes_per_sample * outer.micro_batch
-        if outer.replica_node_types:   # dp, pp, tp layout (estimate._Assembler._boundary_s)
+        if outer.replica_node_types:  # dp, pp, tp layout (estimate._Assembler._boundary_s)
             spans = src != dst or replica_sends_cross_nodes(self.base_config(outer), node.devices_per_node)
         else:
             spans = src != dst or outer.dp * outer.tp >= node.devices_per_node
-        one_way = collective_time(self.cluster, "send_recv", full_bytes / outer.tp, 2, node_type=node,
-                                  spans_nodes=spans, ranks_per_node=1)
+        one_way = collective_time(
+            self.cluster, "send_recv", full_bytes / outer.tp, 2, node_type=node, spans_nodes=spans, ranks_per_node=1
+        )
         if outer.tp > 1 and not outer.sequence_parallel and style == "split":
             g = tp_group(outer.tp, node.devices_per_node)
-            one_way += collective_time(self.cluster, "all_gather", full_bytes, g.n_ranks, node_type=node,
-                                       spans_nodes=g.spans_nodes, ranks_per_node=g.ranks_per_node)
+            one_way += collective_time(
+                self.cluster,
+                "all_gather",
+                full_bytes,
+                g.n_ranks,
+                node_type=node,
+                spans_nodes=g.spans_nodes,
+                ranks_per_node=g.ranks_per_node,
+            )
         return one_way
 
     def _changes(self, groups: list[Group], outer: OuterChoice, types: list[str]) -> dict:
@@ -220,9 +349,17 @@ class CandidateCosts:
                     for nt in types:
                         node = self.cluster.node_type(nt)
                         out[g, a, b, nt] = layout_change_cost(
-                            prev, nxt, a, b, node=node, cluster=self.cluster, tp=outer.tp,
-                            micro_batch=outer.micro_batch, sequence_parallel=outer.sequence_parallel,
-                            tp_group_spans_nodes=tp_group(outer.tp, node.devices_per_node).spans_nodes)
+                            prev,
+                            nxt,
+                            a,
+                            b,
+                            node=node,
+                            cluster=self.cluster,
+                            tp=outer.tp,
+                            micro_batch=outer.micro_batch,
+                            sequence_parallel=outer.sequence_parallel,
+                            tp_group_spans_nodes=tp_group(outer.tp, node.devices_per_node).spans_nodes,
+                        )
         return out
 
     def _rank_model(self, nt: str, outer: OuterChoice) -> RankModel:
@@ -233,18 +370,18 @@ class CandidateCosts:
         dp_g = dp_group(dp, tp, node.devices_per_node)
         dpt_g = dp_group(dp, tp, node.devices_per_node, include_tp=True)
         sync_nodes = [node]
-        if outer.replica_node_types:   # the dp groups span every replica, timed at the slowest type's link
+        if outer.replica_node_types:  # the dp groups span every replica, timed at the slowest type's link
             config = self.base_config(outer)
             rs = replica_sets(self.cluster, config, replica_micro_batches(config, self.global_batch))[0]
             dp_g, dpt_g = rs.dp_group, rs.dp_tp_group
             sync_nodes = [self.cluster.node_type(t) for t in rs.sync_node_types]
         op = "all_reduce" if zero == 0 else "reduce_scatter"
-        bucket = ParallelConfig().grad_bucket_bytes   # the search plans with the default DDP bucket
+        bucket = ParallelConfig().grad_bucket_bytes  # the search plans with the default DDP bucket
         last_bucket_s = max(dp_collective_time(self.cluster, n, op, bucket or 0.0, dp_g, bucket) for n in sync_nodes)
 
         def coll(op: str, group: GroupShape, bytes_per_param: float) -> Concave:
-            return _slowest(concave_collective(self.cluster, n, op, group, bytes_per_param, bucket)
-                            for n in sync_nodes)
+            return _slowest(concave_collective(self.cluster, n, op, group, bytes_per_param, bucket) for n in sync_nodes)
+
         if node.memory_bw_bytes_per_s:
             opt_per_param = OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
         else:
@@ -258,15 +395,20 @@ class CandidateCosts:
             state_bytes_per_param_dpt=model_states_bytes(1.0, zero, dp * tp, self.dtype).total_bytes + held,
             reserve_factor=1.0 + FRAGMENTATION_FRACTION,
             reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
-            ddp_buffer=ddp, ddp_buffer_cap_bytes=DDP_BUCKETS_IN_FLIGHT * bucket if bucket else math.inf,
+            ddp_buffer=ddp,
+            ddp_buffer_cap_bytes=DDP_BUCKETS_IN_FLIGHT * bucket if bucket else math.inf,
             grad_bytes_per_param=per["grads"],
-            zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0, pp_buffers=outer.pp > 1,
-            sync_dp=coll(op, dp_g, per["grads"]), sync_dpt=coll(op, dpt_g, per["grads"]),
+            zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0,
+            pp_buffers=outer.pp > 1,
+            sync_dp=coll(op, dp_g, per["grads"]),
+            sync_dpt=coll(op, dpt_g, per["grads"]),
             last_bucket_s=last_bucket_s,
-            gather_dp=coll("all_gather", dp_g, per["params"]), gather_dpt=coll("all_gather", dpt_g, per["params"]),
+            gather_dp=coll("all_gather", dp_g, per["params"]),
+            gather_dpt=coll("all_gather", dpt_g, per["params"]),
             contention=contention(node),
             optimizer_s_per_param_dp=opt_per_param / (dp if zero >= 1 else 1),
-            optimizer_s_per_param_dpt=opt_per_param / (dp * tp if zero >= 1 else 1))
+            optimizer_s_per_param_dpt=opt_per_param / (dp * tp if zero >= 1 else 1),
+        )
 
     def _tied(self, outer: OuterChoice) -> dict[str, float]:
         """Embedding copy on the LM head's rank when tied and pp > 1 (``estimate._Assembler._tied_copy``)."""
@@ -276,27 +418,34 @@ class CandidateCosts:
         if "embed" not in paths or "head" not in paths:
             return {}
         if paths[0] != "embed" or paths[-1] != "head":
-            raise StratagemError("tied embeddings need 'embed' first and 'head' last in the model profile; "
-                                 "re-profile the model")
+            raise StratagemError(
+                "tied embeddings need 'embed' first and 'head' last in the model profile; re-profile the model"
+            )
         embed = self.profile.layer("embed")
-        return {sty: float(embed.shard(outer.tp if sty == "split" else 1).params)
-                for sty in ("split", "replicate")}
+        return {sty: float(embed.shard(outer.tp if sty == "split" else 1).params) for sty in ("split", "replicate")}
 
     # -- public ---------------------------------------------------------------------------------
     def quick_bound_s(self, outer: OuterChoice) -> float:
         """A cheap lower bound from layer times alone (``space.lower_bound_s`` without sends, optimizer
         or memory): (m - 1/v) max(sum t_min / pp, max t_min) + sum t_min / v; with replica types the
         largest over the types (each with its own node type and m_t)."""
-        lanes = ([((t,), m) for t, _, m in outer.replica_types()] if outer.replica_node_types else
-                 [(tuple(sorted(set(outer.rank_node_types))), outer.num_micro_batches)])
+        lanes = (
+            [((t,), m) for t, _, m in outer.replica_types()]
+            if outer.replica_node_types
+            else [(tuple(sorted(set(outer.rank_node_types))), outer.num_micro_batches)]
+        )
         bound, v = 0.0, outer.virtual_stages
         for types, m in lanes:
             total, largest = self._least_layer_times(outer, types)
             slowest = max(total / outer.pp, largest)
-            if len(types) > 1:   # ranks of several node types: the slower ones hold less (space.typed_slowest_floor)
+            if len(types) > 1:  # ranks of several node types: the slower ones hold less (space.typed_slowest_floor)
                 per_type = {nt: self._least_layer_times(outer, (nt,), per_layer=True) for nt in types}
-                slowest = max(slowest, typed_slowest_floor(per_type, [len(layers) for layers in self.groups],
-                                                           Counter(outer.rank_node_types)))
+                slowest = max(
+                    slowest,
+                    typed_slowest_floor(
+                        per_type, [len(layers) for layers in self.groups], Counter(outer.rank_node_types)
+                    ),
+                )
             bound = max(bound, (m - 1 / v) * slowest + total / v)
         if outer.replica_node_types:
             return bound
@@ -316,15 +465,30 @@ class CandidateCosts:
             for nt in types:
                 node = self.cluster.node_type(nt)
                 kappa = contention(node)
-                params = sum(len(layers) * min(self._layer_cost(layers[0], nt, outer.tp, o.style, o.recompute,
-                                                                outer.sequence_parallel, outer.micro_batch,
-                                                                outer.dp, outer.zero_stage).params
-                                               for o in self.options(layers, outer.tp)) for layers in self.groups)
+                params = sum(
+                    len(layers)
+                    * min(
+                        self._layer_cost(
+                            layers[0],
+                            nt,
+                            outer.tp,
+                            o.style,
+                            o.recompute,
+                            outer.sequence_parallel,
+                            outer.micro_batch,
+                            outer.dp,
+                            outer.zero_stage,
+                        ).params
+                        for o in self.options(layers, outer.tp)
+                    )
+                    for layers in self.groups
+                )
                 op = "all_reduce" if outer.zero_stage == 0 else "reduce_scatter"
                 per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
                 group = dp_group(outer.dp, outer.tp, node.devices_per_node)
-                sync = dp_collective_time(self.cluster, node, op, params * per, group,
-                                          ParallelConfig().grad_bucket_bytes)
+                sync = dp_collective_time(
+                    self.cluster, node, op, params * per, group, ParallelConfig().grad_bucket_bytes
+                )
                 total = kappa * sync if not total else min(total, kappa * sync)
             self._hidden[key] = total
         return self._hidden[key]
@@ -334,14 +498,23 @@ class CandidateCosts:
         key = ("z3", types, outer.tp, outer.dp)
         if key not in self._hidden:
             kappa = min(contention(self.cluster.node_type(nt)) for nt in types)
-            self._hidden[key] = kappa * sum(
-                len(layers) * min(self._option_cost(layers[0], nt, outer, o).z3_mb_s
-                                  for nt in types for o in self.options(layers, outer.tp))
-                for layers in self.groups) if kappa else 0.0
+            self._hidden[key] = (
+                kappa
+                * sum(
+                    len(layers)
+                    * min(
+                        self._option_cost(layers[0], nt, outer, o).z3_mb_s
+                        for nt in types
+                        for o in self.options(layers, outer.tp)
+                    )
+                    for layers in self.groups
+                )
+                if kappa
+                else 0.0
+            )
         return self._hidden[key]
 
-    def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...],
-                           per_layer: bool = False) -> Any:
+    def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...], per_layer: bool = False) -> Any:
         """(sum over layers, max over layers) of each layer's fastest option on ``types`` (``per_layer``:
         the list of each group's fastest time instead); cached, as it depends only on tp, sequence
         parallel, micro-batch and the dp wrapper."""
@@ -349,9 +522,21 @@ class CandidateCosts:
         if key not in self._least:
             t_min = []
             for layers in self.groups:
-                costs = [self._layer_cost(layers[0], nt, outer.tp, o.style, o.recompute, outer.sequence_parallel,
-                                          outer.micro_batch, outer.dp, outer.zero_stage)
-                         for nt in types for o in self.options(layers, outer.tp)]
+                costs = [
+                    self._layer_cost(
+                        layers[0],
+                        nt,
+                        outer.tp,
+                        o.style,
+                        o.recompute,
+                        outer.sequence_parallel,
+                        outer.micro_batch,
+                        outer.dp,
+                        outer.zero_stage,
+                    )
+                    for nt in types
+                    for o in self.options(layers, outer.tp)
+                ]
                 t_min.append(min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s for k in costs))
             sizes = [len(layers) for layers in self.groups]
             self._least[key] = (sum(t * n for t, n in zip(t_min, sizes)), max(t_min), t_min)
@@ -361,43 +546,62 @@ class CandidateCosts:
     def tables(self, outer: OuterChoice) -> Tables:
         """All ILP coefficients of ``outer`` (one lane per replica node type when replicas differ)."""
         if outer.replica_node_types:
-            check_config(self.profile, self.cluster, self.base_config(outer), global_batch=self.global_batch,
-                         dtype=self.dtype)
+            check_config(
+                self.profile, self.cluster, self.base_config(outer), global_batch=self.global_batch, dtype=self.dtype
+            )
             reps = outer.replica_types()
             first = self._tables(outer, [t for t, _, _ in reps], (reps[0][0],) * outer.pp, reps[0][2])
-            lanes = tuple(replace(first, rank_node_types=(t,) * outer.pp, m=m,
-                                  inflight=self._inflight(outer, m)) for t, _, m in reps)
+            lanes = tuple(
+                replace(first, rank_node_types=(t,) * outer.pp, m=m, inflight=self._inflight(outer, m))
+                for t, _, m in reps
+            )
             return replace(lanes[0], replica_lanes=lanes)
-        return self._tables(outer, sorted(set(outer.rank_node_types)), outer.rank_node_types,
-                            outer.num_micro_batches)
+        return self._tables(outer, sorted(set(outer.rank_node_types)), outer.rank_node_types, outer.num_micro_batches)
 
     def _inflight(self, outer: OuterChoice, m: int) -> tuple[float, ...]:
-        return tuple(inflight_microbatches(outer.schedule, outer.pp, r, m, outer.virtual_stages)
-                     for r in range(outer.pp))
+        return tuple(
+            inflight_microbatches(outer.schedule, outer.pp, r, m, outer.virtual_stages) for r in range(outer.pp)
+        )
 
     def _tables(self, outer: OuterChoice, types: list[str], rank_types: tuple[str, ...], m: int) -> Tables:
         # groups and layout changes do not depend on the schedule, the micro-batch count or the order of the
         # node types over the pp ranks: candidates that differ only there share them (frozen records)
-        key = (tuple(types), outer.tp, outer.dp, outer.zero_stage, outer.sequence_parallel, outer.micro_batch,
-               outer.pp > 1, (outer.pp, outer.replica_node_types) if outer.replica_node_types else None)
+        key = (
+            tuple(types),
+            outer.tp,
+            outer.dp,
+            outer.zero_stage,
+            outer.sequence_parallel,
+            outer.micro_batch,
+            outer.pp > 1,
+            (outer.pp, outer.replica_node_types) if outer.replica_node_types else None,
+        )
         if key not in self._groups:
             groups = tuple(self._group(layers, outer, types) for layers in self.groups)
             self._groups[key] = (groups, self._changes(list(groups), outer, types))
         groups, changes = self._groups[key]
-        return Tables(groups=groups, pp=outer.pp, v=outer.virtual_stages, m=m,
-                      zero_stage=outer.zero_stage, rank_node_types=rank_types, inflight=self._inflight(outer, m),
-                      ranks={nt: self._rank_model(nt, outer) for nt in types},
-                      change_s=changes, tied_params=self._tied(outer), tied_group=0,
-                      chunk_unit_s={nt: self._chunk_unit_s(nt, outer) for nt in types},
-                      chunk_sizes=interleaved_chunk_sizes(self.profile, self.base_config(outer)))
+        return Tables(
+            groups=groups,
+            pp=outer.pp,
+            v=outer.virtual_stages,
+            m=m,
+            zero_stage=outer.zero_stage,
+            rank_node_types=rank_types,
+            inflight=self._inflight(outer, m),
+            ranks={nt: self._rank_model(nt, outer) for nt in types},
+            change_s=changes,
+            tied_params=self._tied(outer),
+            tied_group=0,
+            chunk_unit_s={nt: self._chunk_unit_s(nt, outer) for nt in types},
+            chunk_sizes=interleaved_chunk_sizes(self.profile, self.base_config(outer)),
+        )
 
     def _chunk_unit_s(self, nt: str, outer: OuterChoice) -> tuple[float, float]:
         """Per-chunk (forward, backward) host cost of its root FSDP2 unit (``estimate._chunk_unit_s``)."""
         node = self.cluster.node_type(nt)
         if not _timings_apply(self.profile, node):
             return 0.0, 0.0
-        return chunk_overhead_s(self.profile, dp_wrapper(outer.dp, outer.zero_stage),
-                                timings_scale(self.profile, node))
+        return chunk_overhead_s(self.profile, dp_wrapper(outer.dp, outer.zero_stage), timings_scale(self.profile, node))
 
     def parallel_config(self, outer: OuterChoice, tables: Tables, assignment: Assignment) -> ParallelConfig:
         """The :class:`ParallelConfig` an assignment stands for: explicit chunks, per-layer recompute and
@@ -408,7 +612,7 @@ class CandidateCosts:
             chunk = []
             for g, (grp, opts) in enumerate(zip(tables.groups, row)):
                 for i, n in enumerate(opts):
-                    for path in grp.paths[taken[g]:taken[g] + n]:
+                    for path in grp.paths[taken[g] : taken[g] + n]:
                         chunk.append(path)
                         recompute[path] = grp.options[i].recompute
                         layout[path] = grp.options[i].style

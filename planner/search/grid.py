@@ -46,13 +46,21 @@ def grid_configs(profile: ModelProfile, n_devices: int, global_batch: int, max_m
                     if pp * v > blocks or (v > 1 and m % pp):
                         continue
                     for recompute in ("none", "full"):
-                        yield ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_micro_batches=m,
-                                             schedule="interleaved_1f1b" if v > 1 else "1f1b",
-                                             virtual_stages=v, recompute=recompute)
+                        yield ParallelConfig(
+                            tp=tp,
+                            pp=pp,
+                            dp=dp,
+                            micro_batch=mb,
+                            num_micro_batches=m,
+                            schedule="interleaved_1f1b" if v > 1 else "1f1b",
+                            virtual_stages=v,
+                            recompute=recompute,
+                        )
 
 
-def grid_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int,
-                memory_fraction: float = 0.9) -> GridResult | None:
+def grid_search(
+    profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int, memory_fraction: float = 0.9
+) -> GridResult | None:
     """The fastest grid point that fits in ``memory_fraction`` of every device, or None."""
     cluster = with_gpus(cluster, n_devices)
     best: GridResult | None = None

@@ -14,10 +14,17 @@ from typing import Any
 
 import pulp
 
-from planner.search.cbc import Problem, SolveResult, solve   # noqa: F401 (re-exported)
+from planner.search.cbc import Problem, SolveResult, solve  # noqa: F401 (re-exported)
 from planner.search.ilp_cuts import add_block_cuts
-from planner.search.ilp_terms import (COEF_MAX, ScalingError, at_least, check_scaling, concave_term, conjunction,
-                                      indicator)
+from planner.search.ilp_terms import (
+    COEF_MAX,
+    ScalingError,
+    at_least,
+    check_scaling,
+    concave_term,
+    conjunction,
+    indicator,
+)
 from planner.search.tables import Assignment, Tables
 
 OBJECTIVE_RESOLUTION = 1e4
@@ -64,8 +71,10 @@ def _cumulative(prob: pulp.LpProblem, tables: Tables) -> tuple[dict, dict]:
             prev = c[g, s - 1] if s > 0 else 0
             prob += (c[g, s] - prev <= n, f"a_bound[{g},{s}]")
     for s in range(chunks):
-        prob += (pulp.lpSum(c[g, s] - (c[g, s - 1] if s > 0 else 0) for g in range(len(groups))) >= 1,
-                 f"e_nonempty[{s}]")
+        prob += (
+            pulp.lpSum(c[g, s] - (c[g, s - 1] if s > 0 else 0) for g in range(len(groups))) >= 1,
+            f"e_nonempty[{s}]",
+        )
     return c, st
 
 
@@ -76,15 +85,18 @@ def _options(prob: pulp.LpProblem, tables: Tables, c: dict) -> tuple[dict, dict,
     pp, chunks = tables.pp, tables.chunks
     keys = [(r, g, i) for r in range(pp) for g, grp in enumerate(tables.groups) for i in range(len(grp.options))]
     n = prob.add_variable_dicts("n", keys, lowBound=0, cat="Integer")
-    rank_total = prob.add_variable_dicts("R", [(g, r) for g in range(len(tables.groups)) for r in range(pp)],
-                                         lowBound=0, cat="Integer")
+    rank_total = prob.add_variable_dicts(
+        "R", [(g, r) for g in range(len(tables.groups)) for r in range(pp)], lowBound=0, cat="Integer"
+    )
     u: dict[tuple[int, str], Any] = {}
     for g, group in enumerate(tables.groups):
         for r in range(pp):
             in_rank = pulp.lpSum(c[g, s] - (c[g, s - 1] if s > 0 else 0) for s in range(r, chunks, pp))
             prob += (rank_total[g, r] == in_rank, f"b_rank_total[{g},{r}]")
-            prob += (pulp.lpSum(n[r, g, i] for i in range(len(group.options))) == rank_total[g, r],
-                     f"b_options[{r},{g}]")
+            prob += (
+                pulp.lpSum(n[r, g, i] for i in range(len(group.options))) == rank_total[g, r],
+                f"b_options[{r},{g}]",
+            )
         styles = group.styles
         if len(styles) == 1:
             u[g, styles[0]] = 1
@@ -117,8 +129,9 @@ def _chunk_extras(prob: pulp.LpProblem, tables: Tables, st: dict, u: dict) -> li
                 for b in groups[g + 1].styles:
                     cost = tables.change_s.get((g, a, b, nt), 0.0)
                     if cost:
-                        flag = conjunction(prob, f"w[{s},{g},{a},{b}]", "d_change",
-                                           [_style(u, g, a), _style(u, g + 1, b), start])
+                        flag = conjunction(
+                            prob, f"w[{s},{g},{a},{b}]", "d_change", [_style(u, g, a), _style(u, g + 1, b), start]
+                        )
                         terms[s].append(cost * flag)
     if tables.pp > 1:
         for s in range(chunks - 1):
@@ -128,7 +141,7 @@ def _chunk_extras(prob: pulp.LpProblem, tables: Tables, st: dict, u: dict) -> li
                 for sty in grp.styles:
                     cost = grp.boundary_s[(sty, key_nt[0], key_nt[1])]
                     term = cost * conjunction(prob, f"e[{s},{g},{sty}]", "d_boundary", [_style(u, g, sty), end])
-                    terms[s].append(term)       # sender and receiver each pay one transfer
+                    terms[s].append(term)  # sender and receiver each pay one transfer
                     terms[s + 1].append(term)
     return [pulp.lpSum(t) for t in terms]
 
@@ -144,7 +157,7 @@ def _first_gather(prob: pulp.LpProblem, tables: Tables, c: dict, u: dict, r: int
     groups, nt = tables.groups, tables.rank_node_types[r]
     pres, terms = [], []
     for g, grp in enumerate(groups):
-        here = c[g, r] - (c[g, r - 1] if r > 0 else 0)     # layers of g in chunk r
+        here = c[g, r] - (c[g, r - 1] if r > 0 else 0)  # layers of g in chunk r
         pres.append(indicator(prob, f"p[{r},{g}]", "g_first", here, grp.size))
         prob += (here >= pres[g], f"g_first_lb[{r},{g}]")
     b = prob.add_variable_dicts(f"b{r}", list(range(len(groups))), cat="Binary")
@@ -164,17 +177,30 @@ def _first_gather(prob: pulp.LpProblem, tables: Tables, c: dict, u: dict, r: int
 def _rank_sums(tables: Tables, n: dict, u: dict, st: dict, r: int) -> dict[str, Any]:
     nt = tables.rank_node_types[r]
     items = [(n[r, g, i], grp.costs[nt][i]) for g, grp in enumerate(tables.groups) for i in range(len(grp.options))]
-    sums = {key: pulp.lpSum(var * getattr(k, attr) for var, k in items)
-            for key, attr in (("time", "time_s"), ("P", "params_dp"), ("Q", "params_dpt"), ("Wf", "fwd_s"),
-                              ("Wb", "bwd_s"), ("act", "act_bytes"), ("z3", "z3_mb_s"), ("opt", "opt_s"))}
-    if tables.chunk_unit_s:   # every chunk is non-empty: its root unit's host cost is a constant
+    sums = {
+        key: pulp.lpSum(var * getattr(k, attr) for var, k in items)
+        for key, attr in (
+            ("time", "time_s"),
+            ("P", "params_dp"),
+            ("Q", "params_dpt"),
+            ("Wf", "fwd_s"),
+            ("Wb", "bwd_s"),
+            ("act", "act_bytes"),
+            ("z3", "z3_mb_s"),
+            ("opt", "opt_s"),
+        )
+    }
+    if tables.chunk_unit_s:  # every chunk is non-empty: its root unit's host cost is a constant
         unit_f, unit_b = tables.chunk_unit_s[nt]
         sums["time"] += tables.v * (unit_f + unit_b)
         sums["Wf"] += tables.v * unit_f
         sums["Wb"] += tables.v * unit_b
     groups = tables.groups
-    sums["out"] = pulp.lpSum((st[g, s] - (st[g + 1, s] if g + 1 < len(groups) else 0)) * grp.out_buffer_bytes
-                             for s in range(r, tables.chunks, tables.pp) for g, grp in enumerate(groups))
+    sums["out"] = pulp.lpSum(
+        (st[g, s] - (st[g + 1, s] if g + 1 < len(groups) else 0)) * grp.out_buffer_bytes
+        for s in range(r, tables.chunks, tables.pp)
+        for g, grp in enumerate(groups)
+    )
     if r == tables.pp - 1 and tables.pp > 1 and tables.tied_params:
         sums["P"] += pulp.lpSum(p * _style(u, tables.tied_group, sty) for sty, p in tables.tied_params.items())
     return sums
@@ -187,27 +213,32 @@ def _tail(prob, tables: Tables, c: dict, u: dict, r: int, x: dict, limits: dict,
     rm = tables.ranks[tables.rank_node_types[r]]
     k = 1 / scale
     opt = (rm.optimizer_s_per_param_dp * k) * x["P"] + (rm.optimizer_s_per_param_dpt * k) * x["Q"] + k * x["opt"]
-    kappa = rm.contention   # planner.cost.kernels.contention (0: hidden communication is free)
+    kappa = rm.contention  # planner.cost.kernels.contention (0: hidden communication is free)
     if tables.zero_stage == 3:
         first = _first_gather(prob, tables, c, u, r, scale)
-        return [(tables.m * k) * x["z3"] - (tables.m * k * (1 - kappa)) * (x["Wf"] + x["Wb"]) + first + opt,
-                ((tables.m * k * kappa) * x["z3"] if kappa else 0) + first + opt]
+        return [
+            (tables.m * k) * x["z3"] - (tables.m * k * (1 - kappa)) * (x["Wf"] + x["Wb"]) + first + opt,
+            ((tables.m * k * kappa) * x["z3"] if kappa else 0) + first + opt,
+        ]
     e_p = indicator(prob, f"eP[{r}]", "g_active", x["P"], limits["P"])
     e_q = indicator(prob, f"eQ[{r}]", "g_active", x["Q"], limits["Q"]) if limits["Q"] > 0 else 0
-    sync = (concave_term(prob, f"Sd[{r}]", "g_sync", rm.sync_dp, x["P"], e_p, limits["P"], scale)
-            + concave_term(prob, f"Sq[{r}]", "g_sync", rm.sync_dpt, x["Q"], e_q, limits["Q"], scale))
+    sync = concave_term(prob, f"Sd[{r}]", "g_sync", rm.sync_dp, x["P"], e_p, limits["P"], scale) + concave_term(
+        prob, f"Sq[{r}]", "g_sync", rm.sync_dpt, x["Q"], e_q, limits["Q"], scale
+    )
     last = 0
     sync_max = (rm.sync_dp(limits["P"]) + rm.sync_dpt(limits["Q"])) * k
-    if rm.last_bucket_s * k >= sync_max:      # min(S, last bucket) = S for every placement
+    if rm.last_bucket_s * k >= sync_max:  # min(S, last bucket) = S for every placement
         last = sync
-    elif rm.last_bucket_s > 0:                # min via a selector; both pieces bounded by sync_max
+    elif rm.last_bucket_s > 0:  # min via a selector; both pieces bounded by sync_max
         sel = prob.add_variable(f"last_sel[{r}]", cat="Binary")
-        last = at_least(prob, f"L[{r}]", "g_last_bucket",
-                        [sync - sync_max * (1 - sel), (rm.last_bucket_s * k) * (1 - sel)])
+        last = at_least(
+            prob, f"L[{r}]", "g_last_bucket", [sync - sync_max * (1 - sel), (rm.last_bucket_s * k) * (1 - sel)]
+        )
     zero = [0]
     if tables.zero_stage > 0:
-        gather = (concave_term(prob, f"Gd[{r}]", "g_gather", rm.gather_dp, x["P"], e_p, limits["P"], scale)
-                  + concave_term(prob, f"Gq[{r}]", "g_gather", rm.gather_dpt, x["Q"], e_q, limits["Q"], scale))
+        gather = concave_term(
+            prob, f"Gd[{r}]", "g_gather", rm.gather_dp, x["P"], e_p, limits["P"], scale
+        ) + concave_term(prob, f"Gq[{r}]", "g_gather", rm.gather_dpt, x["Q"], e_q, limits["Q"], scale)
         zero = [kappa * gather, gather - (k * (1 - kappa)) * x["Wf"]] if kappa else [0, gather - k * x["Wf"]]
     hidden_last = last + kappa * sync if kappa else last
     return [a + b + opt for a in (sync - (k * (1 - kappa)) * x["Wb"], hidden_last) for b in zero]
@@ -220,8 +251,11 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
     rm = tables.ranks[nt]
     cap = rm.capacity_bytes
     k = 1 / cap
-    parts = [(rm.state_bytes_per_param_dp * k) * x["P"], (rm.state_bytes_per_param_dpt * k) * x["Q"],
-             (tables.inflight[r] * k) * x["act"]]
+    parts = [
+        (rm.state_bytes_per_param_dp * k) * x["P"],
+        (rm.state_bytes_per_param_dpt * k) * x["Q"],
+        (tables.inflight[r] * k) * x["act"],
+    ]
     groups = tables.groups
     flags: dict[tuple[int, int], Any] = {}
 
@@ -230,16 +264,24 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
             flags[g, i] = _presence(prob, tables, n, r, g, i)
         return flags[g, i]
 
-    ws = [(c.ws_bytes * k) * present(g, i)
-          for g, grp in enumerate(groups) for i, c in enumerate(grp.costs[nt]) if c.ws_bytes > 0]
+    ws = [
+        (c.ws_bytes * k) * present(g, i)
+        for g, grp in enumerate(groups)
+        for i, c in enumerate(grp.costs[nt])
+        if c.ws_bytes > 0
+    ]
     if ws:
         parts.append(at_least(prob, f"WS[{r}]", "h_working_set", ws))
     if rm.zero3_buffer_layers:
-        mx = [(c.param_bytes * k) * present(g, i)
-              for g, grp in enumerate(groups) for i, c in enumerate(grp.costs[nt]) if c.param_bytes > 0]
+        mx = [
+            (c.param_bytes * k) * present(g, i)
+            for g, grp in enumerate(groups)
+            for i, c in enumerate(grp.costs[nt])
+            if c.param_bytes > 0
+        ]
         if mx:
             parts.append(rm.zero3_buffer_layers * at_least(prob, f"MX[{r}]", "h_zero3_buffer", mx))
-    if rm.ddp_buffer != "never":   # min(cap, gradient bytes), only with replicated layers when dp = 1
+    if rm.ddp_buffer != "never":  # min(cap, gradient bytes), only with replicated layers when dp = 1
         grads = (rm.grad_bytes_per_param * k) * (x["P"] + x["Q"])
         big = limits["grad_bytes"] * k
         off = 0
@@ -250,8 +292,9 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
         else:
             bucket = rm.ddp_buffer_cap_bytes * k
             sel = prob.add_variable(f"ddp_sel[{r}]", cat="Binary")
-            parts.append(at_least(prob, f"DDP[{r}]", "h_ddp",
-                                  [bucket * (1 - sel) - off, grads - big * (1 - sel) - off]))
+            parts.append(
+                at_least(prob, f"DDP[{r}]", "h_ddp", [bucket * (1 - sel) - off, grads - big * (1 - sel) - off])
+            )
     if rm.pp_buffers:
         parts.append((2 * k) * x["out"])
     prob += (pulp.lpSum(parts) * rm.reserve_factor <= 1 - rm.reserve_const_bytes * k, f"h_mem[{r}]")
@@ -283,7 +326,7 @@ def _time_unit_s(tables: Tables) -> float:
         for nt in set(lane.rank_node_types):
             rm = lane.ranks[nt]
             least = sum(min(k.time_s for k in grp.costs[nt]) * grp.size for grp in lane.groups)
-            if lane.zero_stage == 3:   # ZeRO-3's per-micro-batch gathers may dwarf the compute
+            if lane.zero_stage == 3:  # ZeRO-3's per-micro-batch gathers may dwarf the compute
                 least = max(least, sum(min(k.z3_mb_s for k in grp.costs[nt]) * grp.size for grp in lane.groups))
             p_share = sum(grp.size * min(k.params_dp for k in grp.costs[nt]) for grp in lane.groups) / lane.pp
             q_share = sum(grp.size * min(k.params_dpt for k in grp.costs[nt]) for grp in lane.groups) / lane.pp
@@ -350,11 +393,13 @@ def _build(tables: Tables, *, cuts: bool, scale: float) -> Problem:
     if cuts:
         add_block_cuts(prob, tables, n, rank_total, scale)
     z_max = prob.add_variable("Z", lowBound=0)
-    pipelines = [_lane(prob if k == 0 else _Prefixed(prob, f"L{k}_"), lane, c, st, n, u, z_max, scale, limits)
-                 for k, lane in enumerate(tables.lanes)]
+    pipelines = [
+        _lane(prob if k == 0 else _Prefixed(prob, f"L{k}_"), lane, c, st, n, u, z_max, scale, limits)
+        for k, lane in enumerate(tables.lanes)
+    ]
     if len(pipelines) == 1:
         prob += pipelines[0] + z_max
-    else:   # (j) replica types: the slowest type's pipeline, W >= pipeline_t
+    else:  # (j) replica types: the slowest type's pipeline, W >= pipeline_t
         w_max = prob.add_variable("W", lowBound=0)
         for k, pipe in enumerate(pipelines):
             prob += (w_max >= pipe, f"j_slowest_type[{k}]")
@@ -401,8 +446,10 @@ def extract_assignment(problem: Problem) -> Assignment:
     """Chunk x group x option counts: chunk sizes from c[g,s], each rank's option totals dealt over its
     chunks in order (any dealing costs the same). Values are rounded to the integers CBC found."""
     t = problem.tables
+
     def val(var) -> int:
         return int(round(var if isinstance(var, (int, float)) else (var.value() or 0.0)))
+
     counts = [[[0] * len(grp.options) for grp in t.groups] for _ in range(t.chunks)]
     for g, grp in enumerate(t.groups):
         for r in range(t.pp):
@@ -430,8 +477,9 @@ def check_complete(tables: Tables, assignment: Assignment) -> None:
     for g, grp in enumerate(tables.groups):
         placed = sum(sum(chunk[g]) for chunk in assignment.counts)
         if placed != grp.size:
-            raise IncompleteAssignment(f"solver answer places {placed} of the {grp.size} layers of group {g} "
-                                       f"({grp.paths[0]}...)")
+            raise IncompleteAssignment(
+                f"solver answer places {placed} of the {grp.size} layers of group {g} ({grp.paths[0]}...)"
+            )
         styles = {grp.options[i].style for chunk in assignment.counts for i, k in enumerate(chunk[g]) if k}
         if len(styles) != 1:
             raise IncompleteAssignment(f"solver answer gives group {g} ({grp.paths[0]}...) styles {sorted(styles)}")

@@ -16,12 +16,13 @@ import numpy as np
 
 from planner.search.tables import Group, RankModel, Tables
 
-CUT_SLACK = 1e-7         # relative weakening of each cut (keeps exact ties feasible under float rounding)
-MAX_OPTIONS = 3          # full enumeration of counts is cubic in the block count; skip larger option sets
+CUT_SLACK = 1e-7  # relative weakening of each cut (keeps exact ties feasible under float rounding)
+MAX_OPTIONS = 3  # full enumeration of counts is cubic in the block count; skip larger option sets
 
 
-def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0,
-                     inflight: float | None = None) -> np.ndarray | None:
+def block_time_floor(
+    tables: Tables, g: int, r: int, extra_bytes: float = 0.0, inflight: float | None = None
+) -> np.ndarray | None:
     """``floor[k]`` = least time of ``k`` layers of group ``g`` on rank ``r`` that can fit (inf if none).
 
     Memory lower bound used: reserve * (sum n_i (state_i + inflight_r act_i) + working set of the present
@@ -40,11 +41,17 @@ def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0,
     costs = sorted(group.costs[nt], key=lambda c: c.time_s)
     if len(costs) > MAX_OPTIONS or group.size < 2:
         return None
-    while len(costs) < MAX_OPTIONS:   # pad with copies of the slowest option (never better)
+    while len(costs) < MAX_OPTIONS:  # pad with copies of the slowest option (never better)
         costs.append(costs[-1])
     t = np.array([c.time_s for c in costs])
-    each = np.array([rm.state_bytes_per_param_dp * c.params_dp + rm.state_bytes_per_param_dpt * c.params_dpt
-                     + (tables.inflight[r] if inflight is None else inflight) * c.act_bytes for c in costs])
+    each = np.array(
+        [
+            rm.state_bytes_per_param_dp * c.params_dp
+            + rm.state_bytes_per_param_dpt * c.params_dpt
+            + (tables.inflight[r] if inflight is None else inflight) * c.act_bytes
+            for c in costs
+        ]
+    )
     ws = np.array([c.ws_bytes for c in costs])
     pbytes = np.array([c.param_bytes for c in costs])
     params = np.array([c.params_dp + c.params_dpt for c in costs])
@@ -59,7 +66,7 @@ def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0,
             out = np.maximum(out, np.where(n[..., i] > 0, values[i], 0.0))
         return out
 
-    def memory(n: np.ndarray) -> np.ndarray:     # n: (..., 3) counts
+    def memory(n: np.ndarray) -> np.ndarray:  # n: (..., 3) counts
         mem = n @ each + largest_present(n, ws) + fixed
         if rm.ddp_buffer == "always":
             mem = mem + np.minimum(rm.ddp_buffer_cap_bytes, rm.grad_bytes_per_param * (n @ params))
@@ -71,7 +78,7 @@ def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0,
     k, n2 = np.meshgrid(np.arange(size + 1), np.arange(size + 1), indexing="ij")
     valid = n2 <= k
     rest = np.where(valid, k - n2, 0)
-    if each[0] > each[1]:   # memory grows with n0 inside (0, rest): the largest n0 the limit allows
+    if each[0] > each[1]:  # memory grows with n0 inside (0, rest): the largest n0 the limit allows
         probe = np.stack([np.ones_like(rest), np.maximum(rest - 1, 0), n2], axis=-1)
         slack = limit - memory(probe)
         interior = np.clip(1 + np.floor(slack / (each[0] - each[1])), 1, np.maximum(rest - 1, 1)).astype(int)
@@ -89,9 +96,11 @@ def block_time_floor(tables: Tables, g: int, r: int, extra_bytes: float = 0.0,
 
 def blocks_worth_cutting(tables: Tables) -> list[int]:
     """Groups that get the cut: repeated layers (size >= 2) with few options."""
-    return [g for g, grp in enumerate(tables.groups)
-            if grp.size >= 2 and all(len(ks) <= MAX_OPTIONS for ks in grp.costs.values())]
-
+    return [
+        g
+        for g, grp in enumerate(tables.groups)
+        if grp.size >= 2 and all(len(ks) <= MAX_OPTIONS for ks in grp.costs.values())
+    ]
 
 
 def add_block_cuts(prob, tables: Tables, n: dict, rank_total: dict, scale: float) -> int:
@@ -114,7 +123,9 @@ def add_block_cuts(prob, tables: Tables, n: dict, rank_total: dict, scale: float
             own = pulp.lpSum(n[r, g, i] * c.time_s for i, c in enumerate(grp.costs[nt]))
             # weakened by CUT_SLACK: the floor is met with equality by the best split, and presolve's
             # integer rounding of n >= 3.0000000000000004 would otherwise cut that split off
-            prob += (own * (1 / scale) >= pulp.lpSum(float(floor[k]) * (1 - CUT_SLACK) / scale * z[k]
-                                                     for k in counts), f"i_floor[{g},{r}]")
+            prob += (
+                own * (1 / scale) >= pulp.lpSum(float(floor[k]) * (1 - CUT_SLACK) / scale * z[k] for k in counts),
+                f"i_floor[{g},{r}]",
+            )
             added += 1
     return added

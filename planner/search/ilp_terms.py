@@ -15,7 +15,7 @@ from planner.search.tables import Concave
 # tolerances are ~1e-7 to 1e-6 absolute; a row with a 1e9 coefficient turns them into whole layers (seen:
 # feasible programs "proven infeasible" by preprocessing, and an "optimal" empty assignment).
 COEF_MIN, COEF_MAX = 1e-9, 1e6
-RESIDUE_REL = 1e-12     # coefficients this small against their row's largest are float residue of cancelling terms
+RESIDUE_REL = 1e-12  # coefficients this small against their row's largest are float residue of cancelling terms
 
 
 class ScalingError(RuntimeError):
@@ -60,8 +60,9 @@ def conjunction(prob: pulp.LpProblem, name: str, tag: str, factors: list) -> Any
     return w
 
 
-def concave_term(prob: pulp.LpProblem, name: str, tag: str, f: Concave, x, active, x_max: float,
-                 unit: float = 1.0) -> Any:
+def concave_term(
+    prob: pulp.LpProblem, name: str, tag: str, f: Concave, x, active, x_max: float, unit: float = 1.0
+) -> Any:
     """A continuous y with y >= f(x) / unit achievable with equality, for f = min_k (alpha_k + beta_k x),
     x >= 0 (``unit``: the time unit y is measured in, so its row has coefficients near 1).
 
@@ -74,12 +75,13 @@ def concave_term(prob: pulp.LpProblem, name: str, tag: str, f: Concave, x, activ
         return 0
     k = 1 / unit
     if len(f.pieces) == 1:
-        (a, b), = f.pieces
+        ((a, b),) = f.pieces
         return at_least(prob, name, tag, [(a * k) * active + (b * k) * x])
     sel = prob.add_variable_dicts(f"{name}_sel", list(range(len(f.pieces))), cat="Binary")
     prob += (pulp.lpSum(sel.values()) == 1, f"{tag}[{name},select]")
-    bounds = [(a * k) * active + (b * k) * x - ((a + b * x_max) * k) * (1 - sel[j])
-              for j, (a, b) in enumerate(f.pieces)]
+    bounds = [
+        (a * k) * active + (b * k) * x - ((a + b * x_max) * k) * (1 - sel[j]) for j, (a, b) in enumerate(f.pieces)
+    ]
     return at_least(prob, name, tag, bounds)
 
 
@@ -100,8 +102,11 @@ def check_scaling(prob: pulp.LpProblem) -> tuple[float, float]:
             del expr[var]
         small = min((abs(a) for a in expr.values() if a), default=math.inf)
         if top > COEF_MAX or small < COEF_MIN or abs(constant) > COEF_MAX:
-            raise ScalingError(f"ILP row {name} has coefficients in [{small:.3g}, {top:.3g}] and right-hand side "
-                               f"{-constant:.3g}, outside [{COEF_MIN:g}, {COEF_MAX:g}]: rescale its units",
-                               largest=max(top, abs(constant)), smallest=small)
+            raise ScalingError(
+                f"ILP row {name} has coefficients in [{small:.3g}, {top:.3g}] and right-hand side "
+                f"{-constant:.3g}, outside [{COEF_MIN:g}, {COEF_MAX:g}]: rescale its units",
+                largest=max(top, abs(constant)),
+                smallest=small,
+            )
         lo, hi = min(lo, small), max(hi, top)
     return lo, hi

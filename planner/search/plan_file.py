@@ -15,8 +15,7 @@ import pulp
 
 from planner import __version__
 from planner.modelspec import ModelSpec
-from planner.plan import (Alternative, LayerLayout, Mesh, Plan, Schedule, SearchRecord, Stage,
-                          TrainingSettings)
+from planner.plan import Alternative, LayerLayout, Mesh, Plan, Schedule, SearchRecord, Stage, TrainingSettings
 from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.planner import Candidate, SearchResult
 
@@ -48,65 +47,113 @@ def build_stages(candidate: Candidate) -> list[Stage]:
     for s, paths in enumerate(config.stage_layers or ()):
         pp_rank = s % outer.pp
         recompute = {p: _recompute_of(config, p) for p in paths if _recompute_of(config, p) != "none"}
-        stages.append(Stage(index=s, pp_rank=pp_rank, module_paths=list(paths),
-                            ranks=stage_ranks(pp_rank, dp=outer.dp, tp=outer.tp, pp=outer.pp,
-                                              replicas_outer=outer.replica_node_types is not None),
-                            node_type=("+".join(dict.fromkeys(outer.replica_node_types)) if outer.replica_node_types
-                                       else outer.rank_node_types[pp_rank]), recompute=recompute))
+        stages.append(
+            Stage(
+                index=s,
+                pp_rank=pp_rank,
+                module_paths=list(paths),
+                ranks=stage_ranks(
+                    pp_rank, dp=outer.dp, tp=outer.tp, pp=outer.pp, replicas_outer=outer.replica_node_types is not None
+                ),
+                node_type=(
+                    "+".join(dict.fromkeys(outer.replica_node_types))
+                    if outer.replica_node_types
+                    else outer.rank_node_types[pp_rank]
+                ),
+                recompute=recompute,
+            )
+        )
     return stages
 
 
 def build_layout(candidate: Candidate) -> dict[str, LayerLayout]:
     """Replicate-or-split of every module (explicit for all, so the runtime never guesses)."""
     config = candidate.config
-    return {path: LayerLayout(style=style, sequence_parallel=bool(config.sequence_parallel and style == "split"))
-            for path, style in config.layout.items()}
+    return {
+        path: LayerLayout(style=style, sequence_parallel=bool(config.sequence_parallel and style == "split"))
+        for path, style in config.layout.items()
+    }
 
 
 def _alternative(c: Candidate, best_s: float) -> Alternative:
-    return Alternative(summary=c.outer.summary(), step_time_s=c.step_s,
-                       peak_memory_bytes=float(c.estimate.to_predictions().peak_memory_bytes),
-                       slowdown=c.step_s / best_s, choices=c.outer.choices(),
-                       proven_optimal=c.solve.status == "optimal")
+    return Alternative(
+        summary=c.outer.summary(),
+        step_time_s=c.step_s,
+        peak_memory_bytes=float(c.estimate.to_predictions().peak_memory_bytes),
+        slowdown=c.step_s / best_s,
+        choices=c.outer.choices(),
+        proven_optimal=c.solve.status == "optimal",
+    )
 
 
 def build_search_record(result: SearchResult) -> SearchRecord:
     best_s = result.best.step_s
     # step times are >= 0, so 0 is always a valid bound: a relative gap never exceeds 1 (JSON has no inf)
     gap = min(result.gap, 1.0)
-    proven = ("the best is proven optimal under the cost model" if result.status == "optimal" else
-              f"NOT proven optimal ({result.status}): the best is within {gap:.2%} of the optimum"
-              + (" (no bound was proven)" if not math.isfinite(result.gap) else ""))
+    proven = (
+        "the best is proven optimal under the cost model"
+        if result.status == "optimal"
+        else f"NOT proven optimal ({result.status}): the best is within {gap:.2%} of the optimum"
+        + (" (no bound was proven)" if not math.isfinite(result.gap) else "")
+    )
     return SearchRecord(
         solver=f"CBC via PuLP {pulp.__version__} (branch-and-bound over outer choices)",
-        status=result.status, gap=gap, wall_time_s=result.wall_time_s,
-        candidates_solved=result.candidates_solved, candidates_pruned=result.candidates_pruned,
+        status=result.status,
+        gap=gap,
+        wall_time_s=result.wall_time_s,
+        candidates_solved=result.candidates_solved,
+        candidates_pruned=result.candidates_pruned,
         top_k=[_alternative(c, best_s) for c in result.ranked[1:]],
-        notes=(f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
-               f"{result.candidates_dominated} dominated (same time, more memory than a solved one), "
-               f"{result.candidates_cut_off} cut off inside CBC (cannot beat the best); {proven}; "
-               + ("runners-up are proven the next best candidates (--prove-top-k). " if result.runners_up_proven
-                  else "runners-up are the best other candidates solved while proving the best. ")
-               + ("CBC logged " + "; ".join(result.solver_warnings) + ", each answer re-solved without "
-                  "preprocessing and the second answer used. " if result.solver_warnings else "")
-               + result.notes).strip())
+        notes=(
+            f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
+            f"{result.candidates_dominated} dominated (same time, more memory than a solved one), "
+            f"{result.candidates_cut_off} cut off inside CBC (cannot beat the best); {proven}; "
+            + (
+                "runners-up are proven the next best candidates (--prove-top-k). "
+                if result.runners_up_proven
+                else "runners-up are the best other candidates solved while proving the best. "
+            )
+            + (
+                "CBC logged " + "; ".join(result.solver_warnings) + ", each answer re-solved without "
+                "preprocessing and the second answer used. "
+                if result.solver_warnings
+                else ""
+            )
+            + result.notes
+        ).strip(),
+    )
 
 
-def build_plan(result: SearchResult, *, model: ModelSpec, profile: ModelProfile, cluster: ClusterProfile,
-               training: TrainingSettings) -> Plan:
+def build_plan(
+    result: SearchResult,
+    *,
+    model: ModelSpec,
+    profile: ModelProfile,
+    cluster: ClusterProfile,
+    training: TrainingSettings,
+) -> Plan:
     """The plan file for the best candidate of ``result`` (predictions from ``Estimate.to_predictions``)."""
     best = result.best
     outer = best.outer
     return Plan(
         planner_version=__version__,
         created_utc=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        model=model, model_profile_hash=profile.content_hash,
-        cluster_name=cluster.name, cluster_hash=cluster.content_hash,
+        model=model,
+        model_profile_hash=profile.content_hash,
+        cluster_name=cluster.name,
+        cluster_hash=cluster.content_hash,
         training=training,
-        mesh=(Mesh(axes=["dp", "pp", "tp"], sizes=[outer.dp, outer.pp, outer.tp]) if outer.replica_node_types
-              else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])),
-        schedule=Schedule(kind=outer.schedule, micro_batch_size=outer.micro_batch,
-                          num_micro_batches=outer.num_micro_batches, virtual_stages=outer.virtual_stages),
+        mesh=(
+            Mesh(axes=["dp", "pp", "tp"], sizes=[outer.dp, outer.pp, outer.tp])
+            if outer.replica_node_types
+            else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])
+        ),
+        schedule=Schedule(
+            kind=outer.schedule,
+            micro_batch_size=outer.micro_batch,
+            num_micro_batches=outer.num_micro_batches,
+            virtual_stages=outer.virtual_stages,
+        ),
         stages=build_stages(best),
         layout=build_layout(best),
         zero_stage=outer.zero_stage,

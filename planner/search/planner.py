@@ -29,14 +29,19 @@ from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 from planner.search.costs import CandidateCosts
 from planner.search.ilp import SolveResult, build_problem, extract_assignment, solve
-from planner.search.space import (OuterChoice, enumerate_outer, lower_bound_s, memory_shortfall_bytes,
-                                   refined_lower_bound_s)
+from planner.search.space import (
+    OuterChoice,
+    enumerate_outer,
+    lower_bound_s,
+    memory_shortfall_bytes,
+    refined_lower_bound_s,
+)
 from planner.search.tables import Assignment, Tables, dominates, evaluate
 
 log = logging.getLogger(__name__)
 
-EXACT_REL_TOL = 1e-9       # ILP objective (at its integer solution) vs planner.cost.estimate
-SOLVER_REL_TOL = 1e-6      # CBC's reported objective vs the same solution evaluated exactly
+EXACT_REL_TOL = 1e-9  # ILP objective (at its integer solution) vs planner.cost.estimate
+SOLVER_REL_TOL = 1e-6  # CBC's reported objective vs the same solution evaluated exactly
 # first attempt without cuts, limited by branch-and-bound nodes rather than time so that every run takes the
 # same path (the same plan and status on a loaded or a fast machine); most candidates are settled well within it
 QUICK_SOLVE_NODES = 200
@@ -70,36 +75,59 @@ class SearchResult:
     wall_time_s: float
     notes: str = ""
     candidates_cut_off: int = 0
-    runners_up_proven: bool = False    # exhaustive_top_k and every ranked plan proven (the k best candidates)
-    solver_warnings: tuple[str, ...] = ()   # "<CBC log line> (N solves)": each such answer was re-solved
+    runners_up_proven: bool = False  # exhaustive_top_k and every ranked plan proven (the k best candidates)
+    solver_warnings: tuple[str, ...] = ()  # "<CBC log line> (N solves)": each such answer was re-solved
 
 
-def check_exact(tables: Tables, assignment: Assignment, est, outer: OuterChoice,
-                problem_obj_s: float | None = None, optimal: bool = True) -> float:
+def check_exact(
+    tables: Tables,
+    assignment: Assignment,
+    est,
+    outer: OuterChoice,
+    problem_obj_s: float | None = None,
+    optimal: bool = True,
+) -> float:
     """The ILP's objective and memory at ``assignment`` (closed form) must equal ``planner.cost.estimate``
     to 1e-9 relative; CBC's own objective value must agree to its tolerance. Returns the step time."""
     ev = evaluate(tables, assignment)
     estimated_s = est.step_time_s
     if abs(ev.step_s - estimated_s) > EXACT_REL_TOL * estimated_s:
-        raise RuntimeError(f"ILP tables disagree with planner.cost.estimate for {outer.summary()}: "
-                           f"{ev.step_s!r} vs {estimated_s!r} s; the search's cost decomposition is stale")
+        raise RuntimeError(
+            f"ILP tables disagree with planner.cost.estimate for {outer.summary()}: "
+            f"{ev.step_s!r} vs {estimated_s!r} s; the search's cost decomposition is stale"
+        )
     ranks = [rk for t in est.per_replica_type for rk in t.per_rank] if est.per_replica_type else est.per_rank
     if len(ranks) != len(ev.rank_mem_bytes):
-        raise RuntimeError(f"ILP tables have {len(ev.rank_mem_bytes)} ranks, planner.cost.estimate "
-                           f"{len(ranks)} for {outer.summary()}")
+        raise RuntimeError(
+            f"ILP tables have {len(ev.rank_mem_bytes)} ranks, planner.cost.estimate {len(ranks)} for {outer.summary()}"
+        )
     for r, (mine, rank) in enumerate(zip(ev.rank_mem_bytes, ranks)):
         if abs(mine - rank.memory.peak_bytes) > EXACT_REL_TOL * rank.memory.peak_bytes:
-            raise RuntimeError(f"ILP memory of pp rank {r} ({mine!r} B) disagrees with planner.cost.estimate "
-                               f"({rank.memory.peak_bytes!r} B) for {outer.summary()}")
-    if problem_obj_s is not None and abs(problem_obj_s - ev.step_s) > SOLVER_REL_TOL * ev.step_s and (
-            problem_obj_s < ev.step_s or optimal):   # a stopped search may leave auxiliaries above their floor
-        raise RuntimeError(f"CBC objective {problem_obj_s!r} s differs from its own solution's value "
-                           f"{ev.step_s!r} s for {outer.summary()}")
+            raise RuntimeError(
+                f"ILP memory of pp rank {r} ({mine!r} B) disagrees with planner.cost.estimate "
+                f"({rank.memory.peak_bytes!r} B) for {outer.summary()}"
+            )
+    if (
+        problem_obj_s is not None
+        and abs(problem_obj_s - ev.step_s) > SOLVER_REL_TOL * ev.step_s
+        and (problem_obj_s < ev.step_s or optimal)
+    ):  # a stopped search may leave auxiliaries above their floor
+        raise RuntimeError(
+            f"CBC objective {problem_obj_s!r} s differs from its own solution's value "
+            f"{ev.step_s!r} s for {outer.summary()}"
+        )
     return estimated_s
 
 
-def _solve_candidate(costs: CandidateCosts, outer: OuterChoice, tables: Tables, config: SearchConfig, *,
-                     best_s: float = math.inf, fill: bool = False) -> tuple[Candidate | None, SolveResult]:
+def _solve_candidate(
+    costs: CandidateCosts,
+    outer: OuterChoice,
+    tables: Tables,
+    config: SearchConfig,
+    *,
+    best_s: float = math.inf,
+    fill: bool = False,
+) -> tuple[Candidate | None, SolveResult]:
     """Solve one candidate's program with ``best_s`` (the step time it must beat to change the answer: the
     best plan so far, or the k-th with ``exhaustive_top_k``) as CBC's cutoff, so a candidate that cannot
     matter is pruned inside CBC as soon as its bound shows it (``fill``: no cutoff in the first attempt,
@@ -117,25 +145,30 @@ def _solve_candidate(costs: CandidateCosts, outer: OuterChoice, tables: Tables, 
         second_problem = build_problem(tables, cuts=True)
         left_s = max(config.time_limit_s - result.wall_time_s, 1.0)
         second = solve(second_problem, replace(config, time_limit_s=left_s), cutoff_s=best_s)
-        if second.objective_s is not None and (result.objective_s is None
-                                                or second.objective_s <= result.objective_s):
+        if second.objective_s is not None and (result.objective_s is None or second.objective_s <= result.objective_s):
             problem, result = second_problem, second
-        else:   # nothing better than the best plan (or than the quick solution): keep the quick one
+        else:  # nothing better than the best plan (or than the quick solution): keep the quick one
             bound = max(result.bound_s, second.bound_s)
             if result.objective_s is None:
                 result = replace(second, bound_s=bound)
             else:
                 gap = max(0.0, (result.objective_s - bound) / result.objective_s)
-                result = replace(result, bound_s=bound, gap=gap, wall_time_s=result.wall_time_s + second.wall_time_s,
-                                 warnings=tuple(dict.fromkeys(result.warnings + second.warnings)))
+                result = replace(
+                    result,
+                    bound_s=bound,
+                    gap=gap,
+                    wall_time_s=result.wall_time_s + second.wall_time_s,
+                    warnings=tuple(dict.fromkeys(result.warnings + second.warnings)),
+                )
     if result.objective_s is None:
         return None, result
     assignment = extract_assignment(problem)
     pconfig = costs.parallel_config(outer, tables, assignment)
     est = costs.estimate(pconfig)
     step_s = check_exact(tables, assignment, est, outer, result.objective_s, result.status == "optimal")
-    return Candidate(outer=outer, assignment=assignment, step_s=step_s, estimate=est, config=pconfig,
-                     solve=result), result
+    return Candidate(
+        outer=outer, assignment=assignment, step_s=step_s, estimate=est, config=pconfig, solve=result
+    ), result
 
 
 def _quick_bounded(costs: CandidateCosts, outers: list[OuterChoice]) -> list[tuple]:
@@ -158,8 +191,8 @@ class _State:
         self.ranked: list[Candidate] = []
         self.tables_of: dict[int, Tables] = {}
         self.counts = dict(solved=0, infeasible=0, dominated=0, refined=0, cut_off=0)
-        self.open_bounds: list[tuple[float, str]] = []   # (proven floor, status) of unsettled candidates
-        self.warnings: dict[str, int] = {}                 # CBC tolerance warning -> solves that logged it
+        self.open_bounds: list[tuple[float, str]] = []  # (proven floor, status) of unsettled candidates
+        self.warnings: dict[str, int] = {}  # CBC tolerance warning -> solves that logged it
 
     def record(self, out: Candidate | None, result: SolveResult, *, bound: float, tables: Tables) -> None:
         for w in result.warnings:
@@ -174,15 +207,23 @@ class _State:
             return
         # keep alternatives distinct: drop a ranked plan the new one dominates and is no slower than (a
         # stopped solve may have found worse than its candidate's optimum: then the ranked plan stays)
-        ranked = [c for c in self.ranked
-                  if not (out.step_s <= c.step_s and dominates(tables, self.tables_of[id(c)]))]
+        ranked = [c for c in self.ranked if not (out.step_s <= c.step_s and dominates(tables, self.tables_of[id(c)]))]
         self.tables_of[id(out)] = tables
-        self.ranked = sorted([*ranked, out], key=lambda c: c.step_s)[:self.keep]
+        self.ranked = sorted([*ranked, out], key=lambda c: c.step_s)[: self.keep]
 
 
 def _key(outer: OuterChoice) -> tuple:
-    return (outer.tp, outer.pp, outer.dp, outer.micro_batch, outer.virtual_stages, outer.sequence_parallel,
-            outer.rank_node_types, outer.replica_node_types, outer.replica_micro_batches)
+    return (
+        outer.tp,
+        outer.pp,
+        outer.dp,
+        outer.micro_batch,
+        outer.virtual_stages,
+        outer.sequence_parallel,
+        outer.rank_node_types,
+        outer.replica_node_types,
+        outer.replica_micro_batches,
+    )
 
 
 def _dominated(tables: Tables, outer: OuterChoice, solved: dict) -> bool:
@@ -193,15 +234,20 @@ def _dominated(tables: Tables, outer: OuterChoice, solved: dict) -> bool:
 
 
 def _no_plan_error(shortfall_bytes: float, n_devices: int) -> StratagemError:
-    fix = ("use more GPUs, allow per-layer recompute and ZeRO-3 (--allow recompute,zero), or a smaller "
-           "micro-batch / sequence length")
+    fix = (
+        "use more GPUs, allow per-layer recompute and ZeRO-3 (--allow recompute,zero), or a smaller "
+        "micro-batch / sequence length"
+    )
     if not math.isfinite(shortfall_bytes):
-        return StratagemError(f"no plan fits in memory on {n_devices} devices: every candidate overflows some "
-                              f"pipeline rank once its layers are placed; {fix}")
+        return StratagemError(
+            f"no plan fits in memory on {n_devices} devices: every candidate overflows some "
+            f"pipeline rank once its layers are placed; {fix}"
+        )
     gib = shortfall_bytes / 2**30
     return StratagemError(
         f"no plan fits in memory on {n_devices} devices: the leanest candidate is still {gib:.2f} GiB "
-        f"({shortfall_bytes:.0f} bytes) short; {fix}")
+        f"({shortfall_bytes:.0f} bytes) short; {fix}"
+    )
 
 
 def _global_status(best_s: float, open_bounds: list[tuple[float, str]]) -> tuple[str, float]:
@@ -214,8 +260,15 @@ def _global_status(best_s: float, open_bounds: list[tuple[float, str]]) -> tuple
     return status, (best_s - floor) / best_s if math.isfinite(floor) else math.inf
 
 
-def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int,
-                config: SearchConfig, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+def plan_search(
+    profile: ModelProfile,
+    cluster: ClusterProfile,
+    *,
+    n_devices: int,
+    global_batch: int,
+    config: SearchConfig,
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
     """Find the fastest plan under the cost model for ``n_devices`` devices and a fixed global batch.
 
     ``progress(done, total)`` is called as candidates are bounded and solved (for a CLI progress bar).
@@ -234,16 +287,27 @@ def plan_search(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: in
     return search.result(n_devices)
 
 
-def _enumerate(profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int,
-               config: SearchConfig) -> list[OuterChoice]:
+def _enumerate(
+    profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int, config: SearchConfig
+) -> list[OuterChoice]:
     """Every outer candidate; a one-line error when the batch cannot be split at all."""
-    outers = list(enumerate_outer(cluster=cluster, n_devices=n_devices, global_batch=global_batch,
-                                  n_layers=len(profile.layers), n_blocks=block_count(profile),
-                                  tp_degrees=profile.tp_degrees, config=config))
+    outers = list(
+        enumerate_outer(
+            cluster=cluster,
+            n_devices=n_devices,
+            global_batch=global_batch,
+            n_layers=len(profile.layers),
+            n_blocks=block_count(profile),
+            tp_degrees=profile.tp_degrees,
+            config=config,
+        )
+    )
     if not outers:
-        raise StratagemError(f"no way to split global batch {global_batch} over {n_devices} devices with "
-                             f"the allowed dimensions; pick a global batch divisible by a dp degree or "
-                             f"allow more (--allow tp,pp,dp)")
+        raise StratagemError(
+            f"no way to split global batch {global_batch} over {n_devices} devices with "
+            f"the allowed dimensions; pick a global batch divisible by a dp degree or "
+            f"allow more (--allow tp,pp,dp)"
+        )
     return outers
 
 
@@ -253,8 +317,15 @@ class _BranchAndBound:
     bound; a stage-2 entry at the top is solved. The loop ends when the top bound cannot beat the best plan
     (the k-th with ``exhaustive_top_k``), or the budget runs out."""
 
-    def __init__(self, costs: CandidateCosts, outers: list[OuterChoice], config: SearchConfig, *, start: float,
-                 progress: Callable[[int, int], None] | None):
+    def __init__(
+        self,
+        costs: CandidateCosts,
+        outers: list[OuterChoice],
+        config: SearchConfig,
+        *,
+        start: float,
+        progress: Callable[[int, int], None] | None,
+    ):
         self.costs, self.outers, self.config, self.start, self.progress = costs, outers, config, start, progress
         self.heap = _quick_bounded(costs, outers)
         heapq.heapify(self.heap)
@@ -280,7 +351,7 @@ class _BranchAndBound:
                 if self.progress:
                     self.progress(self.total - len(self.heap), self.total)
                 if entry[0] >= self.must_beat():
-                    break                   # best-first: nothing left can beat the best (or enter the top k)
+                    break  # best-first: nothing left can beat the best (or enter the top k)
                 step = (self._build, self._refine, self._solve)[entry[2]]
                 if not step(*entry):
                     break
@@ -326,8 +397,10 @@ class _BranchAndBound:
             return True
         if time.perf_counter() - self.start > self.config.budget_s:
             # every unexplored candidate is >= bound: the best found is within this gap of the optimum
-            self.notes = (f"the search budget of {self.config.budget_s:g} s ran out: the plan is the best found so "
-                          f"far, within the stated gap of the optimum (raise --budget to prove more)")
+            self.notes = (
+                f"the search budget of {self.config.budget_s:g} s ran out: the plan is the best found so "
+                f"far, within the stated gap of the optimum (raise --budget to prove more)"
+            )
             self.state.open_bounds.append((bound, "feasible"))
             return False
         self.state.counts["solved"] += 1
@@ -337,8 +410,9 @@ class _BranchAndBound:
             out = _solve_candidate(self.costs, outer, tables, self.config, best_s=best_s, fill=fill)
             self.state.record(*out, bound=bound, tables=tables)
         else:
-            future = self.pool.submit(_solve_candidate, self.costs, outer, tables, self.config, best_s=best_s,
-                                      fill=fill)
+            future = self.pool.submit(
+                _solve_candidate, self.costs, outer, tables, self.config, best_s=best_s, fill=fill
+            )
             self.pending[future] = (bound, outer, tables)
         return True
 
@@ -359,20 +433,34 @@ class _BranchAndBound:
         if self.progress:
             self.progress(self.total, self.total)
         if not ranked and self.notes:
-            raise StratagemError(f"the search budget of {config.budget_s:g} s ran out before any candidate was "
-                                 f"solved ({counts['refined']} of {len(self.outers)} candidates bounded); raise "
-                                 f"--budget (e.g. --budget {max(60.0, 10 * config.budget_s):g})")
+            raise StratagemError(
+                f"the search budget of {config.budget_s:g} s ran out before any candidate was "
+                f"solved ({counts['refined']} of {len(self.outers)} candidates bounded); raise "
+                f"--budget (e.g. --budget {max(60.0, 10 * config.budget_s):g})"
+            )
         if not ranked:
             raise _no_plan_error(self.shortfall, n_devices)
         status, gap = _global_status(ranked[0].step_s, open_bounds)
-        runners_up_proven = (config.exhaustive_top_k and status == "optimal"
-                             and all(c.solve.status == "optimal" for c in ranked)
-                             and _global_status(ranked[-1].step_s, open_bounds)[0] == "optimal")
+        runners_up_proven = (
+            config.exhaustive_top_k
+            and status == "optimal"
+            and all(c.solve.status == "optimal" for c in ranked)
+            and _global_status(ranked[-1].step_s, open_bounds)[0] == "optimal"
+        )
         log.info("search: %d candidates, %s", len(self.outers), counts)
-        return SearchResult(best=ranked[0], ranked=tuple(ranked), status=status, gap=gap,
-                            candidates_total=len(self.outers), candidates_solved=counts["solved"],
-                            candidates_pruned=len(self.outers) - counts["solved"],
-                            candidates_infeasible=counts["infeasible"], candidates_dominated=counts["dominated"],
-                            wall_time_s=time.perf_counter() - self.start, notes=self.notes,
-                            candidates_cut_off=counts["cut_off"], runners_up_proven=runners_up_proven,
-                            solver_warnings=tuple(f"{w} ({k} solves)" for w, k in state.warnings.items()))
+        return SearchResult(
+            best=ranked[0],
+            ranked=tuple(ranked),
+            status=status,
+            gap=gap,
+            candidates_total=len(self.outers),
+            candidates_solved=counts["solved"],
+            candidates_pruned=len(self.outers) - counts["solved"],
+            candidates_infeasible=counts["infeasible"],
+            candidates_dominated=counts["dominated"],
+            wall_time_s=time.perf_counter() - self.start,
+            notes=self.notes,
+            candidates_cut_off=counts["cut_off"],
+            runners_up_proven=runners_up_proven,
+            solver_warnings=tuple(f"{w} ({k} solves)" for w, k in state.warnings.items()),
+        )

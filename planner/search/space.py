@@ -60,14 +60,24 @@ class OuterChoice:
         where = "" if len(types) == 1 else " on " + "/".join(self.rank_node_types)
         if self.replica_node_types:
             where = " replicas " + " + ".join(f"{k}x{t}(mb{self.micro_batch}x{m})" for t, k, m in self.replica_types())
-        return (f"tp{self.tp} pp{self.pp} dp{self.dp} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
-                f"zero{self.zero_stage}{' sp' if self.sequence_parallel else ''}{where}")
+        return (
+            f"tp{self.tp} pp{self.pp} dp{self.dp} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
+            f"zero{self.zero_stage}{' sp' if self.sequence_parallel else ''}{where}"
+        )
 
     def choices(self) -> dict[str, int | str | bool]:
-        out: dict[str, int | str | bool] = dict(tp=self.tp, pp=self.pp, dp=self.dp, schedule=self.schedule,
-                   virtual_stages=self.virtual_stages, micro_batch=self.micro_batch,
-                   num_micro_batches=self.num_micro_batches, zero_stage=self.zero_stage,
-                   sequence_parallel=self.sequence_parallel, node_types="/".join(self.rank_node_types))
+        out: dict[str, int | str | bool] = dict(
+            tp=self.tp,
+            pp=self.pp,
+            dp=self.dp,
+            schedule=self.schedule,
+            virtual_stages=self.virtual_stages,
+            micro_batch=self.micro_batch,
+            num_micro_batches=self.num_micro_batches,
+            zero_stage=self.zero_stage,
+            sequence_parallel=self.sequence_parallel,
+            node_types="/".join(self.rank_node_types),
+        )
         if self.replica_node_types:
             out["replica_node_types"] = "/".join(self.replica_node_types)
             out["replica_micro_batches"] = "/".join(map(str, self.replica_micro_batches or ()))
@@ -120,8 +130,9 @@ def _rank_type_orders(by_type: dict[str, int], pp: int, per_rank: int, limit: in
     return orders
 
 
-def _schedules(pp: int, m: int, n_blocks: int, config: SearchConfig,
-               m_min: int | None = None) -> Iterator[tuple[ScheduleKind, int]]:
+def _schedules(
+    pp: int, m: int, n_blocks: int, config: SearchConfig, m_min: int | None = None
+) -> Iterator[tuple[ScheduleKind, int]]:
     """(schedule, virtual stages): 1F1B when every replica has at least pp micro-batches (``m_min``, default
     ``m``; torch.distributed.pipelining's 1F1B needs one per stage, runtime/executor/schedule.py); GPipe
     when allowed; interleaved when m % pp == 0 (Megatron-LM's requirement for its interleaved schedule)
@@ -134,12 +145,13 @@ def _schedules(pp: int, m: int, n_blocks: int, config: SearchConfig,
         yield "gpipe", 1
     if config.allows("interleave") and m % pp == 0:
         for v in range(2, config.max_virtual_stages + 1):
-            if n_blocks % (pp * v) == 0:   # equal chunks (placement.interleaved_chunk_sizes)
+            if n_blocks % (pp * v) == 0:  # equal chunks (placement.interleaved_chunk_sizes)
                 yield "interleaved_1f1b", v
 
 
-def _tp_pp(cluster: ClusterProfile, n_devices: int, n_layers: int, tp_degrees: list[int],
-           config: SearchConfig) -> Iterator[tuple[int, int]]:
+def _tp_pp(
+    cluster: ClusterProfile, n_devices: int, n_layers: int, tp_degrees: list[int], config: SearchConfig
+) -> Iterator[tuple[int, int]]:
     """(tp, pp) pairs allowed by ``config`` whose product divides ``n_devices``."""
     for tp in _tp_degrees(cluster, tp_degrees, config):
         for pp in divisors(n_devices // tp) if n_devices % tp == 0 else []:
@@ -152,15 +164,23 @@ def _micro_batch_sizes(samples: int, config: SearchConfig) -> list[int]:
     return [mb for mb in divisors(samples) if mb <= config.max_micro_batch]
 
 
-def enumerate_outer(*, cluster: ClusterProfile, n_devices: int, global_batch: int, n_layers: int,
-                    tp_degrees: list[int], config: SearchConfig, n_blocks: int | None = None) -> Iterator[OuterChoice]:
+def enumerate_outer(
+    *,
+    cluster: ClusterProfile,
+    n_devices: int,
+    global_batch: int,
+    n_layers: int,
+    tp_degrees: list[int],
+    config: SearchConfig,
+    n_blocks: int | None = None,
+) -> Iterator[OuterChoice]:
     """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch.
     ``n_blocks``: the model's repeated blocks (``placement.block_count``; default ``n_layers``), which
     interleaved schedules split into equal chunks."""
     n_blocks = n_layers if n_blocks is None else n_blocks
     by_type = devices_by_type(cluster, n_devices)
     if len(by_type) > 1 and not config.allows("mixed"):
-        by_type = {next(iter(by_type)): n_devices}   # treat as uniform (the 'ignore the difference' plan)
+        by_type = {next(iter(by_type)): n_devices}  # treat as uniform (the 'ignore the difference' plan)
     for tp, pp in _tp_pp(cluster, n_devices, n_layers, tp_degrees, config):
         dp = n_devices // (tp * pp)
         if dp > 1 and not config.allows("dp") or global_batch % dp:
@@ -173,9 +193,18 @@ def enumerate_outer(*, cluster: ClusterProfile, n_devices: int, global_batch: in
                 for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
                     for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
                         for order in orders:
-                            yield OuterChoice(tp=tp, pp=pp, dp=dp, schedule=schedule, virtual_stages=v,
-                                              micro_batch=mb, num_micro_batches=m, zero_stage=zero,
-                                              sequence_parallel=sp, rank_node_types=order)
+                            yield OuterChoice(
+                                tp=tp,
+                                pp=pp,
+                                dp=dp,
+                                schedule=schedule,
+                                virtual_stages=v,
+                                micro_batch=mb,
+                                num_micro_batches=m,
+                                zero_stage=zero,
+                                sequence_parallel=sp,
+                                rank_node_types=order,
+                            )
     if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices):
         yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)
 
@@ -207,8 +236,15 @@ def _type_splits(counts: list[int], total: int) -> Iterator[tuple[int, ...]]:
             yield (m, *tail)
 
 
-def _replica_type_choices(cluster: ClusterProfile, by_type: dict[str, int], global_batch: int, n_layers: int,
-                          n_blocks: int, tp_degrees: list[int], config: SearchConfig) -> Iterator[OuterChoice]:
+def _replica_type_choices(
+    cluster: ClusterProfile,
+    by_type: dict[str, int],
+    global_batch: int,
+    n_layers: int,
+    n_blocks: int,
+    tp_degrees: list[int],
+    config: SearchConfig,
+) -> Iterator[OuterChoice]:
     """Whale's hardware-aware data parallelism: whole dp replicas (tp x pp devices each) on each node type
     (in cluster order, so replica j's ranks are the j-th block of tp * pp devices), every split of the
     micro-batches over the types (replicas of one type get the same count). ZeRO-3 is left out (its
@@ -226,10 +262,20 @@ def _replica_type_choices(cluster: ClusterProfile, by_type: dict[str, int], glob
                 for schedule, v in _schedules(pp, math.gcd(*split), n_blocks, config, m_min=min(split)):
                     for zero in (0, 1, 2) if config.allows("zero") else (0,):
                         for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
-                            yield OuterChoice(tp=tp, pp=pp, dp=len(types), schedule=schedule, virtual_stages=v,
-                                              micro_batch=mb, num_micro_batches=max(split), zero_stage=zero,
-                                              sequence_parallel=sp, rank_node_types=(types[0],) * pp,
-                                              replica_node_types=types, replica_micro_batches=per_rep)
+                            yield OuterChoice(
+                                tp=tp,
+                                pp=pp,
+                                dp=len(types),
+                                schedule=schedule,
+                                virtual_stages=v,
+                                micro_batch=mb,
+                                num_micro_batches=max(split),
+                                zero_stage=zero,
+                                sequence_parallel=sp,
+                                rank_node_types=(types[0],) * pp,
+                                replica_node_types=types,
+                                replica_micro_batches=per_rep,
+                            )
 
 
 def _rank_sends(tables: Tables) -> list[float]:
@@ -240,7 +286,7 @@ def _rank_sends(tables: Tables) -> list[float]:
     if tables.pp == 1:
         return sends
     last = tables.groups[-1]
-    enders = tables.groups[:-1] if last.size == 1 else tables.groups   # a single last layer ends only chunk S-1
+    enders = tables.groups[:-1] if last.size == 1 else tables.groups  # a single last layer ends only chunk S-1
     for s in range(tables.chunks - 1):
         key = (tables.node_type_of_chunk(s), tables.node_type_of_chunk(s + 1))
         cost = min((c for grp in enders for (_, a, b), c in grp.boundary_s.items() if (a, b) == key), default=0.0)
@@ -269,8 +315,9 @@ def _lower_bound_s_lane(tables: Tables) -> float:
 def _optimizer_floor(tables: Tables) -> float:
     types = set(tables.rank_node_types)
     opt_coef = min(min(rm.optimizer_s_per_param_dp, rm.optimizer_s_per_param_dpt) for rm in tables.ranks.values())
-    params = sum(grp.size * min(k.params_dp + k.params_dpt for nt in types for k in grp.costs[nt])
-                 for grp in tables.groups)
+    params = sum(
+        grp.size * min(k.params_dp + k.params_dpt for nt in types for k in grp.costs[nt]) for grp in tables.groups
+    )
     return opt_coef * params / tables.pp
 
 
@@ -287,14 +334,18 @@ def _tail_floor_average(tables: Tables) -> float:
     types = sorted(set(tables.rank_node_types))
     groups = tables.groups
     params = sum(grp.size * min(k.params_dp + k.params_dpt for nt in types for k in grp.costs[nt]) for grp in groups)
+
     def most(attr: str) -> float:
         return sum(grp.size * max(getattr(k, attr) for nt in types for k in grp.costs[nt]) for grp in groups)
+
     units = [tables.chunk_unit_s[nt] for nt in types] if tables.chunk_unit_s else [(0.0, 0.0)]
     w_f = most("fwd_s") + tables.chunks * max(u[0] for u in units)
     w_b = most("bwd_s") + tables.chunks * max(u[1] for u in units)
     ranks = [tables.ranks[nt] for nt in types]
+
     def cheapest(fields: tuple[str, str]) -> float:
         return min(min(getattr(rm, f)(params) for f in fields) for rm in ranks)
+
     if tables.zero_stage == 3:
         z3 = sum(grp.size * min(k.z3_mb_s for nt in types for k in grp.costs[nt]) for grp in groups)
         comm = tables.m * max(0.0, z3 - w_f - w_b)
@@ -311,11 +362,19 @@ def _memory_shortfall_bytes_lane(tables: Tables) -> float:
     least_inflight = min(tables.inflight)
     need = 0.0
     for grp in tables.groups:
-        need += grp.size * min(min(tables.ranks[nt].reserve_factor * (
-            min(tables.ranks[nt].state_bytes_per_param_dp, tables.ranks[nt].state_bytes_per_param_dpt)
-            * (k.params_dp + k.params_dpt) + least_inflight * k.act_bytes) for k in grp.costs[nt]) for nt in types)
-    free = sum(tables.ranks[nt].capacity_bytes - tables.ranks[nt].reserve_const_bytes
-               for nt in tables.rank_node_types)
+        need += grp.size * min(
+            min(
+                tables.ranks[nt].reserve_factor
+                * (
+                    min(tables.ranks[nt].state_bytes_per_param_dp, tables.ranks[nt].state_bytes_per_param_dpt)
+                    * (k.params_dp + k.params_dpt)
+                    + least_inflight * k.act_bytes
+                )
+                for k in grp.costs[nt]
+            )
+            for nt in types
+        )
+    free = sum(tables.ranks[nt].capacity_bytes - tables.ranks[nt].reserve_const_bytes for nt in tables.rank_node_types)
     return need - free
 
 
@@ -330,8 +389,12 @@ def _end_groups(tables: Tables, g: int) -> dict[int, tuple[float, float]]:
         rm = tables.ranks[nt]
         costs = tables.groups[h].costs[nt]
         t_h = min(k.time_s for k in costs)
-        b_h = min(rm.state_bytes_per_param_dp * k.params_dp + rm.state_bytes_per_param_dpt * k.params_dpt
-                  + tables.inflight[r] * k.act_bytes for k in costs)
+        b_h = min(
+            rm.state_bytes_per_param_dp * k.params_dp
+            + rm.state_bytes_per_param_dpt * k.params_dpt
+            + tables.inflight[r] * k.act_bytes
+            for k in costs
+        )
         prev = out.get(r, (0.0, 0.0))
         out[r] = (prev[0] + t_h, prev[1] + b_h)
     return out
@@ -347,9 +410,12 @@ def _tail_floor(tables: Tables, g: int, k_star: int) -> float:
         params = min(k.params_dp for k in costs)
         opt = min(rm.optimizer_s_per_param_dp, rm.optimizer_s_per_param_dpt or rm.optimizer_s_per_param_dp)
         tail = opt * k_star * params
-        kappa = rm.contention   # hidden communication still costs kappa of its time (tables.rank_tail_s)
-        others = sum(min(min(0.0, c.z3_mb_s - (1 - kappa) * (c.fwd_s + c.bwd_s)) for c in grp.costs[nt]) * grp.size
-                     for h, grp in enumerate(tables.groups) if h != g)
+        kappa = rm.contention  # hidden communication still costs kappa of its time (tables.rank_tail_s)
+        others = sum(
+            min(min(0.0, c.z3_mb_s - (1 - kappa) * (c.fwd_s + c.bwd_s)) for c in grp.costs[nt]) * grp.size
+            for h, grp in enumerate(tables.groups)
+            if h != g
+        )
         if tables.zero_stage == 3:
             per_block = min(c.z3_mb_s - (1 - kappa) * (c.fwd_s + c.bwd_s) for c in costs)
             hidden = kappa * k_star * min(c.z3_mb_s for c in costs)
@@ -361,7 +427,7 @@ def _tail_floor(tables: Tables, g: int, k_star: int) -> float:
     return best
 
 
-MAX_FLOOR_LEVELS = 8   # distinct in-flight counts whose block floors are computed per lane
+MAX_FLOOR_LEVELS = 8  # distinct in-flight counts whose block floors are computed per lane
 
 
 def _floor_inflight(tables: Tables) -> list[float]:
@@ -417,8 +483,12 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
     return base + (m - 1 / v) * max(0.0, levels[lo] - slowest) + max(0.0, tail - old_tail)
 
 
-def typed_slowest_floor(per_type: Mapping[str, Sequence[float]], sizes: Sequence[int],
-                        ranks_of_type: Mapping[str, int], sends_of_type: Mapping[str, float] | None = None) -> float:
+def typed_slowest_floor(
+    per_type: Mapping[str, Sequence[float]],
+    sizes: Sequence[int],
+    ranks_of_type: Mapping[str, int],
+    sends_of_type: Mapping[str, float] | None = None,
+) -> float:
     """A floor of the slowest pp rank's time when ranks are of several node types (0 for one type).
 
     With t_l^k the least time of layer l on type k, f_l = min_k t_l^k and rho_k = min_l t_l^k / f_l (how
@@ -446,8 +516,9 @@ def _slowest_bound(tables: Tables, sends: list[float]) -> float:
     types = sorted(set(tables.rank_node_types))
     per_type = {nt: [min(k.time_s for k in grp.costs[nt]) for grp in tables.groups] for nt in types}
     sends_of_type = {nt: sum(x for x, t in zip(sends, tables.rank_node_types) if t == nt) for nt in types}
-    typed = typed_slowest_floor(per_type, [grp.size for grp in tables.groups], Counter(tables.rank_node_types),
-                                sends_of_type)
+    typed = typed_slowest_floor(
+        per_type, [grp.size for grp in tables.groups], Counter(tables.rank_node_types), sends_of_type
+    )
     return max(total / tables.pp, largest + min(sends), max(sends), typed)
 
 

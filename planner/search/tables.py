@@ -61,7 +61,7 @@ class OptionCost:
     ws_bytes: float = 0.0
     z3_mb_s: float = 0.0
     z3_gather_s: float = 0.0
-    opt_s: float = 0.0          # per step: measured optimizer host time over this layer's parameters
+    opt_s: float = 0.0  # per step: measured optimizer host time over this layer's parameters
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,19 +87,19 @@ class RankModel:
     state_bytes_per_param_dpt: float
     reserve_factor: float
     reserve_const_bytes: float
-    ddp_buffer: str                      # "always" | "if_replicated" | "never"
-    ddp_buffer_cap_bytes: float          # math.inf: the buffer is all the gradients
+    ddp_buffer: str  # "always" | "if_replicated" | "never"
+    ddp_buffer_cap_bytes: float  # math.inf: the buffer is all the gradients
     grad_bytes_per_param: float
     zero3_buffer_layers: int
     pp_buffers: bool
     sync_dp: Concave
     sync_dpt: Concave
-    last_bucket_s: float                 # the last gradient bucket, exposed whatever the overlap
+    last_bucket_s: float  # the last gradient bucket, exposed whatever the overlap
     gather_dp: Concave
     gather_dpt: Concave
     optimizer_s_per_param_dp: float
     optimizer_s_per_param_dpt: float
-    contention: float = 0.0              # planner.cost.kernels.contention: hidden comm still costs this share
+    contention: float = 0.0  # planner.cost.kernels.contention: hidden comm still costs this share
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -148,7 +148,7 @@ class Tables:
     change_s: Mapping[tuple[int, str, str, str], float]
     tied_params: Mapping[str, float]
     tied_group: int = 0
-    chunk_unit_s: Mapping[str, tuple[float, float]] | None = None   # per chunk (forward, backward) host cost
+    chunk_unit_s: Mapping[str, tuple[float, float]] | None = None  # per chunk (forward, backward) host cost
     # dp replicas on several node types: one lane per type (each with its rank types, m and inflight; the
     # first lane equals this table's own fields); empty = one lane, this table itself
     replica_lanes: tuple["Tables", ...] = ()
@@ -211,8 +211,9 @@ def chunk_times(tables: Tables, assignment: Assignment, styles: list[str]) -> li
     for c, row in enumerate(assignment.counts):
         nt = tables.node_type_of_chunk(c)
         unit = sum(tables.chunk_unit_s[nt]) if tables.chunk_unit_s else 0.0
-        times.append(unit + sum(n * grp.costs[nt][i].time_s for grp, opts in zip(tables.groups, row)
-                                for i, n in enumerate(opts)))
+        times.append(
+            unit + sum(n * grp.costs[nt][i].time_s for grp, opts in zip(tables.groups, row) for i, n in enumerate(opts))
+        )
     for g in range(len(tables.groups) - 1):
         c = first_chunk(assignment, g + 1)
         times[c] += tables.change_s.get((g, styles[g], styles[g + 1], tables.node_type_of_chunk(c)), 0.0)
@@ -308,16 +309,35 @@ def evaluate(tables: Tables, assignment: Assignment) -> Evaluation:
         tails += lane_tails
         mems += lane_mems
         fits = fits and all(mem <= lane.ranks[nt].capacity_bytes for mem, nt in zip(lane_mems, lane.rank_node_types))
-    return Evaluation(step_s=pipeline_s + max(tails), rank_time_s=tuple(rank_time), rank_tail_s=tuple(tails),
-                      rank_mem_bytes=tuple(mems), fits=fits)
+    return Evaluation(
+        step_s=pipeline_s + max(tails),
+        rank_time_s=tuple(rank_time),
+        rank_tail_s=tuple(tails),
+        rank_mem_bytes=tuple(mems),
+        fits=fits,
+    )
 
 
 _TIME_FIELDS = ("time_s", "fwd_s", "bwd_s", "params_dp", "params_dpt", "z3_mb_s", "z3_gather_s", "opt_s")
 _MEMORY_FIELDS = ("act_bytes", "param_bytes", "ws_bytes")
-_RANK_TIME_FIELDS = ("contention", "sync_dp", "sync_dpt", "last_bucket_s", "gather_dp", "gather_dpt",
-                     "optimizer_s_per_param_dp", "optimizer_s_per_param_dpt")
-_RANK_MEMORY_FIELDS = ("state_bytes_per_param_dp", "state_bytes_per_param_dpt", "reserve_const_bytes",
-                       "ddp_buffer_cap_bytes", "grad_bytes_per_param", "zero3_buffer_layers")
+_RANK_TIME_FIELDS = (
+    "contention",
+    "sync_dp",
+    "sync_dpt",
+    "last_bucket_s",
+    "gather_dp",
+    "gather_dpt",
+    "optimizer_s_per_param_dp",
+    "optimizer_s_per_param_dpt",
+)
+_RANK_MEMORY_FIELDS = (
+    "state_bytes_per_param_dp",
+    "state_bytes_per_param_dpt",
+    "reserve_const_bytes",
+    "ddp_buffer_cap_bytes",
+    "grad_bytes_per_param",
+    "zero3_buffer_layers",
+)
 
 
 def dominates(a: Tables, b: Tables) -> bool:
@@ -325,26 +345,50 @@ def dominates(a: Tables, b: Tables) -> bool:
     under ``a`` (each coefficient equal or smaller), so ``a``'s optimum is at least as good as ``b``'s."""
     if a.replica_lanes or b.replica_lanes:
         return False
-    same = (a.pp, a.v, a.m, a.rank_node_types, len(a.groups), a.change_s, a.tied_params, a.zero_stage == 3,
-            a.chunk_unit_s) == (b.pp, b.v, b.m, b.rank_node_types, len(b.groups), b.change_s, b.tied_params,
-                                b.zero_stage == 3, b.chunk_unit_s)
+    same = (
+        a.pp,
+        a.v,
+        a.m,
+        a.rank_node_types,
+        len(a.groups),
+        a.change_s,
+        a.tied_params,
+        a.zero_stage == 3,
+        a.chunk_unit_s,
+    ) == (
+        b.pp,
+        b.v,
+        b.m,
+        b.rank_node_types,
+        len(b.groups),
+        b.change_s,
+        b.tied_params,
+        b.zero_stage == 3,
+        b.chunk_unit_s,
+    )
     if not same or any(x > y for x, y in zip(a.inflight, b.inflight)):
         return False
     for ga, gb in zip(a.groups, b.groups):
-        if (ga.paths, ga.options, ga.boundary_s) != (gb.paths, gb.options, gb.boundary_s) or \
-                ga.out_buffer_bytes > gb.out_buffer_bytes:
+        if (ga.paths, ga.options, ga.boundary_s) != (
+            gb.paths,
+            gb.options,
+            gb.boundary_s,
+        ) or ga.out_buffer_bytes > gb.out_buffer_bytes:
             return False
         for nt in ga.costs:
             for ka, kb in zip(ga.costs[nt], gb.costs[nt]):
-                if any(getattr(ka, f) != getattr(kb, f) for f in _TIME_FIELDS) or \
-                        any(getattr(ka, f) > getattr(kb, f) for f in _MEMORY_FIELDS):
+                if any(getattr(ka, f) != getattr(kb, f) for f in _TIME_FIELDS) or any(
+                    getattr(ka, f) > getattr(kb, f) for f in _MEMORY_FIELDS
+                ):
                     return False
     for nt, ra in a.ranks.items():
         rb = b.ranks[nt]
-        if any(getattr(ra, f) != getattr(rb, f) for f in _RANK_TIME_FIELDS) or \
-                any(getattr(ra, f) > getattr(rb, f) for f in _RANK_MEMORY_FIELDS) or \
-                (ra.capacity_bytes, ra.reserve_factor, ra.pp_buffers) != (rb.capacity_bytes, rb.reserve_factor,
-                                                                          rb.pp_buffers):
+        if (
+            any(getattr(ra, f) != getattr(rb, f) for f in _RANK_TIME_FIELDS)
+            or any(getattr(ra, f) > getattr(rb, f) for f in _RANK_MEMORY_FIELDS)
+            or (ra.capacity_bytes, ra.reserve_factor, ra.pp_buffers)
+            != (rb.capacity_bytes, rb.reserve_factor, rb.pp_buffers)
+        ):
             return False
         if ra.ddp_buffer != rb.ddp_buffer and ra.ddp_buffer != "never":
             return False

@@ -38,8 +38,12 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
-    set_optimizer_state_dict)
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from planner.errors import StratagemError
 from planner.fileio import atomic_write_text, read_json
@@ -53,11 +57,24 @@ _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 # what DCP 2.13 pickles into .metadata for our state (model, flattened AdamW state, step, RNG)
 _METADATA_GLOBALS = {
-    ("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "ChunkStorageMetadata",
-        "TensorProperties", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
-} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-     ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "BytesStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -65,11 +82,14 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         torch_value = getattr(torch, name, None) if module == "torch" else None
-        if (module, name) in _METADATA_GLOBALS or isinstance(torch_value, (torch.dtype, torch.memory_format,
-                                                                           torch.layout)):
+        if (module, name) in _METADATA_GLOBALS or isinstance(
+            torch_value, (torch.dtype, torch.memory_format, torch.layout)
+        ):
             return super().find_class(module, name)
-        raise StratagemError(f"checkpoint metadata asks for {module}.{name}, which a DCP checkpoint never holds; "
-                             f"the checkpoint is corrupt or not from stratagem, use a fresh --checkpoint-dir")
+        raise StratagemError(
+            f"checkpoint metadata asks for {module}.{name}, which a DCP checkpoint never holds; "
+            f"the checkpoint is corrupt or not from stratagem, use a fresh --checkpoint-dir"
+        )
 
 
 class SafeFileSystemReader(FileSystemReader):
@@ -109,8 +129,11 @@ def find_latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         return None
-    done = [(int(m.group(1)), p) for p in ckpt_dir.iterdir()
-            if (m := _STEP_DIR.match(p.name)) and (p / COMPLETE_MARKER).is_file()]
+    done = [
+        (int(m.group(1)), p)
+        for p in ckpt_dir.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and (p / COMPLETE_MARKER).is_file()
+    ]
     return max(done)[1] if done else None
 
 
@@ -130,8 +153,9 @@ def _state(chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer], ste
     return state, models, optims
 
 
-def save_checkpoint(ckpt_dir: str | Path, step: int, chunks: list[nn.Module],
-                    optimizers: list[torch.optim.Optimizer], *, meta: dict) -> Path:
+def save_checkpoint(
+    ckpt_dir: str | Path, step: int, chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, meta: dict
+) -> Path:
     """Collective: every rank calls it after optimizer step ``step``. Returns the final folder.
 
     A failed write (a full disk, a lost mount) leaves earlier checkpoints as they were: the partial
@@ -160,9 +184,11 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, chunks: list[nn.Module],
             shutil.rmtree(tmp, ignore_errors=True)
         previous = find_latest_checkpoint(ckpt_dir)
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
-        raise StratagemError(f"checkpoint of step {step} could not be written ({reason}); "
-                             + (f"{previous} is intact: " if previous else "no earlier checkpoint: ")
-                             + "free space in --checkpoint-dir, then continue with --resume") from None
+        raise StratagemError(
+            f"checkpoint of step {step} could not be written ({reason}); "
+            + (f"{previous} is intact: " if previous else "no earlier checkpoint: ")
+            + "free space in --checkpoint-dir, then continue with --resume"
+        ) from None
     dist.barrier()
     return final
 
@@ -186,21 +212,30 @@ def check_resumable(ckpt_dir: str | Path, *, model_name: str, world_size: int) -
     """Launcher-side check for ``--resume``: a complete checkpoint exists and was written by this model."""
     latest = find_latest_checkpoint(ckpt_dir)
     if latest is None:
-        raise StratagemError(f"--resume given but {ckpt_dir} holds no complete checkpoint (step_*/COMPLETE); "
-                             f"drop --resume or point --checkpoint-dir at an earlier run")
+        raise StratagemError(
+            f"--resume given but {ckpt_dir} holds no complete checkpoint (step_*/COMPLETE); "
+            f"drop --resume or point --checkpoint-dir at an earlier run"
+        )
     meta = read_checkpoint_meta(latest)
     if meta.get("model") != model_name:
-        raise StratagemError(f"checkpoint {latest} was written for model {meta.get('model')} but the plan "
-                             f"trains {model_name}; use that run's plan or a fresh --checkpoint-dir")
+        raise StratagemError(
+            f"checkpoint {latest} was written for model {meta.get('model')} but the plan "
+            f"trains {model_name}; use that run's plan or a fresh --checkpoint-dir"
+        )
     if meta.get("world_size") != world_size:
-        raise StratagemError(f"checkpoint {latest} was written by {meta.get('world_size')} ranks but the plan "
-                             f"has {world_size}; resume with the plan that wrote it")
+        raise StratagemError(
+            f"checkpoint {latest} was written by {meta.get('world_size')} ranks but the plan "
+            f"has {world_size}; resume with the plan that wrote it"
+        )
     SafeFileSystemReader(str(latest)).read_metadata()  # refuses metadata that is not DCP's, before any rank starts
     return latest
 
 
 def _maybe_die_while_saving(step: int) -> None:
     """Test hook: ``STRATAGEM_TEST_DIE_IN_SAVE=<step>`` kills rank 1 after its shards, before the commit."""
-    if os.environ.get("STRATAGEM_TEST_DIE_IN_SAVE") == str(step) and dist.get_rank() == 1 \
-            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    if (
+        os.environ.get("STRATAGEM_TEST_DIE_IN_SAVE") == str(step)
+        and dist.get_rank() == 1
+        and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    ):
         os._exit(17)

@@ -65,6 +65,7 @@ def synthetic_batch(spec: ModelSpec, *, batch: int, seq_len: int, seed: int, ste
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     if spec.family == "custom":  # the model's declared input_spec (runtime.models.custom)
         from runtime.models import example_batch
+
         inputs, targets = example_batch(spec, batch, seq_len, seed=seed * 1_000_003 + step)
         return Batch(inputs=inputs, targets=targets)
     if spec.is_language_model:
@@ -94,8 +95,10 @@ class FileData:
         try:
             data = torch.load(path, weights_only=True, map_location="cpu")
         except Exception as exc:  # noqa: BLE001 - torch raises several types for a bad file
-            raise StratagemError(f"cannot read data file {path} ({type(exc).__name__}); write it with "
-                                 f"torch.save({{'inputs': X, 'targets': Y}}, path)") from None
+            raise StratagemError(
+                f"cannot read data file {path} ({type(exc).__name__}); write it with "
+                f"torch.save({{'inputs': X, 'targets': Y}}, path)"
+            ) from None
         if not (isinstance(data, dict) and {"inputs", "targets"} <= set(data)):
             raise StratagemError(f"data file {path} must hold a dict with 'inputs' and 'targets' tensors")
         self.inputs, self.targets = data["inputs"], data["targets"]
@@ -108,8 +111,10 @@ class FileData:
 
         expected = sample_shape(spec, seq_len)
         if list(self.inputs.shape[1:]) != expected:
-            raise StratagemError(f"data file samples have shape {list(self.inputs.shape[1:])} but {spec.name} at "
-                                 f"seq_len {seq_len} takes {expected}; regenerate the file or re-plan")
+            raise StratagemError(
+                f"data file samples have shape {list(self.inputs.shape[1:])} but {spec.name} at "
+                f"seq_len {seq_len} takes {expected}; regenerate the file or re-plan"
+            )
 
     def batch(self, *, batch: int, index: int) -> Batch:
         idx = (torch.arange(batch) + index * batch) % len(self.inputs)

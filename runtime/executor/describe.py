@@ -34,7 +34,10 @@ def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
             parts.append(f"stage {st.index} [{names}] tp: {tp_text}{lp}; recompute: {rec}")
         start, stop = replica_rows(split.rows, c["dp"])
         m = split.micro_batches[c["dp"]]
-        lines.append(f"rank {rank} (pp {c['pp']}, dp {c['dp']}, tp {c['tp']}): " + " | ".join(parts)
-                     + f"; dp: {dp_mode}; batch rows {start}..{stop - 1} in {m} micro-batch{'es' * (m > 1)}"
-                     + f" of {(stop - start) // m}")
+        lines.append(
+            f"rank {rank} (pp {c['pp']}, dp {c['dp']}, tp {c['tp']}): "
+            + " | ".join(parts)
+            + f"; dp: {dp_mode}; batch rows {start}..{stop - 1} in {m} micro-batch{'es' * (m > 1)}"
+            + f" of {(stop - start) // m}"
+        )
     return lines

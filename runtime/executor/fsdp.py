@@ -28,8 +28,12 @@ from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.fsdp import fully_shard
 
-ZERO_MAPPING = {0: "replicate", 1: "fully_shard(reshard_after_forward=False)",
-                2: "fully_shard(reshard_after_forward=False)", 3: "fully_shard(reshard_after_forward=True)"}
+ZERO_MAPPING = {
+    0: "replicate",
+    1: "fully_shard(reshard_after_forward=False)",
+    2: "fully_shard(reshard_after_forward=False)",
+    3: "fully_shard(reshard_after_forward=True)",
+}
 
 
 def apply_dp(model: nn.Module, dp_mesh, *, zero_stage: int, block_paths: Iterable[str]) -> str:

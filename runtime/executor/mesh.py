@@ -24,8 +24,9 @@ class ParallelDims:
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "ParallelDims":
-        return cls(pp=plan.mesh.size("pp"), dp=plan.mesh.size("dp"), tp=plan.mesh.size("tp"),
-                   axes=tuple(plan.mesh.axes))
+        return cls(
+            pp=plan.mesh.size("pp"), dp=plan.mesh.size("dp"), tp=plan.mesh.size("tp"), axes=tuple(plan.mesh.axes)
+        )
 
     @property
     def world_size(self) -> int:

@@ -88,26 +88,54 @@ class MetricsLog:
             fh.write(json.dumps({**record, "attempt": self.attempt}, allow_nan=False) + "\n")
             fh.flush()
 
-    def step(self, *, step: int, loss: float, step_time_s: float, tokens: int, samples: int,
-             peak_memory_bytes: list[int], peak_rss_bytes: list[int] | None = None, lr: float | None = None) -> None:
+    def step(
+        self,
+        *,
+        step: int,
+        loss: float,
+        step_time_s: float,
+        tokens: int,
+        samples: int,
+        peak_memory_bytes: list[int],
+        peak_rss_bytes: list[int] | None = None,
+        lr: float | None = None,
+    ) -> None:
         self.step_times_s.append(step_time_s)
         self.peak_bytes.append(max(peak_memory_bytes))
         self.last_loss = loss
-        self.write({"event": "step", "step": step, "loss": loss, "lr": lr, "step_time_s": step_time_s,
-                    "tokens_per_s": tokens / step_time_s, "samples_per_s": samples / step_time_s,
-                    "peak_memory_bytes": peak_memory_bytes, "peak_rss_bytes": peak_rss_bytes,
-                    "predicted_step_time_s": self.pred_time_s, "predicted_peak_memory_bytes": self.pred_mem_bytes})
+        self.write(
+            {
+                "event": "step",
+                "step": step,
+                "loss": loss,
+                "lr": lr,
+                "step_time_s": step_time_s,
+                "tokens_per_s": tokens / step_time_s,
+                "samples_per_s": samples / step_time_s,
+                "peak_memory_bytes": peak_memory_bytes,
+                "peak_rss_bytes": peak_rss_bytes,
+                "predicted_step_time_s": self.pred_time_s,
+                "predicted_peak_memory_bytes": self.pred_mem_bytes,
+            }
+        )
 
     def summary(self) -> dict:
         """Median step time (first step excluded as warm-up when there are more) vs the prediction."""
         times = self.step_times_s[1:] or self.step_times_s
         measured_s = statistics.median(times) if times else None
         peak = max(self.peak_bytes) if self.peak_bytes else None
-        record = {"event": "summary", "summary": True, "steps": len(self.step_times_s), "final_loss": self.last_loss,
-                  "measured_step_time_s": measured_s, "predicted_step_time_s": self.pred_time_s,
-                  "step_time_ratio": measured_s / self.pred_time_s if measured_s and self.pred_time_s else None,
-                  "measured_peak_memory_bytes": peak, "predicted_peak_memory_bytes": self.pred_mem_bytes,
-                  "memory_ratio": peak / self.pred_mem_bytes if peak and self.pred_mem_bytes else None}
+        record = {
+            "event": "summary",
+            "summary": True,
+            "steps": len(self.step_times_s),
+            "final_loss": self.last_loss,
+            "measured_step_time_s": measured_s,
+            "predicted_step_time_s": self.pred_time_s,
+            "step_time_ratio": measured_s / self.pred_time_s if measured_s and self.pred_time_s else None,
+            "measured_peak_memory_bytes": peak,
+            "predicted_peak_memory_bytes": self.pred_mem_bytes,
+            "memory_ratio": peak / self.pred_mem_bytes if peak and self.pred_mem_bytes else None,
+        }
         self.write(record)
         return record
 

@@ -20,8 +20,14 @@ from runtime.executor.fsdp import apply_dp
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
-from runtime.executor.tp import (ReplicaGradSync, apply_tp, record_replica_rows, replica_paths, tp_styles,
-                                 uses_loss_parallel)
+from runtime.executor.tp import (
+    ReplicaGradSync,
+    apply_tp,
+    record_replica_rows,
+    replica_paths,
+    tp_styles,
+    uses_loss_parallel,
+)
 
 # plan dtype -> autocast compute dtype (None = fp32). Weights, gradients and AdamW state stay fp32 (the plan
 # schema: "mixed precision keeps fp32 master weights"); tf32 is fp32 with TF32 matmuls on CUDA.
@@ -37,8 +43,8 @@ class Chunk:
     tp_styles: dict[str, str] = field(default_factory=dict)
     recomputed: list[str] = field(default_factory=list)
     dp_mode: str = "none"
-    replica_sync: ReplicaGradSync | None = None   # Whale replicas under tp > 1: gradients averaged over TP
-    replica_rows: dict[str, int] = field(default_factory=dict)   # rows each replica last computed
+    replica_sync: ReplicaGradSync | None = None  # Whale replicas under tp > 1: gradients averaged over TP
+    replica_rows: dict[str, int] = field(default_factory=dict)  # rows each replica last computed
 
     @property
     def loss_parallel(self) -> bool:
@@ -50,15 +56,19 @@ def check_supported(plan: Plan) -> None:
     from runtime.models import layer_paths
 
     if plan.training.dtype not in AUTOCAST_DTYPES:
-        raise StratagemError(f"plan trains in {plan.training.dtype}, which the runtime does not run (it needs loss "
-                             f"scaling); re-plan with --dtype bf16 or fp32")
+        raise StratagemError(
+            f"plan trains in {plan.training.dtype}, which the runtime does not run (it needs loss "
+            f"scaling); re-plan with --dtype bf16 or fp32"
+        )
     check_tied(plan)
     paths = layer_paths(plan.model)
     placed = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     if placed != paths:
-        raise StratagemError(f"the plan's stages hold {len(placed)} modules in model order {placed[:3]}..., but "
-                             f"{plan.model.name} has {len(paths)} ({paths[:3]}...); the plan is for another model, "
-                             f"re-plan")
+        raise StratagemError(
+            f"the plan's stages hold {len(placed)} modules in model order {placed[:3]}..., but "
+            f"{plan.model.name} has {len(paths)} ({paths[:3]}...); the plan is for another model, "
+            f"re-plan"
+        )
 
 
 def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
@@ -80,8 +90,15 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
     dp_mode = apply_dp(model, mesh["dp"], zero_stage=plan.zero_stage, block_paths=blocks)
     sync = ReplicaGradSync(model, mesh["tp"], replicas) if replicas else None
-    return Chunk(stage=stage, module=model, tp_styles=styles, recomputed=recomputed, dp_mode=dp_mode,
-                 replica_sync=sync, replica_rows=rows)
+    return Chunk(
+        stage=stage,
+        module=model,
+        tp_styles=styles,
+        recomputed=recomputed,
+        dp_mode=dp_mode,
+        replica_sync=sync,
+        replica_rows=rows,
+    )
 
 
 def describe_params(module: nn.Module, limit: int = 0) -> dict[str, dict]:
@@ -92,9 +109,12 @@ def describe_params(module: nn.Module, limit: int = 0) -> dict[str, dict]:
     for name, p in module.named_parameters():
         info: dict = {"global_shape": list(p.shape)}
         if isinstance(p, DTensor):
-            info.update(type="DTensor", placements=[str(pl) for pl in p.placements],
-                        mesh_dims=list(p.device_mesh.mesh_dim_names or ()),
-                        local_shape=list(p.to_local().shape))
+            info.update(
+                type="DTensor",
+                placements=[str(pl) for pl in p.placements],
+                mesh_dims=list(p.device_mesh.mesh_dim_names or ()),
+                local_shape=list(p.to_local().shape),
+            )
         else:
             info.update(type="Tensor", placements=[], mesh_dims=[], local_shape=list(p.shape))
         out[name.replace("_checkpoint_wrapped_module.", "")] = info

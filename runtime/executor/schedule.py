@@ -122,15 +122,18 @@ def micro_batch_problem(kind: str, *, pp: int, num_micro_batches: int) -> str | 
         return f"1f1b needs at least one micro-batch per stage ({pp}) but gets {num_micro_batches}"
     rounds = max(1, num_micro_batches // pp)
     if kind == "interleaved_1f1b" and num_micro_batches % rounds:
-        return (f"interleaved_1f1b with pp={pp} runs {rounds} rounds, which {num_micro_batches} micro-batches "
-                f"do not divide")
+        return (
+            f"interleaved_1f1b with pp={pp} runs {rounds} rounds, which {num_micro_batches} micro-batches do not divide"
+        )
     return None
 
 
 def _check_virtual_stages(kind: str, virtual_stages: int) -> None:
     if virtual_stages > 1 and kind != "interleaved_1f1b":
-        raise StratagemError(f"schedule {kind} runs one stage per pp rank but the plan has virtual_stages="
-                             f"{virtual_stages}; use interleaved_1f1b or virtual_stages=1")
+        raise StratagemError(
+            f"schedule {kind} runs one stage per pp rank but the plan has virtual_stages="
+            f"{virtual_stages}; use interleaved_1f1b or virtual_stages=1"
+        )
 
 
 def check_schedule(kind: str, *, pp: int, virtual_stages: int, num_micro_batches: int) -> None:
@@ -140,8 +143,11 @@ def check_schedule(kind: str, *, pp: int, virtual_stages: int, num_micro_batches
     _check_virtual_stages(kind, virtual_stages)
     problem = micro_batch_problem(kind, pp=pp, num_micro_batches=num_micro_batches)
     if problem:
-        fix = f"use a multiple of {pp} micro-batches" if kind == "interleaved_1f1b" else \
-            "raise num_micro_batches or use gpipe"
+        fix = (
+            f"use a multiple of {pp} micro-batches"
+            if kind == "interleaved_1f1b"
+            else "raise num_micro_batches or use gpipe"
+        )
         raise StratagemError(f"{problem} (the plan's num_micro_batches); {fix}")
 
 
@@ -164,19 +170,32 @@ def check_replica_schedules(plan: Plan) -> BatchSplit:
     for r, (n, m) in enumerate(zip(split.rows, split.micro_batches)):
         problem = micro_batch_problem(kind, pp=pp, num_micro_batches=m)
         if problem:
-            raise StratagemError(f"dp replica {r} trains {n} rows = {m} micro-batches of {sched.micro_batch_size} "
-                                 f"samples: {problem}; give it a larger batch share, re-plan with a smaller "
-                                 f"micro_batch_size, or use gpipe")
+            raise StratagemError(
+                f"dp replica {r} trains {n} rows = {m} micro-batches of {sched.micro_batch_size} "
+                f"samples: {problem}; give it a larger batch share, re-plan with a smaller "
+                f"micro_batch_size, or use gpipe"
+            )
     if plan.zero_stage == 3 and len(set(split.micro_batches)) > 1:
-        raise StratagemError(f"ZeRO-3 all-gathers weights over dp in every micro-batch, so dp replicas running "
-                             f"{list(split.micro_batches)} micro-batches would deadlock; use zero_stage 0, 1 or 2, "
-                             f"or batch shares giving every replica the same count")
+        raise StratagemError(
+            f"ZeRO-3 all-gathers weights over dp in every micro-batch, so dp replicas running "
+            f"{list(split.micro_batches)} micro-batches would deadlock; use zero_stage 0, 1 or 2, "
+            f"or batch shares giving every replica the same count"
+        )
     return split
 
 
-def build_runner(chunks: list[Chunk], *, kind: str, num_stages: int, num_micro_batches: int,
-                 loss_fn: LossFn, pp_group, device: torch.device, autocast_dtype: torch.dtype | None = None,
-                 sync_every_micro_batch: bool = False):
+def build_runner(
+    chunks: list[Chunk],
+    *,
+    kind: str,
+    num_stages: int,
+    num_micro_batches: int,
+    loss_fn: LossFn,
+    pp_group,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None = None,
+    sync_every_micro_batch: bool = False,
+):
     """The step runner for this rank's chunks (a pipeline schedule when ``num_stages`` > 1).
 
     ``sync_every_micro_batch`` (ZeRO-3, one stage): see :class:`LocalRunner`; pipeline stages always
@@ -188,8 +207,13 @@ def build_runner(chunks: list[Chunk], *, kind: str, num_stages: int, num_micro_b
     loss_par = any(c.loss_parallel for c in chunks)
     common = dict(loss_parallel=loss_par, autocast_dtype=autocast_dtype, device_type=device.type)
     if num_stages == 1:
-        return LocalRunner(module=chunks[0].module, loss_fn=loss_fn, num_micro_batches=num_micro_batches,
-                           sync_every_micro_batch=sync_every_micro_batch, **common)
+        return LocalRunner(
+            module=chunks[0].module,
+            loss_fn=loss_fn,
+            num_micro_batches=num_micro_batches,
+            sync_every_micro_batch=sync_every_micro_batch,
+            **common,
+        )
     check_schedule(kind, pp=num_stages // len(chunks), virtual_stages=len(chunks), num_micro_batches=num_micro_batches)
     stages = [PipelineStage(c.module, c.stage.index, num_stages, device, group=pp_group) for c in chunks]
     indices = [c.stage.index for c in chunks]
@@ -199,12 +223,18 @@ def build_runner(chunks: list[Chunk], *, kind: str, num_stages: int, num_micro_b
     # the step-2 loss). Dividing each loss by this replica's own count before backward is exact for any counts.
     mean_loss = functools.partial(_share_of_mean, loss_fn=loss_fn, num_micro_batches=num_micro_batches)
     if kind == "interleaved_1f1b":
-        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=num_micro_batches, loss_fn=mean_loss,
-                                           scale_grads=False)
+        schedule = ScheduleInterleaved1F1B(
+            stages, n_microbatches=num_micro_batches, loss_fn=mean_loss, scale_grads=False
+        )
     else:
         schedule = _SCHEDULES[kind](stages[0], n_microbatches=num_micro_batches, loss_fn=mean_loss, scale_grads=False)
-    return PipelineRunner(schedule=schedule, num_micro_batches=num_micro_batches, is_first=0 in indices,
-                          is_last=num_stages - 1 in indices, **common)
+    return PipelineRunner(
+        schedule=schedule,
+        num_micro_batches=num_micro_batches,
+        is_first=0 in indices,
+        is_last=num_stages - 1 in indices,
+        **common,
+    )
 
 
 def _share_of_mean(out: torch.Tensor, target: torch.Tensor, *, loss_fn: LossFn, num_micro_batches: int):

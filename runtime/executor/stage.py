@@ -27,7 +27,8 @@ def cut_stage(model: nn.Module, keep_paths: Sequence[str], all_paths: Iterable[s
     if unknown:
         raise StratagemError(
             f"plan places modules {unknown} that model has no such top-level module (it has "
-            f"{all_paths[0]}..{all_paths[-1]}); the plan was made for another model, re-plan")
+            f"{all_paths[0]}..{all_paths[-1]}); the plan was made for another model, re-plan"
+        )
     keep = set(keep_paths)
     for path in all_paths:
         if path not in keep:

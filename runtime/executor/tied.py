@@ -25,8 +25,9 @@ EMBED, HEAD = "embed.tok.weight", "head.weight"
 
 
 def is_tied(plan: Plan) -> bool:
-    return plan.model.is_language_model and bool(plan.model.dims.get("tie_embeddings", False)
-                                                 if plan.model.is_external else plan.model.dim("tie_embeddings"))
+    return plan.model.is_language_model and bool(
+        plan.model.dims.get("tie_embeddings", False) if plan.model.is_external else plan.model.dim("tie_embeddings")
+    )
 
 
 def check_tied(plan: Plan) -> None:
@@ -35,8 +36,10 @@ def check_tied(plan: Plan) -> None:
         return
     split = {p: p in plan.layout and plan.layout[p].style == "split" for p in ("embed", "head")}
     if split["embed"] != split["head"]:
-        raise StratagemError(f"{plan.model.name} ties its LM head to the token embedding but the plan splits only "
-                             f"{'embed' if split['embed'] else 'head'}; split both or neither, or re-plan")
+        raise StratagemError(
+            f"{plan.model.name} ties its LM head to the token embedding but the plan splits only "
+            f"{'embed' if split['embed'] else 'head'}; split both or neither, or re-plan"
+        )
 
 
 def retie(model: nn.Module, plan: Plan) -> None:
@@ -67,8 +70,9 @@ class TiedGradSync:
                 dist.all_reduce(p.grad, group=self.group)
 
 
-def build_tied_sync(plan: Plan, dims: ParallelDims, coords: dict[str, int],
-                    modules: list[nn.Module]) -> TiedGradSync | None:
+def build_tied_sync(
+    plan: Plan, dims: ParallelDims, coords: dict[str, int], modules: list[nn.Module]
+) -> TiedGradSync | None:
     """Collective (every rank creates every group): the sync for this rank, or None if it holds no copy."""
     if not is_tied(plan) or dims.pp == 1:
         return None

@@ -48,9 +48,15 @@ from torch.distributed.tensor import Replicate, Shard
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
-                                               PrepareModuleOutput, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
@@ -62,36 +68,54 @@ BATCH = Shard(0)
 
 def _prep_in(src, dst):
     return lambda: PrepareModuleInput(input_layouts=(src,), desired_input_layouts=(dst,), use_local_output=True)
+
+
 TP_STYLES = {  # style name -> factory of the torch ParallelStyle (public: the overhead profiler uses it too)
     "colwise": lambda: ColwiseParallel(),
     "rowwise": lambda: RowwiseParallel(),
     "rowwise_to_sequence": lambda: RowwiseParallel(output_layouts=SEQ),
-    "gather_sequence": lambda: PrepareModuleInput(input_layouts=(SEQ,), desired_input_layouts=(Replicate(),),
-                                                  use_local_output=True),
+    "gather_sequence": lambda: PrepareModuleInput(
+        input_layouts=(SEQ,), desired_input_layouts=(Replicate(),), use_local_output=True
+    ),
     "sequence_parallel": lambda: SequenceParallel(),
     "sequence_parallel_local": lambda: SequenceParallel(use_local_output=True),
-    "scatter_sequence": lambda: PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(SEQ,),
-                                                    use_local_output=True),
+    "scatter_sequence": lambda: PrepareModuleOutput(
+        output_layouts=(Replicate(),), desired_output_layouts=(SEQ,), use_local_output=True
+    ),
     "vocab_embedding": lambda: RowwiseParallel(input_layouts=Replicate()),
     "colwise_sharded_output": lambda: ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
-    "colwise_sharded_output_from_sequence": lambda: ColwiseParallel(input_layouts=SEQ, output_layouts=Shard(-1),
-                                                                    use_local_output=False),
-    "colwise_sharded_output_from_batch": lambda: ColwiseParallel(input_layouts=BATCH, output_layouts=Shard(-1),
-                                                                 use_local_output=False),
-    "replica": None,   # a replica fed a batch slice and feeding one: nothing to apply (ReplicaGradSync)
+    "colwise_sharded_output_from_sequence": lambda: ColwiseParallel(
+        input_layouts=SEQ, output_layouts=Shard(-1), use_local_output=False
+    ),
+    "colwise_sharded_output_from_batch": lambda: ColwiseParallel(
+        input_layouts=BATCH, output_layouts=Shard(-1), use_local_output=False
+    ),
+    "replica": None,  # a replica fed a batch slice and feeding one: nothing to apply (ReplicaGradSync)
     "batch_slice": _prep_in(Replicate(), BATCH),
     "batch_slice_from_sequence": _prep_in(SEQ, BATCH),
     "gather_batch": _prep_in(BATCH, Replicate()),
     "batch_to_sequence": _prep_in(BATCH, SEQ),
-    "gather_batch_output": lambda: PrepareModuleOutput(output_layouts=(BATCH,), desired_output_layouts=(Replicate(),),
-                                                       use_local_output=True),
+    "gather_batch_output": lambda: PrepareModuleOutput(
+        output_layouts=(BATCH,), desired_output_layouts=(Replicate(),), use_local_output=True
+    ),
     "batch_slice_gather_output": lambda: PrepareModuleInputOutput(
-        input_layouts=(Replicate(),), desired_input_layouts=(BATCH,), use_local_input=True,
-        output_layouts=(BATCH,), desired_output_layouts=(Replicate(),), use_local_output=True),
+        input_layouts=(Replicate(),),
+        desired_input_layouts=(BATCH,),
+        use_local_input=True,
+        output_layouts=(BATCH,),
+        desired_output_layouts=(Replicate(),),
+        use_local_output=True,
+    ),
 }
 _INTO_BATCH = {"R": "batch_slice", "S": "batch_slice_from_sequence"}
 _FROM_BATCH = {"R": "gather_batch", "S": "batch_to_sequence"}
-_REPLICA_STYLES = ("replica", "batch_slice", "batch_slice_from_sequence", "gather_batch_output", "batch_slice_gather_output")
+_REPLICA_STYLES = (
+    "replica",
+    "batch_slice",
+    "batch_slice_from_sequence",
+    "gather_batch_output",
+    "batch_slice_gather_output",
+)
 
 
 def _join(path: str, rel: str) -> str:
@@ -114,11 +138,14 @@ def _layer_styles(spec: ModelSpec, path: str, sp: bool, incoming: str) -> tuple[
             return styles, "S", "C"
         return styles, "R", ("C" if "colwise_sharded_output" in zoo.values() else "R")
     if spec.is_external:
-        raise StratagemError(f"layer {path} of {spec.name}: sequence parallelism is implemented for the zoo's gpt and "
-                             f"llama only; re-plan (stratagem plan does not search it for this model)")
+        raise StratagemError(
+            f"layer {path} of {spec.name}: sequence parallelism is implemented for the zoo's gpt and "
+            f"llama only; re-plan (stratagem plan does not search it for this model)"
+        )
     if spec.family not in ("gpt", "llama"):
-        raise StratagemError(f"layer {path} of {spec.name} has no sequence dimension for sequence parallelism; "
-                             f"re-plan without it")
+        raise StratagemError(
+            f"layer {path} of {spec.name} has no sequence dimension for sequence parallelism; re-plan without it"
+        )
     if zoo == {"": "sequence_parallel"}:  # a top-level norm
         return {path: "sequence_parallel_local"}, "S", "S"
     if "colwise_sharded_output" in zoo.values() or "vocab_embedding" in zoo.values():
@@ -145,7 +172,7 @@ def tp_styles(spec: ModelSpec, layout: Mapping[str, LayerLayout], paths: Sequenc
         lay = layout.get(path)
         split = lay is not None and lay.style == "split"
         if prev_out == "B" and prev_path not in keep:
-            prev_out = "R"   # the other stage made its replica's output whole before sending it
+            prev_out = "R"  # the other stage made its replica's output whole before sending it
         if not split:
             _replica(plan, path, prev_out, last=n + 1 == len(order) or path in keep and order[n + 1] not in keep)
             prev_out, prev_path = ("R" if plan[path].endswith("output") else "B"), path
@@ -166,15 +193,18 @@ def _replica(plan: dict[str, str], path: str, incoming: str, *, last: bool) -> N
     """Styles of a replicated layer (Whale's replica): slice its input along the batch unless it already is
     a batch slice; make its output whole when it is the last layer of its stage or of the model."""
     if incoming == "C":
-        raise StratagemError(f"layer {path} is replicated after a split classifier's class-sharded output; "
-                             f"split {path} too or re-plan")
+        raise StratagemError(
+            f"layer {path} is replicated after a split classifier's class-sharded output; split {path} too or re-plan"
+        )
     if incoming == "B":
         plan[path] = "gather_batch_output" if last else "replica"
         return
     if last:
         if incoming != "R":
-            raise StratagemError(f"layer {path}: a sequence-sharded input into a stage's last replicated layer is "
-                                 f"not supported; split {path} or re-plan")
+            raise StratagemError(
+                f"layer {path}: a sequence-sharded input into a stage's last replicated layer is "
+                f"not supported; split {path} or re-plan"
+            )
         plan[path] = "batch_slice_gather_output"
         return
     plan[path] = _INTO_BATCH[incoming]
@@ -188,8 +218,9 @@ def _from_batch(styles: dict[str, str], path: str, want: str) -> None:
     elif own is None:
         styles[path] = _FROM_BATCH[want]
     else:
-        raise StratagemError(f"layer {path} ({own}) cannot take a replicated neighbour's batch slice; "
-                             f"replicate or split both")
+        raise StratagemError(
+            f"layer {path} ({own}) cannot take a replicated neighbour's batch slice; replicate or split both"
+        )
 
 
 def replica_paths(styles: Mapping[str, str]) -> list[str]:
@@ -206,8 +237,11 @@ class ReplicaGradSync:
 
     def __init__(self, module: nn.Module, tp_mesh, paths: Sequence[str]):
         self.group, self.size = tp_mesh.get_group(), tp_mesh.size()
-        self.params = [p for name, p in module.named_parameters()
-                       if any(_clean(name) == q or _clean(name).startswith(q + ".") for q in paths)]
+        self.params = [
+            p
+            for name, p in module.named_parameters()
+            if any(_clean(name) == q or _clean(name).startswith(q + ".") for q in paths)
+        ]
 
     def sync(self) -> None:
         for p in self.params:
@@ -230,6 +264,7 @@ def record_replica_rows(module: nn.Module, paths: Sequence[str], seen: dict[str,
         def hook(_mod, args, path=path):
             if args and isinstance(args[0], torch.Tensor):
                 seen[path] = int(args[0].shape[0])
+
         sub.register_forward_pre_hook(hook)
 
 

@@ -50,8 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
-    p.add_argument("--layout-report", action="append", default=[],
-                   help="folder (one per --plan) for one JSON per rank describing what it built")
+    p.add_argument(
+        "--layout-report",
+        action="append",
+        default=[],
+        help="folder (one per --plan) for one JSON per rank describing what it built",
+    )
     return p.parse_args(argv)
 
 
@@ -69,8 +73,13 @@ def init_distributed(timeout_s: float) -> torch.device:
     if store is None:
         dist.init_process_group(backend, timeout=timeout)
     else:
-        dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timeout,
+        )
     return device
 
 
@@ -83,8 +92,13 @@ def _attempt_store(timeout: timedelta):
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timeout,
+    )
     return dist.PrefixStore(f"stratagem/attempt_{_restart_count()}", store)
 
 
@@ -95,8 +109,11 @@ def _restart_count() -> int:
 def _maybe_die(step: int) -> None:
     """Test hook: ``STRATAGEM_TEST_KILL_AT_STEP=k`` makes rank ``STRATAGEM_TEST_KILL_RANK`` (default 1)
     exit abruptly before step k, on the first attempt only."""
-    if os.environ.get("STRATAGEM_TEST_KILL_AT_STEP") == str(step) and _restart_count() == 0 \
-            and dist.get_rank() == int(os.environ.get("STRATAGEM_TEST_KILL_RANK", "1")):
+    if (
+        os.environ.get("STRATAGEM_TEST_KILL_AT_STEP") == str(step)
+        and _restart_count() == 0
+        and dist.get_rank() == int(os.environ.get("STRATAGEM_TEST_KILL_RANK", "1"))
+    ):
         log.warning("test hook: rank %d exits at step %d", dist.get_rank(), step)
         os._exit(13)
 
@@ -104,21 +121,47 @@ def _maybe_die(step: int) -> None:
 def _maybe_sigterm_launcher(step: int) -> None:
     """Test hook: ``STRATAGEM_TEST_SIGTERM_AT_STEP=k`` makes rank 0 send SIGTERM to the ``stratagem launch``
     process (``STRATAGEM_LAUNCHER_PID``) before step k, as a cluster's preemption would, first attempt only."""
-    if os.environ.get("STRATAGEM_TEST_SIGTERM_AT_STEP") == str(step) and _restart_count() == 0 \
-            and dist.get_rank() == 0 and os.environ.get("STRATAGEM_LAUNCHER_PID"):
+    if (
+        os.environ.get("STRATAGEM_TEST_SIGTERM_AT_STEP") == str(step)
+        and _restart_count() == 0
+        and dist.get_rank() == 0
+        and os.environ.get("STRATAGEM_LAUNCHER_PID")
+    ):
         os.kill(int(os.environ["STRATAGEM_LAUNCHER_PID"]), signal.SIGTERM)
 
 
-def write_layout_report(folder: str, rank: int, coords: dict, chunks: list[Chunk], *,
-                        rows: tuple[int, int], loss_scale: float, micro_batches: int) -> None:
+def write_layout_report(
+    folder: str,
+    rank: int,
+    coords: dict,
+    chunks: list[Chunk],
+    *,
+    rows: tuple[int, int],
+    loss_scale: float,
+    micro_batches: int,
+) -> None:
     """Per-rank JSON of what was built: chunks, placements, and the rows [start, end) of each global batch
     this rank's dp replica trains on, in how many micro-batches, with its loss scale (uneven batch shares)."""
-    report = {"rank": rank, "coords": coords, "rows": list(rows), "micro_batches": micro_batches,
-              "loss_scale": loss_scale, "chunks": [
-        {"stage": c.stage.index, "module_paths": c.module.layer_paths(), "tp_styles": c.tp_styles,
-         "recomputed": c.recomputed, "dp_mode": c.dp_mode, "loss_parallel": c.loss_parallel,
-         "replica_rows": dict(c.replica_rows),
-         "params": describe_params(c.module)} for c in chunks]}
+    report = {
+        "rank": rank,
+        "coords": coords,
+        "rows": list(rows),
+        "micro_batches": micro_batches,
+        "loss_scale": loss_scale,
+        "chunks": [
+            {
+                "stage": c.stage.index,
+                "module_paths": c.module.layer_paths(),
+                "tp_styles": c.tp_styles,
+                "recomputed": c.recomputed,
+                "dp_mode": c.dp_mode,
+                "loss_parallel": c.loss_parallel,
+                "replica_rows": dict(c.replica_rows),
+                "params": describe_params(c.module),
+            }
+            for c in chunks
+        ],
+    }
     atomic_write_text(Path(folder) / f"rank{rank}.json", json.dumps(report, indent=1) + "\n")
 
 
@@ -151,14 +194,22 @@ class Preemption:
 def _gather_step(device, loss_part: float, step_time_s: float, peak_bytes: int, lr: float) -> StepResult:
     """All ranks: global loss (sum of parts), max step time, per-rank memory and whether any rank was asked
     to stop (SIGTERM), in one all_gather."""
-    mine = torch.tensor([loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes()),
-                         float(Preemption.requested)], dtype=torch.float64, device=device)
+    mine = torch.tensor(
+        [loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes()), float(Preemption.requested)],
+        dtype=torch.float64,
+        device=device,
+    )
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, mine)
     table = torch.stack(parts).cpu()
-    return StepResult(loss=float(table[:, 0].sum()), step_time_s=float(table[:, 1].max()), lr=lr,
-                      peak_memory_bytes=[int(v) for v in table[:, 2]], peak_rss_bytes=[int(v) for v in table[:, 3]],
-                      preempted=bool(table[:, 4].max() > 0))
+    return StepResult(
+        loss=float(table[:, 0].sum()),
+        step_time_s=float(table[:, 1].max()),
+        lr=lr,
+        peak_memory_bytes=[int(v) for v in table[:, 2]],
+        peak_rss_bytes=[int(v) for v in table[:, 3]],
+        preempted=bool(table[:, 4].max() > 0),
+    )
 
 
 @dataclass(kw_only=True)
@@ -192,7 +243,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
     baseline = reset_peak_memory(device)
     validate(plan, dist.get_world_size())
     check_supported(plan)
-    split = check_replica_schedules(plan)   # each replica's own micro-batch count with uneven batch shares
+    split = check_replica_schedules(plan)  # each replica's own micro-batch count with uneven batch shares
     dims = ParallelDims.from_plan(plan)
     coords = dims.coords(rank)
     if device.type == "cuda":
@@ -200,28 +251,51 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
     mesh = build_mesh(dims, device.type)
     mine = sorted((s for s in plan.stages if s.pp_rank == coords["pp"]), key=lambda s: s.index)
     if not mine or any(rank not in s.ranks for s in mine):
-        raise StratagemError(f"rank {rank} (pp={coords['pp']}) is not listed in its stages' ranks; "
-                             f"the plan's rank layout is corrupt, re-plan")
+        raise StratagemError(
+            f"rank {rank} (pp={coords['pp']}) is not listed in its stages' ranks; "
+            f"the plan's rank layout is corrupt, re-plan"
+        )
     chunks = [build_chunk(plan, stage, mesh, device) for stage in mine]
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
     if report_dir:
-        write_layout_report(report_dir, rank, coords, chunks, rows=replica_rows(rows, coords["dp"]),
-                            loss_scale=scale, micro_batches=num_micro)
+        write_layout_report(
+            report_dir,
+            rank,
+            coords,
+            chunks,
+            rows=replica_rows(rows, coords["dp"]),
+            loss_scale=scale,
+            micro_batches=num_micro,
+        )
     scaled_loss = base_loss if scale == 1.0 else (lambda out, tgt: base_loss(out, tgt) * scale)
-    runner = build_runner(chunks, kind=plan.schedule.kind, num_stages=len(plan.stages),
-                          num_micro_batches=num_micro, loss_fn=scaled_loss,
-                          pp_group=mesh["pp"].get_group(), device=device,
-                          autocast_dtype=AUTOCAST_DTYPES[tr.dtype], sync_every_micro_batch=plan.zero_stage == 3)
-    return Job(plan=plan, dims=dims, coords=coords, device=device, chunks=chunks, runner=runner,
-               optimizers=[torch.optim.AdamW(c.module.parameters(), lr=tr.lr, weight_decay=tr.weight_decay)
-                           for c in chunks],
-               data=build_data_source(plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len,
-                                      seed=tr.seed),
-               rows=replica_rows(rows, coords["dp"]), micro_batches=num_micro, memory_baseline_bytes=baseline,
-               loss_scale=scale,
-               tied=build_tied_sync(plan, dims, coords, [c.module for c in chunks]))
+    runner = build_runner(
+        chunks,
+        kind=plan.schedule.kind,
+        num_stages=len(plan.stages),
+        num_micro_batches=num_micro,
+        loss_fn=scaled_loss,
+        pp_group=mesh["pp"].get_group(),
+        device=device,
+        autocast_dtype=AUTOCAST_DTYPES[tr.dtype],
+        sync_every_micro_batch=plan.zero_stage == 3,
+    )
+    return Job(
+        plan=plan,
+        dims=dims,
+        coords=coords,
+        device=device,
+        chunks=chunks,
+        runner=runner,
+        optimizers=[torch.optim.AdamW(c.module.parameters(), lr=tr.lr, weight_decay=tr.weight_decay) for c in chunks],
+        data=build_data_source(plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed),
+        rows=replica_rows(rows, coords["dp"]),
+        micro_batches=num_micro,
+        memory_baseline_bytes=baseline,
+        loss_scale=scale,
+        tied=build_tied_sync(plan, dims, coords, [c.module for c in chunks]),
+    )
 
 
 def apply_lr(job: Job, step: int) -> float:
@@ -259,8 +333,15 @@ def train_step(job: Job, step: int) -> StepResult:
     return _gather_step(job.device, part, elapsed_s, peak_memory_bytes(job.device, job.memory_baseline_bytes), lr)
 
 
-def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metrics_path: str | None = None,
-             report_dir: str | None = None, plan_path: str | None = None) -> dict:
+def run_plan(
+    plan: Plan,
+    args: argparse.Namespace,
+    device: torch.device,
+    *,
+    metrics_path: str | None = None,
+    report_dir: str | None = None,
+    plan_path: str | None = None,
+) -> dict:
     """Train ``plan`` for ``args.steps`` steps on this rank; returns the summary record (rank 0's is real)."""
     job = build_job(plan, device, data=args.data, report_dir=report_dir)
     rank, first = dist.get_rank(), 1
@@ -270,31 +351,64 @@ def run_plan(plan: Plan, args: argparse.Namespace, device: torch.device, *, metr
             first = load_checkpoint(latest, job.modules, job.optimizers) + 1
             log.info("rank %d resumed from %s", rank, latest)
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
-    metrics.write({"event": "start", "model": plan.model.name, "mesh": dict(zip(job.dims.axes, plan.mesh.sizes)),
-                   "schedule": plan.schedule.kind, "zero_stage": plan.zero_stage, "first_step": first,
-                   "device": device.type, "world_size": dist.get_world_size(), "plan_hash": plan.content_hash,
-                   "plan_path": str(Path(plan_path).resolve()) if plan_path else None})
+    metrics.write(
+        {
+            "event": "start",
+            "model": plan.model.name,
+            "mesh": dict(zip(job.dims.axes, plan.mesh.sizes)),
+            "schedule": plan.schedule.kind,
+            "zero_stage": plan.zero_stage,
+            "first_step": first,
+            "device": device.type,
+            "world_size": dist.get_world_size(),
+            "plan_hash": plan.content_hash,
+            "plan_path": str(Path(plan_path).resolve()) if plan_path else None,
+        }
+    )
     tr = plan.training
     tokens = tr.global_batch * (tr.seq_len if plan.model.is_language_model else 1)
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         _maybe_sigterm_launcher(step)
         res = train_step(job, step)
-        metrics.step(step=step, loss=res.loss, step_time_s=res.step_time_s, tokens=tokens, samples=tr.global_batch,
-                     peak_memory_bytes=res.peak_memory_bytes, peak_rss_bytes=res.peak_rss_bytes, lr=res.lr)
+        metrics.step(
+            step=step,
+            loss=res.loss,
+            step_time_s=res.step_time_s,
+            tokens=tokens,
+            samples=tr.global_batch,
+            peak_memory_bytes=res.peak_memory_bytes,
+            peak_rss_bytes=res.peak_rss_bytes,
+            lr=res.lr,
+        )
         if rank == 0:
             log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)
-        if report_dir and step == first:   # again, with the rows each replica computed in a real step
-            write_layout_report(report_dir, rank, job.coords, job.chunks, rows=job.rows, loss_scale=job.loss_scale,
-                                micro_batches=job.micro_batches)
-        meta = {"model": plan.model.name, "world_size": dist.get_world_size(), "mesh": plan.mesh.sizes,
-                "plan_hash": plan.content_hash}
+        if report_dir and step == first:  # again, with the rows each replica computed in a real step
+            write_layout_report(
+                report_dir,
+                rank,
+                job.coords,
+                job.chunks,
+                rows=job.rows,
+                loss_scale=job.loss_scale,
+                micro_batches=job.micro_batches,
+            )
+        meta = {
+            "model": plan.model.name,
+            "world_size": dist.get_world_size(),
+            "mesh": plan.mesh.sizes,
+            "plan_hash": plan.content_hash,
+        }
         saved = None
         if args.checkpoint_dir and ((args.checkpoint_every and step % args.checkpoint_every == 0) or res.preempted):
             saved = save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers, meta=meta)
         if res.preempted:
-            log.warning("rank %d: SIGTERM; stopping after step %d%s", rank, step,
-                        f", checkpoint {saved}" if saved else " (no --checkpoint-dir: nothing saved)")
+            log.warning(
+                "rank %d: SIGTERM; stopping after step %d%s",
+                rank,
+                step,
+                f", checkpoint {saved}" if saved else " (no --checkpoint-dir: nothing saved)",
+            )
             metrics.write({"event": "preempted", "step": step, "checkpoint": str(saved) if saved else None})
             break
     return metrics.summary()
@@ -310,8 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     device = init_distributed(args.timeout_s)
     try:
         for i, path in enumerate(args.plan):
-            run_plan(load_plan(path), args, device, metrics_path=args.metrics[i] if args.metrics else None,
-                     report_dir=args.layout_report[i] if args.layout_report else None, plan_path=path)
+            run_plan(
+                load_plan(path),
+                args,
+                device,
+                metrics_path=args.metrics[i] if args.metrics else None,
+                report_dir=args.layout_report[i] if args.layout_report else None,
+                plan_path=path,
+            )
             dist.barrier()
     except StratagemError as exc:
         print(f"error: rank {dist.get_rank()}: {exc}", file=sys.stderr)

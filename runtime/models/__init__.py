@@ -18,14 +18,44 @@ Models from outside the zoo (``hf:`` configs, ``py:``/``module:`` functions) go 
 from runtime.models.dims import resolve_dims
 from runtime.models.init import init_weights, tie_weights
 from runtime.models.layered import LayeredModel
-from runtime.models.tp import (SPLIT_STYLES, build_tp_shard, check_tp, is_splittable, tp_collectives,
-                               tp_constraints, tp_layout)
-from runtime.models.zoo import (build_layer, build_model, example_batch, layer_kind, layer_paths, loss_fn,
-                                num_classes, sample_shape)
+from runtime.models.tp import (
+    SPLIT_STYLES,
+    build_tp_shard,
+    check_tp,
+    is_splittable,
+    tp_collectives,
+    tp_constraints,
+    tp_layout,
+)
+from runtime.models.zoo import (
+    build_layer,
+    build_model,
+    example_batch,
+    layer_kind,
+    layer_paths,
+    loss_fn,
+    num_classes,
+    sample_shape,
+)
 
 __all__ = [
-    "LayeredModel", "SPLIT_STYLES", "build_layer", "build_model", "build_tp_shard", "check_tp", "example_batch",
-    "init_weights", "is_splittable", "layer_kind", "layer_paths", "loss_fn", "num_classes", "resolve_dims",
+    "LayeredModel",
+    "SPLIT_STYLES",
+    "build_layer",
+    "build_model",
+    "build_tp_shard",
+    "check_tp",
+    "example_batch",
+    "init_weights",
+    "is_splittable",
+    "layer_kind",
+    "layer_paths",
+    "loss_fn",
+    "num_classes",
+    "resolve_dims",
     "sample_shape",
-    "tie_weights", "tp_collectives", "tp_constraints", "tp_layout",
+    "tie_weights",
+    "tp_collectives",
+    "tp_constraints",
+    "tp_layout",
 ]

@@ -59,12 +59,15 @@ def _load_function(spec: ModelSpec):
     if kind == "py":
         path = Path(target)
         if not path.is_file():
-            raise StratagemError(f"model file {path} does not exist here; copy it to that path or re-plan with "
-                                 f"--model py:NEW_PATH:{name}")
+            raise StratagemError(
+                f"model file {path} does not exist here; copy it to that path or re-plan with "
+                f"--model py:NEW_PATH:{name}"
+            )
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if (spec.config or {}).get("sha256") not in (None, digest):
-            raise StratagemError(f"{path} changed since the plan was made (sha256 differs); re-plan with "
-                                 f"--model py:{path}:{name}")
+            raise StratagemError(
+                f"{path} changed since the plan was made (sha256 differs); re-plan with --model py:{path}:{name}"
+            )
         mod_name = "stratagem_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:8]
         loader_spec = importlib.util.spec_from_file_location(mod_name, path)
         module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
@@ -77,12 +80,15 @@ def _load_function(spec: ModelSpec):
         try:
             module = importlib.import_module(target)
         except Exception as exc:
-            raise StratagemError(f"cannot import module {target!r} ({type(exc).__name__}: {exc}); check the name "
-                                 f"and that it is on PYTHONPATH") from None
+            raise StratagemError(
+                f"cannot import module {target!r} ({type(exc).__name__}: {exc}); check the name "
+                f"and that it is on PYTHONPATH"
+            ) from None
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise StratagemError(f"{spec.source}: {target} defines no function {name!r}; name a function that "
-                             f"returns an nn.Module")
+        raise StratagemError(
+            f"{spec.source}: {target} defines no function {name!r}; name a function that returns an nn.Module"
+        )
     return fn
 
 
@@ -93,8 +99,9 @@ def call_user_function(spec: ModelSpec) -> nn.Module:
         with torch.device("meta"):
             module = fn()
     except Exception as exc:
-        raise StratagemError(f"{spec.source} raised {type(exc).__name__}: {exc}; the function must build the "
-                             f"model with no arguments") from None
+        raise StratagemError(
+            f"{spec.source} raised {type(exc).__name__}: {exc}; the function must build the model with no arguments"
+        ) from None
     if not isinstance(module, nn.Module):
         raise StratagemError(f"{spec.source} returned {type(module).__name__}, not an nn.Module; return the model")
     return module
@@ -103,14 +110,18 @@ def call_user_function(spec: ModelSpec) -> nn.Module:
 def read_input_spec(module: nn.Module, source: str) -> InputSpec:
     raw = getattr(module, "input_spec", None)
     if not isinstance(raw, dict):
-        raise StratagemError(f"{source}: the model has no input_spec dict; set e.g. model.input_spec = "
-                             f"{{'sample_shape': [64], 'dtype': 'float32', 'num_classes': 10}}")
+        raise StratagemError(
+            f"{source}: the model has no input_spec dict; set e.g. model.input_spec = "
+            f"{{'sample_shape': [64], 'dtype': 'float32', 'num_classes': 10}}"
+        )
     shape, dtype = raw.get("sample_shape"), raw.get("dtype", "float32")
     classes, vocab = raw.get("num_classes"), raw.get("vocab", 0)
     ok_shape = isinstance(shape, (list, tuple)) and all(isinstance(d, int) and d > 0 for d in shape)
     if not ok_shape or dtype not in INPUT_DTYPES or not isinstance(classes, int) or classes < 1:
-        raise StratagemError(f"{source}: input_spec {raw} needs sample_shape (positive ints), dtype "
-                             f"({' or '.join(INPUT_DTYPES)}) and num_classes (a positive int)")
+        raise StratagemError(
+            f"{source}: input_spec {raw} needs sample_shape (positive ints), dtype "
+            f"({' or '.join(INPUT_DTYPES)}) and num_classes (a positive int)"
+        )
     if dtype == "int64" and not (isinstance(vocab, int) and vocab > 0):
         raise StratagemError(f"{source}: input_spec with int64 inputs needs vocab (the id range), e.g. 'vocab': 256")
     return InputSpec(sample_shape=tuple(shape), dtype=dtype, vocab=int(vocab), num_classes=classes)
@@ -128,8 +139,9 @@ def _layers(module: nn.Module, source: str) -> dict[str, nn.Module]:
         else:
             layers[name] = child
     if not layers:
-        raise StratagemError(f"{source} returned a model with no child modules; its children are the layers a "
-                             f"pipeline stage holds")
+        raise StratagemError(
+            f"{source} returned a model with no child modules; its children are the layers a pipeline stage holds"
+        )
     return layers
 
 
@@ -137,21 +149,24 @@ def _check_order(user: nn.Module, layered: LayeredModel, x: torch.Tensor, source
     """The user's forward must call every layer once, in registration order (checked on meta)."""
     paths = layered.layer_paths()
     calls: list[str] = []
-    handles = [layered.get_submodule(p).register_forward_pre_hook(lambda _m, _a, p=p: calls.append(p))
-               for p in paths]
+    handles = [layered.get_submodule(p).register_forward_pre_hook(lambda _m, _a, p=p: calls.append(p)) for p in paths]
     try:
         with torch.no_grad():
             user(x)
     except Exception as exc:
-        raise StratagemError(f"{source}: the model's forward failed on its input_spec input "
-                             f"({type(exc).__name__}: {exc}); make input_spec match the model") from None
+        raise StratagemError(
+            f"{source}: the model's forward failed on its input_spec input "
+            f"({type(exc).__name__}: {exc}); make input_spec match the model"
+        ) from None
     finally:
         for h in handles:
             h.remove()
     if calls != paths:
         shown = lambda names: ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")  # noqa: E731
-        raise StratagemError(f"{source}: forward calls its layers as [{shown(calls)}] but the children are "
-                             f"[{shown(paths)}]; each child must run once, in registration order")
+        raise StratagemError(
+            f"{source}: forward calls its layers as [{shown(calls)}] but the children are "
+            f"[{shown(paths)}]; each child must run once, in registration order"
+        )
 
 
 @functools.lru_cache(maxsize=8)
@@ -162,8 +177,10 @@ def _template(spec_json: str) -> tuple[LayeredModel, InputSpec, dict]:
     inputs = read_input_spec(user, source)
     tp_plan = getattr(user, "tp_plan", None) or {}
     if not isinstance(tp_plan, dict) or not all(isinstance(v, dict) for v in tp_plan.values()):
-        raise StratagemError(f"{source}: tp_plan must be {{block class name: {{submodule path: style}}}}, "
-                             f"e.g. {{'Block': {{'fc1': 'colwise', 'fc2': 'rowwise'}}}}")
+        raise StratagemError(
+            f"{source}: tp_plan must be {{block class name: {{submodule path: style}}}}, "
+            f"e.g. {{'Block': {{'fc1': 'colwise', 'fc2': 'rowwise'}}}}"
+        )
     layered = LayeredModel(_layers(user, source))
     x = torch.zeros((1, *inputs.sample_shape), dtype=INPUT_DTYPES[inputs.dtype], device="meta")
     _check_order(user, layered, x, source)

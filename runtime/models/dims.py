@@ -78,7 +78,8 @@ def _check_keys(spec: ModelSpec) -> None:
     if unknown:
         raise StratagemError(
             f"{spec.family} models have no dimension(s) {', '.join(map(repr, unknown))}; "
-            f"valid ones: {', '.join(FAMILY_DEFAULTS[spec.family])}")
+            f"valid ones: {', '.join(FAMILY_DEFAULTS[spec.family])}"
+        )
 
 
 def _pos_int(spec: ModelSpec, key: str, *, allow_zero: bool = False) -> int:
@@ -94,7 +95,8 @@ def _divides(spec: ModelSpec, small_key: str, small: int, big_key: str, big: int
     if big % small:
         raise StratagemError(
             f"{spec.name}: {small_key}={small} does not divide {big_key}={big}; "
-            f"choose {small_key} among the divisors of {big}")
+            f"choose {small_key} among the divisors of {big}"
+        )
 
 
 def llama_ffn_hidden(hidden: int) -> int:
@@ -115,11 +117,19 @@ def resolve_dims(spec: ModelSpec) -> Dims:
         return _llama(spec)
     if spec.family == "resnet":
         depths = tuple(_pos_int(spec, f"depths_{i}") for i in range(4))
-        return ResNetDims(depths=depths, width=_pos_int(spec, "width"),  # type: ignore[arg-type]
-                          num_classes=_pos_int(spec, "num_classes"), image_size=_pos_int(spec, "image_size"),
-                          in_channels=_pos_int(spec, "in_channels"))
-    return MLPDims(in_features=_pos_int(spec, "in_features"), hidden=_pos_int(spec, "hidden"),
-                   layers=_pos_int(spec, "layers"), out_features=_pos_int(spec, "out_features"))
+        return ResNetDims(
+            depths=depths,
+            width=_pos_int(spec, "width"),  # type: ignore[arg-type]
+            num_classes=_pos_int(spec, "num_classes"),
+            image_size=_pos_int(spec, "image_size"),
+            in_channels=_pos_int(spec, "in_channels"),
+        )
+    return MLPDims(
+        in_features=_pos_int(spec, "in_features"),
+        hidden=_pos_int(spec, "hidden"),
+        layers=_pos_int(spec, "layers"),
+        out_features=_pos_int(spec, "out_features"),
+    )
 
 
 def _dropout(spec: ModelSpec) -> float:
@@ -133,9 +143,16 @@ def _gpt(spec: ModelSpec) -> GPTDims:
     hidden, heads = _pos_int(spec, "hidden"), _pos_int(spec, "heads")
     _divides(spec, "heads", heads, "hidden", hidden)
     ffn = _pos_int(spec, "ffn_hidden", allow_zero=True) or 4 * hidden
-    return GPTDims(layers=_pos_int(spec, "layers"), hidden=hidden, heads=heads, ffn_hidden=ffn,
-                   vocab=_pos_int(spec, "vocab"), max_seq=_pos_int(spec, "max_seq"), dropout=_dropout(spec),
-                   tie_embeddings=bool(spec.dim("tie_embeddings")))
+    return GPTDims(
+        layers=_pos_int(spec, "layers"),
+        hidden=hidden,
+        heads=heads,
+        ffn_hidden=ffn,
+        vocab=_pos_int(spec, "vocab"),
+        max_seq=_pos_int(spec, "max_seq"),
+        dropout=_dropout(spec),
+        tie_embeddings=bool(spec.dim("tie_embeddings")),
+    )
 
 
 def _llama(spec: ModelSpec) -> LlamaDims:
@@ -144,6 +161,14 @@ def _llama(spec: ModelSpec) -> LlamaDims:
     kv = _pos_int(spec, "kv_heads", allow_zero=True) or heads
     _divides(spec, "kv_heads", kv, "heads", heads)
     ffn = _pos_int(spec, "ffn_hidden", allow_zero=True) or llama_ffn_hidden(hidden)
-    return LlamaDims(layers=_pos_int(spec, "layers"), hidden=hidden, heads=heads, kv_heads=kv, ffn_hidden=ffn,
-                     vocab=_pos_int(spec, "vocab"), max_seq=_pos_int(spec, "max_seq"),
-                     rope_theta=float(spec.dim("rope_theta")), tie_embeddings=bool(spec.dim("tie_embeddings")))
+    return LlamaDims(
+        layers=_pos_int(spec, "layers"),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv,
+        ffn_hidden=ffn,
+        vocab=_pos_int(spec, "vocab"),
+        max_seq=_pos_int(spec, "max_seq"),
+        rope_theta=float(spec.dim("rope_theta")),
+        tie_embeddings=bool(spec.dim("tie_embeddings")),
+    )

@@ -43,11 +43,11 @@ class ExternalModel:
     template: LayeredModel
     paths: list[str]
     kinds: dict[str, str]
-    layouts: dict[str, dict[str, str]] = field(default_factory=dict)   # path -> {relative path: style}
+    layouts: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> {relative path: style}
     constraints: dict[str, dict[str, int]] = field(default_factory=dict)
     inputs: InputSpec
-    target_shape: tuple[int, ...] = ()   # per sample, custom models (class ids of the output minus its last dim)
-    tp_note: str = ""   # why tensor parallelism is not searched ("" = it is)
+    target_shape: tuple[int, ...] = ()  # per sample, custom models (class ids of the output minus its last dim)
+    tp_note: str = ""  # why tensor parallelism is not searched ("" = it is)
 
     def layer(self, path: str) -> nn.Module:
         return self.template.get_submodule(path)
@@ -60,12 +60,14 @@ def _paths(model: LayeredModel) -> list[str]:
 def _kinds(model: LayeredModel, spec: ModelSpec) -> dict[str, str]:
     paths = _paths(model)
     if spec.family == "hf":
-        return {p: {"embed": "embedding", "blocks": "block", "norm": "norm", "head": "head"}[p.split(".")[0]]
-                for p in paths}
+        return {
+            p: {"embed": "embedding", "blocks": "block", "norm": "norm", "head": "head"}[p.split(".")[0]] for p in paths
+        }
     return {p: "block" if "." in p else "layer" for p in paths}
 
 
 # ---- HF: derive the block layout from the module tree ------------------------------------------------------
+
 
 def _linear_groups(block: nn.Module, hidden: int) -> list[list[tuple[str, nn.Linear]]]:
     """The block's Linears grouped by parent module, each group in call order (from a meta forward)."""
@@ -90,11 +92,22 @@ def _hf_block_layout(block: nn.Module, spec: ModelSpec) -> tuple[dict[str, str],
     hidden, heads = int(spec.dims.get("hidden", 0)), int(spec.dims.get("heads", 0))
     kv = int(spec.dims.get("kv_heads", 0) or heads)
     head_dim = int(cfg.get("head_dim") or (hidden // heads if heads else 0))
-    params = [n for n, m in block.layer.named_modules() if any(True for _ in m.parameters(recurse=False))
-              and not isinstance(m, nn.Linear) and "norm" not in type(m).__name__.lower()]
+    params = [
+        n
+        for n, m in block.layer.named_modules()
+        if any(True for _ in m.parameters(recurse=False))
+        and not isinstance(m, nn.Linear)
+        and "norm" not in type(m).__name__.lower()
+    ]
     if params:
-        return {}, {}, (f"the block holds parameters outside nn.Linear ({', '.join(params[:3])}: "
-                        f"{type(block.layer.get_submodule(params[0])).__name__}), so no Megatron layout is derived")
+        return (
+            {},
+            {},
+            (
+                f"the block holds parameters outside nn.Linear ({', '.join(params[:3])}: "
+                f"{type(block.layer.get_submodule(params[0])).__name__}), so no Megatron layout is derived"
+            ),
+        )
     layout: dict[str, str] = {}
     limits = {"heads": heads, "kv_heads": kv}
     for group in _linear_groups(block, hidden):
@@ -106,8 +119,14 @@ def _hf_block_layout(block: nn.Module, spec: ModelSpec) -> tuple[dict[str, str],
         attention = row.in_features == heads * head_dim and any(m.out_features in head_outs for _, m in cols)
         for name, m in cols:
             if attention and m.out_features not in head_outs:
-                return {}, {}, (f"{name} produces {m.out_features} features, not whole heads ({heads} or {kv} x "
-                                f"{head_dim}): a fused q/k/v projection whose head order is not known")
+                return (
+                    {},
+                    {},
+                    (
+                        f"{name} produces {m.out_features} features, not whole heads ({heads} or {kv} x "
+                        f"{head_dim}): a fused q/k/v projection whose head order is not known"
+                    ),
+                )
             layout[name] = "colwise"
             if not attention:
                 limits[f"{name}.out_features"] = m.out_features
@@ -127,8 +146,14 @@ def _hf_layouts(model: LayeredModel, spec: ModelSpec) -> tuple[dict, dict, str]:
         with torch.no_grad():
             shard(torch.zeros(1, 4, int(spec.dims["hidden"]), device="meta"))
     except Exception as exc:  # the architecture's own code: any failure means the layout does not hold
-        return {}, {}, (f"tensor parallelism not searched: a block with half its heads does not run "
-                        f"({type(exc).__name__}: {str(exc)[:120]})")
+        return (
+            {},
+            {},
+            (
+                f"tensor parallelism not searched: a block with half its heads does not run "
+                f"({type(exc).__name__}: {str(exc)[:120]})"
+            ),
+        )
     vocab = int(spec.dims.get("vocab", 0))
     layouts = {p: dict(layout) for p in model.layer_paths() if p.startswith("blocks.")}
     constraints = {p: dict(limits) for p in layouts}
@@ -138,6 +163,7 @@ def _hf_layouts(model: LayeredModel, spec: ModelSpec) -> tuple[dict, dict, str]:
 
 
 # ---- custom: the user's tp_plan ------------------------------------------------------------------------------
+
 
 def _custom_layouts(model: LayeredModel, tp_plan: dict, source: str) -> tuple[dict, dict, str]:
     if not tp_plan:
@@ -153,17 +179,25 @@ def _custom_layouts(model: LayeredModel, tp_plan: dict, source: str) -> tuple[di
             try:
                 sub = layer.get_submodule(rel) if rel else layer
             except AttributeError:
-                raise StratagemError(f"{source}: tp_plan entry {rel!r} of {type(layer).__name__} is not a submodule "
-                                     f"of layer {path}; use paths inside the layer, e.g. 'fc1'") from None
+                raise StratagemError(
+                    f"{source}: tp_plan entry {rel!r} of {type(layer).__name__} is not a submodule "
+                    f"of layer {path}; use paths inside the layer, e.g. 'fc1'"
+                ) from None
             if style not in STYLES:
-                raise StratagemError(f"{source}: tp_plan style {style!r} for {rel!r} is unknown; use one of "
-                                     f"{', '.join(STYLES)}")
+                raise StratagemError(
+                    f"{source}: tp_plan style {style!r} for {rel!r} is unknown; use one of {', '.join(STYLES)}"
+                )
             want = nn.Embedding if style == "vocab_embedding" else nn.Linear
             if not isinstance(sub, want):
-                raise StratagemError(f"{source}: tp_plan gives {rel or path!r} style {style} but it is a "
-                                     f"{type(sub).__name__}, not an nn.{want.__name__}")
-            split = sub.num_embeddings if isinstance(sub, nn.Embedding) else (
-                sub.in_features if style == "rowwise" else sub.out_features)
+                raise StratagemError(
+                    f"{source}: tp_plan gives {rel or path!r} style {style} but it is a "
+                    f"{type(sub).__name__}, not an nn.{want.__name__}"
+                )
+            split = (
+                sub.num_embeddings
+                if isinstance(sub, nn.Embedding)
+                else (sub.in_features if style == "rowwise" else sub.out_features)
+            )
             layout[rel], limits[f"{rel or path}.split_features"] = style, split
         layouts[path], constraints[path] = layout, limits
     return layouts, constraints, ""
@@ -171,28 +205,52 @@ def _custom_layouts(model: LayeredModel, tp_plan: dict, source: str) -> tuple[di
 
 # ---- the one entry point -------------------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=8)
 def _external(spec_json: str) -> ExternalModel:
     spec = ModelSpec.model_validate_json(spec_json)
     if spec.family == "hf":
         from runtime.models.hf import build_hf
+
         model = build_hf(spec)
         layouts, constraints, note = _hf_layouts(model, spec)
-        inputs = InputSpec(sample_shape=(), dtype="int64", vocab=int(spec.dims.get("vocab", 0)),
-                           num_classes=int(spec.dims.get("vocab", 0)))
+        inputs = InputSpec(
+            sample_shape=(),
+            dtype="int64",
+            vocab=int(spec.dims.get("vocab", 0)),
+            num_classes=int(spec.dims.get("vocab", 0)),
+        )
     else:
         model, inputs, tp_plan = custom_template(spec)
         layouts, constraints, note = _custom_layouts(model, tp_plan, spec.source or "custom model")
         with torch.no_grad():
             out = model(torch.zeros((1, *inputs.sample_shape), dtype=INPUT_DTYPES[inputs.dtype], device="meta"))
         if out.shape[-1] != inputs.num_classes:
-            raise StratagemError(f"{spec.source}: the output's last dimension is {out.shape[-1]} but input_spec "
-                                 f"says num_classes={inputs.num_classes}; make them equal")
-        return ExternalModel(spec=spec, template=model, paths=model.layer_paths(), kinds=_kinds(model, spec),
-                             layouts=layouts, constraints=constraints, inputs=inputs, tp_note=note,
-                             target_shape=tuple(out.shape[1:-1]))
-    return ExternalModel(spec=spec, template=model, paths=model.layer_paths(), kinds=_kinds(model, spec),
-                         layouts=layouts, constraints=constraints, inputs=inputs, tp_note=note)
+            raise StratagemError(
+                f"{spec.source}: the output's last dimension is {out.shape[-1]} but input_spec "
+                f"says num_classes={inputs.num_classes}; make them equal"
+            )
+        return ExternalModel(
+            spec=spec,
+            template=model,
+            paths=model.layer_paths(),
+            kinds=_kinds(model, spec),
+            layouts=layouts,
+            constraints=constraints,
+            inputs=inputs,
+            tp_note=note,
+            target_shape=tuple(out.shape[1:-1]),
+        )
+    return ExternalModel(
+        spec=spec,
+        template=model,
+        paths=model.layer_paths(),
+        kinds=_kinds(model, spec),
+        layouts=layouts,
+        constraints=constraints,
+        inputs=inputs,
+        tp_note=note,
+    )
 
 
 _KEYS: dict[int, tuple[ModelSpec, str]] = {}  # id(spec) -> (spec, its JSON key): dumping a 70B config costs ~1 ms
@@ -213,6 +271,7 @@ def build_external(spec: ModelSpec) -> LayeredModel:
     ext = external(spec)
     if spec.family == "hf":
         from runtime.models.hf import build_hf
+
         return build_hf(spec)
     return copy.deepcopy(ext.template)
 
@@ -255,8 +314,12 @@ def external_collectives(spec: ModelSpec, path: str, x: torch.Tensor, elem_bytes
     layout = ext.layouts.get(path, {})
     layer = ext.layer(path)
     sizes: dict[str, tuple[int, int]] = {}
-    handles = [(layer.get_submodule(rel) if rel else layer).register_forward_hook(
-        lambda _m, a, out, rel=rel: sizes.__setitem__(rel, (a[0].numel(), out.numel()))) for rel in layout]
+    handles = [
+        (layer.get_submodule(rel) if rel else layer).register_forward_hook(
+            lambda _m, a, out, rel=rel: sizes.__setitem__(rel, (a[0].numel(), out.numel()))
+        )
+        for rel in layout
+    ]
     try:
         with torch.no_grad():
             layer(x.to("meta"))
@@ -274,8 +337,10 @@ def external_collectives(spec: ModelSpec, path: str, x: torch.Tensor, elem_bytes
         elif style == "colwise_sharded_output":
             sub = layer.get_submodule(rel) if rel else layer
             tokens = n_out // sub.out_features
-            needs += [CollectiveNeed(op="all_reduce", phase="backward", bytes_per_sample=n_in * elem_bytes),
-                      CollectiveNeed(op="all_reduce", phase="forward", bytes_per_sample=tokens * FP32_BYTES, count=3)]
+            needs += [
+                CollectiveNeed(op="all_reduce", phase="backward", bytes_per_sample=n_in * elem_bytes),
+                CollectiveNeed(op="all_reduce", phase="forward", bytes_per_sample=tokens * FP32_BYTES, count=3),
+            ]
     return needs
 
 

@@ -120,8 +120,9 @@ class Embedding(nn.Module):
     def __init__(self, dims: GPTDims, tp: int = 1) -> None:
         super().__init__()
         self.p_drop = dims.dropout
-        self.tok = embedding_table(dims.vocab, dims.hidden) if tp == 1 else \
-            VocabShardEmbedding(dims.vocab // tp, dims.hidden)
+        self.tok = (
+            embedding_table(dims.vocab, dims.hidden) if tp == 1 else VocabShardEmbedding(dims.vocab // tp, dims.hidden)
+        )
         self.pos = embedding_table(dims.max_seq, dims.hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

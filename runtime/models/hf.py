@@ -42,8 +42,9 @@ def require_transformers():
     try:
         import transformers
     except ImportError:
-        raise StratagemError("hf: models need the optional 'transformers' package; install it with "
-                             "pip install 'stratagem[hf]'") from None
+        raise StratagemError(
+            "hf: models need the optional 'transformers' package; install it with pip install 'stratagem[hf]'"
+        ) from None
     return transformers
 
 
@@ -57,14 +58,23 @@ def hf_config(spec: ModelSpec):
     try:
         return transformers.AutoConfig.for_model(model_type, **config)
     except (ValueError, TypeError, KeyError) as exc:
-        raise StratagemError(f"transformers {transformers.__version__} cannot read {spec.source} (model_type "
-                             f"{model_type!r}: {str(exc).splitlines()[0][:160]}); upgrade transformers or fix the "
-                             f"config") from None
+        raise StratagemError(
+            f"transformers {transformers.__version__} cannot read {spec.source} (model_type "
+            f"{model_type!r}: {str(exc).splitlines()[0][:160]}); upgrade transformers or fix the "
+            f"config"
+        ) from None
 
 
-def math_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                   **_: object) -> tuple[torch.Tensor, None]:
+def math_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **_: object,
+) -> tuple[torch.Tensor, None]:
     """Attention as explicit math in the compute dtype, like the zoo's (``runtime.models.gpt.Attention``).
 
     HF's "eager" attention takes the softmax in fp32, which on a GPU nobody trains with; this one saves what the
@@ -95,17 +105,22 @@ def _build_causal_lm(spec: ModelSpec) -> nn.Module:
     transformers = require_transformers()
     used = [k for k in UNSUPPORTED_KEYS if (spec.config or {}).get(k)]
     if used:
-        raise StratagemError(f"{spec.source} sets {', '.join(used)}, which Stratagem's HF wrapper does not apply "
-                             f"(the model would differ from transformers'); set it to null or plan another model")
+        raise StratagemError(
+            f"{spec.source} sets {', '.join(used)}, which Stratagem's HF wrapper does not apply "
+            f"(the model would differ from transformers'); set it to null or plan another model"
+        )
     transformers.AttentionInterface.register(ATTENTION, math_attention)
     config = hf_config(spec)
     try:
         with torch.device("meta"):
-            return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION,
-                                                                 dtype=torch.float32)
+            return transformers.AutoModelForCausalLM.from_config(
+                config, attn_implementation=ATTENTION, dtype=torch.float32
+            )
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise StratagemError(f"{spec.source}: AutoModelForCausalLM cannot build model_type {config.model_type!r} "
-                             f"({str(exc).splitlines()[0][:160]}); use a causal-LM config") from None
+        raise StratagemError(
+            f"{spec.source}: AutoModelForCausalLM cannot build model_type {config.model_type!r} "
+            f"({str(exc).splitlines()[0][:160]}); use a causal-LM config"
+        ) from None
 
 
 class HFEmbedding(nn.Module):
@@ -170,16 +185,21 @@ def _block_list(model: nn.Module) -> str:
             if len({type(m) for m in module}) == 1:
                 best, best_len = name, len(module)
     if best is None:
-        raise StratagemError(f"{type(model).__name__} has no list of identical decoder layers (nn.ModuleList); "
-                             f"it cannot be cut into pipeline stages")
+        raise StratagemError(
+            f"{type(model).__name__} has no list of identical decoder layers (nn.ModuleList); "
+            f"it cannot be cut into pipeline stages"
+        )
     return best
 
 
 def _call_order(model: nn.Module, vocab: int) -> list[str]:
     """Module paths in the order their forward starts, from one forward on the meta device."""
     order: list[str] = []
-    handles = [m.register_forward_pre_hook(lambda _m, _a, name=name: order.append(name))
-               for name, m in model.named_modules() if name]
+    handles = [
+        m.register_forward_pre_hook(lambda _m, _a, name=name: order.append(name))
+        for name, m in model.named_modules()
+        if name
+    ]
     try:
         with torch.no_grad():
             model(input_ids=torch.zeros(1, TRACE_TOKENS, dtype=torch.long, device="meta") % vocab)
@@ -211,14 +231,27 @@ def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
     pos = [p for p in before if isinstance(modules[p], nn.Embedding)]
     drop = [p for p in before if isinstance(modules[p], nn.Dropout)]
     rotary = [p for p, m in modules.items() if outside(p) and "inv_freq" in dict(m.named_buffers(recurse=False))]
-    norms = [p for p in order[last_block_call + 1:head_call]
-             if outside(p) and any(True for _ in modules[p].parameters(recurse=False))]
+    norms = [
+        p
+        for p in order[last_block_call + 1 : head_call]
+        if outside(p) and any(True for _ in modules[p].parameters(recurse=False))
+    ]
     if len(pos) > 1 or len(norms) > 1:
-        raise StratagemError(f"{spec.source}: found {len(pos)} position embeddings and {len(norms)} final norms "
-                             f"({', '.join(pos + norms)}); only one of each is supported")
+        raise StratagemError(
+            f"{spec.source}: found {len(pos)} position embeddings and {len(norms)} final norms "
+            f"({', '.join(pos + norms)}); only one of each is supported"
+        )
     tied = model.get_input_embeddings().weight is model.get_output_embeddings().weight
-    return HFParts(tok=tok, pos=pos[0] if pos else None, drop=drop[0] if drop else None, blocks=blocks,
-                   norm=norms[0] if norms else None, head=head, rotary=rotary[0] if rotary else None, tied=tied)
+    return HFParts(
+        tok=tok,
+        pos=pos[0] if pos else None,
+        drop=drop[0] if drop else None,
+        blocks=blocks,
+        norm=norms[0] if norms else None,
+        head=head,
+        rotary=rotary[0] if rotary else None,
+        tied=tied,
+    )
 
 
 def _rotary_on_cpu(model: nn.Module, parts: HFParts) -> nn.Module | None:
@@ -276,10 +309,12 @@ def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
     rotary = _rotary_on_cpu(model, parts)
     get = model.get_submodule
     layers = {
-        "embed": HFEmbedding(get(parts.tok), get(parts.pos) if parts.pos else None,
-                             get(parts.drop) if parts.drop else None),
-        "blocks": blocks_dict([HFBlock(layer, rotary, sliding_window(model.config, i))
-                               for i, layer in enumerate(get(parts.blocks))]),
+        "embed": HFEmbedding(
+            get(parts.tok), get(parts.pos) if parts.pos else None, get(parts.drop) if parts.drop else None
+        ),
+        "blocks": blocks_dict(
+            [HFBlock(layer, rotary, sliding_window(model.config, i)) for i, layer in enumerate(get(parts.blocks))]
+        ),
     }
     if parts.norm:
         layers["norm"] = get(parts.norm)

@@ -38,8 +38,9 @@ def _num_blocks(model: nn.Module) -> int:
     return int(getattr(model, "num_layers", 0) or 1)
 
 
-def _value(module: nn.Module, name: str, tensor: torch.Tensor, path: str, seed: int,
-           layers: int) -> torch.Tensor | None:
+def _value(
+    module: nn.Module, name: str, tensor: torch.Tensor, path: str, seed: int, layers: int
+) -> torch.Tensor | None:
     """The init value of one parameter/buffer on CPU in float32 (None = leave it as it is)."""
     shape = tensor.shape
     if isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)) or type(module).__name__.endswith(("RMSNorm", "LayerNorm")):

@@ -65,12 +65,15 @@ def decoder_paths(layers: int) -> list[str]:
 def build_decoder(dims, build_layer) -> LayeredModel:
     """A whole decoder from ``build_layer(dims, path)``; the head shares the token embedding's weight when
     ``dims.tie_embeddings``."""
-    model = LayeredModel({
-        "embed": build_layer(dims, "embed"),
-        "blocks": blocks_dict([build_layer(dims, f"blocks.{i}") for i in range(dims.layers)]),
-        "norm": build_layer(dims, "norm"),
-        "head": build_layer(dims, "head"),
-    }, tie_embeddings=dims.tie_embeddings)
+    model = LayeredModel(
+        {
+            "embed": build_layer(dims, "embed"),
+            "blocks": blocks_dict([build_layer(dims, f"blocks.{i}") for i in range(dims.layers)]),
+            "norm": build_layer(dims, "norm"),
+            "head": build_layer(dims, "head"),
+        },
+        tie_embeddings=dims.tie_embeddings,
+    )
     if dims.tie_embeddings:
         model.head.weight = model.embed.tok.weight
     return model

@@ -32,8 +32,9 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def rotary_tables(seq_len: int, head_dim: int, theta: float, *, device: torch.device,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(
+    seq_len: int, head_dim: int, theta: float, *, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (s, head_dim/2): angle = pos * theta^(-2i/d) (Su et al. 2021, RoFormer eq. 34)."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
@@ -106,8 +107,9 @@ class Embedding(nn.Module):
 
     def __init__(self, dims: LlamaDims, tp: int = 1) -> None:
         super().__init__()
-        self.tok = embedding_table(dims.vocab, dims.hidden) if tp == 1 else \
-            VocabShardEmbedding(dims.vocab // tp, dims.hidden)
+        self.tok = (
+            embedding_table(dims.vocab, dims.hidden) if tp == 1 else VocabShardEmbedding(dims.vocab // tp, dims.hidden)
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.tok(ids)

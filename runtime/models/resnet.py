@@ -30,8 +30,7 @@ class Bottleneck(nn.Module):
         self.conv2, self.bn2 = _conv_bn(inner, inner, 3, stride)
         self.conv3, self.bn3 = _conv_bn(inner, c_out, 1)
         self.relu = nn.ReLU()
-        self.downsample = nn.Sequential(*_conv_bn(c_in, c_out, 1, stride)) \
-            if stride != 1 or c_in != c_out else None
+        self.downsample = nn.Sequential(*_conv_bn(c_in, c_out, 1, stride)) if stride != 1 or c_in != c_out else None
 
     def forward(self, x):
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -42,8 +41,7 @@ class Bottleneck(nn.Module):
 
 class Stem(nn.Sequential):
     def __init__(self, dims: ResNetDims) -> None:
-        super().__init__(*_conv_bn(dims.in_channels, dims.width, 7, 2), nn.ReLU(),
-                         nn.MaxPool2d(3, stride=2, padding=1))
+        super().__init__(*_conv_bn(dims.in_channels, dims.width, 7, 2), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1))
 
 
 class Pool(nn.Module):
@@ -61,7 +59,7 @@ def block_shapes(dims: ResNetDims) -> list[tuple[int, int, int]]:
     """(in channels, inner width, stride) of every bottleneck, in order."""
     shapes, c_in = [], dims.width
     for stage, depth in enumerate(dims.depths):
-        inner = dims.width * 2 ** stage
+        inner = dims.width * 2**stage
         for i in range(depth):
             shapes.append((c_in, inner, 2 if i == 0 and stage > 0 else 1))
             c_in = inner * EXPANSION
@@ -86,9 +84,11 @@ def resnet_paths(dims: ResNetDims) -> list[str]:
 
 
 def build_resnet(dims: ResNetDims) -> LayeredModel:
-    return LayeredModel({
-        "stem": Stem(dims),
-        "blocks": blocks_dict([Bottleneck(*shape) for shape in block_shapes(dims)]),
-        "pool": Pool(),
-        "fc": build_resnet_layer(dims, "fc"),
-    })
+    return LayeredModel(
+        {
+            "stem": Stem(dims),
+            "blocks": blocks_dict([Bottleneck(*shape) for shape in block_shapes(dims)]),
+            "pool": Pool(),
+            "fc": build_resnet_layer(dims, "fc"),
+        }
+    )

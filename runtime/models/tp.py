@@ -25,11 +25,25 @@ from runtime.models.zoo import DeviceLike, build_layer, check_layer_path, layer_
 SPLIT_STYLES = ("colwise", "rowwise", "vocab_embedding", "colwise_sharded_output")
 FP32_BYTES = 4  # the parallel cross-entropy exchanges fp32 per-token max / sum-exp / target logit
 
-_GPT_BLOCK = {"ln1": "sequence_parallel", "attn.qkv": "colwise", "attn.proj": "rowwise",
-              "ln2": "sequence_parallel", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}
-_LLAMA_BLOCK = {"ln1": "sequence_parallel", "attn.wq": "colwise", "attn.wk": "colwise", "attn.wv": "colwise",
-                "attn.wo": "rowwise", "ln2": "sequence_parallel", "mlp.w1": "colwise", "mlp.w3": "colwise",
-                "mlp.w2": "rowwise"}
+_GPT_BLOCK = {
+    "ln1": "sequence_parallel",
+    "attn.qkv": "colwise",
+    "attn.proj": "rowwise",
+    "ln2": "sequence_parallel",
+    "mlp.fc1": "colwise",
+    "mlp.fc2": "rowwise",
+}
+_LLAMA_BLOCK = {
+    "ln1": "sequence_parallel",
+    "attn.wq": "colwise",
+    "attn.wk": "colwise",
+    "attn.wv": "colwise",
+    "attn.wo": "rowwise",
+    "ln2": "sequence_parallel",
+    "mlp.w1": "colwise",
+    "mlp.w3": "colwise",
+    "mlp.w2": "rowwise",
+}
 
 
 def tp_layout(spec: ModelSpec, path: str) -> dict[str, str]:
@@ -45,8 +59,11 @@ def tp_layout(spec: ModelSpec, path: str) -> dict[str, str]:
     if spec.family in ("gpt", "llama"):
         if kind == "block":
             return dict(_GPT_BLOCK if spec.family == "gpt" else _LLAMA_BLOCK)
-        return {"embedding": {"tok": "vocab_embedding"}, "norm": {"": "sequence_parallel"},
-                "head": {"": "colwise_sharded_output"}}[kind]
+        return {
+            "embedding": {"tok": "vocab_embedding"},
+            "norm": {"": "sequence_parallel"},
+            "head": {"": "colwise_sharded_output"},
+        }[kind]
     if kind in ("classifier", "head"):  # resnet fc, mlp out: Whale-style split classifier
         return {"": "colwise_sharded_output"}
     return {}
@@ -78,22 +95,31 @@ def check_tp(spec: ModelSpec, path: str, tp: int) -> None:
         raise StratagemError(f"tensor-parallel degree {tp} must be a positive integer")
     if tp > 1 and not is_splittable(spec, path):
         note = external(spec).tp_note if spec.is_external else ""
-        raise StratagemError(f"layer {path} of {spec.name} cannot be split by tensor parallelism"
-                             f"{' (' + note + ')' if note else ''}; replicate it (tp=1)")
+        raise StratagemError(
+            f"layer {path} of {spec.name} cannot be split by tensor parallelism"
+            f"{' (' + note + ')' if note else ''}; replicate it (tp=1)"
+        )
     for key, value in tp_constraints(spec, path).items():
         if value % tp:
             divisors = [d for d in range(1, value + 1) if value % d == 0 and d <= 64]
-            raise StratagemError(f"tp={tp} does not divide {key}={value} of {spec.name} layer {path}; "
-                                 f"choose tp among {divisors}")
+            raise StratagemError(
+                f"tp={tp} does not divide {key}={value} of {spec.name} layer {path}; choose tp among {divisors}"
+            )
 
 
 def _need(op: str, phase: str, nbytes: float, count: int, sp: bool) -> CollectiveNeed:
-    return CollectiveNeed(op=op, phase=phase, bytes_per_sample=float(nbytes), count=count,  # type: ignore[arg-type]
-                          with_sequence_parallel=sp)
+    return CollectiveNeed(
+        op=op,
+        phase=phase,
+        bytes_per_sample=float(nbytes),
+        count=count,  # type: ignore[arg-type]
+        with_sequence_parallel=sp,
+    )
 
 
-def tp_collectives(spec: ModelSpec, path: str, seq_len: int, *,
-                   dtype: torch.dtype = torch.float32) -> list[CollectiveNeed]:
+def tp_collectives(
+    spec: ModelSpec, path: str, seq_len: int, *, dtype: torch.dtype = torch.float32
+) -> list[CollectiveNeed]:
     """Collectives the layer's TP layout issues at tp > 1, per sample (full, unsharded message sizes).
 
     Transformer block, without SP: 2 all-reduces of the s*h activation in forward (after attention and
@@ -114,19 +140,33 @@ def tp_collectives(spec: ModelSpec, path: str, seq_len: int, *,
     kind = layer_kind(path)
     if isinstance(dims, (ResNetDims, MLPDims)):  # split classifier: input gradient + one loss "token"
         features = dims.features if isinstance(dims, ResNetDims) else dims.hidden
-        return [_need("all_reduce", "backward", features * elem, 1, False),
-                _need("all_reduce", "forward", FP32_BYTES, 3, False)]
+        return [
+            _need("all_reduce", "backward", features * elem, 1, False),
+            _need("all_reduce", "forward", FP32_BYTES, 3, False),
+        ]
     act = seq_len * dims.hidden * elem
     if kind == "block":
-        return [_need("all_reduce", "forward", act, 2, False), _need("all_reduce", "backward", act, 2, False),
-                _need("all_gather", "forward", act, 2, True), _need("reduce_scatter", "forward", act, 2, True),
-                _need("all_gather", "backward", act, 2, True), _need("reduce_scatter", "backward", act, 2, True)]
+        return [
+            _need("all_reduce", "forward", act, 2, False),
+            _need("all_reduce", "backward", act, 2, False),
+            _need("all_gather", "forward", act, 2, True),
+            _need("reduce_scatter", "forward", act, 2, True),
+            _need("all_gather", "backward", act, 2, True),
+            _need("reduce_scatter", "backward", act, 2, True),
+        ]
     if kind == "embedding":
-        return [_need("all_reduce", "forward", act, 1, False),
-                _need("reduce_scatter", "forward", act, 1, True), _need("all_gather", "backward", act, 1, True)]
+        return [
+            _need("all_reduce", "forward", act, 1, False),
+            _need("reduce_scatter", "forward", act, 1, True),
+            _need("all_gather", "backward", act, 1, True),
+        ]
     loss = [_need("all_reduce", "forward", seq_len * FP32_BYTES, 3, sp) for sp in (False, True)]
-    return [_need("all_reduce", "backward", act, 1, False),
-            _need("all_gather", "forward", act, 1, True), _need("reduce_scatter", "backward", act, 1, True), *loss]
+    return [
+        _need("all_reduce", "backward", act, 1, False),
+        _need("all_gather", "forward", act, 1, True),
+        _need("reduce_scatter", "backward", act, 1, True),
+        *loss,
+    ]
 
 
 def _external_collectives(spec: ModelSpec, path: str, seq_len: int, elem: int) -> list[CollectiveNeed]:
@@ -135,8 +175,7 @@ def _external_collectives(spec: ModelSpec, path: str, seq_len: int, elem: int) -
 
     x, _ = example_batch(spec, 1, seq_len, device="meta")
     if spec.family == "hf" and path != "embed":  # every later layer takes the (1, seq, hidden) hidden states
-        return external_collectives(spec, path, torch.empty(1, seq_len, int(spec.dims["hidden"]), device="meta"),
-                                    elem)
+        return external_collectives(spec, path, torch.empty(1, seq_len, int(spec.dims["hidden"]), device="meta"), elem)
     model = external(spec).template
     for p in layer_paths(spec):
         if p == path:
@@ -146,8 +185,9 @@ def _external_collectives(spec: ModelSpec, path: str, seq_len: int, elem: int) -
     return external_collectives(spec, path, x, elem)
 
 
-def build_tp_shard(spec: ModelSpec, path: str, tp: int, *, device: DeviceLike = "cpu",
-                   dtype: torch.dtype = torch.float32) -> nn.Module:
+def build_tp_shard(
+    spec: ModelSpec, path: str, tp: int, *, device: DeviceLike = "cpu", dtype: torch.dtype = torch.float32
+) -> nn.Module:
     """A module computing exactly what ONE of ``tp`` ranks computes for layer ``path``.
 
     GPT block: heads/tp heads and ffn/tp MLP units with full LayerNorms (and full row-parallel biases);

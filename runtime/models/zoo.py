@@ -26,8 +26,16 @@ _FAMILIES = {
     "mlp": (build_mlp, build_mlp_layer, mlp_paths),
 }
 # first path component -> LayerProfile.kind
-_KINDS = {"embed": "embedding", "blocks": "block", "norm": "norm", "head": "head", "stem": "stem",
-          "pool": "pool", "fc": "classifier", "out": "head"}
+_KINDS = {
+    "embed": "embedding",
+    "blocks": "block",
+    "norm": "norm",
+    "head": "head",
+    "stem": "stem",
+    "pool": "pool",
+    "fc": "classifier",
+    "out": "head",
+}
 SEQUENCE_FAMILIES = ("gpt", "llama", "hf")
 
 DeviceLike = str | torch.device
@@ -37,22 +45,28 @@ def _materialized(module: nn.Module, device: DeviceLike, dtype: torch.dtype) -> 
     """A meta-built module on ``device`` in ``dtype``; real devices get the seeded init (seed 0)."""
     if torch.device(device).type != "meta":
         from runtime.models.init import init_weights
+
         module.to_empty(device=device)
         init_weights(module, seed=0)
     return module.to(dtype=dtype)
 
 
-def _custom_batch(spec: ModelSpec, micro_batch: int, *, device: DeviceLike, dtype: torch.dtype,
-                  seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _custom_batch(
+    spec: ModelSpec, micro_batch: int, *, device: DeviceLike, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs of the declared ``input_spec`` and class-id targets shaped like the output minus its last dim."""
     ext = external(spec)
     shape, target_shape = [micro_batch, *ext.inputs.sample_shape], [micro_batch, *ext.target_shape]
     ids = input_dtype(spec) == torch.long
     if torch.device(device).type == "meta":
-        return (torch.empty(shape, device="meta", dtype=torch.long if ids else dtype),
-                torch.empty(target_shape, device="meta", dtype=torch.long))
+        return (
+            torch.empty(shape, device="meta", dtype=torch.long if ids else dtype),
+            torch.empty(target_shape, device="meta", dtype=torch.long),
+        )
     gen = torch.Generator().manual_seed(seed)
-    inputs = torch.randint(ext.inputs.vocab, shape, generator=gen) if ids else torch.randn(shape, generator=gen).to(dtype)
+    inputs = (
+        torch.randint(ext.inputs.vocab, shape, generator=gen) if ids else torch.randn(shape, generator=gen).to(dtype)
+    )
     targets = torch.randint(ext.inputs.num_classes, target_shape, generator=gen)
     return inputs.to(device), targets.to(device)
 
@@ -111,8 +125,9 @@ def check_layer_path(spec: ModelSpec, path: str) -> None:
         raise StratagemError(f"{spec.name} has no top-level layer {path!r}; its layers are {shown}")
 
 
-def build_layer(spec: ModelSpec, path: str, tp: int = 1, *, device: DeviceLike = "cpu",
-                dtype: torch.dtype = torch.float32) -> nn.Module:
+def build_layer(
+    spec: ModelSpec, path: str, tp: int = 1, *, device: DeviceLike = "cpu", dtype: torch.dtype = torch.float32
+) -> nn.Module:
     """One top-level layer alone; ``tp`` > 1 gives one TP rank's shard (checks are in ``build_tp_shard``)."""
     check_layer_path(spec, path)
     if spec.is_external:
@@ -124,16 +139,21 @@ def build_layer(spec: ModelSpec, path: str, tp: int = 1, *, device: DeviceLike =
 def loss_fn(spec: ModelSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """(output, target) -> scalar mean cross-entropy; for language models over every token."""
     if spec.family in SEQUENCE_FAMILIES:
+
         def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
         return lm_loss
     if spec.family == "custom":  # class ids per output position (README: input_spec)
+
         def custom_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
+
         return custom_loss
 
     def classifier_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float(), target)
+
     return classifier_loss
 
 
@@ -161,8 +181,15 @@ def num_classes(spec: ModelSpec) -> int:
     return dims.num_classes if isinstance(dims, ResNetDims) else dims.out_features
 
 
-def example_batch(spec: ModelSpec, micro_batch: int, seq_len: int, *, device: DeviceLike = "cpu",
-                  dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def example_batch(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    *,
+    device: DeviceLike = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A random (inputs, targets) batch of the right shapes and types, reproducible from ``seed``.
 
     Language models: token ids (b, s) and targets (b, s); classifiers: float inputs and targets (b,).
@@ -171,17 +198,23 @@ def example_batch(spec: ModelSpec, micro_batch: int, seq_len: int, *, device: De
         return _custom_batch(spec, micro_batch, device=device, dtype=dtype, seed=seed)
     shape = [micro_batch, *sample_shape(spec, seq_len)]
     is_lm = spec.is_language_model
-    max_seq = int(spec.dims.get("max_seq", seq_len)) if spec.family == "hf" else \
-        getattr(resolve_dims(spec), "max_seq", seq_len)
+    max_seq = (
+        int(spec.dims.get("max_seq", seq_len))
+        if spec.family == "hf"
+        else getattr(resolve_dims(spec), "max_seq", seq_len)
+    )
     if is_lm and seq_len > max_seq:
-        raise StratagemError(f"sequence length {seq_len} exceeds {spec.name}'s max_seq={max_seq}; "
-                             f"use --seq <= {max_seq} or a larger max_seq")
+        raise StratagemError(
+            f"sequence length {seq_len} exceeds {spec.name}'s max_seq={max_seq}; "
+            f"use --seq <= {max_seq} or a larger max_seq"
+        )
     target_shape = shape if is_lm else [micro_batch]
     if torch.device(device).type == "meta":
         inputs = torch.empty(shape, device="meta", dtype=torch.long if is_lm else dtype)
         return inputs, torch.empty(target_shape, device="meta", dtype=torch.long)
     gen = torch.Generator().manual_seed(seed)
-    inputs = torch.randint(num_classes(spec), shape, generator=gen) if is_lm else \
-        torch.randn(shape, generator=gen).to(dtype)
+    inputs = (
+        torch.randint(num_classes(spec), shape, generator=gen) if is_lm else torch.randn(shape, generator=gen).to(dtype)
+    )
     targets = torch.randint(num_classes(spec), target_shape, generator=gen)
     return inputs.to(device), targets.to(device)

@@ -27,8 +27,15 @@ from planner import __version__
 from planner.alphabeta import fit_alpha_beta
 from planner.errors import StratagemError
 from planner.fileio import read_json
-from planner.profiles import (ClusterProfile, CollectiveFit, CollectiveSample, ComputeFigure, NodeGroup,
-                              NodeType, Provenance)
+from planner.profiles import (
+    ClusterProfile,
+    CollectiveFit,
+    CollectiveSample,
+    ComputeFigure,
+    NodeGroup,
+    NodeType,
+    Provenance,
+)
 
 log = logging.getLogger(__name__)
 WORKER = Path(__file__).with_name("cluster_bench.py")
@@ -37,6 +44,7 @@ ProgressFn = Callable[[int, int, str], None]
 
 # ------------------------------------------------------------------------------------------ raw results
 # What the worker's rank 0 writes and this process reads (a file boundary, hence pydantic).
+
 
 class _Raw(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -106,12 +114,24 @@ def build_torchrun_command(cfg: ClusterBenchConfig, raw_path: Path) -> list[str]
     else:
         host, _, port = (cfg.rdzv_endpoint or "").rpartition(":")
         if not host or not port.isdigit():
-            raise StratagemError(f"--rdzv-endpoint {cfg.rdzv_endpoint!r} is not HOST:PORT; with --nnodes "
-                                 f"{cfg.nnodes} give node 0's address, e.g. --rdzv-endpoint 10.0.0.1:29500")
-        cmd += [f"--nnodes={cfg.nnodes}", f"--node-rank={cfg.node_rank}", f"--master-addr={host}",
-                f"--master-port={port}"]
-    cmd += [str(WORKER), f"--raw-out={raw_path}", "--sizes=" + ",".join(map(str, cfg.sizes_bytes)),
-            f"--repeats={cfg.repeats}", f"--iters={cfg.iters}", f"--timeout-s={cfg.timeout_s}"]
+            raise StratagemError(
+                f"--rdzv-endpoint {cfg.rdzv_endpoint!r} is not HOST:PORT; with --nnodes "
+                f"{cfg.nnodes} give node 0's address, e.g. --rdzv-endpoint 10.0.0.1:29500"
+            )
+        cmd += [
+            f"--nnodes={cfg.nnodes}",
+            f"--node-rank={cfg.node_rank}",
+            f"--master-addr={host}",
+            f"--master-port={port}",
+        ]
+    cmd += [
+        str(WORKER),
+        f"--raw-out={raw_path}",
+        "--sizes=" + ",".join(map(str, cfg.sizes_bytes)),
+        f"--repeats={cfg.repeats}",
+        f"--iters={cfg.iters}",
+        f"--timeout-s={cfg.timeout_s}",
+    ]
     return cmd
 
 
@@ -147,14 +167,15 @@ def _failure_line(lines: list[str], returncode: int) -> str:
     return f"torchrun exited with status {returncode}"
 
 
-def _follow(proc: subprocess.Popen, lines: queue.Queue, timeout_s: float,
-            on_progress: ProgressFn | None) -> list[str]:
+def _follow(proc: subprocess.Popen, lines: queue.Queue, timeout_s: float, on_progress: ProgressFn | None) -> list[str]:
     """Consume torchrun's output until it exits; progress lines go to ``on_progress``. Returns stderr."""
     deadline, open_streams, err_lines = time.monotonic() + timeout_s, 2, []
     while open_streams or proc.poll() is None:
         if time.monotonic() > deadline:
-            raise StratagemError(f"cluster profiling did not finish within --timeout-s {timeout_s:g}; "
-                                 f"raise --timeout-s, or use --quick / fewer --sizes")
+            raise StratagemError(
+                f"cluster profiling did not finish within --timeout-s {timeout_s:g}; "
+                f"raise --timeout-s, or use --quick / fewer --sizes"
+            )
         try:
             tag, line = lines.get(timeout=0.2)
         except queue.Empty:
@@ -175,8 +196,9 @@ def _run_bounded(cmd: list[str], timeout_s: float, on_progress: ProgressFn | Non
     """Run torchrun in its own process group; one-line error on failure; kill the group on timeout/^C."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     log.info("running %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     lines: queue.Queue = queue.Queue()
     for stream, tag in ((proc.stdout, "out"), (proc.stderr, "err")):
         threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True).start()
@@ -186,18 +208,23 @@ def _run_bounded(cmd: list[str], timeout_s: float, on_progress: ProgressFn | Non
         _kill_group(proc)
         raise
     if proc.wait() != 0:
-        raise StratagemError(f"cluster benchmark failed: {_failure_line(err_lines, proc.returncode)}; "
-                             f"fix the failing rank (run with -v for torchrun's log) and re-run")
+        raise StratagemError(
+            f"cluster benchmark failed: {_failure_line(err_lines, proc.returncode)}; "
+            f"fix the failing rank (run with -v for torchrun's log) and re-run"
+        )
 
 
 def run_cluster_bench(cfg: ClusterBenchConfig, on_progress: ProgressFn | None = None) -> RawBench | None:
     """Launch the worker on this node and return rank 0's raw results (None on nodes other than node 0)."""
     if cfg.nproc_per_node < 1 or cfg.nnodes < 1 or not 0 <= cfg.node_rank < cfg.nnodes:
-        raise StratagemError(f"bad topology: --nproc-per-node {cfg.nproc_per_node}, --nnodes {cfg.nnodes}, "
-                             f"--node-rank {cfg.node_rank}; need >= 1, >= 1 and 0 <= node-rank < nnodes")
+        raise StratagemError(
+            f"bad topology: --nproc-per-node {cfg.nproc_per_node}, --nnodes {cfg.nnodes}, "
+            f"--node-rank {cfg.node_rank}; need >= 1, >= 1 and 0 <= node-rank < nnodes"
+        )
     if cfg.nproc_per_node * cfg.nnodes < 2:
-        raise StratagemError("a cluster profile needs at least 2 ranks to time collectives; "
-                             "use --nproc-per-node 2 (or more nodes)")
+        raise StratagemError(
+            "a cluster profile needs at least 2 ranks to time collectives; use --nproc-per-node 2 (or more nodes)"
+        )
     with tempfile.TemporaryDirectory(prefix="stratagem-bench-") as tmp:
         raw_path = Path(tmp) / "raw.json"
         _run_bounded(build_torchrun_command(cfg, raw_path), cfg.timeout_s, on_progress)
@@ -207,59 +234,93 @@ def run_cluster_bench(cfg: ClusterBenchConfig, on_progress: ProgressFn | None = 
     try:
         return RawBench.model_validate(data)
     except ValidationError as exc:
-        raise StratagemError(f"the benchmark worker wrote malformed results ({exc.errors()[0]['msg']}); "
-                             f"this is a bug, re-run with -v and report it") from None
+        raise StratagemError(
+            f"the benchmark worker wrote malformed results ({exc.errors()[0]['msg']}); "
+            f"this is a bug, re-run with -v and report it"
+        ) from None
 
 
 def _fit(coll, source: str) -> CollectiveFit:
     fit = fit_alpha_beta(coll.op, coll.n_ranks, [(s.bytes, s.times_s) for s in coll.samples])
     return CollectiveFit(
-        op=coll.op, level=coll.level, n_ranks=coll.n_ranks, alpha_s=fit.alpha_s,
-        bus_bw_bytes_per_s=fit.bus_bw_bytes_per_s, origin="measured", fit_r2=fit.r2,
-        source=source + ("" if fit.weighting == "relative" else
-                         "; fitted by absolute-error least squares (relative-error fit had no positive slope)"),
-        fit_max_rel_err=fit.max_rel_err, run_cv=fit.run_cv,
-        samples=[CollectiveSample(bytes=s.bytes, times_s=s.times_s) for s in coll.samples])
+        op=coll.op,
+        level=coll.level,
+        n_ranks=coll.n_ranks,
+        alpha_s=fit.alpha_s,
+        bus_bw_bytes_per_s=fit.bus_bw_bytes_per_s,
+        origin="measured",
+        fit_r2=fit.r2,
+        source=source
+        + (
+            ""
+            if fit.weighting == "relative"
+            else "; fitted by absolute-error least squares (relative-error fit had no positive slope)"
+        ),
+        fit_max_rel_err=fit.max_rel_err,
+        run_cv=fit.run_cv,
+        samples=[CollectiveSample(bytes=s.bytes, times_s=s.times_s) for s in coll.samples],
+    )
 
 
 def _compute_figure(c, backend: str) -> ComputeFigure:
     rates = [c.flops_per_matmul / t for t in c.times_s]
     return ComputeFigure(
-        dtype=c.dtype, peak_flops_per_s=max(rates), achieved_flops_per_s=statistics.median(rates),
+        dtype=c.dtype,
+        peak_flops_per_s=max(rates),
+        achieved_flops_per_s=statistics.median(rates),
         origin="measured",
         source=f"torch.mm {c.matrix_n}x{c.matrix_n} {c.dtype} timed on rank 0 while every rank ran it"
-               f"{' (1 CPU thread per rank)' if backend == 'gloo' else ''}; FLOPs = 2n^3; "
-               f"peak = best of {len(rates)}, achieved = median")
+        f"{' (1 CPU thread per rank)' if backend == 'gloo' else ''}; FLOPs = 2n^3; "
+        f"peak = best of {len(rates)}, achieved = median",
+    )
 
 
 def _notes(raw: RawBench) -> str:
     notes = [f"not measured: {m}" for m in raw.not_measured]
     if raw.cpu_steal_fraction is not None:
-        notes.append(f"CPU steal during the run {100 * raw.cpu_steal_fraction:.1f}% (from /proc/stat); on "
-                     f"shared VMs timings vary 2-5x between runs (measured for this project on 2-core VMs)")
+        notes.append(
+            f"CPU steal during the run {100 * raw.cpu_steal_fraction:.1f}% (from /proc/stat); on "
+            f"shared VMs timings vary 2-5x between runs (measured for this project on 2-core VMs)"
+        )
     if raw.load_avg_1m is not None:
         notes.append(f"load average {raw.load_avg_1m:.1f} at the start (other processes compete for the CPUs)")
     notes.append(f"benchmark wall time {raw.wall_s:.1f} s")
     return "; ".join(notes)
 
 
-def build_cluster_profile(raw: RawBench, *, name: str, command: str, created_utc: str,
-                          cfg: ClusterBenchConfig) -> ClusterProfile:
+def build_cluster_profile(
+    raw: RawBench, *, name: str, command: str, created_utc: str, cfg: ClusterBenchConfig
+) -> ClusterProfile:
     """Fit every (op, level) and assemble the profile; inter-node fits only if they were measured."""
-    source = (f"measured by stratagem profile cluster: {raw.backend}, {raw.nnodes} node(s) x "
-              f"{raw.nproc_per_node} ranks, per-iteration median of <= {cfg.iters} iterations, "
-              f"{cfg.repeats} repeats, slowest rank counts; send_recv = half a ping-pong")
+    source = (
+        f"measured by stratagem profile cluster: {raw.backend}, {raw.nnodes} node(s) x "
+        f"{raw.nproc_per_node} ranks, per-iteration median of <= {cfg.iters} iterations, "
+        f"{cfg.repeats} repeats, slowest rank counts; send_recv = half a ping-pong"
+    )
     fits = [_fit(c, source) for c in raw.collectives if c.samples]
     node = NodeType(
-        name=name, device=raw.device_name, devices_per_node=raw.nproc_per_node,
-        device_memory_bytes=raw.device_memory_bytes, device_memory_source=raw.device_memory_source,
+        name=name,
+        device=raw.device_name,
+        devices_per_node=raw.nproc_per_node,
+        device_memory_bytes=raw.device_memory_bytes,
+        device_memory_source=raw.device_memory_source,
         compute=[_compute_figure(c, raw.backend) for c in raw.compute],
-        intra_node=[f for f in fits if f.level == "intra_node"])
+        intra_node=[f for f in fits if f.level == "intra_node"],
+    )
     return ClusterProfile(
         name=name,
         description=f"{raw.nnodes} x {raw.nproc_per_node} ranks on {raw.device_name} ({raw.backend}), measured",
-        node_types=[node], nodes=[NodeGroup(node_type=name, count=raw.nnodes)],
+        node_types=[node],
+        nodes=[NodeGroup(node_type=name, count=raw.nnodes)],
         inter_node=[f for f in fits if f.level == "inter_node"],
-        provenance=Provenance(method="measured", tool=f"stratagem {__version__}", created_utc=created_utc,
-                              torch_version=raw.torch_version, device_name=raw.device_name, host=raw.host,
-                              command=command, notes=_notes(raw)))
+        provenance=Provenance(
+            method="measured",
+            tool=f"stratagem {__version__}",
+            created_utc=created_utc,
+            torch_version=raw.torch_version,
+            device_name=raw.device_name,
+            host=raw.host,
+            command=command,
+            notes=_notes(raw),
+        ),
+    )

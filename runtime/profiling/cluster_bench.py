@@ -43,6 +43,7 @@ _TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfl
 
 # ------------------------------------------------------------------------------------------ machine facts
 
+
 def read_cpu_times() -> tuple[int, int] | None:
     """(steal, total) jiffies from the first line of /proc/stat, or None off Linux (proc(5))."""
     try:
@@ -73,19 +74,24 @@ def device_facts(device: torch.device, nproc_per_node: int) -> tuple[str, int, s
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return props.name, int(props.total_memory), "torch.cuda.get_device_properties().total_memory"
-    return (_cpu_model(), _ram_bytes() // nproc_per_node,
-            f"physical RAM (sysconf) {_ram_bytes()} B / {nproc_per_node} ranks per node")
+    return (
+        _cpu_model(),
+        _ram_bytes() // nproc_per_node,
+        f"physical RAM (sysconf) {_ram_bytes()} B / {nproc_per_node} ranks per node",
+    )
 
 
 # ------------------------------------------------------------------------------------------ timing
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _make_op(op: str, message_bytes: int, group, n: int, peer_ranks: tuple[int, int], device: torch.device
-             ) -> tuple[Callable[[], None], int]:
+def _make_op(
+    op: str, message_bytes: int, group, n: int, peer_ranks: tuple[int, int], device: torch.device
+) -> tuple[Callable[[], None], int]:
     """A closure running one collective, and the message bytes it really moves (rounded to n floats)."""
     numel = max(n, message_bytes // _FP32_BYTES // n * n)
     rank = dist.get_rank()
@@ -106,6 +112,7 @@ def _make_op(op: str, message_bytes: int, group, n: int, peer_ranks: tuple[int, 
         elif rank == dst:
             dist.recv(full, src)
             dist.send(full, src)
+
     return ping_pong, numel * _FP32_BYTES
 
 
@@ -124,8 +131,18 @@ def _time_iters(fn: Callable[[], None], iters: int, group, device: torch.device,
     return times.cpu().tolist()
 
 
-def time_collective(op: str, message_bytes: int, *, group, n: int, peer_ranks: tuple[int, int],
-                    device: torch.device, repeats: int, iters: int, warmup: int) -> RawSample:
+def time_collective(
+    op: str,
+    message_bytes: int,
+    *,
+    group,
+    n: int,
+    peer_ranks: tuple[int, int],
+    device: torch.device,
+    repeats: int,
+    iters: int,
+    warmup: int,
+) -> RawSample:
     """Per-iteration-median timing of one collective at one size (see the module docstring)."""
     fn, real_bytes = _make_op(op, message_bytes, group, n, peer_ranks, device)
     scale = 0.5 if op == "send_recv" else 1.0  # ping-pong: one-way time = half the round trip
@@ -154,6 +171,7 @@ def time_matmul(dtype_name: str, n: int, *, device: torch.device, repeats: int) 
 
 
 # ------------------------------------------------------------------------------------------ main
+
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -207,9 +225,19 @@ def run_benchmarks(args: argparse.Namespace, device: torch.device) -> RawBench:
             for size in sizes:
                 if mine:
                     ranks, handle = mine[0]
-                    samples.append(time_collective(op, size, group=handle, n=len(ranks),
-                                                   peer_ranks=(ranks[0], ranks[1]), device=device,
-                                                   repeats=args.repeats, iters=args.iters, warmup=args.warmup))
+                    samples.append(
+                        time_collective(
+                            op,
+                            size,
+                            group=handle,
+                            n=len(ranks),
+                            peer_ranks=(ranks[0], ranks[1]),
+                            device=device,
+                            repeats=args.repeats,
+                            iters=args.iters,
+                            warmup=args.warmup,
+                        )
+                    )
                 done += 1
                 _progress(done, total, f"{level} {op} {size} B")
             results.append(RawCollective(op=op, level=level, n_ranks=len(groups[0]), samples=samples))
@@ -226,11 +254,22 @@ def run_benchmarks(args: argparse.Namespace, device: torch.device) -> RawBench:
         steal = (cpu1[0] - cpu0[0]) / (cpu1[1] - cpu0[1])
     name, mem_bytes, mem_source = device_facts(device, nproc)
     return RawBench(
-        world_size=world, nnodes=world // nproc, nproc_per_node=nproc, backend=dist.get_backend(),
-        device_name=name, device_memory_bytes=mem_bytes, device_memory_source=mem_source,
-        torch_version=torch.__version__, host=socket.gethostname(), cpu_steal_fraction=steal,
+        world_size=world,
+        nnodes=world // nproc,
+        nproc_per_node=nproc,
+        backend=dist.get_backend(),
+        device_name=name,
+        device_memory_bytes=mem_bytes,
+        device_memory_source=mem_source,
+        torch_version=torch.__version__,
+        host=socket.gethostname(),
+        cpu_steal_fraction=steal,
         load_avg_1m=load_avg_1m,
-        not_measured=missing, collectives=results, compute=compute, wall_s=time.perf_counter() - t_start)
+        not_measured=missing,
+        collectives=results,
+        compute=compute,
+        wall_s=time.perf_counter() - t_start,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,8 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", 0))
     try:
         if use_cuda and local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"local rank {local_rank} has no GPU (this node has {torch.cuda.device_count()}); "
-                               f"use --nproc-per-node {torch.cuda.device_count()} or fewer")
+            raise RuntimeError(
+                f"local rank {local_rank} has no GPU (this node has {torch.cuda.device_count()}); "
+                f"use --nproc-per-node {torch.cuda.device_count()} or fewer"
+            )
         if use_cuda:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=args.timeout_s))

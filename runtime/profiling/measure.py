@@ -55,8 +55,9 @@ def count_flops(module: nn.Module, x: torch.Tensor) -> FlopCounts:
             out.backward(_grad_like(out))
     module.zero_grad(set_to_none=True)
     scores = sum(v for op, v in fwd.get_flop_counts().get("Global", {}).items() if str(op) == "aten.bmm")
-    return FlopCounts(forward=float(fwd.get_total_flops()), backward=float(bwd.get_total_flops()),
-                      forward_scores=float(scores))
+    return FlopCounts(
+        forward=float(fwd.get_total_flops()), backward=float(bwd.get_total_flops()), forward_scores=float(scores)
+    )
 
 
 _SCORE_NODES = ("SoftmaxBackward", "NativeDropoutBackward", "LogSoftmaxBackward")
@@ -117,8 +118,9 @@ def saved_bytes(module: nn.Module, x: torch.Tensor, *, seq_len: int) -> SavedByt
 
 
 def _stats(times_s: list[float], warmup: int) -> TimingStats:
-    return TimingStats(median_s=statistics.median(times_s), min_s=min(times_s), max_s=max(times_s),
-                       repeats=len(times_s), warmup=warmup)
+    return TimingStats(
+        median_s=statistics.median(times_s), min_s=min(times_s), max_s=max(times_s), repeats=len(times_s), warmup=warmup
+    )
 
 
 def time_layer(module: nn.Module, x: torch.Tensor, *, warmup: int, repeats: int) -> tuple[TimingStats, TimingStats]:

@@ -30,13 +30,29 @@ from planner import __version__
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
 from planner.profiles import LayerProfile, LayerTiming, ModelProfile, Provenance, ShardProfile
-from runtime.models import (build_layer, build_tp_shard, check_tp, example_batch, init_weights, is_splittable,
-                            layer_kind, layer_paths, loss_fn, sample_shape, tp_collectives, tp_constraints)
+from runtime.models import (
+    build_layer,
+    build_tp_shard,
+    check_tp,
+    example_batch,
+    init_weights,
+    is_splittable,
+    layer_kind,
+    layer_paths,
+    loss_fn,
+    sample_shape,
+    tp_collectives,
+    tp_constraints,
+)
 from runtime.models.external import external
 from runtime.models.zoo import SEQUENCE_FAMILIES
 from runtime.profiling.measure import count_flops, derived_timing, make_input, saved_bytes, time_layer
-from runtime.profiling.overhead import (measure_runtime_overhead, reference_matmul_figure, reference_matmul_rates,
-                                       single_rank_group)
+from runtime.profiling.overhead import (
+    measure_runtime_overhead,
+    reference_matmul_figure,
+    reference_matmul_rates,
+    single_rank_group,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +69,10 @@ class ProfileSettings:
     seq_len: int
     dtype: str
     tp_degrees: tuple[int, ...]
-    device: str = "cpu"                         # "meta" for --analytic
+    device: str = "cpu"  # "meta" for --analytic
     warmup: int = 2
     repeats: int = 5
-    achieved_flops_per_s: float | None = None   # set => times derived from FLOPs (analytic)
+    achieved_flops_per_s: float | None = None  # set => times derived from FLOPs (analytic)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -84,8 +100,10 @@ def _check_batch_norm(spec: ModelSpec, micro_batch: int) -> None:
     for _ in range(5):  # stem conv, max-pool and three strided stages each halve (rounding up)
         side = -(-side // 2)
     if micro_batch * side * side <= 1:
-        raise StratagemError(f"{spec.name} cannot train with micro-batch {micro_batch}: its last feature maps are "
-                             f"{side}x{side}, so BatchNorm sees one value per channel; use --micro-batch >= 2")
+        raise StratagemError(
+            f"{spec.name} cannot train with micro-batch {micro_batch}: its last feature maps are "
+            f"{side}x{side}, so BatchNorm sees one value per channel; use --micro-batch >= 2"
+        )
 
 
 def _signature(module: nn.Module, x: torch.Tensor) -> str:
@@ -100,8 +118,9 @@ def _params(module: nn.Module) -> tuple[int, int]:
     return sum(p.numel() for p in unique), sum(p.numel() * p.element_size() for p in unique)
 
 
-def _timings(module: nn.Module, x_full: torch.Tensor, first: bool, fwd_flops: float, bwd_flops: float,
-             s: ProfileSettings) -> list[LayerTiming]:
+def _timings(
+    module: nn.Module, x_full: torch.Tensor, first: bool, fwd_flops: float, bwd_flops: float, s: ProfileSettings
+) -> list[LayerTiming]:
     """Timings per micro-batch; FLOPs are per sample (used only when times are derived)."""
     if s.device == "meta" and not s.achieved_flops_per_s:
         return []  # nothing to time on meta and no throughput to derive times from
@@ -140,8 +159,8 @@ class _Layer:
     spec: ModelSpec
     path: str
     x_full: torch.Tensor
-    first: bool                      # the model's first layer: its input needs no gradient
-    targets: torch.Tensor | None     # set for the model's last layer: profile it with the loss
+    first: bool  # the model's first layer: its input needs no gradient
+    targets: torch.Tensor | None  # set for the model's last layer: profile it with the loss
 
     def module(self, tp: int, s: ProfileSettings) -> nn.Module:
         layer = build_tp_shard(self.spec, self.path, tp, device=s.device, dtype=torch_dtype(s.dtype))
@@ -164,13 +183,17 @@ def _shard(job: _Layer, tp: int, s: ProfileSettings) -> ShardProfile:
     params, param_bytes = (0, 0) if job.tied_head else _params(module)
     fwd_flops, bwd_flops = flops.forward / b0, flops.backward / b0
     return ShardProfile(
-        tp=tp, params=params, param_bytes=param_bytes,
-        fwd_flops_per_sample=fwd_flops, bwd_flops_per_sample=bwd_flops,
+        tp=tp,
+        params=params,
+        param_bytes=param_bytes,
+        fwd_flops_per_sample=fwd_flops,
+        bwd_flops_per_sample=bwd_flops,
         attention_scores_flops_per_sample=flops.forward_scores / b0,
         saved_bytes_per_sample=saved.total_bytes / b0,
         saved_attention_scores_bytes_per_sample=saved.attention_scores_bytes / b0,
         timings=_timings(module, job.x_full, job.first, fwd_flops, bwd_flops, s),
-        time_origin="derived" if s.achieved_flops_per_s else "measured")
+        time_origin="derived" if s.achieved_flops_per_s else "measured",
+    )
 
 
 def _fit_replicated(full: ShardProfile, shard: ShardProfile | None) -> float:
@@ -207,12 +230,15 @@ def _shards(job: _Layer, s: ProfileSettings) -> list[ShardProfile]:
             continue
         shards[tp] = _shard(job, tp, s)
     replicated = _fit_replicated(full, shards.get(fit_tp) if fit_tp else None)
-    return [sp.model_copy(update={"saved_replicated_bytes_per_sample": replicated})
-            for sp in [full, *(shards[t] for t in wanted if t in shards)]]
+    return [
+        sp.model_copy(update={"saved_replicated_bytes_per_sample": replicated})
+        for sp in [full, *(shards[t] for t in wanted if t in shards)]
+    ]
 
 
-def profile_layers(spec: ModelSpec, s: ProfileSettings, *,
-                   on_layer: Callable[[str], None] | None = None) -> list[LayerProfile]:
+def profile_layers(
+    spec: ModelSpec, s: ProfileSettings, *, on_layer: Callable[[str], None] | None = None
+) -> list[LayerProfile]:
     """Profile every top-level layer of ``spec`` in forward order (see the module docstring)."""
     dtype = torch_dtype(s.dtype)
     x, targets = example_batch(spec, max(s.micro_batches), s.seq_len, device=s.device, dtype=dtype)
@@ -221,16 +247,16 @@ def profile_layers(spec: ModelSpec, s: ProfileSettings, *,
     paths = layer_paths(spec)
     for i, path in enumerate(paths):
         # hf/custom: the signature is read off the meta template's layer; a copy is built only to profile it
-        probe = external(spec).layer(path) if spec.is_external else build_layer(spec, path, device=s.device,
-                                                                                 dtype=dtype)
+        probe = (
+            external(spec).layer(path) if spec.is_external else build_layer(spec, path, device=s.device, dtype=dtype)
+        )
         signature = _signature(probe, x)
         if signature in cache:
             profile, out = cache[signature]
             layers.append(profile.model_copy(update={"path": path}))
         else:
             module = build_layer(spec, path, device=s.device, dtype=dtype) if spec.is_external else probe
-            job = _Layer(spec=spec, path=path, x_full=x, first=i == 0,
-                         targets=targets if i == len(paths) - 1 else None)
+            job = _Layer(spec=spec, path=path, x_full=x, first=i == 0, targets=targets if i == len(paths) - 1 else None)
             profile, out = _profile_one(job, module, signature, s)
             cache[signature] = (profile, out)
             layers.append(profile)
@@ -240,8 +266,9 @@ def profile_layers(spec: ModelSpec, s: ProfileSettings, *,
     return layers
 
 
-def _profile_one(job: _Layer, module: nn.Module, signature: str,
-                 s: ProfileSettings) -> tuple[LayerProfile, torch.Tensor]:
+def _profile_one(
+    job: _Layer, module: nn.Module, signature: str, s: ProfileSettings
+) -> tuple[LayerProfile, torch.Tensor]:
     log.info("profiling %s (%s)", job.path, signature)
     with torch.no_grad():
         out = module(job.x_full)
@@ -251,12 +278,16 @@ def _profile_one(job: _Layer, module: nn.Module, signature: str,
     # the last layer's output is the loss: one fp32 scalar per micro-batch (as planner.gpt_profile counts it)
     out_bytes = LOSS_BYTES if job.targets is not None else out.numel() * out.element_size() / batch
     profile = LayerProfile(
-        path=job.path, kind=kind, signature=signature,
+        path=job.path,
+        kind=kind,
+        signature=signature,
         tp_style=_tp_style(job.spec, kind) if splittable else "none",  # type: ignore[arg-type]
         input_bytes_per_sample=job.x_full.numel() * job.x_full.element_size() / batch,
-        output_bytes_per_sample=out_bytes, shards=_shards(job, s),
+        output_bytes_per_sample=out_bytes,
+        shards=_shards(job, s),
         collectives=tp_collectives(job.spec, job.path, s.seq_len, dtype=torch_dtype(s.dtype)) if splittable else [],
-        runtime_overhead=_overhead(job, splittable, s))
+        runtime_overhead=_overhead(job, splittable, s),
+    )
     return profile, out.detach()
 
 
@@ -271,8 +302,16 @@ def _overhead(job: _Layer, splittable: bool, s: ProfileSettings):
         init_weights(layer, seed=0)
         return layer
 
-    return measure_runtime_overhead(build, job.spec, job.path, job.x_full[:s.micro_batches[0]], first=job.first,
-                                    splittable=splittable, warmup=s.warmup, repeats=s.repeats)
+    return measure_runtime_overhead(
+        build,
+        job.spec,
+        job.path,
+        job.x_full[: s.micro_batches[0]],
+        first=job.first,
+        splittable=splittable,
+        warmup=s.warmup,
+        repeats=s.repeats,
+    )
 
 
 def _tp_style(spec: ModelSpec, kind: str) -> str:
@@ -292,14 +331,23 @@ SOURCES = [
     "replicated saved bytes: fit saved(t) = R + S/t, Korthikanti et al. 2022 (arXiv:2205.05198) Table 2",
     "TP collectives: Megatron-LM SC21 (arXiv:2104.04473) sec. 2.3; Korthikanti et al. 2022 sec. 4.2.2",
 ]
-NOTES = ("Each top-level layer run standalone on a saved copy of its input; layers with equal signatures "
-         "profiled once and copied. Replicate-only layers have only the tp=1 shard. A tied LM head's weight "
-         "counts in embed only (SC21 eq. 2); with pp > 1 the last stage's copy of it is not in head's params.")
+NOTES = (
+    "Each top-level layer run standalone on a saved copy of its input; layers with equal signatures "
+    "profiled once and copied. Replicate-only layers have only the tp=1 shard. A tied LM head's weight "
+    "counts in embed only (SC21 eq. 2); with pp > 1 the last stage's copy of it is not in head's params."
+)
 
 
-def profile_model(spec: ModelSpec, settings: ProfileSettings, *, created_utc: str, command: str | None = None,
-                  host: str | None = None, device_name: str | None = None,
-                  on_layer: Callable[[str], None] | None = None) -> ModelProfile:
+def profile_model(
+    spec: ModelSpec,
+    settings: ProfileSettings,
+    *,
+    created_utc: str,
+    command: str | None = None,
+    host: str | None = None,
+    device_name: str | None = None,
+    on_layer: Callable[[str], None] | None = None,
+) -> ModelProfile:
     """Profile ``spec`` into a validated :class:`ModelProfile` (not yet written; see ``save_profile``)."""
     check_settings(spec, settings)
     seq_len = effective_seq_len(spec, settings.seq_len)
@@ -311,17 +359,33 @@ def profile_model(spec: ModelSpec, settings: ProfileSettings, *, created_utc: st
     rates += reference_matmul_rates(s) if timed else []
     analytic = s.device == "meta"
     return ModelProfile(
-        name=f"{spec.name}-s{seq_len}-{s.dtype}", model=spec, seq_len=seq_len, dtype=s.dtype,  # type: ignore[arg-type]
-        sample_shape=sample_shape(spec, seq_len), micro_batches=list(s.micro_batches),
-        tp_degrees=list(s.tp_degrees), total_params=sum(layer.params for layer in layers), layers=layers,
+        name=f"{spec.name}-s{seq_len}-{s.dtype}",
+        model=spec,
+        seq_len=seq_len,
+        dtype=s.dtype,  # type: ignore[arg-type]
+        sample_shape=sample_shape(spec, seq_len),
+        micro_batches=list(s.micro_batches),
+        tp_degrees=list(s.tp_degrees),
+        total_params=sum(layer.params for layer in layers),
+        layers=layers,
         reference_matmul=reference_matmul_figure(s.dtype, rates),
         provenance=Provenance(
-            method="analytic" if analytic else "measured", tool=f"stratagem {__version__}",
-            created_utc=created_utc, torch_version=torch.__version__,
-            device_name=device_name or ("meta" if analytic else "cpu"), host=host, command=command,
-            sources=SOURCES + ([f"times = FLOPs / {s.achieved_flops_per_s:.4g} FLOP/s achieved (cluster profile)"]
-                               if s.achieved_flops_per_s else []),
-            notes=NOTES))
+            method="analytic" if analytic else "measured",
+            tool=f"stratagem {__version__}",
+            created_utc=created_utc,
+            torch_version=torch.__version__,
+            device_name=device_name or ("meta" if analytic else "cpu"),
+            host=host,
+            command=command,
+            sources=SOURCES
+            + (
+                [f"times = FLOPs / {s.achieved_flops_per_s:.4g} FLOP/s achieved (cluster profile)"]
+                if s.achieved_flops_per_s
+                else []
+            ),
+            notes=NOTES,
+        ),
+    )
 
 
 DEFAULT_TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # powers of two, as planner.gpt_profile.default_tp_degrees
@@ -339,9 +403,16 @@ def default_tp_degrees(spec: ModelSpec) -> tuple[int, ...]:
     return tuple(t for t in DEFAULT_TP_DEGREES if all(v % t == 0 for v in limits))
 
 
-def profile_model_analytic(spec: ModelSpec, *, seq_len: int, dtype: str = "bf16",
-                           micro_batches: tuple[int, ...] = (1,), tp_degrees: tuple[int, ...] | None = None,
-                           achieved_flops_per_s: float | None = None, created_utc: str = "") -> ModelProfile:
+def profile_model_analytic(
+    spec: ModelSpec,
+    *,
+    seq_len: int,
+    dtype: str = "bf16",
+    micro_batches: tuple[int, ...] = (1,),
+    tp_degrees: tuple[int, ...] | None = None,
+    achieved_flops_per_s: float | None = None,
+    created_utc: str = "",
+) -> ModelProfile:
     """FLOPs and memory of any zoo model on the meta device, in seconds, for the planner.
 
     Without ``achieved_flops_per_s`` the shards carry no timings (the cost model derives them from FLOPs).
@@ -353,6 +424,12 @@ def profile_model_analytic(spec: ModelSpec, *, seq_len: int, dtype: str = "bf16"
     """
     if tp_degrees is None:
         tp_degrees = default_tp_degrees(spec)
-    settings = ProfileSettings(micro_batches=micro_batches, seq_len=seq_len, dtype=dtype,
-                               tp_degrees=tp_degrees, device="meta", achieved_flops_per_s=achieved_flops_per_s)
+    settings = ProfileSettings(
+        micro_batches=micro_batches,
+        seq_len=seq_len,
+        dtype=dtype,
+        tp_degrees=tp_degrees,
+        device="meta",
+        achieved_flops_per_s=achieved_flops_per_s,
+    )
     return profile_model(spec, settings, created_utc=created_utc, device_name="meta")

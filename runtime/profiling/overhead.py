@@ -58,12 +58,14 @@ def single_rank_group() -> Iterator[None]:
 
 def _mesh():
     from torch.distributed.device_mesh import init_device_mesh
+
     return init_device_mesh("cpu", (1,), mesh_dim_names=("x",))
 
 
 def _tp_styles(spec: ModelSpec, path: str) -> dict[str, str]:
     """The runtime's TP styles for ``path`` split alone, relative to the layer ('' = the layer itself)."""
     from runtime.executor.tp import tp_styles
+
     full = tp_styles(spec, {path: LayerLayout(style="split")}, [path])
     return {("" if k == path else k.removeprefix(path + ".")): v for k, v in full.items()}
 
@@ -75,15 +77,18 @@ def _wrap(layer: nn.Module, spec: ModelSpec, path: str, mode: str) -> nn.Module:
         from torch.distributed.tensor.parallel import parallelize_module
 
         from runtime.executor.tp import TP_STYLES
+
         styles = _tp_styles(spec, path)
         if "" in styles:
             return parallelize_module(layer, _mesh()["x"], TP_STYLES[styles[""]]())
         parallelize_module(layer, _mesh()["x"], {k: TP_STYLES[v]() for k, v in styles.items()})
     elif mode == "replicate":
         from torch.distributed._composable.replicate_with_fsdp import replicate
+
         replicate(layer, mesh=_mesh()["x"])
     elif mode == "fully_shard":
         from torch.distributed.fsdp import fully_shard
+
         fully_shard(layer, mesh=_mesh()["x"], reshard_after_forward=True)
     return layer
 
@@ -97,15 +102,18 @@ def _fwd_bwd_s(layer: nn.Module, x: torch.Tensor) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t1
 
 
-def _interleaved(layers: dict[str, nn.Module], x: torch.Tensor, *, first: bool, rounds: int,
-                 warmup: int) -> dict[str, tuple[float, float, float]]:
+def _interleaved(
+    layers: dict[str, nn.Module], x: torch.Tensor, *, first: bool, rounds: int, warmup: int
+) -> dict[str, tuple[float, float, float]]:
     """(forward_s, backward_s, AdamW step_s) medians per mode, the modes timed in turn each round.
 
     Interleaving makes a burst of load on a shared host hit every mode alike, so the differences
     (the overheads) stay meaningful where two separate medians would not.
     """
-    opts = {m: torch.optim.AdamW(params, lr=LR) if (params := [p for p in layer.parameters() if p.requires_grad])
-            else None for m, layer in layers.items()}
+    opts = {
+        m: torch.optim.AdamW(params, lr=LR) if (params := [p for p in layer.parameters() if p.requires_grad]) else None
+        for m, layer in layers.items()
+    }
     times: dict[str, list[tuple[float, float, float]]] = {m: [] for m in layers}
     for i in range(warmup + rounds):
         for mode, layer in layers.items():
@@ -119,8 +127,17 @@ def _interleaved(layers: dict[str, nn.Module], x: torch.Tensor, *, first: bool, 
     return {m: tuple(statistics.median(t[k] for t in v) for k in range(3)) for m, v in times.items()}
 
 
-def measure_runtime_overhead(build: Callable[[], nn.Module], spec: ModelSpec, path: str, x: torch.Tensor, *,
-                             first: bool, splittable: bool, warmup: int, repeats: int) -> RuntimeOverhead:
+def measure_runtime_overhead(
+    build: Callable[[], nn.Module],
+    spec: ModelSpec,
+    path: str,
+    x: torch.Tensor,
+    *,
+    first: bool,
+    splittable: bool,
+    warmup: int,
+    repeats: int,
+) -> RuntimeOverhead:
     """Wrapper overheads of one layer on input ``x`` (one micro-batch); see the module docstring.
 
     ``build()`` returns a fresh, initialised full layer (tp=1); ``first``: the input needs no gradient.
@@ -138,13 +155,20 @@ def measure_runtime_overhead(build: Callable[[], nn.Module], spec: ModelSpec, pa
         return max(0.0, extra(mode, i) - unit[mode][i])
 
     return RuntimeOverhead(
-        micro_batch=int(x.shape[0]), tp_forward_s=extra("tp", 0), tp_backward_s=extra("tp", 1),
-        replicate_forward_s=marginal("replicate", 0), replicate_backward_s=marginal("replicate", 1),
-        fully_shard_forward_s=marginal("fully_shard", 0), fully_shard_backward_s=marginal("fully_shard", 1),
-        replicate_unit_forward_s=unit["replicate"][0], replicate_unit_backward_s=unit["replicate"][1],
-        fully_shard_unit_forward_s=unit["fully_shard"][0], fully_shard_unit_backward_s=unit["fully_shard"][1],
+        micro_batch=int(x.shape[0]),
+        tp_forward_s=extra("tp", 0),
+        tp_backward_s=extra("tp", 1),
+        replicate_forward_s=marginal("replicate", 0),
+        replicate_backward_s=marginal("replicate", 1),
+        fully_shard_forward_s=marginal("fully_shard", 0),
+        fully_shard_backward_s=marginal("fully_shard", 1),
+        replicate_unit_forward_s=unit["replicate"][0],
+        replicate_unit_backward_s=unit["replicate"][1],
+        fully_shard_unit_forward_s=unit["fully_shard"][0],
+        fully_shard_unit_backward_s=unit["fully_shard"][1],
         optimizer_step_s=med["plain"][2],
-        optimizer_step_dtensor_s=max(med["replicate"][2], med["plain"][2]) if has_params else 0.0)
+        optimizer_step_dtensor_s=max(med["replicate"][2], med["plain"][2]) if has_params else 0.0,
+    )
 
 
 UNIT_PROBE_FEATURES = 8  # the unit-cost probe: one nn.Linear(8, 8) on a (1, 8) input
@@ -152,14 +176,17 @@ UNIT_PROBE_FEATURES = 8  # the unit-cost probe: one nn.Linear(8, 8) on a (1, 8) 
 
 def _unit_overhead(*, warmup: int, rounds: int) -> dict[str, tuple[float, float]]:
     """Fixed (forward, backward) cost of one FSDP2 unit per wrapper: a one-Linear probe, wrapped minus plain."""
+
     def probe() -> nn.Module:
         torch.manual_seed(0)
         return nn.Linear(UNIT_PROBE_FEATURES, UNIT_PROBE_FEATURES)
 
     layers = {m: _wrap(probe(), None, "", m) for m in ("plain", "replicate", "fully_shard")}  # type: ignore[arg-type]
     med = _interleaved(layers, torch.randn(1, UNIT_PROBE_FEATURES), first=False, rounds=rounds, warmup=warmup)
-    return {m: (max(0.0, med[m][0] - med["plain"][0]), max(0.0, med[m][1] - med["plain"][1]))
-            for m in ("replicate", "fully_shard")}
+    return {
+        m: (max(0.0, med[m][0] - med["plain"][0]), max(0.0, med[m][1] - med["plain"][1]))
+        for m in ("replicate", "fully_shard")
+    }
 
 
 # The cluster profiler's compute benchmark (runtime/profiling/cluster_bench.py: 1024^3 fp32/bf16 matmul on CPU,
@@ -172,6 +199,7 @@ REFERENCE_REPEATS = 5
 def reference_matmul_rates(s) -> list[float]:
     """FLOP/s of each timed reference matmul in this process (``s``: ProfileSettings); [] if not CPU/CUDA."""
     from runtime.profiling.cluster_bench import time_matmul
+
     if s.dtype not in ("fp32", "bf16", "fp16", "tf32"):
         return []
     device = torch.device(s.device)
@@ -184,7 +212,11 @@ def reference_matmul_figure(dtype: str, rates: list[float]) -> ComputeFigure | N
     """The reference figure (best and median of ``rates``), or None when nothing was timed."""
     if not rates:
         return None
-    return ComputeFigure(dtype=dtype, peak_flops_per_s=max(rates), achieved_flops_per_s=statistics.median(rates),
-                         origin="measured",
-                         source=f"runtime/profiling/cluster_bench.time_matmul in the model profiler's process, "
-                                f"before and after the layers ({len(rates)} matmuls); peak = best, achieved = median")
+    return ComputeFigure(
+        dtype=dtype,
+        peak_flops_per_s=max(rates),
+        achieved_flops_per_s=statistics.median(rates),
+        origin="measured",
+        source=f"runtime/profiling/cluster_bench.time_matmul in the model profiler's process, "
+        f"before and after the layers ({len(rates)} matmuls); peak = best, achieved = median",
+    )

@@ -22,8 +22,8 @@ import time
 import torch
 import torch.distributed as dist
 
-COMPUTE_MATMULS, MATRIX_N = 4, 192   # ~0.3-0.4 ms of compute per iteration on one CPU core
-MESSAGE_ELEMENTS = 256               # 1 KiB of fp32: the bandwidth term is negligible
+COMPUTE_MATMULS, MATRIX_N = 4, 192  # ~0.3-0.4 ms of compute per iteration on one CPU core
+MESSAGE_ELEMENTS = 256  # 1 KiB of fp32: the bandwidth term is negligible
 ITERATIONS, ROUNDS = 15, 4
 OPS = ("none", "all_reduce", "all_gather", "reduce_scatter", "send_recv", "functional_all_reduce")
 
@@ -39,6 +39,7 @@ def _issue(op: str, x: torch.Tensor, out: torch.Tensor, rank: int) -> None:
         (dist.send if rank == 0 else dist.recv)(x, 1 - rank)
     elif op == "functional_all_reduce":
         import torch.distributed._functional_collectives as funcol
+
         funcol.wait_tensor(funcol.all_reduce(x, "sum", dist.group.WORLD))
 
 
@@ -74,6 +75,7 @@ def main() -> None:
     result = measure()
     if dist.get_rank() == 0:
         from planner.fileio import atomic_write_text
+
         atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     dist.destroy_process_group()
 
