@@ -375,6 +375,9 @@ class NodeType(_Strict):
                 return c
         raise KeyError(f"node type {self.name} has no compute figure for {dtype}")
 
+    def has_dtype(self, dtype: str) -> bool:
+        return any(c.dtype == dtype for c in self.compute)
+
 
 class NodeGroup(_Strict):
     """``count`` nodes of one node type."""
@@ -454,6 +457,29 @@ class ClusterProfile(_Strict):
 
 # Shipped profiles: data beside the schemas that load them.
 PROFILES_DIR = SHIPPED_PROFILES_DIR  # package data: found from any folder, installed or not
+
+
+DTYPE_HELP = (
+    "compute dtype (default: bf16 where every device used has a bf16 figure, else fp16, else one they all have; "
+    "measured CPU profiles: fp32)"
+)
+
+
+def default_dtype(node_types: list[NodeType], cluster_name: str) -> str:
+    """The ``--dtype`` default of every command: bf16 where every given node type has a throughput figure for
+    it, else fp16, else the first dtype they all have.
+
+    >>> cpu = load_cluster_profile(resolve_cluster_path("local-cpu-2core"))
+    >>> default_dtype(cpu.node_types, cpu.name)
+    'bf16'
+    """
+    common = [c.dtype for c in node_types[0].compute if all(nt.has_dtype(c.dtype) for nt in node_types)]
+    for preferred in ("bf16", "fp16"):
+        if preferred in common:
+            return preferred
+    if not common:
+        raise StratagemError(f"the node types of {cluster_name} share no compute dtype; pass --dtype")
+    return common[0]
 
 
 def resolve_cluster_path(name_or_path: str) -> Path:

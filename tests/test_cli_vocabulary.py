@@ -127,3 +127,30 @@ def test_dry_run_summarises_large_plans(tmp_path, capsys):
     assert len([line for line in lines if line.startswith("rank ")]) == 2 and "--all-ranks" in lines[-1]
     assert main(["launch", str(path), "--dry-run", "--all-ranks"]) == 0
     assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("rank ")]) == 64
+
+
+def _subparser_actions(*path: str):
+    import argparse
+
+    from planner.cli.main import build_parser
+
+    parser = build_parser()
+    for name in path:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return {opt: a for a in parser._actions for opt in a.option_strings}
+
+
+def test_dtype_means_the_same_in_every_subcommand():
+    flags = [_subparser_actions(*cmd)["--dtype"] for cmd in (("plan",), ("estimate",), ("profile", "model"))]
+    assert {tuple(f.choices) for f in flags} == {("fp32", "tf32", "bf16", "fp16", "fp8")}
+    assert {f.default for f in flags} == {None}  # resolved by planner.profiles.default_dtype
+    assert len({f.help.split(";")[0] for f in flags}) == 1
+
+
+def test_plan_rejects_a_dtype_its_model_profile_does_not_have(tmp_path, capsys):
+    profile = str(REPO / "profiles/models/gpt-tiny.json")  # measured in fp32
+    argv = ["plan", "--model", "gpt:tiny", "--model-profile", profile, "--cluster", CLUSTER, "--gpus", "2"]
+    argv += ["--global-batch", "8", "--seq", "64", "--dtype", "bf16", "--out", str(tmp_path / "p.json")]
+    assert main(argv) == 2
+    assert "differs from" in capsys.readouterr().err and not (tmp_path / "p.json").exists()

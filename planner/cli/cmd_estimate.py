@@ -24,7 +24,7 @@ from planner.cost.placement import fill_stage_node_types
 from planner.errors import StratagemError
 from planner.cli.model_args import MODEL_HELP, load_matching_profile, spec_from_args
 from planner.plan import strategy_label
-from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile
+from planner.profiles import DTYPE_HELP, DTYPES, ClusterProfile, ModelProfile, default_dtype, load_cluster_profile
 
 from planner.cli.common import (
     MAX_BATCH,
@@ -167,7 +167,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dtype",
         default=None,
         choices=DTYPES,
-        help="compute dtype, e.g. bf16 (default: bf16, else fp16, else one every node type has)",
+        help=DTYPE_HELP,
     )
     add_source_argument(p, "--from", "estimate the user's own framework config instead of the flags above")
     p.add_argument(
@@ -193,19 +193,7 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
 
 
 def _dtype(args: argparse.Namespace, cluster: ClusterProfile) -> str:
-    if args.dtype:
-        return args.dtype
-    common = [
-        c.dtype
-        for c in cluster.node_types[0].compute
-        if all(any(o.dtype == c.dtype for o in nt.compute) for nt in cluster.node_types)
-    ]
-    for preferred in ("bf16", "fp16"):
-        if preferred in common:
-            return preferred
-    if not common:
-        raise StratagemError(f"the node types of {cluster.name} share no compute dtype; pass --dtype")
-    return common[0]
+    return args.dtype or default_dtype(cluster.node_types, cluster.name)
 
 
 def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[ParallelConfig, int]:

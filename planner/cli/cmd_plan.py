@@ -14,7 +14,15 @@ import logging
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
 from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, validate
-from planner.profiles import DTYPES, ClusterProfile, ModelProfile, load_cluster_profile
+from planner.profiles import (
+    DTYPE_HELP,
+    DTYPES,
+    ClusterProfile,
+    ModelProfile,
+    default_dtype,
+    load_cluster_profile,
+    load_model_profile,
+)
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
 from .common import (
@@ -77,9 +85,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--dtype",
-        default="bf16",
+        default=None,
         choices=DTYPES,
-        help="training precision of the analytic profile (ignored with --model-profile)",
+        help=DTYPE_HELP + "; with --model-profile, the profile's",
     )
     p.add_argument(
         "--memory-fraction",
@@ -222,6 +230,26 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     return table
 
 
+def _resolve_dtype(args: argparse.Namespace, cluster) -> str:
+    """--dtype, else the profile's dtype (--model-profile), else the default rule over the node types the
+    plan's devices come from (so 16 A100s of mixed-a100-v100 train in bf16, 32 devices in fp16)."""
+    from planner.cost.placement import with_gpus
+    from planner.search.space import devices_by_type
+
+    if args.model_profile is not None:
+        have = load_model_profile(args.model_profile).dtype
+        if args.dtype not in (None, have):
+            raise StratagemError(
+                f"--dtype {args.dtype} differs from {args.model_profile}'s dtype {have}; drop --dtype or "
+                f"profile the model again with --dtype {args.dtype}"
+            )
+        return have
+    if args.dtype:
+        return str(args.dtype)
+    used = devices_by_type(with_gpus(cluster, args.gpus), args.gpus)
+    return default_dtype([nt for nt in cluster.node_types if nt.name in used], cluster.name)
+
+
 def _check_dtype(cluster, n_devices: int, dtype: str) -> None:
     """Every node type the plan's ``n_devices`` devices come from (the cluster's first ones) must have a
     throughput figure for the training dtype (V100s have no bf16); the others do not matter."""
@@ -263,6 +291,7 @@ def run(args: argparse.Namespace) -> int:
     spec = _full_spec(spec_from_args(args))
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.is_language_model else int(args.seq or 1)
     cluster = load_cluster_profile(cluster_path)
+    args.dtype = _resolve_dtype(args, cluster)
     profile = _model_profile(spec, args, seq_len)
     _check_dtype(cluster, args.gpus, profile.dtype)
     allow, notes = _external_limits(spec, parse_allow(args.allow))

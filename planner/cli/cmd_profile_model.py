@@ -23,7 +23,7 @@ from planner.cli.common import (
 
 from planner.errors import StratagemError
 from planner.cli.model_args import add_model_arguments, spec_from_args
-from planner.profiles import load_cluster_profile, save_profile
+from planner.profiles import DTYPE_HELP, DTYPES, default_dtype, load_cluster_profile, save_profile
 
 # A measured profile runs each layer on micro-batch x seq tokens in this process: above this many tokens
 # one activation of even a small model needs GiBs (1e6 x 128 tokens crashed with an allocation failure).
@@ -48,9 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--dtype",
-        default="fp32",
-        choices=["fp32", "tf32", "bf16", "fp16"],
-        help="parameter and activation dtype (sets bytes per element and the matmul precision)",
+        default=None,
+        choices=DTYPES,
+        help=DTYPE_HELP + "; sets bytes per element and the matmul precision",
     )
     p.add_argument(
         "--tp",
@@ -82,6 +82,13 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return "cpu: " + (platform.processor() or platform.machine())
+
+
+def _analytic_default_dtype(cluster_name: str | None) -> str:
+    if not cluster_name:
+        raise StratagemError("--analytic needs --cluster NAME (or a cluster profile file) for its FLOP/s")
+    cluster = load_cluster_profile(resolve_cluster_path(cluster_name))
+    return default_dtype(cluster.node_types[:1], cluster.name)
 
 
 def _achieved_flops(cluster_name: str | None, dtype: str) -> tuple[float, str]:
@@ -119,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         )
     cluster_path = resolve_cluster_path(args.cluster) if args.cluster else None
     out = check_out_path(args.out, inputs={"--cluster": cluster_path})
+    if args.dtype is None:  # the rule every command shares; a measured CPU run computes in its native fp32
+        args.dtype = _analytic_default_dtype(args.cluster) if args.analytic else "fp32"
     flops_per_s, device_name = _achieved_flops(args.cluster, args.dtype) if args.analytic else (None, _cpu_name())
     settings = ProfileSettings(
         micro_batches=tuple(sorted(set(micro_batches))),
