@@ -9,3 +9,21 @@ class StratagemError(Exception):
     """
 
     exit_status = 2
+
+
+class SettingError(StratagemError):
+    """A library setting with a bad value. The message names the *setting* (``time_limit_s``), since the
+    library has no flags; the CLI shows the flag that sets it (``--time-limit-s``) through its own table.
+
+    >>> str(SettingError("time_limit_s", -1, "must be positive seconds, e.g. 30"))
+    'time_limit_s -1 must be positive seconds, e.g. 30'
+    >>> SettingError("time_limit_s", -1, "must be positive seconds, e.g. 30").render({"time_limit_s": "--time-limit-s"})
+    '--time-limit-s -1 must be positive seconds, e.g. 30'
+    """
+
+    def __init__(self, setting: str, value: object, problem: str) -> None:
+        self.setting, self.value, self.problem = setting, value, problem
+        super().__init__(f"{setting} {value} {problem}")
+
+    def render(self, flags: dict[str, str]) -> str:
+        return f"{flags.get(self.setting, self.setting)} {self.value} {self.problem}"

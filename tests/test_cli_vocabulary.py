@@ -154,3 +154,15 @@ def test_plan_rejects_a_dtype_its_model_profile_does_not_have(tmp_path, capsys):
     argv += ["--global-batch", "8", "--seq", "64", "--dtype", "bf16", "--out", str(tmp_path / "p.json")]
     assert main(argv) == 2
     assert "differs from" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
+
+
+def test_library_errors_name_settings_and_the_cli_names_flags():
+    from planner.cli.main import SETTING_FLAGS
+    from planner.errors import SettingError
+    from planner.search.config import SearchConfig
+
+    with pytest.raises(SettingError, match=r"^budget_s 0 must be positive seconds") as info:
+        SearchConfig(budget_s=0)
+    assert info.value.render(SETTING_FLAGS).startswith("--budget-s 0 must be positive")
+    plan_flags = _subparser_actions("plan")
+    assert all(flag in plan_flags for flag in SETTING_FLAGS.values())

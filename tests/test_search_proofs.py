@@ -165,7 +165,7 @@ def test_same_input_same_plan_and_status():
 
 
 def test_budget_that_runs_out_says_so():
-    with pytest.raises(StratagemError, match=r"search budget of 1e-06 s ran out .*raise --budget"):
+    with pytest.raises(StratagemError, match=r"search budget of 1e-06 s ran out .*raise --budget-s"):
         _plan("megatron-3.6b", 64, 512, budget_s=1e-6)
 
 

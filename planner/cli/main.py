@@ -14,7 +14,16 @@ from typing import NoReturn
 
 from planner import __version__
 from planner.cli.common import DefaultsHelpFormatter
-from planner.errors import StratagemError
+from planner.errors import SettingError, StratagemError
+
+# library setting -> the flag that sets it (planner.errors.SettingError names settings, the CLI shows flags)
+SETTING_FLAGS = {
+    "allow": "--allow",
+    "memory_fraction": "--memory-fraction",
+    "time_limit_s": "--time-limit-s",
+    "budget_s": "--budget-s",
+    "jobs": "--jobs",
+}
 
 # (group, module) pairs; group None = top-level subcommand, "profile" = under `stratagem profile`.
 _COMMANDS: list[tuple[str | None, str]] = [
@@ -95,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(func(args) or 0)
+    except SettingError as exc:  # the library names its setting; the user set it with a flag
+        print(f"error: {exc.render(SETTING_FLAGS)}", file=sys.stderr)
+        return exc.exit_status
     except StratagemError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.errors import StratagemError
+from planner.errors import SettingError
 
 # Every dimension `--allow` can name. Absent from the set = that dimension stays at its trivial value.
 ALL_DIMENSIONS = (
@@ -53,15 +53,17 @@ class SearchConfig:
     def __post_init__(self) -> None:
         unknown = set(self.allow) - set(ALL_DIMENSIONS)
         if unknown:
-            raise StratagemError(f"unknown --allow entries {sorted(unknown)}; choose from {','.join(ALL_DIMENSIONS)}")
+            raise SettingError(
+                "allow", sorted(unknown), f"names unknown dimensions; choose from {','.join(ALL_DIMENSIONS)}"
+            )
         if not 0 < self.memory_fraction <= 1:
-            raise StratagemError(f"--memory-fraction {self.memory_fraction} must be in (0, 1]; e.g. 0.9")
-        if self.time_limit_s <= 0:
-            raise StratagemError(f"--time-limit {self.time_limit_s} must be positive seconds, e.g. 30")
+            raise SettingError("memory_fraction", self.memory_fraction, "must be in (0, 1]; e.g. 0.9")
+        if not self.time_limit_s > 0:
+            raise SettingError("time_limit_s", self.time_limit_s, "must be positive seconds, e.g. 30")
         if self.jobs < 1:
-            raise StratagemError(f"--jobs {self.jobs} must be >= 1, e.g. the number of CPU cores")
-        if self.budget_s <= 0:
-            raise StratagemError(f"--budget {self.budget_s} must be positive seconds, e.g. 600")
+            raise SettingError("jobs", self.jobs, "must be >= 1, e.g. the number of CPU cores")
+        if not self.budget_s > 0:
+            raise SettingError("budget_s", self.budget_s, "must be positive seconds, e.g. 600")
 
     def allows(self, dimension: str) -> bool:
         return dimension in self.allow

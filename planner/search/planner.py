@@ -399,7 +399,7 @@ class _BranchAndBound:
             # every unexplored candidate is >= bound: the best found is within this gap of the optimum
             self.notes = (
                 f"the search budget of {self.config.budget_s:g} s ran out: the plan is the best found so "
-                f"far, within the stated gap of the optimum (raise --budget to prove more)"
+                f"far, within the stated gap of the optimum (raise --budget-s to prove more)"
             )
             self.state.open_bounds.append((bound, "feasible"))
             return False
@@ -436,7 +436,7 @@ class _BranchAndBound:
             raise StratagemError(
                 f"the search budget of {config.budget_s:g} s ran out before any candidate was "
                 f"solved ({counts['refined']} of {len(self.outers)} candidates bounded); raise "
-                f"--budget (e.g. --budget {max(60.0, 10 * config.budget_s):g})"
+                f"--budget-s (e.g. --budget-s {max(60.0, 10 * config.budget_s):g})"
             )
         if not ranked:
             raise _no_plan_error(self.shortfall, n_devices)
