@@ -14,6 +14,7 @@ Sources of the preset sizes:
 - Llama 2: Touvron et al. 2023, Table 1 / model cards (ffn 11008/13824/28672, 8 KV heads at 70B).
 - ResNet-50: He et al. 2016, Table 1; the 100,000-class variant is the case Whale (Jia et al., ATC'22)
   splits while replicating the backbone.
+- Mixture-of-Experts (family ``moe``): the config source of each preset is the comment above it in PRESETS.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.errors import StratagemError
 
-Family = Literal["gpt", "llama", "resnet", "mlp", "hf", "custom"]
+Family = Literal["gpt", "llama", "moe", "resnet", "mlp", "hf", "custom"]
 DimValue = int | float | bool
 # families whose modules come from outside the zoo: a Hugging Face config, or the user's own function
 EXTERNAL_FAMILIES = ("hf", "custom")
@@ -99,7 +100,12 @@ class ModelSpec(BaseModel):
     @property
     def is_language_model(self) -> bool:
         """Token ids in, per-token logits out (gpt, llama, hf); the sequence length is a real dimension."""
-        return self.family in ("gpt", "llama", "hf")
+        return self.family in ("gpt", "llama", "moe", "hf")
+
+    @property
+    def is_moe(self) -> bool:
+        """A Mixture-of-Experts decoder of the zoo's ``moe`` family (router + experts in its FFNs)."""
+        return self.family == "moe"
 
 
 # Every dimension a family takes, with its default. A spec may override any of them.
@@ -115,6 +121,28 @@ FAMILY_DEFAULTS: dict[str, dict[str, DimValue]] = {
         max_seq=128,
         rope_theta=10000.0,
         tie_embeddings=False,
+    ),
+    # Llama-style decoder whose FFN (after the first dense_layers blocks) is a top-k router over `experts`
+    # SwiGLU experts of width expert_ffn, plus shared_experts always-on experts of the same width.
+    # capacity_factor 0 = dropless; aux_loss_coef: Switch/GShard load-balancing loss (Fedus et al. 2021 §2.2).
+    "moe": dict(
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=0,
+        ffn_hidden=0,
+        vocab=256,
+        max_seq=128,
+        rope_theta=10000.0,
+        dropout=0.0,
+        tie_embeddings=False,
+        dense_layers=0,
+        experts=4,
+        top_k=2,
+        expert_ffn=128,
+        shared_experts=0,
+        capacity_factor=0.0,
+        aux_loss_coef=0.01,
     ),
     "resnet": dict(
         depths_0=3, depths_1=4, depths_2=6, depths_3=3, width=64, num_classes=1000, image_size=224, in_channels=3
@@ -156,6 +184,81 @@ PRESETS: dict[str, dict[str, dict[str, DimValue]]] = {
         "llama2-7b": dict(layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, max_seq=4096),
         "llama2-13b": dict(layers=40, hidden=5120, heads=40, ffn_hidden=13824, vocab=32000, max_seq=4096),
         "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000, max_seq=4096),
+    },
+    "moe": {
+        "tiny": dict(
+            layers=2,
+            hidden=64,
+            heads=4,
+            kv_heads=2,
+            experts=4,
+            top_k=2,
+            expert_ffn=64,
+            shared_experts=1,
+            dense_layers=0,
+            vocab=256,
+            max_seq=128,
+        ),
+        # Mixtral-8x7B: HF config mistralai/Mixtral-8x7B-v0.1 (hidden_size 4096, intermediate_size 14336,
+        # num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, num_local_experts 8,
+        # num_experts_per_tok 2, vocab_size 32000, rope_theta 1e6); Jiang et al. 2024 arXiv:2401.04088 Table 1.
+        # Sequence 4096: the Megatron-Core MoE README's Mixtral-8x7B training recipe.
+        "mixtral-8x7b": dict(
+            layers=32,
+            hidden=4096,
+            heads=32,
+            kv_heads=8,
+            ffn_hidden=14336,
+            vocab=32000,
+            max_seq=4096,
+            rope_theta=1e6,
+            experts=8,
+            top_k=2,
+            expert_ffn=14336,
+            aux_loss_coef=0.02,
+        ),
+        # Qwen3-30B-A3B: HF config Qwen/Qwen3-30B-A3B (hidden_size 2048, num_hidden_layers 48,
+        # num_attention_heads 32, num_key_value_heads 4, num_experts 128, num_experts_per_tok 8,
+        # moe_intermediate_size 768, vocab_size 151936, rope_theta 1e6, router_aux_loss_coef 0.001).
+        # Approximation: Qwen3 uses head_dim 128 (q/o projections 2048 x 4096); here head dim is
+        # hidden/heads = 64, so attention holds about half Qwen3's attention weights (-0.45B of 30.5B).
+        "qwen3-30b-a3b": dict(
+            layers=48,
+            hidden=2048,
+            heads=32,
+            kv_heads=4,
+            ffn_hidden=6144,
+            vocab=151936,
+            max_seq=4096,
+            rope_theta=1e6,
+            experts=128,
+            top_k=8,
+            expert_ffn=768,
+            aux_loss_coef=0.001,
+        ),
+        # DeepSeek-V3: HF config deepseek-ai/DeepSeek-V3 and DeepSeek-AI 2024 arXiv:2412.19437 §4.2
+        # (61 layers, hidden 7168, 128 heads, first_k_dense_replace 3 with intermediate_size 18432,
+        # n_routed_experts 256, num_experts_per_tok 8, moe_intermediate_size 2048, n_shared_experts 1,
+        # vocab_size 129280, sequence 4096 in pre-training, aux-loss-free balancing with a 1e-4
+        # sequence-wise loss). Approximation: MLA is stated as standard multi-head attention of the same
+        # shape (128 heads x 56 = 7168, no KV compression): 205M attention weights per layer vs MLA's 187M;
+        # the multi-token-prediction module is left out.
+        "deepseek-v3": dict(
+            layers=61,
+            hidden=7168,
+            heads=128,
+            kv_heads=128,
+            ffn_hidden=18432,
+            dense_layers=3,
+            vocab=129280,
+            max_seq=4096,
+            rope_theta=10000.0,
+            experts=256,
+            top_k=8,
+            expert_ffn=2048,
+            shared_experts=1,
+            aux_loss_coef=0.0001,
+        ),
     },
     "resnet": {
         "tiny": dict(depths_0=1, depths_1=1, depths_2=1, depths_3=1, width=8, num_classes=10, image_size=32),
@@ -318,8 +421,8 @@ def parse_custom(text: str) -> ModelSpec:
 
 
 # Dimensions that may be 0 (0 = the family's rule: ffn 4 x hidden, kv heads = heads) or are not counts.
-_ZERO_MEANS_DEFAULT = frozenset({"ffn_hidden", "kv_heads"})
-_NOT_COUNTS = frozenset({"dropout", "rope_theta", "tie_embeddings"})
+_ZERO_MEANS_DEFAULT = frozenset({"ffn_hidden", "kv_heads", "dense_layers", "shared_experts"})
+_NOT_COUNTS = frozenset({"dropout", "rope_theta", "tie_embeddings", "capacity_factor", "aux_loss_coef"})
 
 
 def check_dims(spec: ModelSpec) -> None:
@@ -343,7 +446,7 @@ def check_dims(spec: ModelSpec) -> None:
     dropout = spec.dims.get("dropout", 0.0)
     if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
         raise StratagemError(f"dropout {dropout!r} must be a probability 0 <= p < 1")
-    if spec.family in ("gpt", "llama"):
+    if spec.family in ("gpt", "llama", "moe"):
         hidden, heads = int(spec.dim("hidden")), int(spec.dim("heads"))
         if hidden % heads:
             raise StratagemError(
@@ -352,5 +455,29 @@ def check_dims(spec: ModelSpec) -> None:
         kv = int(spec.dims.get("kv_heads", 0) or 0)
         if kv and heads % kv:
             raise StratagemError(
-                f"llama heads {heads} is not divisible by kv_heads {kv}; choose kv heads dividing heads"
+                f"{spec.family} heads {heads} is not divisible by kv_heads {kv}; choose kv heads dividing heads"
             )
+    if spec.family == "moe":
+        check_moe_dims(spec)
+
+
+def check_moe_dims(spec: ModelSpec) -> None:
+    """The MoE rules: top_k <= experts, dense_layers <= layers, capacity_factor and aux_loss_coef >= 0.
+
+    >>> parse_model("moe:tiny", top_k=5)
+    Traceback (most recent call last):
+    ...
+    planner.errors.StratagemError: moe top_k 5 is more than its 4 experts; choose --top-k <= experts
+    """
+    experts, top_k = int(spec.dim("experts")), int(spec.dim("top_k"))
+    if top_k > experts:
+        raise StratagemError(f"moe top_k {top_k} is more than its {experts} experts; choose --top-k <= experts")
+    layers, dense = int(spec.dim("layers")), int(spec.dim("dense_layers"))
+    if dense > layers:
+        raise StratagemError(
+            f"moe dense_layers {dense} is more than its {layers} layers; choose dense_layers <= layers"
+        )
+    for key in ("capacity_factor", "aux_loss_coef"):
+        value = spec.dim(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+            raise StratagemError(f"moe {key} {value!r} must be a number >= 0 (capacity_factor 0 = dropless)")

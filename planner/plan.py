@@ -104,6 +104,68 @@ class LayerLayout(_Strict):
     sequence_parallel: bool = False
 
 
+class ExpertLayout(_Strict):
+    """How a Mixture-of-Experts model's expert layers are split ("parallel folding", Megatron-Core MoE).
+
+    Within each pipeline stage the stage's dp x tp ranks, in rank order, are regrouped for the expert
+    layers as (edp, ep, etp), row-major, etp fastest; ``edp = dp * tp / (ep * etp)``. Attention keeps
+    the plan's tp. Each ep rank holds ``experts / ep`` experts, each split ``etp`` ways; expert gradients
+    are all-reduced (ZeRO: reduce-scattered) over edp only. Tokens reach their experts by an all-to-all
+    over the ep group, forward and backward (dispatch + combine).
+    """
+
+    ep: PositiveInt = Field(description="expert-parallel degree (experts % ep == 0)")
+    etp: PositiveInt = Field(1, description="tensor parallel inside an expert (Megatron expert tensor parallel)")
+    capacity_factor: PositiveFloat | None = Field(
+        None, description="tokens per expert capped at cf * tokens * top_k / experts; None = dropless"
+    )
+
+    def edp(self, *, dp: int, tp: int) -> int:
+        """Expert-data-parallel degree: how many copies of each expert shard a stage holds."""
+        return dp * tp // (self.ep * self.etp)
+
+
+def check_expert_layout(*, experts: int, ep: int, etp: int, dp: int, tp: int) -> None:
+    """Reject an expert split the rank layout cannot hold, with the fix (one line).
+
+    >>> check_expert_layout(experts=8, ep=3, etp=1, dp=6, tp=1)
+    Traceback (most recent call last):
+    ...
+    planner.errors.StratagemError: 8 experts do not split over ep=3; choose ep dividing the experts (1, 2, 4, 8)
+    """
+    if experts % ep:
+        divisors = ", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0)
+        raise StratagemError(
+            f"{experts} experts do not split over ep={ep}; choose ep dividing the experts ({divisors})"
+        )
+    if (dp * tp) % (ep * etp):
+        raise StratagemError(
+            f"ep={ep} x etp={etp} = {ep * etp} does not divide a stage's dp={dp} x tp={tp} = {dp * tp} ranks; "
+            f"choose ep x etp dividing dp x tp"
+        )
+
+
+def expert_groups(ranks: list[int], *, ep: int, etp: int) -> dict[str, list[list[int]]]:
+    """The ep, etp and edp process groups of one stage's ``ranks`` (dp x tp, in rank order), folded as
+    (edp, ep, etp) row-major with etp fastest.
+
+    >>> expert_groups([0, 1, 2, 3], ep=2, etp=1)["ep"]
+    [[0, 1], [2, 3]]
+    >>> expert_groups([0, 1, 2, 3], ep=2, etp=1)["edp"]
+    [[0, 2], [1, 3]]
+    """
+    edp = len(ranks) // (ep * etp)
+
+    def at(i: int, j: int, k: int) -> int:  # (edp, ep, etp) coordinates to a rank
+        return ranks[(i * ep + j) * etp + k]
+
+    return {
+        "etp": [[at(i, j, k) for k in range(etp)] for i in range(edp) for j in range(ep)],
+        "ep": [[at(i, j, k) for j in range(ep)] for i in range(edp) for k in range(etp)],
+        "edp": [[at(i, j, k) for i in range(edp)] for j in range(ep) for k in range(etp)],
+    }
+
+
 class StagePrediction(_Strict):
     stage: int = Field(ge=0)
     # terms are finite but not all >= 0: an overlap term can be a (tiny) negative correction of the cost model
@@ -191,6 +253,11 @@ class Plan(_Strict):
         "hardware-aware data parallelism; mesh axes dp, pp, tp so that replica j is the j-th "
         "block of pp x tp ranks); None = the stages' node types",
     )
+    experts: ExpertLayout | None = Field(
+        None,
+        description="expert parallelism of a Mixture-of-Experts model (family moe); None for dense models "
+        "(on an moe model: ep 1, every rank holds every expert)",
+    )
     predictions: Predictions | None = None
     search: SearchRecord | None = None
     comparison: ComparisonRecord | None = Field(None, description="against the user's config (plan --compare-to)")
@@ -213,8 +280,25 @@ class Plan(_Strict):
                 raise ValueError("batch_shares must sum to 1")
         if self.replica_node_types is not None and len(self.replica_node_types) != self.mesh.size("dp"):
             raise ValueError("replica_node_types needs one entry per dp replica")
+        self._check_experts()
         self._fill_micro_batches()
         return self
+
+    def _check_experts(self) -> None:
+        if self.experts is None:  # dense, or an MoE model whose experts are replicated like a dense FFN (ep 1)
+            return
+        if not self.model.is_moe:
+            raise ValueError(f"{self.model.name} has no experts but the plan has an experts layout")
+        try:
+            check_expert_layout(
+                experts=int(self.model.dim("experts")),
+                ep=self.experts.ep,
+                etp=self.experts.etp,
+                dp=self.mesh.size("dp"),
+                tp=self.mesh.size("tp"),
+            )
+        except StratagemError as exc:
+            raise ValueError(str(exc)) from None
 
     def _fill_micro_batches(self) -> None:
         """Store the per-replica micro-batch counts (derived here, once); a stored list must agree."""
@@ -312,7 +396,7 @@ def validate(plan: Plan, world_size: int) -> None:
     if seen != set(range(world_size)):
         raise StratagemError(f"plan leaves ranks {sorted(set(range(world_size)) - seen)} idle; re-plan")
     _check_batch(plan)
-    max_seq = plan.model.dims.get("max_seq") if plan.model.family in ("gpt", "llama") else None
+    max_seq = plan.model.dims.get("max_seq") if plan.model.family in ("gpt", "llama", "moe") else None
     if max_seq is not None and plan.training.seq_len > max_seq:
         raise StratagemError(
             f"plan trains seq_len {plan.training.seq_len} but {plan.model.name} has max_seq "
