@@ -55,6 +55,19 @@ def test_estimate_tables_fit_80_columns(capsys, monkeypatch):
     assert "per device" in text and "of its 80" in text
 
 
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.replace("┃", "│").split("│")]
+
+
+def test_estimate_memory_table_is_not_cropped_at_80_columns(capsys, monkeypatch):
+    """Rich crops a table wider than the terminal without an ellipsis: the last column must still be there."""
+    argv = ["estimate", "--model", "resnet:resnet50", "--cluster", "aws-p3-16xlarge", "--gpus", "8"]
+    lines = _lines_at_80(capsys, monkeypatch, *argv, "--global-batch", "256", "--dtype", "fp16")
+    _readable(lines)
+    header = next(i for i, line in enumerate(lines) if "memory per device, GiB" in line) + 1
+    assert _cells(lines[header])[-1] == "cap" and _cells(lines[header + 2])[-1] == "16"  # V100 16 GiB
+
+
 @pytest.fixture(scope="module")
 def mixed_plan(tmp_path_factory):
     plan = build_example_plan("1f1b", pp=2, num_micro_batches=4, dp=2, tp=2, recompute_s=0.004)

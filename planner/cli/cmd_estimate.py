@@ -385,8 +385,8 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
     for r in est.per_rank:
         times.add_row(str(r.pp_rank), r.node_type, f"{r.microbatch_s:.4g}", f"{r.inflight_microbatches:.3g}")
     console.print(no_ellipsis(times))
-    memory = Table(title="per pipeline rank: memory per device, GiB")
-    for col in ("pp rank", "params", "grads", "optim", "activ", "buffers", "reserve", "peak", "capacity"):
+    memory = Table(title="per pipeline rank: memory per device, GiB", show_edge=False)
+    for col in ("pp", "param", "grad", "optim", "activ", "buf", "resv", "peak", "cap"):
         memory.add_column(col, justify="right")
     for r in est.per_rank:
         mem = r.memory
@@ -407,7 +407,10 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
             ),
         )
     console.print(no_ellipsis(memory))
-    console.print("[dim]optim = optimizer state, activ = activations, buffers = communication buffers[/dim]")
+    console.print(
+        "[dim]pp = pp rank, param/grad/optim = parameters, gradients, optimizer state, activ = activations, "
+        "buf = communication buffers, resv = allocator reserve, cap = the rank's device capacity[/dim]"
+    )
     for t in est.per_replica_type:
         console.print(
             f"replicas {list(t.replicas)} on {t.node_type}: {t.micro_batches} micro-batches "

@@ -57,11 +57,24 @@ def settings_from_source(framework: str, source: str, *, gpus: int | None, layer
 
 
 def describe(s: FrameworkSettings) -> str:
-    sched = s.schedule if s.virtual_stages == 1 else f"{s.schedule}(v={s.virtual_stages})"
-    rec = s.recompute + (f"(first {s.recompute_blocks_per_chunk}/chunk)" if s.recompute_blocks_per_chunk else "")
-    return (
-        f"tp{s.tp} pp{s.pp} dp{s.dp} {sched} mb{s.micro_batch}x{s.num_micro_batches} zero{s.zero_stage}"
-        f"{' sp' if s.sequence_parallel else ''} recompute {rec}"
+    """The user's config in the one strategy vocabulary (planner.plan.strategy_label)."""
+    from planner.plan import strategy_label
+
+    label = strategy_label(
+        tp=s.tp,
+        pp=s.pp,
+        dp=s.dp,
+        schedule=s.schedule,
+        virtual_stages=s.virtual_stages,
+        micro_batch=s.micro_batch,
+        num_micro_batches=s.num_micro_batches,
+        zero_stage=s.zero_stage,
+        sequence_parallel=s.sequence_parallel,
+    )
+    if s.recompute == "none":
+        return label
+    return f"{label} recompute {s.recompute}" + (
+        f" (first {s.recompute_blocks_per_chunk}/chunk)" if s.recompute_blocks_per_chunk else ""
     )
 
 
