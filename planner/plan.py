@@ -20,8 +20,10 @@ from planner.modelspec import ModelSpec
 from planner.profiles import Dtype, _Strict  # one strictness rule for every file the project reads
 from planner.recipe import LRSchedule
 
-PLAN_SCHEMA_VERSION: Final = 2
-# version 2: schedule.micro_batches_per_replica (integers); version-1 files are migrated on load
+PLAN_SCHEMA_VERSION: Final = 3
+# version 2: schedule.micro_batches_per_replica (integers); version 3: it is the only micro-batch count (the
+# overloaded schedule.num_micro_batches is gone; Schedule.max_micro_batches reads the busiest replica's).
+# Older files are migrated on load (migrate_v1, migrate_v2).
 
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
@@ -70,19 +72,55 @@ class Schedule(_Strict):
     """Pipeline schedule and micro-batching.
 
     ``micro_batch_size`` samples per micro-batch on every dp replica. ``micro_batches_per_replica`` holds,
-    as integers, how many micro-batches each replica runs per step (derived once, :func:`split_batch`;
-    every plan file carries it, readers never re-derive it). ``num_micro_batches`` is the pipeline length
-    of the busiest replica: the same count for all with equal shares.
+    as integers, how many micro-batches each dp replica runs per step, in dp order: derived once, by
+    :func:`make_schedule` (the batch split of :func:`split_counts`), carried by every plan file, never re-derived
+    by its readers.
     """
 
     kind: ScheduleKind
     micro_batch_size: int = Field(ge=1)
-    num_micro_batches: int = Field(ge=1, description="micro-batches of the busiest dp replica per step")
     virtual_stages: int = Field(1, ge=1, description="model chunks per pp rank (interleaved 1F1B)")
-    micro_batches_per_replica: list[PositiveInt] | None = Field(
-        None,
-        description="micro-batches each dp replica runs per step, in dp order; filled in by the Plan "
-        "(None only while a plan whose split does not work out is being rejected)",
+    micro_batches_per_replica: list[PositiveInt] = Field(
+        min_length=1, description="micro-batches each dp replica runs per step, in dp order"
+    )
+
+    @property
+    def max_micro_batches(self) -> int:
+        """The busiest replica's micro-batches per step: its pipeline length (all equal without batch shares)."""
+        return max(self.micro_batches_per_replica)
+
+
+def make_schedule(
+    kind: ScheduleKind,
+    *,
+    micro_batch_size: int,
+    global_batch: int,
+    dp: int,
+    num_micro_batches: int,
+    shares: list[float] | None = None,
+    virtual_stages: int = 1,
+) -> Schedule:
+    """A schedule with its per-replica counts: ``num_micro_batches`` on every replica for an even split,
+    ``share_r * global_batch / micro_batch_size`` on replica ``r`` with batch shares; a split that does not
+    work out keeps ``num_micro_batches`` everywhere and is rejected, with the fix, by :func:`validate`.
+
+    >>> make_schedule("1f1b", micro_batch_size=2, global_batch=8, dp=2, num_micro_batches=3, shares=[0.75, 0.25])
+    Schedule(kind='1f1b', micro_batch_size=2, virtual_stages=1, micro_batches_per_replica=[3, 1])
+    """
+    try:
+        counts = list(
+            split_counts(
+                global_batch=global_batch,
+                dp=dp,
+                shares=shares,
+                micro_batch_size=micro_batch_size,
+                num_micro_batches=num_micro_batches,
+            ).micro_batches
+        )
+    except StratagemError:
+        counts = [num_micro_batches] * dp
+    return Schedule(
+        kind=kind, micro_batch_size=micro_batch_size, virtual_stages=virtual_stages, micro_batches_per_replica=counts
     )
 
 
@@ -231,7 +269,7 @@ class SearchRecord(_Strict):
 
 
 class Plan(_Strict):
-    schema_version: Literal[2] = PLAN_SCHEMA_VERSION
+    schema_version: Literal[3] = PLAN_SCHEMA_VERSION
     planner_version: str
     created_utc: str
     model: ModelSpec
@@ -281,7 +319,7 @@ class Plan(_Strict):
         if self.replica_node_types is not None and len(self.replica_node_types) != self.mesh.size("dp"):
             raise ValueError("replica_node_types needs one entry per dp replica")
         self._check_experts()
-        self._fill_micro_batches()
+        self._check_micro_batch_count()
         return self
 
     def _check_experts(self) -> None:
@@ -300,17 +338,18 @@ class Plan(_Strict):
         except StratagemError as exc:
             raise ValueError(str(exc)) from None
 
-    def _fill_micro_batches(self) -> None:
-        """Store the per-replica micro-batch counts (derived here, once); a stored list must agree."""
+    def _check_micro_batch_count(self) -> None:
+        """One count per dp replica, equal to the split of the global batch where that split works out (where it
+        does not, :func:`validate` says why, with the fix, before anything runs)."""
+        dp, counts = self.mesh.size("dp"), self.schedule.micro_batches_per_replica
+        if len(counts) != dp:
+            raise ValueError(f"schedule.micro_batches_per_replica has {len(counts)} entries for dp={dp}; re-plan")
         try:
-            counts = list(split_batch(self).micro_batches)
-        except StratagemError:  # the split does not work out: launch and show say why, with the fix
-            counts = None
-        stored = self.schedule.micro_batches_per_replica
-        if stored is None:
-            self.schedule.micro_batches_per_replica = counts
-        elif stored != counts:
-            raise ValueError(f"schedule.micro_batches_per_replica {stored} but the batch split gives {counts}")
+            expected = list(split_batch(self, derive=True).micro_batches)
+        except StratagemError:
+            return
+        if counts != expected:
+            raise ValueError(f"schedule.micro_batches_per_replica {counts} but the batch split gives {expected}")
 
     @property
     def world_size(self) -> int:
@@ -368,7 +407,7 @@ def plan_label(plan: Plan) -> str:
         schedule=s.kind,
         virtual_stages=s.virtual_stages,
         micro_batch=s.micro_batch_size,
-        num_micro_batches=s.num_micro_batches,
+        num_micro_batches=s.max_micro_batches,
         zero_stage=plan.zero_stage,
         sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
         recompute=counts,
@@ -408,13 +447,14 @@ def validate(plan: Plan, world_size: int) -> None:
 
 
 def _check_batch(plan: Plan) -> None:
-    """Equal replicas: dp x micro_batch_size x num_micro_batches must be the global batch."""
+    """The stored per-replica counts must be the split of the global batch (:func:`split_counts`)."""
     s, dp = plan.schedule, plan.mesh.size("dp")
-    if plan.batch_shares is None and dp * s.micro_batch_size * s.num_micro_batches != plan.training.global_batch:
+    counts = s.micro_batches_per_replica
+    expected = list(split_batch(plan, derive=True).micro_batches)
+    if counts != expected:
         raise StratagemError(
-            f"plan splits global batch {plan.training.global_batch} as dp {dp} x micro-batch {s.micro_batch_size} "
-            f"x {s.num_micro_batches} micro-batches = {dp * s.micro_batch_size * s.num_micro_batches}; the file "
-            f"is inconsistent, re-plan"
+            f"plan runs {counts} micro-batches of {s.micro_batch_size} samples on its {dp} dp replicas, but global "
+            f"batch {plan.training.global_batch} splits into {expected}; the file is inconsistent, re-plan"
         )
 
 
@@ -474,27 +514,31 @@ class BatchSplit:
     micro_batches: tuple[int, ...]  # micro-batches each dp replica runs per step
 
 
-def split_batch(plan: Plan) -> BatchSplit:
-    """Rows and micro-batch counts of every dp replica of ``plan``: the one place the split is derived.
+def split_batch(plan: Plan, *, derive: bool = False) -> BatchSplit:
+    """Rows and micro-batch counts of every dp replica of ``plan``, the counts as the file carries them
+    (``derive=True``: as :func:`split_counts` derives them, to check the file).
 
     Uneven ``batch_shares`` (mixed clusters): replica ``r`` gets ``n_r = share_r * B`` rows and runs
     ``m_r = n_r / micro_batch_size`` micro-batches of the one ``schedule.micro_batch_size`` (a fast replica
-    runs more micro-batches, not bigger ones; ``num_micro_batches`` is the busiest replica's count). Without
-    shares every replica runs ``schedule.num_micro_batches`` micro-batches of ``B / dp`` rows. The plan file
-    carries the counts (``schedule.micro_batches_per_replica``); readers take them from there.
+    runs more micro-batches, not bigger ones). Without shares every replica runs the same count of ``B / dp``
+    rows.
     """
-    return _split(
+    rows = rows_per_replica(plan.training.global_batch, plan.batch_shares, plan.mesh.size("dp"))
+    if not derive:
+        return BatchSplit(rows=tuple(rows), micro_batches=tuple(plan.schedule.micro_batches_per_replica))
+    return split_counts(
         global_batch=plan.training.global_batch,
         dp=plan.mesh.size("dp"),
         shares=plan.batch_shares,
         micro_batch_size=plan.schedule.micro_batch_size,
-        num_micro_batches=plan.schedule.num_micro_batches,
+        num_micro_batches=plan.schedule.max_micro_batches,
     )
 
 
-def _split(
+def split_counts(
     *, global_batch: int, dp: int, shares: list[float] | None, micro_batch_size: int, num_micro_batches: int
 ) -> BatchSplit:
+    """The one derivation of the batch split: rows per replica, then micro-batches per replica."""
     rows = rows_per_replica(global_batch, shares, dp)
     size = micro_batch_size if shares is not None else None
     counts = micro_batches_per_replica(rows, micro_batch_size=size, num_micro_batches=num_micro_batches)
@@ -502,29 +546,66 @@ def _split(
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Load and validate a plan file; a version-1 file is checked against its own hash, then migrated."""
+    """Load and validate a plan file; an older file is checked against its own hash, then migrated."""
     data = read_json(path, what="plan")
     if data.get("schema_version") == 1:
         data = migrate_v1(data, source=str(path))
+    if data.get("schema_version") == 2:
+        data = migrate_v2(data, source=str(path))
     return validate_document(Plan, data, source=str(path), what="plan", schema_version=PLAN_SCHEMA_VERSION)
 
 
-def migrate_v1(data: dict[str, Any], *, source: str) -> dict[str, Any]:
-    """A version-1 plan as version 2: the same plan, with its per-replica micro-batch counts filled in.
-
-    Its content hash is checked first (over the version-1 body) and dropped: the new body has no hash
-    until it is saved again.
-    """
+def _check_old_hash(data: dict[str, Any], source: str) -> None:
     stored = data.get("content_hash")
     if stored is not None and stored != content_hash(data):
         raise StratagemError(
             f"plan {source} was modified after it was written (content_hash mismatch); "
             f"regenerate it, or delete its content_hash field if the edit was deliberate"
         )
-    migrated = {**data, "schema_version": PLAN_SCHEMA_VERSION, "content_hash": None}
+
+
+def migrate_v1(data: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """A version-1 plan as version 2 (then 3, :func:`migrate_v2`): the same plan; version 2 filled in its
+    per-replica micro-batch counts on load, which :func:`migrate_v2` does. Its content hash is checked
+    first (over the version-1 body) and dropped: the new body has no hash until it is saved again.
+    """
+    _check_old_hash(data, source)
+    migrated = {**data, "schema_version": 2, "content_hash": None}
     schedule = migrated.get("schedule")
     if isinstance(schedule, dict):
         migrated["schedule"] = {k: v for k, v in schedule.items() if k != "micro_batches_per_replica"}
+    return migrated
+
+
+def migrate_v2(data: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """A version-2 plan as version 3: ``schedule.num_micro_batches`` (the busiest replica's count) gives way to
+    ``micro_batches_per_replica``, which version-2 files carry (else derived here as version 2 did)."""
+    _check_old_hash(data, source)
+    migrated = {**data, "schema_version": PLAN_SCHEMA_VERSION, "content_hash": None}
+    schedule, training, mesh = data.get("schedule"), data.get("training"), data.get("mesh")
+    if not (isinstance(schedule, dict) and isinstance(training, dict) and isinstance(mesh, dict)):
+        return migrated  # validation names what is missing
+    counts = schedule.get("micro_batches_per_replica")
+    if counts is None:
+        try:
+            dp = dict(zip(mesh.get("axes", ["pp", "dp", "tp"]), mesh["sizes"])).get("dp", 1)
+            counts = list(
+                split_counts(
+                    global_batch=training["global_batch"],
+                    dp=dp,
+                    shares=data.get("batch_shares"),
+                    micro_batch_size=schedule["micro_batch_size"],
+                    num_micro_batches=schedule["num_micro_batches"],
+                ).micro_batches
+            )
+        except (StratagemError, KeyError, TypeError, ValueError) as exc:
+            raise StratagemError(
+                f"plan {source} (schema version 2) has a batch split that does not work out ({exc}); re-plan"
+            ) from None
+    migrated["schedule"] = {
+        **{k: v for k, v in schedule.items() if k != "num_micro_batches"},
+        "micro_batches_per_replica": counts,
+    }
     return migrated
 
 

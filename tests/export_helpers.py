@@ -6,7 +6,7 @@ from planner.export.api import layer_kinds
 from planner.export.settings import FrameworkSettings, chunk_paths, to_parallel_config
 from planner.gpt_profile import build_gpt_profile
 from planner.modelspec import ModelSpec
-from planner.plan import LayerLayout, Mesh, Plan, Schedule, Stage, TrainingSettings
+from planner.plan import LayerLayout, Mesh, Plan, Stage, TrainingSettings, make_schedule
 from planner.search.plan_file import stage_ranks
 
 CLUSTER = "dgx-a100-80g"
@@ -57,9 +57,11 @@ def plan_from_settings(s: FrameworkSettings, spec: ModelSpec) -> Plan:
             weight_decay=s.weight_decay or 0.0,
         ),
         mesh=Mesh(sizes=[s.pp, s.dp, s.tp]),
-        schedule=Schedule(
-            kind=s.schedule,
+        schedule=make_schedule(
+            s.schedule,
             micro_batch_size=s.micro_batch,
+            global_batch=s.global_batch,
+            dp=s.dp,
             num_micro_batches=s.num_micro_batches,
             virtual_stages=s.virtual_stages,
         ),

@@ -239,7 +239,8 @@ def test_non_finite_or_unphysical_cluster_figures_are_rejected(tmp_path, capsys,
         (lambda d: d["stages"][0].update(module_paths=[]), "module_paths"),
         (lambda d: d["training"].update(lr=-1.0), "lr"),
         (lambda d: d["training"].update(seq_len=100_000), "max_seq"),
-        (lambda d: d["schedule"].update(num_micro_batches=3), "global batch"),
+        (lambda d: d["schedule"].update(num_micro_batches=3), "num_micro_batches"),  # gone in schema 3
+        (lambda d: d["schedule"].update(micro_batches_per_replica=[7]), "micro_batches_per_replica"),
         (lambda d: d["stages"][0]["module_paths"].__setitem__(0, "blocks.99"), "unknown"),
     ],
 )

@@ -207,7 +207,7 @@ def _cost_model_plan(kind: str, v: int):
         cluster_hash=None,
         training=TrainingSettings(global_batch=8, seq_len=2048, dtype="bf16"),
         mesh=Mesh(sizes=[4, 1, 2]),
-        schedule=Schedule(kind=kind, micro_batch_size=1, num_micro_batches=8, virtual_stages=v),
+        schedule=Schedule(kind=kind, micro_batch_size=1, virtual_stages=v, micro_batches_per_replica=[8]),
         stages=stages,
         predictions=est.to_predictions(),
     )

@@ -89,7 +89,7 @@ def test_cli_plan_on_cpu_writes_a_valid_plan(tmp_path, capsys):
     plan = load_plan(out)
     validate(plan, 2)
     assert "predicted step time" in capsys.readouterr().out
-    assert json.loads(out.read_text())["schema_version"] == 2
+    assert json.loads(out.read_text())["schema_version"] == 3
 
 
 def test_no_plan_fits_names_the_shortfall(tmp_path, capsys):
@@ -175,9 +175,10 @@ def test_every_flag_has_help_and_no_none_default_noise(command):
     assert "(default: None)" not in text and "(default: False)" not in text and "``" not in text
 
 
-def test_version_1_plan_is_migrated_with_integer_micro_batch_counts(tmp_path):
-    """Schema 2 stores the per-replica micro-batch counts; a version-1 file (no counts, its own hash) loads
-    as the same plan with the counts filled in, and a tampered version-1 file is still refused."""
+def test_older_plans_are_migrated_to_integer_counts_without_num_micro_batches(tmp_path):
+    """Schema 3 keeps only the per-replica micro-batch counts. A version-2 file (counts and the overloaded
+    ``schedule.num_micro_batches``) and a version-1 file (no counts) load as the same plan, each checked
+    against its own hash first; a tampered old file is refused."""
     import json
 
     from planner.errors import StratagemError
@@ -187,24 +188,29 @@ def test_version_1_plan_is_migrated_with_integer_micro_batch_counts(tmp_path):
     from planner.modelspec import parse_model
 
     plan = make_plan(parse_model("gpt:tiny"), dp=2, global_batch=16, batch_shares=[0.75, 0.25])
-    assert PLAN_SCHEMA_VERSION == 2 and plan.schedule.micro_batches_per_replica == [3, 1]
-    path = save_plan(plan, tmp_path / "v2.json")
+    assert PLAN_SCHEMA_VERSION == 3 and plan.schedule.micro_batches_per_replica == [3, 1]
+    path = save_plan(plan, tmp_path / "v3.json")
     saved = json.loads(path.read_text())
-    assert saved["schedule"]["micro_batches_per_replica"] == [3, 1]
+    assert saved["schedule"]["micro_batches_per_replica"] == [3, 1] and "num_micro_batches" not in saved["schedule"]
     assert all(isinstance(m, int) for m in saved["schedule"]["micro_batches_per_replica"])
+    assert plan.schedule.max_micro_batches == 3
 
-    v1 = {**saved, "schema_version": 1}
-    v1["schedule"] = {k: v for k, v in saved["schedule"].items() if k != "micro_batches_per_replica"}
+    v2 = {**saved, "schema_version": 2}
+    v2["schedule"] = {**saved["schedule"], "num_micro_batches": 3}
+    v2["content_hash"] = content_hash(v2)
+    v1 = {**v2, "schema_version": 1}
+    v1["schedule"] = {k: v for k, v in v2["schedule"].items() if k != "micro_batches_per_replica"}
     v1["content_hash"] = content_hash(v1)
-    (tmp_path / "v1.json").write_text(json.dumps(v1))
-    migrated = load_plan(tmp_path / "v1.json")
-    assert migrated.schema_version == 2 and migrated.schedule.micro_batches_per_replica == [3, 1]
-    assert migrated.model_dump(exclude={"content_hash"}) == plan.model_dump(exclude={"content_hash"})
+    for name, old in (("v2", v2), ("v1", v1)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(old))
+        migrated = load_plan(tmp_path / f"{name}.json")
+        assert migrated.schema_version == 3 and migrated.schedule.micro_batches_per_replica == [3, 1]
+        assert migrated.model_dump(exclude={"content_hash"}) == plan.model_dump(exclude={"content_hash"})
 
-    v1["training"]["lr"] = 0.5  # edited after writing: the version-1 hash no longer matches
-    (tmp_path / "v1-edited.json").write_text(json.dumps(v1))
-    with pytest.raises(StratagemError, match="content_hash mismatch"):
-        load_plan(tmp_path / "v1-edited.json")
+        old["training"] = {**old["training"], "lr": 0.5}  # edited after writing: its hash no longer matches
+        (tmp_path / f"{name}-edited.json").write_text(json.dumps(old))
+        with pytest.raises(StratagemError, match="content_hash mismatch"):
+            load_plan(tmp_path / f"{name}-edited.json")
 
 
 def test_stored_micro_batch_counts_must_match_the_split(tmp_path):

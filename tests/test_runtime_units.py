@@ -70,7 +70,7 @@ def test_uneven_replicas_run_more_micro_batches_of_one_size():
         micro_batches_per_replica([6, 2], micro_batch_size=None, num_micro_batches=4)
     # make_plan: the gcd of the rows as micro-batch size, the busiest replica's count as num_micro_batches
     plan = make_plan(GPT, dp=2, batch_shares=[0.75, 0.25], num_micro_batches=5)
-    assert (plan.schedule.micro_batch_size, plan.schedule.num_micro_batches) == (2, 3)
+    assert (plan.schedule.micro_batch_size, plan.schedule.max_micro_batches) == (2, 3)
     assert split_batch(plan) == BatchSplit(rows=(6, 2), micro_batches=(3, 1))
     # without shares num_micro_batches decides, micro_batch_size is not consulted
     assert split_batch(make_plan(GPT, dp=2, num_micro_batches=2, micro_batch_size=3)).micro_batches == (2, 2)

@@ -99,7 +99,7 @@ def _overview(plan: Plan) -> Table:
     )
     table.add_row(
         "schedule",
-        f"{s.kind}, {s.num_micro_batches} micro-batches of {s.micro_batch_size}, "
+        f"{s.kind}, {_counts(s.micro_batches_per_replica, s.micro_batch_size)}, "
         f"{s.virtual_stages} chunk(s) per pp rank",
     )
     table.add_row(
@@ -260,3 +260,10 @@ def _measured_table(plan: Plan, metrics) -> Table:
         ratio = row["measured_over_predicted"]
         table.add_row(quantity, *cells, f"{ratio:.2f}" if ratio == ratio else "-")
     return table
+
+
+def _counts(per_replica: list[int], size: int) -> str:
+    """``8 micro-batches of 2`` when every dp replica runs 8, else ``micro-batches of 2: 6/2 per dp replica``."""
+    if len(set(per_replica)) == 1:
+        return f"{per_replica[0]} micro-batches of {size}"
+    return f"micro-batches of {size}: {'/'.join(map(str, per_replica))} per dp replica"

@@ -49,7 +49,7 @@ def plan_parallel_config(plan: Plan) -> ParallelConfig:
         pp=pp,
         dp=plan.mesh.size("dp"),
         micro_batch=plan.schedule.micro_batch_size,
-        num_micro_batches=plan.schedule.num_micro_batches,
+        num_micro_batches=plan.schedule.max_micro_batches,
         schedule=plan.schedule.kind,
         virtual_stages=plan.schedule.virtual_stages,
         zero_stage=plan.zero_stage,

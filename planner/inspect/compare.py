@@ -117,7 +117,7 @@ def _fields(plan: Plan) -> dict[str, str]:
             "schedule.kind": s.kind,
             "schedule.virtual_stages": str(s.virtual_stages),
             "schedule.micro_batch_size": str(s.micro_batch_size),
-            "schedule.num_micro_batches": str(s.num_micro_batches),
+            "schedule.micro_batches_per_replica": str(s.micro_batches_per_replica),
             "training.global_batch": str(plan.training.global_batch),
             "zero_stage": str(plan.zero_stage),
             "batch_shares": str(plan.batch_shares),

@@ -27,7 +27,7 @@ from planner.plan import (
     Mesh,
     Plan,
     Predictions,
-    Schedule,
+    make_schedule,
     SearchRecord,
     Stage,
     StagePrediction,
@@ -93,8 +93,13 @@ def build_example_plan(
         )
         for i, k in enumerate(scale)
     ]
-    schedule = Schedule(
-        kind=kind, micro_batch_size=micro_batch_size, num_micro_batches=num_micro_batches, virtual_stages=virtual_stages
+    schedule = make_schedule(
+        kind,
+        micro_batch_size=micro_batch_size,
+        global_batch=micro_batch_size * num_micro_batches * dp,
+        dp=dp,
+        num_micro_batches=num_micro_batches,
+        virtual_stages=virtual_stages,
     )
     timeline = simulate(
         kind,
@@ -225,7 +230,7 @@ def _predictions(spec, stages, costs, timeline, training, schedule, *, tp, dp, c
             )
         )
     step = timeline.makespan_s
-    m = schedule.num_micro_batches
+    m = schedule.max_micro_batches
     mine = [c for st, c in zip(stages, costs) if st.pp_rank == 0]  # rank 0 ends the step (1F1B drains last)
     breakdown = {
         key: m * sum(getattr(c, f"{key}_s") for c in mine)

@@ -213,7 +213,7 @@ def plot_step_breakdown(plan: Plan) -> Figure:
 
 def _per_stage_bars(ax, plan: Plan, scale: float, unit: str) -> None:
     frame = stage_frame(plan, simulated=False)
-    m = plan.schedule.num_micro_batches
+    m = plan.schedule.max_micro_batches
     bottom = [0.0] * len(frame)
     for i, term in enumerate(("forward", "backward", "recompute", "tp_comm", "layout", "pp_comm")):
         column = f"{term}_s_per_micro_batch"

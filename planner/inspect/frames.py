@@ -42,7 +42,7 @@ def stage_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool
     """
     timeline = timeline or (plan_timeline(plan) if simulated else None)
     preds = {sp.stage: sp for sp in plan.predictions.stages} if plan.predictions else {}
-    m = plan.schedule.num_micro_batches
+    m = plan.schedule.max_micro_batches
     rows = []
     for st in sorted(plan.stages, key=lambda s: s.index):
         row = dict(
@@ -163,7 +163,7 @@ def summary_frame(plan: Plan, name: str | None = None, timeline: Timeline | None
         schedule=s.kind,
         virtual_stages=s.virtual_stages,
         micro_batch_size=s.micro_batch_size,
-        num_micro_batches=s.num_micro_batches,
+        num_micro_batches=s.max_micro_batches,
         global_batch=plan.training.global_batch,
         zero_stage=plan.zero_stage,
         recompute_modules=sum(m != "none" for st in plan.stages for m in st.recompute.values()),

@@ -233,7 +233,7 @@ def simulate_plan(plan: Plan, *, pp_comm_mode: PpCommMode = "blocking") -> Timel
         plan.schedule.kind,
         costs,
         pp=plan.mesh.size("pp"),
-        num_micro_batches=plan.schedule.num_micro_batches,
+        num_micro_batches=plan.schedule.max_micro_batches,
         virtual_stages=plan.schedule.virtual_stages,
         recompute=recompute,
         step_tail_s=tail,

@@ -15,7 +15,7 @@ import pulp
 
 from planner import __version__
 from planner.modelspec import ModelSpec
-from planner.plan import Alternative, LayerLayout, Mesh, Plan, Schedule, SearchRecord, Stage, TrainingSettings
+from planner.plan import Alternative, LayerLayout, Mesh, Plan, SearchRecord, Stage, TrainingSettings, make_schedule
 from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.planner import Candidate, SearchResult
 
@@ -148,10 +148,13 @@ def build_plan(
             if outer.replica_node_types
             else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])
         ),
-        schedule=Schedule(
-            kind=outer.schedule,
+        schedule=make_schedule(
+            outer.schedule,
             micro_batch_size=outer.micro_batch,
+            global_batch=training.global_batch,
+            dp=outer.dp,
             num_micro_batches=outer.num_micro_batches,
+            shares=list(best.config.batch_shares) if best.config.batch_shares else None,
             virtual_stages=outer.virtual_stages,
         ),
         stages=build_stages(best),

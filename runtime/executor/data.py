@@ -9,9 +9,9 @@ batch is the reference for every parallel layout.
 Uneven ``batch_shares`` (mixed clusters): replica ``r`` gets ``n_r = share_r * B`` rows and runs
 ``m_r = n_r / micro_batch_size`` micro-batches of the plan's one ``schedule.micro_batch_size`` — the same
 size, different counts, as the cost model has it (planner/cost/validate.py ``replica_micro_batches``); a
-fast replica runs more micro-batches, not bigger ones. Without shares every replica runs
-``schedule.num_micro_batches`` micro-batches of ``B / (dp * num_micro_batches)`` rows. The split is derived once, in
-``planner.plan.split_batch``, and every plan file carries its counts (``schedule.micro_batches_per_replica``).
+fast replica runs more micro-batches, not bigger ones. Without shares every replica runs the same ``m``
+micro-batches of ``B / (dp * m)`` rows. The split is derived once, by ``planner.plan.make_schedule``, and every
+plan file carries its counts (``schedule.micro_batches_per_replica``), which ``planner.plan.split_batch`` reads.
 
 Gradients stay those of the full-batch mean loss: each replica's schedule averages its ``m_r`` equal-size
 micro-batch losses (``scale_grads``, or ``1/m_r`` in ``LocalRunner``), which is its mean loss; dp gradient

@@ -148,7 +148,7 @@ def check_schedule(kind: str, *, pp: int, virtual_stages: int, num_micro_batches
             if kind == "interleaved_1f1b"
             else "raise num_micro_batches or use gpipe"
         )
-        raise StratagemError(f"{problem} (the plan's num_micro_batches); {fix}")
+        raise StratagemError(f"{problem} (the plan's schedule.micro_batches_per_replica); {fix}")
 
 
 def check_replica_schedules(plan: Plan) -> BatchSplit:
@@ -163,7 +163,7 @@ def check_replica_schedules(plan: Plan) -> BatchSplit:
     pp, kind, sched = plan.mesh.size("pp"), plan.schedule.kind, plan.schedule
     split = split_batch(plan)
     if plan.batch_shares is None:
-        check_schedule(kind, pp=pp, virtual_stages=sched.virtual_stages, num_micro_batches=sched.num_micro_batches)
+        check_schedule(kind, pp=pp, virtual_stages=sched.virtual_stages, num_micro_batches=sched.max_micro_batches)
         return split
     if pp > 1:
         _check_virtual_stages(kind, sched.virtual_stages)
