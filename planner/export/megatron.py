@@ -246,12 +246,12 @@ def _int(args: dict[str, str | None], flag: str, default: int | None = None) -> 
     if flag not in args:
         return default
     value = args[flag]
-    try:
-        if value is None:
-            raise ValueError
-        return int(value)
-    except ValueError:
-        raise StratagemError(f"Megatron flag {flag} needs an integer, got {value!r}") from None
+    if value is not None:
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise StratagemError(f"Megatron flag {flag} needs an integer, got {value!r}")
 
 
 @overload
@@ -262,12 +262,12 @@ def _float(args: dict[str, str | None], flag: str, default: float | None = None)
     if flag not in args:
         return default
     value = args[flag]
-    try:
-        if value is None:
-            raise ValueError
-        return float(value)
-    except ValueError:
-        raise StratagemError(f"Megatron flag {flag} needs a number, got {value!r}") from None
+    if value is not None:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise StratagemError(f"Megatron flag {flag} needs a number, got {value!r}")
 
 
 def _model(args: dict[str, str | None]) -> ModelSpec | None:
