@@ -205,6 +205,8 @@ def default_kernel_model(device: str) -> KernelModel | None:
 
 def _compute(device: str, peaks: dict[str, tuple[float, str]]) -> list[ComputeFigure]:
     family = gpu_family(device)
+    if family is None:
+        raise ValueError(f"{device!r} is not a GPU with a GEMM efficiency in planner.cost.constants.GEMM_EFFICIENCY")
     eff = GEMM_EFFICIENCY[family]
     return [
         ComputeFigure(

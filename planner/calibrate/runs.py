@@ -17,10 +17,10 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from planner.cost.config import ParallelConfig
+from planner.cost.config import ParallelConfig, Recompute, ScheduleKind
 from planner.errors import StratagemError
 from planner.fileio import read_text
-from planner.modelspec import parse_model
+from planner.modelspec import DimValue, parse_model
 from planner.profiles import ModelProfile
 
 REQUIRED = ("model", "gpus", "global_batch", "micro_batch", "tp", "pp", "dp", "step_time_s")
@@ -34,12 +34,13 @@ OPTIONAL = {
     "overlap_grad_reduce": "true",
     "dtype": "bf16",
 }
-SCHEDULES = {
+SCHEDULES: dict[str, ScheduleKind] = {
     "1f1b": "1f1b",
     "gpipe": "gpipe",
     "interleaved": "interleaved_1f1b",
     "interleaved_1f1b": "interleaved_1f1b",
 }
+RECOMPUTE: dict[str, Recompute] = {"none": "none", "selective": "selective", "full": "full"}
 BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -49,7 +50,7 @@ class MeasuredRun:
 
     row: int
     model: str
-    dims: tuple[tuple[str, int], ...]
+    dims: tuple[tuple[str, DimValue], ...]
     seq: int
     gpus: int
     global_batch: int
@@ -103,7 +104,7 @@ def _run(row: int, r: dict[str, str]) -> MeasuredRun:
     for k in ("sequence_parallel", "overlap_grad_reduce"):
         if opt[k] not in BOOLS:
             raise StratagemError(f"runs row {row} column {k!r}: {opt[k]!r}; use true or false")
-    if opt["recompute"] not in ("none", "selective", "full"):
+    if opt["recompute"] not in RECOMPUTE:
         raise StratagemError(f"runs row {row} column 'recompute': {opt['recompute']!r}; use none, selective or full")
     tp, pp, dp = (_int(get[k], row, k) for k in ("tp", "pp", "dp"))
     mb, gb, gpus = (_int(get[k], row, k) for k in ("micro_batch", "global_batch", "gpus"))
@@ -123,7 +124,7 @@ def _run(row: int, r: dict[str, str]) -> MeasuredRun:
         schedule=SCHEDULES[opt["schedule"]],
         virtual_stages=_int(opt["virtual_stages"], row, "virtual_stages"),
         zero_stage=_int(opt["zero"], row, "zero", minimum=0),
-        recompute=opt["recompute"],
+        recompute=RECOMPUTE[opt["recompute"]],
         sequence_parallel=BOOLS[opt["sequence_parallel"]],
         overlap_grad_reduce=BOOLS[opt["overlap_grad_reduce"]],
     )

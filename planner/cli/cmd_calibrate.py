@@ -14,7 +14,7 @@ import argparse
 
 from dataclasses import replace
 
-from planner.calibrate import fit, load_runs_csv
+from planner.calibrate import MeasuredRun, fit, load_runs_csv
 from planner.calibrate.metrics_runs import load_runs_jsonl
 from planner.calibrate.report import calibrated_profile, save_png, table_lines
 from planner.calibrate.runs import DIMS, OPTIONAL, REQUIRED
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     check_out_path(args.out, inputs=inputs)
     if args.png is not None:
         check_out_path(args.png, flag="--png", inputs=inputs | {"--out": args.out})
-    runs = []
+    runs: list[MeasuredRun] = []
     for path in args.runs:
         if path.suffix == ".jsonl":
             runs.append(load_runs_jsonl(path, plan_path=args.plan, row=len(runs) + 1))

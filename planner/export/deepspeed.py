@@ -13,8 +13,10 @@ DeepSpeed's pipeline engine runs its own 1F1B-like schedule and allows ZeRO stag
 from __future__ import annotations
 
 import json
+from typing import overload
 
 from planner.errors import StratagemError
+from planner.cost.config import Recompute
 from planner.export.settings import FrameworkSettings, check_settings
 from planner.recipe import LRSchedule, peak_lr
 
@@ -209,6 +211,10 @@ def _check_keys(config: dict) -> None:
             )
 
 
+@overload
+def _int(config: dict, key: str, default: int) -> int: ...
+@overload
+def _int(config: dict, key: str, default: None = None) -> int | None: ...
 def _int(config: dict, key: str, default: int | None = None) -> int | None:
     value = config.get(key, default)
     if value is None or value == "auto":
@@ -284,7 +290,7 @@ def parse(text: str, *, world_size: int | None = None) -> FrameworkSettings:
         )
     gb = gb or mb * gas * dp
     pipe = config.get("pipeline") or {}
-    recompute = (
+    recompute: Recompute = (
         "full" if config.get("activation_checkpointing") or _int(pipe, "activation_checkpoint_interval", 0) else "none"
     )
     zero = config.get("zero_optimization") or {}

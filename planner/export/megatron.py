@@ -18,6 +18,7 @@ import re
 import shlex
 from functools import lru_cache
 from pathlib import Path
+from typing import overload
 
 from planner.errors import StratagemError
 from planner.export.settings import FrameworkSettings, check_settings
@@ -212,7 +213,8 @@ def parse_args(text: str) -> dict[str, str | None]:
 
 
 def _parse_tokens(tokens: list[str]) -> dict[str, str | None]:
-    known, out, i = known_flags(), {}, 0
+    known, i = known_flags(), 0
+    out: dict[str, str | None] = {}
     while i < len(tokens):
         token = tokens[i]
         if not token.startswith("--"):
@@ -236,25 +238,39 @@ def _parse_tokens(tokens: list[str]) -> dict[str, str | None]:
     return out
 
 
-def _int(args: dict, flag: str, default: int | None = None) -> int | None:
+@overload
+def _int(args: dict[str, str | None], flag: str, default: int) -> int: ...
+@overload
+def _int(args: dict[str, str | None], flag: str, default: None = None) -> int | None: ...
+def _int(args: dict[str, str | None], flag: str, default: int | None = None) -> int | None:
     if flag not in args:
         return default
-    try:
-        return int(args[flag])
-    except (TypeError, ValueError):
-        raise StratagemError(f"Megatron flag {flag} needs an integer, got {args[flag]!r}") from None
+    value = args[flag]
+    if value is not None:
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise StratagemError(f"Megatron flag {flag} needs an integer, got {value!r}")
 
 
-def _float(args: dict, flag: str, default: float | None = None) -> float | None:
+@overload
+def _float(args: dict[str, str | None], flag: str, default: float) -> float: ...
+@overload
+def _float(args: dict[str, str | None], flag: str, default: None = None) -> float | None: ...
+def _float(args: dict[str, str | None], flag: str, default: float | None = None) -> float | None:
     if flag not in args:
         return default
-    try:
-        return float(args[flag])
-    except (TypeError, ValueError):
-        raise StratagemError(f"Megatron flag {flag} needs a number, got {args[flag]!r}") from None
+    value = args[flag]
+    if value is not None:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise StratagemError(f"Megatron flag {flag} needs a number, got {value!r}")
 
 
-def _model(args: dict) -> ModelSpec | None:
+def _model(args: dict[str, str | None]) -> ModelSpec | None:
     if "--num-layers" not in args or "--hidden-size" not in args or "--num-attention-heads" not in args:
         return None
     llama = (
@@ -278,7 +294,7 @@ def _model(args: dict) -> ModelSpec | None:
     return parse_model(family, **dims)
 
 
-def _zero(args: dict) -> int:
+def _zero(args: dict[str, str | None]) -> int:
     if "--use-megatron-fsdp" in args or "--use-torch-fsdp2" in args:
         strategy = args.get("--data-parallel-sharding-strategy") or "optim_grads_params"
         if strategy not in SHARDING_ZERO:
@@ -290,7 +306,7 @@ def _zero(args: dict) -> int:
     return 1 if "--use-distributed-optimizer" in args else 0
 
 
-def _recompute(args: dict, layers_per_chunk: int | None) -> dict:
+def _recompute(args: dict[str, str | None], layers_per_chunk: int | None) -> dict:
     granularity = args.get("--recompute-granularity") or ("selective" if "--recompute-activations" in args else None)
     if granularity is None:
         return {}
@@ -307,7 +323,7 @@ def _recompute(args: dict, layers_per_chunk: int | None) -> dict:
     return {"recompute": "full"}
 
 
-def _schedule(args: dict, s_global: int) -> LRSchedule | None:
+def _schedule(args: dict[str, str | None], s_global: int) -> LRSchedule | None:
     """The recipe the flags state (iterations, or samples / global batch as Megatron converts them)."""
     if "--lr" not in args:
         return None
@@ -318,7 +334,8 @@ def _schedule(args: dict, s_global: int) -> LRSchedule | None:
     def steps(iters_flag: str, samples_flag: str) -> int | None:
         if iters_flag in args:
             return _int(args, iters_flag)
-        return _int(args, samples_flag) // s_global if samples_flag in args else None
+        samples = _int(args, samples_flag)
+        return samples // s_global if samples is not None else None
 
     total = steps("--lr-decay-iters", "--lr-decay-samples") or steps("--train-iters", "--train-samples")
     if total is None:
@@ -360,8 +377,8 @@ def parse(text: str, *, world_size: int | None = None) -> FrameworkSettings:
     gb = _int(args, "--global-batch-size", mb * dp)
     layers = int(model.dim("layers")) if model is not None else None
     v = _int(args, "--num-virtual-stages-per-pipeline-rank", 1)
-    if "--num-layers-per-virtual-pipeline-stage" in args:
-        per = _int(args, "--num-layers-per-virtual-pipeline-stage")
+    per = _int(args, "--num-layers-per-virtual-pipeline-stage")
+    if per is not None:
         if layers is None or per < 1 or layers % (pp * per):
             raise StratagemError(
                 f"--num-layers-per-virtual-pipeline-stage {per} does not divide --num-layers "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from planner.errors import StratagemError
 from planner.export.settings import FrameworkSettings
-from planner.plan import Plan
+from planner.plan import Plan, ScheduleKind
 from planner.profiles import ModelProfile
 
 
@@ -244,7 +244,9 @@ def _degrees(plan: Plan, caps: Capabilities, changes: list[Change], framework: s
         return {"tp": 1, "pp": 1, "dp": new_dp, "micro_batch": new_mb, "schedule": "1f1b", "virtual_stages": 1}
     out = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": mb, "schedule": kind, "virtual_stages": v}
     if pp > 1 and kind not in caps.schedules:
-        new = "interleaved_1f1b" if kind == "interleaved_1f1b" and "interleaved_1f1b" in caps.schedules else "1f1b"
+        new: ScheduleKind = (
+            "interleaved_1f1b" if kind == "interleaved_1f1b" and "interleaved_1f1b" in caps.schedules else "1f1b"
+        )
         changes.append(
             Change(
                 what="pipeline schedule",

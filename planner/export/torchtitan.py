@@ -22,10 +22,11 @@ import ast
 
 from planner.errors import StratagemError
 from planner.export.settings import FrameworkSettings, check_settings
+from planner.plan import ScheduleKind
 from planner.recipe import LRSchedule, peak_lr
 
 SOURCE = "torchtitan config"
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+SCHEDULES: dict[ScheduleKind, str] = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 PARALLELISM_KEYS = frozenset(
     {
         "data_parallel_replicate_degree",
@@ -191,7 +192,10 @@ def _sections_from_python(text: str) -> tuple[dict[str, dict], int | None]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             if any(isinstance(t, ast.Name) and t.id == "WORLD_SIZE_GPUS" for t in node.targets):
-                world = int(node.value.value)
+                constant = node.value.value
+                if not isinstance(constant, (int, float, str)):
+                    raise StratagemError(f"torchtitan config: WORLD_SIZE_GPUS = {constant!r}; write the GPU count")
+                world = int(constant)
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Attribute) and t.attr == "activation_checkpoint" for t in node.targets
         ):
@@ -203,7 +207,7 @@ def _sections_from_python(text: str) -> tuple[dict[str, dict], int | None]:
                 and isinstance(value.func.value, ast.Name)
                 else None
             )
-            sections["activation_checkpoint"] = {"mode": _AC.get(name, "none")}
+            sections["activation_checkpoint"] = {"mode": _AC[name] if name in _AC else "none"}
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None

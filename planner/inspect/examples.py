@@ -32,6 +32,7 @@ from planner.plan import (
     Stage,
     StagePrediction,
     TrainingSettings,
+    costed,
 )
 
 GIB = 2**30
@@ -281,12 +282,12 @@ def _search_record(plan: Plan, args: dict) -> SearchRecord:
     if kwargs["num_micro_batches"] % kwargs["pp"] == 0:
         variants.append(("interleaved_1f1b", 2))
     kwargs["layers"] = int(plan.model.dim("layers"))
-    best = plan.predictions.step_time_s
+    best = costed(plan)[0].step_time_s
     alternatives = []
     for kind, v in variants:
         if kind == plan.schedule.kind and v == plan.schedule.virtual_stages:
             continue
-        alt = build_example_plan(kind, virtual_stages=v, with_alternatives=False, **kwargs).predictions
+        alt, _ = costed(build_example_plan(kind, virtual_stages=v, with_alternatives=False, **kwargs))
         alternatives.append(
             Alternative(
                 summary=f"{kind} pp{kwargs['pp']} v{v} m{kwargs['num_micro_batches']}",

@@ -10,6 +10,8 @@ for the exposed data-parallel sync at the end. Every drawn collection has a ``gi
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
@@ -18,12 +20,23 @@ from planner.inspect.timeline import Interval, Timeline, simulate_plan
 from planner.inspect.units import fmt_seconds, time_unit
 from planner.plan import Plan
 
+
+class _Style(TypedDict, total=False):
+    """Keyword arguments of a bar and its legend patch (``matplotlib.patches.Patch``)."""
+
+    facecolor: str
+    edgecolor: str
+    hatch: str
+    linewidth: float
+    label: str
+
+
 SHADES = {
     "forward": ("#1f5f9e", "#4f8fd0", "#86b5e3", "#b9d5f0"),
     "recompute": ("#6a3d9a", "#8c62b8", "#b096d3", "#d2c3e8"),
     "backward": ("#2b7a2b", "#4fa84f", "#86cc86", "#bde3bd"),
 }
-IDLE_STYLE = {
+IDLE_STYLE: dict[str, _Style] = {
     "bubble": dict(facecolor="#d9d9d9", edgecolor="#a0a0a0", label="bubble (idle)"),
     "pp_wait": dict(facecolor="#fdd0a2", edgecolor="#e6550d", hatch="xx", label="waiting on pp transfer (idle)"),
     "dp_sync_exposed": dict(facecolor="#de2d26", edgecolor="#a50f15", label="exposed dp sync"),
@@ -31,7 +44,7 @@ IDLE_STYLE = {
     "zero_comm": dict(facecolor="#fb6a4a", edgecolor="#a50f15", label="ZeRO collectives"),
     "optimizer": dict(facecolor="#8c6d31", edgecolor="#5a4620", label="optimizer step"),
 }
-STRIP_STYLE = {  # communication inside an operation, drawn over the lower part of its bar
+STRIP_STYLE: dict[str, _Style] = {  # communication inside an operation, drawn over the lower part of its bar
     "tp_comm": dict(facecolor="none", edgecolor="#222222", hatch="////", linewidth=0.0, label="tp comm (inside op)"),
     "pp_comm": dict(facecolor="#fd8d3c", edgecolor="#a63603", linewidth=0.0, label="pp send/recv (inside op)"),
 }
@@ -88,7 +101,7 @@ def handles_needed(timeline: Timeline, plan: Plan) -> list:
 def _draw_operations(ax, timeline: Timeline, scale: float, edge: float) -> None:
     groups: dict[tuple[str, int, int], list[Interval]] = {}
     for iv in timeline.intervals:
-        if iv.kind in SHADES or iv.kind in STRIP_STYLE:
+        if iv.stage is not None and (iv.kind in SHADES or iv.kind in STRIP_STYLE):
             chunk = iv.stage // timeline.pp
             groups.setdefault((iv.kind, chunk, iv.pp_rank), []).append(iv)
     n_ops = sum(len(g) for (kind, _, _), g in groups.items() if kind in SHADES)

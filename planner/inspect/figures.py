@@ -18,7 +18,7 @@ from matplotlib.ticker import MaxNLocator
 from planner.errors import StratagemError
 from planner.inspect.frames import plan_label, rank_frame, stage_frame
 from planner.inspect.units import bytes_unit, fmt_bytes, time_unit
-from planner.plan import Plan
+from planner.plan import Plan, Predictions
 
 MEMORY_COLORS = {"params": "#3182bd", "grads": "#9ecae1", "optimizer": "#31a354", "activations": "#fd8d3c"}
 TERM_COLORS = {
@@ -43,11 +43,12 @@ def _color(table: dict[str, str], key: str, index: int) -> str:
     return table.get(key, OTHER_COLORS[index % len(OTHER_COLORS)])
 
 
-def _needs_predictions(plan: Plan, what: str) -> None:
+def _needs_predictions(plan: Plan, what: str) -> Predictions:
     if plan.predictions is None:
         raise StratagemError(
             f"plan has no predictions, so there is no {what} to draw; re-plan with `stratagem plan` to fill them"
         )
+    return plan.predictions
 
 
 def plot_memory_per_rank(plan: Plan) -> Figure:
@@ -185,8 +186,7 @@ def _placement_legend(plan: Plan, colors: list) -> list:
 def plot_step_breakdown(plan: Plan) -> Figure:
     """Left: the predicted step time split into its terms (those named ``*overlapped*`` are hidden behind
     compute, so they are listed, not stacked). Right: per stage, seconds per step by kind."""
-    _needs_predictions(plan, "step-time breakdown")
-    p = plan.predictions
+    p = _needs_predictions(plan, "step-time breakdown")
     stacked = {t: v for t, v in p.breakdown_s.items() if "overlapped" not in t and v > 0}
     hidden = {t: v for t, v in p.breakdown_s.items() if "overlapped" in t and v > 0}
     scale, unit = time_unit(max(p.step_time_s, sum(stacked.values())))
@@ -248,12 +248,12 @@ def comparison_points(plans: Plan | Sequence[Plan], names: Sequence[str] | None 
     and its search's top-k alternatives."""
     if isinstance(plans, Plan):
         plan = plans
-        _needs_predictions(plan, "comparison")
+        predictions = _needs_predictions(plan, "comparison")
         rows = [
             dict(
                 label=names[0] if names else plan_label(plan),
-                step_time_s=plan.predictions.step_time_s,
-                peak_memory_bytes=plan.predictions.peak_memory_bytes,
+                step_time_s=predictions.step_time_s,
+                peak_memory_bytes=predictions.peak_memory_bytes,
                 chosen=True,
             )
         ]
@@ -269,12 +269,12 @@ def comparison_points(plans: Plan | Sequence[Plan], names: Sequence[str] | None 
         return pd.DataFrame(rows)
     rows = []
     for i, plan in enumerate(plans):
-        _needs_predictions(plan, "comparison")
+        predictions = _needs_predictions(plan, "comparison")
         rows.append(
             dict(
                 label=names[i] if names else plan_label(plan),
-                step_time_s=plan.predictions.step_time_s,
-                peak_memory_bytes=plan.predictions.peak_memory_bytes,
+                step_time_s=predictions.step_time_s,
+                peak_memory_bytes=predictions.peak_memory_bytes,
                 chosen=i == 0,
             )
         )

@@ -178,6 +178,7 @@ def schedule_order(
     m, v = num_micro_batches, virtual_stages
     order: dict[int, list[_Op]] = {}
     for r in range(pp):
+        pairs: list[tuple[Phase, int, int]]
         if kind == "gpipe":
             pairs = [("forward", r, i) for i in range(m)] + [("backward", r, i) for i in range(m)]
         elif kind == "1f1b":
@@ -201,10 +202,10 @@ def schedule_order(
     return order
 
 
-def _one_f_one_b(total: int, warmup: int, locate) -> list[tuple[str, int, int]]:
+def _one_f_one_b(total: int, warmup: int, locate) -> list[tuple[Phase, int, int]]:
     """Warm-up forwards, then forward/backward pairs, then cool-down backwards; ``locate(k, fwd)``
     maps the k-th forward or backward to (stage, micro-batch)."""
-    seq = [("forward", k) for k in range(warmup)]
+    seq: list[tuple[Phase, int]] = [("forward", k) for k in range(warmup)]
     for k in range(total - warmup):
         seq += [("forward", warmup + k), ("backward", k)]
     seq += [("backward", k) for k in range(total - warmup, total)]
