@@ -27,6 +27,7 @@ from planner.plan import (
     Mesh,
     Plan,
     Predictions,
+    ScheduleKind,
     make_schedule,
     SearchRecord,
     Stage,
@@ -41,7 +42,7 @@ BYTES_PER_PARAM_MIXED_ADAM = {"params": 2, "grads": 2, "optimizer": 12}  # ZeRO 
 
 
 def build_example_plan(
-    kind: str = "1f1b",
+    kind: ScheduleKind = "1f1b",
     *,
     pp: int = 4,
     num_micro_batches: int = 8,
@@ -278,7 +279,7 @@ def _search_record(plan: Plan, args: dict) -> SearchRecord:
             "node_type",
         )
     }
-    variants = [("gpipe", 1), ("1f1b", 1)]
+    variants: list[tuple[ScheduleKind, int]] = [("gpipe", 1), ("1f1b", 1)]
     if kwargs["num_micro_batches"] % kwargs["pp"] == 0:
         variants.append(("interleaved_1f1b", 2))
     kwargs["layers"] = int(plan.model.dim("layers"))
