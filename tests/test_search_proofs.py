@@ -260,3 +260,18 @@ def test_option_far_slower_than_the_step_gets_a_larger_time_unit():
             )
             == 0
         )
+
+
+def test_working_sets_of_a_few_bytes_do_not_break_the_memory_rows(tmp_path):
+    """A custom model's bf16 layers with a working set of ~70 bytes on an 80 GiB H100 gave the ILP row
+    h_working_set a coefficient of 8e-10 < COEF_MIN (a ScalingError traceback); such fractions are rounded
+    up to COEF_MIN, which counts at most ~86 bytes more than the cost model, never fewer."""
+    from planner.cli.main import main
+
+    repo = Path(__file__).resolve().parents[1]
+    model = f"py:{repo / 'examples' / 'custom_model.py'}:build"
+    profile, plan = str(tmp_path / "profile.json"), str(tmp_path / "plan.json")
+    argv = ["profile", "model", "--model", model, "--analytic", "--cluster", "dgx-h100", "--dtype", "bf16"]
+    assert main([*argv, "--tp", "1,2,4,8", "--micro-batch", "1,8", "--out", profile]) == 0
+    argv = ["plan", "--model", model, "--model-profile", profile, "--cluster", "dgx-h100", "--gpus", "16"]
+    assert main([*argv, "--global-batch", "256", "--out", plan]) == 0

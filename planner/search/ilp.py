@@ -18,6 +18,7 @@ from planner.search.cbc import Problem, SolveResult, solve  # noqa: F401 (re-exp
 from planner.search.ilp_cuts import add_block_cuts
 from planner.search.ilp_terms import (
     COEF_MAX,
+    COEF_MIN,
     ScalingError,
     at_least,
     check_scaling,
@@ -244,6 +245,12 @@ def _tail(prob, tables: Tables, c: dict, u: dict, r: int, x: dict, limits: dict,
     return [a + b + opt for a in (sync - (k * (1 - kappa)) * x["Wb"], hidden_last) for b in zero]
 
 
+def _fraction(nbytes: float, cap: float) -> float:
+    """``nbytes / cap``, raised to COEF_MIN where smaller (a few dozen bytes of an 80 GiB device): the ILP then
+    counts at most COEF_MIN x cap more bytes than the cost model, never fewer, so what it calls feasible fits."""
+    return max(nbytes / cap, COEF_MIN)
+
+
 def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> None:
     """(h) memory of rank r: reserve * (states + act * inflight + working set + buffers) + const <= cap,
     every term in units of the rank's capacity (so coefficients are fractions of the device)."""
@@ -265,7 +272,7 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
         return flags[g, i]
 
     ws = [
-        (c.ws_bytes * k) * present(g, i)
+        _fraction(c.ws_bytes, cap) * present(g, i)
         for g, grp in enumerate(groups)
         for i, c in enumerate(grp.costs[nt])
         if c.ws_bytes > 0
@@ -274,7 +281,7 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
         parts.append(at_least(prob, f"WS[{r}]", "h_working_set", ws))
     if rm.zero3_buffer_layers:
         mx = [
-            (c.param_bytes * k) * present(g, i)
+            _fraction(c.param_bytes, cap) * present(g, i)
             for g, grp in enumerate(groups)
             for i, c in enumerate(grp.costs[nt])
             if c.param_bytes > 0
