@@ -368,8 +368,8 @@ def _measured_run(case: Case):
 
 def calibrate_by_group(path: Path) -> list[dict]:
     """For each source group: fit ``planner.calibrate`` on its rows (on its cluster), carry the fitted values
-    to every cluster as ratios to the priors (``planner.calibrate.fit.transfer``) and predict every other
-    group's rows. Returns one record per fitting group."""
+    to every cluster as ratios to the priors (``planner.calibrate.fit.transfer``; the network's parameters
+    only to rows on the same cluster) and predict every other group's rows. Returns one record per fitting group."""
     from planner.calibrate.fit import Predictor, fit, transfer
 
     clusters: dict = {}
@@ -395,7 +395,8 @@ def calibrate_by_group(path: Path) -> list[dict]:
             if other in own:
                 continue
             cl = with_gpus(clusters[other.cluster], other.gpus)
-            t = Predictor(cl, [_measured_run(other)]).predict(transfer(res.values, res.prior, cl))[0]
+            values = transfer(res.values, res.prior, cl, links=other.cluster == home)
+            t = Predictor(cl, [_measured_run(other)]).predict(values)[0]
             errors.append((t - other.published_s) / other.published_s)
         out.append(
             {

@@ -175,3 +175,17 @@ def test_estimate_uses_a_calibrated_profile_and_says_so(tmp_path):
     )
     assert est.returncode == 0, est.stderr
     assert "calibrated on 3 measured runs" in est.stdout
+
+
+def test_transfer_keeps_another_networks_link_parameters_at_their_priors():
+    from planner.calibrate.fit import transfer
+
+    fitted = {"dgx-a100-80g.gemm_ceiling": 0.66, "inter_bw_scale": 0.5}
+    prior = {"dgx-a100-80g.gemm_ceiling": 0.72, "inter_bw_scale": 1.0}
+    h100 = load_cluster_profile(PROFILES_DIR / "hardware" / "dgx-h100.json")
+    same = transfer(fitted, prior, A100)
+    assert same["inter_bw_scale"] == 0.5 and same["dgx-a100-80g.gemm_ceiling"] == pytest.approx(0.66)
+    other = transfer(fitted, prior, h100, links=False)
+    assert "inter_bw_scale" not in other
+    ceiling = h100.node_types[0].kernel_model.gemm_ceiling
+    assert other["dgx-h100.gemm_ceiling"] == pytest.approx(ceiling * 0.66 / 0.72)

@@ -36,6 +36,8 @@ from planner.profiles import ClusterProfile
 PRIOR_WIDTH = 0.3  # prior standard deviation of log(parameter / datasheet value): ~ +-35 %
 MEASUREMENT_NOISE = 0.03  # assumed relative noise of a measured step time (run-to-run spread of a few %)
 MIN_NEW_DIRECTION = 0.15  # Gram-Schmidt remainder below which a parameter is collinear with the taken ones
+# parameters of a cluster's network rather than of its GPUs and software stack (``transfer``)
+LINK_PARAMETERS = frozenset({"intra_bw_scale", "inter_bw_scale", "intra_alpha_scale"})
 # name -> (lower, upper) bounds of the absolute value (fractions of peak, seconds, bandwidth factors)
 BOUNDS = {
     "gemm_ceiling": (0.2, 0.98),
@@ -290,14 +292,19 @@ def mean_abs(xs: list[float]) -> float:
     return statistics.fmean(abs(x) for x in xs) if xs else 0.0
 
 
-def transfer(values: dict[str, float], prior: dict[str, float], cluster: ClusterProfile) -> dict[str, float]:
+def transfer(
+    values: dict[str, float], prior: dict[str, float], cluster: ClusterProfile, *, links: bool = True
+) -> dict[str, float]:
     """Fitted values carried to another cluster as ratios to their priors, per parameter kind (e.g. the
     fitted GEMM ceiling / the datasheet one), applied to every node type of ``cluster`` and clipped to bounds:
-    what a software stack gains or loses on one GPU type it is assumed to gain or lose on another."""
+    what a software stack gains or loses on one GPU type it is assumed to gain or lose on another.
+    ``links=False`` (the values were fitted on another cluster's network): the link parameters
+    (:data:`LINK_PARAMETERS`) stay at ``cluster``'s own priors — a bandwidth or latency fitted on one
+    network's switches and NICs says nothing about another's."""
     ratios = {k.rpartition(".")[2]: values[k] / prior[k] for k in values}
     out = {}
     for p in candidate_parameters(cluster):
         kind = p.name.rpartition(".")[2]
-        if kind in ratios:
+        if kind in ratios and (links or kind not in LINK_PARAMETERS):
             out[p.name] = min(max(p.prior * ratios[kind], p.lower), p.upper)
     return out
