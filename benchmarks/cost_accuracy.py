@@ -24,6 +24,18 @@ per tensor, torch-1.8 list collectives; each choice and its source in ``planner/
 row keeps the defaults. Each row's output line names the ZeRO-3 model it used, a table shows the error as
 those assumptions accumulate, and the LAST line is the headline: mean and max |error| over every predicted
 case, calibration rows included.
+
+Open: the 530B ZeRO-3 rows stay 17-23 % too fast. Doubling the GPUs while halving the micro-batch leaves the
+published step time unchanged for both models (175B: 66.7 s -> 66.7 s; 530B: 179.9 s -> 183.7 s), so the
+communication added by the doubling is 14 s at 175B and 45 s at 530B, ~3x apart. The model's per-rank
+terms (ring latency, per-rank host calls of the list collectives) are the same for both models (same
+tensors per layer): no alpha-beta or host term can be 3x apart, and a slower bandwidth alone would push the
+175B/384-GPU row (which leaves at most 24 s for all ZeRO-3 traffic) too slow. Nothing in DeepSpeed's
+April-2021 stage-3 code (``_allgather_param``, ``_reduce_scatter_gradient``, ``reduce_ipg_grads``) costs
+per rank *and* per byte; the cause is not modelled rather than fitted.
+
+Reference rows (``role="reference"``): measured on hardware no shipped profile describes; printed, left out
+of every mean.
 """
 
 from __future__ import annotations
