@@ -179,5 +179,9 @@ def test_benchmark_states_zero3_model_and_ends_with_headline(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     zero3_rows = [line for line in lines if " z3 " in line and "dgx-a100" in line]
     assert len(zero3_rows) == 6 and all("[ZeRO-3: DeepSpeed-2021" in line for line in zero3_rows)
-    n_cases = sum(1 for line in lines if line[:3].strip().isdigit() and ("dgx" in line or "aws-p3" in line))
+    n_cases = sum(
+        1
+        for line in lines
+        if line[:3].strip().isdigit() and ("dgx" in line or "aws-p3" in line) and "  reference" not in line
+    )  # reference rows (hardware no shipped profile describes) are printed but not in the headline
     assert lines[-1].startswith(f"ALL {n_cases} predicted cases") and "max |error|" in lines[-1]
