@@ -3,9 +3,11 @@
 Cases: GPT-3 175B on 1,024 A100 (batch 1536, seq 2048); the Megatron-LM SC21 Table 1 models at their GPU
 counts and batches (benchmarks/data/published_cases.csv); a 10,000-GPU case (1T parameters); and the mixed
 cluster (16 A100 + 16 V100) against the best plan that ignores the difference (planned as if every GPU
-were the smaller V100, then placed in cluster order). Prints one row per case; never a timed test.
+were the smaller V100, then placed in cluster order); a 3D U-Net on 512^3 single-channel volumes on 64 V100
+(aws-p3-16xlarge), where data parallelism alone does not fit and the spatial search
+(planner/search/spatial.py) splits layers. Prints one row per case; never a timed test.
 
-    .venv/bin/python benchmarks/search_speed.py [--quick] [--cases 175b,table1,10k,mixed]
+    .venv/bin/python benchmarks/search_speed.py [--quick] [--cases 175b,table1,10k,mixed,unet3d]
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import replace
 
 from planner.cli.common import resolve_cluster_path
 from planner.cost import estimate
-from planner.cost.placement import fill_stage_node_types
+from planner.cost.placement import fill_stage_node_types, with_gpus
 from planner.gpt_profile import build_gpt_profile
 from planner.modelspec import parse_model
 from planner.profiles import ClusterProfile, load_cluster_profile
@@ -133,9 +135,38 @@ def run_mixed(config: SearchConfig) -> None:
     )
 
 
+def run_unet3d(gpus: int = 64, batch: int = 64) -> None:
+    """3D U-Net 512^3 on 64 V100: analytic profile + spatial search wall time, and why layers are split."""
+    from planner.cost.spatial_plan import SpatialConfig, estimate_spatial
+    from planner.search.spatial import plan_spatial_search
+    from runtime.profiling.model import profile_model_analytic
+
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("aws-p3-16xlarge")), gpus)
+    start = time.perf_counter()
+    profile = profile_model_analytic(parse_model("unet3d:volume512"), seq_len=1, dtype="fp16")
+    profiled_s = time.perf_counter() - start
+    result = plan_spatial_search(profile, cluster, n_devices=gpus, global_batch=batch)
+    wall_s = time.perf_counter() - start
+    dp_only = estimate_spatial(
+        profile, cluster, SpatialConfig(dp=gpus, sd=1, micro_batch=1, num_micro_batches=batch // gpus, layout={})
+    )
+    best = result.best
+    gib = 2**30
+    print(
+        f"{'unet3d 512^3 V100':18s} {gpus:6d} {wall_s:8.2f} {best.estimate.step_time_s:9.3f} {'':9s} {'':>5s}  "
+        f"{result.status:28s} dp{best.config.dp} sd{best.config.sd} mb{best.config.micro_batch}"
+        f"x{best.config.num_micro_batches}, {len(best.config.layout)}/{len(profile.layers)} layers split"
+    )
+    print(
+        f"  planned in {wall_s:.2f} s (analytic profile {profiled_s:.2f} s, search {result.wall_time_s:.2f} s); "
+        f"peak memory {best.estimate.peak_memory_bytes / gib:.1f} GiB of {best.estimate.capacity_bytes / gib:.0f}; "
+        f"data parallel alone needs {dp_only.peak_memory_bytes / gib:.0f} GiB per GPU"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="175b,table1,10k,mixed")
+    parser.add_argument("--cases", default="175b,table1,10k,mixed,unet3d")
     parser.add_argument("--time-limit", type=float, default=30.0, help="CBC limit per ILP, seconds")
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--budget", type=float, default=60.0, help="search budget per case, seconds")
@@ -157,6 +188,8 @@ def main() -> None:
         run_case("1T on 10k GPUs", "megatron-1008b", 10_000, 10_000, config, cluster)
     if "mixed" in cases:
         run_mixed(config)
+    if "unet3d" in cases:
+        run_unet3d()
 
 
 if __name__ == "__main__":

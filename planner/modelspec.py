@@ -15,6 +15,8 @@ Sources of the preset sizes:
 - ResNet-50: He et al. 2016, Table 1; the 100,000-class variant is the case Whale (Jia et al., ATC'22)
   splits while replicating the backbone.
 - Mixture-of-Experts (family ``moe``): the config source of each preset is the comment above it in PRESETS.
+- 3D U-Net and CosmoFlow (3D CNNs that spatial parallelism splits): sources and layer rules in
+  ``planner/cnn3d.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.errors import StratagemError
 
-Family = Literal["gpt", "llama", "moe", "resnet", "mlp", "hf", "custom"]
+Family = Literal["gpt", "llama", "moe", "resnet", "mlp", "unet3d", "cosmoflow", "hf", "custom"]
 DimValue = int | float | bool
 # families whose modules come from outside the zoo: a Hugging Face config, or the user's own function
 EXTERNAL_FAMILIES = ("hf", "custom")
@@ -148,6 +150,11 @@ FAMILY_DEFAULTS: dict[str, dict[str, DimValue]] = {
         depths_0=3, depths_1=4, depths_2=6, depths_3=3, width=64, num_classes=1000, image_size=224, in_channels=3
     ),
     "mlp": dict(in_features=64, hidden=128, layers=4, out_features=10),
+    # volume: voxels per side of the cubic input (planner/cnn3d.py)
+    "unet3d": dict(volume=16, in_channels=1, num_classes=2, base_channels=4, levels=2),
+    "cosmoflow": dict(
+        volume=16, in_channels=4, base_channels=4, max_channels=0, conv_layers=2, kernel=3, fc1=16, fc2=8, outputs=4
+    ),
 }
 # ffn_hidden 0 means 4*hidden (GPT) or the Llama rule; kv_heads 0 means heads (no grouped-query attention).
 
@@ -265,6 +272,54 @@ PRESETS: dict[str, dict[str, dict[str, DimValue]]] = {
         "tiny-wide": dict(depths_0=1, depths_1=1, depths_2=1, depths_3=1, width=8, num_classes=1000, image_size=32),
         "resnet50": dict(num_classes=1000),
         "resnet50-wide": dict(num_classes=100_000),
+    },
+    "unet3d": {
+        "tiny": dict(volume=16, in_channels=1, num_classes=2, base_channels=4, levels=2),
+        # Cicek et al. 2016 Fig. 1: 4 levels, 32..256 channels (+512 bottom conv), 3 input channels, 3 classes;
+        # 128^3 same-padded instead of the paper's 132x132x116 valid-padded input
+        "cicek2016": dict(volume=128, in_channels=3, num_classes=3, base_channels=32, levels=4),
+        # the issue's case: single-channel 512^3 volumes (Oyama et al. TPDS 2021 train 3D U-Net on 256^3 and larger)
+        "volume512": dict(volume=512, in_channels=1, num_classes=3, base_channels=32, levels=4),
+    },
+    "cosmoflow": {
+        "tiny": dict(volume=16, in_channels=4, base_channels=4, conv_layers=2, kernel=3, fc1=16, fc2=8, outputs=4),
+        # LBANN's CosmoFlow, the code Oyama et al. (TPDS 2021) trained (LLNL/lbann applications/physics/cosmology/
+        # cosmoflow/cosmoflow_network_architectures.py): log2(volume) - 2 conv layers of min(base * 2^i, max)
+        # channels, kernel 3; MLPerf HPC variant: base 32, max 512, dense 128/64, 4 outputs
+        "mlperf": dict(
+            volume=128,
+            in_channels=4,
+            base_channels=32,
+            max_channels=512,
+            conv_layers=5,
+            kernel=3,
+            fc1=128,
+            fc2=64,
+            outputs=4,
+        ),
+        # its non-MLPerf variant at 512^3 (base 16, max 256, dense 2048/256): 7 conv layers
+        "volume512": dict(
+            volume=512,
+            in_channels=4,
+            base_channels=16,
+            max_channels=256,
+            conv_layers=7,
+            kernel=3,
+            fc1=2048,
+            fc2=256,
+            outputs=4,
+        ),
+        "volume128": dict(
+            volume=128,
+            in_channels=4,
+            base_channels=16,
+            max_channels=256,
+            conv_layers=5,
+            kernel=3,
+            fc1=2048,
+            fc2=256,
+            outputs=4,
+        ),
     },
     "mlp": {
         "tiny": dict(in_features=32, hidden=64, layers=4, out_features=8),
@@ -420,9 +475,15 @@ def parse_custom(text: str) -> ModelSpec:
     return ModelSpec(family="custom", dims={}, source=f"py:{path.resolve()}:{function}", config={"sha256": digest})
 
 
-# Dimensions that may be 0 (0 = the family's rule: ffn 4 x hidden, kv heads = heads) or are not counts.
-_ZERO_MEANS_DEFAULT = frozenset({"ffn_hidden", "kv_heads", "dense_layers", "shared_experts"})
+# Dimensions that may be 0 (0 = the family's rule: ffn 4 x hidden, kv heads = heads, no channel cap) or are not
+# counts.
+_ZERO_MEANS_DEFAULT = frozenset({"ffn_hidden", "kv_heads", "dense_layers", "shared_experts", "max_channels"})
 _NOT_COUNTS = frozenset({"dropout", "rope_theta", "tie_embeddings", "capacity_factor", "aux_loss_coef"})
+# Largest sizes a spec may hold (the CLI's --layers / width bounds, planner/cli/common.py): a plan file with
+# 10**30 layers made `show` run for minutes building its layer list.
+MAX_DEPTH = 10_000  # layers, conv layers, U-Net levels
+MAX_SIZE = 2**22  # every other count: hidden, heads, vocab, channels, voxels per side, ...
+_DEPTHS = frozenset({"layers", "conv_layers", "levels"})
 
 
 def check_dims(spec: ModelSpec) -> None:
@@ -441,11 +502,16 @@ def check_dims(spec: ModelSpec) -> None:
         if key in _NOT_COUNTS:
             continue
         low = 0 if key in _ZERO_MEANS_DEFAULT else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise StratagemError(f"{spec.family} {key} {value!r} must be an integer >= {low}; fix the size")
+        high = MAX_DEPTH if key in _DEPTHS else MAX_SIZE
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise StratagemError(f"{spec.family} {key} {value!r} must be an integer in {low}..{high}; fix the size")
     dropout = spec.dims.get("dropout", 0.0)
     if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
         raise StratagemError(f"dropout {dropout!r} must be a probability 0 <= p < 1")
+    if spec.family in ("unet3d", "cosmoflow"):
+        from planner.cnn3d import check_volume  # cnn3d reads ModelSpec
+
+        check_volume(spec)
     if spec.family in ("gpt", "llama", "moe"):
         hidden, heads = int(spec.dim("hidden")), int(spec.dim("heads"))
         if hidden % heads:

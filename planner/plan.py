@@ -48,7 +48,9 @@ class TrainingSettings(_Strict):
 class Mesh(_Strict):
     """DeviceMesh axes and sizes, outermost first."""
 
-    axes: list[Literal["pp", "dp", "tp"]] = ["pp", "dp", "tp"]
+    axes: list[Literal["pp", "dp", "sd", "tp"]] = Field(
+        ["pp", "dp", "tp"], description="'sd': the spatial group of 3D CNN plans (spatial parallelism)"
+    )
     sizes: list[PositiveInt]
 
     @model_validator(mode="after")
@@ -135,11 +137,30 @@ class Stage(_Strict):
     recompute: dict[str, Recompute] = Field(default_factory=dict, description="per module path; absent = none")
 
 
+class SpatialSplit(_Strict):
+    """A 3D CNN layer's volume split over the ``sd`` mesh axis: ``grid`` shards per (d, h, w), row-major ranks
+    (``planner/cost/spatial.py``). ``dims`` lists the split dims, ``degree`` the product of the grid."""
+
+    degree: int = Field(ge=2, description="shards (= ranks of the spatial group)")
+    dims: list[Literal["d", "h", "w"]] = Field(min_length=1, description="split tensor dims of the volume")
+    grid: list[PositiveInt] = Field(min_length=3, max_length=3, description="shards along d, h, w")
+    reason: str = Field("", description="why the search split it (memory, or time)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpatialSplit":
+        product = self.grid[0] * self.grid[1] * self.grid[2]
+        split = [d for d, g in zip("dhw", self.grid) if g > 1]
+        if product != self.degree or split != list(self.dims):
+            raise ValueError(f"spatial grid {self.grid} does not give degree {self.degree} over dims {self.dims}")
+        return self
+
+
 class LayerLayout(_Strict):
-    """Tensor-parallel layout of one module: Whale's replicate-or-split."""
+    """Layout of one module: Whale's tensor-parallel replicate-or-split, and for 3D CNNs its spatial split."""
 
     style: TPStyle
     sequence_parallel: bool = False
+    spatial: SpatialSplit | None = Field(None, description="volume split over the sd axis; None = unsplit")
 
 
 class ExpertLayout(_Strict):
@@ -400,6 +421,10 @@ def plan_label(plan: Plan) -> str:
         for mode in stage.recompute.values():
             counts[mode] = counts.get(mode, 0) + 1
     s = plan.schedule
+    if plan.mesh.size("sd") > 1:  # 3D CNN: hybrid data + spatial (planner/search/spatial.py)
+        split = sum(1 for lay in plan.layout.values() if lay.spatial is not None)
+        mesh = f"dp{plan.mesh.size('dp')} sd{plan.mesh.size('sd')}"
+        return f"{mesh} mb{s.micro_batch_size}x{s.num_micro_batches} spatial x{split}"
     return strategy_label(
         tp=plan.mesh.size("tp"),
         pp=plan.mesh.size("pp"),

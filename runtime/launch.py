@@ -70,6 +70,12 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     if opts.nnodes > 1 and not opts.rdzv_endpoint and not slurm:
         raise StratagemError(f"--nnodes {opts.nnodes} needs --rdzv-endpoint HOST:PORT of the first node")
     validate(plan, opts.nnodes * opts.procs_per_node(plan))
+    if "sd" in plan.mesh.axes:  # a 3D CNN's spatial plan: splits dividing the volume, halos narrower than shards
+        from planner.search.spatial_plan_file import check_spatial_plan
+
+        check_spatial_plan(plan)
+        if opts.checkpoint_dir or opts.resume:
+            raise StratagemError("spatial plans do not checkpoint yet; launch them without --checkpoint-dir/--resume")
     check_supported(plan)
     # rows and micro-batch count of every dp replica (uneven batch shares: rows / micro_batch_size each),
     # each replica's schedule able to run its count

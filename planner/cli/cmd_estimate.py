@@ -21,8 +21,9 @@ import sys
 
 from planner.cost import ParallelConfig, estimate, with_gpus
 from planner.cost.placement import fill_stage_node_types
+from planner.cnn3d import SPATIAL_FAMILIES
 from planner.errors import StratagemError
-from planner.cli.model_args import MODEL_HELP, load_matching_profile, spec_from_args
+from planner.cli.model_args import MAX_VOLUME, MODEL_HELP, load_matching_profile, spec_from_args
 from planner.plan import strategy_label
 from planner.profiles import DTYPE_HELP, DTYPES, ClusterProfile, ModelProfile, default_dtype, load_cluster_profile
 
@@ -72,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("vocab", "vocabulary size, tokens", MAX_WIDTH),
         ("ffn-hidden", "MLP inner size, features (default 4 x hidden)", MAX_WIDTH),
         ("kv-heads", "key/value heads for grouped-query attention, count (llama)", MAX_WIDTH),
+        ("volume", "voxels per side of the cubic input volume (unet3d, cosmoflow)", MAX_VOLUME),
     ):
         m.add_argument(f"--{dim}", type=int_in(1, high), default=None, help=f"override the preset's {what}")
     m.add_argument(
@@ -127,6 +129,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int_in(1, MAX_DEVICES),
         default=None,
         help="data-parallel degree, replicas (default: gpus / (tp * pp))",
+    )
+    s.add_argument(
+        "--sd",
+        type=int_in(1, MAX_DEVICES),
+        default=1,
+        help="spatial degree: GPUs sharing each sample's volume (3D CNNs: unet3d, cosmoflow)",
+    )
+    s.add_argument(
+        "--spatial-dims",
+        default="dhw",
+        choices=["d", "dh", "dhw"],
+        help="volume dims --sd splits, as balanced a grid as it divides into (3D CNNs)",
     )
     s.add_argument(
         "--schedule",
@@ -462,6 +476,13 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
     gpus_hint = args.gpus or args.tp * args.pp * (args.dp or 1)
     cluster = with_gpus(cluster, gpus_hint)
+    spec = spec_from_args(args, max_seq=args.seq)
+    if spec.family in SPATIAL_FAMILIES:  # 3D CNNs: data + spatial parallelism (planner/cli/spatial_cli.py)
+        from planner.cli.spatial_cli import run_spatial_estimate
+
+        return run_spatial_estimate(args, spec=spec, cluster=cluster, dtype=_dtype(args, cluster))
+    if args.sd != 1:
+        raise StratagemError(f"--sd splits 3D CNN volumes; {spec.name} is not one, drop --sd")
     config, gpus = build_config(args, cluster)
     dtype = _dtype(args, cluster)
     model = _model(args, dtype)

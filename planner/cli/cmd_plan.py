@@ -14,6 +14,7 @@ import logging
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
 from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, validate
+from planner.cnn3d import SPATIAL_FAMILIES
 from planner.profiles import (
     DTYPE_HELP,
     DTYPES,
@@ -294,6 +295,10 @@ def run(args: argparse.Namespace) -> int:
     args.dtype = _resolve_dtype(args, cluster)
     profile = _model_profile(spec, args, seq_len)
     _check_dtype(cluster, args.gpus, profile.dtype)
+    if spec.family in SPATIAL_FAMILIES:  # 3D CNNs: hybrid data + spatial search
+        from planner.cli.spatial_cli import run_spatial
+
+        return run_spatial(args, spec=spec, profile=profile, cluster=cluster, lr_schedule=lr_schedule)
     allow, notes = _external_limits(spec, parse_allow(args.allow))
     config = SearchConfig(
         time_limit_s=args.time_limit,

@@ -95,7 +95,8 @@ def _overview(plan: Plan) -> Table:
     table.add_row(
         "ranks",
         f"{plan.world_size} = pp {plan.mesh.size('pp')} x dp {plan.mesh.size('dp')} x "
-        f"tp {plan.mesh.size('tp')}  (axes {', '.join(plan.mesh.axes)})",
+        + (f"sd {plan.mesh.size('sd')} x " if "sd" in plan.mesh.axes else "")
+        + f"tp {plan.mesh.size('tp')}  (axes {', '.join(plan.mesh.axes)})",
     )
     table.add_row(
         "schedule",

@@ -27,7 +27,9 @@ OVERRIDES = {
     "vocab": ("vocab", "vocabulary size, tokens"),
     "ffn-hidden": ("ffn_hidden", "MLP inner size, features (default 4 x hidden; llama: the 2/3 rule)"),
     "kv-heads": ("kv_heads", "key/value heads for grouped-query attention, count (llama, hf)"),
+    "volume": ("volume", "voxels per side of the cubic input volume (unet3d, cosmoflow)"),
 }
+MAX_VOLUME = 4096  # voxels per side: 4096^3 already holds 6.9e10 voxels per channel
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, with_seq_override: bool = False) -> None:
@@ -35,7 +37,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, with_seq_override: b
     group = parser.add_argument_group("model")
     group.add_argument("--model", required=True, help=MODEL_HELP)
     for flag, (_, what) in OVERRIDES.items():
-        high = MAX_LAYERS if flag == "layers" else MAX_WIDTH  # bounded: a 20-digit --layers hung the search
+        # bounded: a 20-digit --layers hung the search
+        high = MAX_LAYERS if flag == "layers" else MAX_VOLUME if flag == "volume" else MAX_WIDTH
         group.add_argument(f"--{flag}", type=int_in(1, high), default=None, help=f"override the model's {what}")
     group.add_argument(
         "--dropout",

@@ -105,7 +105,11 @@ def plot_memory_per_rank(plan: Plan) -> Figure:
 
 def plot_layer_placement(plan: Plan) -> Figure:
     """Which pp rank and stage holds each module (model order), hatched where tensor-parallel split,
-    with a marker where recomputed."""
+    with a marker where recomputed; for a 3D CNN's spatial plan, each layer's spatial split instead."""
+    from planner.inspect.fig_spatial import is_spatial, plot_spatial_placement
+
+    if is_spatial(plan):
+        return plot_spatial_placement(plan)
     modules = [(p, st) for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     pp = plan.mesh.size("pp")
     fig = Figure(figsize=(min(16.0, max(7.0, 2.5 + 0.28 * len(modules))), 1.6 + 0.45 * pp + 0.9), layout="constrained")

@@ -125,7 +125,8 @@ def rank_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool 
 
 
 def layer_frame(plan: Plan) -> pd.DataFrame:
-    """One row per top-level module in model order: stage, pp rank, ranks, node type, TP layout, recompute.
+    """One row per top-level module in model order: stage, pp rank, ranks, node type, TP layout, recompute,
+    spatial split (3D CNNs: its grid, e.g. ``d4xh2``; "" unsplit).
 
     The plan holds no per-layer costs (those live in the model profile), so this frame has none.
     """
@@ -144,6 +145,9 @@ def layer_frame(plan: Plan) -> pd.DataFrame:
                     tp_style=layout.style if layout else "replicate",
                     sequence_parallel=bool(layout and layout.sequence_parallel),
                     recompute=st.recompute.get(path, "none"),
+                    spatial="x".join(f"{d}{g}" for d, g in zip("dhw", layout.spatial.grid) if g > 1)
+                    if layout and layout.spatial
+                    else "",
                 )
             )
     return pd.DataFrame(rows).set_index("module")

@@ -75,6 +75,13 @@ def synthetic_batch(spec: ModelSpec, *, batch: int, seq_len: int, seed: int, ste
         size, chans = int(spec.dim("image_size")), int(spec.dim("in_channels"))
         images = torch.randn(batch, chans, size, size, generator=gen)
         return Batch(inputs=images, targets=torch.randint(0, int(spec.dim("num_classes")), (batch,), generator=gen))
+    if spec.family in ("unet3d", "cosmoflow"):  # volumes (batch, C, V, V, V); voxel labels or 4 parameters
+        from runtime.models.cnn3d import volume_targets
+        from runtime.models.dims import resolve_dims
+
+        side, chans = int(spec.dim("volume")), int(spec.dim("in_channels"))
+        volumes = torch.randn(batch, chans, side, side, side, generator=gen)
+        return Batch(inputs=volumes, targets=volume_targets(resolve_dims(spec), volumes, gen))  # type: ignore[arg-type]
     if spec.family == "mlp":
         feats = torch.randn(batch, int(spec.dim("in_features")), generator=gen)
         return Batch(inputs=feats, targets=torch.randint(0, int(spec.dim("out_features")), (batch,), generator=gen))

@@ -343,6 +343,12 @@ def run_plan(
     plan_path: str | None = None,
 ) -> dict:
     """Train ``plan`` for ``args.steps`` steps on this rank; returns the summary record (rank 0's is real)."""
+    if "sd" in plan.mesh.axes:  # a 3D CNN's hybrid data + spatial plan (runtime/executor/spatial_train.py)
+        from runtime.executor.spatial_train import run_spatial_plan
+
+        if args.checkpoint_dir or args.resume:
+            raise StratagemError("spatial plans do not checkpoint yet; launch them without --checkpoint-dir/--resume")
+        return run_spatial_plan(plan, steps=args.steps, data=args.data, metrics_path=metrics_path, device=device)
     job = build_job(plan, device, data=args.data, report_dir=report_dir)
     rank, first = dist.get_rank(), 1
     if args.checkpoint_dir and (args.resume or _restart_count() > 0):

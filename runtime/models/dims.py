@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cnn3d import SPATIAL_FAMILIES, VolumeLayer, volume_layers
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
 
@@ -63,6 +64,14 @@ class ResNetDims:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class VolumeDims:
+    """A 3D CNN (unet3d, cosmoflow): its spec and layer table (``planner/cnn3d.py``)."""
+
+    spec: ModelSpec
+    layers: tuple[VolumeLayer, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class MLPDims:
     in_features: int
     hidden: int
@@ -70,7 +79,7 @@ class MLPDims:
     out_features: int
 
 
-Dims = GPTDims | LlamaDims | ResNetDims | MLPDims
+Dims = GPTDims | LlamaDims | ResNetDims | MLPDims | VolumeDims
 
 
 def _check_keys(spec: ModelSpec) -> None:
@@ -115,6 +124,10 @@ def resolve_dims(spec: ModelSpec) -> Dims:
         return _gpt(spec)
     if spec.family == "llama":
         return _llama(spec)
+    if spec.family in SPATIAL_FAMILIES:
+        for key in spec.dims:
+            _pos_int(spec, key)
+        return VolumeDims(spec=spec, layers=tuple(volume_layers(spec)))
     if spec.family == "resnet":
         depths = tuple(_pos_int(spec, f"depths_{i}") for i in range(4))
         return ResNetDims(

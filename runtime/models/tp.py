@@ -56,6 +56,8 @@ def tp_layout(spec: ModelSpec, path: str) -> dict[str, str]:
     if spec.is_external:
         return dict(external(spec).layouts.get(path, {}))
     kind = layer_kind(path)
+    if spec.family in ("unet3d", "cosmoflow"):  # 3D CNNs split volumes (spatial parallelism), never weights
+        return {}
     if spec.family in ("gpt", "llama"):
         if kind == "block":
             return dict(_GPT_BLOCK if spec.family == "gpt" else _LLAMA_BLOCK)

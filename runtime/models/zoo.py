@@ -10,7 +10,14 @@ from torch import nn
 
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
-from runtime.models.dims import GPTDims, LlamaDims, ResNetDims, resolve_dims
+from runtime.models.cnn3d import (
+    build_volume_layer,
+    build_volume_model,
+    volume_loss,
+    volume_paths,
+    volume_targets,
+)
+from runtime.models.dims import GPTDims, LlamaDims, ResNetDims, VolumeDims, resolve_dims
 from runtime.models.external import build_external, build_external_layer, external, input_dtype
 from runtime.models.gpt import build_gpt, build_gpt_layer, gpt_paths
 from runtime.models.layered import LayeredModel
@@ -24,6 +31,8 @@ _FAMILIES = {
     "llama": (build_llama, build_llama_layer, llama_paths),
     "resnet": (build_resnet, build_resnet_layer, resnet_paths),
     "mlp": (build_mlp, build_mlp_layer, mlp_paths),
+    "unet3d": (build_volume_model, build_volume_layer, volume_paths),
+    "cosmoflow": (build_volume_model, build_volume_layer, volume_paths),
 }
 # first path component -> LayerProfile.kind
 _KINDS = {
@@ -35,6 +44,7 @@ _KINDS = {
     "pool": "pool",
     "fc": "classifier",
     "out": "head",
+    "dense": "linear",
 }
 SEQUENCE_FAMILIES = ("gpt", "llama", "hf")
 
@@ -150,6 +160,8 @@ def loss_fn(spec: ModelSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
             return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
 
         return custom_loss
+    if spec.family in ("unet3d", "cosmoflow"):
+        return volume_loss(resolve_dims(spec))  # type: ignore[arg-type]
 
     def classifier_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float(), target)
@@ -168,6 +180,8 @@ def sample_shape(spec: ModelSpec, seq_len: int) -> list[int]:
         return [seq_len]
     if isinstance(dims, ResNetDims):
         return [dims.in_channels, dims.image_size, dims.image_size]
+    if isinstance(dims, VolumeDims):
+        return [int(spec.dim("in_channels")), *[int(spec.dim("volume"))] * 3]
     return [dims.in_features]
 
 
@@ -178,6 +192,8 @@ def num_classes(spec: ModelSpec) -> int:
     dims = resolve_dims(spec)
     if isinstance(dims, (GPTDims, LlamaDims)):
         return dims.vocab
+    if isinstance(dims, VolumeDims):
+        return int(spec.dim("num_classes" if spec.family == "unet3d" else "outputs"))
     return dims.num_classes if isinstance(dims, ResNetDims) else dims.out_features
 
 
@@ -209,6 +225,15 @@ def example_batch(
             f"use --seq <= {max_seq} or a larger max_seq"
         )
     target_shape = shape if is_lm else [micro_batch]
+    if spec.family in ("unet3d", "cosmoflow"):
+        gen = torch.Generator().manual_seed(seed)
+        volumes = torch.randn(shape, generator=gen) if torch.device(device).type != "meta" else torch.zeros(1)
+        if torch.device(device).type == "meta":
+            target = [micro_batch, int(spec.dim("outputs"))] if spec.family == "cosmoflow" else [shape[0], *shape[2:]]
+            dtype_t = torch.float32 if spec.family == "cosmoflow" else torch.long
+            return torch.empty(shape, device="meta", dtype=dtype), torch.empty(target, device="meta", dtype=dtype_t)
+        targets = volume_targets(resolve_dims(spec), volumes, gen)  # type: ignore[arg-type]
+        return volumes.to(dtype).to(device), targets.to(device)
     if torch.device(device).type == "meta":
         inputs = torch.empty(shape, device="meta", dtype=torch.long if is_lm else dtype)
         return inputs, torch.empty(target_shape, device="meta", dtype=torch.long)

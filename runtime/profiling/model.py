@@ -44,6 +44,8 @@ from runtime.models import (
     tp_collectives,
     tp_constraints,
 )
+from runtime.models.cnn3d import layer_input
+from runtime.models.dims import resolve_dims
 from runtime.models.external import external
 from runtime.models.zoo import SEQUENCE_FAMILIES
 from runtime.profiling.measure import count_flops, derived_timing, make_input, saved_bytes, time_layer
@@ -245,7 +247,10 @@ def profile_layers(
     cache: dict[str, tuple[LayerProfile, torch.Tensor]] = {}
     layers: list[LayerProfile] = []
     paths = layer_paths(spec)
+    outputs: dict[str, torch.Tensor] = {}  # 3D U-Net: the skip features a decoder layer concatenates
     for i, path in enumerate(paths):
+        if spec.family == "unet3d":
+            x = layer_input(resolve_dims(spec), path, x, outputs)  # type: ignore[arg-type]
         # hf/custom: the signature is read off the meta template's layer; a copy is built only to profile it
         probe = (
             external(spec).layer(path) if spec.is_external else build_layer(spec, path, device=s.device, dtype=dtype)
@@ -261,6 +266,8 @@ def profile_layers(
             cache[signature] = (profile, out)
             layers.append(profile)
         x = out
+        if spec.family == "unet3d":
+            outputs[path] = out
         if on_layer:
             on_layer(path)
     return layers

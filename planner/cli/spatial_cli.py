@@ -1,0 +1,133 @@
+"""``stratagem plan`` and ``estimate`` for 3D CNNs (unet3d, cosmoflow): hybrid data + spatial parallelism.
+
+``plan`` runs the spatial search (``planner/search/spatial.py``) and prints the per-layer table (which layers
+are split and why); ``estimate --sd N --spatial-dims d|dh|dhw`` costs every volume layer split ``N`` ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from planner.cost.placement import with_gpus
+from planner.errors import StratagemError
+from planner.modelspec import ModelSpec
+from planner.plan import TrainingSettings, validate
+from planner.profiles import ClusterProfile, ModelProfile
+
+_IGNORED = {"compare_to": "--compare-to"}
+
+
+def run_spatial(
+    args: argparse.Namespace, *, spec: ModelSpec, profile: ModelProfile, cluster: ClusterProfile, lr_schedule
+) -> int:
+    """Search, write the plan, print the summary and the per-layer memory table (which layers split, why)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from planner.fileio import save_document
+    from planner.search.spatial import plan_spatial_search
+    from planner.search.spatial_plan_file import build_spatial_plan, memory_table
+
+    for key, flag in _IGNORED.items():
+        if getattr(args, key, None):
+            raise StratagemError(f"{flag} compares transformer configs; it does not apply to {spec.name}, drop it")
+    if cluster.is_mixed:
+        raise StratagemError(f"spatial plans run on one node type; {cluster.name} is mixed, pick a uniform cluster")
+    sized = with_gpus(cluster, args.gpus)
+    result = plan_spatial_search(
+        profile, sized, n_devices=args.gpus, global_batch=args.global_batch, time_limit_s=args.time_limit
+    )
+    training = TrainingSettings(
+        global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype, lr_schedule=lr_schedule
+    )
+    plan = build_spatial_plan(result, model=spec, profile=profile, cluster=sized, training=training)
+    validate(plan, args.gpus)
+    save_document(plan, args.out)
+    out = Console()
+    pred = plan.predictions
+    assert pred is not None  # built just above
+    summary = Table(title=f"plan for {spec.name} on {plan.world_size} x {cluster.name}")
+    summary.add_column("item")
+    summary.add_column("value")
+    est = result.best.estimate
+    summary.add_row("strategy", f"dp {plan.mesh.size('dp')} x sd {plan.mesh.size('sd')} (spatial group)")
+    summary.add_row("predicted step time", f"{pred.step_time_s:.4g} s")
+    summary.add_row("breakdown", ", ".join(f"{k} {v:.3g} s" for k, v in pred.breakdown_s.items()))
+    summary.add_row("peak memory", f"{pred.peak_memory_bytes / 2**30:.2f} / {est.capacity_bytes / 2**30:.2f} GiB")
+    if plan.search is not None:
+        summary.add_row("search", f"{plan.search.status}, {plan.search.wall_time_s:.2f} s; {plan.search.notes}")
+    out.print(summary)
+    table = Table(title="layers: spatial split, time per micro-batch and saved activations per rank")
+    rows = memory_table(profile, sized, plan)
+    for col in rows[0]:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row.values())
+    out.print(table)
+    out.print(f"wrote {args.out}")
+    return 0
+
+
+def run_spatial_estimate(args: argparse.Namespace, *, spec: ModelSpec, cluster: ClusterProfile, dtype: str) -> int:
+    """``estimate`` of a 3D CNN: every volume layer split over ``--sd`` ranks along ``--spatial-dims``."""
+    import json
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from planner.cnn3d import volume_layers
+    from planner.cost.spatial import check_split, split_grid
+    from planner.cost.spatial import SpatialOption
+    from planner.cost.spatial_plan import SpatialConfig, estimate_spatial
+    from runtime.profiling.model import profile_model_analytic
+
+    if args.tp != 1 or args.pp != 1:
+        raise StratagemError(
+            f"{spec.name} runs data + spatial parallel (--dp, --sd), not tensor or pipeline parallel; drop --tp/--pp"
+        )
+    sd = args.sd
+    gpus = args.gpus or sd * (args.dp or 1)
+    dp = args.dp if args.dp is not None else gpus // sd
+    if dp * sd != gpus:
+        raise StratagemError(f"--dp {dp} x --sd {sd} = {dp * sd} devices, not --gpus {gpus}; make them agree")
+    if args.global_batch % (dp * args.micro_batch):
+        raise StratagemError(
+            f"global batch {args.global_batch} does not split into dp {dp} x micro-batches of {args.micro_batch}; "
+            f"choose a global batch divisible by {dp * args.micro_batch}"
+        )
+    layout = {}
+    if sd > 1:
+        option = SpatialOption(grid=split_grid(sd, tuple(args.spatial_dims)))
+        for layer in volume_layers(spec):
+            if layer.splittable:
+                check_split(layer, option)
+                layout[layer.path] = option
+    profile = profile_model_analytic(spec, seq_len=1, dtype=dtype)
+    sized = with_gpus(cluster, gpus)
+    config = SpatialConfig(
+        dp=dp, sd=sd, micro_batch=args.micro_batch,
+        num_micro_batches=args.global_batch // (dp * args.micro_batch), layout=layout,
+    )  # fmt: skip
+    est = estimate_spatial(profile, sized, config)
+    if args.json:
+        record = {
+            "step_time_s": est.step_time_s, "breakdown_s": est.breakdown_s, "memory_bytes": est.memory_bytes,
+            "peak_memory_bytes": est.peak_memory_bytes, "capacity_bytes": est.capacity_bytes, "fits": est.fits,
+            "layers": [{"path": r.path, "split": r.option, "time_s": r.time_s, "act_bytes": r.act_bytes}
+                       for r in est.layers],
+        }  # fmt: skip
+        json.dump(record, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    table = Table(title=f"{spec.name} on {gpus} x {cluster.name}: dp {dp} x sd {sd}")
+    table.add_column("item")
+    table.add_column("value")
+    table.add_row("predicted step time", f"{est.step_time_s:.4g} s")
+    table.add_row("breakdown", ", ".join(f"{k} {v:.3g} s" for k, v in est.breakdown_s.items()))
+    verdict = "fits" if est.fits else "DOES NOT FIT"
+    table.add_row(
+        "peak memory", f"{est.peak_memory_bytes / 2**30:.2f} / {est.capacity_bytes / 2**30:.2f} GiB ({verdict})"
+    )
+    Console().print(table)
+    return 0
