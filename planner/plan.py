@@ -424,7 +424,7 @@ def plan_label(plan: Plan) -> str:
     if plan.mesh.size("sd") > 1:  # 3D CNN: hybrid data + spatial (planner/search/spatial.py)
         split = sum(1 for lay in plan.layout.values() if lay.spatial is not None)
         mesh = f"dp{plan.mesh.size('dp')} sd{plan.mesh.size('sd')}"
-        return f"{mesh} mb{s.micro_batch_size}x{s.num_micro_batches} spatial x{split}"
+        return f"{mesh} mb{s.micro_batch_size}x{s.max_micro_batches} spatial x{split}"
     return strategy_label(
         tp=plan.mesh.size("tp"),
         pp=plan.mesh.size("pp"),

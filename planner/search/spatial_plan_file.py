@@ -24,12 +24,12 @@ from planner.plan import (
     Mesh,
     Plan,
     Predictions,
-    Schedule,
     SearchRecord,
     SpatialSplit,
     Stage,
     StagePrediction,
     TrainingSettings,
+    make_schedule,
 )
 from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.spatial import SpatialSearchResult
@@ -135,7 +135,13 @@ def build_spatial_plan(
         cluster_hash=cluster.content_hash,
         training=training,
         mesh=Mesh(axes=["dp", "sd"], sizes=[config.dp, config.sd]),
-        schedule=Schedule(kind="1f1b", micro_batch_size=config.micro_batch, num_micro_batches=config.num_micro_batches),
+        schedule=make_schedule(
+            "1f1b",
+            micro_batch_size=config.micro_batch,
+            global_batch=training.global_batch,
+            dp=config.dp,
+            num_micro_batches=config.num_micro_batches,
+        ),
         stages=[
             Stage(
                 index=0,
@@ -164,7 +170,7 @@ def spatial_config_of(plan: Plan) -> SpatialConfig:
         dp=plan.mesh.size("dp"),
         sd=plan.mesh.size("sd"),
         micro_batch=plan.schedule.micro_batch_size,
-        num_micro_batches=plan.schedule.num_micro_batches,
+        num_micro_batches=plan.schedule.max_micro_batches,
         layout=layout,
     )
 
