@@ -170,6 +170,7 @@ class SpatialLayerCost:
     """One layer at one option, per micro-batch on one rank: seconds and saved bytes."""
 
     compute_s: float  # forward + backward
+    forward_s: float  # the forward part of compute_s
     halo_s: float  # halo exchanges, forward + backward
     norm_s: float  # GroupNorm statistics all-reduces, forward + backward
     act_bytes: float
@@ -246,6 +247,7 @@ def spatial_layer_cost(
     act = full.act_bytes / s + (padded - 1.0) * input_saved / s
     return SpatialLayerCost(
         compute_s=(full.forward_s + full.backward_s) / s,
+        forward_s=full.forward_s / s,
         halo_s=2 * halo_s,
         norm_s=norm_s,
         act_bytes=act,

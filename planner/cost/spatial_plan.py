@@ -63,6 +63,7 @@ class LayerRow:
 class SpatialEstimate:
     step_time_s: float
     breakdown_s: dict[str, float]
+    per_micro_batch_s: dict[str, float]  # forward, backward (each with its halo/norm traffic), and the traffic alone
     memory_bytes: dict[str, float]  # params, grads, optimizer, activations, reserve
     peak_memory_bytes: float
     capacity_bytes: float
@@ -158,11 +159,12 @@ def estimate_spatial(
             )
     m = config.num_micro_batches
     rows = []
-    compute = halo = norm = 0.0
+    compute = halo = norm = forward = 0.0
     for vl in costs.table:
         option = config.option(vl.path)
         c = costs.layer(vl.path, option)
         compute, halo, norm = compute + c.compute_s, halo + c.halo_s, norm + c.norm_s
+        forward += c.forward_s
         unsplit = costs.layer(vl.path, UNSPLIT).act_bytes
         rows.append(
             LayerRow(path=vl.path, option=option.label, time_s=c.time_s, halo_s=c.halo_s, act_bytes=c.act_bytes,
@@ -182,8 +184,17 @@ def estimate_spatial(
     allocated = sum(memory.values())
     peak = costs.peak_bytes(allocated)
     memory["reserve"] = peak - allocated
+    # per micro-batch, for the plan's stage record: halo and norm traffic is half forward, half backward
+    per_micro = {
+        "forward": forward + (halo + norm) / 2,
+        "backward": compute - forward + (halo + norm) / 2,
+        "halo_exchange": halo,
+        "norm_allreduce": norm,
+        "layout_change": relayout,
+    }
     return SpatialEstimate(
         step_time_s=sum(breakdown.values()),
+        per_micro_batch_s=per_micro,
         breakdown_s=breakdown,
         memory_bytes=memory,
         peak_memory_bytes=peak,

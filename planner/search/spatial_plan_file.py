@@ -58,10 +58,9 @@ def _predictions(profile: ModelProfile, cluster: ClusterProfile, config: Spatial
     node = cluster.node_types[0]
     peak = node.compute_for(profile.dtype).peak_flops_per_s
     tflops = flops * batch / est.step_time_s / world / 1e12
-    per_micro = {k: v / config.num_micro_batches for k, v in est.breakdown_s.items() if k != "dp_grad_sync"}
     stage = StagePrediction(
         stage=0,
-        time_breakdown_s=per_micro,
+        time_breakdown_s=est.per_micro_batch_s,
         memory_breakdown_bytes=est.memory_bytes,
         peak_memory_bytes=est.peak_memory_bytes,
         memory_capacity_bytes=est.capacity_bytes,

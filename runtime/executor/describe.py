@@ -17,6 +17,8 @@ def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
     >>> describe_ranks(make_plan(parse_model("gpt:tiny"), dp=2))[0]  # doctest: +ELLIPSIS
     'rank 0 (pp 0, dp 0, tp 0): stage 0 [embed, blocks.0, blocks.1, norm, head] ...'
     """
+    if "sd" in plan.mesh.axes:
+        return describe_spatial_ranks(plan, ranks)
     dims = ParallelDims.from_plan(plan)
     split = check_replica_schedules(plan)
     dp_mode = ZERO_MAPPING[plan.zero_stage] if dims.dp > 1 else "none"
@@ -39,5 +41,34 @@ def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
             + " | ".join(parts)
             + f"; dp: {dp_mode}; batch rows {start}..{stop - 1} in {m} micro-batch{'es' * (m > 1)}"
             + f" of {(stop - start) // m}"
+        )
+    return lines
+
+
+def describe_spatial_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
+    """A 3D CNN's spatial plan: per rank its dp replica, spatial-group index, and each split layer's shard.
+
+    >>> from fixtures.spatial_plans import make_spatial_plan
+    >>> describe_spatial_ranks(make_spatial_plan("unet3d:tiny", dp=1, sd=2, grids={"head": (2, 1, 1)}))[1]
+    'rank 1 (dp 0, sd 1): whole model; split: head d2 shard (1, 0, 0); batch rows 0..3 in 4 micro-batches of 1'
+    """
+    from runtime.executor.spatial import grid_coords
+
+    dp, sd = plan.mesh.size("dp"), plan.mesh.size("sd")
+    rows = plan.training.global_batch // dp
+    m = plan.schedule.max_micro_batches
+    lines = []
+    for rank in range(dp * sd) if ranks is None else ranks:
+        d, i = divmod(rank, sd)
+        splits = [
+            f"{path} {'x'.join(f'{a}{g}' for a, g in zip('dhw', lay.spatial.grid) if g > 1)} "
+            f"shard {grid_coords(i, tuple(lay.spatial.grid))}"  # type: ignore[arg-type]
+            for path, lay in plan.layout.items()
+            if lay.spatial is not None
+        ]
+        shown = "; ".join(splits[:4]) + (f"; ..{len(splits) - 4} more" if len(splits) > 4 else "")
+        lines.append(
+            f"rank {rank} (dp {d}, sd {i}): whole model; split: {shown or 'none'}; "
+            f"batch rows {d * rows}..{(d + 1) * rows - 1} in {m} micro-batch{'es' * (m > 1)} of {rows // m}"
         )
     return lines
