@@ -66,7 +66,7 @@ def test_compute_divides_memory_shrinks_and_options(unet_tiny):
     assert whole.act_bytes / 4 < split.act_bytes < whole.act_bytes / 4 * 1.5  # + halo-padded input copy
     assert split.halo_s > 0 and split.norm_s > 0 and whole.halo_s == whole.norm_s == 0
     grids = [o.grid for o in layer_options(_layer("unet3d:tiny", "blocks.1"), 4)]
-    assert grids == [(1, 1, 1), (4, 1, 1), (2, 2, 1)]
+    assert grids == [(1, 1, 1), (4, 1, 1), (2, 2, 1), (2, 1, 1)]  # degrees 4 and 2 (dividing sd 4)
     assert [o.grid for o in layer_options(_layer("cosmoflow:tiny", "dense.0"), 4)] == [(1, 1, 1)]
 
 
@@ -77,6 +77,11 @@ def test_layout_changes_cost_gathers(unet_tiny):
     assert gather > 0 and costs.edge("blocks.0", UNSPLIT, d2) == gather
     assert costs.edge("blocks.0", d2, h2) == pytest.approx(2 * gather)
     assert costs.edge("blocks.0", d2, d2) == 0
+    wide = SpatialCosts(unet_tiny, V100, sd=4, micro_batch=1)  # degree 2 and 4 neighbours: each side's gather
+    d4 = SpatialOption(grid=(4, 1, 1))
+    assert wide.edge("blocks.0", d2, d4) == pytest.approx(
+        wide.edge("blocks.0", d2, UNSPLIT) + wide.edge("blocks.0", UNSPLIT, d4)
+    )
     assert ("blocks.1", "blocks.6") in costs.edges  # the U-Net skip connection is an edge
 
 

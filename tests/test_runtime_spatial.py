@@ -1,8 +1,9 @@
 """Spatial parallelism on gloo matches one process: 3 AdamW steps' losses (fp32, <= 1e-5) and step 1's synced
 gradients, for a tiny 3D U-Net (16^3) split 2-way spatially, 2-way spatial x 2-way data, mixed per-layer splits
-(2 and 4 ranks: d, h, w, dh, hw grids and unsplit layers, so every layout change runs, along skips too) and a
-tiny CosmoFlow (split convolutions, gathered before its dense layers). Two launches (2 and 4 ranks) share the
-plans of their world size. Each rank's local layer output shapes show that the split really ran.
+(2 and 4 ranks: d, h, w, dh, hw grids, degrees 2 and 4 in one spatial group of 4, and unsplit layers, so every
+layout change runs, along skips too) and a tiny CosmoFlow (split convolutions, gathered before its dense
+layers). Two launches (2 and 4 ranks) share the plans of their world size. Each rank's local layer output
+shapes show that the split really ran.
 """
 
 from __future__ import annotations
@@ -55,6 +56,21 @@ PLANS = {
                 "blocks.5": (1, 2, 2),
                 "blocks.6": (2, 2, 1),
                 "head": (4, 1, 1),
+            },
+        ),
+        "unet_sd4_degrees": dict(  # degrees 4 and 2 (two copies of each 2-way grid), unsplit, a 2-way head
+            model=UNET,
+            dp=1,
+            sd=4,
+            grids={
+                "blocks.0": (4, 1, 1),
+                "blocks.1": (2, 1, 1),
+                "blocks.2": (1, 2, 1),
+                "blocks.3": (2, 2, 1),
+                "blocks.5": (2, 1, 1),
+                "blocks.6": (1, 1, 2),
+                "blocks.7": (4, 1, 1),
+                "head": (2, 1, 1),
             },
         ),
     },

@@ -1,8 +1,10 @@
 """Spatial parallelism for 3D CNNs: one layer's volume split over the ``sd`` ranks of a spatial group.
 
-A *spatial split* of a layer cuts its input volume into a grid of ``g_d x g_h x g_w`` shards (one per rank of
-the spatial group, ``degree = g_d g_h g_w``; row-major rank order, ``w`` fastest). A layer left unsplit runs on
-the whole sample on every rank of the group (replicated: data parallel across ``dp`` only). The formulas follow
+A *spatial split* of a layer cuts its input volume into a grid of ``g_d x g_h x g_w`` shards, ``degree = g_d g_h
+g_w`` dividing the group size ``sd``: the group's ranks form ``sd / degree`` consecutive sub-groups of ``degree``
+ranks, each holding the whole grid (row-major rank order, ``w`` fastest), the copies computing the same thing. A
+layer left unsplit (degree 1) runs on the whole sample on every rank of the group (data parallel across ``dp``
+only). The formulas follow
 Oyama et al., "The case for strong scaling in deep learning: training large 3D CNNs with hybrid parallelism"
 (IEEE TPDS 2021, arXiv:2007.12856, §3 spatial parallelism) and Dryden et al., "Improving strong-scaling of CNN
 training by exploiting finer-grained parallelism" (IPDPS 2019, §III-IV: a layer's distribution over the
@@ -25,10 +27,11 @@ differ):
   (two-pass, as the runtime computes it), and the two gradient sums backward: 4 all-reduces of one fp32
   value per group and sample.
 - **layout change** at a boundary tensor of ``B`` bytes where producer and consumer split differently
-  (also along a U-Net skip connection): split -> unsplit: all-gather forward, nothing backward (every rank
-  holds the same gradient of a replicated layer and keeps its slice); unsplit -> split: a local slice
-  forward, all-gather of the gradient backward; two different grids: all-gather then slice, both ways
-  (``runtime/executor/spatial.py``; an all-to-all would move ``B / sd`` per rank instead of ``B``).
+  (also along a U-Net skip connection): the producer's shards are all-gathered over its sub-group forward
+  (nothing backward: every copy holds the same gradient and keeps its slice) and the consumer's slice is taken
+  (forward free, its gradient all-gathered over the consumer's sub-group backward): ``all_gather(B, s_p) +
+  all_gather(B, s_c)``, a term 0 on an unsplit side (``runtime/executor/spatial.py``; an all-to-all would move
+  ``B / sd`` per rank instead of ``B``).
 - **memory**: a split layer's saved activations / ``degree``, plus its halo-padded input copy; weights,
   gradients and AdamW states in full on every rank (ZeRO paper §5.1 stage 0).
 - **gradients**: all-reduced over all ``dp x sd`` ranks (``planner/cost/spatial_plan.py``).
@@ -137,19 +140,28 @@ def check_split(layer: VolumeLayer, option: SpatialOption) -> None:
 
 
 def layer_options(layer: VolumeLayer, sd: int) -> list[SpatialOption]:
-    """Unsplit, and each distinct grid of ``sd`` shards over d / dh / dhw that the layer can run."""
+    """Unsplit, and each distinct grid of ``s`` shards over d / dh / dhw, for every degree ``s > 1`` dividing
+    ``sd``, that the layer can run (largest degree first).
+
+    >>> from planner.cnn3d import volume_layers
+    >>> from planner.modelspec import parse_model
+    >>> conv = volume_layers(parse_model("unet3d:tiny"))[1]
+    >>> [o.label for o in layer_options(conv, 4)]
+    ['dp', 'sd4 d4', 'sd4 d2xh2', 'sd2 d2']
+    """
     options = [UNSPLIT]
-    if sd == 1 or not layer.splittable:
+    if not layer.splittable:
         return options
-    for dims in DIM_CHOICES:
-        option = SpatialOption(grid=split_grid(sd, dims))
-        if option in options:
-            continue
-        try:
-            check_split(layer, option)
-        except SpatialSplitError:
-            continue
-        options.append(option)
+    for degree in sorted((s for s in range(2, sd + 1) if sd % s == 0), reverse=True):
+        for dims in DIM_CHOICES:
+            option = SpatialOption(grid=split_grid(degree, dims))
+            if option in options:
+                continue
+            try:
+                check_split(layer, option)
+            except SpatialSplitError:
+                continue
+            options.append(option)
     return options
 
 

@@ -4,7 +4,7 @@
 one node when ``sd`` <= devices per node). Each dp replica trains ``global_batch / dp`` samples per step in
 ``num_micro_batches`` micro-batches of ``micro_batch`` samples (gradient accumulation); the ``sd`` ranks of a
 group share every sample, each layer split as its :class:`SpatialOption` says (unsplit: replicated in the
-group). Per step::
+group; split ``s < sd`` ways: on each of ``sd / s`` sub-groups). Per step::
 
     step = m * (sum_l t_l(o_l) + sum_(p->c) relayout(o_p, o_c)) + allreduce(grad bytes, dp * sd ranks)
 
@@ -114,13 +114,24 @@ class SpatialCosts:
 
     def edge(self, producer: str, before: SpatialOption, after: SpatialOption) -> float:
         """Seconds per micro-batch (forward + backward) to re-lay-out ``producer``'s output (spatial.py)."""
-        if before == after or self.sd == 1:
+        if before == after:
             return 0.0
+        return self.relayout_part(producer, before) + self.relayout_part(producer, after)
+
+    def relayout_part(self, producer: str, option: SpatialOption) -> float:
+        """One side's share of a layout change of ``producer``'s output: the all-gather over that side's
+        sub-group of ``option.degree`` ranks (0 unsplit)."""
         nbytes = self.profile.layer(producer).output_bytes_per_sample * self.micro_batch
-        spans = self.sd > self.node.devices_per_node
-        kw = dict(node_type=self.node, spans_nodes=spans, ranks_per_node=min(self.sd, self.node.devices_per_node))
-        gather = collective_time(self.cluster, "all_gather", nbytes, self.sd, **kw)  # type: ignore[arg-type]
-        return gather if before.degree == 1 or after.degree == 1 else 2 * gather
+        return self._gather_s(nbytes, option.degree)
+
+    def _gather_s(self, nbytes: float, ranks: int) -> float:
+        if ranks == 1:
+            return 0.0
+        dpn = self.node.devices_per_node
+        return collective_time(
+            self.cluster, "all_gather", nbytes, ranks, node_type=self.node, spans_nodes=ranks > dpn,
+            ranks_per_node=min(ranks, dpn),
+        )  # fmt: skip
 
     def grad_sync_s(self, dp: int) -> float:
         world = dp * self.sd
@@ -152,10 +163,10 @@ def estimate_spatial(
     if unknown:
         raise StratagemError(f"spatial layout names layers {unknown} that {profile.model.name} does not have")
     for path, option in config.layout.items():
-        if option.degree not in (1, config.sd):
+        if config.sd % option.degree:
             raise StratagemError(
-                f"layer {path} is split {option.degree} ways but the spatial group has sd={config.sd} ranks; "
-                f"split it over all {config.sd} or leave it unsplit"
+                f"layer {path} is split {option.degree} ways, which does not divide the spatial group's "
+                f"sd={config.sd} ranks; choose a degree dividing {config.sd}"
             )
     m = config.num_micro_batches
     rows = []

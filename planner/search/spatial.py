@@ -5,15 +5,19 @@ batch) and every micro-batch size ``b`` dividing a replica's ``global_batch / dp
 lower bound. Inner ILP (one per outer candidate), Whale's per-layer option set extended with spatial splits
 (Jia et al., ATC'22 §4: each layer replicated or split, layout changes priced between them):
 
-    index sets   L layers, O_l options of layer l (unsplit; the sd-way grids over d / dh / dhw it can run,
-                 ``planner.cost.spatial.layer_options``), E edges (consecutive layers, skip connections)
-    variables    x[l,o] in {0,1}: layer l runs option o;  y[e,o,o'] in [0,1]: edge e changes layout o -> o'
-    minimise     m * (sum_l sum_o t[l,o] x[l,o] + sum_e sum_(o,o') r[e,o,o'] y[e,o,o']) + sync        (a)
+    index sets   L layers, O_l options of layer l (unsplit; each grid of s | sd shards over d / dh / dhw it can
+                 run, ``planner.cost.spatial.layer_options``), E edges p -> c (consecutive layers, skips)
+    variables    x[l,o] in {0,1}: layer l runs option o;  z[e,o] in [0,1]: both ends of edge e run option o
+    minimise     m * (sum_l sum_o t[l,o] x[l,o]
+                      + sum_e (sum_o g_e(o) x[p,o] + sum_o g_e(o) x[c,o] - sum_o 2 g_e(o) z[e,o])) + sync  (a)
     subject to   sum_o x[l,o] = 1                                   for every l                          (b)
-                 y[e,o,o'] >= x[p(e),o] + x[c(e),o'] - 1            for every e, o, o' with r > 0         (c)
+                 z[e,o] <= x[p(e),o],  z[e,o] <= x[c(e),o]          for every e, o in O_p & O_c           (c)
                  sum_l sum_o a[l,o] x[l,o] <= activation budget of a rank (capacity, states, reserve)    (d)
 
-``t``, ``r``, ``a``, ``sync`` and the budget come from ``planner.cost.spatial_plan.SpatialCosts``, the same
+A layout change costs ``g_e(o_p) + g_e(o_c)`` (the all-gathers over each side's sub-group, 0 unsplit) unless
+both ends run the same option: (a) and (c) state exactly that, with ``z = min(x[p,o], x[c,o])`` at the optimum
+(its coefficient is negative), in ``O(|O|)`` terms per edge instead of ``O(|O|^2)`` pairs.
+``t``, ``g``, ``a``, ``sync`` and the budget come from ``planner.cost.spatial_plan.SpatialCosts``, the same
 numbers :func:`planner.cost.spatial_plan.estimate_spatial` adds: every answer is re-scored by it and must
 agree to 1e-9 relative. Pipeline and tensor parallelism are not combined with spatial plans (3D CNNs here are
 small in weights and large in activations; the U-Net's skip connections would cross pipeline stages).
@@ -95,14 +99,15 @@ def build_spatial_problem(costs: SpatialCosts, *, dp: int, m: int) -> tuple[pulp
     for p, opts in options.items():
         prob += (pulp.lpSum(x[p, i] for i in range(len(opts))) == 1, f"b_one_option[{p}]")
     for k, (src, dst) in enumerate(costs.edges):
-        for i, before in enumerate(options[src]):
-            for j, after in enumerate(options[dst]):
-                r = costs.edge(src, before, after)
-                if r <= 0:
-                    continue
-                y = prob.add_variable(f"y[{k},{i},{j}]", lowBound=0, upBound=1)
-                prob += (y >= x[src, i] + x[dst, j] - 1, f"c_relayout[{src}->{dst},{i},{j}]")
-                objective.append(m * r * y)
+        for end in (src, dst):
+            objective += [m * costs.relayout_part(src, o) * x[end, i] for i, o in enumerate(options[end])]
+        for i, option in enumerate(options[src]):
+            if option not in options[dst] or costs.relayout_part(src, option) == 0:
+                continue
+            z = prob.add_variable(f"z[{k},{i}]", lowBound=0, upBound=1)
+            prob += (z <= x[src, i], f"c_same_producer[{src}->{dst},{i}]")
+            prob += (z <= x[dst, options[dst].index(option)], f"c_same_consumer[{src}->{dst},{i}]")
+            objective.append(-2 * m * costs.relayout_part(src, option) * z)
     prob += pulp.lpSum(objective) + costs.grad_sync_s(dp)
     budget = activation_budget_bytes(costs, dp) / BYTES_UNIT
     act = [
@@ -115,7 +120,7 @@ def build_spatial_problem(costs: SpatialCosts, *, dp: int, m: int) -> tuple[pulp
 def solve_spatial_problem(prob: pulp.LpProblem, *, time_limit_s: float) -> str:
     """Run CBC (serial, no gap tolerance); ``optimal``, ``infeasible`` or ``time_limit``.
 
-    Constraints (b) and (c) always have a solution (y = 1), so only (d) can make the program infeasible; the
+    Constraints (b) and (c) always have a solution (z = 0), so only (d) can make the program infeasible; the
     caller checks the memory floor first, so an ``infeasible`` claim is a solver failure, not an answer."""
     with warnings.catch_warnings():  # PuLP 3.3 flags PULP_CBC_CMD for a 4.0 rename (as planner/search/cbc.py)
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -212,9 +212,9 @@ def check_spatial_plan(plan: Plan) -> None:
             raise StratagemError(f"plan lays out layer {path!r}, which {plan.model.name} does not have; re-plan")
         if lay.spatial is None:
             continue
-        if lay.spatial.degree != sd:
+        if sd % lay.spatial.degree:
             raise StratagemError(
-                f"layer {path} is split {lay.spatial.degree} ways but the spatial group (mesh axis sd) has {sd} "
-                f"ranks; split it over all {sd} or leave it unsplit"
+                f"layer {path} is split {lay.spatial.degree} ways, which does not divide the spatial group's "
+                f"{sd} ranks (mesh axis sd); choose a degree dividing {sd}"
             )
         check_split(table[path], SpatialOption(grid=tuple(lay.spatial.grid)))  # type: ignore[arg-type]

@@ -11,9 +11,11 @@ fastest) of every ``(N, C, D, H, W)`` tensor. What each piece does, and its adjo
 - :func:`split_conv`: a same-padded Conv3d on the padded shard with no padding along split dims equals the
   shard of the whole convolution (Oyama et al., TPDS 2021, §3.1).
 - :func:`split_group_norm`: the sample's per-group mean, then variance, each a sum all-reduced over the group.
-- :class:`Scatter` (unsplit -> split: keep my slice; backward all-gathers the gradient slices) and
-  :class:`Gather` (split -> unsplit: all-gather; backward keeps my slice of the gradient, which every rank of a
-  replicated consumer holds identically). Split -> another split: gather, then scatter.
+- :class:`Scatter` (unsplit -> split: keep my slice; backward all-gathers the gradient slices over the sub-group)
+  and :class:`Gather` (split -> unsplit: all-gather over the sub-group; backward keeps my slice of the gradient,
+  which every copy of a replicated consumer holds identically). Split -> another split: gather, then scatter.
+  A layer split ``s < sd`` ways runs on each of the ``sd / s`` consecutive sub-groups of ``s`` ranks; every copy
+  holds the true gradient of its shard (the convention the gather's backward relies on).
 
 Point-to-point uses ``isend``/``irecv`` on the default group (gloo and NCCL), each wait bounded by the process
 group's timeout and :data:`P2P_TIMEOUT`.
@@ -36,11 +38,14 @@ UNSPLIT = (1, 1, 1)
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SpatialGroup:
-    """This rank's spatial group: its global ranks (in group order) and this rank's index in it."""
+    """The ranks that hold one grid's shards together: their global ranks (in grid order), this rank's index in
+    it, and which copy of the grid it is (a layer split ``s`` ways in a spatial group of ``sd`` ranks runs on
+    ``sd / s`` consecutive sub-groups, copies computing the same thing)."""
 
     ranks: tuple[int, ...]
     index: int
     group: dist.ProcessGroup | None  # None for a group of one
+    copy: int = 0
 
     @property
     def size(self) -> int:
@@ -203,14 +208,17 @@ class Gather(torch.autograd.Function):
         return shard_of(grad, grid, sg.index), None, None
 
 
-def relayout(x: torch.Tensor, sg: SpatialGroup, have: tuple[int, int, int], want: tuple[int, int, int]):
-    """``x`` laid out as ``have`` (a grid, or UNSPLIT) re-laid-out as ``want``."""
+def relayout(
+    x: torch.Tensor, groups: dict[int, SpatialGroup], have: tuple[int, int, int], want: tuple[int, int, int]
+) -> torch.Tensor:
+    """``x`` laid out as ``have`` (a grid, or UNSPLIT) re-laid-out as ``want``; ``groups`` maps a degree to this
+    rank's sub-group of that many ranks."""
     if have == want:
         return x
     if have != UNSPLIT:
-        x = Gather.apply(x, sg, have)
+        x = Gather.apply(x, groups[math.prod(have)], have)
     if want != UNSPLIT:
-        x = Scatter.apply(x, sg, want)
+        x = Scatter.apply(x, groups[math.prod(want)], want)
     return x
 
 

@@ -6,16 +6,17 @@ its shard of the volume, an unsplit one on the whole sample, with layout changes
 skip connections. Loss and gradients (why they equal one process's):
 
 - U-Net with a split head: each rank adds its voxels' cross-entropy / (micro-batch voxels x micro-batches);
-  the group's sum is the replica's mean loss. An unsplit head (CosmoFlow): every rank computes the replica's
-  loss in full, identically.
-- A split layer's weight gradient on a rank is its shard's part: summed over the group; an unsplit layer's is
-  the whole gradient on every rank. One all-reduce over all ``dp x sd`` ranks, divided by ``dp`` (split) or
-  ``dp x sd`` (unsplit), gives every rank the full-batch mean's gradient.
+  the sum over one copy's sub-group is the replica's mean loss. An unsplit head (CosmoFlow): every rank computes
+  the replica's loss in full, identically. Every copy of a computation holds the true gradient of its shard.
+- A layer split ``s`` ways: a rank's weight gradient is its shard's part, and ``sd / s`` copies hold the same
+  parts; an unsplit layer (``s = 1``) holds the whole gradient on every rank. One all-reduce over all ``dp x sd``
+  ranks, divided by ``dp x sd / s``, gives every rank the full-batch mean's gradient.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 
@@ -60,7 +61,7 @@ def run_block(block: VolumeBlock, x: torch.Tensor, sg: SpatialGroup, grid: Grid)
 def forward_spatial(
     model: VolumeModel,
     x: torch.Tensor,
-    sg: SpatialGroup,
+    groups: dict[int, SpatialGroup],
     layout: dict[str, Grid],
     shapes: dict[str, list[int]] | None = None,
 ) -> tuple[torch.Tensor, Grid]:
@@ -70,11 +71,11 @@ def forward_spatial(
     kept: dict[str, tuple[torch.Tensor, Grid]] = {}
     for path, block in model.named_layers():
         layer, want = model.table[path], layout.get(path, UNSPLIT)
-        x, have = relayout(x, sg, have, want), want
+        x, have = relayout(x, groups, have, want), want
         if layer.skip_from is not None:
             skip, skip_grid = kept.pop(layer.skip_from)
-            x = torch.cat((x, relayout(skip, sg, skip_grid, want)), dim=1)
-        x = run_block(block, x, sg, want)  # type: ignore[arg-type]
+            x = torch.cat((x, relayout(skip, groups, skip_grid, want)), dim=1)
+        x = run_block(block, x, groups[math.prod(want)], want)  # type: ignore[arg-type]
         if shapes is not None:
             shapes[path] = list(x.shape)
         if path in model.skip_sources:
@@ -90,28 +91,26 @@ def loss_part(
 
     if grid == UNSPLIT:
         loss = loss_fn(plan.model)(out, targets) / micro_batches
-        return loss, float(loss.detach()) if sg.index == 0 else 0.0
+        return loss, float(loss.detach()) if sg.copy == 0 else 0.0
     local = shard_of(targets.unsqueeze(1), grid, sg.index).squeeze(1)
     total = targets.numel()  # micro-batch x D x H x W voxels
     loss = F.cross_entropy(out.float(), local, reduction="sum") / total / micro_batches
-    return loss, float(loss.detach())
+    return loss, float(loss.detach()) if sg.copy == 0 else 0.0
 
 
 def sync_gradients(model: VolumeModel, layout: dict[str, Grid], dp: int, sd: int) -> None:
-    """Module docstring: one all-reduce per parameter class (split, unsplit) over all ranks."""
-    for split in (True, False):
-        grads = [
-            p.grad
-            for path, block in model.named_layers()
-            if (layout.get(path, UNSPLIT) != UNSPLIT) == split
-            for p in block.parameters()
-            if p.grad is not None
-        ]
+    """Module docstring: one all-reduce over all ranks per divisor; a layer split ``s`` ways is summed over its
+    ``s`` shards and its ``sd / s`` copies, so it is divided by ``dp * sd / s``."""
+    by_divisor: dict[int, list[torch.Tensor]] = {}
+    for path, block in model.named_layers():
+        divisor = dp * sd // math.prod(layout.get(path, UNSPLIT))
+        by_divisor.setdefault(divisor, []).extend(p.grad for p in block.parameters() if p.grad is not None)
+    for divisor, grads in sorted(by_divisor.items()):
         if not grads:
             continue
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
-        flat /= dp if split else dp * sd
+        flat /= divisor
         offset = 0
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -129,12 +128,19 @@ def _maybe_dump_gradients(plan: Plan, model: VolumeModel, step: int, rank: int, 
         torch.save({"grads": grads, "shapes": shapes}, os.path.join(folder, f"{tag}.rank{rank}.pt"))
 
 
-def _spatial_group(plan: Plan) -> SpatialGroup:
+def spatial_groups(plan: Plan, degrees: set[int]) -> dict[int, SpatialGroup]:
+    """This rank's sub-group for every split degree (and 1: itself), each from a DeviceMesh
+    ``(dp, sd / s, s)``: ``s`` consecutive ranks of the spatial group."""
     dp, sd = plan.mesh.size("dp"), plan.mesh.size("sd")
-    mesh = init_device_mesh("cpu", (dp, sd), mesh_dim_names=("dp", "sd"))
     rank = dist.get_rank()
-    first = rank - rank % sd
-    return SpatialGroup(ranks=tuple(range(first, first + sd)), index=rank % sd, group=mesh["sd"].get_group())
+    groups = {1: SpatialGroup(ranks=(rank,), index=0, group=None, copy=rank % sd)}
+    for s in sorted(degrees - {1}):
+        mesh = init_device_mesh("cpu", (dp, sd // s, s), mesh_dim_names=("dp", "copy", "shard"))
+        base = rank - rank % s
+        groups[s] = SpatialGroup(
+            ranks=tuple(range(base, base + s)), index=rank % s, group=mesh["shard"].get_group(), copy=(rank % sd) // s
+        )
+    return groups
 
 
 def build_spatial_model(plan: Plan) -> VolumeModel:
@@ -155,7 +161,7 @@ def run_spatial_plan(plan: Plan, *, steps: int, data: str, metrics_path: str | N
         raise StratagemError("spatial plans run on CPU/gloo in this build; launch without CUDA devices")
     config = spatial_config_of(plan)
     layout: dict[str, Grid] = {p: o.grid for p, o in config.layout.items()}
-    sg = _spatial_group(plan)
+    groups = spatial_groups(plan, {math.prod(g) for g in layout.values()})
     model = build_spatial_model(plan)
     tr = plan.training
     opt = torch.optim.AdamW(model.parameters(), lr=tr.lr, weight_decay=tr.weight_decay)
@@ -174,8 +180,8 @@ def run_spatial_plan(plan: Plan, *, steps: int, data: str, metrics_path: str | N
         reported, shapes = 0.0, {}
         for mb in range(config.num_micro_batches):
             sl = slice(mb * config.micro_batch, (mb + 1) * config.micro_batch)
-            out, grid = forward_spatial(model, inputs[sl], sg, layout, shapes)
-            loss, part = loss_part(plan, out, grid, targets[sl], sg, config.num_micro_batches)
+            out, grid = forward_spatial(model, inputs[sl], groups, layout, shapes)
+            loss, part = loss_part(plan, out, grid, targets[sl], groups[math.prod(grid)], config.num_micro_batches)
             loss.backward()
             reported += part
         sync_gradients(model, layout, config.dp, config.sd)
