@@ -1,4 +1,5 @@
-"""The CLI on 3D CNNs: `plan` writes a spatial plan and its per-layer table, `estimate --sd` costs a split, and bad
+"""The CLI on 3D CNNs: `plan` writes a spatial plan and its per-layer table, `show` draws it, `estimate --sd` costs a
+split, and bad
 splits (degree not dividing the volume, halo wider than the shard) are one line on stderr with exit status 2."""
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def test_plan_writes_a_spatial_plan_with_its_layer_table(tmp_path):
     plan = load_plan(out)
     assert plan.mesh.axes == ["dp", "sd"] and plan.world_size == 8
     assert "blocks.0" in proc.stdout and "GiB/rank" in proc.stdout
+    shown = _cli("show", str(out), "--png", str(tmp_path / "png"))
+    assert shown.returncode == 0, shown.stderr
+    assert (tmp_path / "png" / "layer_placement.png").stat().st_size > 0
+    assert "sd " in shown.stdout  # the ranks line names the spatial axis
 
 
 def test_estimate_split_degree_not_dividing_the_volume():

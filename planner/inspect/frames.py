@@ -80,11 +80,13 @@ def stage_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool
 
 
 def rank_coordinates(plan: Plan, rank: int) -> dict[str, int]:
-    """Mesh coordinates of a global rank: axes row-major, last axis fastest (planner/plan.py)."""
+    """Mesh coordinates of a global rank: axes row-major, last axis fastest (planner/plan.py); pp, dp and tp
+    always present (0 on a plan without that axis, e.g. a 3D CNN's dp x sd plan)."""
     coords = {}
     for axis, size in zip(reversed(plan.mesh.axes), reversed(plan.mesh.sizes)):
         rank, coords[axis] = divmod(rank, size)
-    return {axis: coords[axis] for axis in plan.mesh.axes}
+    base = {axis: 0 for axis in ("pp", "dp", "tp") if axis not in coords}
+    return {**{axis: coords[axis] for axis in plan.mesh.axes}, **base}
 
 
 def rank_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool = True) -> pd.DataFrame:
