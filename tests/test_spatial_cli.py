@@ -1,6 +1,6 @@
 """The CLI on 3D CNNs: `plan` writes a spatial plan and its per-layer table, `show` draws it, `estimate --sd` costs a
-split, and bad
-splits (degree not dividing the volume, halo wider than the shard) are one line on stderr with exit status 2."""
+split, and bad splits (degree not dividing the volume, halo wider than the shard) are one line on stderr with exit
+status 2."""
 
 from __future__ import annotations
 
