@@ -40,6 +40,7 @@ def test_plan_writes_a_spatial_plan_with_its_layer_table(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert (tmp_path / "png" / "layer_placement.png").stat().st_size > 0
     assert "sd " in shown.stdout  # the ranks line names the spatial axis
+    _one_line_error(_cli("export", str(out), "--to", "megatron"), "megatron has no spatial parallelism")
 
 
 def test_estimate_split_degree_not_dividing_the_volume():

@@ -76,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_out_path(args.out, inputs={"plan": args.plan, "--model-profile": args.model_profile})
     plan = load_plan(args.plan)
+    if "sd" in plan.mesh.axes:
+        raise StratagemError(
+            f"{args.plan} is a spatial plan of a 3D CNN ({plan.model.name}); {args.to} has no spatial parallelism "
+            f"to export it to: run it with `stratagem launch {args.plan}`"
+        )
     profile, cluster = costing_inputs(plan, args)
     export = export_plan(plan, args.to, profile=profile, cluster=cluster)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
