@@ -11,10 +11,18 @@ import argparse
 from planner.cost.placement import with_gpus
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
-from planner.plan import TrainingSettings, validate
+from planner.plan import TrainingSettings, costed, validate
 from planner.profiles import ClusterProfile, ModelProfile
 
-_IGNORED = {"compare_to": "--compare-to"}
+# plan flags of the transformer search that the spatial search has no use for: (attribute, default, flag)
+_NOT_APPLICABLE = (
+    ("compare_to", None, "--compare-to"),
+    ("allow", None, "--allow"),
+    ("jobs", 1, "--jobs"),
+    ("prove_top_k", False, "--prove-top-k"),
+    ("gap", 0.0, "--gap"),
+    ("budget", 600.0, "--budget-s"),  # the spatial search takes < 1 s; --time-limit-s bounds each ILP
+)
 
 
 def run_spatial(
@@ -28,14 +36,22 @@ def run_spatial(
     from planner.search.spatial import plan_spatial_search
     from planner.search.spatial_plan_file import build_spatial_plan, memory_table
 
-    for key, flag in _IGNORED.items():
-        if getattr(args, key, None):
-            raise StratagemError(f"{flag} compares transformer configs; it does not apply to {spec.name}, drop it")
+    for key, default, flag in _NOT_APPLICABLE:
+        if getattr(args, key, default) not in (default, None):
+            raise StratagemError(
+                f"{flag} does not apply to {spec.name}'s data + spatial search (planner/search/spatial.py); drop it"
+            )
     if cluster.is_mixed:
         raise StratagemError(f"spatial plans run on one node type; {cluster.name} is mixed, pick a uniform cluster")
     sized = with_gpus(cluster, args.gpus)
     result = plan_spatial_search(
-        profile, sized, n_devices=args.gpus, global_batch=args.global_batch, time_limit_s=args.time_limit
+        profile,
+        sized,
+        n_devices=args.gpus,
+        global_batch=args.global_batch,
+        time_limit_s=args.time_limit,
+        keep=args.top_k,
+        memory_fraction=args.memory_fraction,
     )
     training = TrainingSettings(
         global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype, lr_schedule=lr_schedule
@@ -44,8 +60,7 @@ def run_spatial(
     validate(plan, args.gpus)
     save_document(plan, args.out)
     out = Console()
-    pred = plan.predictions
-    assert pred is not None  # built just above
+    pred, _ = costed(plan)
     summary = Table(title=f"plan for {spec.name} on {plan.world_size} x {cluster.name}")
     summary.add_column("item")
     summary.add_column("value")

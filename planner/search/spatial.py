@@ -78,19 +78,22 @@ def _outer(n_devices: int, global_batch: int, sd_degrees: tuple[int, ...] | None
     return out
 
 
-def activation_budget_bytes(costs: SpatialCosts, dp: int) -> float:
-    """Most activation bytes a rank may save: peak(states + act) <= capacity, with the linear reserve."""
+def activation_budget_bytes(costs: SpatialCosts, dp: int, memory_fraction: float = 1.0) -> float:
+    """Most activation bytes a rank may save: peak(states + act) <= memory_fraction x capacity, with the
+    linear reserve."""
     states = sum(costs.states_bytes(dp).values())
     intercept = costs.peak_bytes(0.0)
     slope = costs.peak_bytes(1.0) - intercept
-    return (costs.node.device_memory_bytes - intercept) / slope - states
+    return (memory_fraction * costs.node.device_memory_bytes - intercept) / slope - states
 
 
 def _bound_s(costs: SpatialCosts, options: dict[str, list[SpatialOption]], dp: int, m: int) -> float:
     return m * sum(min(costs.layer(p, o).time_s for o in opts) for p, opts in options.items()) + costs.grad_sync_s(dp)
 
 
-def build_spatial_problem(costs: SpatialCosts, *, dp: int, m: int) -> tuple[pulp.LpProblem, dict]:
+def build_spatial_problem(
+    costs: SpatialCosts, *, dp: int, m: int, memory_fraction: float = 1.0
+) -> tuple[pulp.LpProblem, dict]:
     """The ILP of the module docstring for one outer candidate; returns (problem, x variables)."""
     prob = pulp.LpProblem("spatial", pulp.LpMinimize)
     options = {v.path: layer_options(v, costs.sd) for v in costs.table}
@@ -109,7 +112,7 @@ def build_spatial_problem(costs: SpatialCosts, *, dp: int, m: int) -> tuple[pulp
             prob += (z <= x[dst, options[dst].index(option)], f"c_same_consumer[{src}->{dst},{i}]")
             objective.append(-2 * m * costs.relayout_part(src, option) * z)
     prob += pulp.lpSum(objective) + costs.grad_sync_s(dp)
-    budget = activation_budget_bytes(costs, dp) / BYTES_UNIT
+    budget = activation_budget_bytes(costs, dp, memory_fraction) / BYTES_UNIT
     act = [
         costs.layer(p, o).act_bytes / BYTES_UNIT * x[p, i] for p, opts in options.items() for i, o in enumerate(opts)
     ]
@@ -143,9 +146,17 @@ def _layout(variables: dict) -> dict[str, SpatialOption]:
 
 
 def _solve_outer(
-    profile: ModelProfile, cluster: ClusterProfile, costs: SpatialCosts, *, dp: int, b: int, m: int, time_limit_s: float
+    profile: ModelProfile,
+    cluster: ClusterProfile,
+    costs: SpatialCosts,
+    *,
+    dp: int,
+    b: int,
+    m: int,
+    time_limit_s: float,
+    memory_fraction: float,
 ) -> SpatialCandidate:
-    prob, variables = build_spatial_problem(costs, dp=dp, m=m)
+    prob, variables = build_spatial_problem(costs, dp=dp, m=m, memory_fraction=memory_fraction)
     status = solve_spatial_problem(prob, time_limit_s=time_limit_s)
     if status == "infeasible":
         raise RuntimeError(f"CBC calls the spatial ILP for sd={costs.sd}, micro-batch {b} infeasible below its floor")
@@ -157,9 +168,10 @@ def _solve_outer(
     config = SpatialConfig(dp=dp, sd=costs.sd, micro_batch=b, num_micro_batches=m, layout=_layout(variables))
     est = estimate_spatial(profile, cluster, config)
     objective = pulp.value(prob.objective)
-    if abs(objective - est.step_time_s) > SOLVER_REL_TOL * est.step_time_s or not est.fits:
+    fits = est.peak_memory_bytes <= memory_fraction * est.capacity_bytes * (1 + 1e-9)
+    if abs(objective - est.step_time_s) > SOLVER_REL_TOL * est.step_time_s or not fits:
         raise RuntimeError(
-            f"spatial ILP objective {objective} disagrees with estimate_spatial {est.step_time_s} (fits {est.fits})"
+            f"spatial ILP objective {objective} disagrees with estimate_spatial {est.step_time_s} (fits {fits})"
         )
     return SpatialCandidate(config=config, estimate=est, status="optimal")
 
@@ -173,8 +185,11 @@ def plan_spatial_search(
     time_limit_s: float = 10.0,
     sd_degrees: tuple[int, ...] | None = None,
     keep: int = 5,
+    memory_fraction: float = 1.0,
 ) -> SpatialSearchResult:
     """The fastest hybrid data + spatial plan that fits, proven optimal under the cost model (module docstring).
+
+    ``memory_fraction``: share of each device's memory a plan may use (``stratagem plan --memory-fraction``).
 
     Raises a one-line :class:`StratagemError` when no candidate fits, naming the closest one's shortfall.
     """
@@ -192,7 +207,7 @@ def plan_spatial_search(
         m = global_batch // (dp * b)
         options = {v.path: layer_options(v, sd) for v in costs.table}
         floor = sum(min(costs.layer(p, o).act_bytes for o in opts) for p, opts in options.items())
-        budget = activation_budget_bytes(costs, dp)
+        budget = activation_budget_bytes(costs, dp, memory_fraction)
         if floor > budget:
             infeasible += 1
             shortfall = min(shortfall, floor - budget)
@@ -206,7 +221,11 @@ def plan_spatial_search(
             pruned += 1
             continue
         remaining = max(1.0, time_limit_s - (time.perf_counter() - start))
-        solved.append(_solve_outer(profile, cluster, costs, dp=dp, b=b, m=m, time_limit_s=remaining))
+        solved.append(
+            _solve_outer(
+                profile, cluster, costs, dp=dp, b=b, m=m, time_limit_s=remaining, memory_fraction=memory_fraction
+            )
+        )
     if not solved:
         gib = shortfall / 2**30
         raise StratagemError(
