@@ -145,7 +145,7 @@ def run_unet3d(gpus: int = 64, batch: int = 64) -> None:
     start = time.perf_counter()
     profile = profile_model_analytic(parse_model("unet3d:volume512"), seq_len=1, dtype="fp16")
     profiled_s = time.perf_counter() - start
-    result = plan_spatial_search(profile, cluster, n_devices=gpus, global_batch=batch)
+    result = plan_spatial_search(profile, cluster, n_devices=gpus, global_batch=batch, memory_fraction=0.9)
     wall_s = time.perf_counter() - start
     dp_only = estimate_spatial(
         profile, cluster, SpatialConfig(dp=gpus, sd=1, micro_batch=1, num_micro_batches=batch // gpus, layout={})

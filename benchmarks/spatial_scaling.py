@@ -46,7 +46,9 @@ def claim_shape(cluster) -> None:
         dp = _data_parallel(profile, cluster, gpus, batch)
         start = time.perf_counter()
         try:
-            best = plan_spatial_search(profile, with_gpus(cluster, gpus), n_devices=gpus, global_batch=batch).best
+            best = plan_spatial_search(
+                profile, with_gpus(cluster, gpus), n_devices=gpus, global_batch=batch, memory_fraction=0.9
+            ).best
             plan = (
                 f"plan dp{best.config.dp} sd{best.config.sd} mb{best.config.micro_batch}: "
                 f"{best.estimate.step_time_s:.3f} s/step, {best.estimate.peak_memory_bytes / GIB:.1f} GiB"
@@ -69,7 +71,9 @@ def strong_scaling(cluster, preset: str = "cosmoflow:volume512", batch: int = 64
     first = None
     for gpus in (64, 128, 256, 512, 1024, 2048):
         try:
-            best = plan_spatial_search(profile, with_gpus(cluster, gpus), n_devices=gpus, global_batch=batch).best
+            best = plan_spatial_search(
+                profile, with_gpus(cluster, gpus), n_devices=gpus, global_batch=batch, memory_fraction=0.9
+            ).best
         except StratagemError:
             print(f"  {gpus:5d} {'no plan fits':>24s}")
             continue
