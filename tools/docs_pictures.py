@@ -1,11 +1,13 @@
 """Regenerate the example pictures in ``docs/``: one of each kind.
 
-    python -m tools.docs_pictures --out docs [--plan plan.json] [--metrics run.jsonl]
+    python -m tools.docs_pictures --out docs [--plan plan.json] [--metrics run.jsonl] [--spatial-plan plan.json]
 
 The three timelines always come from hand-made example plans (``planner.inspect.examples``: 4 pp ranks,
 8 micro-batches) so the schedules can be compared on the same costs. The other pictures come from
 ``--plan`` when given (a searched plan; its timeline becomes ``timeline_searched.png``), else from the 1F1B
-example; ``metrics.png`` only from a real ``--metrics`` file (with ``--metrics-plan``, the plan it ran).
+example; ``metrics.png`` only from a real ``--metrics`` file (with ``--metrics-plan``, the plan it ran);
+``spatial_placement.png`` only from a 3D CNN's spatial plan (``--spatial-plan``; ``docs/`` holds CosmoFlow 512^3,
+``stratagem plan --model cosmoflow:volume512 --cluster aws-p3-16xlarge --gpus 1024 --global-batch 64 --dtype fp16``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,11 @@ EXAMPLE = dict(
 
 
 def save_docs_pictures(
-    out: Path, plan_path: Path | None = None, metrics_path: Path | None = None, metrics_plan_path: Path | None = None
+    out: Path,
+    plan_path: Path | None = None,
+    metrics_path: Path | None = None,
+    metrics_plan_path: Path | None = None,
+    spatial_plan_path: Path | None = None,
 ) -> list[Path]:
     """Write every picture into ``out``; returns the paths written."""
     figures = {
@@ -65,6 +71,8 @@ def save_docs_pictures(
     if metrics_path:
         metrics_plan = load_plan(metrics_plan_path) if metrics_plan_path else plan
         figures["metrics"] = plot_metrics(metrics_frame(metrics_path), metrics_plan)
+    if spatial_plan_path:
+        figures["spatial_placement"] = plot_layer_placement(load_plan(spatial_plan_path))
     return [atomic_write_bytes(out / f"{name}.png", figure_png(fig)) for name, fig in figures.items()]
 
 
@@ -74,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", type=Path, default=None, help="plan file for the non-timeline pictures")
     parser.add_argument("--metrics", type=Path, default=None, help="metrics file of a launch")
     parser.add_argument("--metrics-plan", type=Path, default=None, help="the plan that launch ran (default --plan)")
+    parser.add_argument("--spatial-plan", type=Path, default=None, help="a 3D CNN's spatial plan")
     args = parser.parse_args(argv)
-    for path in save_docs_pictures(args.out, args.plan, args.metrics, args.metrics_plan):
+    for path in save_docs_pictures(args.out, args.plan, args.metrics, args.metrics_plan, args.spatial_plan):
         log.warning("wrote %s", path)
     return 0
 
