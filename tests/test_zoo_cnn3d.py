@@ -69,3 +69,11 @@ def test_measured_profile_of_a_3d_cnn():
         profile.layer("blocks.0").shards[0].saved_bytes_per_sample
         > profile.layer("dense.0").shards[0].saved_bytes_per_sample
     )
+    # the measured profile plans like the analytic one (its timings price the layers)
+    from planner.cost.placement import with_gpus
+    from planner.profiles import load_cluster_profile, resolve_cluster_path
+    from planner.search.spatial import plan_spatial_search
+
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("local-cpu-2core")), 2)
+    result = plan_spatial_search(profile, cluster, n_devices=2, global_batch=2)
+    assert result.status == "optimal" and result.best.estimate.fits
