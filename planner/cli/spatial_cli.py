@@ -118,7 +118,12 @@ def run_spatial_estimate(args: argparse.Namespace, *, spec: ModelSpec, cluster: 
             if layer.splittable:
                 check_split(layer, option)
                 layout[layer.path] = option
-    profile = profile_model_analytic(spec, seq_len=1, dtype=dtype)
+    if getattr(args, "model_profile", None) is not None:
+        from planner.cli.model_args import load_matching_profile
+
+        profile = load_matching_profile(args.model_profile, spec, args.seq)
+    else:
+        profile = profile_model_analytic(spec, seq_len=1, dtype=dtype)
     sized = with_gpus(cluster, gpus)
     config = SpatialConfig(
         dp=dp, sd=sd, micro_batch=args.micro_batch,
