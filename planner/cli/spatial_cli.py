@@ -79,6 +79,16 @@ def run_spatial(
     for row in rows:
         table.add_row(*row.values())
     out.print(table)
+    if plan.search is not None and plan.search.top_k:
+        others = Table(title="runners-up")
+        for col in ("#", "strategy", "step time", "slowdown", "peak memory"):
+            others.add_column(col)
+        for i, alt in enumerate(plan.search.top_k, start=2):
+            others.add_row(
+                str(i), alt.summary, f"{alt.step_time_s:.4g} s", f"{alt.slowdown:.3f}x",
+                f"{alt.peak_memory_bytes / 2**30:.2f} GiB",
+            )  # fmt: skip
+        out.print(others)
     out.print(f"wrote {args.out}")
     return 0
 
