@@ -123,3 +123,9 @@ def is_gpu(device: str) -> bool:
     """Whether a device name is a GPU (it then carries a CUDA context in memory)."""
     lower = device.lower()
     return gpu_family(device) is not None or any(tag in lower for tag in ("gpu", "nvidia", "tesla", "cuda"))
+
+# FlashAttention-2 (Dao 2023, arXiv:2307.08691) §3.1.1 "Causal masking": a causal flash kernel skips the
+# blocks whose keys all come after its queries, about half of the s x s blocks at long sequence; the cost
+# model times a flash kernel on this fraction of the score FLOPs (model FLOPs still count all of them, as
+# SC21 eq. 3 does, so MFU keeps its usual meaning).
+CAUSAL_FLASH_WORK_FRACTION = 0.5

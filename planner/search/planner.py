@@ -22,6 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from planner.cost.config import ParallelConfig
+from planner.cost.context import cp_degrees
 from planner.cost.placement import block_count, with_gpus
 from planner.cost.records import Estimate
 from planner.errors import StratagemError
@@ -223,6 +224,8 @@ def _key(outer: OuterChoice) -> tuple:
         outer.rank_node_types,
         outer.replica_node_types,
         outer.replica_micro_batches,
+        outer.cp,
+        outer.context_parallel,
     )
 
 
@@ -300,6 +303,7 @@ def _enumerate(
             n_blocks=block_count(profile),
             tp_degrees=profile.tp_degrees,
             config=config,
+            cp_degrees=cp_degrees(profile, n_devices) if config.allows("cp") else (1,),
         )
     )
     if not outers:
