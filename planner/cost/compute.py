@@ -172,6 +172,7 @@ def layer_cost(
     dp_wrapper: DPWrapper = "none",
     timings_scale: float = 1.0,
     context: KVExchange | None = None,
+    causal_skip: bool = False,
 ) -> LayerCost:
     """Per-micro-batch cost of ``layer`` on one rank of a TP group of ``tp`` (see the module docstring).
 
@@ -184,7 +185,8 @@ def layer_cost(
     (``framework.timings_scale``) multiplies every measured time (timings and overheads).
     ``context``: the K/V exchange of context parallelism (``planner.cost.context``; ``layer`` is then the
     per-rank view): added to an attention layer's forward and backward, and its saved bytes to ``act_bytes``.
-    A flash kernel does ``CAUSAL_FLASH_WORK_FRACTION`` of the score FLOPs (causal block skipping).
+    ``causal_skip``: a flash kernel does ``CAUSAL_FLASH_WORK_FRACTION`` of the score FLOPs (causal block
+    skipping; ``ParallelConfig.causal_skip``).
     """
     shard, split = _shard_for(layer, tp, style)
     samples = replica_samples(micro_batch, tp, style)
@@ -193,7 +195,7 @@ def layer_cost(
     replicated, scores, rest = _saved_parts(shard, samples, tp, sp)
     scores_traffic_s = 0.0 if flash_attention else _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["scores"] * scores)
     score_flops = shard.attention_scores_flops_per_sample * samples
-    flash_flops = score_flops * CAUSAL_FLASH_WORK_FRACTION  # what a causal flash kernel computes
+    flash_flops = score_flops * (CAUSAL_FLASH_WORK_FRACTION if causal_skip else 1.0)  # what the flash kernel computes
     optimizer_s = 0.0
     kernels = None
     if use_timings and shard.timings:

@@ -164,6 +164,7 @@ class _Assembler:
                 dp_wrapper=dp_wrapper(cfg.dp, cfg.zero_stage),
                 timings_scale=timings_scale(self.model, node),
                 context=cfg.kv_exchange,
+                causal_skip=cfg.causal_skip,
             )
         return self._cache[key]
 

@@ -50,8 +50,9 @@ class SearchConfig:
     memory_fraction: float = 0.9
     budget_s: float = 600.0
     jobs: int = 1  # candidates solved at once (each its own CBC process)
-    # Cost attention as a fused causal flash kernel (planner.cost.compute; no s x s scores saved). Long-context
-    # plans need it; off by default so that plans keep the unfused attention the SC21 figures were made with.
+    # Cost attention as a fused causal flash kernel that skips the masked blocks (ParallelConfig.flash_attention
+    # and causal_skip; no s x s scores saved). Long-context plans need it; off by default so that plans keep the
+    # unfused attention the SC21 figures were made with.
     flash_attention: bool = False
 
     def __post_init__(self) -> None:

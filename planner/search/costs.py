@@ -194,6 +194,7 @@ class CandidateCosts:
             sequence_parallel=outer.sequence_parallel,
             stage_node_types=None if outer.replica_node_types else outer.rank_node_types,
             flash_attention=self.search.flash_attention,
+            causal_skip=self.search.flash_attention,
             kv_exchange=self.exchange,
             **extra,
         )
@@ -257,6 +258,7 @@ class CandidateCosts:
             dp_wrapper=dp_wrapper(dp, zero),
             timings_scale=timings_scale(self.profile, node),
             context=self.exchange,
+            causal_skip=self.search.flash_attention,
         )
 
     def _option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
