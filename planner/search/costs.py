@@ -171,7 +171,9 @@ class CandidateCosts:
                 config=self.search,
                 exchange=kv_exchange(self.profile, outer.cp, mode),  # type: ignore[arg-type]
             )
-        return self._context[key], replace(outer, dp=outer.dp * outer.cp, cp=1, context_parallel=None)
+        sub = self._context[key]
+        sub.search = self.search  # the same limits (a caller may change them between solves)
+        return sub, replace(outer, dp=outer.dp * outer.cp, cp=1, context_parallel=None)
 
     # -- configuration ------------------------------------------------------------------------
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
