@@ -314,6 +314,11 @@ class Plan(_Strict):
         description="how attention exchanges K/V over the cp axis (planner/cost/context.py): all-gather "
         "(Llama 3) or ring point-to-point (Ring Attention); None when the mesh has no cp > 1",
     )
+    flash_attention: bool = Field(
+        False,
+        description="the predictions cost attention as a fused causal flash kernel (planner.cost ParallelConfig "
+        "flash_attention and causal_skip): re-estimates of this plan (export, compare) must do the same",
+    )
     replica_node_types: list[str] | None = Field(
         None,
         description="node type of each dp replica when replicas run on different GPU types (Whale's "

@@ -55,7 +55,7 @@ def _instance(rng: random.Random):
     allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "layout", "mixed", "recompute", "cp"}
     if rng.random() < 0.3:
         allow.discard("recompute")
-    config = SearchConfig(time_limit_s=30, allow=frozenset(allow), flash_attention=rng.random() < 0.5)
+    config = SearchConfig(time_limit_s=30, allow=frozenset(allow), flash_attention=rng.random() < 0.5, cp_min_seq_len=0)
     outers = list(
         enumerate_outer(
             cluster=cluster,

@@ -155,6 +155,7 @@ def build_plan(
             else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])
         ),
         context_parallel=outer.context_parallel if outer.cp > 1 else None,  # type: ignore[arg-type]
+        flash_attention=best.config.flash_attention,
         schedule=make_schedule(
             outer.schedule,
             micro_batch_size=outer.micro_batch,

@@ -177,7 +177,8 @@ def _tp_pp_cp(
     """(tp, pp, cp, K/V exchange): :func:`_tp_pp` with each cp degree dividing the devices left (uniform
     clusters only: per-replica node types are not combined with cp)."""
     for tp, pp in _tp_pp(cluster, n_devices, n_layers, tp_degrees, config):
-        yield tp, pp, 1, None
+        if 1 in cp_degrees:
+            yield tp, pp, 1, None
         for cp in cp_degrees:
             if cp > 1 and (n_devices // (tp * pp)) % cp == 0 and len(by_type) == 1:
                 yield tp, pp, cp, "allgather"
