@@ -134,7 +134,7 @@ def uniform_configs(
                 schedules = [("1f1b", 1)] + ([("gpipe", 1)] if pp > 1 else [])
                 schedules += [("interleaved_1f1b", v) for v in range(2, MAX_VIRTUAL_STAGES + 1) if pp > 1]
                 for schedule, v in schedules:
-                    for zero in (0, 1, 2, 3) if dp > 1 else (0,):
+                    for zero in (0, 1, 2, 3) if dp * cp > 1 else (0,):
                         for sp in (False, True) if tp > 1 else (False,):
                             yield tuple(
                                 ParallelConfig(

@@ -145,6 +145,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})",
     )
+    p.add_argument(
+        "--cp",
+        type=int_in(1, 1 << 20),
+        default=None,
+        metavar="N",
+        help="context-parallel degree to plan with (default: searched for sequences >= 8,192 tokens); "
+        "the sequence must split into 2 x N chunks",
+    )
+    p.add_argument(
+        "--flash-attention",
+        action="store_true",
+        help="cost attention as a fused causal flash kernel (no s x s scores saved; long-context plans need it)",
+    )
+    p.add_argument(
+        "--cp-table",
+        action="store_true",
+        help="also print the best plan at every context-parallel degree (why the plan's cp; one search per cp)",
+    )
     p.add_argument("--out", type=out_path, required=True, metavar="FILE", help="plan JSON to write")
     add_recipe_arguments(p)
     add_source_argument(p, "--compare-to", "compare the plan with your current config (speed-up, memory, flags)")
@@ -309,6 +327,8 @@ def run(args: argparse.Namespace) -> int:
         allow=allow,
         memory_fraction=args.memory_fraction,
         budget_s=args.budget,
+        cp=args.cp,
+        flash_attention=args.flash_attention,
     )
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
@@ -350,5 +370,12 @@ def run(args: argparse.Namespace) -> int:
             f"[bold yellow]not proven optimal[/]: search {search.status}, best within "
             f"{search.gap:.2%} of the optimum under the cost model; {fix}"
         )
+    if args.cp_table:
+        from planner.search.context_table import best_per_cp, format_cp_table
+
+        rows = best_per_cp(profile, cluster, n_devices=args.gpus, global_batch=args.global_batch, config=config)
+        out.print("best plan per context-parallel degree:", highlight=False)
+        for line in format_cp_table(rows):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
     out.print(f"wrote {args.out}")
     return 0

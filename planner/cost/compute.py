@@ -186,7 +186,8 @@ def layer_cost(
     ``context``: the K/V exchange of context parallelism (``planner.cost.context``; ``layer`` is then the
     per-rank view): added to an attention layer's forward and backward, and its saved bytes to ``act_bytes``.
     ``causal_skip``: a flash kernel does ``CAUSAL_FLASH_WORK_FRACTION`` of the score FLOPs (causal block
-    skipping; ``ParallelConfig.causal_skip``).
+    skipping; ``ParallelConfig.causal_skip``), and the model FLOPs count that fraction too (so MFU at long
+    sequence counts the causal attention a model needs, not the full ``s^2`` square).
     """
     shard, split = _shard_for(layer, tp, style)
     samples = replica_samples(micro_batch, tp, style)
@@ -196,6 +197,7 @@ def layer_cost(
     scores_traffic_s = 0.0 if flash_attention else _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["scores"] * scores)
     score_flops = shard.attention_scores_flops_per_sample * samples
     flash_flops = score_flops * (CAUSAL_FLASH_WORK_FRACTION if causal_skip else 1.0)  # what the flash kernel computes
+    skipped = score_flops - flash_flops if flash_attention else 0.0  # masked blocks a causal flash kernel skips
     optimizer_s = 0.0
     kernels = None
     if use_timings and shard.timings:
@@ -214,7 +216,6 @@ def layer_cost(
             _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["replicated"] * replicated + TRAFFIC_PER_SAVED_BYTE["split"] * rest)
             + scores_traffic_s
         )
-        skipped = score_flops - flash_flops if flash_attention else 0.0  # masked blocks a flash kernel skips
         forward_s = (shard.fwd_flops_per_sample * samples - skipped) / rate + fwd_traffic_s
         backward_s = (shard.bwd_flops_per_sample * samples - 2 * skipped) / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
     flash_bwd_flops = flash_flops / 2 if flash_attention else 0.0
@@ -223,14 +224,15 @@ def layer_cost(
     comm_fwd_s, comm_bwd_s = (
         _tp_comm_s(layer, cluster, node, tp, samples, sp, tp_group_spans_nodes) if (split and tp > 1) else (0.0, 0.0)
     )
-    model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples
+    # causal skipping: the model's FLOPs are the causal ones too (forward, and the backward's two products)
+    model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples - 3 * skipped
     cp = _context_cost(context, cluster, node, dtype, tp if split else 1, samples, flash_flops if flash_attention else score_flops)
     forward_s, backward_s = forward_s + cp.forward_s, backward_s + cp.backward_s
     if overlap_tp_comm:
         comm_fwd_s = max(0.0, comm_fwd_s - shard.fwd_flops_per_sample * samples / rate)
         comm_bwd_s = max(0.0, comm_bwd_s - shard.bwd_flops_per_sample * samples / rate)
     if recompute == "full":
-        recompute_s, recompute_flops = forward_s + comm_fwd_s, shard.fwd_flops_per_sample * samples
+        recompute_s, recompute_flops = forward_s + comm_fwd_s, shard.fwd_flops_per_sample * samples - skipped
     elif recompute == "selective" and not flash_attention:
         recompute_s = (
             score_flops / rate + scores_traffic_s

@@ -140,14 +140,18 @@ def _view_shard(shard: ShardProfile, cp: int) -> ShardProfile:
     return shard.model_copy(update=update)
 
 
-def _view_layer(layer: LayerProfile, cp: int) -> LayerProfile:
+def _view_layer(layer: LayerProfile, cp: int, same: LayerProfile | None = None) -> LayerProfile:
+    """``layer``'s view; ``same``: the view of an earlier layer with the same signature (identical by the
+    profile's contract), whose shards and collectives are shared."""
     return layer.model_copy(
         update={
             "signature": f"{layer.signature}|cp{cp}",
             "input_bytes_per_sample": layer.input_bytes_per_sample / cp,
             "output_bytes_per_sample": layer.output_bytes_per_sample / cp,
-            "shards": [_view_shard(s, cp) for s in layer.shards],
-            "collectives": [c.model_copy(update={"bytes_per_sample": c.bytes_per_sample / cp}) for c in layer.collectives],
+            "shards": same.shards if same else [_view_shard(s, cp) for s in layer.shards],
+            "collectives": same.collectives
+            if same
+            else [c.model_copy(update={"bytes_per_sample": c.bytes_per_sample / cp}) for c in layer.collectives],
         }
     )
 
@@ -157,13 +161,13 @@ def context_view(model: ModelProfile, cp: int) -> ModelProfile:
     per-sample figure divided by ``cp`` (see the module docstring for why attention divides too)."""
     if cp == 1:
         return model
-    return model.model_copy(
-        update={
-            "seq_len": model.seq_len // cp,
-            "layers": [_view_layer(layer, cp) for layer in model.layers],
-            "content_hash": None,
-        }
-    )
+    seen: dict[str, LayerProfile] = {}
+    layers = []
+    for layer in model.layers:
+        view = _view_layer(layer, cp, seen.get(layer.signature))
+        seen.setdefault(layer.signature, view)
+        layers.append(view)
+    return model.model_copy(update={"seq_len": model.seq_len // cp, "layers": layers, "content_hash": None})
 
 
 def kv_exchange(model: ModelProfile, cp: int, mode: ContextMode) -> KVExchange:

@@ -164,8 +164,9 @@ class CandidateCosts:
         if key not in self._context:
             mode = outer.context_parallel or "allgather"
             check_context(self.profile, outer.cp, mode)
+            views = [c.profile for (cp, _), c in self._context.items() if cp == outer.cp]  # one view per cp
             self._context[key] = CandidateCosts(
-                context_view(self.profile, outer.cp),
+                views[0] if views else context_view(self.profile, outer.cp),
                 self.cluster,
                 global_batch=self.global_batch * outer.cp,
                 config=self.search,

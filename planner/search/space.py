@@ -219,7 +219,7 @@ def enumerate_outer(
         for mb in _micro_batch_sizes(per_replica, config):
             m = per_replica // mb
             for schedule, v in _schedules(pp, m, n_blocks, config):
-                for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
+                for zero in (0, 1, 2, 3) if dp * cp > 1 and config.allows("zero") else (0,):  # ZeRO over dp x cp
                     for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
                         for order in orders:
                             yield OuterChoice(
