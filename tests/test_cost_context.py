@@ -92,3 +92,17 @@ def test_bad_input_is_one_line():
         check_context(LLAMA, 2, "bogus")
     with pytest.raises(ContextParallelError, match="2 x cp = 6"):  # estimate checks it too
         estimate(LLAMA, CLUSTER, ParallelConfig(**BASE, dp=2, cp=3, context_parallel="ring"), global_batch=2)
+
+
+def test_published_long_context_runs_within_15_percent():
+    """Regression guard on benchmarks/long_context_accuracy.py (NeMo CP table, Llama 3 405B at 128k)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import long_context_accuracy
+
+    res = long_context_accuracy.run()
+    long_rows = [r for r in res["cases"] if r["role"] == "validate"]
+    assert len(long_rows) >= 7
+    assert res["max_abs_error_validate"] <= 0.15, res["cases"]

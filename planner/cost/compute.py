@@ -31,8 +31,12 @@ from planner.cost.collectives import collective_time
 from planner.cost.config import LayerCost, Recompute, TPStyle
 from planner.cost.constants import (
     BACKWARD_TRAFFIC_FACTOR,
+    ATTENTION_DTYPE,
     CAUSAL_FLASH_WORK_FRACTION,
     DTYPE_BYTES,
+    FP8_GEMM_PEAK_FRACTION,
+    LONG_CAUSAL_FLASH_EFFICIENCY,
+    gpu_family,
     MEMORY_BW_EFFICIENCY,
     TRAFFIC_PER_SAVED_BYTE,
 )
@@ -101,15 +105,32 @@ def _saved_parts(shard: ShardProfile, samples: int, tp: int, sp: bool) -> tuple[
     return replicated, scores, rest
 
 
-def _kernel_device(node: NodeType, shard: ShardProfile, dtype: str) -> Device | None:
+def _flash_efficiency(node: NodeType, causal_skip: bool) -> float:
+    """Fused attention's fraction of peak: the long-sequence causal figure where one is known
+    (``constants.LONG_CAUSAL_FLASH_EFFICIENCY``, with ``causal_skip``), else the node's kernel model's."""
+    assert node.kernel_model is not None
+    family = gpu_family(node.device)
+    if causal_skip and family in LONG_CAUSAL_FLASH_EFFICIENCY:
+        return LONG_CAUSAL_FLASH_EFFICIENCY[family]
+    return node.kernel_model.flash_attention_efficiency
+
+
+def _kernel_device(node: NodeType, shard: ShardProfile, dtype: str, causal_skip: bool = False) -> Device | None:
     """The per-kernel model's view of ``node`` when both the node and the shard support it, else None."""
     if node.kernel_model is None or not shard.ops or not node.memory_bw_bytes_per_s:
         return None
+    km = node.kernel_model
+    if causal_skip and (eff := _flash_efficiency(node, causal_skip)) != km.flash_attention_efficiency:
+        km = km.model_copy(update={"flash_attention_efficiency": eff})
+    peak = _compute_figure(node, dtype).peak_flops_per_s
+    if dtype == "fp8":
+        peak *= FP8_GEMM_PEAK_FRACTION.get(gpu_family(node.device) or "", 1.0)
     return Device(
-        km=node.kernel_model,
-        peak_flops_per_s=_compute_figure(node, dtype).peak_flops_per_s,
+        km=km,
+        peak_flops_per_s=peak,
         memory_bw_bytes_per_s=node.memory_bw_bytes_per_s,
         elem_bytes=DTYPE_BYTES[dtype],
+        attention_peak_flops_per_s=_compute_figure(node, ATTENTION_DTYPE.get(dtype, dtype)).peak_flops_per_s,
     )
 
 
@@ -206,7 +227,7 @@ def layer_cost(
         forward_s = (forward_s + extra_fwd_s) * timings_scale
         backward_s = (backward_s + extra_bwd_s) * timings_scale
         optimizer_s *= timings_scale
-    elif (dev := _kernel_device(node, shard, dtype)) is not None:
+    elif (dev := _kernel_device(node, shard, dtype, causal_skip)) is not None:
         kernels = layer_kernels(
             shard.ops, samples, dev, sp_tp=tp if sp else 1, flash=flash_attention, score_flops=flash_flops
         )
@@ -226,7 +247,9 @@ def layer_cost(
     )
     # causal skipping: the model's FLOPs are the causal ones too (forward, and the backward's two products)
     model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples - 3 * skipped
-    cp = _context_cost(context, cluster, node, dtype, tp if split else 1, samples, flash_flops if flash_attention else score_flops)
+    cp = _context_cost(
+        context, cluster, node, dtype, tp if split else 1, samples, flash_flops if flash_attention else score_flops, causal_skip
+    )
     forward_s, backward_s = forward_s + cp.forward_s, backward_s + cp.backward_s
     if overlap_tp_comm:
         comm_fwd_s = max(0.0, comm_fwd_s - shard.fwd_flops_per_sample * samples / rate)
@@ -274,6 +297,7 @@ def _context_cost(
     kv_shards: int,
     samples: int,
     attention_flops: float,
+    causal_skip: bool = False,
 ) -> ExchangeCost:
     """The K/V exchange of an attention layer under context parallelism (zero without it, or for layers
     without attention). The ring hides its steps behind the attention kernel's time at the GEMM rate
@@ -282,7 +306,8 @@ def _context_cost(
         return ExchangeCost(forward_s=0.0, backward_s=0.0, saved_bytes=0.0)
     rate = _achieved_flops(node, dtype)
     if node.kernel_model is not None:
-        rate = node.kernel_model.flash_attention_efficiency * _compute_figure(node, dtype).peak_flops_per_s
+        peak = _compute_figure(node, ATTENTION_DTYPE.get(dtype, dtype)).peak_flops_per_s
+        rate = _flash_efficiency(node, causal_skip) * peak
     attention_s = attention_flops / rate
     return exchange_cost(
         context,

@@ -91,14 +91,15 @@ def check_context(model: ModelProfile, cp: int, mode: str | None) -> None:
 
 
 def kv_bytes_per_sample(model: ModelProfile) -> float:
-    """K and V of one full sequence at tp=1, in the compute dtype: ``2 s h_kv e`` (GQA: ``h_kv = h kv/a``)."""
-    from planner.cost.constants import DTYPE_BYTES
+    """K and V of one full sequence at tp=1, in attention's dtype (``constants.ATTENTION_DTYPE``: BF16 under an
+    FP8 recipe): ``2 s h_kv e`` (GQA: ``h_kv = h kv/a``)."""
+    from planner.cost.constants import ATTENTION_DTYPE, DTYPE_BYTES
 
     dims = model.model.dims
     h, a = int(dims.get("hidden", 0) or 0), int(dims.get("heads", 0) or 0)
     kv = int(dims.get("kv_heads", 0) or 0) if model.model.family == "llama" else 0
     h_kv = h * (kv or a) // a if a else h
-    return 2.0 * model.seq_len * h_kv * DTYPE_BYTES[model.dtype]
+    return 2.0 * model.seq_len * h_kv * DTYPE_BYTES[ATTENTION_DTYPE.get(model.dtype, model.dtype)]
 
 
 def is_attention(layer: LayerProfile) -> bool:
