@@ -271,3 +271,15 @@ def unfold(folded, cp: int, mode: str | None):
     if cp == 1:
         return folded
     return replace(folded, dp=folded.dp // cp, cp=cp, context_parallel=mode, kv_exchange=None)
+
+
+def plan_context_fields(plan) -> dict:
+    """The :class:`ParallelConfig` fields of a ``planner.plan.Plan`` that context parallelism and the attention
+    kernel set (cp, its K/V exchange, flash attention with causal skipping): what its predictions assumed."""
+    cp = plan.mesh.size("cp")
+    return dict(
+        cp=cp,
+        context_parallel=plan.context_parallel if cp > 1 else None,
+        flash_attention=plan.flash_attention,
+        causal_skip=plan.flash_attention,
+    )
