@@ -19,7 +19,7 @@ import json
 import math
 import sys
 
-from planner.cost.context import CONTEXT_FAMILIES, ContextParallelError
+from planner.cost.context import check_context_family
 from planner.cost import ParallelConfig, estimate, with_gpus
 from planner.cost.placement import fill_stage_node_types
 from planner.cnn3d import SPATIAL_FAMILIES
@@ -215,11 +215,7 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
     if args.model_profile is not None:
         return load_matching_profile(args.model_profile, spec_from_args(args), args.seq)
     spec = spec_from_args(args, max_seq=args.seq)
-    if args.cp > 1 and spec.family not in CONTEXT_FAMILIES:  # before profiling a model it cannot apply to
-        raise ContextParallelError(
-            f"context parallelism splits the sequence of an attention model, and {spec.name} ({spec.family}) has "
-            f"no splittable attention; use --cp 1 (it works for gpt:* and llama:* models)"
-        )
+    check_context_family(spec, args.cp)  # before profiling a model it cannot apply to
     if spec.is_external or spec.family not in ("gpt", "llama"):  # derived on the meta device by the runtime
         from runtime.profiling.model import profile_model_analytic
 

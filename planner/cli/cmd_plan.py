@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from planner.cost.context import check_context_family
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
 from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, validate
@@ -308,6 +309,7 @@ def run(args: argparse.Namespace) -> int:
     check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
     lr_schedule = recipe_from_args(args)
     spec = _full_spec(spec_from_args(args))
+    check_context_family(spec, args.cp or 1)  # before profiling a model it cannot apply to
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.is_language_model else int(args.seq or 1)
     cluster = load_cluster_profile(cluster_path)
     args.dtype = _resolve_dtype(args, cluster)

@@ -69,6 +69,16 @@ class KVExchange:
     kv_bytes_per_sample: float
 
 
+def check_context_family(spec, cp: int) -> None:
+    """Reject ``cp > 1`` for a ``planner.modelspec.ModelSpec`` whose attention cannot be split (before any
+    profile of it is built)."""
+    if cp > 1 and spec.family not in CONTEXT_FAMILIES:
+        raise ContextParallelError(
+            f"context parallelism splits the sequence of an attention model, and {spec.name} ({spec.family}) has "
+            f"no splittable attention; use --cp 1 (it works for gpt:* and llama:* models)"
+        )
+
+
 def check_context(model: ModelProfile, cp: int, mode: str | None) -> None:
     """Reject a cp degree the model cannot take, with the fix (one line)."""
     if cp < 1:
@@ -77,12 +87,9 @@ def check_context(model: ModelProfile, cp: int, mode: str | None) -> None:
         return
     if mode not in CONTEXT_MODES:
         raise ContextParallelError(f"context-parallel mode {mode!r} is unknown; use one of {', '.join(CONTEXT_MODES)}")
-    family = model.model.family
-    if family not in CONTEXT_FAMILIES or model.seq_len <= 1:
-        raise ContextParallelError(
-            f"context parallelism splits the sequence of an attention model, and {model.model.name} "
-            f"({family}) has no splittable attention; use --cp 1 (it works for gpt:* and llama:* models)"
-        )
+    check_context_family(model.model, cp)
+    if model.seq_len <= 1:
+        raise ContextParallelError(f"{model.model.name} trains 1-token samples: nothing to split; use --cp 1")
     if model.seq_len % (2 * cp):
         raise ContextParallelError(
             f"--seq {model.seq_len} does not split into 2 x cp = {2 * cp} equal chunks (causal load balancing "
