@@ -1,7 +1,8 @@
 """Long-context accuracy: published context-parallel training runs (>= 32k tokens) against the cost model.
 
 Rows: ``benchmarks/data/long_context_cases.csv`` (NeMo's Llama-2-7B long-sequence table on H100: FP8, CP 2-32
-at 32k-1M tokens and its CP-1 rows at 4k-16k; Llama 3 405B's 131,072-token stage on 16,384 H100 with CP 16). Each row's configuration is
+at 32k-1M tokens and its CP-1 rows at 4k-16k; Llama 3 405B's 131,072-token stage on 16,384 H100 with CP 16).
+Each row's configuration is
 estimated as published (``planner.cost.estimate`` with ``cp``, its K/V exchange, flash attention with causal
 block skipping) and the model TFLOP/s per GPU compared with the published figure. The FLOP convention is
 causal (attention's ``s^2`` terms halved), NeMo's llama formula and this cost model's with ``causal_skip``.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import csv
 import logging
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +141,8 @@ def main() -> None:
         print(f"  {case}: with v=2 {by_v[2]:.0f}, v=8 {by_v[8]:.0f} (v is not published; the row uses 4)")
     fp8, flash = res["fitted_efficiency"]
     print(
-        f"fitted on the calib rows: FP8_GEMM_PEAK_FRACTION['H100'] = {fp8:.3f} (code {FP8_GEMM_PEAK_FRACTION['H100']}), "
+        f"fitted on the calib rows: FP8_GEMM_PEAK_FRACTION['H100'] = {fp8:.3f} "
+        f"(code {FP8_GEMM_PEAK_FRACTION['H100']}), "
         f"LONG_CAUSAL_FLASH_EFFICIENCY['H100'] = {flash:.3f} (code {LONG_CAUSAL_FLASH_EFFICIENCY['H100']})"
     )
     print(

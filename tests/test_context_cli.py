@@ -23,10 +23,44 @@ def _run(capsys, *argv):
     [
         (["estimate", *LLAMA[:4], "--seq", "32766", "--gpus", "8", "--global-batch", "8", "--cp", "4"], "2 x cp = 8"),
         (["estimate", "--model", "mlp:tiny", "--cluster", "dgx-h100", "--global-batch", "8", "--cp", "2"], "--cp 1"),
-        (["plan", "--model", "resnet:tiny", "--cluster", "dgx-h100", "--gpus", "2", "--global-batch", "8",
-          "--cp", "2", "--out", "{tmp}/p.json"], "--cp 1"),
-        (["plan", "--model", "gpt:tiny", "--cluster", "dgx-h100", "--gpus", "4", "--global-batch", "8", "--seq", "30",
-          "--cp", "4", "--out", "{tmp}/p.json"], "2 x cp = 8"),
+        (
+            [
+                "plan",
+                "--model",
+                "resnet:tiny",
+                "--cluster",
+                "dgx-h100",
+                "--gpus",
+                "2",
+                "--global-batch",
+                "8",
+                "--cp",
+                "2",
+                "--out",
+                "{tmp}/p.json",
+            ],
+            "--cp 1",
+        ),
+        (
+            [
+                "plan",
+                "--model",
+                "gpt:tiny",
+                "--cluster",
+                "dgx-h100",
+                "--gpus",
+                "4",
+                "--global-batch",
+                "8",
+                "--seq",
+                "30",
+                "--cp",
+                "4",
+                "--out",
+                "{tmp}/p.json",
+            ],
+            "2 x cp = 8",
+        ),
     ],
 )
 def test_bad_cp_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
@@ -39,8 +73,9 @@ def test_bad_cp_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
 
 def test_plan_with_cp_writes_cp_and_exports_it(capsys, tmp_path):
     out = tmp_path / "plan.json"
-    status, text, _ = _run(capsys, "plan", *LLAMA, "--gpus", "16", "--global-batch", "16", "--cp", "4",
-                           "--cp-table", "--out", str(out))
+    status, text, _ = _run(
+        capsys, "plan", *LLAMA, "--gpus", "16", "--global-batch", "16", "--cp", "4", "--cp-table", "--out", str(out)
+    )
     assert status == 0
     plan = load_plan(out)
     assert plan.mesh.axes == ["pp", "dp", "cp", "tp"] and plan.mesh.size("cp") == 4

@@ -32,7 +32,9 @@ PLANS_2 = {
 PLANS_4 = {
     "cp2_dp2": dict(cp=2, dp=2, zero_stage=2),
     "cp2_tp2": dict(cp=2, tp=2, split=ALL_SPLIT),
-    "cp2_llama_tp2_sp": dict(cp=2, tp=2, split=["embed", "head"], sequence_parallel=["blocks.0", "blocks.1", "norm"], spec="llama:tiny"),
+    "cp2_llama_tp2_sp": dict(
+        cp=2, tp=2, split=["embed", "head"], sequence_parallel=["blocks.0", "blocks.1", "norm"], spec="llama:tiny"
+    ),
     "cp2_in_pp2": dict(cp=2, pp=2, schedule="1f1b", num_micro_batches=2),
 }
 
@@ -58,7 +60,12 @@ def test_rank_order_round_trip():
 
 def test_bad_context_plans_are_one_line_errors():
     resnet = make_plan(parse_model("resnet:tiny"), global_batch=8, seq_len=1)
-    plan = resnet.model_copy(update={"mesh": resnet.mesh.model_copy(update={"axes": ["pp", "dp", "cp", "tp"], "sizes": [1, 1, 2, 1]}), "context_parallel": "allgather"})
+    plan = resnet.model_copy(
+        update={
+            "mesh": resnet.mesh.model_copy(update={"axes": ["pp", "dp", "cp", "tp"], "sizes": [1, 1, 2, 1]}),
+            "context_parallel": "allgather",
+        }
+    )
     with pytest.raises(StratagemError, match="no attention the runtime can split.*--cp 1"):
         check_context_supported(plan)
     gpt = make_plan(parse_model("gpt:tiny"), cp=2, seq_len=16)
@@ -126,4 +133,6 @@ def test_context_axis_is_applied(job2, job4):
     reports = [json.loads((job4["cp2_in_pp2"][2] / f"rank{r}.json").read_text()) for r in range(4)]
     assert [(r["coords"]["pp"], r["coords"]["cp"]) for r in reports] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert reports[1]["chunks"][0]["context_paths"] == ["embed", "blocks.0.attn", "blocks.1.attn"]
-    assert reports[3]["chunks"][0]["module_paths"] == ["norm", "head"] and reports[3]["chunks"][0]["context_paths"] == []
+    assert (
+        reports[3]["chunks"][0]["module_paths"] == ["norm", "head"] and reports[3]["chunks"][0]["context_paths"] == []
+    )

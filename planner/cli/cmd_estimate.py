@@ -141,7 +141,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--context-parallel",
         default="ring",
         choices=("allgather", "ring"),
-        help="K/V exchange with --cp > 1: ring point-to-point under the attention (Megatron p2p) or all-gather (Llama 3)",
+        help="K/V exchange with --cp > 1: ring point-to-point under the attention (Megatron p2p) "
+        "or all-gather (Llama 3)",
     )
     s.add_argument(
         "--sd",

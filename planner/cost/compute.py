@@ -238,7 +238,9 @@ def layer_cost(
             + scores_traffic_s
         )
         forward_s = (shard.fwd_flops_per_sample * samples - skipped) / rate + fwd_traffic_s
-        backward_s = (shard.bwd_flops_per_sample * samples - 2 * skipped) / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
+        backward_s = (
+            shard.bwd_flops_per_sample * samples - 2 * skipped
+        ) / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
     flash_bwd_flops = flash_flops / 2 if flash_attention else 0.0
     if kernels is None:
         backward_s += flash_bwd_flops / rate
@@ -248,7 +250,14 @@ def layer_cost(
     # causal skipping: the model's FLOPs are the causal ones too (forward, and the backward's two products)
     model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples - 3 * skipped
     cp = _context_cost(
-        context, cluster, node, dtype, tp if split else 1, samples, flash_flops if flash_attention else score_flops, causal_skip
+        context,
+        cluster,
+        node,
+        dtype,
+        tp if split else 1,
+        samples,
+        flash_flops if flash_attention else score_flops,
+        causal_skip,
     )
     forward_s, backward_s = forward_s + cp.forward_s, backward_s + cp.backward_s
     if overlap_tp_comm:

@@ -124,6 +124,7 @@ def is_gpu(device: str) -> bool:
     lower = device.lower()
     return gpu_family(device) is not None or any(tag in lower for tag in ("gpu", "nvidia", "tesla", "cuda"))
 
+
 # FlashAttention-2 (Dao 2023, arXiv:2307.08691) §3.1.1 "Causal masking": a causal flash kernel skips the
 # blocks whose keys all come after its queries, about half of the s x s blocks at long sequence; with
 # ParallelConfig.causal_skip the cost model times a flash kernel on this fraction of the score FLOPs and

@@ -22,9 +22,9 @@ What the split divides (per rank, per sample; Korthikanti et al. 2022 §4 for th
 every FLOP (token-wise layers by ``cp``; causal attention by ``cp`` as well, thanks to the balanced layout:
 chunk ``i`` attends to ``i + 1/2`` chunk-blocks of the causal triangle, so rank ``r`` does
 ``(r + 1/2) + (2cp - 1 - r + 1/2) = 2cp`` of its ``2cp^2`` blocks; non-causal dense attention computes
-``s/cp x s`` scores, ``1/cp`` as well), every saved activation (inputs, Q/K/V, MLP intermediates, and the ``s x s`` scores to ``s/cp x
-s``), the pipeline send and the TP/SP collectives' bytes. Not divided: weights, gradients and optimizer
-states (replicated over cp, sharded by ZeRO over ``dp x cp``), the gathered K/V in ``allgather`` mode
+``s/cp x s`` scores, ``1/cp`` as well), every saved activation (inputs, Q/K/V, MLP intermediates, and the
+``s x s`` scores to ``s/cp x s``), the pipeline send and the TP/SP collectives' bytes. Not divided: weights,
+gradients and optimizer states (replicated over cp, sharded by ZeRO over ``dp x cp``), the gathered K/V in ``allgather`` mode
 (``(1 - 1/cp)`` of a full sequence's K and V per attention layer is added back), and the embedding's weight
 gradient. Gradients are synchronised (and ZeRO-sharded) over the ``dp x cp`` group: each cp rank's weight
 gradients are partial sums over its tokens (Megatron-Core reduces gradients over the DP x CP group).
@@ -268,9 +268,7 @@ def cp_degrees(model: ModelProfile, n_devices: int) -> tuple[int, ...]:
     chunks split the sequence evenly, for models whose attention the runtime can split."""
     if model.model.family not in CONTEXT_FAMILIES or model.seq_len <= 1:
         return (1,)
-    return tuple(cp for cp in range(1, n_devices + 1) if n_devices % cp == 0 and model.seq_len % (2 * cp) == 0) or (
-        1,
-    )
+    return tuple(cp for cp in range(1, n_devices + 1) if n_devices % cp == 0 and model.seq_len % (2 * cp) == 0) or (1,)
 
 
 def unfold(folded, cp: int, mode: str | None):

@@ -76,7 +76,10 @@ def best_per_cp(
 def format_cp_table(rows: list[CpRow]) -> list[str]:
     """Text lines of the table, fastest marked."""
     best = min((r.step_s for r in rows), default=math.inf)
-    lines = [f"{'cp':>4s} {'step_s':>9s} {'vs best':>8s} {'peak GiB':>9s} {'act GiB':>8s}  {'status':10s} best plan at this cp"]
+    lines = [
+        f"{'cp':>4s} {'step_s':>9s} {'vs best':>8s} {'peak GiB':>9s} {'act GiB':>8s}  {'status':10s} "
+        "best plan at this cp"
+    ]
     for r in rows:
         if r.summary is None:
             lines.append(f"{r.cp:4d} {'-':>9s} {'-':>8s} {'-':>9s} {'-':>8s}  {r.status:10s} {r.error}")

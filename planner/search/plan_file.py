@@ -154,7 +154,7 @@ def build_plan(
             if outer.cp > 1
             else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])
         ),
-        context_parallel=outer.context_parallel if outer.cp > 1 else None,  # type: ignore[arg-type]
+        context_parallel=outer.context_parallel if outer.cp > 1 else None,
         flash_attention=best.config.flash_attention,
         schedule=make_schedule(
             outer.schedule,

@@ -74,9 +74,7 @@ def check_supported(plan: Plan) -> None:
         )
 
 
-def build_chunk(
-    plan: Plan, stage: Stage, mesh, device: torch.device, context: ContextShard | None = None
-) -> Chunk:
+def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, context: ContextShard | None = None) -> Chunk:
     """Build, shard and wrap the chunk of ``stage`` for this rank (collective over the mesh); ``context``:
     the rank's share of the sequence under context parallelism (gradients then average over dp x cp)."""
     from runtime.models import build_model, init_weights, layer_paths

@@ -135,7 +135,9 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = (
-            torch.arange(ids.shape[1], device=ids.device) if self.context is None else self.context.positions(ids.device)
+            torch.arange(ids.shape[1], device=ids.device)
+            if self.context is None
+            else self.context.positions(ids.device)
         )
         return dropout(self.tok(ids) + self.pos(positions), self.p_drop, self.training)
 

@@ -69,7 +69,9 @@ class Attention(nn.Module):
             cos, sin = rotary_tables(s, self.head_dim, self.theta, device=x.device, dtype=x.dtype)
         else:  # the angles of the rank's tokens' global positions
             pos = ctx.positions(x.device)
-            cos, sin = (t[pos] for t in rotary_tables(ctx.seq_len, self.head_dim, self.theta, device=x.device, dtype=x.dtype))
+            cos, sin = (
+                t[pos] for t in rotary_tables(ctx.seq_len, self.head_dim, self.theta, device=x.device, dtype=x.dtype)
+            )
         q = apply_rotary(self.wq(x).view(b, s, -1, self.head_dim), cos, sin)
         k = apply_rotary(self.wk(x).view(b, s, -1, self.head_dim), cos, sin)
         v = self.wv(x).view(b, s, -1, self.head_dim)
