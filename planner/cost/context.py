@@ -24,8 +24,8 @@ chunk ``i`` attends to ``i + 1/2`` chunk-blocks of the causal triangle, so rank 
 ``(r + 1/2) + (2cp - 1 - r + 1/2) = 2cp`` of its ``2cp^2`` blocks; non-causal dense attention computes
 ``s/cp x s`` scores, ``1/cp`` as well), every saved activation (inputs, Q/K/V, MLP intermediates, and the
 ``s x s`` scores to ``s/cp x s``), the pipeline send and the TP/SP collectives' bytes. Not divided: weights,
-gradients and optimizer states (replicated over cp, sharded by ZeRO over ``dp x cp``), the gathered K/V in ``allgather`` mode
-(``(1 - 1/cp)`` of a full sequence's K and V per attention layer is added back), and the embedding's weight
+gradients and optimizer states (replicated over cp, sharded by ZeRO over ``dp x cp``), the gathered K/V in
+``allgather`` mode (``(1 - 1/cp)`` of a full sequence's K and V per attention layer is added back), and the embedding's weight
 gradient. Gradients are synchronised (and ZeRO-sharded) over the ``dp x cp`` group: each cp rank's weight
 gradients are partial sums over its tokens (Megatron-Core reduces gradients over the DP x CP group).
 
