@@ -25,10 +25,10 @@ TPStyle = Literal["replicate", "split"]
 class ParallelConfig:
     """One fully specified way to run a model on a cluster.
 
-    Degrees: ``tp * pp * dp * cp`` devices (mesh ``pp, dp, cp, tp``). ``stage_layers`` lists, per pipeline
-    chunk (``pp * virtual_stages`` chunks in model order; chunk ``i`` runs on pp rank ``i % pp``), its
-    top-level module paths; ``None`` means the cost model splits the repeated blocks as evenly as possible
-    (Megatron style; non-block layers go with the first/last chunk). ``recompute`` is a per-path mapping (absent = none) or a default mode for
+    Degrees: ``tp * pp * dp * cp`` devices. ``stage_layers`` lists, per pipeline chunk (``pp * virtual_stages``
+    chunks in model order; chunk ``i`` runs on pp rank ``i % pp``), its top-level module paths; ``None``
+    means the cost model splits the repeated blocks as evenly as possible (Megatron style; non-block layers
+    go with the first/last chunk). ``recompute`` is a per-path mapping (absent = none) or a default mode for
     every layer but embeddings, norms and heads (Megatron recomputes transformer layers only; see
     ``planner.cost.placement.NOT_RECOMPUTED_BY_DEFAULT``).
     ``layout`` gives Whale's replicate-or-split per module path; layers absent from it are split when they

@@ -18,16 +18,16 @@ names which, ``Plan.context_parallel``):
   attention time of one block and ``k`` the node's contention (``kernels.contention``), as every overlapped
   collective of this cost model. Only two K/V blocks are alive at a time: nothing extra is saved.
 
-What the split divides (per rank, per sample; Korthikanti et al. 2022 §4 for the activation terms):
-every FLOP (token-wise layers by ``cp``; causal attention by ``cp`` as well, thanks to the balanced layout:
-chunk ``i`` attends to ``i + 1/2`` chunk-blocks of the causal triangle, so rank ``r`` does
-``(r + 1/2) + (2cp - 1 - r + 1/2) = 2cp`` of its ``2cp^2`` blocks; non-causal dense attention computes
-``s/cp x s`` scores, ``1/cp`` as well), every saved activation (inputs, Q/K/V, MLP intermediates, and the
-``s x s`` scores to ``s/cp x s``), the pipeline send and the TP/SP collectives' bytes. Not divided: weights,
-gradients and optimizer states (replicated over cp, sharded by ZeRO over ``dp x cp``), the gathered K/V in
-``allgather`` mode (``(1 - 1/cp)`` of a full sequence's K and V per attention layer is added back), and the embedding's weight
-gradient. Gradients are synchronised (and ZeRO-sharded) over the ``dp x cp`` group: each cp rank's weight
-gradients are partial sums over its tokens (Megatron-Core reduces gradients over the DP x CP group).
+What the split divides (per rank, per sample; Korthikanti et al. 2022 §4 for the activation terms): every FLOP
+(token-wise layers by ``cp``; causal attention by ``cp`` as well, thanks to the balanced layout: chunk ``i`` attends
+to ``i + 1/2`` chunk-blocks of the causal triangle, so rank ``r`` does ``(r + 1/2) + (2cp - 1 - r + 1/2) = 2cp`` of
+its ``2cp^2`` blocks; non-causal dense attention computes ``s/cp x s`` scores, ``1/cp`` as well), every saved
+activation (inputs, Q/K/V, MLP intermediates, and the ``s x s`` scores to ``s/cp x s``), the pipeline send and the
+TP/SP collectives' bytes. Not divided: weights, gradients and optimizer states (replicated over cp, sharded by ZeRO
+over ``dp x cp``), the gathered K/V in ``allgather`` mode (``(1 - 1/cp)`` of a full sequence's K and V per attention
+layer is added back), and the embedding's weight gradient. Gradients are synchronised (and ZeRO-sharded) over the
+``dp x cp`` group: each cp rank's weight gradients are partial sums over its tokens (Megatron-Core reduces gradients
+over the DP x CP group).
 
 Implementation: a configuration ``(tp, pp, dp, cp)`` on model ``M`` with global batch ``B`` is costed as
 ``(tp, pp, dp * cp)`` on :func:`context_view` of ``M`` — whose "sample" is one rank's ``s/cp`` tokens of a
