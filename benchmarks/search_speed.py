@@ -193,7 +193,7 @@ def run_long_context(config: SearchConfig) -> None:
     )
     est = result.best.estimate
     print(
-        f"  {est.tokens_per_s / gpus:.0f} tokens/s per GPU, MFU {est.mfu:.1%} (s^2 terms counted in full), "
+        f"  {est.tokens_per_s / gpus:.0f} tokens/s per GPU, MFU {est.mfu:.1%} (causal attention FLOPs), "
         f"peak memory {est.peak_mem_bytes / 2**30:.1f} GiB"
     )
     start = time.perf_counter()
