@@ -1,8 +1,8 @@
 """Is "proven optimal" true? The search against an independent brute force over uniform configurations.
 
 For each instance, the brute force scores with ``planner.cost.estimate`` every *uniform* configuration it
-accepts — every tp x pp x dp x cp split of the devices (context parallelism with both K/V exchanges),
-micro-batch size, schedule (1F1B, GPipe, interleaved
+accepts — every tp x pp x dp x cp split of the devices (context parallelism with both K/V exchanges, for
+sequences of at least ``SearchConfig.cp_min_seq_len`` tokens, where the search tries it), micro-batch size, schedule (1F1B, GPipe, interleaved
 with 2..8 virtual stages), ZeRO stage 0-3, sequence parallelism, and one recompute mode for all blocks —
 and keeps the fastest whose every rank fits in ``memory_fraction`` of its device. The search's space holds
 every uniform configuration (and more: per-layer recompute, uneven stages, replicate-or-split), so its
@@ -105,9 +105,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def _cp_choices(profile: ModelProfile, devices: int) -> list[tuple[int, str | None]]:
-    """(cp, K/V exchange): 1, and every cp dividing ``devices`` with ``seq % 2cp == 0``, both exchanges."""
+    """(cp, K/V exchange): 1, and every cp dividing ``devices`` with ``seq % 2cp == 0``, both exchanges, for
+    sequences the search tries cp on (``SearchConfig.cp_min_seq_len``: its stated space)."""
     out: list[tuple[int, str | None]] = [(1, None)]
-    if profile.model.family in ("gpt", "llama"):
+    if profile.model.family in ("gpt", "llama") and profile.seq_len >= SearchConfig().cp_min_seq_len:
         for cp in _divisors(devices)[1:]:
             if profile.seq_len % (2 * cp) == 0:
                 out += [(cp, "allgather"), (cp, "ring")]
