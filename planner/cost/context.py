@@ -41,10 +41,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
+from typing import TYPE_CHECKING
+
 from planner.cost.collectives import collective_time
+from planner.cost.config import ParallelConfig
 from planner.cost.placement import dp_group
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, LayerTiming, ModelProfile, NodeType, OpProfile, ShardProfile
+
+if TYPE_CHECKING:
+    from planner.cost.records import Estimate
+    from planner.modelspec import ModelSpec
 
 ContextMode = Literal["allgather", "ring"]
 CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
@@ -69,7 +76,7 @@ class KVExchange:
     kv_bytes_per_sample: float
 
 
-def check_context_family(spec, cp: int) -> None:
+def check_context_family(spec: ModelSpec, cp: int) -> None:
     """Reject ``cp > 1`` for a ``planner.modelspec.ModelSpec`` whose attention cannot be split (before any
     profile of it is built)."""
     if cp > 1 and spec.family not in CONTEXT_FAMILIES:
@@ -233,7 +240,7 @@ def exchange_cost(
     )
 
 
-def fold(config, model: ModelProfile, global_batch: int):
+def fold(config: ParallelConfig, model: ModelProfile, global_batch: int) -> tuple[ModelProfile, ParallelConfig, int]:
     """(view, folded config, folded global batch): ``config`` with ``cp > 1`` as a ``dp * cp`` configuration
     on :func:`context_view` (module docstring). ``config`` is a ``planner.cost.ParallelConfig``."""
     mode = config.context_parallel or "allgather"
@@ -244,12 +251,18 @@ def fold(config, model: ModelProfile, global_batch: int):
             "on mixed clusters"
         )
     folded = replace(
-        config, dp=config.dp * config.cp, cp=1, context_parallel=None, kv_exchange=kv_exchange(model, config.cp, mode)
+        config,
+        dp=config.dp * config.cp,
+        cp=1,
+        context_parallel=None,
+        kv_exchange=kv_exchange(model, config.cp, mode),  # type: ignore[arg-type]
     )
     return context_view(model, config.cp), folded, global_batch * config.cp
 
 
-def estimate_context_parallel(model: ModelProfile, cluster: ClusterProfile, config, *, global_batch: int, dtype: str):
+def estimate_context_parallel(
+    model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int, dtype: str
+) -> Estimate:
     """``planner.cost.estimate`` of a ``cp > 1`` configuration (module docstring): the folded estimate, with
     samples per second counted in whole sequences."""
     from planner.cost.estimate import estimate
@@ -271,11 +284,11 @@ def cp_degrees(model: ModelProfile, n_devices: int) -> tuple[int, ...]:
     return tuple(cp for cp in range(1, n_devices + 1) if n_devices % cp == 0 and model.seq_len % (2 * cp) == 0) or (1,)
 
 
-def unfold(folded, cp: int, mode: str | None):
+def unfold(folded: ParallelConfig, cp: int, mode: str | None) -> ParallelConfig:
     """The user's configuration of a folded one (inverse of :func:`fold`)."""
     if cp == 1:
         return folded
-    return replace(folded, dp=folded.dp // cp, cp=cp, context_parallel=mode, kv_exchange=None)
+    return replace(folded, dp=folded.dp // cp, cp=cp, context_parallel=mode, kv_exchange=None)  # type: ignore[arg-type]
 
 
 def plan_context_fields(plan) -> dict:
