@@ -146,6 +146,7 @@ class CandidateCosts:
         self.profile, self.cluster, self.global_batch, self.search = profile, cluster, global_batch, config
         self.exchange = exchange  # set on the per-cp costs of context parallelism (a folded view, see _folded)
         self._context: dict[tuple, CandidateCosts] = {}
+        self._folded_outer: dict[OuterChoice, OuterChoice] = {}
         self.dtype = profile.dtype
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
@@ -174,7 +175,9 @@ class CandidateCosts:
             )
         sub = self._context[key]
         sub.search = self.search  # the same limits (a caller may change them between solves)
-        return sub, replace(outer, dp=outer.dp * outer.cp, cp=1, context_parallel=None)
+        if outer not in self._folded_outer:
+            self._folded_outer[outer] = replace(outer, dp=outer.dp * outer.cp, cp=1, context_parallel=None)
+        return sub, self._folded_outer[outer]
 
     # -- configuration ------------------------------------------------------------------------
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
