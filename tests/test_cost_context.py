@@ -75,6 +75,33 @@ def test_exchange_costs_time_and_ring_hides_behind_long_attention():
     assert exposed >= 0 and exposed < 0.05 * plain.step_time_s
 
 
+def test_layer_exchange_is_inside_forward_and_backward():
+    from planner.cost import layer_cost
+    from planner.cost.context import kv_exchange
+
+    view, node = context_view(LLAMA, 4), CLUSTER.node_types[0]
+    block = view.layer("blocks.0")
+    args = dict(
+        node=node,
+        cluster=CLUSTER,
+        tp=2,
+        style="split",
+        recompute="none",
+        sequence_parallel=True,
+        micro_batch=1,
+        flash_attention=True,
+        dtype="bf16",
+        causal_skip=True,
+    )
+    plain = layer_cost(block, **args)
+    gather = layer_cost(block, **args, context=kv_exchange(LLAMA, 4, "allgather"))
+    assert plain.cp_comm_s == 0 and gather.cp_comm_s > 0
+    assert gather.forward_s + gather.backward_s == pytest.approx(plain.forward_s + plain.backward_s + gather.cp_comm_s)
+    # the gathered K/V of the other 3/4 of the sequence stay saved (tp 2 shard of 2 s h_kv e bytes)
+    assert gather.act_bytes - plain.act_bytes == pytest.approx(kv_bytes_per_sample(LLAMA) / 2 * 3 / 4)
+    assert layer_cost(view.layer("head"), **args, context=kv_exchange(LLAMA, 4, "allgather")).cp_comm_s == 0
+
+
 def test_cp_combines_with_pipeline_and_zero3():
     est = _est(cp=2, dp=2, pp=2, schedule="1f1b", zero_stage=3, batch=16)
     assert est.fits_in_memory and len(est.per_rank) == 2

@@ -132,5 +132,5 @@ class LayerCost:
     # (``planner.cost.framework``); 0 without a measured runtime overhead. Added to the rank's tail.
     optimizer_s: float = 0.0
     # Exposed K/V exchange of context parallelism (``planner.cost.context``), already inside forward_s and
-    # backward_s (full recompute repeats the forward's); reported apart for the step-time breakdown.
+    # backward_s (full recompute repeats the forward's); kept apart so that callers can see it.
     cp_comm_s: float = 0.0
