@@ -28,6 +28,8 @@ ALL_SPLIT = ["embed", "blocks.0", "blocks.1", "head"]
 PLANS_2 = {
     "cp2": dict(cp=2),
     "cp2_llama_ring": dict(cp=2, spec="llama:tiny", context_parallel="ring"),
+    # the recompute re-runs the K/V all-gather inside the backward (same order on every cp rank)
+    "cp2_recompute": dict(cp=2, recompute={"blocks.0": "full", "blocks.1": "selective"}),
 }
 PLANS_4 = {
     "cp2_dp2": dict(cp=2, dp=2, zero_stage=2),
@@ -36,6 +38,8 @@ PLANS_4 = {
         cp=2, tp=2, split=["embed", "head"], sequence_parallel=["blocks.0", "blocks.1", "norm"], spec="llama:tiny"
     ),
     "cp2_in_pp2": dict(cp=2, pp=2, schedule="1f1b", num_micro_batches=2),
+    # tied head and embedding on different pp ranks: one gradient all-reduce pair per (dp, cp, tp) coordinate
+    "cp2_in_pp2_tied": dict(cp=2, pp=2, schedule="1f1b", num_micro_batches=2, tie=True),
 }
 
 
@@ -79,7 +83,7 @@ def _run_job(tmp_path_factory, plans: dict, nproc: int) -> dict:
     args, out = ["--steps", str(STEPS), "--timeout-s", "60"], {}
     for name, cfg in plans.items():
         cfg = dict(cfg)
-        spec = parse_model(cfg.pop("spec", "gpt:tiny"))
+        spec = parse_model(cfg.pop("spec", "gpt:tiny"), tie_embeddings=cfg.pop("tie", None))
         plan = make_plan(spec, global_batch=cfg.pop("global_batch", 4), seq_len=16, **cfg)
         path = save_plan(plan, root / f"{name}.json")
         args += ["--plan", str(path), "--metrics", str(root / f"{name}.jsonl"), "--layout-report", str(root / name)]
