@@ -55,6 +55,21 @@ def test_chunk_layout_positions_and_mask():
     assert (bias[3] == 0).tolist() == [True] * 6 + [False, False]  # position 5
 
 
+@pytest.mark.parametrize("cp", [2, 4])
+def test_chunked_attention_equals_torch_causal_sdpa(cp):
+    """Each cp rank's queries (its two chunks) against the whole sequence under its mask give that rank's rows
+    of torch's causal scaled_dot_product_attention: the layout and mask maths of the runtime, on one process."""
+    gen = torch.Generator().manual_seed(cp)
+    q, k, v = (torch.randn(2, 3, 8 * cp, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for rank in range(cp):
+        shard = ContextShard(cp=cp, rank=rank, seq_len=8 * cp)
+        scores = shard.shard(q, dim=2) @ k.transpose(-2, -1) / 2.0  # sqrt(head_dim 4)
+        scores = scores + shard.causal_bias(device=torch.device("cpu"), dtype=scores.dtype)
+        mine = torch.softmax(scores, dim=-1) @ v
+        torch.testing.assert_close(mine, shard.shard(reference, dim=2), rtol=1e-12, atol=1e-12)
+
+
 def test_rank_order_round_trip():
     # cp 2, chunk 1: rank 0 holds chunks 0, 3 and rank 1 chunks 1, 2
     gathered = torch.tensor([0, 3, 1, 2])
