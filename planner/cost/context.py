@@ -80,9 +80,10 @@ def check_context_family(spec: ModelSpec, cp: int) -> None:
     """Reject ``cp > 1`` for a ``planner.modelspec.ModelSpec`` whose attention cannot be split (before any
     profile of it is built)."""
     if cp > 1 and spec.family not in CONTEXT_FAMILIES:
+        what = "no attention to split" if spec.family in ("resnet", "mlp") else "attention the runtime cannot split"
         raise ContextParallelError(
-            f"context parallelism splits the sequence of an attention model, and {spec.name} ({spec.family}) has "
-            f"no splittable attention; use --cp 1 (it works for gpt:* and llama:* models)"
+            f"context parallelism splits the sequence over attention, and {spec.name} ({spec.family}) has {what} "
+            f"(the zoo's gpt:* and llama:* models only); use --cp 1"
         )
 
 
