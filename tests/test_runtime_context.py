@@ -1,7 +1,7 @@
 """Context parallelism at run time: loss parity with one process, the layout, and the K/V gather's maths.
 
-Two torchrun jobs (2 ranks: CP2 on gpt and llama; 4 ranks: CP2 x DP2, CP2 x TP2, CP2 inside PP2) train 3
-AdamW steps in fp32; ``reference_losses`` runs the same model, seed and data on one process with whole
+Two torchrun jobs (2 ranks: CP2 on gpt and llama, all-gather and ring, with recompute; 4 ranks: CP2 x DP2,
+CP2 x TP2, CP2 inside PP2, CP4 ring) train 3 AdamW steps in fp32; ``reference_losses`` runs the same model, seed and data on one process with whole
 sequences. The unit tests check the chunk layout, positions and mask against hand-computed values, and the
 differentiable gather against the plain attention on one process (gloo, 2 ranks spawned in-process).
 """
@@ -28,6 +28,7 @@ ALL_SPLIT = ["embed", "blocks.0", "blocks.1", "head"]
 PLANS_2 = {
     "cp2": dict(cp=2),
     "cp2_llama_ring": dict(cp=2, spec="llama:tiny", context_parallel="ring"),
+    "cp2_ring_recompute": dict(cp=2, context_parallel="ring", recompute={"blocks.0": "full"}),
     # the recompute re-runs the K/V all-gather inside the backward (same order on every cp rank)
     "cp2_recompute": dict(cp=2, recompute={"blocks.0": "full", "blocks.1": "selective"}),
 }
@@ -38,6 +39,7 @@ PLANS_4 = {
         cp=2, tp=2, split=["embed", "head"], sequence_parallel=["blocks.0", "blocks.1", "norm"], spec="llama:tiny"
     ),
     "cp2_in_pp2": dict(cp=2, pp=2, schedule="1f1b", num_micro_batches=2),
+    "cp4_llama_ring": dict(cp=4, spec="llama:tiny", context_parallel="ring"),
     # tied head and embedding on different pp ranks: one gradient all-reduce pair per (dp, cp, tp) coordinate
     "cp2_in_pp2_tied": dict(cp=2, pp=2, schedule="1f1b", num_micro_batches=2, tie=True),
 }
@@ -144,6 +146,9 @@ def test_context_axis_is_applied(job2, job4):
     report = json.loads((job2["cp2"][2] / "rank1.json").read_text())
     assert report["coords"] == {"pp": 0, "dp": 0, "cp": 1, "tp": 0}
     assert report["chunks"][0]["context_paths"] == ["embed", "blocks.0.attn", "blocks.1.attn"]
+    assert report["context"] == {"cp": 2, "mode": "allgather", "chunks": [1, 2]}
+    ring = json.loads((job4["cp4_llama_ring"][2] / "rank1.json").read_text())["context"]
+    assert ring == {"cp": 4, "mode": "ring", "chunks": [1, 6]}  # K/V travel the ring instead of a gather
     # gradients average over dp x cp: FSDP shards the weights over the flattened 4-rank mesh
     report = json.loads((job4["cp2_dp2"][2] / "rank3.json").read_text())
     qkv = report["chunks"][0]["params"]["blocks.0.attn.qkv.weight"]

@@ -10,7 +10,7 @@ names which, ``Plan.context_parallel``):
 - ``allgather``: all-gather K and V over the cp group before the attention, reduce-scatter their gradients
   after its backward (Llama 3, Grattafiori et al. 2024, arXiv:2407.21783, §3.3.2 "Context parallelism":
   all-gather-based CP with K/V far smaller than Q under GQA; the exchange is not overlapped). The gathered
-  K/V stay saved for the backward (what ``runtime/executor/context.py`` and autograd do).
+  K/V stay saved for the backward (what ``runtime/executor/context.py`` and autograd do for this exchange).
 - ``ring``: ``cp - 1`` point-to-point steps pass K/V chunks round the cp ring while each rank computes the
   attention block of the chunk it holds (Ring Attention, Liu et al. 2023, arXiv:2310.01889, §3; Megatron-Core
   ``cp_comm_type p2p``); the backward passes K/V and dK/dV (twice the bytes). Each step's transfer hides

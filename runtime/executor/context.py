@@ -14,21 +14,25 @@ et al. 2024, arXiv:2407.21783, §3.3.2):
   and puts the chunks back in sequence order; its backward reduce-scatters the gradients (each rank gets
   the sum over ranks of the gradient of its own chunks). GQA models gather their few K/V heads before
   repeating them for the query heads.
+- **Ring** (the plan's ``context_parallel: ring``; Ring Attention, Liu et al. 2023, arXiv:2310.01889):
+  instead of gathering, K/V chunk pairs travel ``cp - 1`` steps round the cp ring (point-to-point, each
+  step's backward sends the gradient the other way) and each step's block of attention is merged into a
+  running softmax (maximum, denominator, numerator: the blockwise form of Milakov & Gimelshein 2018),
+  :meth:`ContextShard.attend`. Only the current K/V pair is needed per step (the autograd graph here still
+  keeps every block for the backward; the saving is in the communication pattern, not the CPU memory).
 - **Mask**: local queries at positions ``p_i`` see keys ``j <= p_i`` (:meth:`ContextShard.causal_bias`).
 - **Loss**: each rank's loss is the mean over its ``s / cp`` tokens; every rank has as many tokens, so the
   gradient average over the ``dp x cp`` group (``apply_dp`` on the flattened mesh) is the gradient of the
   full-sequence mean, and the reported loss sums ``mean / (dp cp)`` over the ranks.
 
-The plan's ``context_parallel`` may say ``ring`` (the cost model's ring point-to-point exchange); the runtime
-runs both as the all-gather form, whose maths is identical (the same attention, a different schedule of the
-same bytes), so a ring plan's measured time is the all-gather's. On CUDA the same code runs over NCCL
-(``all_gather_single`` / ``reduce_scatter_single``); torch's own ``context_parallel`` (SDPA-based, ring or
-all-to-all) is not used because the zoo's attention is explicit math. Neither CUDA path was run here.
+On CUDA the same code runs over NCCL (``all_gather_single`` / ``reduce_scatter_single``, ``isend`` / ``irecv``);
+torch's own ``context_parallel`` (SDPA-based) is not used because the zoo's attention is explicit math. The
+CUDA path was not run here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -49,6 +53,7 @@ class ContextShard:
     rank: int
     seq_len: int
     group: Any = None  # torch.distributed ProcessGroup of the cp axis
+    mode: str = "allgather"  # the plan's context_parallel: "allgather" or "ring"
 
     @property
     def chunk(self) -> int:
@@ -77,6 +82,50 @@ class ContextShard:
         """The whole sequence of ``x`` (this rank's chunks along ``dim``) from every cp rank, in order;
         differentiable (the backward reduce-scatters the gradient)."""
         return _GatherSequence.apply(x, dim, self)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, repeat: int = 1, probs_fn=None
+    ) -> torch.Tensor:
+        """Causal attention of this rank's queries ``q`` (b, heads, s/cp, d) over the whole sequence, whose K/V
+        this rank holds a share of (``k``, ``v``: b, kv heads, s/cp, d; each kv head serves ``repeat`` query
+        heads). ``probs_fn`` (all-gather form only) transforms the probabilities, e.g. attention dropout."""
+        if self.mode == "ring":
+            return self._ring_attend(q, k, v, scale=scale, repeat=repeat)
+        k, v = self.gather(k, dim=2), self.gather(v, dim=2)  # the few K/V heads, then repeated (Llama 3 §3.3.2)
+        if repeat > 1:
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        scores = (q @ k.transpose(-2, -1)) * scale + self.causal_bias(device=q.device, dtype=q.dtype)
+        probs = torch.softmax(scores, dim=-1)
+        return (probs_fn(probs) if probs_fn is not None else probs) @ v
+
+    def _ring_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, repeat: int):
+        """Ring form of :meth:`attend`: step ``i`` holds the K/V of cp rank ``r - i``; blocks merge into a running
+        softmax (a fully masked block contributes zero)."""
+        q_pos = self.positions(q.device)[:, None]
+        kv = torch.stack([k, v])
+        best = denominator = numerator = None
+        for step in range(self.cp):
+            owner = replace(self, rank=(self.rank - step) % self.cp)
+            k_s, v_s = kv[0], kv[1]
+            if repeat > 1:
+                k_s, v_s = k_s.repeat_interleave(repeat, dim=1), v_s.repeat_interleave(repeat, dim=1)
+            scores = (q @ k_s.transpose(-2, -1)) * scale
+            scores = scores.masked_fill(owner.positions(q.device)[None, :] > q_pos, float("-inf"))
+            # any finite shift gives the same softmax: a detached one keeps the gradient exact
+            shift = scores.detach().amax(-1, keepdim=True)
+            shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+            weights = torch.exp(scores - shift)
+            if best is None:
+                best, denominator, numerator = shift, weights.sum(-1, keepdim=True), weights @ v_s
+            else:
+                top = torch.maximum(best, shift)
+                old, new = torch.exp(best - top), torch.exp(shift - top)
+                denominator = denominator * old + weights.sum(-1, keepdim=True) * new
+                numerator = numerator * old + (weights @ v_s) * new
+                best = top
+            if step < self.cp - 1:
+                kv = _RingShift.apply(kv, self)
+        return numerator / denominator
 
     def causal_bias(self, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """(s / cp, s) additive mask: 0 where the key's position is at most the query's, -inf elsewhere."""
@@ -118,6 +167,31 @@ class _GatherSequence(torch.autograd.Function):
         return mine.movedim(0, ctx.dim), None, None
 
 
+def _shift(x: torch.Tensor, shard: ContextShard, step: int) -> torch.Tensor:
+    """``x`` of cp rank ``r - step`` (this rank's goes to ``r + step``), point-to-point over the cp group."""
+    out = torch.empty_like(x)
+    ops = [
+        dist.P2POp(dist.isend, x.contiguous(), group=shard.group, group_peer=(shard.rank + step) % shard.cp),
+        dist.P2POp(dist.irecv, out, group=shard.group, group_peer=(shard.rank - step) % shard.cp),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return out
+
+
+class _RingShift(torch.autograd.Function):
+    """One ring step forward (from rank r-1); its backward sends the gradient back (from rank r+1)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, shard: ContextShard) -> torch.Tensor:  # type: ignore[override]
+        ctx.shard = shard
+        return _shift(x, shard, 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return _shift(grad, ctx.shard, -1), None
+
+
 def check_context_supported(plan: Plan) -> None:
     """Reject a context-parallel plan the runtime cannot run (before any process starts)."""
     cp = plan.mesh.size("cp")
@@ -135,6 +209,12 @@ def check_context_supported(plan: Plan) -> None:
         )
     if plan.batch_shares is not None:
         raise StratagemError("context parallelism with uneven batch_shares is not supported; re-plan with --cp 1")
+    if plan.context_parallel == "ring" and float(plan.model.dims.get("dropout", 0.0) or 0.0) > 0:
+        raise StratagemError(
+            "ring context parallelism merges attention blocks without attention dropout, and "
+            f"{plan.model.name} has dropout {plan.model.dims.get('dropout')}; use --dropout 0 or the all-gather "
+            "exchange (plan --cp with context_parallel allgather)"
+        )
 
 
 def build_context_shard(plan: Plan, mesh, coords: dict[str, int]) -> ContextShard | None:
@@ -142,7 +222,13 @@ def build_context_shard(plan: Plan, mesh, coords: dict[str, int]) -> ContextShar
     cp = plan.mesh.size("cp")
     if cp == 1:
         return None
-    return ContextShard(cp=cp, rank=coords["cp"], seq_len=plan.training.seq_len, group=mesh["cp"].get_group())
+    return ContextShard(
+        cp=cp,
+        rank=coords["cp"],
+        seq_len=plan.training.seq_len,
+        group=mesh["cp"].get_group(),
+        mode=plan.context_parallel or "allgather",
+    )
 
 
 def apply_cp(model: nn.Module, shard: ContextShard | None) -> list[str]:

@@ -140,6 +140,7 @@ def write_layout_report(
     rows: tuple[int, int],
     loss_scale: float,
     micro_batches: int,
+    context: ContextShard | None = None,
 ) -> None:
     """Per-rank JSON of what was built: chunks, placements, and the rows [start, end) of each global batch
     this rank's dp replica trains on, in how many micro-batches, with its loss scale (uneven batch shares)."""
@@ -148,6 +149,9 @@ def write_layout_report(
         "coords": coords,
         "rows": list(rows),
         "micro_batches": micro_batches,
+        "context": None
+        if context is None
+        else {"cp": context.cp, "mode": context.mode, "chunks": list(context.chunks)},  # context parallelism
         "loss_scale": loss_scale,
         "chunks": [
             {
@@ -272,6 +276,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
             rows=replica_rows(rows, coords["dp"]),
             loss_scale=scale,
             micro_batches=num_micro,
+            context=context,
         )
     scaled_loss = base_loss if scale == 1.0 else (lambda out, tgt: base_loss(out, tgt) * scale)
     runner = build_runner(
@@ -407,6 +412,7 @@ def run_plan(
                 rows=job.rows,
                 loss_scale=job.loss_scale,
                 micro_batches=job.micro_batches,
+                context=job.context,
             )
         meta = {
             "model": plan.model.name,

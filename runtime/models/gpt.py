@@ -51,16 +51,13 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         qkv = self.qkv(x).view(b, s, -1, 3, self.head_dim)  # -1 = local heads (works under DTensor TP)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # (b, heads, s, d)
+        scale = 1.0 / math.sqrt(self.head_dim)
         if self.context is not None:  # this rank's queries against the whole sequence's keys and values
-            k, v = self.context.gather(k, dim=2), self.context.gather(v, dim=2)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
-        scores = scores + (
-            causal_bias(s, device=x.device, dtype=scores.dtype)
-            if self.context is None
-            else self.context.causal_bias(device=x.device, dtype=scores.dtype)
-        )
-        probs = dropout(F.softmax(scores, dim=-1), self.p_drop, self.training)
-        out = (probs @ v).transpose(1, 2).reshape(b, s, -1)
+            ctx = self.context.attend(q, k, v, scale=scale, probs_fn=lambda p: dropout(p, self.p_drop, self.training))
+        else:
+            scores = (q @ k.transpose(-2, -1)) * scale + causal_bias(s, device=x.device, dtype=q.dtype)
+            ctx = dropout(F.softmax(scores, dim=-1), self.p_drop, self.training) @ v
+        out = ctx.transpose(1, 2).reshape(b, s, -1)
         return dropout(self.proj(out), self.p_drop, self.training)
 
 

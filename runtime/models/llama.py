@@ -75,18 +75,17 @@ class Attention(nn.Module):
         q = apply_rotary(self.wq(x).view(b, s, -1, self.head_dim), cos, sin)
         k = apply_rotary(self.wk(x).view(b, s, -1, self.head_dim), cos, sin)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        if ctx is not None:  # gather the few K/V heads, then repeat them for the query heads (Llama 3 §3.3.2)
-            k, v = ctx.gather(k, dim=1), ctx.gather(v, dim=1)
-        k, v = (t.repeat_interleave(self.group, dim=2) for t in (k, v))
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
-        bias = (
-            causal_bias(s, device=x.device, dtype=scores.dtype)
-            if ctx is None
-            else ctx.causal_bias(device=x.device, dtype=scores.dtype)
-        )
-        probs = F.softmax(scores + bias, dim=-1)
-        return self.wo((probs @ v).transpose(1, 2).reshape(b, s, -1))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d); k, v with the kv heads
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if ctx is not None:  # the whole sequence's few K/V heads, repeated for the query heads inside
+            out = ctx.attend(q, k, v, scale=scale, repeat=self.group)
+        else:
+            k, v = (t.repeat_interleave(self.group, dim=1) for t in (k, v))
+            probs = F.softmax(
+                (q @ k.transpose(-2, -1)) * scale + causal_bias(s, device=x.device, dtype=q.dtype), dim=-1
+            )
+            out = probs @ v
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
 class FeedForward(nn.Module):
