@@ -1,9 +1,9 @@
-"""Context parallelism at run time: loss parity with one process, the layout, and the K/V gather's maths.
+"""Context parallelism at run time: loss parity with one process, the layout, and the attention maths.
 
 Two torchrun jobs (2 ranks: CP2 on gpt and llama, all-gather and ring, with recompute; 4 ranks: CP2 x DP2,
-CP2 x TP2, CP2 inside PP2, CP4 ring) train 3 AdamW steps in fp32; ``reference_losses`` runs the same model, seed and data on one process with whole
-sequences. The unit tests check the chunk layout, positions and mask against hand-computed values, and the
-differentiable gather against the plain attention on one process (gloo, 2 ranks spawned in-process).
+CP2 x TP2, CP2 inside PP2, CP4 ring) train 3 AdamW steps in fp32; ``reference_losses`` runs the same model,
+seed and data on one process with whole sequences. The unit tests check the chunk layout, positions and mask
+against hand-computed values and each rank's masked attention against torch's causal SDPA on one process.
 """
 
 from __future__ import annotations
