@@ -3,8 +3,8 @@
 For each instance, the brute force scores with ``planner.cost.estimate`` every *uniform* configuration it
 accepts — every tp x pp x dp x cp split of the devices (context parallelism with both K/V exchanges, for
 sequences of at least ``SearchConfig.cp_min_seq_len`` tokens, where the search tries it), micro-batch size,
-schedule (1F1B, GPipe, interleaved with 2..8 virtual stages), ZeRO stage 0-3, sequence parallelism, and one recompute mode for all blocks —
-and keeps the fastest whose every rank fits in ``memory_fraction`` of its device. The search's space holds
+schedule (1F1B, GPipe, interleaved with 2..8 virtual stages), ZeRO stage 0-3, sequence parallelism, and one
+recompute mode for all blocks — and keeps the fastest whose every rank fits in ``memory_fraction`` of its device. The search's space holds
 every uniform configuration (and more: per-layer recompute, uneven stages, replicate-or-split), so its
 plan must never be slower. A plan slower than the best uniform configuration by more than 1e-9 relative,
 a "no plan fits" where a uniform configuration fits, or a status other than ``optimal`` is a failure.
