@@ -1,13 +1,13 @@
 """Is "proven optimal" true? The search against an independent brute force over uniform configurations.
 
-For each instance, the brute force scores with ``planner.cost.estimate`` every *uniform* configuration it
-accepts — every tp x pp x dp x cp split of the devices (context parallelism with both K/V exchanges, for
-sequences of at least ``SearchConfig.cp_min_seq_len`` tokens, where the search tries it), micro-batch size,
-schedule (1F1B, GPipe, interleaved with 2..8 virtual stages), ZeRO stage 0-3, sequence parallelism, and one
-recompute mode for all blocks — and keeps the fastest whose every rank fits in ``memory_fraction`` of its device. The search's space holds
-every uniform configuration (and more: per-layer recompute, uneven stages, replicate-or-split), so its
-plan must never be slower. A plan slower than the best uniform configuration by more than 1e-9 relative,
-a "no plan fits" where a uniform configuration fits, or a status other than ``optimal`` is a failure.
+For each instance, the brute force scores with ``planner.cost.estimate`` every *uniform* configuration it accepts —
+every tp x pp x dp x cp split of the devices (context parallelism with both K/V exchanges, for sequences of at least
+``SearchConfig.cp_min_seq_len`` tokens, where the search tries it), micro-batch size, schedule (1F1B, GPipe,
+interleaved with 2..8 virtual stages), ZeRO stage 0-3, sequence parallelism, and one recompute mode for all blocks —
+and keeps the fastest whose every rank fits in ``memory_fraction`` of its device. The search's space holds every
+uniform configuration (and more: per-layer recompute, uneven stages, replicate-or-split), so its plan must never be
+slower. A plan slower than the best uniform configuration by more than 1e-9 relative, a "no plan fits" where a
+uniform configuration fits, or a status other than ``optimal`` is a failure.
 
 Instances: random GPT models (2-8 blocks, hidden 1,024-8,192, heads of 128 dims, vocab 8k-51k, sequence
 1,024 or 2,048) on 2-16 A100s (``dgx-a100-80g``) with a memory fraction of 0.3-0.9, so memory binds;
