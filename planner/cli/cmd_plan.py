@@ -155,6 +155,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the sequence must split into 2 x N chunks",
     )
     p.add_argument(
+        "--cp-min-seq",
+        type=int_in(1, MAX_SEQ),
+        default=8192,
+        metavar="TOKENS",
+        help="search context parallelism for sequences of at least this many tokens (shorter: cp 1 unless --cp)",
+    )
+    p.add_argument(
         "--flash-attention",
         action="store_true",
         help="cost attention as a fused causal flash kernel (no s x s scores saved; long-context plans need it)",
@@ -330,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
         memory_fraction=args.memory_fraction,
         budget_s=args.budget,
         cp=args.cp,
+        cp_min_seq_len=args.cp_min_seq,
         flash_attention=args.flash_attention,
     )
     console = Console(stderr=True)

@@ -291,7 +291,7 @@ def plan_search(
     if config.cp is None and config.allows("cp") and 1 < profile.seq_len < config.cp_min_seq_len:
         note = (
             f"context parallelism not searched: {profile.seq_len} tokens < {config.cp_min_seq_len} "
-            f"(--cp N plans a fixed degree)"
+            f"(--cp N plans a fixed degree, --cp-min-seq lowers the threshold)"
         )
         result = replace(result, notes=f"{result.notes} {note}.".strip())
     return result
