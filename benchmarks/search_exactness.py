@@ -1,17 +1,19 @@
 """Is "proven optimal" true? The search against an independent brute force over uniform configurations.
 
-For each instance, the brute force scores with ``planner.cost.estimate`` every *uniform* configuration it
-accepts — every tp x pp x dp split of the devices, micro-batch size, schedule (1F1B, GPipe, interleaved
-with 2..8 virtual stages), ZeRO stage 0-3, sequence parallelism, and one recompute mode for all blocks —
-and keeps the fastest whose every rank fits in ``memory_fraction`` of its device. The search's space holds
-every uniform configuration (and more: per-layer recompute, uneven stages, replicate-or-split), so its
-plan must never be slower. A plan slower than the best uniform configuration by more than 1e-9 relative,
-a "no plan fits" where a uniform configuration fits, or a status other than ``optimal`` is a failure.
+For each instance, the brute force scores with ``planner.cost.estimate`` every *uniform* configuration it accepts —
+every tp x pp x dp x cp split of the devices (context parallelism with both K/V exchanges, for sequences of at least
+``SearchConfig.cp_min_seq_len`` tokens, where the search tries it), micro-batch size, schedule (1F1B, GPipe,
+interleaved with 2..8 virtual stages), ZeRO stage 0-3, sequence parallelism, and one recompute mode for all blocks —
+and keeps the fastest whose every rank fits in ``memory_fraction`` of its device. The search's space holds every
+uniform configuration (and more: per-layer recompute, uneven stages, replicate-or-split), so its plan must never be
+slower. A plan slower than the best uniform configuration by more than 1e-9 relative, a "no plan fits" where a
+uniform configuration fits, or a status other than ``optimal`` is a failure.
 
 Instances: random GPT models (2-8 blocks, hidden 1,024-8,192, heads of 128 dims, vocab 8k-51k, sequence
 1,024 or 2,048) on 2-16 A100s (``dgx-a100-80g``) with a memory fraction of 0.3-0.9, so memory binds;
 ``--presets``: every Narayanan et al. SC21 Table 1 model at its published GPU count and batch
-(``benchmarks/data/published_cases.csv``) at memory fraction 0.9.
+(``benchmarks/data/published_cases.csv``) at memory fraction 0.9. ``--long-context``: sequences of
+8,192-32,768 tokens with flash attention (causal block skipping), where context parallelism pays.
 
 Every recompute mode is scored: it is not monotone in time under the cost model (recompute lengthens the
 backward window that ZeRO-3 gathers and gradient syncs hide behind, so it can shorten a step).
@@ -72,6 +74,7 @@ class Instance:
     n_devices: int
     global_batch: int
     memory_fraction: float
+    flash_attention: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,13 +104,30 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def uniform_configs(profile: ModelProfile, n_devices: int, global_batch: int) -> Iterator[tuple[ParallelConfig, ...]]:
+def _cp_choices(profile: ModelProfile, devices: int) -> list[tuple[int, str | None]]:
+    """(cp, K/V exchange): 1, and every cp dividing ``devices`` with ``seq % 2cp == 0``, both exchanges, for
+    sequences the search tries cp on (``SearchConfig.cp_min_seq_len``: its stated space)."""
+    out: list[tuple[int, str | None]] = [(1, None)]
+    if profile.model.family in ("gpt", "llama") and profile.seq_len >= SearchConfig().cp_min_seq_len:
+        for cp in _divisors(devices)[1:]:
+            if profile.seq_len % (2 * cp) == 0:
+                out += [(cp, "allgather"), (cp, "ring")]
+    return out
+
+
+def uniform_configs(
+    profile: ModelProfile, n_devices: int, global_batch: int, flash: bool = False
+) -> Iterator[tuple[ParallelConfig, ...]]:
     """Every uniform configuration, grouped: one tuple per split, its recompute modes in RECOMPUTE order.
     Written from the rules of ``estimate`` (which rejects what cannot run), not from the search's space."""
     blocks = sum(1 for layer in profile.layers if layer.kind == "block") or len(profile.layers)
     for tp in sorted(profile.tp_degrees):
-        for pp in _divisors(n_devices // tp) if n_devices % tp == 0 else []:
-            dp = n_devices // (tp * pp)
+        for pp, cp, mode in (
+            (pp, cp, mode)
+            for pp in (_divisors(n_devices // tp) if n_devices % tp == 0 else [])
+            for cp, mode in _cp_choices(profile, n_devices // (tp * pp))
+        ):
+            dp = n_devices // (tp * pp * cp)
             if pp > blocks or global_batch % dp:
                 continue
             for mb in [d for d in _divisors(global_batch // dp) if d <= MAX_MICRO_BATCH]:
@@ -115,7 +135,7 @@ def uniform_configs(profile: ModelProfile, n_devices: int, global_batch: int) ->
                 schedules = [("1f1b", 1)] + ([("gpipe", 1)] if pp > 1 else [])
                 schedules += [("interleaved_1f1b", v) for v in range(2, MAX_VIRTUAL_STAGES + 1) if pp > 1]
                 for schedule, v in schedules:
-                    for zero in (0, 1, 2, 3) if dp > 1 else (0,):
+                    for zero in (0, 1, 2, 3) if dp * cp > 1 else (0,):
                         for sp in (False, True) if tp > 1 else (False,):
                             yield tuple(
                                 ParallelConfig(
@@ -129,6 +149,10 @@ def uniform_configs(profile: ModelProfile, n_devices: int, global_batch: int) ->
                                     zero_stage=zero,
                                     sequence_parallel=sp,
                                     recompute=rc,
+                                    cp=cp,
+                                    context_parallel=mode,  # type: ignore[arg-type]
+                                    flash_attention=flash,
+                                    causal_skip=flash,
                                 )
                                 for rc in RECOMPUTE
                             )
@@ -137,7 +161,7 @@ def uniform_configs(profile: ModelProfile, n_devices: int, global_batch: int) ->
 def best_uniform(inst: Instance) -> tuple[float | None, str, int]:
     """(step time of the fastest fitting uniform configuration, its summary, configurations scored)."""
     best_s, best, scored = math.inf, "", 0
-    for group in uniform_configs(inst.profile, inst.n_devices, inst.global_batch):
+    for group in uniform_configs(inst.profile, inst.n_devices, inst.global_batch, inst.flash_attention):
         for config in group:
             try:
                 est = estimate(
@@ -152,7 +176,8 @@ def best_uniform(inst: Instance) -> tuple[float | None, str, int]:
                     best_s, best = (
                         est.step_time_s,
                         (
-                            f"tp{config.tp} pp{config.pp} dp{config.dp} {config.schedule}"
+                            f"tp{config.tp} pp{config.pp} dp{config.dp} cp{config.cp}({config.context_parallel}) "
+                            f"{config.schedule}"
                             f"(v={config.virtual_stages}) mb{config.micro_batch}x"
                             f"{config.num_micro_batches} zero{config.zero_stage}"
                             f"{' sp' if config.sequence_parallel else ''} "
@@ -169,10 +194,11 @@ def random_instance(
     max_blocks: int = 8,
     max_gpus: int = 16,
     hiddens: tuple[int, ...] = (1024, 1536, 2048, 3072, 4096, 6144, 8192),
+    long_context: bool = False,
 ) -> Instance:
     hidden = rng.choice(hiddens)
     blocks = rng.randint(2, max_blocks)
-    seq = rng.choice([1024, 2048])
+    seq = rng.choice([8192, 16384, 32768] if long_context else [1024, 2048])
     vocab = rng.choice([8192, 32000, 51200])
     n_devices = rng.choice([g for g in (2, 4, 8, 16) if g <= max_gpus])
     spec = parse_model("gpt", layers=blocks, hidden=hidden, heads=hidden // 128, vocab=vocab, max_seq=seq)
@@ -192,6 +218,7 @@ def random_instance(
         n_devices=n_devices,
         global_batch=global_batch,
         memory_fraction=fraction,
+        flash_attention=long_context,
     )
 
 
@@ -215,6 +242,7 @@ def check(inst: Instance, *, jobs: int = 1) -> Verdict:
         max_micro_batch=MAX_MICRO_BATCH,
         max_virtual_stages=MAX_VIRTUAL_STAGES,
         jobs=jobs,
+        flash_attention=inst.flash_attention,
     )
     start = time.perf_counter()
     try:
@@ -255,12 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--presets", action="store_true", help="also every SC21 Table 1 preset at its GPU count")
     parser.add_argument("--jobs", type=int, default=1, help="CBC processes the search runs at once")
+    parser.add_argument(
+        "--long-context", action="store_true", help="8k-32k-token sequences with flash attention (cp pays)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per instance")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     verdicts = []
     for i in range(args.instances):
-        v = check(random_instance(rng, i), jobs=args.jobs)
+        v = check(random_instance(rng, i, long_context=args.long_context), jobs=args.jobs)
         verdicts.append(v)
         if args.verbose or v.kind not in ("ok", "both_infeasible"):
             print(_line(v), flush=True)

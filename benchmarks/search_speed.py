@@ -1,13 +1,16 @@
 """Search wall time and plan quality: the planner vs a Megatron-style grid search under the same cost model.
 
 Cases: GPT-3 175B on 1,024 A100 (batch 1536, seq 2048); the Megatron-LM SC21 Table 1 models at their GPU
-counts and batches (benchmarks/data/published_cases.csv); a 10,000-GPU case (1T parameters); and the mixed
+counts and batches (benchmarks/data/published_cases.csv); a 10,000-GPU case (1T parameters); the mixed
 cluster (16 A100 + 16 V100) against the best plan that ignores the difference (planned as if every GPU
 were the smaller V100, then placed in cluster order); a 3D U-Net on 512^3 single-channel volumes on 64 V100
 (aws-p3-16xlarge), where data parallelism alone does not fit and the spatial search
-(planner/search/spatial.py) splits layers. Prints one row per case; never a timed test.
+(planner/search/spatial.py) splits layers; and long context: a Llama-3-70B-shaped model at 131,072 tokens on
+512 H100 (batch 128 sequences, 16.8M tokens: Llama 3's long-context batch, arXiv:2407.21783 §3.4.2) with
+context parallelism searched, followed by the best plan at every cp degree (why it chose its cp). Prints one
+row per case; never a timed test.
 
-    .venv/bin/python benchmarks/search_speed.py [--quick] [--cases 175b,table1,10k,mixed,unet3d]
+    .venv/bin/python benchmarks/search_speed.py [--quick] [--cases 175b,table1,10k,mixed,unet3d,long]
 """
 
 from __future__ import annotations
@@ -164,9 +167,45 @@ def run_unet3d(gpus: int = 64, batch: int = 64) -> None:
     )
 
 
+def run_long_context(config: SearchConfig) -> None:
+    """Llama-3-70B shape at 131,072 tokens on 512 H100: the search with cp, then the best plan per cp."""
+    from planner.search.context_table import best_per_cp, format_cp_table
+
+    cluster = load_cluster_profile(resolve_cluster_path("dgx-h100"))
+    profile = build_gpt_profile(parse_model("llama:llama3-70b"), seq_len=131072)
+    gpus, batch = 512, 128
+    config = replace(config, flash_attention=True)
+    start = time.perf_counter()
+    result = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+    wall_s = time.perf_counter() - start
+    status = result.status if result.status == "optimal" else f"{result.status} gap<={result.gap:.2%}"
+    print(
+        _row(
+            "llama3-70b 128k",
+            gpus,
+            wall_s,
+            result.best.step_s,
+            result.best.outer.summary(),
+            f"{status} ({result.candidates_solved} ILPs)",
+            None,
+        ).replace("  no fit ", "  (no cp)"),
+        flush=True,
+    )
+    est = result.best.estimate
+    print(
+        f"  {est.tokens_per_s / gpus:.0f} tokens/s per GPU, MFU {est.mfu:.1%} (causal attention FLOPs), "
+        f"peak memory {est.peak_mem_bytes / 2**30:.1f} GiB"
+    )
+    start = time.perf_counter()
+    rows = best_per_cp(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+    print(f"\nbest plan per context-parallel degree ({time.perf_counter() - start:.1f} s, one exact search per cp):")
+    for line in format_cp_table(rows):
+        print("  " + line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="175b,table1,10k,mixed,unet3d")
+    parser.add_argument("--cases", default="175b,table1,10k,mixed,unet3d,long")
     parser.add_argument("--time-limit", type=float, default=30.0, help="CBC limit per ILP, seconds")
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--budget", type=float, default=60.0, help="search budget per case, seconds")
@@ -190,6 +229,8 @@ def main() -> None:
         run_mixed(config)
     if "unet3d" in cases:
         run_unet3d()
+    if "long" in cases:
+        run_long_context(config)
 
 
 if __name__ == "__main__":

@@ -191,6 +191,12 @@ PRESETS: dict[str, dict[str, dict[str, DimValue]]] = {
         "llama2-7b": dict(layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, max_seq=4096),
         "llama2-13b": dict(layers=40, hidden=5120, heads=40, ffn_hidden=13824, vocab=32000, max_seq=4096),
         "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000, max_seq=4096),
+        # Llama 3 (Grattafiori et al. 2024, arXiv:2407.21783, Table 3): 8B and 70B, vocab 128,256, GQA with 8
+        # KV heads; max_seq 131,072 after the long-context stage (§3.4.2)
+        "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, max_seq=131072),
+        "llama3-70b": dict(
+            layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256, max_seq=131072
+        ),
     },
     "moe": {
         "tiny": dict(

@@ -1,8 +1,9 @@
 """The plan file: what the search chose, what it predicts, and how it was found.
 
 A plan is plain data the runtime executes as written. Vocabulary: an *axis* is a DeviceMesh axis
-(``pp``, ``dp``, ``tp``); a *dim* is a tensor dimension. Ranks are laid out on the mesh in the order of
-``mesh.axes`` (row-major, last axis fastest), so tp groups are contiguous ranks, i.e. inside a node.
+(``pp``, ``dp``, ``cp``, ``tp``); a *dim* is a tensor dimension. Ranks are laid out on the mesh in the order of
+``mesh.axes`` (row-major, last axis fastest), so tp groups are contiguous ranks, i.e. inside a node; a
+context-parallel plan uses ``pp, dp, cp, tp`` (the cp group: ``cp`` ranks ``tp`` apart).
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ class TrainingSettings(_Strict):
 class Mesh(_Strict):
     """DeviceMesh axes and sizes, outermost first."""
 
-    axes: list[Literal["pp", "dp", "sd", "tp"]] = Field(
-        ["pp", "dp", "tp"], description="'sd': the spatial group of 3D CNN plans (spatial parallelism)"
+    axes: list[Literal["pp", "dp", "sd", "cp", "tp"]] = Field(
+        ["pp", "dp", "tp"],
+        description="'sd': the spatial group of 3D CNN plans (spatial parallelism); 'cp': the context-parallel "
+        "group (the sequence split, planner/cost/context.py)",
     )
     sizes: list[PositiveInt]
 
@@ -306,6 +309,16 @@ class Plan(_Strict):
     batch_shares: list[PositiveFloat] | None = Field(
         None, description="fraction of the global batch per dp replica (None = equal); sums to 1"
     )
+    context_parallel: Literal["allgather", "ring"] | None = Field(
+        None,
+        description="how attention exchanges K/V over the cp axis (planner/cost/context.py): all-gather "
+        "(Llama 3) or ring point-to-point (Ring Attention); None when the mesh has no cp > 1",
+    )
+    flash_attention: bool = Field(
+        False,
+        description="the predictions cost attention as a fused causal flash kernel (planner.cost ParallelConfig "
+        "flash_attention and causal_skip): re-estimates of this plan (export, compare) must do the same",
+    )
     replica_node_types: list[str] | None = Field(
         None,
         description="node type of each dp replica when replicas run on different GPU types (Whale's "
@@ -340,6 +353,11 @@ class Plan(_Strict):
         if self.replica_node_types is not None and len(self.replica_node_types) != self.mesh.size("dp"):
             raise ValueError("replica_node_types needs one entry per dp replica")
         self._check_experts()
+        if (self.mesh.size("cp") > 1) != (self.context_parallel is not None):
+            raise ValueError(
+                f"mesh cp={self.mesh.size('cp')} needs context_parallel set exactly when cp > 1, "
+                f"got {self.context_parallel!r}"
+            )
         self._check_micro_batch_count()
         return self
 
@@ -396,11 +414,14 @@ def strategy_label(
     zero_stage: int,
     sequence_parallel: bool = False,
     recompute: dict[str, int] | None = None,
+    cp: int = 1,
+    context_parallel: str | None = None,
 ) -> str:
     """The one short name of a strategy, used by every command, table, picture and notebook.
 
     ``recompute`` counts modules per recompute mode (modes ``none`` left out). The search's runner-ups use
-    the same words (``planner.search.space.OuterChoice.summary``).
+    the same words (``planner.search.space.OuterChoice.summary``); context parallelism shows as
+    ``cp4(ring)`` after the dp degree.
 
     >>> strategy_label(tp=4, pp=1, dp=256, schedule="1f1b", virtual_stages=1, micro_batch=1,
     ...                num_micro_batches=6, zero_stage=3, sequence_parallel=True, recompute={"selective": 86})
@@ -408,8 +429,9 @@ def strategy_label(
     """
     sched = schedule if virtual_stages == 1 else f"{schedule}(v={virtual_stages})"
     modes = "+".join(f"{mode} x{n}" for mode, n in sorted((recompute or {}).items()) if mode != "none" and n)
+    cp_part = f" cp{cp}({context_parallel})" if cp > 1 else ""
     return (
-        f"tp{tp} pp{pp} dp{dp} {sched} mb{micro_batch}x{num_micro_batches} zero{zero_stage}"
+        f"tp{tp} pp{pp} dp{dp}{cp_part} {sched} mb{micro_batch}x{num_micro_batches} zero{zero_stage}"
         f"{' sp' if sequence_parallel else ''}{' recompute ' + modes if modes else ''}"
     )
 
@@ -436,6 +458,8 @@ def plan_label(plan: Plan) -> str:
         zero_stage=plan.zero_stage,
         sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
         recompute=counts,
+        cp=plan.mesh.size("cp"),
+        context_parallel=plan.context_parallel,
     )
 
 

@@ -96,6 +96,7 @@ def test_replica_computes_a_batch_slice_under_tp():
 
 
 def test_flash_attention_drops_scores_and_makes_selective_free():
+    from planner.cost.constants import CAUSAL_FLASH_WORK_FRACTION
     from planner.gpt_profile import build_gpt_profile
     from planner.modelspec import parse_model
 
@@ -109,3 +110,9 @@ def test_flash_attention_drops_scores_and_makes_selective_free():
     # the flash backward recomputes QK^T: half of the score FLOPs
     extra = shard.attention_scores_flops_per_sample / 2
     assert flash.hardware_flops - flash.model_flops == pytest.approx(extra)
+    # a causal flash kernel skips the masked blocks: half of that, and a faster forward
+    causal = _cost(blk, tp=2, micro_batch=1, flash_attention=True, causal_skip=True)
+    assert causal.hardware_flops - causal.model_flops == pytest.approx(extra * CAUSAL_FLASH_WORK_FRACTION)
+    skipped = shard.attention_scores_flops_per_sample * (1 - CAUSAL_FLASH_WORK_FRACTION)
+    assert causal.forward_s < flash.forward_s
+    assert causal.model_flops == pytest.approx(flash.model_flops - 3 * skipped)  # forward + 2 backward products

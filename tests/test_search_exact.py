@@ -2,9 +2,9 @@
 placement and option scored by ``planner.cost.estimate`` itself, to 1e-9 relative.
 
 Instances vary the model (GPT blocks, tied or untied embeddings), the cluster (A100 nodes, the mixed
-A100 + V100 cluster, this machine's CPU profile), and the outer choice (tp, pp, dp, schedule incl.
-interleaved, micro-batching, ZeRO 0-3, sequence parallel, node type per pp rank or per dp replica with
-per-type micro-batch counts); the memory limit is set between the leanest
+A100 + V100 cluster, this machine's CPU profile), and the outer choice (tp, pp, dp, context parallelism with
+either K/V exchange, schedule incl. interleaved, micro-batching, ZeRO 0-3, sequence parallel, node type per
+pp rank or per dp replica with per-type micro-batch counts; flash attention or not); the memory limit is set between the leanest
 and the fattest assignment so that it binds (and some instances have no feasible assignment at all).
 """
 
@@ -15,6 +15,7 @@ import random
 
 import pytest
 
+from planner.cost.context import cp_degrees
 from planner.cost.placement import block_count, with_gpus
 from planner.gpt_profile import build_gpt_profile
 from planner.modelspec import parse_model
@@ -51,10 +52,10 @@ def _instance(rng: random.Random):
         tie_embeddings=rng.random() < 0.5,
     )
     profile = build_gpt_profile(spec, seq_len=64, dtype=dtype, tp_degrees=[1, 2, 4])
-    allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "layout", "mixed", "recompute"}
+    allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "layout", "mixed", "recompute", "cp"}
     if rng.random() < 0.3:
         allow.discard("recompute")
-    config = SearchConfig(time_limit_s=30, allow=frozenset(allow))
+    config = SearchConfig(time_limit_s=30, allow=frozenset(allow), flash_attention=rng.random() < 0.5, cp_min_seq_len=0)
     outers = list(
         enumerate_outer(
             cluster=cluster,
@@ -64,6 +65,7 @@ def _instance(rng: random.Random):
             n_blocks=block_count(profile),
             tp_degrees=profile.tp_degrees,
             config=config,
+            cp_degrees=cp_degrees(profile, n_devices),
         )
     )
     return profile, cluster, config, rng.choice(outers), 8 * n_devices // 2
@@ -88,7 +90,7 @@ def _brute(costs: CandidateCosts, outer, tables, capacity: dict[str, float]):
 
 def test_ilp_equals_brute_force_under_estimate():
     rng = random.Random(4)
-    checked = feasible = infeasible = binding = replica_types = 0
+    checked = feasible = infeasible = binding = replica_types = context = 0
     while checked < N_INSTANCES:
         profile, cluster, config, outer, global_batch = _instance(rng)
         costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
@@ -102,21 +104,22 @@ def test_ilp_equals_brute_force_under_estimate():
         # solver's 1e-7 feasibility tolerance), or below the leanest, or above the fattest
         levels = sorted(set(peaks))
         j = rng.randrange(len(levels) - 1) if len(levels) > 1 else 0
-        fraction = rng.choice(
-            [
-                min(peaks) * 0.99,
-                (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2,
-                (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2,
-                max(peaks) * 1.01,
-            ]
+        # (one level: its own "midpoint" would be the knife edge itself, so below or above it)
+        middle = (levels[j] + levels[j + 1]) / 2 if len(levels) > 1 else rng.choice([0.99, 1.01]) * levels[0]
+        fraction = rng.choice([min(peaks) * 0.99, middle, middle, max(peaks) * 1.01])
+        costs.search = SearchConfig(
+            time_limit_s=30,
+            allow=config.allow,
+            memory_fraction=min(fraction, 1.0),
+            flash_attention=config.flash_attention,
         )
-        costs.search = SearchConfig(time_limit_s=30, allow=config.allow, memory_fraction=min(fraction, 1.0))
         tables = costs.tables(outer)
         best, _ = _brute(costs, outer, tables, capacity)
         problem = build_problem(tables, cuts=rng.random() < 0.5)
         result = solve(problem, costs.search)
         checked += 1
         replica_types += outer.replica_node_types is not None
+        context += outer.cp > 1
         if best is None:
             assert result.status == "infeasible", outer.summary()
             infeasible += 1
@@ -133,6 +136,7 @@ def test_ilp_equals_brute_force_under_estimate():
         ) * (1 + 1e-12)
     assert feasible >= 30 and infeasible >= 3 and binding >= 5, (feasible, infeasible, binding)
     assert replica_types >= 5, replica_types  # dp replicas on A100 and V100 with their own m_t (lanes)
+    assert context >= 10, context  # context-parallel candidates (cp > 1, all-gather or ring)
 
 
 @pytest.mark.parametrize("cuts", [False, True])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from planner.cost.context import plan_context_fields
 from planner.calibrate.runs import MeasuredRun
 from planner.cost.config import ParallelConfig
 from planner.errors import StratagemError
@@ -40,6 +41,7 @@ def config_from_plan(plan: Plan, *, overlap_grad_reduce: bool = True) -> Paralle
         layout={p: lay.style for p, lay in plan.layout.items()},
         sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
         overlap_grad_reduce=overlap_grad_reduce,
+        **plan_context_fields(plan),
     )
 
 

@@ -19,6 +19,7 @@ import json
 import math
 import sys
 
+from planner.cost.context import check_context_family
 from planner.cost import ParallelConfig, estimate, with_gpus
 from planner.cost.placement import fill_stage_node_types
 from planner.cnn3d import SPATIAL_FAMILIES
@@ -128,7 +129,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dp",
         type=int_in(1, MAX_DEVICES),
         default=None,
-        help="data-parallel degree, replicas (default: gpus / (tp * pp))",
+        help="data-parallel degree, replicas (default: gpus / (tp * pp * cp))",
+    )
+    s.add_argument(
+        "--cp",
+        type=int_in(1, MAX_DEVICES),
+        default=1,
+        help="context-parallel degree: each sequence split over cp GPUs (the sequence must split into 2 x cp chunks)",
+    )
+    s.add_argument(
+        "--context-parallel",
+        default="ring",
+        choices=("allgather", "ring"),
+        help="K/V exchange with --cp > 1: ring point-to-point under the attention (Megatron p2p) "
+        "or all-gather (Llama 3)",
     )
     s.add_argument(
         "--sd",
@@ -172,6 +186,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="fused attention: the s x s scores are not stored (less activation memory)",
     )
     s.add_argument(
+        "--causal-skip",
+        action="store_true",
+        help="with --flash-attention: the causal kernel skips the masked half of the s x s blocks "
+        "(what plan --flash-attention assumes; long sequences)",
+    )
+    s.add_argument(
         "--no-overlap-grad-reduce",
         action="store_true",
         help="gradient sync after the backward (default: overlapped with it)",
@@ -196,6 +216,7 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
     if args.model_profile is not None:
         return load_matching_profile(args.model_profile, spec_from_args(args), args.seq)
     spec = spec_from_args(args, max_seq=args.seq)
+    check_context_family(spec, args.cp)  # before profiling a model it cannot apply to
     if spec.is_external or spec.family not in ("gpt", "llama"):  # derived on the meta device by the runtime
         from runtime.profiling.model import profile_model_analytic
 
@@ -213,14 +234,15 @@ def _dtype(args: argparse.Namespace, cluster: ClusterProfile) -> str:
 def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[ParallelConfig, int]:
     """The ParallelConfig the arguments describe, and the GPU count (checked against tp*pp*dp)."""
     gpus = args.gpus
-    dp = args.dp if args.dp is not None else (gpus // (args.tp * args.pp) if gpus else 1)
-    world = args.tp * args.pp * max(dp, 1)
+    cp = args.cp
+    dp = args.dp if args.dp is not None else (gpus // (args.tp * args.pp * cp) if gpus else 1)
+    world = args.tp * args.pp * cp * max(dp, 1)
     if gpus is None:
         gpus = world
     if dp < 1 or world != gpus:
         raise StratagemError(
-            f"tp {args.tp} x pp {args.pp} x dp {dp} = {world} but --gpus is {gpus}; make the "
-            f"degrees multiply to the GPU count"
+            f"tp {args.tp} x pp {args.pp} x dp {dp}{f' x cp {cp}' if cp > 1 else ''} = {world} but --gpus is "
+            f"{gpus}; make the degrees multiply to the GPU count"
         )
     if world > MAX_DEVICES:
         raise StratagemError(
@@ -260,6 +282,9 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
         recompute=args.recompute,
         stage_node_types=stage_types,
         flash_attention=args.flash_attention,
+        causal_skip=args.flash_attention and args.causal_skip,
+        cp=cp,
+        context_parallel=args.context_parallel if cp > 1 else None,
         overlap_grad_reduce=not args.no_overlap_grad_reduce,
         overlap_tp_comm=args.overlap_tp_comm,
     )
@@ -375,6 +400,8 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
         zero_stage=config.zero_stage,
         sequence_parallel=config.sequence_parallel,
         recompute=counts,
+        cp=config.cp,
+        context_parallel=config.context_parallel,
     )
     head = Table(title=f"{model.name} on {gpus} x {cluster.name}: {label}")
     head.add_column("quantity")
@@ -444,9 +471,10 @@ def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) 
     from planner.cost.constants import STATE_BYTES_PER_PARAM
 
     node = cluster.node_type(est.per_rank[0].node_type)
-    group = dp_group(config.dp, config.tp, node.devices_per_node)
+    sync = config.dp * config.cp  # gradients sync over dp x cp (planner/cost/context.py)
+    group = dp_group(sync, config.tp, node.devices_per_node)
     per = STATE_BYTES_PER_PARAM["mixed"]
-    params = est.per_rank[0].memory.params / per["params"] * (config.dp if config.zero_stage == 3 else 1)
+    params = est.per_rank[0].memory.params / per["params"] * (sync if config.zero_stage == 3 else 1)
     grad_bytes = params * per["grads"]
     parts = []
     for algorithm in ("ring", "tree", "hierarchical", "parameter_server"):
@@ -464,7 +492,8 @@ def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) 
         except StratagemError:
             continue
         parts.append(f"{algorithm} {t:.3g} s")
-    head = f"one all-reduce of rank 0's gradients ({grad_bytes / 2**30:.2f} GiB) over dp={config.dp}: "
+    over = f"dp x cp = {config.dp * config.cp}" if config.cp > 1 else f"dp={config.dp}"
+    head = f"one all-reduce of rank 0's gradients ({grad_bytes / 2**30:.2f} GiB) over {over}: "
     return head + ", ".join(parts)
 
 

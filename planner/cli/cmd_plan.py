@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from planner.cost.context import check_context_family
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
 from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, validate
@@ -144,6 +145,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--allow",
         default=None,
         help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})",
+    )
+    p.add_argument(
+        "--cp",
+        type=int_in(1, 1 << 20),
+        default=None,
+        metavar="N",
+        help="context-parallel degree to plan with (default: searched for sequences >= 8,192 tokens); "
+        "the sequence must split into 2 x N chunks",
+    )
+    p.add_argument(
+        "--cp-min-seq",
+        type=int_in(1, MAX_SEQ),
+        default=8192,
+        metavar="TOKENS",
+        help="search context parallelism for sequences of at least this many tokens (shorter: cp 1 unless --cp)",
+    )
+    p.add_argument(
+        "--flash-attention",
+        action="store_true",
+        help="cost attention as a fused causal flash kernel (no s x s scores saved; long-context plans need it)",
+    )
+    p.add_argument(
+        "--cp-table",
+        action="store_true",
+        help="also print the best plan at every context-parallel degree (why the plan's cp; one search per cp)",
     )
     p.add_argument("--out", type=out_path, required=True, metavar="FILE", help="plan JSON to write")
     add_recipe_arguments(p)
@@ -290,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
     check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
     lr_schedule = recipe_from_args(args)
     spec = _full_spec(spec_from_args(args))
+    check_context_family(spec, args.cp or 1)  # before profiling a model it cannot apply to
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.is_language_model else int(args.seq or 1)
     cluster = load_cluster_profile(cluster_path)
     args.dtype = _resolve_dtype(args, cluster)
@@ -309,6 +336,9 @@ def run(args: argparse.Namespace) -> int:
         allow=allow,
         memory_fraction=args.memory_fraction,
         budget_s=args.budget,
+        cp=args.cp,
+        cp_min_seq_len=args.cp_min_seq,
+        flash_attention=args.flash_attention,
     )
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
@@ -350,5 +380,12 @@ def run(args: argparse.Namespace) -> int:
             f"[bold yellow]not proven optimal[/]: search {search.status}, best within "
             f"{search.gap:.2%} of the optimum under the cost model; {fix}"
         )
+    if args.cp_table:
+        from planner.search.context_table import best_per_cp, format_cp_table
+
+        rows = best_per_cp(profile, cluster, n_devices=args.gpus, global_batch=args.global_batch, config=config)
+        out.print("best plan per context-parallel degree:", highlight=False)
+        for line in format_cp_table(rows):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
     out.print(f"wrote {args.out}")
     return 0

@@ -70,6 +70,8 @@ def describe(s: FrameworkSettings) -> str:
         num_micro_batches=s.num_micro_batches,
         zero_stage=s.zero_stage,
         sequence_parallel=s.sequence_parallel,
+        cp=s.cp,
+        context_parallel=s.context_parallel or ("ring" if s.cp > 1 else None),
     )
     if s.recompute == "none":
         return label

@@ -5,7 +5,7 @@ Public API (stable; the search builds on it)::
     estimate(model, cluster, config, *, global_batch, dtype="bf16") -> Estimate
     layer_cost(layer, *, node, cluster, tp, style, recompute, sequence_parallel, micro_batch,
                flash_attention, dtype, tp_group_spans_nodes=False, use_timings=True, overlap_tp_comm=False,
-               dp_wrapper="none", timings_scale=1.0) -> LayerCost
+               dp_wrapper="none", timings_scale=1.0, context=None, causal_skip=False) -> LayerCost
     layout_change_cost(prev, next, prev_style, next_style, *, node, cluster, tp, micro_batch, ...) -> float
     inflight_microbatches(schedule, pp, pp_rank, num_micro_batches, virtual_stages) -> float
     pipeline_step_time(rank_times_s, num_micro_batches, virtual_stages, schedule) -> float
@@ -39,6 +39,10 @@ Rules a mirror of ``estimate`` (the ILP tables) must follow — each is document
   layer's gather and reduce-scatter exposed); the other values model DeepSpeed's 2021 ZeRO-3 for
   published-run comparisons (``benchmarks/cost_accuracy.py``), not for the search;
 - identical signatures give identical :class:`LayerCost` (``estimate`` computes each once);
+- context parallelism (``ParallelConfig.cp > 1``, ``context.py``): ``estimate`` prices the folded configuration
+  (``dp * cp`` replicas on ``context.context_view`` of the model, global batch ``B cp``, ``kv_exchange`` passed
+  to ``layer_cost`` as ``context``); a mirror folds the same way (``planner.search.costs.CandidateCosts._folded``);
+- ``ParallelConfig.causal_skip`` and ``flash_attention`` go to every ``layer_cost`` call as they are;
 - measured runtime overheads (``framework.py``; only where ``use_timings``): pass
   ``dp_wrapper=dp_wrapper(dp, zero_stage)`` and ``timings_scale=timings_scale(model, node)`` to
   ``layer_cost``; add ``LayerCost.optimizer_s`` of every layer of rank ``r`` to its tail (per step), and

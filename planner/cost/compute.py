@@ -29,9 +29,20 @@ from __future__ import annotations
 
 from planner.cost.collectives import collective_time
 from planner.cost.config import LayerCost, Recompute, TPStyle
-from planner.cost.constants import BACKWARD_TRAFFIC_FACTOR, DTYPE_BYTES, MEMORY_BW_EFFICIENCY, TRAFFIC_PER_SAVED_BYTE
+from planner.cost.constants import (
+    BACKWARD_TRAFFIC_FACTOR,
+    ATTENTION_DTYPE,
+    CAUSAL_FLASH_WORK_FRACTION,
+    DTYPE_BYTES,
+    FP8_GEMM_PEAK_FRACTION,
+    LONG_CAUSAL_FLASH_EFFICIENCY,
+    gpu_family,
+    MEMORY_BW_EFFICIENCY,
+    TRAFFIC_PER_SAVED_BYTE,
+)
+from planner.cost.context import ExchangeCost, KVExchange, exchange_cost
 from planner.cost.framework import DPWrapper, layer_overhead_s
-from planner.cost.kernels import Device, layer_kernels
+from planner.cost.kernels import FLASH_BACKWARD_FLOPS_FACTOR, Device, contention, layer_kernels
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, ComputeFigure, LayerProfile, LayerTiming, NodeType, ShardProfile
 
@@ -94,15 +105,32 @@ def _saved_parts(shard: ShardProfile, samples: int, tp: int, sp: bool) -> tuple[
     return replicated, scores, rest
 
 
-def _kernel_device(node: NodeType, shard: ShardProfile, dtype: str) -> Device | None:
+def _flash_efficiency(node: NodeType, causal_skip: bool) -> float:
+    """Fused attention's fraction of peak: the long-sequence causal figure where one is known
+    (``constants.LONG_CAUSAL_FLASH_EFFICIENCY``, with ``causal_skip``), else the node's kernel model's."""
+    assert node.kernel_model is not None
+    family = gpu_family(node.device)
+    if causal_skip and family in LONG_CAUSAL_FLASH_EFFICIENCY:
+        return LONG_CAUSAL_FLASH_EFFICIENCY[family]
+    return node.kernel_model.flash_attention_efficiency
+
+
+def _kernel_device(node: NodeType, shard: ShardProfile, dtype: str, causal_skip: bool = False) -> Device | None:
     """The per-kernel model's view of ``node`` when both the node and the shard support it, else None."""
     if node.kernel_model is None or not shard.ops or not node.memory_bw_bytes_per_s:
         return None
+    km = node.kernel_model
+    if causal_skip and (eff := _flash_efficiency(node, causal_skip)) != km.flash_attention_efficiency:
+        km = km.model_copy(update={"flash_attention_efficiency": eff})
+    peak = _compute_figure(node, dtype).peak_flops_per_s
+    if dtype == "fp8":
+        peak *= FP8_GEMM_PEAK_FRACTION.get(gpu_family(node.device) or "", 1.0)
     return Device(
-        km=node.kernel_model,
-        peak_flops_per_s=_compute_figure(node, dtype).peak_flops_per_s,
+        km=km,
+        peak_flops_per_s=peak,
         memory_bw_bytes_per_s=node.memory_bw_bytes_per_s,
         elem_bytes=DTYPE_BYTES[dtype],
+        attention_peak_flops_per_s=_compute_figure(node, ATTENTION_DTYPE.get(dtype, dtype)).peak_flops_per_s,
     )
 
 
@@ -164,6 +192,8 @@ def layer_cost(
     overlap_tp_comm: bool = False,
     dp_wrapper: DPWrapper = "none",
     timings_scale: float = 1.0,
+    context: KVExchange | None = None,
+    causal_skip: bool = False,
 ) -> LayerCost:
     """Per-micro-batch cost of ``layer`` on one rank of a TP group of ``tp`` (see the module docstring).
 
@@ -174,6 +204,11 @@ def layer_cost(
     measured wrapper overheads (``framework.layer_overhead_s``) are added to the forward and backward,
     and the layer's AdamW step time is returned in ``optimizer_s``. ``timings_scale``
     (``framework.timings_scale``) multiplies every measured time (timings and overheads).
+    ``context``: the K/V exchange of context parallelism (``planner.cost.context``; ``layer`` is then the
+    per-rank view): added to an attention layer's forward and backward, and its saved bytes to ``act_bytes``.
+    ``causal_skip``: a flash kernel does ``CAUSAL_FLASH_WORK_FRACTION`` of the score FLOPs (causal block
+    skipping; ``ParallelConfig.causal_skip``), and the model FLOPs count that fraction too (so MFU at long
+    sequence counts the causal attention a model needs, not the full ``s^2`` square).
     """
     shard, split = _shard_for(layer, tp, style)
     samples = replica_samples(micro_batch, tp, style)
@@ -182,6 +217,8 @@ def layer_cost(
     replicated, scores, rest = _saved_parts(shard, samples, tp, sp)
     scores_traffic_s = 0.0 if flash_attention else _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["scores"] * scores)
     score_flops = shard.attention_scores_flops_per_sample * samples
+    flash_flops = score_flops * (CAUSAL_FLASH_WORK_FRACTION if causal_skip else 1.0)  # what the flash kernel computes
+    skipped = score_flops - flash_flops if flash_attention else 0.0  # masked blocks a causal flash kernel skips
     optimizer_s = 0.0
     kernels = None
     if use_timings and shard.timings:
@@ -190,9 +227,9 @@ def layer_cost(
         forward_s = (forward_s + extra_fwd_s) * timings_scale
         backward_s = (backward_s + extra_bwd_s) * timings_scale
         optimizer_s *= timings_scale
-    elif (dev := _kernel_device(node, shard, dtype)) is not None:
+    elif (dev := _kernel_device(node, shard, dtype, causal_skip)) is not None:
         kernels = layer_kernels(
-            shard.ops, samples, dev, sp_tp=tp if sp else 1, flash=flash_attention, score_flops=score_flops
+            shard.ops, samples, dev, sp_tp=tp if sp else 1, flash=flash_attention, score_flops=flash_flops
         )
         forward_s, backward_s = kernels.forward.wall_s(dev.km), kernels.backward.wall_s(dev.km)
     else:
@@ -200,20 +237,34 @@ def layer_cost(
             _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["replicated"] * replicated + TRAFFIC_PER_SAVED_BYTE["split"] * rest)
             + scores_traffic_s
         )
-        forward_s = shard.fwd_flops_per_sample * samples / rate + fwd_traffic_s
-        backward_s = shard.bwd_flops_per_sample * samples / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
-    flash_bwd_flops = score_flops / 2 if flash_attention else 0.0
+        forward_s = (shard.fwd_flops_per_sample * samples - skipped) / rate + fwd_traffic_s
+        backward_s = (
+            shard.bwd_flops_per_sample * samples - 2 * skipped
+        ) / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
+    flash_bwd_flops = flash_flops / 2 if flash_attention else 0.0
     if kernels is None:
         backward_s += flash_bwd_flops / rate
     comm_fwd_s, comm_bwd_s = (
         _tp_comm_s(layer, cluster, node, tp, samples, sp, tp_group_spans_nodes) if (split and tp > 1) else (0.0, 0.0)
     )
-    model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples
+    # causal skipping: the model's FLOPs are the causal ones too (forward, and the backward's two products)
+    model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples - 3 * skipped
+    cp = _context_cost(
+        context,
+        cluster,
+        node,
+        dtype,
+        tp if split else 1,
+        samples,
+        flash_flops if flash_attention else score_flops,
+        causal_skip,
+    )
+    forward_s, backward_s = forward_s + cp.forward_s, backward_s + cp.backward_s
     if overlap_tp_comm:
         comm_fwd_s = max(0.0, comm_fwd_s - shard.fwd_flops_per_sample * samples / rate)
         comm_bwd_s = max(0.0, comm_bwd_s - shard.bwd_flops_per_sample * samples / rate)
     if recompute == "full":
-        recompute_s, recompute_flops = forward_s + comm_fwd_s, shard.fwd_flops_per_sample * samples
+        recompute_s, recompute_flops = forward_s + comm_fwd_s, shard.fwd_flops_per_sample * samples - skipped
     elif recompute == "selective" and not flash_attention:
         recompute_s = (
             score_flops / rate + scores_traffic_s
@@ -228,9 +279,9 @@ def layer_cost(
     if recompute == "full":
         act_bytes = layer.input_bytes_per_sample * samples / (tp if sp else 1)
     elif recompute == "selective" or flash_attention:
-        act_bytes = replicated + rest
+        act_bytes = replicated + rest + cp.saved_bytes
     else:
-        act_bytes = replicated + scores + rest
+        act_bytes = replicated + scores + rest + cp.saved_bytes
     return LayerCost(
         forward_s=forward_s,
         backward_s=backward_s,
@@ -243,6 +294,39 @@ def layer_cost(
         model_flops=model_flops,
         hardware_flops=model_flops + recompute_flops + flash_bwd_flops,
         optimizer_s=optimizer_s,
+        cp_comm_s=cp.forward_s + cp.backward_s,
+    )
+
+
+def _context_cost(
+    context: KVExchange | None,
+    cluster: ClusterProfile,
+    node: NodeType,
+    dtype: str,
+    kv_shards: int,
+    samples: int,
+    attention_flops: float,
+    causal_skip: bool = False,
+) -> ExchangeCost:
+    """The K/V exchange of an attention layer under context parallelism (zero without it, or for layers
+    without attention). The ring hides its steps behind the attention kernel's time at the GEMM rate
+    (flash: the kernel model's flash efficiency; backward 2.5x, ``kernels.FLASH_BACKWARD_FLOPS_FACTOR``)."""
+    if context is None or attention_flops <= 0:
+        return ExchangeCost(forward_s=0.0, backward_s=0.0, saved_bytes=0.0)
+    rate = _achieved_flops(node, dtype)
+    if node.kernel_model is not None:
+        peak = _compute_figure(node, ATTENTION_DTYPE.get(dtype, dtype)).peak_flops_per_s
+        rate = _flash_efficiency(node, causal_skip) * peak
+    attention_s = attention_flops / rate
+    return exchange_cost(
+        context,
+        cluster=cluster,
+        node=node,
+        tp=kv_shards,
+        samples=samples,
+        attention_forward_s=attention_s,
+        attention_backward_s=FLASH_BACKWARD_FLOPS_FACTOR * attention_s,
+        contention=contention(node),
     )
 
 

@@ -9,9 +9,12 @@ for the exact formula per schedule).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import TYPE_CHECKING, Literal, Mapping
 
 from planner.cost.constants import DDP_BUCKET_BYTES
+
+if TYPE_CHECKING:
+    from planner.cost.context import KVExchange
 
 Recompute = Literal["none", "selective", "full"]
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
@@ -22,7 +25,7 @@ TPStyle = Literal["replicate", "split"]
 class ParallelConfig:
     """One fully specified way to run a model on a cluster.
 
-    Degrees: ``tp * pp * dp`` devices. ``stage_layers`` lists, per pipeline chunk (``pp * virtual_stages``
+    Degrees: ``tp * pp * dp * cp`` devices. ``stage_layers`` lists, per pipeline chunk (``pp * virtual_stages``
     chunks in model order; chunk ``i`` runs on pp rank ``i % pp``), its top-level module paths; ``None``
     means the cost model splits the repeated blocks as evenly as possible (Megatron style; non-block layers
     go with the first/last chunk). ``recompute`` is a per-path mapping (absent = none) or a default mode for
@@ -42,6 +45,12 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    # Context parallelism (``planner.cost.context``): the sequence split over ``cp`` ranks, K/V exchanged by
+    # all-gather or ring (None when cp == 1). ``kv_exchange`` is set only on the folded configuration
+    # ``context.fold`` builds (dp * cp ranks on the per-rank view of the model); leave it None.
+    cp: int = 1
+    context_parallel: Literal["allgather", "ring"] | None = None
+    kv_exchange: KVExchange | None = None
     micro_batch: int = 1
     num_micro_batches: int = 1
     schedule: ScheduleKind = "1f1b"
@@ -55,6 +64,12 @@ class ParallelConfig:
     batch_shares: tuple[float, ...] | None = None
     replica_node_types: tuple[str, ...] | None = None
     flash_attention: bool = False
+    # A causal flash kernel skips the blocks above the diagonal (FlashAttention-2 §3.1.1): it is timed on
+    # ``constants.CAUSAL_FLASH_WORK_FRACTION`` of the score FLOPs. Off by default: the published short-sequence
+    # rows of benchmarks/cost_accuracy.py agree better without it (validation mean |error| 6.2 % vs 7.4 %),
+    # a sign that the flash efficiencies of planner/hardware_catalog.py absorb it there; at 32k-128k tokens the
+    # s^2 terms dominate and it must be on (the long-context search and benchmarks set it).
+    causal_skip: bool = False
     overlap_grad_reduce: bool = True
     # Hide TP collectives behind the layer's GEMMs (Megatron-Core/Transformer Engine --tp-comm-overlap).
     overlap_tp_comm: bool = False
@@ -91,7 +106,7 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,3 +131,6 @@ class LayerCost:
     # Per optimizer step (not per micro-batch): the measured AdamW host time over this layer's parameters
     # (``planner.cost.framework``); 0 without a measured runtime overhead. Added to the rank's tail.
     optimizer_s: float = 0.0
+    # Exposed K/V exchange of context parallelism (``planner.cost.context``), already inside forward_s and
+    # backward_s (full recompute repeats the forward's); kept apart so that callers can see it.
+    cp_comm_s: float = 0.0

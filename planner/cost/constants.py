@@ -123,3 +123,31 @@ def is_gpu(device: str) -> bool:
     """Whether a device name is a GPU (it then carries a CUDA context in memory)."""
     lower = device.lower()
     return gpu_family(device) is not None or any(tag in lower for tag in ("gpu", "nvidia", "tesla", "cuda"))
+
+
+# FlashAttention-2 (Dao 2023, arXiv:2307.08691) §3.1.1 "Causal masking": a causal flash kernel skips the
+# blocks whose keys all come after its queries, about half of the s x s blocks at long sequence; with
+# ParallelConfig.causal_skip the cost model times a flash kernel on this fraction of the score FLOPs and
+# counts the model FLOPs of attention the same way (the causal half; SC21 eq. 3 counts the full square).
+CAUSAL_FLASH_WORK_FRACTION = 0.5
+
+# The dtype fused (flash) attention runs in, when it differs from the GEMMs': Transformer Engine's FP8 recipes
+# cast the linear layers' GEMMs to FP8 and leave DotProductAttention in BF16 unless ``fp8_dpa`` is set
+# (TE ``DelayedScaling(fp8_dpa=False)`` default; NeMo/Megatron FP8 runs before 2025 used that default).
+ATTENTION_DTYPE = {"fp8": "bf16"}
+
+# Fused causal attention's achieved fraction of the (BF16) peak at long sequence (>= 32k tokens), counted in
+# causal FLOPs, used with ParallelConfig.causal_skip in place of the node's kernel_model.flash_attention_efficiency
+# (an assumption made for short sequences). H100: fitted on ONE row, NeMo's Llama-2-7B at 1,048,576 tokens on
+# 1,024 H100 (TP8 CP32, 536 TFLOP/s per GPU; benchmarks/data/long_context_cases.csv), where attention is 97 % of
+# the FLOPs; the other rows of that file are its validation (benchmarks/long_context_accuracy.py). Consistent
+# with FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, Fig. 5: causal, head dim 128, 8k-16k tokens,
+# about 610-660 TFLOP/s of 989 = 0.62-0.67). Other GPUs keep their kernel model's figure.
+LONG_CAUSAL_FLASH_EFFICIENCY: dict[str, float] = {"H100": 0.68}
+
+# Achieved FP8 GEMM throughput as a fraction of what the kernel model would give at the FP8 datasheet peak
+# (2x BF16 on H100): Transformer Engine's per-tensor scaling adds cast and amax kernels around every FP8 GEMM
+# and its FP8 GEMMs run below the BF16 ones' efficiency. H100: fitted on ONE row, NeMo's Llama-2-7B at 4,096
+# tokens on 4 H100 (FP8, no CP, 768 TFLOP/s per GPU; benchmarks/data/long_context_cases.csv) jointly with
+# LONG_CAUSAL_FLASH_EFFICIENCY; the 8k and 16k rows and the CP rows validate it.
+FP8_GEMM_PEAK_FRACTION: dict[str, float] = {"H100": 0.70}

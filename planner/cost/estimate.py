@@ -47,6 +47,7 @@ from __future__ import annotations
 from planner.cost.collectives import collective_time
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig
+from planner.cost.context import estimate_context_parallel
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
 from planner.cost.constants import (
@@ -162,6 +163,8 @@ class _Assembler:
                 overlap_tp_comm=cfg.overlap_tp_comm,
                 dp_wrapper=dp_wrapper(cfg.dp, cfg.zero_stage),
                 timings_scale=timings_scale(self.model, node),
+                context=cfg.kv_exchange,
+                causal_skip=cfg.causal_skip,
             )
         return self._cache[key]
 
@@ -565,6 +568,8 @@ def estimate(
     device capacity is reported (``fits_in_memory=False``), not raised: the search needs the number.
     With ``config.replica_node_types`` the step is formula (H) of :func:`_estimate_replicas`.
     """
+    if config.cp > 1:  # context parallelism: the folded dp x cp configuration (planner/cost/context.py)
+        return estimate_context_parallel(model, cluster, config, global_batch=global_batch, dtype=dtype)
     check_config(model, cluster, config, global_batch=global_batch, dtype=dtype)
     if config.replica_node_types is not None:
         return _estimate_replicas(model, cluster, config, global_batch=global_batch, dtype=dtype)

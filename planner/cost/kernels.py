@@ -48,6 +48,8 @@ class Device:
 
     km: KernelModel
     peak_flops_per_s: float
+    # peak of the dtype fused attention runs in (None: the GEMMs' dtype); constants.ATTENTION_DTYPE
+    attention_peak_flops_per_s: float | None = None
     memory_bw_bytes_per_s: float
     elem_bytes: int
 
@@ -175,7 +177,7 @@ def layer_kernels(
         if op.attention_core:
             core = core + f
     if flash and score_flops > 0:
-        rate = dev.km.flash_attention_efficiency * dev.peak_flops_per_s
+        rate = dev.km.flash_attention_efficiency * (dev.attention_peak_flops_per_s or dev.peak_flops_per_s)
         fwd = fwd + PassTime(kernel_s=score_flops / rate, kernels=1)
         bwd = bwd + PassTime(kernel_s=FLASH_BACKWARD_FLOPS_FACTOR * score_flops / rate, kernels=1)
     return LayerKernels(forward=fwd, backward=bwd, attention_forward=core)

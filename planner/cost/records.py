@@ -22,7 +22,8 @@ BREAKDOWN_KEYS = (
 FLOP_CONVENTION = (
     "model FLOPs = forward + backward FLOPs of the profile (GPT: 72 B s l h^2 (1 + s/6h + V/12lh), SC21 eq. 3 "
     "without the recompute forward); hardware FLOPs add recomputed forwards (SC21 eq. 3 itself under full "
-    "recompute); MFU/HFU divide by the datasheet dense peak of the compute dtype (PaLM App. B)"
+    "recompute); with causal flash attention (ParallelConfig.causal_skip) the s^2 attention terms count the causal "
+    "half; MFU/HFU divide by the datasheet dense peak of the compute dtype (PaLM App. B)"
 )
 
 

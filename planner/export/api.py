@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from types import ModuleType
 
+from planner.cost.context import plan_context_fields
 from planner.cost import ParallelConfig, estimate, with_gpus
 from planner.cost.placement import fill_stage_node_types
 from planner.cost.records import Estimate
@@ -60,6 +61,7 @@ def plan_parallel_config(plan: Plan) -> ParallelConfig:
         stage_node_types=node_types,
         batch_shares=tuple(plan.batch_shares) if plan.batch_shares else None,
         replica_node_types=tuple(plan.replica_node_types) if plan.replica_node_types else None,
+        **plan_context_fields(plan),
     )
 
 

@@ -74,6 +74,9 @@ def to_items(s: FrameworkSettings) -> dict[str, str | None]:
         items["--decoder-last-pipeline-num-layers"] = str(s.last_chunk_blocks)
     if s.cp > 1:
         items["--context-parallel-size"] = str(s.cp)
+        items["--cp-comm-type"] = CP_COMM_TYPES[s.context_parallel or "ring"]
+    if s.flash_attention:
+        items["--use-flash-attn"] = None
     if s.ep > 1:
         items["--expert-model-parallel-size"] = str(s.ep)
     if s.sequence_parallel:
@@ -351,6 +354,15 @@ def _schedule(args: dict[str, str | None], s_global: int) -> LRSchedule | None:
     )
 
 
+# Megatron-Core's --cp-comm-type (context parallelism user guide): p2p = ring point-to-point overlapped with
+# blockwise attention, all_gather = all-gather K/V (Llama 3's); its a2a / a2a+p2p are priced as the ring here.
+CP_COMM_TYPES = {"ring": "p2p", "allgather": "all_gather"}
+
+
+def _cp_mode(args: dict) -> str:
+    return "allgather" if args.get("--cp-comm-type") == "all_gather" else "ring"  # Megatron's default: p2p
+
+
 def parse(text: str, *, world_size: int | None = None) -> FrameworkSettings:
     """Settings from a Megatron command, argument string or exported fragment (``world_size``: GPUs)."""
     tokens, stated_world = _tokens(text)
@@ -408,6 +420,8 @@ def parse(text: str, *, world_size: int | None = None) -> FrameworkSettings:
         model=model,
         lr_schedule=_schedule(args, gb),
         weight_decay=_float(args, "--weight-decay"),
+        context_parallel=_cp_mode(args) if cp > 1 else None,
+        flash_attention="--use-flash-attn" in args or args.get("--attention-backend") == "flash",
     )
     check_settings(settings, source="Megatron arguments", names=FLAG_NAMES)
     return settings

@@ -33,6 +33,7 @@ class Capabilities:
     zero_with_pp: tuple[int, ...] | None = None  # ZeRO stages allowed together with pp > 1
     decays: tuple[str, ...] = ("cosine", "constant")
     warmup_start: bool = True  # a non-zero rate at step 0
+    context_parallel: tuple[str, ...] = ()  # K/V exchanges of its context parallelism (none: no cp)
 
 
 CAPABILITIES: dict[str, Capabilities] = {
@@ -44,6 +45,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         recompute=("none", "selective", "full"),
         recompute_block_count=True,
         uneven_first_last=True,
+        context_parallel=("allgather", "ring"),  # --context-parallel-size, --cp-comm-type all_gather / p2p
     ),
     # torchtitan: DDP (zero 0), FSDP2 reshard_after_forward never (ZeRO-2-like) / always (ZeRO-3).
     "torchtitan": Capabilities(
@@ -51,6 +53,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         zero_stages=(0, 2, 3),
         recompute=("none", "selective", "full"),
         warmup_start=False,
+        context_parallel=("allgather",),  # context_parallel_degree; torch's CP rotates K/V by all-gather (default)
     ),
     # DeepSpeed: PipelineModule runs its own 1F1B-like TrainSchedule; ZeRO-2/3 refuse pipeline parallelism;
     # AutoTP has no sequence parallelism; activation checkpointing recomputes whole layers.
@@ -243,6 +246,7 @@ def _degrees(plan: Plan, caps: Capabilities, changes: list[Change], framework: s
         )
         return {"tp": 1, "pp": 1, "dp": new_dp, "micro_batch": new_mb, "schedule": "1f1b", "virtual_stages": 1}
     out = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": mb, "schedule": kind, "virtual_stages": v}
+    out.update(_context(plan, caps, changes, framework))
     if pp > 1 and kind not in caps.schedules:
         new: ScheduleKind = (
             "interleaved_1f1b" if kind == "interleaved_1f1b" and "interleaved_1f1b" in caps.schedules else "1f1b"
@@ -259,6 +263,34 @@ def _degrees(plan: Plan, caps: Capabilities, changes: list[Change], framework: s
     if pp == 1:
         out.update(schedule="1f1b", virtual_stages=1)
     return out
+
+
+def _context(plan: Plan, caps: Capabilities, changes: list[Change], framework: str) -> dict:
+    """cp and its K/V exchange: as planned, the framework's exchange, or folded into dp without cp."""
+    cp, mode = plan.mesh.size("cp"), plan.context_parallel
+    if cp == 1:
+        return {}
+    if not caps.context_parallel:
+        changes.append(
+            Change(
+                what="context parallelism",
+                plan=f"cp {cp} ({mode})",
+                exported=f"dp x {cp}",
+                why=f"{framework} has no context parallelism: each rank holds whole sequences",
+            )
+        )
+        return {"dp": plan.mesh.size("dp") * cp}
+    if mode not in caps.context_parallel:
+        changes.append(
+            Change(
+                what="context-parallel K/V exchange",
+                plan=str(mode),
+                exported=caps.context_parallel[0],
+                why=f"{framework} exchanges K/V by {' or '.join(caps.context_parallel)}",
+            )
+        )
+        mode = caps.context_parallel[0]  # type: ignore[assignment]
+    return {"cp": cp, "context_parallel": mode}
 
 
 def _divisible_virtual_stages(degrees: dict, kinds: dict[str, str], changes: list[Change]) -> bool:
@@ -397,6 +429,7 @@ def nearest_candidates(
         model=plan.model,
         lr_schedule=_recipe(plan, caps, changes),
         weight_decay=plan.training.weight_decay,
+        flash_attention=plan.flash_attention,
     )
     out = []
     for recompute, change in _recompute(plan, kinds, caps, changes):

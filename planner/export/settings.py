@@ -55,6 +55,9 @@ class FrameworkSettings:
     model: ModelSpec | None = None
     lr_schedule: LRSchedule | None = None
     weight_decay: float | None = None
+    # context parallelism's K/V exchange (planner/cost/context.py): "allgather" or "ring"; None with cp 1
+    context_parallel: str | None = None
+    flash_attention: bool = False  # fused causal flash attention (Megatron --use-flash-attn)
 
     @property
     def world_size(self) -> int:
@@ -155,10 +158,9 @@ def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> P
     Every TP-capable layer is split (Megatron's vocab-parallel embedding and head; the cost model's default
     layout); explicit chunk boundaries only where the split is uneven or the recompute is per-layer.
     """
-    if s.cp > 1 or s.ep > 1:
+    if s.ep > 1:
         raise StratagemError(
-            f"context parallel {s.cp} / expert parallel {s.ep}: the cost model does not "
-            f"estimate these yet; set them to 1 to estimate the rest"
+            f"expert parallel {s.ep}: the cost model does not estimate it yet; set it to 1 to estimate the rest"
         )
     explicit = s.first_chunk_blocks is not None or s.last_chunk_blocks is not None
     chunks = chunk_paths(layers, s) if explicit or s.recompute_blocks_per_chunk is not None else None
@@ -183,4 +185,8 @@ def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> P
         recompute=recompute,
         stage_layers=tuple(tuple(c) for c in chunks) if chunks is not None and explicit else None,
         overlap_grad_reduce=s.overlap_grad_reduce,
+        cp=s.cp,
+        context_parallel=(s.context_parallel or "ring") if s.cp > 1 else None,  # type: ignore[arg-type]
+        flash_attention=s.flash_attention,
+        causal_skip=s.flash_attention,
     )

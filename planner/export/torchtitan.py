@@ -314,6 +314,7 @@ def parse(text: str, *, world_size: int | None = None, layers: int | None = None
         pp=pp,
         dp=dp,
         cp=cp,
+        context_parallel="allgather" if cp > 1 else None,  # torch's context_parallel rotates K/V by all-gather
         ep=int(par.get("expert_parallel_degree", 1)),
         micro_batch=mb,
         global_batch=gb,

@@ -60,7 +60,7 @@ def plot_memory_per_rank(plan: Plan) -> Figure:
     frame = rank_frame(plan, simulated=False).groupby("pp", sort=True).first()
     kinds = [c for c in frame.columns if c.startswith("mem_") and c.endswith("_bytes")]
     scale, unit = bytes_unit(max(frame["memory_capacity_bytes"].max(), frame["peak_memory_bytes"].max()))
-    group = plan.mesh.size("dp") * plan.mesh.size("tp")
+    group = plan.mesh.size("dp") * plan.mesh.size("cp") * plan.mesh.size("tp")
     mixed = frame["node_type"].nunique() > 1
     fig = Figure(figsize=(max(6.0, 1.0 + (1.0 if mixed else 0.7) * len(frame)), 4.5), layout="constrained")
     ax = fig.add_subplot()

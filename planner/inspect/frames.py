@@ -165,6 +165,7 @@ def summary_frame(plan: Plan, name: str | None = None, timeline: Timeline | None
         world_size=plan.world_size,
         pp=plan.mesh.size("pp"),
         dp=plan.mesh.size("dp"),
+        cp=plan.mesh.size("cp"),
         tp=plan.mesh.size("tp"),
         schedule=s.kind,
         virtual_stages=s.virtual_stages,

@@ -19,6 +19,7 @@ ALL_DIMENSIONS = (
     "layout",
     "mixed",
     "cross_node_tp",
+    "cp",
 )
 DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS)
 
@@ -49,6 +50,16 @@ class SearchConfig:
     memory_fraction: float = 0.9
     budget_s: float = 600.0
     jobs: int = 1  # candidates solved at once (each its own CBC process)
+    # Cost attention as a fused causal flash kernel that skips the masked blocks (ParallelConfig.flash_attention
+    # and causal_skip; no s x s scores saved). Long-context plans need it; off by default so that plans keep the
+    # unfused attention the SC21 figures were made with.
+    flash_attention: bool = False
+    # Context parallelism (planner/cost/context.py): ``cp`` fixes the degree (None: searched, 1 included);
+    # the search tries cp > 1 only for sequences of at least ``cp_min_seq_len`` tokens: below that a sequence's
+    # activations are small beside the weights (Megatron-Core's CP guide recommends CP for long sequences), and
+    # trying every cp would multiply the search time of short-sequence cases (GPT-3 175B at 2,048: 0.6 -> 10 s).
+    cp: int | None = None
+    cp_min_seq_len: int = 8192
 
     def __post_init__(self) -> None:
         unknown = set(self.allow) - set(ALL_DIMENSIONS)
@@ -62,6 +73,8 @@ class SearchConfig:
             raise SettingError("time_limit_s", self.time_limit_s, "must be positive seconds, e.g. 30")
         if self.jobs < 1:
             raise SettingError("jobs", self.jobs, "must be >= 1, e.g. the number of CPU cores")
+        if self.cp is not None and self.cp < 1:
+            raise SettingError("cp", self.cp, "must be >= 1, e.g. 2, 4 or 8 (a divisor of the sequence / 2)")
         if not self.budget_s > 0:
             raise SettingError("budget_s", self.budget_s, "must be positive seconds, e.g. 600")
 

@@ -18,6 +18,7 @@ from planner.cost import estimate as estimate_fn
 from planner.cost.collectives import Algorithm, collective_time
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
+from planner.cost.context import KVExchange, check_context, context_view, kv_exchange, unfold
 from planner.cost.constants import (
     CUDA_CONTEXT_BYTES,
     DDP_BUCKETS_IN_FLIGHT,
@@ -133,14 +134,50 @@ class _Candidate:
 class CandidateCosts:
     """Builds ILP tables for outer choices of one (model, cluster, global batch, search config)."""
 
-    def __init__(self, profile: ModelProfile, cluster: ClusterProfile, *, global_batch: int, config: SearchConfig):
+    def __init__(
+        self,
+        profile: ModelProfile,
+        cluster: ClusterProfile,
+        *,
+        global_batch: int,
+        config: SearchConfig,
+        exchange: KVExchange | None = None,
+    ):
         self.profile, self.cluster, self.global_batch, self.search = profile, cluster, global_batch, config
+        self.exchange = exchange  # set on the per-cp costs of context parallelism (a folded view, see _folded)
+        self._context: dict[tuple, CandidateCosts] = {}
+        self._folded_outer: dict[OuterChoice, OuterChoice] = {}
         self.dtype = profile.dtype
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
         self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}  # (groups, layout changes) by key
         self._least: dict[tuple, tuple[float, float, list[float]]] = {}  # least layer times by key
         self._hidden: dict[tuple, float] = {}  # least hidden ZeRO-3 / sync time
+
+    # -- context parallelism --------------------------------------------------------------------
+    def _folded(self, outer: OuterChoice) -> tuple[CandidateCosts, OuterChoice]:
+        """The costs and outer choice that price ``outer``: itself at cp 1; with ``cp > 1`` the folded
+        ``dp * cp`` candidate on the per-rank view of the model (``planner.cost.context``, as ``estimate``
+        folds it), one :class:`CandidateCosts` per (cp, K/V exchange), cached."""
+        if outer.cp == 1:
+            return self, outer
+        key = (outer.cp, outer.context_parallel)
+        if key not in self._context:
+            mode = outer.context_parallel or "allgather"
+            check_context(self.profile, outer.cp, mode)
+            views = [c.profile for (cp, _), c in self._context.items() if cp == outer.cp]  # one view per cp
+            self._context[key] = CandidateCosts(
+                views[0] if views else context_view(self.profile, outer.cp),
+                self.cluster,
+                global_batch=self.global_batch * outer.cp,
+                config=self.search,
+                exchange=kv_exchange(self.profile, outer.cp, mode),  # type: ignore[arg-type]
+            )
+        sub = self._context[key]
+        sub.search = self.search  # the same limits (a caller may change them between solves)
+        if outer not in self._folded_outer:
+            self._folded_outer[outer] = replace(outer, dp=outer.dp * outer.cp, cp=1, context_parallel=None)
+        return sub, self._folded_outer[outer]
 
     # -- configuration ------------------------------------------------------------------------
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
@@ -162,6 +199,9 @@ class CandidateCosts:
             zero_stage=outer.zero_stage,
             sequence_parallel=outer.sequence_parallel,
             stage_node_types=None if outer.replica_node_types else outer.rank_node_types,
+            flash_attention=self.search.flash_attention,
+            causal_skip=self.search.flash_attention,
+            kv_exchange=self.exchange,
             **extra,
         )
 
@@ -217,12 +257,14 @@ class CandidateCosts:
             recompute=recompute,
             sequence_parallel=sp,
             micro_batch=mb,
-            flash_attention=False,
+            flash_attention=self.search.flash_attention,
             dtype=self.dtype,
             tp_group_spans_nodes=tp_group(tp, node.devices_per_node).spans_nodes,
             use_timings=_timings_apply(self.profile, node),
             dp_wrapper=dp_wrapper(dp, zero),
             timings_scale=timings_scale(self.profile, node),
+            context=self.exchange,
+            causal_skip=self.search.flash_attention,
         )
 
     def _option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
@@ -271,7 +313,7 @@ class CandidateCosts:
                 style=opt.style,
                 sequence_parallel=outer.sequence_parallel,
                 micro_batch=outer.micro_batch,
-                flash_attention=False,
+                flash_attention=self.search.flash_attention,
             )
             if opt.recompute == "full"
             else 0.0
@@ -429,6 +471,9 @@ class CandidateCosts:
         """A cheap lower bound from layer times alone (``space.lower_bound_s`` without sends, optimizer
         or memory): (m - 1/v) max(sum t_min / pp, max t_min) + sum t_min / v; with replica types the
         largest over the types (each with its own node type and m_t)."""
+        if outer.cp > 1:
+            costs, folded = self._folded(outer)
+            return costs.quick_bound_s(folded)
         lanes = (
             [((t,), m) for t, _, m in outer.replica_types()]
             if outer.replica_node_types
@@ -545,6 +590,9 @@ class CandidateCosts:
 
     def tables(self, outer: OuterChoice) -> Tables:
         """All ILP coefficients of ``outer`` (one lane per replica node type when replicas differ)."""
+        if outer.cp > 1:
+            costs, folded = self._folded(outer)
+            return costs.tables(folded)
         if outer.replica_node_types:
             check_config(
                 self.profile, self.cluster, self.base_config(outer), global_batch=self.global_batch, dtype=self.dtype
@@ -606,6 +654,9 @@ class CandidateCosts:
     def parallel_config(self, outer: OuterChoice, tables: Tables, assignment: Assignment) -> ParallelConfig:
         """The :class:`ParallelConfig` an assignment stands for: explicit chunks, per-layer recompute and
         layout (identical layers of a chunk take their options in option order)."""
+        if outer.cp > 1:
+            costs, folded = self._folded(outer)
+            return unfold(costs.parallel_config(folded, tables, assignment), outer.cp, outer.context_parallel)
         stage_layers, recompute, layout = [], {}, {}
         taken = [0] * len(tables.groups)
         for row in assignment.counts:

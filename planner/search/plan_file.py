@@ -52,8 +52,12 @@ def build_stages(candidate: Candidate) -> list[Stage]:
                 index=s,
                 pp_rank=pp_rank,
                 module_paths=list(paths),
-                ranks=stage_ranks(
-                    pp_rank, dp=outer.dp, tp=outer.tp, pp=outer.pp, replicas_outer=outer.replica_node_types is not None
+                ranks=stage_ranks(  # with cp: a stage's dp x cp x tp ranks are contiguous (mesh pp, dp, cp, tp)
+                    pp_rank,
+                    dp=outer.dp * outer.cp,
+                    tp=outer.tp,
+                    pp=outer.pp,
+                    replicas_outer=outer.replica_node_types is not None,
                 ),
                 node_type=(
                     "+".join(dict.fromkeys(outer.replica_node_types))
@@ -146,8 +150,12 @@ def build_plan(
         mesh=(
             Mesh(axes=["dp", "pp", "tp"], sizes=[outer.dp, outer.pp, outer.tp])
             if outer.replica_node_types
+            else Mesh(axes=["pp", "dp", "cp", "tp"], sizes=[outer.pp, outer.dp, outer.cp, outer.tp])
+            if outer.cp > 1
             else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])
         ),
+        context_parallel=outer.context_parallel if outer.cp > 1 else None,
+        flash_attention=best.config.flash_attention,
         schedule=make_schedule(
             outer.schedule,
             micro_batch_size=outer.micro_batch,

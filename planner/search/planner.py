@@ -22,6 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from planner.cost.config import ParallelConfig
+from planner.cost.context import check_context, cp_degrees
 from planner.cost.placement import block_count, with_gpus
 from planner.cost.records import Estimate
 from planner.errors import StratagemError
@@ -223,6 +224,8 @@ def _key(outer: OuterChoice) -> tuple:
         outer.rank_node_types,
         outer.replica_node_types,
         outer.replica_micro_batches,
+        outer.cp,
+        outer.context_parallel,
     )
 
 
@@ -284,7 +287,26 @@ def plan_search(
     outers = _enumerate(profile, cluster, n_devices=n_devices, global_batch=global_batch, config=config)
     search = _BranchAndBound(costs, outers, config, start=start, progress=progress)
     search.run()
-    return search.result(n_devices)
+    result = search.result(n_devices)
+    if config.cp is None and config.allows("cp") and 1 < profile.seq_len < config.cp_min_seq_len:
+        note = (
+            f"context parallelism not searched: {profile.seq_len} tokens < {config.cp_min_seq_len} "
+            f"(--cp N plans a fixed degree, --cp-min-seq lowers the threshold)"
+        )
+        result = replace(result, notes=f"{result.notes} {note}.".strip())
+    return result
+
+
+def searched_cp_degrees(profile: ModelProfile, n_devices: int, config: SearchConfig) -> tuple[int, ...]:
+    """The cp degrees the search tries: ``config.cp`` alone when fixed (checked against the model and the
+    sequence), else 1 and, for sequences of at least ``config.cp_min_seq_len`` tokens, every cp the model,
+    sequence and device count allow (``planner.cost.context.cp_degrees``)."""
+    if config.cp is not None:
+        check_context(profile, config.cp, "allgather")
+        return (config.cp,)
+    if not config.allows("cp") or profile.seq_len < config.cp_min_seq_len:
+        return (1,)
+    return cp_degrees(profile, n_devices)
 
 
 def _enumerate(
@@ -300,6 +322,7 @@ def _enumerate(
             n_blocks=block_count(profile),
             tp_degrees=profile.tp_degrees,
             config=config,
+            cp_degrees=searched_cp_degrees(profile, n_devices, config),
         )
     )
     if not outers:

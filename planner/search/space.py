@@ -42,6 +42,9 @@ class OuterChoice:
     rank_node_types: tuple[str, ...]
     replica_node_types: tuple[str, ...] | None = None
     replica_micro_batches: tuple[int, ...] | None = None
+    # context parallelism (planner/cost/context.py): the sequence split over cp ranks, and the K/V exchange
+    cp: int = 1
+    context_parallel: str | None = None
 
     def replica_types(self) -> list[tuple[str, int, int]]:
         """(node type, replicas, micro-batches per replica) in order of first use; [] without replica types."""
@@ -60,8 +63,9 @@ class OuterChoice:
         where = "" if len(types) == 1 else " on " + "/".join(self.rank_node_types)
         if self.replica_node_types:
             where = " replicas " + " + ".join(f"{k}x{t}(mb{self.micro_batch}x{m})" for t, k, m in self.replica_types())
+        cp = f" cp{self.cp}({self.context_parallel})" if self.cp > 1 else ""
         return (
-            f"tp{self.tp} pp{self.pp} dp{self.dp} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
+            f"tp{self.tp} pp{self.pp} dp{self.dp}{cp} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
             f"zero{self.zero_stage}{' sp' if self.sequence_parallel else ''}{where}"
         )
 
@@ -78,6 +82,8 @@ class OuterChoice:
             sequence_parallel=self.sequence_parallel,
             node_types="/".join(self.rank_node_types),
         )
+        if self.cp > 1:
+            out["cp"], out["context_parallel"] = self.cp, self.context_parallel or ""
         if self.replica_node_types:
             out["replica_node_types"] = "/".join(self.replica_node_types)
             out["replica_micro_batches"] = "/".join(map(str, self.replica_micro_batches or ()))
@@ -159,6 +165,26 @@ def _tp_pp(
                 yield tp, pp
 
 
+def _tp_pp_cp(
+    cluster: ClusterProfile,
+    n_devices: int,
+    n_layers: int,
+    tp_degrees: list[int],
+    config: SearchConfig,
+    cp_degrees: Sequence[int],
+    by_type: Mapping[str, int],
+) -> Iterator[tuple[int, int, int, str | None]]:
+    """(tp, pp, cp, K/V exchange): :func:`_tp_pp` with each cp degree dividing the devices left (uniform
+    clusters only: per-replica node types are not combined with cp)."""
+    for tp, pp in _tp_pp(cluster, n_devices, n_layers, tp_degrees, config):
+        if 1 in cp_degrees:
+            yield tp, pp, 1, None
+        for cp in cp_degrees:
+            if cp > 1 and (n_devices // (tp * pp)) % cp == 0 and len(by_type) == 1:
+                yield tp, pp, cp, "allgather"
+                yield tp, pp, cp, "ring"
+
+
 def _micro_batch_sizes(samples: int, config: SearchConfig) -> list[int]:
     """Micro-batch sizes dividing ``samples``, up to ``config.max_micro_batch``."""
     return [mb for mb in divisors(samples) if mb <= config.max_micro_batch]
@@ -173,24 +199,27 @@ def enumerate_outer(
     tp_degrees: list[int],
     config: SearchConfig,
     n_blocks: int | None = None,
+    cp_degrees: Sequence[int] = (1,),
 ) -> Iterator[OuterChoice]:
     """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch.
     ``n_blocks``: the model's repeated blocks (``placement.block_count``; default ``n_layers``), which
-    interleaved schedules split into equal chunks."""
+    interleaved schedules split into equal chunks. ``cp_degrees``: the context-parallel degrees the model
+    and sequence allow (``planner.cost.context.cp_degrees``); each ``cp > 1`` is tried with both K/V
+    exchanges, on ``dp = devices / (tp pp cp)`` replicas."""
     n_blocks = n_layers if n_blocks is None else n_blocks
     by_type = devices_by_type(cluster, n_devices)
     if len(by_type) > 1 and not config.allows("mixed"):
         by_type = {next(iter(by_type)): n_devices}  # treat as uniform (the 'ignore the difference' plan)
-    for tp, pp in _tp_pp(cluster, n_devices, n_layers, tp_degrees, config):
-        dp = n_devices // (tp * pp)
+    for tp, pp, cp, mode in _tp_pp_cp(cluster, n_devices, n_layers, tp_degrees, config, cp_degrees, by_type):
+        dp = n_devices // (tp * pp * cp)
         if dp > 1 and not config.allows("dp") or global_batch % dp:
             continue
-        orders = _rank_type_orders(by_type, pp, tp * dp)
+        orders = _rank_type_orders(by_type, pp, tp * dp * cp)
         per_replica = global_batch // dp
         for mb in _micro_batch_sizes(per_replica, config):
             m = per_replica // mb
             for schedule, v in _schedules(pp, m, n_blocks, config):
-                for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
+                for zero in (0, 1, 2, 3) if dp * cp > 1 and config.allows("zero") else (0,):  # ZeRO over dp x cp
                     for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
                         for order in orders:
                             yield OuterChoice(
@@ -204,6 +233,8 @@ def enumerate_outer(
                                 zero_stage=zero,
                                 sequence_parallel=sp,
                                 rank_node_types=order,
+                                cp=cp,
+                                context_parallel=mode,
                             )
     if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices):
         yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)

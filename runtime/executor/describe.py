@@ -21,7 +21,7 @@ def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
         return describe_spatial_ranks(plan, ranks)
     dims = ParallelDims.from_plan(plan)
     split = check_replica_schedules(plan)
-    dp_mode = ZERO_MAPPING[plan.zero_stage] if dims.dp > 1 else "none"
+    dp_mode = ZERO_MAPPING[plan.zero_stage] if dims.dp * dims.cp > 1 else "none"  # over dp x cp
     lines = []
     for rank in range(dims.world_size) if ranks is None else ranks:
         c = dims.coords(rank)
@@ -36,8 +36,9 @@ def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
             parts.append(f"stage {st.index} [{names}] tp: {tp_text}{lp}; recompute: {rec}")
         start, stop = replica_rows(split.rows, c["dp"])
         m = split.micro_batches[c["dp"]]
+        cp = f", cp {c['cp']} (sequence chunks {c['cp']} and {2 * dims.cp - 1 - c['cp']})" if dims.cp > 1 else ""
         lines.append(
-            f"rank {rank} (pp {c['pp']}, dp {c['dp']}, tp {c['tp']}): "
+            f"rank {rank} (pp {c['pp']}, dp {c['dp']}{cp}, tp {c['tp']}): "
             + " | ".join(parts)
             + f"; dp: {dp_mode}; batch rows {start}..{stop - 1} in {m} micro-batch{'es' * (m > 1)}"
             + f" of {(stop - start) // m}"

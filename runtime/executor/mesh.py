@@ -11,42 +11,51 @@ from dataclasses import dataclass
 from planner.plan import Plan
 
 AXES = ("pp", "dp", "tp")
+ALL_AXES = ("pp", "dp", "cp", "tp")  # with context parallelism (the plan's mesh then names cp)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelDims:
-    """Degrees of the three axes (``pp``, ``dp``, ``tp``) and the order ranks are laid out in."""
+    """Degrees of the axes (``pp``, ``dp``, ``cp``, ``tp``) and the order ranks are laid out in."""
 
     pp: int
     dp: int
     tp: int
+    cp: int = 1
     axes: tuple[str, ...] = AXES
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "ParallelDims":
         return cls(
-            pp=plan.mesh.size("pp"), dp=plan.mesh.size("dp"), tp=plan.mesh.size("tp"), axes=tuple(plan.mesh.axes)
+            pp=plan.mesh.size("pp"),
+            dp=plan.mesh.size("dp"),
+            tp=plan.mesh.size("tp"),
+            cp=plan.mesh.size("cp"),
+            axes=tuple(plan.mesh.axes),
         )
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     def size(self, axis: str) -> int:
-        return {"pp": self.pp, "dp": self.dp, "tp": self.tp}[axis]
+        return {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp}[axis]
 
     def coords(self, rank: int) -> dict[str, int]:
-        """``{"pp": i, "dp": j, "tp": k}`` of a global rank (row-major over ``axes``).
+        """``{"pp": i, "dp": j, "tp": k}`` of a global rank (row-major over ``axes``; ``cp`` too when the
+        mesh has that axis).
 
         >>> ParallelDims(pp=2, dp=2, tp=2).coords(5)
         {'pp': 1, 'dp': 0, 'tp': 1}
+        >>> ParallelDims(pp=1, dp=2, cp=2, tp=1, axes=("pp", "dp", "cp", "tp")).coords(1)
+        {'pp': 0, 'dp': 0, 'cp': 1, 'tp': 0}
         """
-        out: dict[str, int] = {a: 0 for a in AXES}
+        out: dict[str, int] = {a: 0 for a in ALL_AXES}
         rest = rank
         for axis in reversed(self.axes):
             out[axis] = rest % self.size(axis)
             rest //= self.size(axis)
-        return {a: out[a] for a in AXES}
+        return {a: out[a] for a in ALL_AXES if a != "cp" or a in self.axes}
 
     def rank_of(self, **coords: int) -> int:
         """Inverse of :meth:`coords`: the global rank at the given axis coordinates (missing ones 0)."""

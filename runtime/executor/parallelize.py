@@ -16,6 +16,7 @@ from torch import nn
 
 from planner.errors import StratagemError
 from planner.plan import Plan, Stage
+from runtime.executor.context import ContextShard, apply_cp, check_context_supported, data_parallel_mesh
 from runtime.executor.fsdp import apply_dp
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
@@ -45,6 +46,7 @@ class Chunk:
     dp_mode: str = "none"
     replica_sync: ReplicaGradSync | None = None  # Whale replicas under tp > 1: gradients averaged over TP
     replica_rows: dict[str, int] = field(default_factory=dict)  # rows each replica last computed
+    context_paths: list[str] = field(default_factory=list)  # modules that split the sequence over cp
 
     @property
     def loss_parallel(self) -> bool:
@@ -61,6 +63,7 @@ def check_supported(plan: Plan) -> None:
             f"scaling); re-plan with --dtype bf16 or fp32"
         )
     check_tied(plan)
+    check_context_supported(plan)
     paths = layer_paths(plan.model)
     placed = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     if placed != paths:
@@ -71,8 +74,9 @@ def check_supported(plan: Plan) -> None:
         )
 
 
-def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
-    """Build, shard and wrap the chunk of ``stage`` for this rank (collective over the mesh)."""
+def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, context: ContextShard | None = None) -> Chunk:
+    """Build, shard and wrap the chunk of ``stage`` for this rank (collective over the mesh); ``context``:
+    the rank's share of the sequence under context parallelism (gradients then average over dp x cp)."""
     from runtime.models import build_model, init_weights, layer_paths
 
     paths = layer_paths(plan.model)
@@ -86,9 +90,11 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
     replicas, rows = replica_paths(styles), {}
     record_replica_rows(model, replicas, rows)
     retie(model, plan)
+    context_paths = apply_cp(model, context)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
-    dp_mode = apply_dp(model, mesh["dp"], zero_stage=plan.zero_stage, block_paths=blocks)
+    dp_mesh = data_parallel_mesh(mesh, plan.mesh.size("cp"))
+    dp_mode = apply_dp(model, dp_mesh, zero_stage=plan.zero_stage, block_paths=blocks)
     sync = ReplicaGradSync(model, mesh["tp"], replicas) if replicas else None
     return Chunk(
         stage=stage,
@@ -98,6 +104,7 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
         dp_mode=dp_mode,
         replica_sync=sync,
         replica_rows=rows,
+        context_paths=context_paths,
     )
 
 

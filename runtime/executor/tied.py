@@ -78,11 +78,12 @@ def build_tied_sync(
         return None
     mine = None
     for d in range(dims.dp):
-        for t in range(dims.tp):
-            ranks = [dims.rank_of(pp=0, dp=d, tp=t), dims.rank_of(pp=dims.pp - 1, dp=d, tp=t)]
-            group = dist.new_group(ranks)
-            if (coords["dp"], coords["tp"]) == (d, t) and coords["pp"] in (0, dims.pp - 1):
-                mine = group
+        for c in range(dims.cp):  # context parallelism: one pair per cp rank too
+            for t in range(dims.tp):
+                ranks = [dims.rank_of(pp=0, dp=d, cp=c, tp=t), dims.rank_of(pp=dims.pp - 1, dp=d, cp=c, tp=t)]
+                group = dist.new_group(ranks)
+                if (coords["dp"], coords.get("cp", 0), coords["tp"]) == (d, c, t) and coords["pp"] in (0, dims.pp - 1):
+                    mine = group
     if mine is None:
         return None
     params = []

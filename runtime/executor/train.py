@@ -29,6 +29,7 @@ from planner.errors import StratagemError
 from planner.fileio import atomic_write_text
 from planner.plan import Plan, load_plan, validate
 from planner.recipe import lr_at_step
+from runtime.executor.context import ContextShard, build_context_shard
 from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import ParallelDims, build_mesh
@@ -139,6 +140,7 @@ def write_layout_report(
     rows: tuple[int, int],
     loss_scale: float,
     micro_batches: int,
+    context: ContextShard | None = None,
 ) -> None:
     """Per-rank JSON of what was built: chunks, placements, and the rows [start, end) of each global batch
     this rank's dp replica trains on, in how many micro-batches, with its loss scale (uneven batch shares)."""
@@ -147,6 +149,9 @@ def write_layout_report(
         "coords": coords,
         "rows": list(rows),
         "micro_batches": micro_batches,
+        "context": None
+        if context is None
+        else {"cp": context.cp, "mode": context.mode, "chunks": list(context.chunks)},  # context parallelism
         "loss_scale": loss_scale,
         "chunks": [
             {
@@ -157,6 +162,7 @@ def write_layout_report(
                 "dp_mode": c.dp_mode,
                 "loss_parallel": c.loss_parallel,
                 "replica_rows": dict(c.replica_rows),
+                "context_paths": list(c.context_paths),
                 "params": describe_params(c.module),
             }
             for c in chunks
@@ -229,6 +235,7 @@ class Job:
     tied: TiedGradSync | None = None
     memory_baseline_bytes: int = 0
     loss_scale: float = 1.0
+    context: ContextShard | None = None  # this rank's two chunks of each sequence (context parallelism)
 
     @property
     def modules(self) -> list[torch.nn.Module]:
@@ -255,7 +262,8 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
             f"rank {rank} (pp={coords['pp']}) is not listed in its stages' ranks; "
             f"the plan's rank layout is corrupt, re-plan"
         )
-    chunks = [build_chunk(plan, stage, mesh, device) for stage in mine]
+    context = build_context_shard(plan, mesh, coords)
+    chunks = [build_chunk(plan, stage, mesh, device, context) for stage in mine]
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
@@ -268,6 +276,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
             rows=replica_rows(rows, coords["dp"]),
             loss_scale=scale,
             micro_batches=num_micro,
+            context=context,
         )
     scaled_loss = base_loss if scale == 1.0 else (lambda out, tgt: base_loss(out, tgt) * scale)
     runner = build_runner(
@@ -295,6 +304,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
         memory_baseline_bytes=baseline,
         loss_scale=scale,
         tied=build_tied_sync(plan, dims, coords, [c.module for c in chunks]),
+        context=context,
     )
 
 
@@ -311,7 +321,10 @@ def apply_lr(job: Job, step: int) -> float:
 
 def train_step(job: Job, step: int) -> StepResult:
     """One optimizer step; returns the global-batch mean loss, max step time over ranks, memory per rank."""
-    batch = job.data(step).rows(*job.rows).to(job.device)
+    batch = job.data(step).rows(*job.rows)
+    if job.context is not None:  # this cp rank's two chunks of every sequence, inputs and targets alike
+        batch = Batch(inputs=job.context.shard(batch.inputs), targets=job.context.shard(batch.targets))
+    batch = batch.to(job.device)
     t0 = time.perf_counter()
     losses = job.runner.step(batch)
     for chunk in job.chunks:
@@ -327,9 +340,10 @@ def train_step(job: Job, step: int) -> StepResult:
         torch.cuda.synchronize(job.device)
     elapsed_s = time.perf_counter() - t0
     # each replica's last-stage, tp-rank-0 rank adds its (share-scaled) mean loss / dp: the sum over ranks
-    # is the global-batch mean (see data.loss_scale; a replica's micro-batches are all the same size)
+    # is the global-batch mean (see data.loss_scale; a replica's micro-batches are all the same size); with
+    # context parallelism every cp rank adds its tokens' mean / (dp cp) (equal token counts)
     counts = job.runner.is_last and job.coords["tp"] == 0 and losses
-    part = float(torch.stack(losses).mean()) / job.dims.dp if counts else 0.0
+    part = float(torch.stack(losses).mean()) / (job.dims.dp * job.dims.cp) if counts else 0.0
     return _gather_step(job.device, part, elapsed_s, peak_memory_bytes(job.device, job.memory_baseline_bytes), lr)
 
 
@@ -398,6 +412,7 @@ def run_plan(
                 rows=job.rows,
                 loss_scale=job.loss_scale,
                 micro_batches=job.micro_batches,
+                context=job.context,
             )
         meta = {
             "model": plan.model.name,

@@ -45,15 +45,19 @@ class Attention(nn.Module):
         self.head_dim, self.p_drop = head_dim, p_drop
         self.qkv = nn.Linear(hidden, 3 * local_heads * head_dim)
         self.proj = nn.Linear(local_heads * head_dim, hidden)
+        self.context = None  # context parallelism: a runtime.executor.context.ContextShard (apply_cp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         qkv = self.qkv(x).view(b, s, -1, 3, self.head_dim)  # -1 = local heads (works under DTensor TP)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # (b, heads, s, d)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
-        scores = scores + causal_bias(s, device=x.device, dtype=scores.dtype)
-        probs = dropout(F.softmax(scores, dim=-1), self.p_drop, self.training)
-        out = (probs @ v).transpose(1, 2).reshape(b, s, -1)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if self.context is not None:  # this rank's queries against the whole sequence's keys and values
+            ctx = self.context.attend(q, k, v, scale=scale, probs_fn=lambda p: dropout(p, self.p_drop, self.training))
+        else:
+            scores = (q @ k.transpose(-2, -1)) * scale + causal_bias(s, device=x.device, dtype=q.dtype)
+            ctx = dropout(F.softmax(scores, dim=-1), self.p_drop, self.training) @ v
+        out = ctx.transpose(1, 2).reshape(b, s, -1)
         return dropout(self.proj(out), self.p_drop, self.training)
 
 
@@ -124,9 +128,14 @@ class Embedding(nn.Module):
             embedding_table(dims.vocab, dims.hidden) if tp == 1 else VocabShardEmbedding(dims.vocab // tp, dims.hidden)
         )
         self.pos = embedding_table(dims.max_seq, dims.hidden)
+        self.context = None  # context parallelism: the rank's tokens keep their global positions (apply_cp)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
+        positions = (
+            torch.arange(ids.shape[1], device=ids.device)
+            if self.context is None
+            else self.context.positions(ids.device)
+        )
         return dropout(self.tok(ids) + self.pos(positions), self.p_drop, self.training)
 
 

@@ -60,18 +60,32 @@ class Attention(nn.Module):
         self.wk = nn.Linear(dims.hidden, local_kv * self.head_dim, bias=False)
         self.wv = nn.Linear(dims.hidden, local_kv * self.head_dim, bias=False)
         self.wo = nn.Linear(local_heads * self.head_dim, dims.hidden, bias=False)
+        self.context = None  # context parallelism: a runtime.executor.context.ContextShard (apply_cp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        cos, sin = rotary_tables(s, self.head_dim, self.theta, device=x.device, dtype=x.dtype)
+        ctx = self.context
+        if ctx is None:
+            cos, sin = rotary_tables(s, self.head_dim, self.theta, device=x.device, dtype=x.dtype)
+        else:  # the angles of the rank's tokens' global positions
+            pos = ctx.positions(x.device)
+            cos, sin = (
+                t[pos] for t in rotary_tables(ctx.seq_len, self.head_dim, self.theta, device=x.device, dtype=x.dtype)
+            )
         q = apply_rotary(self.wq(x).view(b, s, -1, self.head_dim), cos, sin)
         k = apply_rotary(self.wk(x).view(b, s, -1, self.head_dim), cos, sin)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        k, v = (t.repeat_interleave(self.group, dim=2) for t in (k, v))
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
-        probs = F.softmax(scores + causal_bias(s, device=x.device, dtype=scores.dtype), dim=-1)
-        return self.wo((probs @ v).transpose(1, 2).reshape(b, s, -1))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d); k, v with the kv heads
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if ctx is not None:  # the whole sequence's few K/V heads, repeated for the query heads inside
+            out = ctx.attend(q, k, v, scale=scale, repeat=self.group)
+        else:
+            k, v = (t.repeat_interleave(self.group, dim=1) for t in (k, v))
+            probs = F.softmax(
+                (q @ k.transpose(-2, -1)) * scale + causal_bias(s, device=x.device, dtype=q.dtype), dim=-1
+            )
+            out = probs @ v
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
 class FeedForward(nn.Module):
