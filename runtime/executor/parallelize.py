@@ -17,6 +17,7 @@ from torch import nn
 from planner.errors import StratagemError
 from planner.plan import Plan, Stage
 from runtime.executor.fsdp import apply_dp
+from runtime.executor.moe import ExpertGradSync, ExpertGroups, apply_ep, check_experts, expert_params
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
@@ -45,6 +46,8 @@ class Chunk:
     dp_mode: str = "none"
     replica_sync: ReplicaGradSync | None = None  # Whale replicas under tp > 1: gradients averaged over TP
     replica_rows: dict[str, int] = field(default_factory=dict)  # rows each replica last computed
+    experts_held: dict[str, list[int]] = field(default_factory=dict)  # MoE path -> global expert indices here
+    expert_sync: ExpertGradSync | None = None  # MoE: expert grads over edp, token-sliced grads over tp
 
     @property
     def loss_parallel(self) -> bool:
@@ -61,6 +64,7 @@ def check_supported(plan: Plan) -> None:
             f"scaling); re-plan with --dtype bf16 or fp32"
         )
     check_tied(plan)
+    check_experts(plan)
     paths = layer_paths(plan.model)
     placed = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     if placed != paths:
@@ -71,8 +75,11 @@ def check_supported(plan: Plan) -> None:
         )
 
 
-def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
-    """Build, shard and wrap the chunk of ``stage`` for this rank (collective over the mesh)."""
+def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, experts: ExpertGroups | None = None) -> Chunk:
+    """Build, shard and wrap the chunk of ``stage`` for this rank (collective over the mesh).
+
+    ``experts`` (an MoE model): keep this rank's experts and route over its ep group (``apply_ep``) after
+    TP, and leave the experts out of the data-parallel wrapper."""
     from runtime.models import build_model, init_weights, layer_paths
 
     paths = layer_paths(plan.model)
@@ -85,10 +92,18 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
     apply_tp(model, mesh["tp"], styles)
     replicas, rows = replica_paths(styles), {}
     record_replica_rows(model, replicas, rows)
+    held = apply_ep(model, experts) if experts is not None else {}
+    expert_sync = ExpertGradSync(model, experts) if experts is not None and held else None
     retie(model, plan)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
-    dp_mode = apply_dp(model, mesh["dp"], zero_stage=plan.zero_stage, block_paths=blocks)
+    dp_mode = apply_dp(
+        model,
+        mesh["dp"],
+        zero_stage=plan.zero_stage,
+        block_paths=blocks,
+        ignored_params=expert_params(model) if held else None,
+    )
     sync = ReplicaGradSync(model, mesh["tp"], replicas) if replicas else None
     return Chunk(
         stage=stage,
@@ -98,6 +113,8 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device) -> Chunk:
         dp_mode=dp_mode,
         replica_sync=sync,
         replica_rows=rows,
+        experts_held=held,
+        expert_sync=expert_sync,
     )
 
 

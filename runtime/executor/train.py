@@ -32,6 +32,7 @@ from planner.recipe import lr_at_step
 from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import ParallelDims, build_mesh
+from runtime.executor.moe import build_expert_groups, set_aux_loss_scale
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
 from runtime.executor.parallelize import AUTOCAST_DTYPES, Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.schedule import build_runner, check_replica_schedules
@@ -157,6 +158,7 @@ def write_layout_report(
                 "dp_mode": c.dp_mode,
                 "loss_parallel": c.loss_parallel,
                 "replica_rows": dict(c.replica_rows),
+                "experts_held": dict(c.experts_held),
                 "params": describe_params(c.module),
             }
             for c in chunks
@@ -255,10 +257,13 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
             f"rank {rank} (pp={coords['pp']}) is not listed in its stages' ranks; "
             f"the plan's rank layout is corrupt, re-plan"
         )
-    chunks = [build_chunk(plan, stage, mesh, device) for stage in mine]
+    experts = build_expert_groups(plan, dims, rank, mesh["tp"].get_group())
+    chunks = [build_chunk(plan, stage, mesh, device, experts) for stage in mine]
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
+    for chunk in chunks:  # the MoE load-balancing loss's gradient gets the factor each micro-batch's loss gets
+        set_aux_loss_scale(chunk.module, scale / num_micro / dims.tp)
     if report_dir:
         write_layout_report(
             report_dir,
@@ -317,6 +322,8 @@ def train_step(job: Job, step: int) -> StepResult:
     for chunk in job.chunks:
         if chunk.replica_sync is not None:
             chunk.replica_sync.sync()
+        if chunk.expert_sync is not None:
+            chunk.expert_sync.sync()
     if job.tied is not None:
         job.tied.sync()
     lr = apply_lr(job, step)

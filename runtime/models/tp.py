@@ -18,7 +18,7 @@ from torch import nn
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
 from planner.profiles import CollectiveNeed
-from runtime.models.dims import GPTDims, LlamaDims, MLPDims, ResNetDims, resolve_dims
+from runtime.models.dims import GPTDims, LlamaDims, MLPDims, MoEDims, ResNetDims, resolve_dims
 from runtime.models.external import external, external_collectives
 from runtime.models.zoo import DeviceLike, build_layer, check_layer_path, layer_kind, num_classes
 
@@ -44,6 +44,19 @@ _LLAMA_BLOCK = {
     "mlp.w3": "colwise",
     "mlp.w2": "rowwise",
 }
+# an MoE block splits its attention only; the router and experts are not tensor-parallel (expert
+# parallelism shards the experts instead, runtime.executor.moe; expert TP is not implemented)
+_MOE_BLOCK = {k: v for k, v in _LLAMA_BLOCK.items() if not k.startswith("mlp.")}
+
+
+def _block_layout(spec: ModelSpec, path: str) -> dict[str, str]:
+    if spec.family == "gpt":
+        return dict(_GPT_BLOCK)
+    if spec.family == "moe":
+        dims = resolve_dims(spec)
+        assert isinstance(dims, MoEDims)
+        return dict(_MOE_BLOCK if dims.is_moe_block(int(path.split(".")[1])) else _LLAMA_BLOCK)
+    return dict(_LLAMA_BLOCK)
 
 
 def tp_layout(spec: ModelSpec, path: str) -> dict[str, str]:
@@ -58,9 +71,9 @@ def tp_layout(spec: ModelSpec, path: str) -> dict[str, str]:
     kind = layer_kind(path)
     if spec.family in ("unet3d", "cosmoflow"):  # 3D CNNs split volumes (spatial parallelism), never weights
         return {}
-    if spec.family in ("gpt", "llama"):
+    if spec.family in ("gpt", "llama", "moe"):
         if kind == "block":
-            return dict(_GPT_BLOCK if spec.family == "gpt" else _LLAMA_BLOCK)
+            return _block_layout(spec, path)
         return {
             "embedding": {"tok": "vocab_embedding"},
             "norm": {"": "sequence_parallel"},
@@ -87,7 +100,10 @@ def tp_constraints(spec: ModelSpec, path: str) -> dict[str, int]:
         return {"heads": dims.heads, "ffn_hidden": dims.ffn_hidden}
     if layer_kind(path) == "block" and isinstance(dims, LlamaDims):
         return {"heads": dims.heads, "kv_heads": dims.kv_heads, "ffn_hidden": dims.ffn_hidden}
-    key = {"gpt": "vocab", "llama": "vocab", "resnet": "num_classes", "mlp": "out_features"}[spec.family]
+    if layer_kind(path) == "block" and isinstance(dims, MoEDims):
+        attention = {"heads": dims.heads, "kv_heads": dims.kv_heads}
+        return attention if dims.is_moe_block(int(path.split(".")[1])) else {**attention, "ffn_hidden": dims.ffn_hidden}
+    key = {"gpt": "vocab", "llama": "vocab", "moe": "vocab", "resnet": "num_classes", "mlp": "out_features"}[spec.family]
     return {key: num_classes(spec)}
 
 

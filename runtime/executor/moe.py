@@ -1,0 +1,375 @@
+"""Expert parallelism for the ``moe`` family: groups, token dispatch over all-to-all, gradient sync.
+
+Rank layout ("parallel folding", Megatron-Core MoE, Liu et al. 2025 arXiv:2504.14960 §3): within each
+pipeline stage, the stage's ``dp x tp`` ranks in rank order are regrouped for the expert layers as
+``(edp, ep, etp)``, row-major, ``etp`` fastest; ``edp = dp * tp / (ep * etp)``. Attention keeps the
+plan's ``tp``. An ``ep`` group's ranks each hold ``experts / ep`` experts (global indices
+``[i * E/ep, (i+1) * E/ep)`` on the group's i-th rank).
+
+Each rank routes distinct tokens: with ``tp`` > 1 the TP ranks of a replica hold the same (replicated)
+activation, so each takes its ``1/tp`` slice of the tokens after the router (:class:`TokenShard`; the
+router runs on all tokens, so routing and the load-balancing loss are the single process's), and the
+slices' outputs are all-gathered again (Megatron-Core needs sequence parallelism for the same reason).
+
+Dispatch (dropless; with a capacity factor the dropped assignments are removed first, see
+``runtime.models.moe``): assignments sorted by expert -> the per-expert counts exchanged with one
+``all_to_all_single`` -> the rows exchanged with ``all_to_all_single`` using those split sizes -> local
+experts on their rows (regrouped by expert) -> the reverse ``all_to_all_single`` -> unpermuted and
+summed with the router weights. :class:`AllToAll`'s backward is the reverse all-to-all (Megatron-Core
+``tensor_parallel.mappings._AllToAll``).
+
+Gradients: the objective is the mean over dp replicas of each replica's loss. Expert weights see the
+tokens of every rank of their ``ep`` group, so their gradient is summed over ``edp`` (all ranks holding
+the same experts) and divided by ``dp``; they are left out of the FSDP/replicate wrapper. With ``tp`` > 1
+each TP rank's router and shared-expert gradient covers its token slice only, so those are summed over
+``tp`` (then averaged over dp by the wrapper, as every other parameter). Expert states are therefore
+replicated over ``edp``: ZeRO sharding of expert states over ``edp`` is not implemented.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from planner.errors import StratagemError
+from planner.plan import Plan
+from runtime.executor.mesh import ParallelDims
+from runtime.models.moe import MoE, Routing, moe_layers, run_local_experts
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpertLayout:
+    """The plan's ``experts`` (``planner.plan.ExpertLayout``), or the default for a plan without one."""
+
+    ep: int = 1
+    etp: int = 1
+    capacity_factor: float | None = None  # None = the model's own (0 = dropless)
+
+
+def expert_layout(plan: Plan) -> ExpertLayout:
+    experts = getattr(plan, "experts", None)
+    if experts is None:
+        return ExpertLayout()
+    return ExpertLayout(ep=experts.ep, etp=experts.etp, capacity_factor=experts.capacity_factor)
+
+
+def is_moe(plan: Plan) -> bool:
+    return plan.model.family == "moe"
+
+
+def _moe_dims(plan: Plan):
+    from runtime.models import resolve_dims
+
+    return resolve_dims(plan.model)
+
+
+def check_experts(plan: Plan) -> None:
+    """One-line errors, before any process starts, for expert layouts the runtime cannot run."""
+    lay = expert_layout(plan)
+    if not is_moe(plan):
+        if getattr(plan, "experts", None) is not None:
+            raise StratagemError(
+                f"the plan sets experts (ep={lay.ep}) but {plan.model.name} has no experts; re-plan without them"
+            )
+        return
+    dims = _moe_dims(plan)
+    dp, tp = plan.mesh.size("dp"), plan.mesh.size("tp")
+    if dims.experts % lay.ep:
+        divisors = [d for d in range(1, dims.experts + 1) if dims.experts % d == 0]
+        raise StratagemError(
+            f"experts={dims.experts} of {plan.model.name} is not divisible by ep={lay.ep}; choose ep among {divisors}"
+        )
+    if lay.etp > 1:
+        raise StratagemError(
+            f"expert tensor parallelism (etp={lay.etp}) is not implemented in the runtime; re-plan with etp=1"
+        )
+    if (dp * tp) % (lay.ep * lay.etp):
+        raise StratagemError(
+            f"ep={lay.ep} x etp={lay.etp} does not divide a stage's dp x tp = {dp} x {tp} ranks; "
+            f"choose ep dividing {dp * tp}"
+        )
+    if lay.capacity_factor is not None and lay.capacity_factor < 0:
+        raise StratagemError(f"capacity_factor={lay.capacity_factor} must be >= 0 (or None for dropless)")
+    _check_tp(plan, dims, tp)
+    if lay.ep > tp and plan.batch_shares is not None and len(set(plan.schedule.micro_batches_per_replica or [])) > 1:
+        raise StratagemError(
+            "expert all-to-alls span dp replicas whose batch shares give them different micro-batch counts, "
+            "which would deadlock; use equal batch shares or ep dividing tp"
+        )
+
+
+def _check_tp(plan: Plan, dims, tp: int) -> None:
+    if tp == 1:
+        return
+    tokens = plan.schedule.micro_batch_size * plan.training.seq_len
+    if tokens % tp:
+        raise StratagemError(
+            f"a micro-batch's {tokens} tokens do not split over tp={tp} for the expert layers; "
+            f"choose a sequence length or micro-batch size divisible by {tp}"
+        )
+    for i in range(dims.layers):
+        if not dims.is_moe_block(i):
+            continue
+        lay = plan.layout.get(f"blocks.{i}")
+        if lay is None or lay.style != "split":
+            raise StratagemError(
+                f"MoE block blocks.{i} is replicated under tp={tp}; the runtime runs MoE blocks with "
+                f"tensor-parallel attention only: split it, or re-plan with tp=1"
+            )
+        if lay.sequence_parallel:
+            raise StratagemError(
+                f"sequence parallelism on MoE block blocks.{i} is not implemented in the runtime; re-plan without it"
+            )
+
+
+# ---------------------------------------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertGroups:
+    """This rank's place in the expert layout and its process groups (None where the group has 1 rank)."""
+
+    ep: int
+    edp: int
+    dp: int
+    tp: int
+    ep_index: int  # this rank's position in its ep group
+    tp_index: int
+    ep_group: object | None
+    edp_group: object | None
+    tp_group: object | None
+    capacity_factor: float | None
+
+
+def fold_stage_ranks(stage_ranks: list[int], ep: int, etp: int = 1) -> list[tuple[int, int, int]]:
+    """(edp, ep, etp) coordinates of a stage's ranks in rank order (row-major, etp fastest).
+
+    >>> fold_stage_ranks([4, 5, 6, 7], ep=2)
+    [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+    """
+    return [(i // (ep * etp), (i // etp) % ep, i % etp) for i, _ in enumerate(sorted(stage_ranks))]
+
+
+def build_expert_groups(plan: Plan, dims: ParallelDims, rank: int, tp_group) -> ExpertGroups | None:
+    """Collective over the world: every rank creates every ep and edp group, in the same order."""
+    if not is_moe(plan):
+        return None
+    lay = expert_layout(plan)
+    edp = dims.dp * dims.tp // (lay.ep * lay.etp)
+    mine: dict[str, object] = {}
+    ep_index = 0
+    for p in range(dims.pp):
+        ranks = sorted(r for r in range(dims.world_size) if dims.coords(r)["pp"] == p)
+        coords = dict(zip(ranks, fold_stage_ranks(ranks, lay.ep, lay.etp)))
+        if rank in coords:
+            ep_index = coords[rank][1]
+        for kind, size in (("ep", lay.ep), ("edp", edp)):
+            if size == 1:
+                continue
+            for members in _group_members(coords, kind):
+                group = dist.new_group(members)
+                if rank in members:
+                    mine[kind] = group
+    return ExpertGroups(
+        ep=lay.ep,
+        edp=edp,
+        dp=dims.dp,
+        tp=dims.tp,
+        ep_index=ep_index,
+        tp_index=dims.coords(rank)["tp"],
+        ep_group=mine.get("ep"),
+        edp_group=mine.get("edp"),
+        tp_group=tp_group if dims.tp > 1 else None,
+        capacity_factor=lay.capacity_factor,
+    )
+
+
+def _group_members(coords: dict[int, tuple[int, int, int]], kind: str) -> list[list[int]]:
+    """Ranks sharing every folded coordinate but the ``kind`` one (ep: same edp, etp; edp: same ep, etp)."""
+    vary = {"edp": 0, "ep": 1}[kind]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r, c in sorted(coords.items()):
+        key = tuple(v for i, v in enumerate(c) if i != vary)
+        groups.setdefault(key, []).append(r)
+    return [groups[k] for k in sorted(groups)]
+
+
+# ---------------------------------------------------------------------------------------------- autograd
+
+
+class AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of rows with explicit split sizes; backward is the reverse exchange."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:  # type: ignore[override]
+        ctx.group, ctx.in_splits, ctx.out_splits = group, in_splits, out_splits
+        out = rows.new_empty((sum(out_splits), *rows.shape[1:]))
+        dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        back = grad.new_empty((sum(ctx.in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+class _CopyToGroup(torch.autograd.Function):
+    """Identity forward; backward all-reduces (sums) the gradient over the group (Megatron's
+    ``copy_to_tensor_model_parallel_region``): each TP rank's gradient covers its token slice only."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _GatherRows(torch.autograd.Function):
+    """All-gather equal row slices (dim 0); backward keeps this rank's slice of the (replicated) gradient."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, group, size: int, index: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.index, ctx.rows = index, rows.shape[0]
+        parts = [torch.empty_like(rows) for _ in range(size)]
+        dist.all_gather(parts, rows.contiguous(), group=group)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad[ctx.index * ctx.rows : (ctx.index + 1) * ctx.rows], None, None, None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenShard:
+    """This TP rank's contiguous ``1/tp`` of the flattened tokens for the expert layer."""
+
+    group: object
+    size: int
+    index: int
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        return _CopyToGroup.apply(x, self.group)
+
+    def split(self, tokens: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, Routing]:
+        n = tokens.shape[0] // self.size
+        part = slice(self.index * n, (self.index + 1) * n)
+        return tokens[part], replace(
+            routing, experts=routing.experts[part], weights=routing.weights[part], kept=routing.kept[part]
+        )
+
+    def gather(self, out: torch.Tensor) -> torch.Tensor:
+        return _GatherRows.apply(out, self.group, self.size, self.index)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertExchange:
+    """``MoE.exchange`` under expert parallelism: rows sorted by global expert -> experts' outputs, same order."""
+
+    group: object
+    ep: int
+
+    def __call__(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict) -> torch.Tensor:
+        local = counts.numel() // self.ep
+        received = torch.empty_like(counts)  # (source rank, local expert) counts, source-major
+        dist.all_to_all_single(received, counts, group=self.group)
+        in_splits = counts.view(self.ep, local).sum(1).tolist()
+        out_splits = received.view(self.ep, local).sum(1).tolist()
+        inbound = AllToAll.apply(rows, out_splits, in_splits, self.group)
+        # inbound is ordered by source rank then expert: regroup by local expert (stable keeps source order)
+        expert_of_row = torch.arange(local, device=counts.device).repeat(self.ep).repeat_interleave(received)
+        order = torch.argsort(expert_of_row, stable=True)
+        grouped = run_local_experts(inbound[order], received.view(self.ep, local).sum(0), experts)
+        outbound = torch.empty_like(grouped).index_copy(0, order, grouped)
+        return AllToAll.apply(outbound, in_splits, out_splits, self.group)
+
+
+# ---------------------------------------------------------------------------------------------- apply
+
+
+def keep_local_experts(moe: MoE, ep: int, ep_index: int) -> list[int]:
+    """Delete the experts other ep ranks hold; returns this rank's global expert indices."""
+    per_rank = moe.num_experts // ep
+    mine = list(range(ep_index * per_rank, (ep_index + 1) * per_rank))
+    for key in list(moe.experts.keys()):
+        if int(key) not in mine:
+            del moe.experts[key]
+    return mine
+
+
+def apply_capacity(model: nn.Module, capacity_factor: float | None) -> None:
+    """The plan's capacity factor overrides the model's (``None`` keeps the model's)."""
+    if capacity_factor is None:
+        return
+    for moe in moe_layers(model).values():
+        moe.capacity_factor = capacity_factor
+
+
+def apply_ep(model: nn.Module, groups: ExpertGroups) -> dict[str, list[int]]:
+    """Shard ``model``'s experts over the ep group and set up dispatch; returns MoE path -> global experts held."""
+    held = {}
+    apply_capacity(model, groups.capacity_factor)
+    for path, moe in moe_layers(model).items():
+        held[path] = keep_local_experts(moe, groups.ep, groups.ep_index)
+        if groups.ep > 1:
+            moe.exchange = ExpertExchange(group=groups.ep_group, ep=groups.ep)
+        if groups.tp > 1:
+            moe.token_shard = TokenShard(group=groups.tp_group, size=groups.tp, index=groups.tp_index)
+    return held
+
+
+def expert_params(model: nn.Module) -> set[nn.Parameter]:
+    """The routed experts' parameters (left out of FSDP / replicate; :class:`ExpertGradSync` reduces them)."""
+    return {p for moe in moe_layers(model).values() for p in moe.experts.parameters()}
+
+
+def set_aux_loss_scale(model: nn.Module, scale: float) -> None:
+    """Scale of the load-balancing loss's gradient: the factor the runtime puts on each micro-batch's loss."""
+    for moe in moe_layers(model).values():
+        moe.aux_loss_scale = scale
+
+
+class ExpertGradSync:
+    """After backward, before the optimizer: expert gradients summed over edp and divided by dp; with tp > 1
+    the MoE layers' router and shared-expert gradients summed over tp (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, groups: ExpertGroups):
+        self.groups = groups
+        names = {p: n for n, p in model.named_parameters()}
+        self.experts = sorted(expert_params(model), key=lambda p: names[p])  # same order across an edp group
+        self.token_sliced = self._token_sliced(model, names) if groups.tp > 1 else []
+
+    @staticmethod
+    def _token_sliced(model: nn.Module, names: dict) -> list[nn.Parameter]:
+        out = [p for moe in moe_layers(model).values() for p in _non_expert_params(moe)]
+        return sorted(out, key=lambda p: names[p])
+
+    def sync(self) -> None:
+        g = self.groups
+        for p in self.experts:
+            if p.grad is None:  # an expert no token reached on any micro-batch still joins the reduction
+                p.grad = torch.zeros_like(p)
+            if g.edp_group is not None:
+                dist.all_reduce(p.grad, group=g.edp_group)
+            if g.dp > 1:
+                p.grad.div_(g.dp)
+        for p in self.token_sliced:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(local, group=g.tp_group)
+
+
+def _non_expert_params(moe: MoE) -> Iterable[nn.Parameter]:
+    experts = set(moe.experts.parameters())
+    return [p for p in moe.parameters() if p not in experts]
