@@ -93,7 +93,6 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, experts: E
     replicas, rows = replica_paths(styles), {}
     record_replica_rows(model, replicas, rows)
     held = apply_ep(model, experts) if experts is not None else {}
-    expert_sync = ExpertGradSync(model, experts) if experts is not None and held else None
     retie(model, plan)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
@@ -105,6 +104,8 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, experts: E
         ignored_params=expert_params(model) if held else None,
     )
     sync = ReplicaGradSync(model, mesh["tp"], replicas) if replicas else None
+    # after apply_dp, which replaces the wrapped Parameters (the experts, left out, keep theirs)
+    expert_sync = ExpertGradSync(model, experts) if experts is not None and held else None
     return Chunk(
         stage=stage,
         module=model,

@@ -1,0 +1,148 @@
+"""Expert parallelism against a single process: losses of 3 AdamW steps and step-1 gradients, fp32.
+
+Two torchrun launches (2 ranks, then 4) of ``tests/moe_grad_worker.py`` run every configuration; the
+model is ``moe:tiny`` with a dense first block (3 blocks, ``dense_layers=1``) and a load-balancing
+coefficient of 0.1, so the aux loss's share of the gradient is large enough to be seen. Routing is
+deterministic (no jitter; the seeded init gives no ties). The reference is ``reference_losses`` and
+the same model's gradients on one process with the whole global batch. Gradients are compared too
+because AdamW is invariant to a parameter's gradient scale: a wrong factor (expert gradients not
+divided by dp) leaves the losses unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fixtures.plans import make_plan
+from fixtures.reference import reference_losses
+from planner.modelspec import parse_model
+from planner.plan import Plan, save_plan
+from runtime.executor.data import build_data_source
+from runtime.executor.metrics import final_step_losses, read_metrics
+from runtime.executor.moe import apply_capacity, expert_layout
+from runtime_helpers import REPO
+
+pytestmark = pytest.mark.slow
+STEPS = 3
+REL_TOL = 1e-5  # fp32
+GRAD_TOL = 1e-5  # max |difference| relative to the largest reference entry of the tensor
+SPEC = parse_model("moe:tiny", layers=3, dense_layers=1, aux_loss_coef=0.1)
+SPLIT = ["embed", "blocks.0", "blocks.1", "blocks.2", "norm", "head"]  # norm too: no Whale replica
+
+PLANS_2 = {
+    "ep2": dict(dp=2, experts={"ep": 2}),  # ep group = the two dp replicas (edp 1)
+    "ep2_tp2": dict(tp=2, split=SPLIT, experts={"ep": 2}),  # ep group = the two TP ranks' token slices
+    "ep2_capacity": dict(dp=2, num_micro_batches=2, experts={"ep": 2, "capacity_factor": 1.0}),
+    "pp2_ep1": dict(pp=2, schedule="1f1b", num_micro_batches=2),
+}
+PLANS_4 = {
+    "ep2_dp2": dict(dp=4, zero_stage=2, experts={"ep": 2}),  # edp 2: expert grads reduced over 2 ranks
+    "ep2_tp2_dp2": dict(dp=2, tp=2, split=SPLIT, experts={"ep": 2}),
+    "ep2_pp2": dict(pp=2, dp=2, schedule="1f1b", num_micro_batches=2, experts={"ep": 2}),
+    "ep4_tp2_dp2_zero3": dict(dp=2, tp=2, split=SPLIT, zero_stage=3, experts={"ep": 4}),
+}
+
+
+def _run(tmp_path_factory, plans: dict, nproc: int) -> dict:
+    root = tmp_path_factory.mktemp(f"moe{nproc}")
+    out, paths = {}, []
+    for name, cfg in plans.items():
+        plan = make_plan(SPEC, global_batch=8, seq_len=16, **cfg)
+        paths.append(str(save_plan(plan, root / f"{name}.json")))
+        out[name] = (plan, root, name)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    cmd += [str(REPO / "tests" / "moe_grad_worker.py"), str(root), str(STEPS), *paths]
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env={**_base_env(), **env}, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return out
+
+
+def _base_env() -> dict:
+    import os
+
+    return dict(os.environ)
+
+
+@pytest.fixture(scope="module")
+def job2(tmp_path_factory):
+    return _run(tmp_path_factory, PLANS_2, 2)
+
+
+@pytest.fixture(scope="module")
+def job4(tmp_path_factory):
+    return _run(tmp_path_factory, PLANS_4, 4)
+
+
+def reference_grads(plan: Plan) -> dict[str, torch.Tensor]:
+    """Step-1 gradients of the whole model on one process (the aux loss included, as in training)."""
+    from runtime.models import build_model, init_weights, loss_fn
+
+    model = build_model(plan.model, device="meta").to_empty(device="cpu")
+    init_weights(model, seed=plan.training.seed)
+    apply_capacity(model, expert_layout(plan).capacity_factor)
+    tr = plan.training
+    batch = build_data_source(plan.model, "synthetic", global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed)(
+        1
+    )
+    loss_fn(plan.model)(model(batch.inputs), batch.targets).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def _check(entry, nproc: int) -> None:
+    plan, root, name = entry
+    measured = final_step_losses(read_metrics(root / f"{name}.jsonl"))
+    expected = reference_losses(plan, STEPS)
+    assert sorted(measured) == list(range(1, STEPS + 1))
+    for step, ref in enumerate(expected, start=1):
+        assert measured[step] == pytest.approx(ref, rel=REL_TOL), (step, measured, expected)
+    ref_grads, seen = reference_grads(plan), set()
+    for rank in range(nproc):
+        for param, grad in torch.load(root / f"{name}.rank{rank}.pt").items():
+            ref = ref_grads[param]
+            err = float((grad - ref).abs().max() / ref.abs().max())
+            assert err <= GRAD_TOL, (name, rank, param, err)
+            seen.add(param)
+    assert seen == set(ref_grads), sorted(set(ref_grads) - seen)  # every parameter is held somewhere
+
+
+@pytest.mark.parametrize("name", list(PLANS_2))
+def test_two_rank_expert_layouts_match_single_process(job2, name):
+    _check(job2[name], 2)
+
+
+@pytest.mark.parametrize("name", list(PLANS_4))
+def test_four_rank_expert_layouts_match_single_process(job4, name):
+    _check(job4[name], 4)
+
+
+def _report(entry, rank: int) -> dict:
+    _, root, name = entry
+    return json.loads((root / name / f"rank{rank}.json").read_text())
+
+
+def test_experts_are_sharded_over_the_ep_group(job2, job4):
+    # ep 2 over dp 2: rank 0 holds experts 0, 1 of each MoE block, rank 1 experts 2, 3 (plain tensors,
+    # outside the data-parallel wrapper)
+    for rank, held in ((0, [0, 1]), (1, [2, 3])):
+        chunk = _report(job2["ep2"], rank)["chunks"][0]
+        assert chunk["experts_held"] == {"blocks.1.moe": held, "blocks.2.moe": held}
+        params = chunk["params"]
+        assert f"blocks.1.moe.experts.{held[0]}.w1.weight" in params
+        assert not any(f"moe.experts.{other}." in p for p in params for other in {0, 1, 2, 3} - set(held))
+        assert params[f"blocks.1.moe.experts.{held[0]}.w1.weight"]["type"] == "Tensor"
+        assert params["blocks.1.moe.router.weight"]["mesh_dims"] == ["dp"]  # non-expert: replicated over dp
+    # folding, dp 2 x tp 2 = 4 stage ranks as (edp 2, ep 2): ranks 0, 2 hold experts 0-1; 1, 3 experts 2-3
+    held = [_report(job4["ep2_tp2_dp2"], r)["chunks"][0]["experts_held"]["blocks.1.moe"] for r in range(4)]
+    assert held == [[0, 1], [2, 3], [0, 1], [2, 3]]
+    # ep 4 with ZeRO-3: one expert per rank
+    held = [_report(job4["ep4_tp2_dp2_zero3"], r)["chunks"][0]["experts_held"]["blocks.2.moe"] for r in range(4)]
+    assert held == [[0], [1], [2], [3]]
+    # ep 2 inside pp 2: the second stage (ranks 2, 3) holds blocks.2's experts, split over its two dp ranks
+    last = [_report(job4["ep2_pp2"], r)["chunks"][0] for r in (2, 3)]
+    assert [c["experts_held"] for c in last] == [{"blocks.2.moe": [0, 1]}, {"blocks.2.moe": [2, 3]}]
