@@ -373,3 +373,15 @@ class ExpertGradSync:
 def _non_expert_params(moe: MoE) -> Iterable[nn.Parameter]:
     experts = set(moe.experts.parameters())
     return [p for p in moe.parameters() if p not in experts]
+
+
+def describe_experts(plan: Plan, dims: ParallelDims, rank: int) -> str:
+    """``--dry-run`` text for one rank: the experts it holds and its folded coordinates ("" for dense)."""
+    if not is_moe(plan):
+        return ""
+    lay, n = expert_layout(plan), _moe_dims(plan).experts
+    ranks = sorted(r for r in range(dims.world_size) if dims.coords(r)["pp"] == dims.coords(rank)["pp"])
+    edp_index, ep_index, _ = dict(zip(ranks, fold_stage_ranks(ranks, lay.ep, lay.etp)))[rank]
+    per = n // lay.ep
+    edp = dims.dp * dims.tp // (lay.ep * lay.etp)
+    return f"; experts {ep_index * per}..{(ep_index + 1) * per - 1} of {n} (ep {lay.ep}, edp {edp_index} of {edp})"
