@@ -39,9 +39,11 @@ PLANS_2 = {
     "ep2_tp2": dict(tp=2, split=SPLIT, experts={"ep": 2}),  # ep group = the two TP ranks' token slices
     "ep2_capacity": dict(dp=2, num_micro_batches=2, experts={"ep": 2, "capacity_factor": 1.0}),
     "pp2_ep1": dict(pp=2, schedule="1f1b", num_micro_batches=2),
+    "ep1_zero3": dict(dp=2, zero_stage=3),  # every expert on both ranks, ZeRO-3 over edp = 2
 }
 PLANS_4 = {
-    "ep2_dp2": dict(dp=4, zero_stage=2, experts={"ep": 2}),  # edp 2: expert grads reduced over 2 ranks
+    # edp 2: experts ZeRO-2 sharded over 2 ranks, 2 micro-batches (one gradient reduction per step)
+    "ep2_dp2": dict(dp=4, zero_stage=2, num_micro_batches=2, experts={"ep": 2}),
     "ep2_tp2_dp2": dict(dp=2, tp=2, split=SPLIT, experts={"ep": 2}),
     "ep2_pp2": dict(pp=2, dp=2, schedule="1f1b", num_micro_batches=2, experts={"ep": 2}),
     "ep4_tp2_dp2_zero3": dict(dp=2, tp=2, split=SPLIT, zero_stage=3, experts={"ep": 4}),
@@ -140,6 +142,12 @@ def test_experts_are_sharded_over_the_ep_group(job2, job4):
     # folding, dp 2 x tp 2 = 4 stage ranks as (edp 2, ep 2): ranks 0, 2 hold experts 0-1; 1, 3 experts 2-3
     held = [_report(job4["ep2_tp2_dp2"], r)["chunks"][0]["experts_held"]["blocks.1.moe"] for r in range(4)]
     assert held == [[0, 1], [2, 3], [0, 1], [2, 3]]
+    # ZeRO over edp: expert weights are FSDP shards on the expert mesh's edp axis (64 rows / 2 ranks)
+    chunk = _report(job4["ep2_dp2"], 1)["chunks"][0]
+    w1 = chunk["params"]["blocks.1.moe.experts.2.w1.weight"]
+    assert w1["mesh_dims"] == ["edp"] and w1["placements"] == ["S(0)"] and w1["local_shape"] == [32, 64]
+    assert chunk["expert_dp_mode"].startswith("fully_shard over edp=2")
+    assert _report(job2["ep2"], 0)["chunks"][0]["expert_dp_mode"] == "none"  # edp 1: nothing to shard over
     # ep 4 with ZeRO-3: one expert per rank
     held = [_report(job4["ep4_tp2_dp2_zero3"], r)["chunks"][0]["experts_held"]["blocks.2.moe"] for r in range(4)]
     assert held == [[0], [1], [2], [3]]

@@ -20,10 +20,11 @@ summed with the router weights. :class:`AllToAll`'s backward is the reverse all-
 
 Gradients: the objective is the mean over dp replicas of each replica's loss. Expert weights see the
 tokens of every rank of their ``ep`` group, so their gradient is summed over ``edp`` (all ranks holding
-the same experts) and divided by ``dp``; they are left out of the FSDP/replicate wrapper. With ``tp`` > 1
-each TP rank's router and shared-expert gradient covers its token slice only, so those are summed over
-``tp`` (then averaged over dp by the wrapper, as every other parameter). Expert states are therefore
-replicated over ``edp``: ZeRO sharding of expert states over ``edp`` is not implemented.
+the same experts) and divided by ``dp``; they are left out of the plan's FSDP/replicate wrapper. With
+ZeRO (``zero_stage`` >= 1) each expert is its own FSDP unit over ``edp`` (weights, gradients and AdamW
+states sharded over edp; :func:`apply_expert_dp`); with ZeRO-0 :class:`ExpertGradSync` all-reduces them
+over edp. With ``tp`` > 1 each TP rank's router and shared-expert gradient covers its token slice only,
+so those are summed over ``tp`` (then averaged over dp by the wrapper, as every other parameter).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def _check_tp(plan: Plan, dims, tp: int) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ExpertGroups:
-    """This rank's place in the expert layout and its process groups (None where the group has 1 rank)."""
+    """This rank's place in the expert layout, its expert mesh and process groups (None: a 1-rank group)."""
 
     ep: int
     edp: int
@@ -140,6 +141,7 @@ class ExpertGroups:
     tp: int
     ep_index: int  # this rank's position in its ep group
     tp_index: int
+    mesh: object  # DeviceMesh ("pp", "edp", "ep", "etp") over the same ranks as the plan's mesh
     ep_group: object | None
     edp_group: object | None
     tp_group: object | None
@@ -155,48 +157,37 @@ def fold_stage_ranks(stage_ranks: list[int], ep: int, etp: int = 1) -> list[tupl
     return [(i // (ep * etp), (i // etp) % ep, i % etp) for i, _ in enumerate(sorted(stage_ranks))]
 
 
-def build_expert_groups(plan: Plan, dims: ParallelDims, rank: int, tp_group) -> ExpertGroups | None:
-    """Collective over the world: every rank creates every ep and edp group, in the same order."""
+def expert_mesh_ranks(dims: ParallelDims, ep: int, etp: int = 1) -> torch.Tensor:
+    """Global ranks as a (pp, edp, ep, etp) tensor: each pp stage's ranks in rank order, folded."""
+    edp = dims.dp * dims.tp // (ep * etp)
+    stages = [sorted(r for r in range(dims.world_size) if dims.coords(r)["pp"] == p) for p in range(dims.pp)]
+    return torch.tensor(stages).view(dims.pp, edp, ep, etp)
+
+
+def build_expert_groups(plan: Plan, dims: ParallelDims, rank: int, tp_group, device_type: str) -> ExpertGroups | None:
+    """Collective over the world (every rank creates every group): the expert DeviceMesh and this rank's groups."""
     if not is_moe(plan):
         return None
+    from torch.distributed.device_mesh import DeviceMesh
+
     lay = expert_layout(plan)
-    edp = dims.dp * dims.tp // (lay.ep * lay.etp)
-    mine: dict[str, object] = {}
-    ep_index = 0
-    for p in range(dims.pp):
-        ranks = sorted(r for r in range(dims.world_size) if dims.coords(r)["pp"] == p)
-        coords = dict(zip(ranks, fold_stage_ranks(ranks, lay.ep, lay.etp)))
-        if rank in coords:
-            ep_index = coords[rank][1]
-        for kind, size in (("ep", lay.ep), ("edp", edp)):
-            if size == 1:
-                continue
-            for members in _group_members(coords, kind):
-                group = dist.new_group(members)
-                if rank in members:
-                    mine[kind] = group
+    ranks = expert_mesh_ranks(dims, lay.ep, lay.etp)
+    mesh = DeviceMesh(device_type, ranks, mesh_dim_names=("pp", "edp", "ep", "etp"))
+    where = (ranks == rank).nonzero()[0].tolist()
+    edp = ranks.shape[1]
     return ExpertGroups(
         ep=lay.ep,
         edp=edp,
         dp=dims.dp,
         tp=dims.tp,
-        ep_index=ep_index,
+        ep_index=where[2],
         tp_index=dims.coords(rank)["tp"],
-        ep_group=mine.get("ep"),
-        edp_group=mine.get("edp"),
+        mesh=mesh,
+        ep_group=mesh["ep"].get_group() if lay.ep > 1 else None,
+        edp_group=mesh["edp"].get_group() if edp > 1 else None,
         tp_group=tp_group if dims.tp > 1 else None,
         capacity_factor=lay.capacity_factor,
     )
-
-
-def _group_members(coords: dict[int, tuple[int, int, int]], kind: str) -> list[list[int]]:
-    """Ranks sharing every folded coordinate but the ``kind`` one (ep: same edp, etp; edp: same ep, etp)."""
-    vary = {"edp": 0, "ep": 1}[kind]
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for r, c in sorted(coords.items()):
-        key = tuple(v for i, v in enumerate(c) if i != vary)
-        groups.setdefault(key, []).append(r)
-    return [groups[k] for k in sorted(groups)]
 
 
 # ---------------------------------------------------------------------------------------------- autograd
@@ -329,8 +320,26 @@ def apply_ep(model: nn.Module, groups: ExpertGroups) -> dict[str, list[int]]:
 
 
 def expert_params(model: nn.Module) -> set[nn.Parameter]:
-    """The routed experts' parameters (left out of FSDP / replicate; :class:`ExpertGradSync` reduces them)."""
+    """The routed experts' parameters (kept out of the dp wrapper: :func:`apply_expert_dp` or
+    :class:`ExpertGradSync` reduces them over edp)."""
     return {p for moe in moe_layers(model).values() for p in moe.experts.parameters()}
+
+
+def apply_expert_dp(model: nn.Module, groups: ExpertGroups, *, zero_stage: int) -> str:
+    """ZeRO for the experts over edp: each local expert its own ``fully_shard`` unit on the ``edp`` axis of
+    the expert mesh (torchtitan shards MoE experts over its ``dp_mod_ep`` mesh the same way). FSDP averages
+    the gradients over edp; :class:`ExpertGradSync` rescales the shards by ``edp / dp`` to the sum over edp
+    divided by dp (``set_gradient_divide_factor`` would need ``PREMUL_SUM``, which gloo lacks). ZeRO-0, or a
+    1-rank edp group: nothing here (returns "none"; :class:`ExpertGradSync` all-reduces them)."""
+    if zero_stage == 0 or groups.edp == 1:
+        return "none"
+    from torch.distributed.fsdp import fully_shard
+
+    edp_mesh = groups.mesh["edp"]  # type: ignore[index]
+    for moe in moe_layers(model).values():
+        for expert in moe.experts.values():
+            fully_shard(expert, mesh=edp_mesh, reshard_after_forward=zero_stage == 3)
+    return f"fully_shard over edp={groups.edp} (reshard_after_forward={zero_stage == 3})"
 
 
 def set_aux_loss_scale(model: nn.Module, scale: float) -> None:
@@ -343,10 +352,12 @@ class ExpertGradSync:
     """After backward, before the optimizer: expert gradients summed over edp and divided by dp; with tp > 1
     the MoE layers' router and shared-expert gradients summed over tp (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, groups: ExpertGroups):
+    def __init__(self, model: nn.Module, groups: ExpertGroups, *, experts_sharded: bool):
         self.groups = groups
         names = {p: n for n, p in model.named_parameters()}
-        self.experts = sorted(expert_params(model), key=lambda p: names[p])  # same order across an edp group
+        # the same order on every rank of an edp group; FSDP-sharded experts are already averaged over edp
+        self.experts = sorted(expert_params(model), key=lambda p: names[p])
+        self.experts_sharded = experts_sharded
         self.token_sliced = self._token_sliced(model, names) if groups.tp > 1 else []
 
     @staticmethod
@@ -357,6 +368,10 @@ class ExpertGradSync:
     def sync(self) -> None:
         g = self.groups
         for p in self.experts:
+            if self.experts_sharded:  # FSDP's mean over edp -> sum over edp / dp
+                if p.grad is not None and g.edp != g.dp:
+                    p.grad.to_local().mul_(g.edp / g.dp)
+                continue
             if p.grad is None:  # an expert no token reached on any micro-batch still joins the reduction
                 p.grad = torch.zeros_like(p)
             if g.edp_group is not None:

@@ -17,7 +17,14 @@ from torch import nn
 from planner.errors import StratagemError
 from planner.plan import Plan, Stage
 from runtime.executor.fsdp import apply_dp
-from runtime.executor.moe import ExpertGradSync, ExpertGroups, apply_ep, check_experts, expert_params
+from runtime.executor.moe import (
+    ExpertGradSync,
+    ExpertGroups,
+    apply_ep,
+    apply_expert_dp,
+    check_experts,
+    expert_params,
+)
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
@@ -47,6 +54,7 @@ class Chunk:
     replica_sync: ReplicaGradSync | None = None  # Whale replicas under tp > 1: gradients averaged over TP
     replica_rows: dict[str, int] = field(default_factory=dict)  # rows each replica last computed
     experts_held: dict[str, list[int]] = field(default_factory=dict)  # MoE path -> global expert indices here
+    expert_dp_mode: str = "none"  # ZeRO of the experts over edp (runtime.executor.moe.apply_expert_dp)
     expert_sync: ExpertGradSync | None = None  # MoE: expert grads over edp, token-sliced grads over tp
 
     @property
@@ -96,16 +104,19 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, experts: E
     retie(model, plan)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
+    expert_dp = apply_expert_dp(model, experts, zero_stage=plan.zero_stage) if experts is not None and held else "none"
     dp_mode = apply_dp(
         model,
         mesh["dp"],
         zero_stage=plan.zero_stage,
         block_paths=blocks,
-        ignored_params=expert_params(model) if held else None,
+        ignored_params=expert_params(model) if held and expert_dp == "none" else None,
     )
     sync = ReplicaGradSync(model, mesh["tp"], replicas) if replicas else None
     # after apply_dp, which replaces the wrapped Parameters (the experts, left out, keep theirs)
-    expert_sync = ExpertGradSync(model, experts) if experts is not None and held else None
+    expert_sync = (
+        ExpertGradSync(model, experts, experts_sharded=expert_dp != "none") if experts is not None and held else None
+    )
     return Chunk(
         stage=stage,
         module=model,
@@ -115,6 +126,7 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, experts: E
         replica_sync=sync,
         replica_rows=rows,
         experts_held=held,
+        expert_dp_mode=expert_dp,
         expert_sync=expert_sync,
     )
 

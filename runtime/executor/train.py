@@ -159,6 +159,7 @@ def write_layout_report(
                 "loss_parallel": c.loss_parallel,
                 "replica_rows": dict(c.replica_rows),
                 "experts_held": dict(c.experts_held),
+                "expert_dp_mode": c.expert_dp_mode,
                 "params": describe_params(c.module),
             }
             for c in chunks
@@ -257,7 +258,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
             f"rank {rank} (pp={coords['pp']}) is not listed in its stages' ranks; "
             f"the plan's rank layout is corrupt, re-plan"
         )
-    experts = build_expert_groups(plan, dims, rank, mesh["tp"].get_group())
+    experts = build_expert_groups(plan, dims, rank, mesh["tp"].get_group(), device.type)
     chunks = [build_chunk(plan, stage, mesh, device, experts) for stage in mine]
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
