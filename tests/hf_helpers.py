@@ -44,7 +44,9 @@ LLAMA3_70B = dict(
 # Tiny MoE configs: 4 experts, top-2, expert width 48 (Qwen2-MoE adds a shared expert of width 96).
 TINY_MOE = {
     "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
-    "qwen2_moe": dict(moe_intermediate_size=48, shared_expert_intermediate_size=96, num_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(
+        moe_intermediate_size=48, shared_expert_intermediate_size=96, num_experts=4, num_experts_per_tok=2
+    ),
     "qwen3_moe": dict(moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2, head_dim=16),
 }
 

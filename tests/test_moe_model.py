@@ -35,7 +35,9 @@ def test_presets_build_on_meta_with_their_published_size(name, params_b):
     # one dense and one MoE block stand for all of their kind (the whole DeepSeek-V3 takes ~8 s to build)
     dense = [f"blocks.{i}" for i in range(dims.layers) if not dims.is_moe_block(i)]
     moe = [f"blocks.{i}" for i in range(dims.layers) if dims.is_moe_block(i)]
-    total = sum(sum(t.numel() for t in build_layer(spec, p, device="meta").parameters()) for p in ("embed", "norm", "head"))
+    total = sum(
+        sum(t.numel() for t in build_layer(spec, p, device="meta").parameters()) for p in ("embed", "norm", "head")
+    )
     for paths in (dense, moe):
         if paths:
             layer = build_layer(spec, paths[0], device="meta")
@@ -94,7 +96,9 @@ def test_aux_loss_gradient_is_the_coefficient_times_its_gradient():
     for moe in moe_layers(model).values():
         moe.aux_loss_coef = 0.0  # the same objective written out: the aux losses summed by hand
     captured = []
-    hooks = [m.register_forward_hook(lambda mod, i, o: captured.append(_aux(mod, i[0]))) for m in moe_layers(model).values()]
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, i: captured.append(_aux(mod, i[0]))) for m in moe_layers(model).values()
+    ]
     (loss_fn(spec)(model(x), y) + 0.3 * sum(captured)).backward()
     for h in hooks:
         h.remove()

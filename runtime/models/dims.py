@@ -245,7 +245,9 @@ def _moe(spec: ModelSpec) -> MoEDims:
         )
     dense = _pos_int(spec, "dense_layers", allow_zero=True)
     if dense > base.layers:
-        raise StratagemError(f"{spec.name}: dense_layers={dense} exceeds layers={base.layers}; choose at most {base.layers}")
+        raise StratagemError(
+            f"{spec.name}: dense_layers={dense} exceeds layers={base.layers}; choose at most {base.layers}"
+        )
     return MoEDims(
         **{f.name: getattr(base, f.name) for f in fields(LlamaDims)},
         dense_layers=dense,

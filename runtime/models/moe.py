@@ -219,4 +219,6 @@ def build_moe(dims: MoEDims) -> LayeredModel:
 
 def moe_layers(model: nn.Module) -> dict[str, MoE]:
     """Module path -> :class:`MoE` of every routed FFN in ``model`` (a whole model or a pipeline chunk)."""
-    return {path.replace("_checkpoint_wrapped_module.", ""): m for path, m in model.named_modules() if isinstance(m, MoE)}
+    return {
+        path.replace("_checkpoint_wrapped_module.", ""): m for path, m in model.named_modules() if isinstance(m, MoE)
+    }

@@ -103,7 +103,9 @@ def tp_constraints(spec: ModelSpec, path: str) -> dict[str, int]:
     if layer_kind(path) == "block" and isinstance(dims, MoEDims):
         attention = {"heads": dims.heads, "kv_heads": dims.kv_heads}
         return attention if dims.is_moe_block(int(path.split(".")[1])) else {**attention, "ffn_hidden": dims.ffn_hidden}
-    key = {"gpt": "vocab", "llama": "vocab", "moe": "vocab", "resnet": "num_classes", "mlp": "out_features"}[spec.family]
+    key = {"gpt": "vocab", "llama": "vocab", "moe": "vocab", "resnet": "num_classes", "mlp": "out_features"}[
+        spec.family
+    ]
     return {key: num_classes(spec)}
 
 
