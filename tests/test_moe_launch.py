@@ -33,14 +33,22 @@ def _mutated(path: Path, edit) -> Path:
 
 
 @pytest.mark.slow
-def test_launch_trains_moe_tiny_with_ep2(tmp_path, monkeypatch):
+def test_launch_trains_moe_tiny_with_ep2_and_resumes_from_a_checkpoint(tmp_path, monkeypatch):
+    """Two steps with a checkpoint after each (each rank saves its own experts), then a second launch resumes
+    and trains step 3: every step's loss is the single process's."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     path, plan = _plan(tmp_path, dp=2, experts={"ep": 2})
-    metrics = tmp_path / "run.jsonl"
-    assert main(["launch", str(path), "--steps", str(STEPS), "--metrics", str(metrics), "--timeout-s", "120"]) == 0
-    measured = final_step_losses(read_metrics(metrics))
-    for step, ref in enumerate(reference_losses(plan, STEPS), start=1):
-        assert measured[step] == pytest.approx(ref, rel=1e-5)
+    ckpt, first, second = tmp_path / "ckpt", tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"
+    common = ["launch", str(path), "--checkpoint-dir", str(ckpt), "--timeout-s", "120"]
+    assert main([*common, "--steps", str(STEPS), "--checkpoint-every", "1", "--metrics", str(first)]) == 0
+    assert main([*common, "--steps", str(STEPS + 1), "--resume", "--metrics", str(second)]) == 0
+    resumed = final_step_losses(read_metrics(second))
+    assert sorted(resumed) == [STEPS + 1]  # the second launch started from the step-2 checkpoint
+    measured = {**final_step_losses(read_metrics(first)), **resumed}
+    expected = reference_losses(plan, STEPS + 1)
+    assert sorted(measured) == list(range(1, STEPS + 2))
+    for step, ref in enumerate(expected, start=1):
+        assert measured[step] == pytest.approx(ref, rel=1e-5), (step, measured, expected)
 
 
 def _set_ep3(data: dict) -> None:

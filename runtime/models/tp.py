@@ -165,6 +165,15 @@ def tp_collectives(
             _need("all_reduce", "forward", FP32_BYTES, 3, False),
         ]
     act = seq_len * dims.hidden * elem
+    if kind == "block" and isinstance(dims, MoEDims) and dims.is_moe_block(int(path.split(".")[1])):
+        # attention as Megatron (one all-reduce each way); the expert layer's tokens split over the TP ranks
+        # and all-gathered after it (forward), their input gradient all-reduced (backward; runtime.executor.moe
+        # TokenShard). Sequence parallelism is not implemented for MoE blocks, so there are no SP entries.
+        return [
+            _need("all_reduce", "forward", act, 1, False),
+            _need("all_gather", "forward", act, 1, False),
+            _need("all_reduce", "backward", act, 2, False),
+        ]
     if kind == "block":
         return [
             _need("all_reduce", "forward", act, 2, False),
