@@ -37,13 +37,15 @@ def main(out_dir: str, steps: int, plans: list[str]) -> None:
                 chunk.expert_sync.sync()
         grads = {}
         for chunk in job.chunks:
+            groups = chunk.expert_sync.groups if chunk.expert_sync is not None else None
             for name, p in chunk.module.named_parameters():
                 g = p.grad
                 if g is None:
                     continue
-                grads[name.replace("_checkpoint_wrapped_module.", "")] = (
-                    g.full_tensor() if isinstance(g, DTensor) else g
-                ).detach()
+                g = (g.full_tensor() if isinstance(g, DTensor) else g).detach()
+                if groups is not None and groups.etp > 1 and ".moe.experts." in name:
+                    g = _whole_expert_ffn(name, g, groups)
+                grads[name.replace("_checkpoint_wrapped_module.", "")] = g
         stem = Path(path).stem
         torch.save(grads, out / f"{stem}.rank{rank}.pt")
         dist.barrier()
@@ -51,6 +53,13 @@ def main(out_dir: str, steps: int, plans: list[str]) -> None:
         run_plan(plan, args, device, metrics_path=str(out / f"{stem}.jsonl"), report_dir=str(out / stem))
         dist.barrier()
     dist.destroy_process_group()
+
+
+def _whole_expert_ffn(name: str, grad: torch.Tensor, groups) -> torch.Tensor:
+    """An expert-TP shard's gradient gathered over the etp group: w1/w3 rows, w2 columns."""
+    parts = [torch.empty_like(grad) for _ in range(groups.etp)]
+    dist.all_gather(parts, grad.contiguous(), group=groups.etp_group)
+    return torch.cat(parts, dim=1 if name.endswith("w2.weight") else 0)
 
 
 if __name__ == "__main__":

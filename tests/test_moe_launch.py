@@ -59,8 +59,9 @@ def _set_top_k5(data: dict) -> None:
     data["model"]["dims"]["top_k"] = 5
 
 
-def _set_etp2(data: dict) -> None:
+def _set_etp2_odd_ffn(data: dict) -> None:
     data["experts"]["etp"] = 2
+    data["model"]["dims"]["expert_ffn"] = 63
 
 
 @pytest.mark.parametrize(
@@ -68,7 +69,7 @@ def _set_etp2(data: dict) -> None:
     [
         (_set_ep3, "4 experts do not split over ep=3"),
         (_set_top_k5, "top_k 5 is more than its 4 experts"),
-        (_set_etp2, "expert tensor parallelism (etp=2) is not implemented"),
+        (_set_etp2_odd_ffn, "etp=2 does not divide expert_ffn=63"),
     ],
 )
 def test_bad_expert_layouts_are_one_line_errors_and_nothing_runs(tmp_path, capsys, edit, needle):

@@ -124,7 +124,7 @@ def test_top_k_above_experts_is_one_line():
 @pytest.mark.parametrize(
     ("cfg", "message"),
     [
-        (dict(dp=4, experts={"ep": 2, "etp": 2}), "etp=2"),
+        (dict(dp=3, experts={"ep": 1, "etp": 3}), "etp=3 does not divide expert_ffn=64"),
         (dict(tp=2, split=["blocks.0"], experts={"ep": 2}), "blocks.1 is replicated under tp=2"),
         (
             dict(tp=2, split=["blocks.0", "blocks.1"], sequence_parallel=["blocks.0"], experts={"ep": 2}),

@@ -40,6 +40,7 @@ PLANS_2 = {
     "ep2_capacity": dict(dp=2, num_micro_batches=2, experts={"ep": 2, "capacity_factor": 1.0}),
     "pp2_ep1": dict(pp=2, schedule="1f1b", num_micro_batches=2),
     "ep1_zero3": dict(dp=2, zero_stage=3),  # every expert on both ranks, ZeRO-3 over edp = 2
+    "etp2": dict(dp=2, experts={"ep": 1, "etp": 2}),  # each expert's FFN split over the two ranks
 }
 PLANS_4 = {
     # edp 2: experts ZeRO-2 sharded over 2 ranks, 2 micro-batches (one gradient reduction per step)
@@ -47,6 +48,8 @@ PLANS_4 = {
     "ep2_tp2_dp2": dict(dp=2, tp=2, split=SPLIT, experts={"ep": 2}),
     "ep2_pp2": dict(pp=2, dp=2, schedule="1f1b", num_micro_batches=2, experts={"ep": 2}),
     "ep4_tp2_dp2_zero3": dict(dp=2, tp=2, split=SPLIT, zero_stage=3, experts={"ep": 4}),
+    "ep2_etp2": dict(dp=4, num_micro_batches=2, experts={"ep": 2, "etp": 2}),
+    "etp2_tp2_dp2_zero2": dict(dp=2, tp=2, split=SPLIT, zero_stage=2, experts={"ep": 1, "etp": 2}),
 }
 
 
@@ -151,6 +154,13 @@ def test_experts_are_sharded_over_the_ep_group(job2, job4):
     # ep 4 with ZeRO-3: one expert per rank
     held = [_report(job4["ep4_tp2_dp2_zero3"], r)["chunks"][0]["experts_held"]["blocks.2.moe"] for r in range(4)]
     assert held == [[0], [1], [2], [3]]
+    # ep 2 x etp 2 over 4 ranks: ranks 0, 1 hold experts 0-1, ranks 2, 3 experts 2-3, each half of the FFN
+    reports = [_report(job4["ep2_etp2"], r)["chunks"][0] for r in range(4)]
+    assert [c["experts_held"]["blocks.1.moe"] for c in reports] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    w2 = reports[3]["params"]["blocks.1.moe.experts.3.w2.weight"]
+    assert w2["local_shape"] == [64, 32] and reports[3]["params"]["blocks.1.moe.experts.3.w1.weight"][
+        "local_shape"
+    ] == [32, 64]
     # ep 2 inside pp 2: the second stage (ranks 2, 3) holds blocks.2's experts, split over its two dp ranks
     last = [_report(job4["ep2_pp2"], r)["chunks"][0] for r in (2, 3)]
     assert [c["experts_held"] for c in last] == [{"blocks.2.moe": [0, 1]}, {"blocks.2.moe": [2, 3]}]

@@ -1,10 +1,11 @@
 """Expert parallelism for the ``moe`` family: groups, token dispatch over all-to-all, gradient sync.
 
-Rank layout ("parallel folding", Megatron-Core MoE, Liu et al. 2025 arXiv:2504.14960 §3): within each
+Rank layout ("MoE parallel folding", Megatron-Core; Liu et al. 2025, arXiv:2504.14960): within each
 pipeline stage, the stage's ``dp x tp`` ranks in rank order are regrouped for the expert layers as
 ``(edp, ep, etp)``, row-major, ``etp`` fastest; ``edp = dp * tp / (ep * etp)``. Attention keeps the
 plan's ``tp``. An ``ep`` group's ranks each hold ``experts / ep`` experts (global indices
-``[i * E/ep, (i+1) * E/ep)`` on the group's i-th rank).
+``[i * E/ep, (i+1) * E/ep)`` on the group's i-th rank); with ``etp`` > 1 each of those experts' FFNs is
+split over the ``etp`` group (w1, w3 by rows, w2 by columns: Megatron's MLP split inside each expert).
 
 Each rank routes distinct tokens: with ``tp`` > 1 the TP ranks of a replica hold the same (replicated)
 activation, so each takes its ``1/tp`` slice of the tokens after the router (:class:`TokenShard`; the
@@ -85,9 +86,10 @@ def check_experts(plan: Plan) -> None:
         raise StratagemError(
             f"experts={dims.experts} of {plan.model.name} is not divisible by ep={lay.ep}; choose ep among {divisors}"
         )
-    if lay.etp > 1:
+    if dims.expert_ffn % lay.etp:
         raise StratagemError(
-            f"expert tensor parallelism (etp={lay.etp}) is not implemented in the runtime; re-plan with etp=1"
+            f"etp={lay.etp} does not divide expert_ffn={dims.expert_ffn} of {plan.model.name}; "
+            f"choose etp dividing {dims.expert_ffn}"
         )
     if (dp * tp) % (lay.ep * lay.etp):
         raise StratagemError(
@@ -146,6 +148,9 @@ class ExpertGroups:
     edp_group: object | None
     tp_group: object | None
     capacity_factor: float | None
+    etp: int = 1
+    etp_index: int = 0
+    etp_group: object | None = None
 
 
 def fold_stage_ranks(stage_ranks: list[int], ep: int, etp: int = 1) -> list[tuple[int, int, int]]:
@@ -187,6 +192,9 @@ def build_expert_groups(plan: Plan, dims: ParallelDims, rank: int, tp_group, dev
         edp_group=mesh["edp"].get_group() if edp > 1 else None,
         tp_group=tp_group if dims.tp > 1 else None,
         capacity_factor=lay.capacity_factor,
+        etp=lay.etp,
+        etp_index=where[3],
+        etp_group=mesh["etp"].get_group() if lay.etp > 1 else None,
     )
 
 
@@ -265,24 +273,70 @@ class TokenShard:
 
 @dataclass(frozen=True, kw_only=True)
 class ExpertExchange:
-    """``MoE.exchange`` under expert parallelism: rows sorted by global expert -> experts' outputs, same order."""
+    """``MoE.exchange`` under expert parallelism: rows sorted by global expert -> experts' outputs, same order.
 
-    group: object
+    ``ep`` > 1: dispatch over the ep group (counts first, then rows), local experts, combine back.
+    ``etp`` > 1: each expert's FFN is split over the etp group (Megatron-Core expert tensor parallelism):
+    the etp peers' rows for the same experts are gathered, every peer runs its FFN slice on all of them, and
+    each peer's rows get the sum of the partial outputs (a reduce-scatter), both written as uneven
+    ``all_to_all_single`` exchanges so that autograd reverses them.
+    """
+
+    group: object | None
     ep: int
+    etp_group: object | None = None
+    etp: int = 1
 
     def __call__(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict) -> torch.Tensor:
+        if self.ep == 1:
+            return self._compute(rows, counts, experts)
         local = counts.numel() // self.ep
         received = torch.empty_like(counts)  # (source rank, local expert) counts, source-major
         dist.all_to_all_single(received, counts, group=self.group)
         in_splits = counts.view(self.ep, local).sum(1).tolist()
         out_splits = received.view(self.ep, local).sum(1).tolist()
         inbound = AllToAll.apply(rows, out_splits, in_splits, self.group)
-        # inbound is ordered by source rank then expert: regroup by local expert (stable keeps source order)
-        expert_of_row = torch.arange(local, device=counts.device).repeat(self.ep).repeat_interleave(received)
-        order = torch.argsort(expert_of_row, stable=True)
-        grouped = run_local_experts(inbound[order], received.view(self.ep, local).sum(0), experts)
+        order = _group_by_expert(received.view(self.ep, local))  # source-major -> expert-major (stable)
+        grouped = self._compute(inbound[order], received.view(self.ep, local).sum(0), experts)
         outbound = torch.empty_like(grouped).index_copy(0, order, grouped)
         return AllToAll.apply(outbound, in_splits, out_splits, self.group)
+
+    def _compute(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict) -> torch.Tensor:
+        """Rows grouped by local expert through the experts (their FFN slices, summed over etp)."""
+        if self.etp == 1:
+            return run_local_experts(rows, counts, experts)
+        peer_counts = [torch.empty_like(counts) for _ in range(self.etp)]
+        dist.all_gather(peer_counts, counts, group=self.etp_group)
+        by_peer = torch.stack(peer_counts)  # (etp peer, local expert)
+        sizes, n = by_peer.sum(1).tolist(), rows.shape[0]
+        gathered = AllToAll.apply(rows.repeat(self.etp, 1), sizes, [n] * self.etp, self.etp_group)
+        order = _group_by_expert(by_peer)
+        partial = run_local_experts(gathered[order], by_peer.sum(0), experts)
+        back = torch.empty_like(partial).index_copy(0, order, partial)  # peer-major again
+        mine = AllToAll.apply(back, [n] * self.etp, sizes, self.etp_group)  # every peer's partial of my rows
+        return mine.view(self.etp, n, -1).sum(0)
+
+
+def _group_by_expert(counts: torch.Tensor) -> torch.Tensor:
+    """Permutation taking rows laid out (source, expert) by ``counts`` (sources x experts) to expert-major
+    order, sources in order within an expert (a stable sort)."""
+    sources, local = counts.shape
+    expert_of_row = torch.arange(local, device=counts.device).repeat(sources).repeat_interleave(counts.flatten())
+    return torch.argsort(expert_of_row, stable=True)
+
+
+def shard_expert_ffn(moe: MoE, etp: int, etp_index: int) -> None:
+    """Keep this etp rank's slice of every local expert's FFN: rows of w1 and w3 (column-parallel), columns
+    of w2 (row-parallel), Megatron-LM SC21 §2.3's MLP split applied inside each expert."""
+    for expert in moe.experts.values():
+        width = expert.w1.out_features // etp
+        part = slice(etp_index * width, (etp_index + 1) * width)
+        for name in ("w1", "w3"):
+            linear = getattr(expert, name)
+            linear.weight = nn.Parameter(linear.weight.detach()[part].clone())
+            linear.out_features = width
+        expert.w2.weight = nn.Parameter(expert.w2.weight.detach()[:, part].clone())
+        expert.w2.in_features = width
 
 
 # ---------------------------------------------------------------------------------------------- apply
@@ -312,8 +366,12 @@ def apply_ep(model: nn.Module, groups: ExpertGroups) -> dict[str, list[int]]:
     apply_capacity(model, groups.capacity_factor)
     for path, moe in moe_layers(model).items():
         held[path] = keep_local_experts(moe, groups.ep, groups.ep_index)
-        if groups.ep > 1:
-            moe.exchange = ExpertExchange(group=groups.ep_group, ep=groups.ep)
+        if groups.etp > 1:
+            shard_expert_ffn(moe, groups.etp, groups.etp_index)
+        if groups.ep > 1 or groups.etp > 1:
+            moe.exchange = ExpertExchange(
+                group=groups.ep_group, ep=groups.ep, etp_group=groups.etp_group, etp=groups.etp
+            )
         if groups.tp > 1:
             moe.token_shard = TokenShard(group=groups.tp_group, size=groups.tp, index=groups.tp_index)
     return held
@@ -399,4 +457,5 @@ def describe_experts(plan: Plan, dims: ParallelDims, rank: int) -> str:
     edp_index, ep_index, _ = dict(zip(ranks, fold_stage_ranks(ranks, lay.ep, lay.etp)))[rank]
     per = n // lay.ep
     edp = dims.dp * dims.tp // (lay.ep * lay.etp)
-    return f"; experts {ep_index * per}..{(ep_index + 1) * per - 1} of {n} (ep {lay.ep}, edp {edp_index} of {edp})"
+    ffn = f", 1/{lay.etp} of each FFN" if lay.etp > 1 else ""
+    return f"; experts {ep_index * per}..{(ep_index + 1) * per - 1} of {n}{ffn} (ep {lay.ep}, edp {edp_index} of {edp})"

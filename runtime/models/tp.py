@@ -44,8 +44,8 @@ _LLAMA_BLOCK = {
     "mlp.w3": "colwise",
     "mlp.w2": "rowwise",
 }
-# an MoE block splits its attention only; the router and experts are not tensor-parallel (expert
-# parallelism shards the experts instead, runtime.executor.moe; expert TP is not implemented)
+# an MoE block splits its attention only; the router and experts are not split by the attention's tp (expert
+# parallelism and expert TP, the plan's ep and etp, shard the experts instead: runtime.executor.moe)
 _MOE_BLOCK = {k: v for k, v in _LLAMA_BLOCK.items() if not k.startswith("mlp.")}
 
 
