@@ -33,6 +33,7 @@ REL_TOL = 1e-5  # fp32
 GRAD_TOL = 1e-5  # max |difference| relative to the largest reference entry of the tensor
 SPEC = parse_model("moe:tiny", layers=3, dense_layers=1, aux_loss_coef=0.1)
 SPLIT = ["embed", "blocks.0", "blocks.1", "blocks.2", "norm", "head"]  # norm too: no Whale replica
+SP = ["blocks.0", "blocks.1", "blocks.2", "norm"]
 
 PLANS_2 = {
     "ep2": dict(dp=2, experts={"ep": 2}),  # ep group = the two dp replicas (edp 1)
@@ -41,6 +42,8 @@ PLANS_2 = {
     "pp2_ep1": dict(pp=2, schedule="1f1b", num_micro_batches=2),
     "ep1_zero3": dict(dp=2, zero_stage=3),  # every expert on both ranks, ZeRO-3 over edp = 2
     "etp2": dict(dp=2, experts={"ep": 1, "etp": 2}),  # each expert's FFN split over the two ranks
+    # sequence parallel: each TP rank's expert layer computes its own sequence shard
+    "ep2_tp2_sp": dict(tp=2, split=["embed", "head"], sequence_parallel=SP, experts={"ep": 2}),
 }
 PLANS_4 = {
     # edp 2: experts ZeRO-2 sharded over 2 ranks, 2 micro-batches (one gradient reduction per step)
@@ -50,6 +53,15 @@ PLANS_4 = {
     "ep4_tp2_dp2_zero3": dict(dp=2, tp=2, split=SPLIT, zero_stage=3, experts={"ep": 4}),
     "ep2_etp2": dict(dp=4, num_micro_batches=2, experts={"ep": 2, "etp": 2}),
     "etp2_tp2_dp2_zero2": dict(dp=2, tp=2, split=SPLIT, zero_stage=2, experts={"ep": 1, "etp": 2}),
+    "ep2_pp2_tp2_sp": dict(
+        pp=2,
+        tp=2,
+        schedule="gpipe",
+        num_micro_batches=2,
+        split=["embed", "head"],
+        sequence_parallel=SP,
+        experts={"ep": 2},
+    ),
 }
 
 

@@ -11,6 +11,8 @@ Each rank routes distinct tokens: with ``tp`` > 1 the TP ranks of a replica hold
 activation, so each takes its ``1/tp`` slice of the tokens after the router (:class:`TokenShard`; the
 router runs on all tokens, so routing and the load-balancing loss are the single process's), and the
 slices' outputs are all-gathered again (Megatron-Core needs sequence parallelism for the same reason).
+Under sequence parallelism each rank computes its own sequence shard and only the router's input is
+gathered.
 
 Dispatch (dropless; with a capacity factor the dropped assignments are removed first, see
 ``runtime.models.moe``): assignments sorted by expert -> the per-expert counts exchanged with one
@@ -123,10 +125,6 @@ def _check_tp(plan: Plan, dims, tp: int) -> None:
             raise StratagemError(
                 f"MoE block blocks.{i} is replicated under tp={tp}; the runtime runs MoE blocks with "
                 f"tensor-parallel attention only: split it, or re-plan with tp=1"
-            )
-        if lay.sequence_parallel:
-            raise StratagemError(
-                f"sequence parallelism on MoE block blocks.{i} is not implemented in the runtime; re-plan without it"
             )
 
 
@@ -249,26 +247,68 @@ class _GatherRows(torch.autograd.Function):
         return grad[ctx.index * ctx.rows : (ctx.index + 1) * ctx.rows], None, None, None
 
 
+class _GatherSequence(torch.autograd.Function):
+    """All-gather sequence shards (b, s/n, h) -> (b, s, h); backward sums the gradients over the group and keeps
+    this rank's shard (a reduce-scatter, written as all-reduce + slice)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.group, ctx.index, ctx.len = group, index, x.shape[1]
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[:, ctx.index * ctx.len : (ctx.index + 1) * ctx.len], None, None, None
+
+
+def _local(x: torch.Tensor) -> torch.Tensor:
+    return x.to_local() if isinstance(x, DTensor) else x
+
+
 @dataclass(frozen=True, kw_only=True)
 class TokenShard:
-    """This TP rank's contiguous ``1/tp`` of the flattened tokens for the expert layer."""
+    """Which tokens this TP rank's expert layer computes (the router always sees all of them).
+
+    Without sequence parallelism the TP ranks hold the same (replicated) activation: each computes a
+    contiguous ``1/tp`` of the flattened tokens, whose outputs are all-gathered; the input gradient is summed
+    over the group (Megatron's ``copy_to_tensor_model_parallel_region``). With sequence parallelism each rank
+    already holds a ``1/tp`` sequence shard (a ``Shard(1)`` DTensor from the sequence-parallel norm): it
+    computes those tokens and returns its shard; only the router's input is all-gathered.
+    """
 
     group: object
     size: int
     index: int
+    sequence_parallel: bool = False
 
-    def enter(self, x: torch.Tensor) -> torch.Tensor:
+    def routing_input(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            return _GatherSequence.apply(_local(x), self.group, self.size, self.index)
         return _CopyToGroup.apply(x, self.group)
 
-    def split(self, tokens: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, Routing]:
-        n = tokens.shape[0] // self.size
-        part = slice(self.index * n, (self.index + 1) * n)
-        return tokens[part], replace(
+    def split(self, x: torch.Tensor, tokens: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, Routing]:
+        if self.sequence_parallel:
+            local = _local(x)
+            b, s = local.shape[:2]
+            rows = torch.arange(b * s * self.size, device=tokens.device).view(b, s * self.size)
+            part = rows[:, self.index * s : (self.index + 1) * s].reshape(-1)
+            mine = local.reshape(b * s, -1)
+        else:
+            n = tokens.shape[0] // self.size
+            part = torch.arange(self.index * n, (self.index + 1) * n, device=tokens.device)
+            mine = tokens[part]
+        return mine, replace(
             routing, experts=routing.experts[part], weights=routing.weights[part], kept=routing.kept[part]
         )
 
-    def gather(self, out: torch.Tensor) -> torch.Tensor:
-        return _GatherRows.apply(out, self.group, self.size, self.index)
+    def output(self, out: torch.Tensor, b: int, s: int) -> torch.Tensor:
+        if self.sequence_parallel:
+            return out.view(b, s // self.size, -1)
+        return _GatherRows.apply(out, self.group, self.size, self.index).view(b, s, -1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,8 +400,11 @@ def apply_capacity(model: nn.Module, capacity_factor: float | None) -> None:
         moe.capacity_factor = capacity_factor
 
 
-def apply_ep(model: nn.Module, groups: ExpertGroups) -> dict[str, list[int]]:
-    """Shard ``model``'s experts over the ep group and set up dispatch; returns MoE path -> global experts held."""
+def apply_ep(model: nn.Module, groups: ExpertGroups, sequence_parallel: Iterable[str] = ()) -> dict[str, list[int]]:
+    """Shard ``model``'s experts over the ep group and set up dispatch; returns MoE path -> global experts held.
+
+    ``sequence_parallel``: the blocks running sequence-parallel (their expert layer takes a sequence shard)."""
+    sp_blocks = set(sequence_parallel)
     held = {}
     apply_capacity(model, groups.capacity_factor)
     for path, moe in moe_layers(model).items():
@@ -373,7 +416,12 @@ def apply_ep(model: nn.Module, groups: ExpertGroups) -> dict[str, list[int]]:
                 group=groups.ep_group, ep=groups.ep, etp_group=groups.etp_group, etp=groups.etp
             )
         if groups.tp > 1:
-            moe.token_shard = TokenShard(group=groups.tp_group, size=groups.tp, index=groups.tp_index)
+            moe.token_shard = TokenShard(
+                group=groups.tp_group,
+                size=groups.tp,
+                index=groups.tp_index,
+                sequence_parallel=path.rpartition(".moe")[0] in sp_blocks,
+            )
     return held
 
 

@@ -100,7 +100,8 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, experts: E
     apply_tp(model, mesh["tp"], styles)
     replicas, rows = replica_paths(styles), {}
     record_replica_rows(model, replicas, rows)
-    held = apply_ep(model, experts) if experts is not None else {}
+    sp_blocks = [p for p, lay in plan.layout.items() if lay.sequence_parallel and mesh["tp"].size() > 1]
+    held = apply_ep(model, experts, sp_blocks) if experts is not None else {}
     retie(model, plan)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]

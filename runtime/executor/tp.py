@@ -142,7 +142,7 @@ def _layer_styles(spec: ModelSpec, path: str, sp: bool, incoming: str) -> tuple[
             f"layer {path} of {spec.name}: sequence parallelism is implemented for the zoo's gpt and "
             f"llama only; re-plan (stratagem plan does not search it for this model)"
         )
-    if spec.family not in ("gpt", "llama"):
+    if spec.family not in ("gpt", "llama", "moe"):
         raise StratagemError(
             f"layer {path} of {spec.name} has no sequence dimension for sequence parallelism; re-plan without it"
         )

@@ -160,14 +160,13 @@ class MoE(nn.Module):
         self.last_aux_loss: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
         shard = self.token_shard
-        if shard is not None:
-            x = shard.enter(x)
-        routing = route_tokens(self.router(x), top_k=self.top_k, capacity_factor=self.capacity_factor)
-        tokens = x.reshape(b * s, h)
-        if shard is not None:
-            tokens, routing = shard.split(tokens, routing)
+        everyone = x if shard is None else shard.routing_input(x)  # (b, s, h): every token of the micro-batch
+        b, s, h = everyone.shape
+        routing = route_tokens(self.router(everyone), top_k=self.top_k, capacity_factor=self.capacity_factor)
+        tokens = everyone.reshape(b * s, h)
+        if shard is not None:  # the tokens this rank computes, and their routing
+            tokens, routing = shard.split(x, tokens, routing)
         order, token_of, counts = sort_by_expert(routing, self.num_experts)
         routed = self.exchange(tokens[token_of], counts, self.experts)
         # unpermute: outputs back to (token, choice) slots, dropped slots zero, then the weighted sum
@@ -175,12 +174,11 @@ class MoE(nn.Module):
         out = (slots.view(-1, self.top_k, h) * routing.weights.unsqueeze(-1).to(slots.dtype)).sum(dim=1)
         if self.shared is not None:
             out = out + self.shared(tokens)
-        if shard is not None:
-            out = shard.gather(out)
+        out = out.view(b, s, h) if shard is None else shard.output(out, b, s)
         self.last_aux_loss = routing.aux_loss.detach()
         if self.aux_loss_coef > 0 and self.training and torch.is_grad_enabled():
             out = AuxLossAttach.apply(out, routing.aux_loss, self.aux_loss_coef * self.aux_loss_scale)
-        return out.view(b, s, h)
+        return out
 
 
 class MoEBlock(nn.Module):

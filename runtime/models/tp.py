@@ -166,13 +166,19 @@ def tp_collectives(
         ]
     act = seq_len * dims.hidden * elem
     if kind == "block" and isinstance(dims, MoEDims) and dims.is_moe_block(int(path.split(".")[1])):
-        # attention as Megatron (one all-reduce each way); the expert layer's tokens split over the TP ranks
-        # and all-gathered after it (forward), their input gradient all-reduced (backward; runtime.executor.moe
-        # TokenShard). Sequence parallelism is not implemented for MoE blocks, so there are no SP entries.
+        # attention as Megatron (one all-reduce each way). The expert layer (runtime.executor.moe TokenShard):
+        # without SP its tokens are split over the TP ranks and all-gathered after it (forward), the input
+        # gradient all-reduced (backward); with SP each rank keeps its sequence shard and only the router's
+        # input is all-gathered (forward), its gradient all-reduced (backward).
         return [
             _need("all_reduce", "forward", act, 1, False),
             _need("all_gather", "forward", act, 1, False),
             _need("all_reduce", "backward", act, 2, False),
+            _need("all_gather", "forward", act, 2, True),
+            _need("reduce_scatter", "forward", act, 1, True),
+            _need("all_gather", "backward", act, 1, True),
+            _need("reduce_scatter", "backward", act, 1, True),
+            _need("all_reduce", "backward", act, 1, True),
         ]
     if kind == "block":
         return [
