@@ -44,6 +44,9 @@ PLANS_2 = {
     "etp2": dict(dp=2, experts={"ep": 1, "etp": 2}),  # each expert's FFN split over the two ranks
     # sequence parallel: each TP rank's expert layer computes its own sequence shard
     "ep2_tp2_sp": dict(tp=2, split=["embed", "head"], sequence_parallel=SP, experts={"ep": 2}),
+    # dense, not MoE: a Whale replica (the final norm, replicated under tp 2 on batch slices) gets the whole
+    # gradient (its TP ranks' slices summed; the mean halved it, which AdamW's scale invariance hid)
+    "dense_whale_norm_tp2": dict(tp=2, split=["embed", "blocks.0", "blocks.1", "head"], spec="llama:tiny"),
 }
 PLANS_4 = {
     # edp 2: experts ZeRO-2 sharded over 2 ranks, 2 micro-batches (one gradient reduction per step)
@@ -69,7 +72,9 @@ def _run(tmp_path_factory, plans: dict, nproc: int) -> dict:
     root = tmp_path_factory.mktemp(f"moe{nproc}")
     out, paths = {}, []
     for name, cfg in plans.items():
-        plan = make_plan(SPEC, global_batch=8, seq_len=16, **cfg)
+        cfg = dict(cfg)
+        spec = parse_model(cfg.pop("spec")) if "spec" in cfg else SPEC
+        plan = make_plan(spec, global_batch=8, seq_len=16, **cfg)
         paths.append(str(save_plan(plan, root / f"{name}.json")))
         out[name] = (plan, root, name)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]

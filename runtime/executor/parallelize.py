@@ -51,7 +51,7 @@ class Chunk:
     tp_styles: dict[str, str] = field(default_factory=dict)
     recomputed: list[str] = field(default_factory=list)
     dp_mode: str = "none"
-    replica_sync: ReplicaGradSync | None = None  # Whale replicas under tp > 1: gradients averaged over TP
+    replica_sync: ReplicaGradSync | None = None  # Whale replicas under tp > 1: gradients summed over TP
     replica_rows: dict[str, int] = field(default_factory=dict)  # rows each replica last computed
     experts_held: dict[str, list[int]] = field(default_factory=dict)  # MoE path -> global expert indices here
     expert_dp_mode: str = "none"  # ZeRO of the experts over edp (runtime.executor.moe.apply_expert_dp)
