@@ -159,6 +159,11 @@ def test_experts_are_sharded_over_the_ep_group(job2, job4):
         assert not any(f"moe.experts.{other}." in p for p in params for other in {0, 1, 2, 3} - set(held))
         assert params[f"blocks.1.moe.experts.{held[0]}.w1.weight"]["type"] == "Tensor"
         assert params["blocks.1.moe.router.weight"]["mesh_dims"] == ["dp"]  # non-expert: replicated over dp
+    # TP2 attention: the shared expert is tensor-parallel like a dense MLP, the router replicated
+    params = _report(job2["ep2_tp2"], 1)["chunks"][0]["params"]
+    assert params["blocks.1.moe.shared.w1.weight"]["placements"] == ["S(0)"]
+    assert params["blocks.1.moe.shared.w2.weight"]["placements"] == ["S(1)"]
+    assert params["blocks.1.moe.router.weight"]["type"] == "Tensor"
     # folding, dp 2 x tp 2 = 4 stage ranks as (edp 2, ep 2): ranks 0, 2 hold experts 0-1; 1, 3 experts 2-3
     held = [_report(job4["ep2_tp2_dp2"], r)["chunks"][0]["experts_held"]["blocks.1.moe"] for r in range(4)]
     assert held == [[0, 1], [2, 3], [0, 1], [2, 3]]

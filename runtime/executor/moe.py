@@ -26,8 +26,9 @@ tokens of every rank of their ``ep`` group, so their gradient is summed over ``e
 the same experts) and divided by ``dp``; they are left out of the plan's FSDP/replicate wrapper. With
 ZeRO (``zero_stage`` >= 1) each expert is its own FSDP unit over ``edp`` (weights, gradients and AdamW
 states sharded over edp; :func:`apply_expert_dp`); with ZeRO-0 :class:`ExpertGradSync` all-reduces them
-over edp. With ``tp`` > 1 each TP rank's router and shared-expert gradient covers its token slice only,
-so those are summed over ``tp`` (then averaged over dp by the wrapper, as every other parameter).
+over edp. With ``tp`` > 1 each TP rank's router gradient covers its token slice only (plus ``1/tp`` of the
+load-balancing loss's), so it is summed over ``tp`` (then averaged over dp by the wrapper, as every other
+parameter). Shared experts are tensor-parallel like a dense MLP (``runtime.models.tp``).
 """
 
 from __future__ import annotations
@@ -456,7 +457,7 @@ def set_aux_loss_scale(model: nn.Module, scale: float) -> None:
 
 class ExpertGradSync:
     """After backward, before the optimizer: expert gradients summed over edp and divided by dp; with tp > 1
-    the MoE layers' router and shared-expert gradients summed over tp (see the module docstring)."""
+    the MoE layers' router gradients summed over tp (see the module docstring)."""
 
     def __init__(self, model: nn.Module, groups: ExpertGroups, *, experts_sharded: bool):
         self.groups = groups
@@ -468,7 +469,8 @@ class ExpertGradSync:
 
     @staticmethod
     def _token_sliced(model: nn.Module, names: dict) -> list[nn.Parameter]:
-        out = [p for moe in moe_layers(model).values() for p in _non_expert_params(moe)]
+        """The routers: they see every token, but each TP rank's combine weights only its own slice's."""
+        out = [p for moe in moe_layers(model).values() for p in moe.router.parameters()]
         return sorted(out, key=lambda p: names[p])
 
     def sync(self) -> None:
@@ -489,11 +491,6 @@ class ExpertGradSync:
                 p.grad = torch.zeros_like(p)
             local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             dist.all_reduce(local, group=g.tp_group)
-
-
-def _non_expert_params(moe: MoE) -> Iterable[nn.Parameter]:
-    experts = set(moe.experts.parameters())
-    return [p for p in moe.parameters() if p not in experts]
 
 
 def describe_experts(plan: Plan, dims: ParallelDims, rank: int) -> str:

@@ -161,6 +161,8 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shard = self.token_shard
+        # the shared experts see the layer's input as it comes (under TP they are tensor-parallel themselves)
+        shared = self.shared(x) if self.shared is not None else None
         everyone = x if shard is None else shard.routing_input(x)  # (b, s, h): every token of the micro-batch
         b, s, h = everyone.shape
         routing = route_tokens(self.router(everyone), top_k=self.top_k, capacity_factor=self.capacity_factor)
@@ -172,9 +174,9 @@ class MoE(nn.Module):
         # unpermute: outputs back to (token, choice) slots, dropped slots zero, then the weighted sum
         slots = routed.new_zeros(routing.experts.numel(), h).index_copy(0, order, routed)
         out = (slots.view(-1, self.top_k, h) * routing.weights.unsqueeze(-1).to(slots.dtype)).sum(dim=1)
-        if self.shared is not None:
-            out = out + self.shared(tokens)
         out = out.view(b, s, h) if shard is None else shard.output(out, b, s)
+        if shared is not None:
+            out = out + shared
         self.last_aux_loss = routing.aux_loss.detach()
         if self.aux_loss_coef > 0 and self.training and torch.is_grad_enabled():
             out = AuxLossAttach.apply(out, routing.aux_loss, self.aux_loss_coef * self.aux_loss_scale)

@@ -44,9 +44,11 @@ _LLAMA_BLOCK = {
     "mlp.w3": "colwise",
     "mlp.w2": "rowwise",
 }
-# an MoE block splits its attention only; the router and experts are not split by the attention's tp (expert
-# parallelism and expert TP, the plan's ep and etp, shard the experts instead: runtime.executor.moe)
+# an MoE block splits its attention and its shared experts (Megatron-Core's SharedExpertMLP is tensor-parallel
+# like a dense MLP); the router is replicated and the routed experts are not split by the attention's tp
+# (expert parallelism and expert TP, the plan's ep and etp, shard them instead: runtime.executor.moe)
 _MOE_BLOCK = {k: v for k, v in _LLAMA_BLOCK.items() if not k.startswith("mlp.")}
+_SHARED_EXPERTS = {"moe.shared.w1": "colwise", "moe.shared.w3": "colwise", "moe.shared.w2": "rowwise"}
 
 
 def _block_layout(spec: ModelSpec, path: str) -> dict[str, str]:
@@ -55,7 +57,9 @@ def _block_layout(spec: ModelSpec, path: str) -> dict[str, str]:
     if spec.family == "moe":
         dims = resolve_dims(spec)
         assert isinstance(dims, MoEDims)
-        return dict(_MOE_BLOCK if dims.is_moe_block(int(path.split(".")[1])) else _LLAMA_BLOCK)
+        if not dims.is_moe_block(int(path.split(".")[1])):
+            return dict(_LLAMA_BLOCK)
+        return {**_MOE_BLOCK, **(_SHARED_EXPERTS if dims.shared_experts else {})}
     return dict(_LLAMA_BLOCK)
 
 
@@ -102,7 +106,10 @@ def tp_constraints(spec: ModelSpec, path: str) -> dict[str, int]:
         return {"heads": dims.heads, "kv_heads": dims.kv_heads, "ffn_hidden": dims.ffn_hidden}
     if layer_kind(path) == "block" and isinstance(dims, MoEDims):
         attention = {"heads": dims.heads, "kv_heads": dims.kv_heads}
-        return attention if dims.is_moe_block(int(path.split(".")[1])) else {**attention, "ffn_hidden": dims.ffn_hidden}
+        if not dims.is_moe_block(int(path.split(".")[1])):
+            return {**attention, "ffn_hidden": dims.ffn_hidden}
+        shared = dims.shared_experts * dims.expert_ffn
+        return {**attention, "shared_expert_ffn": shared} if shared else attention
     key = {"gpt": "vocab", "llama": "vocab", "moe": "vocab", "resnet": "num_classes", "mlp": "out_features"}[
         spec.family
     ]
@@ -166,18 +173,20 @@ def tp_collectives(
         ]
     act = seq_len * dims.hidden * elem
     if kind == "block" and isinstance(dims, MoEDims) and dims.is_moe_block(int(path.split(".")[1])):
-        # attention as Megatron (one all-reduce each way). The expert layer (runtime.executor.moe TokenShard):
-        # without SP its tokens are split over the TP ranks and all-gathered after it (forward), the input
-        # gradient all-reduced (backward); with SP each rank keeps its sequence shard and only the router's
-        # input is all-gathered (forward), its gradient all-reduced (backward).
+        # attention and shared experts as Megatron (one all-reduce each way, or all-gather + reduce-scatter
+        # under SP). The routed experts' tokens (runtime.executor.moe TokenShard): without SP split over the
+        # TP ranks and their outputs all-gathered (forward), the input gradient all-reduced (backward); with
+        # SP each rank keeps its sequence shard and only the router's input is all-gathered (forward), its
+        # gradient all-reduced (backward). The all-to-alls of expert parallelism are not TP collectives.
+        n = 1 + (dims.shared_experts > 0)
         return [
-            _need("all_reduce", "forward", act, 1, False),
+            _need("all_reduce", "forward", act, n, False),
             _need("all_gather", "forward", act, 1, False),
-            _need("all_reduce", "backward", act, 2, False),
-            _need("all_gather", "forward", act, 2, True),
-            _need("reduce_scatter", "forward", act, 1, True),
-            _need("all_gather", "backward", act, 1, True),
-            _need("reduce_scatter", "backward", act, 1, True),
+            _need("all_reduce", "backward", act, n + 1, False),
+            _need("all_gather", "forward", act, n + 1, True),
+            _need("reduce_scatter", "forward", act, n, True),
+            _need("all_gather", "backward", act, n, True),
+            _need("reduce_scatter", "backward", act, n, True),
             _need("all_reduce", "backward", act, 1, True),
         ]
     if kind == "block":
