@@ -125,7 +125,6 @@ def test_top_k_above_experts_is_one_line():
     ("cfg", "message"),
     [
         (dict(dp=3, experts={"ep": 1, "etp": 3}), "etp=3 does not divide expert_ffn=64"),
-        (dict(tp=2, split=["blocks.0"], experts={"ep": 2}), "blocks.1 is replicated under tp=2"),
         (
             dict(tp=2, split=["blocks.0", "blocks.1"], global_batch=1, seq_len=15, experts={"ep": 2}),
             "do not split over tp=2",

@@ -46,6 +46,8 @@ PLANS_2 = {
     "ep2_tp2_sp": dict(tp=2, split=["embed", "head"], sequence_parallel=SP, experts={"ep": 2}),
     # dense, not MoE: a Whale replica (the final norm, replicated under tp 2 on batch slices) gets the whole
     # gradient (its TP ranks' slices summed; the mean halved it, which AdamW's scale invariance hid)
+    # the blocks as Whale replicas under tp 2: each TP rank routes its own batch slice
+    "ep2_tp2_whale": dict(tp=2, split=["embed", "head"], experts={"ep": 2}),
     "dense_whale_norm_tp2": dict(tp=2, split=["embed", "blocks.0", "blocks.1", "head"], spec="llama:tiny"),
 }
 PLANS_4 = {

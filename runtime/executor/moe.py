@@ -118,15 +118,6 @@ def _check_tp(plan: Plan, dims, tp: int) -> None:
             f"a micro-batch's {tokens} tokens do not split over tp={tp} for the expert layers; "
             f"choose a sequence length or micro-batch size divisible by {tp}"
         )
-    for i in range(dims.layers):
-        if not dims.is_moe_block(i):
-            continue
-        lay = plan.layout.get(f"blocks.{i}")
-        if lay is None or lay.style != "split":
-            raise StratagemError(
-                f"MoE block blocks.{i} is replicated under tp={tp}; the runtime runs MoE blocks with "
-                f"tensor-parallel attention only: split it, or re-plan with tp=1"
-            )
 
 
 # ---------------------------------------------------------------------------------------------- groups
@@ -401,11 +392,15 @@ def apply_capacity(model: nn.Module, capacity_factor: float | None) -> None:
         moe.capacity_factor = capacity_factor
 
 
-def apply_ep(model: nn.Module, groups: ExpertGroups, sequence_parallel: Iterable[str] = ()) -> dict[str, list[int]]:
+def apply_ep(
+    model: nn.Module, groups: ExpertGroups, *, sequence_parallel: Iterable[str] = (), replicas: Iterable[str] = ()
+) -> dict[str, list[int]]:
     """Shard ``model``'s experts over the ep group and set up dispatch; returns MoE path -> global experts held.
 
-    ``sequence_parallel``: the blocks running sequence-parallel (their expert layer takes a sequence shard)."""
-    sp_blocks = set(sequence_parallel)
+    ``sequence_parallel``: the blocks running sequence-parallel (their expert layer takes a sequence shard);
+    ``replicas``: the blocks run as Whale replicas under tp > 1 (each TP rank already holds its own batch
+    slice, so its expert layer computes all of its tokens)."""
+    sp_blocks, replica_blocks = set(sequence_parallel), set(replicas)
     held = {}
     apply_capacity(model, groups.capacity_factor)
     for path, moe in moe_layers(model).items():
@@ -416,7 +411,7 @@ def apply_ep(model: nn.Module, groups: ExpertGroups, sequence_parallel: Iterable
             moe.exchange = ExpertExchange(
                 group=groups.ep_group, ep=groups.ep, etp_group=groups.etp_group, etp=groups.etp
             )
-        if groups.tp > 1:
+        if groups.tp > 1 and path.rpartition(".moe")[0] not in replica_blocks:
             moe.token_shard = TokenShard(
                 group=groups.tp_group,
                 size=groups.tp,
@@ -469,8 +464,10 @@ class ExpertGradSync:
 
     @staticmethod
     def _token_sliced(model: nn.Module, names: dict) -> list[nn.Parameter]:
-        """The routers: they see every token, but each TP rank's combine weights only its own slice's."""
-        out = [p for moe in moe_layers(model).values() for p in moe.router.parameters()]
+        """The routers of token-sliced layers: they see every token, but each TP rank's combine weights only
+        its own slice's (a Whale replica's router is summed over TP by ``ReplicaGradSync`` instead)."""
+        layers = [moe for moe in moe_layers(model).values() if moe.token_shard is not None]
+        out = [p for moe in layers for p in moe.router.parameters()]
         return sorted(out, key=lambda p: names[p])
 
     def sync(self) -> None:

@@ -101,7 +101,7 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, experts: E
     replicas, rows = replica_paths(styles), {}
     record_replica_rows(model, replicas, rows)
     sp_blocks = [p for p, lay in plan.layout.items() if lay.sequence_parallel and mesh["tp"].size() > 1]
-    held = apply_ep(model, experts, sp_blocks) if experts is not None else {}
+    held = apply_ep(model, experts, sequence_parallel=sp_blocks, replicas=replicas) if experts is not None else {}
     retie(model, plan)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
@@ -113,7 +113,8 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, experts: E
         block_paths=blocks,
         ignored_params=expert_params(model) if held and expert_dp == "none" else None,
     )
-    sync = ReplicaGradSync(model, mesh["tp"], replicas) if replicas else None
+    # a replica's routed experts are reduced over edp by ExpertGradSync, not over TP
+    sync = ReplicaGradSync(model, mesh["tp"], replicas, exclude=expert_params(model)) if replicas else None
     # after apply_dp, which replaces the wrapped Parameters (the experts, left out, keep theirs)
     expert_sync = (
         ExpertGradSync(model, experts, experts_sharded=expert_dp != "none") if experts is not None and held else None

@@ -236,12 +236,12 @@ class ReplicaGradSync:
     run on the TP process group, bounded by the process group's timeout (``init_distributed``).
     """
 
-    def __init__(self, module: nn.Module, tp_mesh, paths: Sequence[str]):
+    def __init__(self, module: nn.Module, tp_mesh, paths: Sequence[str], exclude: set | None = None):
         self.group, self.size = tp_mesh.get_group(), tp_mesh.size()
         self.params = [
             p
             for name, p in module.named_parameters()
-            if any(_clean(name) == q or _clean(name).startswith(q + ".") for q in paths)
+            if any(_clean(name) == q or _clean(name).startswith(q + ".") for q in paths) and p not in (exclude or ())
         ]
 
     def sync(self) -> None:
