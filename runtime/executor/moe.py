@@ -101,7 +101,7 @@ def check_experts(plan: Plan) -> None:
         )
     if lay.capacity_factor is not None and lay.capacity_factor < 0:
         raise StratagemError(f"capacity_factor={lay.capacity_factor} must be >= 0 (or None for dropless)")
-    _check_tp(plan, dims, tp)
+    _check_tp(plan, tp)
     if lay.ep > tp and plan.batch_shares is not None and len(set(plan.schedule.micro_batches_per_replica or [])) > 1:
         raise StratagemError(
             "expert all-to-alls span dp replicas whose batch shares give them different micro-batch counts, "
@@ -109,7 +109,7 @@ def check_experts(plan: Plan) -> None:
         )
 
 
-def _check_tp(plan: Plan, dims, tp: int) -> None:
+def _check_tp(plan: Plan, tp: int) -> None:
     if tp == 1:
         return
     tokens = plan.schedule.micro_batch_size * plan.training.seq_len
