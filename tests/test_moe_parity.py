@@ -53,7 +53,8 @@ PLANS_2 = {
 PLANS_4 = {
     # edp 2: experts ZeRO-2 sharded over 2 ranks, 2 micro-batches (one gradient reduction per step)
     "ep2_dp2": dict(dp=4, zero_stage=2, num_micro_batches=2, experts={"ep": 2}),
-    "ep2_tp2_dp2": dict(dp=2, tp=2, split=SPLIT, experts={"ep": 2}),
+    # fixed-capacity dispatch (padded buffers) from token-sliced TP ranks
+    "ep2_tp2_dp2_capacity": dict(dp=2, tp=2, split=SPLIT, experts={"ep": 2, "capacity_factor": 1.5}),
     "ep2_pp2": dict(pp=2, dp=2, schedule="1f1b", num_micro_batches=2, experts={"ep": 2}),
     "ep4_tp2_dp2_zero3": dict(dp=2, tp=2, split=SPLIT, zero_stage=3, experts={"ep": 4}),
     "ep2_etp2": dict(dp=4, num_micro_batches=2, experts={"ep": 2, "etp": 2}),
@@ -167,7 +168,7 @@ def test_experts_are_sharded_over_the_ep_group(job2, job4):
     assert params["blocks.1.moe.shared.w2.weight"]["placements"] == ["S(1)"]
     assert params["blocks.1.moe.router.weight"]["type"] == "Tensor"
     # folding, dp 2 x tp 2 = 4 stage ranks as (edp 2, ep 2): ranks 0, 2 hold experts 0-1; 1, 3 experts 2-3
-    held = [_report(job4["ep2_tp2_dp2"], r)["chunks"][0]["experts_held"]["blocks.1.moe"] for r in range(4)]
+    held = [_report(job4["ep2_tp2_dp2_capacity"], r)["chunks"][0]["experts_held"]["blocks.1.moe"] for r in range(4)]
     assert held == [[0, 1], [2, 3], [0, 1], [2, 3]]
     # ZeRO over edp: expert weights are FSDP shards on the expert mesh's edp axis (64 rows / 2 ranks)
     chunk = _report(job4["ep2_dp2"], 1)["chunks"][0]

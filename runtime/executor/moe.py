@@ -14,12 +14,13 @@ slices' outputs are all-gathered again (Megatron-Core needs sequence parallelism
 Under sequence parallelism each rank computes its own sequence shard and only the router's input is
 gathered.
 
-Dispatch (dropless; with a capacity factor the dropped assignments are removed first, see
-``runtime.models.moe``): assignments sorted by expert -> the per-expert counts exchanged with one
+Dispatch, dropless: assignments sorted by expert -> the per-expert counts exchanged with one
 ``all_to_all_single`` -> the rows exchanged with ``all_to_all_single`` using those split sizes -> local
 experts on their rows (regrouped by expert) -> the reverse ``all_to_all_single`` -> unpermuted and
-summed with the router weights. :class:`AllToAll`'s backward is the reverse all-to-all (Megatron-Core
-``tensor_parallel.mappings._AllToAll``).
+summed with the router weights. With a capacity factor (assignments past capacity dropped by the router,
+``runtime.models.moe``), every rank sends each expert a fixed, zero-padded buffer instead (GShard), so the
+all-to-alls have equal splits and no counts are exchanged. :class:`AllToAll`'s backward is the reverse
+all-to-all (Megatron-Core ``tensor_parallel.mappings._AllToAll``).
 
 Gradients: the objective is the mean over dp replicas of each replica's loss. Expert weights see the
 tokens of every rank of their ``ep`` group, so their gradient is summed over ``edp`` (all ranks holding
@@ -307,7 +308,8 @@ class TokenShard:
 class ExpertExchange:
     """``MoE.exchange`` under expert parallelism: rows sorted by global expert -> experts' outputs, same order.
 
-    ``ep`` > 1: dispatch over the ep group (counts first, then rows), local experts, combine back.
+    ``ep`` > 1: dispatch over the ep group (counts first, then rows), local experts, combine back; with a
+    capacity factor, fixed-size zero-padded buffers instead (no count exchange).
     ``etp`` > 1: each expert's FFN is split over the etp group (Megatron-Core expert tensor parallelism):
     the etp peers' rows for the same experts are gathered, every peer runs its FFN slice on all of them, and
     each peer's rows get the sum of the partial outputs (a reduce-scatter), both written as uneven
@@ -319,9 +321,13 @@ class ExpertExchange:
     etp_group: object | None = None
     etp: int = 1
 
-    def __call__(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict) -> torch.Tensor:
+    def __call__(
+        self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict, slots: int = 0
+    ) -> torch.Tensor:
         if self.ep == 1:
             return self._compute(rows, counts, experts)
+        if slots:
+            return self._fixed_capacity(rows, counts, experts, slots)
         local = counts.numel() // self.ep
         received = torch.empty_like(counts)  # (source rank, local expert) counts, source-major
         dist.all_to_all_single(received, counts, group=self.group)
@@ -332,6 +338,24 @@ class ExpertExchange:
         grouped = self._compute(inbound[order], received.view(self.ep, local).sum(0), experts)
         outbound = torch.empty_like(grouped).index_copy(0, order, grouped)
         return AllToAll.apply(outbound, in_splits, out_splits, self.group)
+
+    def _fixed_capacity(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict, slots: int):
+        """GShard's fixed-capacity dispatch (Lepikhin et al. 2021 §3.2): every rank sends each expert a buffer
+        of ``slots`` rows, zero-padded, so the all-to-all has equal splits and no counts are exchanged.
+        Zero rows give zero SwiGLU outputs (no biases) and are dropped on the way back."""
+        n_experts, h = counts.numel(), rows.shape[1]
+        local = n_experts // self.ep
+        start = torch.cumsum(counts, 0) - counts
+        expert_of_row = torch.arange(n_experts, device=counts.device).repeat_interleave(counts)
+        slot = expert_of_row * slots + torch.arange(rows.shape[0], device=counts.device) - start[expert_of_row]
+        padded = rows.new_zeros(n_experts * slots, h).index_copy(0, slot, rows)
+        splits = [local * slots] * self.ep
+        inbound = AllToAll.apply(padded, splits, splits, self.group)  # (source, local expert, slot)
+        grouped = inbound.view(self.ep, local, slots, h).transpose(0, 1).reshape(-1, h)  # expert-major
+        per_expert = torch.full((local,), self.ep * slots, dtype=counts.dtype, device=counts.device)
+        done = self._compute(grouped, per_expert, experts)
+        outbound = done.view(local, self.ep, slots, h).transpose(0, 1).reshape(-1, h)
+        return AllToAll.apply(outbound, splits, splits, self.group)[slot]
 
     def _compute(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict) -> torch.Tensor:
         """Rows grouped by local expert through the experts (their FFN slices, summed over etp)."""

@@ -50,8 +50,9 @@ from runtime.models.dims import MoEDims
 from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
 from runtime.models.llama import Attention, Block, FeedForward, RMSNorm, build_llama_layer
 
-# (rows sorted by global expert (n, h), assignments per global expert (E,), local experts) -> outputs (n, h)
-Exchange = Callable[[torch.Tensor, torch.Tensor, nn.ModuleDict], torch.Tensor]
+# (rows sorted by global expert (n, h), assignments per global expert (E,), local experts, slots) -> outputs
+# (n, h); slots: the fixed per-expert buffer rows of a capacity-limited layer (0 = dropless)
+Exchange = Callable[[torch.Tensor, torch.Tensor, nn.ModuleDict, int], torch.Tensor]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,7 +138,7 @@ def run_local_experts(rows: torch.Tensor, counts: torch.Tensor, experts: nn.Modu
     return torch.cat([expert(chunk) for expert, chunk in zip(experts.values(), chunks)])
 
 
-def local_exchange(rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict) -> torch.Tensor:
+def local_exchange(rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict, slots: int = 0) -> torch.Tensor:  # noqa: ARG001 - Exchange API
     """One process holds every expert: no communication."""
     return run_local_experts(rows, counts, experts)
 
@@ -170,7 +171,9 @@ class MoE(nn.Module):
         if shard is not None:  # the tokens this rank computes, and their routing
             tokens, routing = shard.split(x, tokens, routing)
         order, token_of, counts = sort_by_expert(routing, self.num_experts)
-        routed = self.exchange(tokens[token_of], counts, self.experts)
+        # with a capacity, no expert takes more than capacity * sequences of this micro-batch from any rank
+        slots = capacity(self.capacity_factor, s, self.top_k, self.num_experts) * b
+        routed = self.exchange(tokens[token_of], counts, self.experts, slots)
         # unpermute: outputs back to (token, choice) slots, dropped slots zero, then the weighted sum
         slots = routed.new_zeros(routing.experts.numel(), h).index_copy(0, order, routed)
         out = (slots.view(-1, self.top_k, h) * routing.weights.unsqueeze(-1).to(slots.dtype)).sum(dim=1)
