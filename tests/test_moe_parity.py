@@ -40,7 +40,7 @@ PLANS_2 = {
     "ep2_tp2": dict(tp=2, split=SPLIT, experts={"ep": 2}),  # ep group = the two TP ranks' token slices
     "ep2_capacity": dict(dp=2, num_micro_batches=2, experts={"ep": 2, "capacity_factor": 1.0}),
     "pp2_ep1": dict(pp=2, schedule="1f1b", num_micro_batches=2),
-    "ep1_zero3": dict(dp=2, zero_stage=3),  # every expert on both ranks, ZeRO-3 over edp = 2
+    "ep1_zero3": dict(dp=2, zero_stage=3),  # every expert on both ranks, sharded over edp = 2 (ZeRO-3 plan)
     "etp2": dict(dp=2, experts={"ep": 1, "etp": 2}),  # each expert's FFN split over the two ranks
     # sequence parallel: each TP rank's expert layer computes its own sequence shard
     "ep2_tp2_sp": dict(tp=2, split=["embed", "head"], sequence_parallel=SP, experts={"ep": 2}),

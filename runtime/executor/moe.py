@@ -455,8 +455,11 @@ def apply_expert_dp(model: nn.Module, groups: ExpertGroups, *, zero_stage: int) 
     """ZeRO for the experts over edp: each local expert its own ``fully_shard`` unit on the ``edp`` axis of
     the expert mesh (torchtitan shards MoE experts over its ``dp_mod_ep`` mesh the same way). FSDP averages
     the gradients over edp; :class:`ExpertGradSync` rescales the shards by ``edp / dp`` to the sum over edp
-    divided by dp (``set_gradient_divide_factor`` would need ``PREMUL_SUM``, which gloo lacks). ZeRO-0, or a
-    1-rank edp group: nothing here (returns "none"; :class:`ExpertGradSync` all-reduces them)."""
+    divided by dp (``set_gradient_divide_factor`` would need ``PREMUL_SUM``, which gloo lacks). The experts
+    stay gathered from forward to backward at every ZeRO stage (``reshard_after_forward=False``): ZeRO-3
+    shards the dense weights only, as Megatron-Core's distributed optimizer does over the expert-data-parallel
+    group and as ``planner.cost.moe`` prices it. ZeRO-0, or a 1-rank edp group: nothing here (returns "none";
+    :class:`ExpertGradSync` all-reduces them)."""
     if zero_stage == 0 or groups.edp == 1:
         return "none"
     from torch.distributed.fsdp import fully_shard
@@ -464,8 +467,8 @@ def apply_expert_dp(model: nn.Module, groups: ExpertGroups, *, zero_stage: int) 
     edp_mesh = groups.mesh["edp"]  # type: ignore[index]
     for moe in moe_layers(model).values():
         for expert in moe.experts.values():
-            fully_shard(expert, mesh=edp_mesh, reshard_after_forward=zero_stage == 3)
-    return f"fully_shard over edp={groups.edp} (reshard_after_forward={zero_stage == 3})"
+            fully_shard(expert, mesh=edp_mesh, reshard_after_forward=False)
+    return f"fully_shard over edp={groups.edp} (reshard_after_forward=False)"
 
 
 def set_aux_loss_scale(model: nn.Module, scale: float) -> None:
