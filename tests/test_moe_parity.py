@@ -24,7 +24,7 @@ from planner.modelspec import parse_model
 from planner.plan import Plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
-from runtime.executor.moe import apply_capacity, expert_layout
+from runtime.executor.moe import apply_capacity, expert_layout, take_aux_loss
 from runtime_helpers import REPO
 
 pytestmark = pytest.mark.slow
@@ -104,24 +104,42 @@ def job4(tmp_path_factory):
     return _run(tmp_path_factory, PLANS_4, 4)
 
 
-def reference_grads(plan: Plan) -> dict[str, torch.Tensor]:
-    """Step-1 gradients of the whole model on one process (the aux loss included, as in training)."""
-    from runtime.models import build_model, init_weights, loss_fn
+def _reference_step1(plan: Plan):
+    """The single process's model at init (the plan's capacity factor applied) and the step-1 global batch."""
+    from runtime.models import build_model, init_weights
 
     model = build_model(plan.model, device="meta").to_empty(device="cpu")
     init_weights(model, seed=plan.training.seed)
     apply_capacity(model, expert_layout(plan).capacity_factor)
     tr = plan.training
-    batch = build_data_source(plan.model, "synthetic", global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed)(
-        1
-    )
+    source = build_data_source(plan.model, "synthetic", global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed)
+    return model, source(1)
+
+
+def reference_grads(plan: Plan) -> dict[str, torch.Tensor]:
+    """Step-1 gradients of the whole model on one process (the aux loss included, as in training)."""
+    from runtime.models import loss_fn
+
+    model, batch = _reference_step1(plan)
     loss_fn(plan.model)(model(batch.inputs), batch.targets).backward()
     return {name: p.grad for name, p in model.named_parameters()}
 
 
+def reference_aux_loss(plan: Plan) -> float:
+    """The step-1 load-balancing loss on one process: the mean over MoE layers on the whole global batch."""
+    model, batch = _reference_step1(plan)
+    model(batch.inputs)
+    total, count = take_aux_loss([model])
+    return total / count
+
+
 def _check(entry, nproc: int) -> None:
     plan, root, name = entry
-    measured = final_step_losses(read_metrics(root / f"{name}.jsonl"))
+    records = read_metrics(root / f"{name}.jsonl")
+    if plan.model.family == "moe":  # the logged load-balancing loss is the single process's at step 1
+        first = next(r for r in records if r.get("event") == "step" and r["step"] == 1)
+        assert first["moe_aux_loss"] == pytest.approx(reference_aux_loss(plan), rel=1e-5)
+    measured = final_step_losses(records)
     expected = reference_losses(plan, STEPS)
     assert sorted(measured) == list(range(1, STEPS + 1))
     for step, ref in enumerate(expected, start=1):

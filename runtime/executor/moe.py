@@ -471,6 +471,43 @@ def apply_expert_dp(model: nn.Module, groups: ExpertGroups, *, zero_stage: int) 
     return f"fully_shard over edp={groups.edp} (reshard_after_forward=False)"
 
 
+def take_aux_loss(modules: Iterable[nn.Module]) -> tuple[float, int]:
+    """(sum, count) of the load-balancing losses the MoE layers of ``modules`` computed since the last call;
+    resets them."""
+    total, count = 0.0, 0
+    for module in modules:
+        for moe in moe_layers(module).values():
+            total, count = total + float(moe.aux_loss_sum), count + moe.aux_loss_count
+            moe.aux_loss_sum, moe.aux_loss_count = 0.0, 0
+    return total, count
+
+
+def exclude_shape_probes(stage) -> None:
+    """Keep a pipeline stage's metadata inference out of its MoE layers' load-balancing metric.
+
+    torch.distributed.pipelining 2.13 runs each stage once before the first step to learn its shapes (the
+    first stage on the first micro-batch, later ones on uninitialised tensors of the right shape); that
+    probe is no training forward. Its two private methods are wrapped; with another torch they may be
+    absent, and then nothing is wrapped.
+    """
+    for name in ("_forward_metadata_inference", "_backward_metadata_inference"):
+        probe = getattr(stage, name, None)
+        if probe is None:
+            continue
+
+        def muted(*args, _probe=probe, **kwargs):
+            layers = list(moe_layers(stage.submod).values())
+            for moe in layers:
+                moe.count_aux_loss = False
+            try:
+                return _probe(*args, **kwargs)
+            finally:
+                for moe in layers:
+                    moe.count_aux_loss = True
+
+        setattr(stage, name, muted)
+
+
 def set_aux_loss_scale(model: nn.Module, scale: float) -> None:
     """Scale of the load-balancing loss's gradient: the factor the runtime puts on each micro-batch's loss."""
     for moe in moe_layers(model).values():

@@ -32,7 +32,7 @@ from planner.recipe import lr_at_step
 from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import ParallelDims, build_mesh
-from runtime.executor.moe import build_expert_groups, set_aux_loss_scale
+from runtime.executor.moe import build_expert_groups, set_aux_loss_scale, take_aux_loss
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
 from runtime.executor.parallelize import AUTOCAST_DTYPES, Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.schedule import build_runner, check_replica_schedules
@@ -176,6 +176,7 @@ class StepResult:
     peak_memory_bytes: list[int]
     peak_rss_bytes: list[int]
     preempted: bool = False
+    moe_aux_loss: float | None = None  # load-balancing loss (1.0 = balanced), mean over MoE layers and ranks
 
 
 class Preemption:
@@ -194,11 +195,14 @@ class Preemption:
         cls.requested = True
 
 
-def _gather_step(device, loss_part: float, step_time_s: float, peak_bytes: int, lr: float) -> StepResult:
-    """All ranks: global loss (sum of parts), max step time, per-rank memory and whether any rank was asked
-    to stop (SIGTERM), in one all_gather."""
+def _gather_step(
+    device, loss_part: float, step_time_s: float, peak_bytes: int, lr: float, aux: tuple[float, int] = (0.0, 0)
+) -> StepResult:
+    """All ranks: global loss (sum of parts), max step time, per-rank memory, whether any rank was asked
+    to stop (SIGTERM), and the MoE load-balancing loss (mean over every rank's layers and forwards), in one
+    all_gather."""
     mine = torch.tensor(
-        [loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes()), float(Preemption.requested)],
+        [loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes()), float(Preemption.requested), *aux],
         dtype=torch.float64,
         device=device,
     )
@@ -212,6 +216,7 @@ def _gather_step(device, loss_part: float, step_time_s: float, peak_bytes: int, 
         peak_memory_bytes=[int(v) for v in table[:, 2]],
         peak_rss_bytes=[int(v) for v in table[:, 3]],
         preempted=bool(table[:, 4].max() > 0),
+        moe_aux_loss=float(table[:, 5].sum() / table[:, 6].sum()) if table[:, 6].sum() > 0 else None,
     )
 
 
@@ -338,7 +343,8 @@ def train_step(job: Job, step: int) -> StepResult:
     # is the global-batch mean (see data.loss_scale; a replica's micro-batches are all the same size)
     counts = job.runner.is_last and job.coords["tp"] == 0 and losses
     part = float(torch.stack(losses).mean()) / job.dims.dp if counts else 0.0
-    return _gather_step(job.device, part, elapsed_s, peak_memory_bytes(job.device, job.memory_baseline_bytes), lr)
+    peak = peak_memory_bytes(job.device, job.memory_baseline_bytes)
+    return _gather_step(job.device, part, elapsed_s, peak, lr, take_aux_loss(job.modules))
 
 
 def run_plan(
@@ -394,6 +400,7 @@ def run_plan(
             peak_memory_bytes=res.peak_memory_bytes,
             peak_rss_bytes=res.peak_rss_bytes,
             lr=res.lr,
+            moe_aux_loss=res.moe_aux_loss,
         )
         if rank == 0:
             log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)

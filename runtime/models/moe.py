@@ -28,9 +28,11 @@ the FFN with :class:`MoE`:
   ``aux_loss_coef * aux`` enters the gradient through :class:`AuxLossAttach` (Megatron-Core's
   ``MoEAuxLossAutoScaler``): the forward returns the block output unchanged, the backward adds the
   coefficient times ``aux_loss_scale`` as the aux loss's gradient. So the reported training loss is the
-  language-model loss alone (Megatron logs ``load_balancing_loss`` separately; :attr:`MoE.last_aux_loss`
-  holds it) while the gradient is that of ``lm_loss + coef * aux``. ``aux_loss_scale`` is the factor the
-  runtime applies to each micro-batch's loss (1 / micro-batches, a data-parallel share; 1.0 alone).
+  language-model loss alone (Megatron logs ``load_balancing_loss`` separately; :attr:`MoE.aux_loss_sum` and
+  :attr:`MoE.aux_loss_count` accumulate it over training forwards, not recomputed ones or shape probes,
+  for the runtime's ``moe_aux_loss`` metric) while the
+  gradient is that of ``lm_loss + coef * aux``. ``aux_loss_scale`` is the factor the runtime applies to each
+  micro-batch's loss (1 / micro-batches, a data-parallel share; 1.0 alone).
 
 Expert parallelism replaces :attr:`MoE.exchange` (``runtime.executor.moe``); alone, the sorted token
 rows go straight to the local experts.
@@ -158,7 +160,10 @@ class MoE(nn.Module):
         self.aux_loss_scale = 1.0
         self.exchange: Exchange = local_exchange
         self.token_shard = None  # tensor parallelism: each TP rank routes its own slice of the tokens
-        self.last_aux_loss: torch.Tensor | None = None
+        # over training forwards (a tensor, so no device sync per layer), reset by the reader
+        self.aux_loss_sum: torch.Tensor | float = 0.0
+        self.aux_loss_count = 0
+        self.count_aux_loss = True  # off while the runtime probes shapes (runtime.executor.moe)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shard = self.token_shard
@@ -180,10 +185,17 @@ class MoE(nn.Module):
         out = out.view(b, s, h) if shard is None else shard.output(out, b, s)
         if shared is not None:
             out = out + shared
-        self.last_aux_loss = routing.aux_loss.detach()
+        if self.count_aux_loss and self.training and torch.is_grad_enabled() and not _recomputing():
+            self.aux_loss_sum = self.aux_loss_sum + routing.aux_loss.detach()
+            self.aux_loss_count += 1
         if self.aux_loss_coef > 0 and self.training and torch.is_grad_enabled():
             out = AuxLossAttach.apply(out, routing.aux_loss, self.aux_loss_coef * self.aux_loss_scale)
         return out
+
+
+def _recomputing() -> bool:
+    """True inside a backward pass: activation checkpointing re-running this forward (counted once already)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 class MoEBlock(nn.Module):
