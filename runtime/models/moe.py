@@ -148,13 +148,13 @@ def local_exchange(rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleD
 class MoE(nn.Module):
     """Router, routed experts, optional shared experts; (b, s, h) -> (b, s, h)."""
 
-    def __init__(self, dims: MoEDims) -> None:
+    def __init__(self, dims: MoEDims, tp: int = 1) -> None:
         super().__init__()
         self.num_experts, self.top_k = dims.experts, dims.top_k
         self.capacity_factor, self.aux_loss_coef = dims.capacity_factor, dims.aux_loss_coef
         self.router = nn.Linear(dims.hidden, dims.experts, bias=False)
         self.experts = nn.ModuleDict({str(j): FeedForward(dims.hidden, dims.expert_ffn) for j in range(dims.experts)})
-        width = dims.shared_experts * dims.expert_ffn
+        width = dims.shared_experts * dims.expert_ffn // tp  # one TP rank's shard (runtime.models.tp)
         self.shared = FeedForward(dims.hidden, width) if width else None
         # set by the runtime (runtime.executor.moe); the defaults are one process training alone
         self.aux_loss_scale = 1.0
@@ -206,7 +206,7 @@ class MoEBlock(nn.Module):
         self.ln1 = RMSNorm(dims.hidden)
         self.attn = Attention(dims.llama, tp)
         self.ln2 = RMSNorm(dims.hidden)
-        self.moe = MoE(dims)
+        self.moe = MoE(dims, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -214,8 +214,9 @@ class MoEBlock(nn.Module):
 
 
 def build_moe_layer(dims: MoEDims, path: str, tp: int = 1) -> nn.Module:
-    """One top-level layer (``embed``, ``blocks.i``, ``norm``, ``head``); ``tp`` > 1 shards attention (and
-    a dense block's FFN) as one TP rank holds them; experts are never split by ``tp``."""
+    """One top-level layer (``embed``, ``blocks.i``, ``norm``, ``head``); ``tp`` > 1 shards attention, shared
+    experts and a dense block's FFN as one TP rank holds them; routed experts are never split by ``tp``
+    (each TP rank computes its 1/tp of the tokens through them: runtime.executor.moe)."""
     if path.startswith("blocks.") and dims.is_moe_block(int(path.split(".")[1])):
         return MoEBlock(dims, tp)
     if path.startswith("blocks."):
