@@ -378,7 +378,7 @@ def profile_model(
         sample_shape=sample_shape(spec, seq_len),
         micro_batches=list(s.micro_batches),
         tp_degrees=list(s.tp_degrees),
-        total_params=sum(layer.params for layer in layers),
+        total_params=sum(getattr(layer, "total_params", layer.params) for layer in layers),  # MoE: + routed experts
         layers=layers,
         reference_matmul=reference_matmul_figure(s.dtype, rates),
         provenance=Provenance(
