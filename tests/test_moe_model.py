@@ -140,3 +140,38 @@ def test_expert_layouts_the_runtime_cannot_run_are_one_line_errors(cfg, message)
 
 def test_a_dense_plan_of_an_moe_model_is_supported():
     check_experts(make_plan(parse_model("moe:tiny"), dp=2))
+
+
+def test_profiled_moe_blocks_hold_their_routed_experts_apart():
+    """A profiled MoE block's shards leave the routed experts out; the layer describes them for the planner."""
+    from planner import profiles
+    from runtime.profiling.model import profile_model_analytic
+
+    if not hasattr(profiles, "ExpertProfile"):
+        pytest.skip("the profile schema has no ExpertProfile yet (issue 15, planner half)")
+    spec = parse_model("moe:tiny", layers=3, dense_layers=1)
+    profile = profile_model_analytic(spec, seq_len=16, dtype="fp32", tp_degrees=(1, 2))
+    dense, moe = profile.layers[1], profile.layers[2]
+    assert dense.experts is None
+    assert (moe.experts.experts, moe.experts.top_k, moe.experts.expert_ffn) == (4, 2, 64)
+    attention, router, norms, shared = 4 * 64 * 64 - 2 * 64 * 32, 64 * 4, 2 * 64, 3 * 64 * 64
+    assert moe.shards[0].params == attention + router + norms + shared
+    assert moe.shards[1].params == attention // 2 + router + norms + shared // 2  # tp 2 splits the shared expert
+    model = build_model(spec, device="meta")
+    assert profile.total_params == sum(p.numel() for p in model.parameters())
+
+
+def test_forward_and_backward_run_on_the_meta_device_with_balanced_routing():
+    """No data on meta: each expert takes an equal share, so FLOPs count top-k expert GEMMs per token."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = parse_model("moe:tiny", shared_experts=0)
+    model = build_model(spec, device="meta")
+    x = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        model.blocks["0"](model.embed(x))
+    flops = counter.get_flop_counts()["Global"]
+    tokens, h, f, e = 32, 64, 64, 4
+    attention = 2 * tokens * h * (64 + 32 + 32 + 64) + 2 * 2 * tokens * 16 * 64  # projections + QK^T and PV
+    experts = 2 * tokens * 2 * 3 * h * f  # top-2: three h x f GEMMs per chosen expert
+    assert sum(flops.values()) == attention + 2 * tokens * h * e + experts

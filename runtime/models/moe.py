@@ -126,7 +126,13 @@ def sort_by_expert(routing: Routing, num_experts: int) -> tuple[torch.Tensor, to
     """Kept assignments sorted by expert (stable: token order within an expert).
 
     Returns (assignment index into the flattened (n * k) choices, token row of each, count per expert (E,)).
+    On the meta device (FLOP and memory counts without data) routing is taken as perfectly balanced.
     """
+    if routing.experts.device.type == "meta":  # no data: every expert takes an equal share (balanced routing)
+        n, k = routing.experts.shape
+        base, extra = divmod(n * k, num_experts)
+        order = torch.arange(n * k, device="meta")
+        return order, order // k, torch.tensor([base + (j < extra) for j in range(num_experts)])
     flat_experts = routing.experts.flatten()
     chosen = routing.kept.flatten().nonzero().squeeze(1)
     order = chosen[torch.argsort(flat_experts[chosen], stable=True)]
