@@ -71,3 +71,40 @@ def test_hf_moe_trains_under_pp2_and_zero3_like_one_process(tmp_path):
         measured = final_step_losses(read_metrics(tmp_path / f"{name}.jsonl"))
         for step, ref in enumerate(reference_losses(plan, 3), start=1):
             assert measured[step] == pytest.approx(ref, rel=1e-5), (name, step, measured)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hf_moe_config_maps_onto_the_zoo_moe_family(tmp_path, kind):
+    """The mapped zoo moe model has the HF model's parameter count (Mixtral exactly; Qwen2-MoE up to its
+    attention biases and shared-expert gate, Qwen3-MoE up to its q/k norms) and runs with expert parallelism."""
+    import json
+
+    from runtime.models.hf_moe import moe_dims_from_hf
+
+    path = write_moe_config(tmp_path / kind, kind)
+    config = json.loads(path.read_text())
+    dims, notes = moe_dims_from_hf(config)
+    zoo = build_model(parse_model("moe", **dims), device="meta")
+    hf = AutoModelForCausalLM.from_config(hf_config(parse_model("hf:" + str(path))), experts_implementation="eager")
+    layers, h = config["num_hidden_layers"], config["hidden_size"]
+    extra = {
+        "mixtral": 0,
+        "qwen2_moe": layers * (64 + 32 + 32 + h),  # q/k/v biases, the shared expert's sigmoid gate (h x 1)
+        "qwen3_moe": layers * 2 * 16,  # q_norm, k_norm of head_dim 16
+    }[kind]
+    assert sum(p.numel() for p in hf.parameters()) == sum(p.numel() for p in zoo.parameters()) + extra
+    assert (dims["experts"], dims["top_k"], dims["expert_ffn"]) == (4, 2, 48)
+    assert dims["shared_experts"] == (2 if kind == "qwen2_moe" else 0)
+    assert any("norm_topk_prob" in n for n in notes) == (kind != "mixtral")  # Qwen's default: unnormalised
+    assert dims["rope_theta"] == config["rope_parameters"]["rope_theta"]
+
+
+def test_hf_moe_mapping_refuses_what_the_zoo_cannot_hold():
+    from planner.errors import StratagemError
+    from runtime.models.hf_moe import moe_dims_from_hf
+
+    with pytest.raises(StratagemError, match="not a Mixture-of-Experts config"):
+        moe_dims_from_hf({"model_type": "llama", "hidden_size": 64})
+    qwen = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "num_hidden_layers": 4}
+    with pytest.raises(StratagemError, match="not the leading blocks"):
+        moe_dims_from_hf({**qwen, "mlp_only_layers": [1], "hidden_size": 64, "num_attention_heads": 4})
