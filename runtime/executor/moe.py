@@ -12,7 +12,7 @@ activation, so each takes its ``1/tp`` slice of the tokens after the router (``m
 router runs on all tokens, so routing and the load-balancing loss are the single process's), and the
 slices' outputs are all-gathered again (Megatron-Core needs sequence parallelism for the same reason).
 Under sequence parallelism each rank computes its own sequence shard and only the router's input is
-gathered.
+gathered; in a Whale replica (a replicated block under tp > 1) each rank already holds its own batch slice.
 
 Dispatch, dropless: assignments sorted by expert -> the per-expert counts exchanged with one
 ``all_to_all_single`` -> the rows exchanged with ``all_to_all_single`` using those split sizes -> local
@@ -22,11 +22,11 @@ summed with the router weights. With a capacity factor (assignments past capacit
 all-to-alls have equal splits and no counts are exchanged. ``moe_dispatch.AllToAll``'s backward is the
 reverse all-to-all (Megatron-Core ``tensor_parallel.mappings._AllToAll``).
 
-Gradients: the objective is the mean over dp replicas of each replica's loss. Expert weights see the
-tokens of every rank of their ``ep`` group, so their gradient is summed over ``edp`` (all ranks holding
-the same experts) and divided by ``dp``; they are left out of the plan's FSDP/replicate wrapper. With
-ZeRO (``zero_stage`` >= 1) each expert is its own FSDP unit over ``edp`` (weights, gradients and AdamW
-states sharded over edp; :func:`apply_expert_dp`); with ZeRO-0 :class:`ExpertGradSync` all-reduces them
+Gradients: the objective is the mean over dp replicas of each replica's loss. Expert weights see the tokens of
+every rank of their ``ep`` group, so their gradient is summed over ``edp`` (all ranks holding the same
+experts) and divided by ``dp``; they are left out of the plan's FSDP/replicate wrapper. With ZeRO
+(``zero_stage`` >= 1) each expert is its own FSDP unit over ``edp`` (gradients and AdamW states sharded over
+edp, weights too between steps; :func:`apply_expert_dp`); with ZeRO-0 :class:`ExpertGradSync` all-reduces them
 over edp. With ``tp`` > 1 each TP rank's router gradient covers its token slice only (plus ``1/tp`` of the
 load-balancing loss's), so it is summed over ``tp`` (then averaged over dp by the wrapper, as every other
 parameter). Shared experts are tensor-parallel like a dense MLP (``runtime.models.tp``).
@@ -104,10 +104,11 @@ def check_experts(plan: Plan) -> None:
     if lay.capacity_factor is not None and lay.capacity_factor < 0:
         raise StratagemError(f"capacity_factor={lay.capacity_factor} must be >= 0 (or None for dropless)")
     _check_tp(plan, tp)
-    if lay.ep > tp and plan.batch_shares is not None and len(set(plan.schedule.micro_batches_per_replica or [])) > 1:
+    spans_replicas = lay.ep * lay.etp > tp  # an ep or etp group holds ranks of different dp replicas
+    if spans_replicas and plan.batch_shares is not None and len(set(plan.schedule.micro_batches_per_replica or [])) > 1:
         raise StratagemError(
             "expert all-to-alls span dp replicas whose batch shares give them different micro-batch counts, "
-            "which would deadlock; use equal batch shares or ep dividing tp"
+            "which would deadlock; use equal batch shares or ep x etp dividing tp"
         )
 
 
