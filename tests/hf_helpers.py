@@ -41,6 +41,25 @@ LLAMA3_70B = dict(
 )
 
 
+# Tiny MoE configs: 4 experts, top-2, expert width 48 (Qwen2-MoE adds a shared expert of width 96).
+TINY_MOE = {
+    "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(
+        moe_intermediate_size=48, shared_expert_intermediate_size=96, num_experts=4, num_experts_per_tok=2
+    ),
+    "qwen3_moe": dict(moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2, head_dim=16),
+}
+
+
+def write_moe_config(folder: Path, kind: str, **overrides) -> Path:
+    """Save a tiny Mixtral / Qwen2-MoE / Qwen3-MoE config into ``folder``; returns the config.json path."""
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    cls = {"mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig}[kind]
+    cls(**{**TINY_LLAMA, **TINY_MOE[kind], **overrides}).save_pretrained(folder)
+    return Path(folder) / "config.json"
+
+
 def write_config(folder: Path, kind: str = "llama", **overrides) -> Path:
     """Save a config of ``kind`` (llama, qwen2, mistral, gemma, gpt2) into ``folder``; returns the config.json path."""
     if kind == "llama":

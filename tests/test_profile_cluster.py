@@ -244,7 +244,13 @@ def test_quick_profile_on_two_gloo_ranks(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     prof = load_cluster_profile(out)  # validates schema version, fields and content hash
     node = prof.node_types[0]
-    assert sorted(f.op for f in node.intra_node) == ["all_gather", "all_reduce", "reduce_scatter", "send_recv"]
+    assert sorted(f.op for f in node.intra_node) == [
+        "all_gather",
+        "all_reduce",
+        "all_to_all",
+        "reduce_scatter",
+        "send_recv",
+    ]
     assert all(f.n_ranks == 2 and f.origin == "measured" and len(f.samples) == 7 for f in node.intra_node)
     assert all(len(s.times_s) == 3 for f in node.intra_node for s in f.samples)
     assert prof.inter_node == [] and "inter_node (single node)" in prof.provenance.notes
@@ -313,7 +319,13 @@ def test_two_nodes_on_loopback_measure_the_inter_node_level(tmp_path):
     assert res.returncode == 0 and node1.returncode == 0, res.stderr[-1500:] + err1[-1500:]
     assert not (tmp_path / "node1.json").exists()  # only node 0 writes
     prof = load_cluster_profile(tmp_path / "node0.json")
-    assert sorted(f.op for f in prof.inter_node) == ["all_gather", "all_reduce", "reduce_scatter", "send_recv"]
+    assert sorted(f.op for f in prof.inter_node) == [
+        "all_gather",
+        "all_reduce",
+        "all_to_all",
+        "reduce_scatter",
+        "send_recv",
+    ]
     assert prof.node_types[0].intra_node == [] and "intra_node (one rank per node)" in prof.provenance.notes
     assert prof.nodes[0].count == 2 and prof.total_devices == 2
 

@@ -6,6 +6,7 @@ from planner.plan import Plan
 from runtime.executor.data import replica_rows
 from runtime.executor.fsdp import ZERO_MAPPING
 from runtime.executor.mesh import ParallelDims
+from runtime.executor.moe import describe_experts
 from runtime.executor.schedule import check_replica_schedules
 from runtime.executor.tp import tp_styles, uses_loss_parallel
 
@@ -42,6 +43,7 @@ def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
             + " | ".join(parts)
             + f"; dp: {dp_mode}; batch rows {start}..{stop - 1} in {m} micro-batch{'es' * (m > 1)}"
             + f" of {(stop - start) // m}"
+            + describe_experts(plan, dims, rank)
         )
     return lines
 

@@ -36,17 +36,25 @@ ZERO_MAPPING = {
 }
 
 
-def apply_dp(model: nn.Module, dp_mesh, *, zero_stage: int, block_paths: Iterable[str]) -> str:
+def apply_dp(
+    model: nn.Module,
+    dp_mesh,
+    *,
+    zero_stage: int,
+    block_paths: Iterable[str],
+    ignored_params: set[nn.Parameter] | None = None,
+) -> str:
     """Wrap ``model`` (one pipeline chunk) for data parallelism over ``dp_mesh``; returns the mode used.
 
     Each block in ``block_paths`` present in ``model`` becomes its own FSDP unit (one all-gather per
     block, torchtitan's ``apply_fsdp``), then the chunk root collects the remaining parameters.
-    A 1-rank dp mesh leaves the model untouched (``"none"``).
+    A 1-rank dp mesh leaves the model untouched (``"none"``). ``ignored_params`` (an MoE's routed experts,
+    reduced over their own group by ``runtime.executor.moe``) stay plain tensors outside the wrapper.
     """
     if dp_mesh.size() == 1:
         return "none"
     if zero_stage == 0:
-        replicate(model, mesh=dp_mesh)
+        replicate(model, mesh=dp_mesh, ignored_params=ignored_params)
         return ZERO_MAPPING[0]
     reshard = zero_stage == 3
     for path in block_paths:
@@ -55,6 +63,6 @@ def apply_dp(model: nn.Module, dp_mesh, *, zero_stage: int, block_paths: Iterabl
         except AttributeError:
             continue
         if block is not None:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored_params)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored_params)
     return ZERO_MAPPING[zero_stage]

@@ -1,8 +1,9 @@
 """Per-step metrics as JSON lines (rank 0), with the plan's predictions beside the measurements.
 
 Lines: ``{"event": "start", ...}``, one ``{"event": "step", ...}`` per optimizer step (``peak_memory_bytes``
-and ``peak_rss_bytes`` are lists, one value per rank), and a final ``{"event": "summary", "summary": true, ...}``
-comparing
+and ``peak_rss_bytes`` are lists, one value per rank; MoE models add ``moe_aux_loss``, the load-balancing
+loss of ``runtime.models.moe`` averaged over layers, micro-batches and ranks: 1.0 is perfectly balanced),
+and a final ``{"event": "summary", "summary": true, ...}`` comparing
 predicted and measured step time and peak memory — the format ``planner.inspect.measured`` reads. A
 restarted job appends (``attempt`` tells the runs apart); a reader takes the last line of each step.
 Peak memory per rank: on CUDA ``torch.cuda.max_memory_allocated`` (reset when a plan starts); on CPU the
@@ -99,10 +100,12 @@ class MetricsLog:
         peak_memory_bytes: list[int],
         peak_rss_bytes: list[int] | None = None,
         lr: float | None = None,
+        moe_aux_loss: float | None = None,
     ) -> None:
         self.step_times_s.append(step_time_s)
         self.peak_bytes.append(max(peak_memory_bytes))
         self.last_loss = loss
+        moe = {} if moe_aux_loss is None else {"moe_aux_loss": moe_aux_loss}  # MoE models only
         self.write(
             {
                 "event": "step",
@@ -116,6 +119,7 @@ class MetricsLog:
                 "peak_rss_bytes": peak_rss_bytes,
                 "predicted_step_time_s": self.pred_time_s,
                 "predicted_peak_memory_bytes": self.pred_mem_bytes,
+                **moe,
             }
         )
 

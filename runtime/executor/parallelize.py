@@ -18,6 +18,14 @@ from planner.errors import StratagemError
 from planner.plan import Plan, Stage
 from runtime.executor.context import ContextShard, apply_cp, check_context_supported, data_parallel_mesh
 from runtime.executor.fsdp import apply_dp
+from runtime.executor.moe import (
+    ExpertGradSync,
+    ExpertGroups,
+    apply_ep,
+    apply_expert_dp,
+    check_experts,
+    expert_params,
+)
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
@@ -44,9 +52,12 @@ class Chunk:
     tp_styles: dict[str, str] = field(default_factory=dict)
     recomputed: list[str] = field(default_factory=list)
     dp_mode: str = "none"
-    replica_sync: ReplicaGradSync | None = None  # Whale replicas under tp > 1: gradients averaged over TP
+    replica_sync: ReplicaGradSync | None = None  # Whale replicas under tp > 1: gradients summed over TP
     replica_rows: dict[str, int] = field(default_factory=dict)  # rows each replica last computed
     context_paths: list[str] = field(default_factory=list)  # modules that split the sequence over cp
+    experts_held: dict[str, list[int]] = field(default_factory=dict)  # MoE path -> global expert indices here
+    expert_dp_mode: str = "none"  # ZeRO of the experts over edp (runtime.executor.moe.apply_expert_dp)
+    expert_sync: ExpertGradSync | None = None  # MoE: expert grads over edp, token-sliced grads over tp
 
     @property
     def loss_parallel(self) -> bool:
@@ -64,6 +75,7 @@ def check_supported(plan: Plan) -> None:
         )
     check_tied(plan)
     check_context_supported(plan)
+    check_experts(plan)
     paths = layer_paths(plan.model)
     placed = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
     if placed != paths:
@@ -74,9 +86,19 @@ def check_supported(plan: Plan) -> None:
         )
 
 
-def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, context: ContextShard | None = None) -> Chunk:
-    """Build, shard and wrap the chunk of ``stage`` for this rank (collective over the mesh); ``context``:
-    the rank's share of the sequence under context parallelism (gradients then average over dp x cp)."""
+def build_chunk(
+    plan: Plan,
+    stage: Stage,
+    mesh,
+    device: torch.device,
+    context: ContextShard | None = None,
+    experts: ExpertGroups | None = None,
+) -> Chunk:
+    """Build, shard and wrap the chunk of ``stage`` for this rank (collective over the mesh).
+
+    ``context``: the rank's share of the sequence under context parallelism (gradients then average over
+    dp x cp). ``experts`` (an MoE model): keep this rank's experts and route over its ep group (``apply_ep``)
+    after TP, and leave the experts out of the data-parallel wrapper."""
     from runtime.models import build_model, init_weights, layer_paths
 
     paths = layer_paths(plan.model)
@@ -89,13 +111,27 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, context: C
     apply_tp(model, mesh["tp"], styles)
     replicas, rows = replica_paths(styles), {}
     record_replica_rows(model, replicas, rows)
+    sp_blocks = [p for p, lay in plan.layout.items() if lay.sequence_parallel and mesh["tp"].size() > 1]
+    held = apply_ep(model, experts, sequence_parallel=sp_blocks, replicas=replicas) if experts is not None else {}
     retie(model, plan)
     context_paths = apply_cp(model, context)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
     dp_mesh = data_parallel_mesh(mesh, plan.mesh.size("cp"))
-    dp_mode = apply_dp(model, dp_mesh, zero_stage=plan.zero_stage, block_paths=blocks)
-    sync = ReplicaGradSync(model, mesh["tp"], replicas) if replicas else None
+    expert_dp = apply_expert_dp(model, experts, zero_stage=plan.zero_stage) if experts is not None and held else "none"
+    dp_mode = apply_dp(
+        model,
+        dp_mesh,
+        zero_stage=plan.zero_stage,
+        block_paths=blocks,
+        ignored_params=expert_params(model) if held and expert_dp == "none" else None,
+    )
+    # a replica's routed experts are reduced over edp by ExpertGradSync, not over TP
+    sync = ReplicaGradSync(model, mesh["tp"], replicas, exclude=expert_params(model)) if replicas else None
+    # after apply_dp, which replaces the wrapped Parameters (the experts, left out, keep theirs)
+    expert_sync = (
+        ExpertGradSync(model, experts, experts_sharded=expert_dp != "none") if experts is not None and held else None
+    )
     return Chunk(
         stage=stage,
         module=model,
@@ -105,6 +141,9 @@ def build_chunk(plan: Plan, stage: Stage, mesh, device: torch.device, context: C
         replica_sync=sync,
         replica_rows=rows,
         context_paths=context_paths,
+        experts_held=held,
+        expert_dp_mode=expert_dp,
+        expert_sync=expert_sync,
     )
 
 

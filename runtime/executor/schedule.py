@@ -28,6 +28,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from planner.errors import StratagemError
 from planner.plan import Plan
 from runtime.executor.data import Batch, BatchSplit, split_batch
+from runtime.executor.moe import exclude_shape_probes
 from runtime.executor.parallelize import Chunk
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -216,6 +217,8 @@ def build_runner(
         )
     check_schedule(kind, pp=num_stages // len(chunks), virtual_stages=len(chunks), num_micro_batches=num_micro_batches)
     stages = [PipelineStage(c.module, c.stage.index, num_stages, device, group=pp_group) for c in chunks]
+    for stage in stages:
+        exclude_shape_probes(stage)  # an MoE's load-balancing metric counts training forwards only
     indices = [c.stage.index for c in chunks]
     # torch's scale_grads divides by the count *after* the dp gradient reduction (pipelining/stage.py
     # perform_reduce_grad: "PP scales only for its own contribution ... relies on DP to scale further"), which

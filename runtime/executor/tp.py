@@ -27,7 +27,7 @@ style name, and maps the names to torch.distributed.tensor.parallel styles:
 
 Replicated layers under ``tp > 1`` are Whale's replicas: data-parallel INSIDE the TP group, each rank
 computing a batch slice (B, a local ``(batch/tp, ...)`` tensor: ``Shard(0)`` of the micro-batch); their
-gradients are averaged over the TP group by :class:`ReplicaGradSync` (and over DP by the DP wrapper).
+gradients are summed over the TP group by :class:`ReplicaGradSync` (and averaged over DP by the DP wrapper).
 A replica's output is made whole (``gather_batch_output``) where it leaves the stage or the model, so
 pipeline sends and the loss see the whole micro-batch.
 
@@ -142,7 +142,7 @@ def _layer_styles(spec: ModelSpec, path: str, sp: bool, incoming: str) -> tuple[
             f"layer {path} of {spec.name}: sequence parallelism is implemented for the zoo's gpt and "
             f"llama only; re-plan (stratagem plan does not search it for this model)"
         )
-    if spec.family not in ("gpt", "llama"):
+    if spec.family not in ("gpt", "llama", "moe"):
         raise StratagemError(
             f"layer {path} of {spec.name} has no sequence dimension for sequence parallelism; re-plan without it"
         )
@@ -229,18 +229,19 @@ def replica_paths(styles: Mapping[str, str]) -> list[str]:
 
 
 class ReplicaGradSync:
-    """Average the gradients of replica parameters over the TP group (Whale: data parallel inside it).
+    """Sum the gradients of replica parameters over the TP group (Whale: data parallel inside it).
 
-    Call after the backward (and the DP wrapper's own reduction), before the optimizer step. Collectives
+    Each TP rank's gradient covers its batch slice of the micro-batch's mean loss (the loss itself is the
+    whole micro-batch's on every TP rank), so the full gradient is their sum, not their mean. Call after the backward (and the DP wrapper's own reduction), before the optimizer step. Collectives
     run on the TP process group, bounded by the process group's timeout (``init_distributed``).
     """
 
-    def __init__(self, module: nn.Module, tp_mesh, paths: Sequence[str]):
+    def __init__(self, module: nn.Module, tp_mesh, paths: Sequence[str], exclude: set | None = None):
         self.group, self.size = tp_mesh.get_group(), tp_mesh.size()
         self.params = [
             p
             for name, p in module.named_parameters()
-            if any(_clean(name) == q or _clean(name).startswith(q + ".") for q in paths)
+            if any(_clean(name) == q or _clean(name).startswith(q + ".") for q in paths) and p not in (exclude or ())
         ]
 
     def sync(self) -> None:
@@ -249,7 +250,6 @@ class ReplicaGradSync:
                 continue
             local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             dist.all_reduce(local, op=dist.ReduceOp.SUM, group=self.group)
-            local.div_(self.size)
 
 
 def _clean(name: str) -> str:

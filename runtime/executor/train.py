@@ -33,6 +33,7 @@ from runtime.executor.context import ContextShard, build_context_shard
 from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import ParallelDims, build_mesh
+from runtime.executor.moe import build_expert_groups, set_aux_loss_scale, take_aux_loss
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
 from runtime.executor.parallelize import AUTOCAST_DTYPES, Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.schedule import build_runner, check_replica_schedules
@@ -163,6 +164,8 @@ def write_layout_report(
                 "loss_parallel": c.loss_parallel,
                 "replica_rows": dict(c.replica_rows),
                 "context_paths": list(c.context_paths),
+                "experts_held": dict(c.experts_held),
+                "expert_dp_mode": c.expert_dp_mode,
                 "params": describe_params(c.module),
             }
             for c in chunks
@@ -179,6 +182,7 @@ class StepResult:
     peak_memory_bytes: list[int]
     peak_rss_bytes: list[int]
     preempted: bool = False
+    moe_aux_loss: float | None = None  # load-balancing loss (1.0 = balanced), mean over MoE layers and ranks
 
 
 class Preemption:
@@ -197,11 +201,14 @@ class Preemption:
         cls.requested = True
 
 
-def _gather_step(device, loss_part: float, step_time_s: float, peak_bytes: int, lr: float) -> StepResult:
-    """All ranks: global loss (sum of parts), max step time, per-rank memory and whether any rank was asked
-    to stop (SIGTERM), in one all_gather."""
+def _gather_step(
+    device, loss_part: float, step_time_s: float, peak_bytes: int, lr: float, aux: tuple[float, int] = (0.0, 0)
+) -> StepResult:
+    """All ranks: global loss (sum of parts), max step time, per-rank memory, whether any rank was asked
+    to stop (SIGTERM), and the MoE load-balancing loss (mean over every rank's layers and forwards), in one
+    all_gather."""
     mine = torch.tensor(
-        [loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes()), float(Preemption.requested)],
+        [loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes()), float(Preemption.requested), *aux],
         dtype=torch.float64,
         device=device,
     )
@@ -215,6 +222,7 @@ def _gather_step(device, loss_part: float, step_time_s: float, peak_bytes: int, 
         peak_memory_bytes=[int(v) for v in table[:, 2]],
         peak_rss_bytes=[int(v) for v in table[:, 3]],
         preempted=bool(table[:, 4].max() > 0),
+        moe_aux_loss=float(table[:, 5].sum() / table[:, 6].sum()) if table[:, 6].sum() > 0 else None,
     )
 
 
@@ -263,10 +271,13 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
             f"the plan's rank layout is corrupt, re-plan"
         )
     context = build_context_shard(plan, mesh, coords)
-    chunks = [build_chunk(plan, stage, mesh, device, context) for stage in mine]
+    experts = build_expert_groups(plan, dims, rank, mesh["tp"].get_group(), device.type)
+    chunks = [build_chunk(plan, stage, mesh, device, context, experts) for stage in mine]
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
+    for chunk in chunks:  # the MoE load-balancing loss's gradient gets the factor each micro-batch's loss gets
+        set_aux_loss_scale(chunk.module, scale / num_micro / dims.tp)
     if report_dir:
         write_layout_report(
             report_dir,
@@ -330,6 +341,8 @@ def train_step(job: Job, step: int) -> StepResult:
     for chunk in job.chunks:
         if chunk.replica_sync is not None:
             chunk.replica_sync.sync()
+        if chunk.expert_sync is not None:
+            chunk.expert_sync.sync()
     if job.tied is not None:
         job.tied.sync()
     lr = apply_lr(job, step)
@@ -344,7 +357,8 @@ def train_step(job: Job, step: int) -> StepResult:
     # context parallelism every cp rank adds its tokens' mean / (dp cp) (equal token counts)
     counts = job.runner.is_last and job.coords["tp"] == 0 and losses
     part = float(torch.stack(losses).mean()) / (job.dims.dp * job.dims.cp) if counts else 0.0
-    return _gather_step(job.device, part, elapsed_s, peak_memory_bytes(job.device, job.memory_baseline_bytes), lr)
+    peak = peak_memory_bytes(job.device, job.memory_baseline_bytes)
+    return _gather_step(job.device, part, elapsed_s, peak, lr, take_aux_loss(job.modules))
 
 
 def run_plan(
@@ -400,6 +414,7 @@ def run_plan(
             peak_memory_bytes=res.peak_memory_bytes,
             peak_rss_bytes=res.peak_rss_bytes,
             lr=res.lr,
+            moe_aux_loss=res.moe_aux_loss,
         )
         if rank == 0:
             log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from planner.cnn3d import SPATIAL_FAMILIES, VolumeLayer, volume_layers
 from planner.errors import StratagemError
@@ -79,7 +79,46 @@ class MLPDims:
     out_features: int
 
 
-Dims = GPTDims | LlamaDims | ResNetDims | MLPDims | VolumeDims
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MoEDims:
+    """The ``moe`` family: a Llama decoder whose FFN, after ``dense_layers`` dense blocks, is routed experts.
+
+    ``capacity_factor`` 0 is dropless; ``shared_experts`` always-on experts run as one SwiGLU of width
+    ``shared_experts * expert_ffn`` (DeepSeek-V3's ``DeepseekV3MoE.shared_experts``).
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    vocab: int
+    max_seq: int
+    rope_theta: float
+    tie_embeddings: bool
+    dense_layers: int = 0
+    experts: int
+    top_k: int
+    expert_ffn: int
+    shared_experts: int = 0
+    capacity_factor: float = 0.0
+    aux_loss_coef: float = 0.01
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def llama(self) -> LlamaDims:
+        """The attention, norm and dense-FFN dimensions, as the ``llama`` family's pieces take them."""
+        return LlamaDims(**{f.name: getattr(self, f.name) for f in fields(LlamaDims)})
+
+    def is_moe_block(self, index: int) -> bool:
+        """Block ``index`` (0-based) has a routed-expert FFN (the first ``dense_layers`` blocks are dense)."""
+        return index >= self.dense_layers
+
+
+Dims = GPTDims | LlamaDims | MoEDims | ResNetDims | MLPDims | VolumeDims
 
 
 def _check_keys(spec: ModelSpec) -> None:
@@ -124,6 +163,8 @@ def resolve_dims(spec: ModelSpec) -> Dims:
         return _gpt(spec)
     if spec.family == "llama":
         return _llama(spec)
+    if spec.family == "moe":
+        return _moe(spec)
     if spec.family in SPATIAL_FAMILIES:
         for key in spec.dims:
             _pos_int(spec, key)
@@ -184,4 +225,36 @@ def _llama(spec: ModelSpec) -> LlamaDims:
         max_seq=_pos_int(spec, "max_seq"),
         rope_theta=float(spec.dim("rope_theta")),
         tie_embeddings=bool(spec.dim("tie_embeddings")),
+    )
+
+
+def _float_dim(spec: ModelSpec, key: str) -> float:
+    value = spec.dim(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise StratagemError(f"{spec.name}: dimension {key}={value!r} must be a number >= 0; fix the model spec")
+    return float(value)
+
+
+def _moe(spec: ModelSpec) -> MoEDims:
+    base = _llama(spec)
+    experts, top_k = _pos_int(spec, "experts"), _pos_int(spec, "top_k")
+    if top_k > experts:
+        raise StratagemError(
+            f"{spec.name}: top_k={top_k} exceeds experts={experts}; each token picks top_k distinct "
+            f"experts, so choose top_k <= {experts}"
+        )
+    dense = _pos_int(spec, "dense_layers", allow_zero=True)
+    if dense > base.layers:
+        raise StratagemError(
+            f"{spec.name}: dense_layers={dense} exceeds layers={base.layers}; choose at most {base.layers}"
+        )
+    return MoEDims(
+        **{f.name: getattr(base, f.name) for f in fields(LlamaDims)},
+        dense_layers=dense,
+        experts=experts,
+        top_k=top_k,
+        expert_ffn=_pos_int(spec, "expert_ffn"),
+        shared_experts=_pos_int(spec, "shared_experts", allow_zero=True),
+        capacity_factor=_float_dim(spec, "capacity_factor"),
+        aux_loss_coef=_float_dim(spec, "aux_loss_coef"),
     )

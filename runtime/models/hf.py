@@ -15,6 +15,10 @@ on CPU and meta like the zoo's (SDPA's CPU flash kernel has no FLOP formula). Th
 
 Each block is wrapped so it takes and returns one tensor, computing its own causal mask and positions; a pipeline
 stage is therefore cut by module path exactly like a zoo model (``runtime.executor.stage``).
+
+Mixture-of-Experts configs (Mixtral, Qwen2-MoE, Qwen3-MoE) run transformers' own sparse blocks with every expert
+on every rank (no expert parallelism: that is the zoo's ``moe`` family) and without the load-balancing loss,
+which transformers adds only in the whole model's forward (``output_router_logits``), not per decoder layer.
 """
 
 from __future__ import annotations
@@ -114,13 +118,22 @@ def _build_causal_lm(spec: ModelSpec) -> nn.Module:
     try:
         with torch.device("meta"):
             return transformers.AutoModelForCausalLM.from_config(
-                config, attn_implementation=ATTENTION, dtype=torch.float32
+                config, attn_implementation=ATTENTION, dtype=torch.float32, **_experts_kwargs(config)
             )
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise StratagemError(
             f"{spec.source}: AutoModelForCausalLM cannot build model_type {config.model_type!r} "
             f"({str(exc).splitlines()[0][:160]}); use a causal-LM config"
         ) from None
+
+
+def _experts_kwargs(config) -> dict:
+    """MoE configs (Mixtral, Qwen2-MoE, Qwen3-MoE): transformers 5's fused experts default to ``grouped_mm``,
+    whose CPU and meta kernels take bf16 only, and ``eager`` selects tokens with ``nonzero`` (no meta shape);
+    ``batched_mm`` gathers each token's expert weights and runs one ``bmm`` per projection, which works on CPU
+    and meta with the top-k FLOPs (its saved tensors include the gathered weights, so activation memory
+    measured on meta overstates a grouped-GEMM kernel's)."""
+    return {"experts_implementation": "batched_mm"} if hasattr(config, "_experts_implementation") else {}
 
 
 class HFEmbedding(nn.Module):

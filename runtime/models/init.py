@@ -6,7 +6,8 @@ stages, built on CPU or materialized from meta with ``to_empty``. (Python's ``ha
 process, hence crc32.)
 
 Distributions: Linear/Embedding weights N(0, 0.02) and zero biases (GPT-2, Radford et al. 2019);
-residual output projections (attn.proj, mlp.fc2, attn.wo, mlp.w2) N(0, 0.02/sqrt(2 * layers)) (GPT-2 §2.3);
+residual output projections (attn.proj, mlp.fc2, attn.wo, mlp.w2, and an MoE's expert and shared-expert w2)
+N(0, 0.02/sqrt(2 * layers)) (GPT-2 §2.3);
 convolutions N(0, 2/fan_out) (He et al. 2015, "kaiming normal, fan_out"); norms weight 1, bias 0;
 BatchNorm running stats 0/1. A tied LM head takes the token embedding's values ("embed.tok.weight").
 """
@@ -52,7 +53,8 @@ def _value(
         return _normal(shape, math.sqrt(2.0 / fan_out), seed, path)
     if name == "bias":
         return torch.zeros(shape)
-    std = GPT2_INIT_STD / math.sqrt(2 * layers) if path.endswith(_RESIDUAL_OUT) else GPT2_INIT_STD
+    residual = path.endswith(_RESIDUAL_OUT) or (".moe." in path and path.endswith(".w2.weight"))
+    std = GPT2_INIT_STD / math.sqrt(2 * layers) if residual else GPT2_INIT_STD
     return _normal(shape, std, seed, path)
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
 from planner.profiles import CollectiveNeed
-from runtime.models.dims import GPTDims, LlamaDims, MLPDims, ResNetDims, resolve_dims
+from runtime.models.dims import GPTDims, LlamaDims, MLPDims, MoEDims, ResNetDims, resolve_dims
 from runtime.models.external import external, external_collectives
 from runtime.models.zoo import DeviceLike, build_layer, check_layer_path, layer_kind, num_classes
 
@@ -44,6 +44,23 @@ _LLAMA_BLOCK = {
     "mlp.w3": "colwise",
     "mlp.w2": "rowwise",
 }
+# an MoE block splits its attention and its shared experts (Megatron-Core's SharedExpertMLP is tensor-parallel
+# like a dense MLP); the router is replicated and the routed experts are not split by the attention's tp
+# (expert parallelism and expert TP, the plan's ep and etp, shard them instead: runtime.executor.moe)
+_MOE_BLOCK = {k: v for k, v in _LLAMA_BLOCK.items() if not k.startswith("mlp.")}
+_SHARED_EXPERTS = {"moe.shared.w1": "colwise", "moe.shared.w3": "colwise", "moe.shared.w2": "rowwise"}
+
+
+def _block_layout(spec: ModelSpec, path: str) -> dict[str, str]:
+    if spec.family == "gpt":
+        return dict(_GPT_BLOCK)
+    if spec.family == "moe":
+        dims = resolve_dims(spec)
+        assert isinstance(dims, MoEDims)
+        if not dims.is_moe_block(int(path.split(".")[1])):
+            return dict(_LLAMA_BLOCK)
+        return {**_MOE_BLOCK, **(_SHARED_EXPERTS if dims.shared_experts else {})}
+    return dict(_LLAMA_BLOCK)
 
 
 def tp_layout(spec: ModelSpec, path: str) -> dict[str, str]:
@@ -58,9 +75,9 @@ def tp_layout(spec: ModelSpec, path: str) -> dict[str, str]:
     kind = layer_kind(path)
     if spec.family in ("unet3d", "cosmoflow"):  # 3D CNNs split volumes (spatial parallelism), never weights
         return {}
-    if spec.family in ("gpt", "llama"):
+    if spec.family in ("gpt", "llama", "moe"):
         if kind == "block":
-            return dict(_GPT_BLOCK if spec.family == "gpt" else _LLAMA_BLOCK)
+            return _block_layout(spec, path)
         return {
             "embedding": {"tok": "vocab_embedding"},
             "norm": {"": "sequence_parallel"},
@@ -87,7 +104,15 @@ def tp_constraints(spec: ModelSpec, path: str) -> dict[str, int]:
         return {"heads": dims.heads, "ffn_hidden": dims.ffn_hidden}
     if layer_kind(path) == "block" and isinstance(dims, LlamaDims):
         return {"heads": dims.heads, "kv_heads": dims.kv_heads, "ffn_hidden": dims.ffn_hidden}
-    key = {"gpt": "vocab", "llama": "vocab", "resnet": "num_classes", "mlp": "out_features"}[spec.family]
+    if layer_kind(path) == "block" and isinstance(dims, MoEDims):
+        attention = {"heads": dims.heads, "kv_heads": dims.kv_heads}
+        if not dims.is_moe_block(int(path.split(".")[1])):
+            return {**attention, "ffn_hidden": dims.ffn_hidden}
+        shared = dims.shared_experts * dims.expert_ffn
+        return {**attention, "shared_expert_ffn": shared} if shared else attention
+    key = {"gpt": "vocab", "llama": "vocab", "moe": "vocab", "resnet": "num_classes", "mlp": "out_features"}[
+        spec.family
+    ]
     return {key: num_classes(spec)}
 
 
@@ -147,6 +172,23 @@ def tp_collectives(
             _need("all_reduce", "forward", FP32_BYTES, 3, False),
         ]
     act = seq_len * dims.hidden * elem
+    if kind == "block" and isinstance(dims, MoEDims) and dims.is_moe_block(int(path.split(".")[1])):
+        # attention and shared experts as Megatron (one all-reduce each way, or all-gather + reduce-scatter
+        # under SP). The routed experts' tokens (runtime.executor.moe TokenShard): without SP split over the
+        # TP ranks and their outputs all-gathered (forward), the input gradient all-reduced (backward); with
+        # SP each rank keeps its sequence shard and only the router's input is all-gathered (forward), its
+        # gradient all-reduced (backward). The all-to-alls of expert parallelism are not TP collectives.
+        n = 1 + (dims.shared_experts > 0)
+        return [
+            _need("all_reduce", "forward", act, n, False),
+            _need("all_gather", "forward", act, 1, False),
+            _need("all_reduce", "backward", act, n + 1, False),
+            _need("all_gather", "forward", act, n + 1, True),
+            _need("reduce_scatter", "forward", act, n, True),
+            _need("all_gather", "backward", act, n, True),
+            _need("reduce_scatter", "backward", act, n, True),
+            _need("all_reduce", "backward", act, 1, True),
+        ]
     if kind == "block":
         return [
             _need("all_reduce", "forward", act, 2, False),

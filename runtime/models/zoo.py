@@ -17,11 +17,12 @@ from runtime.models.cnn3d import (
     volume_paths,
     volume_targets,
 )
-from runtime.models.dims import GPTDims, LlamaDims, ResNetDims, VolumeDims, resolve_dims
+from runtime.models.dims import GPTDims, LlamaDims, MoEDims, ResNetDims, VolumeDims, resolve_dims
 from runtime.models.external import build_external, build_external_layer, external, input_dtype
 from runtime.models.gpt import build_gpt, build_gpt_layer, gpt_paths
 from runtime.models.layered import LayeredModel
 from runtime.models.llama import build_llama, build_llama_layer, llama_paths
+from runtime.models.moe import build_moe, build_moe_layer, moe_paths
 from runtime.models.mlp import build_mlp, build_mlp_layer, mlp_paths
 from runtime.models.resnet import build_resnet, build_resnet_layer, resnet_paths
 
@@ -29,6 +30,7 @@ from runtime.models.resnet import build_resnet, build_resnet_layer, resnet_paths
 _FAMILIES = {
     "gpt": (build_gpt, build_gpt_layer, gpt_paths),
     "llama": (build_llama, build_llama_layer, llama_paths),
+    "moe": (build_moe, build_moe_layer, moe_paths),
     "resnet": (build_resnet, build_resnet_layer, resnet_paths),
     "mlp": (build_mlp, build_mlp_layer, mlp_paths),
     "unet3d": (build_volume_model, build_volume_layer, volume_paths),
@@ -46,7 +48,7 @@ _KINDS = {
     "out": "head",
     "dense": "linear",
 }
-SEQUENCE_FAMILIES = ("gpt", "llama", "hf")
+SEQUENCE_FAMILIES = ("gpt", "llama", "moe", "hf")
 
 DeviceLike = str | torch.device
 
@@ -176,7 +178,7 @@ def sample_shape(spec: ModelSpec, seq_len: int) -> list[int]:
     if spec.family == "custom":
         return list(external(spec).inputs.sample_shape)
     dims = resolve_dims(spec)
-    if isinstance(dims, (GPTDims, LlamaDims)):
+    if isinstance(dims, (GPTDims, LlamaDims, MoEDims)):
         return [seq_len]
     if isinstance(dims, ResNetDims):
         return [dims.in_channels, dims.image_size, dims.image_size]
@@ -190,7 +192,7 @@ def num_classes(spec: ModelSpec) -> int:
     if spec.is_external:
         return external(spec).inputs.num_classes
     dims = resolve_dims(spec)
-    if isinstance(dims, (GPTDims, LlamaDims)):
+    if isinstance(dims, (GPTDims, LlamaDims, MoEDims)):
         return dims.vocab
     if isinstance(dims, VolumeDims):
         return int(spec.dim("num_classes" if spec.family == "unet3d" else "outputs"))

@@ -9,7 +9,10 @@ Timing method ("per-iteration median", see docs/torch-distributed-on-cpu.md sect
 (op, size), a few warm-up calls, then ``repeats`` repeats of up to ``iters`` iterations; each iteration is
 preceded by a barrier and timed alone, the slowest rank's time counts (all_reduce MAX), and a repeat's value
 is the median of its iterations. send_recv is a ping-pong between two ranks, timed as half the round trip
-(the OSU micro-benchmarks' osu_latency convention).
+(the OSU micro-benchmarks' osu_latency convention). all_to_all is ``all_to_all_single`` with equal splits; its
+message is one rank's whole send buffer, of which each peer gets 1/n (NCCL-tests ``alltoall_perf``, whose bus
+bandwidth factor (n-1)/n ``planner.alphabeta.bus_factor`` uses) — the expert-parallel dispatch and combine
+of ``runtime.executor.moe``.
 
 Rank 0 prints ``@@progress DONE TOTAL LABEL`` lines on stdout for the parent's progress bar; a failing rank
 prints ``@@error rank R: ...`` on stderr and exits 1.
@@ -35,7 +38,7 @@ from runtime.profiling.cluster import RawBench, RawCollective, RawCompute, RawSa
 #: Test hook: the rank named here raises right after joining the process group (tests check that a
 #: failing rank gives exit 2, one line, and no profile file).
 FAIL_RANK_ENV = "STRATAGEM_BENCH_FAIL_RANK"
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
 _FP32_BYTES = 4
 _TARGET_REPEAT_S = 0.25  # cap the iterations of one repeat to about this much wall time
 _TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -103,6 +106,9 @@ def _make_op(
         return (lambda: dist.all_gather_single(full, part, group=group)), numel * _FP32_BYTES
     if op == "reduce_scatter":  # message = the full (input) tensor
         return (lambda: dist.reduce_scatter_single(part, full, group=group)), numel * _FP32_BYTES
+    if op == "all_to_all":  # message = one rank's send buffer, numel / n elements to each rank
+        received = torch.empty_like(full)
+        return (lambda: dist.all_to_all_single(received, full, group=group)), numel * _FP32_BYTES
     src, dst = peer_ranks
 
     def ping_pong() -> None:

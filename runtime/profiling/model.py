@@ -5,7 +5,9 @@ on a saved copy of its input, i.e. the previous layer's output (float inputs of 
 require grad, as inside the model). Per layer: FLOPs with ``FlopCounterMode``; bytes saved for backward
 with ``saved_tensors_hooks`` (see ``runtime.profiling.measure``); forward and backward wall time after
 warm-up at each micro-batch. TP-splittable layers are also profiled as one rank's shard
-(``build_tp_shard``) at each requested degree. Layers with equal signatures (class, parameter shapes,
+(``build_tp_shard``) at each requested degree. An MoE block's shards are measured without its routed experts,
+which the layer describes instead (``ExpertProfile``) for the planner to cost per expert layout
+(``runtime.profiling.experts``). Layers with equal signatures (class, parameter shapes,
 input shape; e.g. every GPT block) are profiled once and the result copied. The model's last layer (LM
 head, classifier) is profiled together with the loss (``WithLoss``), whose fp32 log-softmax it saves.
 
@@ -48,6 +50,7 @@ from runtime.models.cnn3d import layer_input
 from runtime.models.dims import resolve_dims
 from runtime.models.external import external
 from runtime.models.zoo import SEQUENCE_FAMILIES
+from runtime.profiling.experts import expert_fields, without_routed_experts
 from runtime.profiling.measure import count_flops, derived_timing, make_input, saved_bytes, time_layer
 from runtime.profiling.overhead import (
     measure_runtime_overhead,
@@ -168,6 +171,7 @@ class _Layer:
         layer = build_tp_shard(self.spec, self.path, tp, device=s.device, dtype=torch_dtype(s.dtype))
         if s.device != "meta":
             init_weights(layer, seed=0)  # deterministic values: no NaN/denormal timing artefacts
+        without_routed_experts(layer)  # an MoE block's shard: the planner costs the routed experts per ep/etp
         return layer if self.targets is None else WithLoss(layer, self.spec, self.targets)
 
     @property
@@ -294,6 +298,7 @@ def _profile_one(
         shards=_shards(job, s),
         collectives=tp_collectives(job.spec, job.path, s.seq_len, dtype=torch_dtype(s.dtype)) if splittable else [],
         runtime_overhead=_overhead(job, splittable, s),
+        **expert_fields(module, s.seq_len),
     )
     return profile, out.detach()
 
@@ -373,7 +378,7 @@ def profile_model(
         sample_shape=sample_shape(spec, seq_len),
         micro_batches=list(s.micro_batches),
         tp_degrees=list(s.tp_degrees),
-        total_params=sum(layer.params for layer in layers),
+        total_params=sum(getattr(layer, "total_params", layer.params) for layer in layers),  # MoE: + routed experts
         layers=layers,
         reference_matmul=reference_matmul_figure(s.dtype, rates),
         provenance=Provenance(
