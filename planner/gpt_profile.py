@@ -65,7 +65,7 @@ class _Dims:
 
 
 def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
-    if spec.family not in ("gpt", "llama"):
+    if spec.family not in ("gpt", "llama", "moe"):
         raise StratagemError(
             f"closed-form profiles cover gpt and llama models, not {spec.family}; profile it "
             f"with `stratagem profile model` and pass --model-profile"
@@ -73,7 +73,8 @@ def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
     h, a = int(spec.dim("hidden")), int(spec.dim("heads"))
     if h % a:
         raise StratagemError(f"hidden {h} is not divisible by heads {a}; choose --hidden a multiple of --heads")
-    kv = int(spec.dim("kv_heads")) if spec.family == "llama" else 0
+    llama_like = spec.family in ("llama", "moe")  # moe: a Llama decoder whose FFNs are experts (planner.moe_profile)
+    kv = int(spec.dim("kv_heads")) if llama_like else 0
     kv = kv or a
     f = int(spec.dim("ffn_hidden"))
     if not f:
@@ -90,7 +91,7 @@ def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
         max_seq=int(spec.dim("max_seq")),
         e=DTYPE_BYTES[dtype],
         dropout=dropout,
-        swiglu=spec.family == "llama",
+        swiglu=llama_like,
         tied=bool(spec.dim("tie_embeddings")),
         learned_positions=spec.family == "gpt",
     )
@@ -329,7 +330,7 @@ def _norm_layer(d: _Dims) -> LayerProfile:
 def default_tp_degrees(spec: ModelSpec) -> list[int]:
     """Powers of two up to 64 that divide the heads (and KV heads): the TP degrees a profile covers."""
     a = int(spec.dim("heads"))
-    kv = int(spec.dim("kv_heads")) if spec.family == "llama" else 0
+    kv = int(spec.dim("kv_heads")) if spec.family in ("llama", "moe") else 0
     return [t for t in (1, 2, 4, 8, 16, 32, 64) if a % t == 0 and (kv or a) % t == 0]
 
 
@@ -347,6 +348,10 @@ def build_gpt_profile(
     >>> build_gpt_profile(parse_model("gpt:gpt3-175b")).total_params   # SC21 Table 1: 174.6B
     174615846912
     """
+    if spec.is_moe:
+        from planner.moe_profile import build_moe_profile  # the MoE blocks reuse this module's pieces
+
+        return build_moe_profile(spec, seq_len=seq_len, dtype=dtype, tp_degrees=tp_degrees, created_utc=created_utc)
     if spec.family not in ("gpt", "llama"):
         _dims(spec, 1, dtype)  # raises the family error
     seq = int(seq_len or spec.dim("max_seq"))

@@ -19,6 +19,7 @@ ALL_DIMENSIONS = (
     "layout",
     "mixed",
     "cross_node_tp",
+    "ep",  # Mixture-of-Experts: expert parallelism and expert tensor parallelism (planner.search.space.expert_layouts)
 )
 DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS)
 

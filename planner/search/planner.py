@@ -22,6 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from planner.cost.config import ParallelConfig
+from planner.cost.moe import require_all_to_all
 from planner.cost.placement import block_count, with_gpus
 from planner.cost.records import Estimate
 from planner.errors import StratagemError
@@ -31,6 +32,7 @@ from planner.search.costs import CandidateCosts
 from planner.search.ilp import SolveResult, build_problem, extract_assignment, solve
 from planner.search.space import (
     OuterChoice,
+    devices_by_type,
     enumerate_outer,
     lower_bound_s,
     memory_shortfall_bytes,
@@ -290,7 +292,11 @@ def plan_search(
 def _enumerate(
     profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int, config: SearchConfig
 ) -> list[OuterChoice]:
-    """Every outer candidate; a one-line error when the batch cannot be split at all."""
+    """Every outer candidate; a one-line error when the batch cannot be split at all (or, for a
+    Mixture-of-Experts model, when the cluster profile has no all-to-all figures)."""
+    experts = next((layer.experts.experts for layer in profile.layers if layer.experts is not None), 0)
+    if experts and config.allows("ep"):
+        require_all_to_all(cluster, sorted(devices_by_type(cluster, n_devices)))
     outers = list(
         enumerate_outer(
             cluster=cluster,
@@ -300,6 +306,7 @@ def _enumerate(
             n_blocks=block_count(profile),
             tp_degrees=profile.tp_degrees,
             config=config,
+            experts=experts,
         )
     )
     if not outers:

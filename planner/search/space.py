@@ -42,6 +42,8 @@ class OuterChoice:
     rank_node_types: tuple[str, ...]
     replica_node_types: tuple[str, ...] | None = None
     replica_micro_batches: tuple[int, ...] | None = None
+    ep: int = 1  # Mixture-of-Experts: expert-parallel degree and expert tensor parallel (planner.plan.ExpertLayout)
+    etp: int = 1
 
     def replica_types(self) -> list[tuple[str, int, int]]:
         """(node type, replicas, micro-batches per replica) in order of first use; [] without replica types."""
@@ -60,8 +62,9 @@ class OuterChoice:
         where = "" if len(types) == 1 else " on " + "/".join(self.rank_node_types)
         if self.replica_node_types:
             where = " replicas " + " + ".join(f"{k}x{t}(mb{self.micro_batch}x{m})" for t, k, m in self.replica_types())
+        experts = f" ep{self.ep}" + (f" etp{self.etp}" if self.etp > 1 else "") if self.ep * self.etp > 1 else ""
         return (
-            f"tp{self.tp} pp{self.pp} dp{self.dp} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
+            f"tp{self.tp} pp{self.pp} dp{self.dp}{experts} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
             f"zero{self.zero_stage}{' sp' if self.sequence_parallel else ''}{where}"
         )
 
@@ -78,6 +81,8 @@ class OuterChoice:
             sequence_parallel=self.sequence_parallel,
             node_types="/".join(self.rank_node_types),
         )
+        if self.ep * self.etp > 1:
+            out.update(ep=self.ep, etp=self.etp)
         if self.replica_node_types:
             out["replica_node_types"] = "/".join(self.replica_node_types)
             out["replica_micro_batches"] = "/".join(map(str, self.replica_micro_batches or ()))
@@ -173,10 +178,12 @@ def enumerate_outer(
     tp_degrees: list[int],
     config: SearchConfig,
     n_blocks: int | None = None,
+    experts: int = 0,
 ) -> Iterator[OuterChoice]:
     """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch.
     ``n_blocks``: the model's repeated blocks (``placement.block_count``; default ``n_layers``), which
-    interleaved schedules split into equal chunks."""
+    interleaved schedules split into equal chunks. ``experts``: routed experts of a Mixture-of-Experts
+    model (0: dense), whose expert layouts (:func:`expert_layouts`) multiply the candidates."""
     n_blocks = n_layers if n_blocks is None else n_blocks
     by_type = devices_by_type(cluster, n_devices)
     if len(by_type) > 1 and not config.allows("mixed"):
@@ -191,22 +198,46 @@ def enumerate_outer(
             m = per_replica // mb
             for schedule, v in _schedules(pp, m, n_blocks, config):
                 for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
-                    for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
+                    for sp in _sequence_parallel(tp, experts, config):
                         for order in orders:
-                            yield OuterChoice(
-                                tp=tp,
-                                pp=pp,
-                                dp=dp,
-                                schedule=schedule,
-                                virtual_stages=v,
-                                micro_batch=mb,
-                                num_micro_batches=m,
-                                zero_stage=zero,
-                                sequence_parallel=sp,
-                                rank_node_types=order,
-                            )
-    if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices):
+                            for ep, etp in expert_layouts(experts, tp=tp, dp=dp, config=config):
+                                yield OuterChoice(
+                                    tp=tp,
+                                    pp=pp,
+                                    dp=dp,
+                                    schedule=schedule,
+                                    virtual_stages=v,
+                                    micro_batch=mb,
+                                    num_micro_batches=m,
+                                    zero_stage=zero,
+                                    sequence_parallel=sp,
+                                    rank_node_types=order,
+                                    ep=ep,
+                                    etp=etp,
+                                )
+    if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices) and not experts:
         yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)
+
+
+def _sequence_parallel(tp: int, experts: int, config: SearchConfig) -> tuple[bool, ...]:
+    """Sequence parallelism choices. With tp > 1 a Mixture-of-Experts model always runs it (Megatron-Core
+    requires it with expert and tensor parallelism; without it each TP rank would slice its tokens before
+    the dispatch and all-gather them after the combine, on top of the same TP collectives)."""
+    if tp == 1 or not config.allows("sp"):
+        return (False,)
+    return (True,) if experts else (False, True)
+
+
+def expert_layouts(experts: int, *, tp: int, dp: int, config: SearchConfig) -> list[tuple[int, int]]:
+    """(ep, etp) pairs of a Mixture-of-Experts model on a stage of ``dp x tp`` ranks; [(1, 1)] when dense.
+
+    Rules (``planner.plan.check_expert_layout``): ep divides the experts and ep x etp divides dp x tp.
+    etp ranges over the divisors of the attention tp (expert TP no wider than the attention's: it stays
+    inside the node, and Megatron-Core's folding is used to narrow it, Liu et al. 2025 §3).
+    """
+    if not experts or not config.allows("ep"):
+        return [(1, 1)]
+    return [(ep, etp) for etp in divisors(tp) for ep in divisors(experts) if (dp * tp) % (ep * etp) == 0]
 
 
 def _types_contiguous(cluster: ClusterProfile, n_devices: int) -> bool:
@@ -325,11 +356,13 @@ def _tail_floor_average(tables: Tables) -> float:
     """A floor of the slowest tail from the average over pp ranks (max_r tail_r >= mean_r tail_r).
 
     Per rank (``tables.rank_tail_s``): exposed sync >= max(0, S_r - Wb_r), ZeRO-1/2 gathers >= max(0, G_r -
-    Wf_r), ZeRO-3 >= m max(0, C_r - Wf_r - Wb_r), plus the optimizer. Summed over ranks, sum max(0, x_r) >=
-    max(0, sum x_r); the collectives' times are concave with f(0) = 0, hence subadditive, so sum_r S_r >=
-    S_min(total parameters) (S_min: the cheapest of the ranks' sync functions); the windows W are at most
-    every layer at its slowest option plus the per-chunk host costs. Catches candidates whose gradient
-    sync cannot hide behind their compute (e.g. wide dp over slow links), which layer times alone miss.
+    Wf_r), ZeRO-3 >= m max(0, C_r - Wf_r - Wb_r), plus the optimizer and the per-layer per-step terms
+    (``opt_s``: measured optimizer host time, MoE expert sync), each layer at its least. Summed over ranks,
+    sum max(0, x_r) >= max(0, sum x_r); the collectives' times are concave with f(0) = 0, hence
+    subadditive, so sum_r S_r >= S_min(total parameters) (S_min: the cheapest of the ranks' sync
+    functions); the windows W are at most every layer at its slowest option plus the per-chunk host costs.
+    Catches candidates whose gradient sync cannot hide behind their compute (e.g. wide dp over slow
+    links), which layer times alone miss.
     """
     types = sorted(set(tables.rank_node_types))
     groups = tables.groups
@@ -353,7 +386,8 @@ def _tail_floor_average(tables: Tables) -> float:
         comm = max(0.0, cheapest(("sync_dp", "sync_dpt")) - w_b)
         if tables.zero_stage > 0:
             comm += max(0.0, cheapest(("gather_dp", "gather_dpt")) - w_f)
-    return comm / tables.pp + _optimizer_floor(tables)
+    per_step = sum(grp.size * min(k.opt_s for nt in types for k in grp.costs[nt]) for grp in groups)
+    return (comm + per_step) / tables.pp + _optimizer_floor(tables)
 
 
 def _memory_shortfall_bytes_lane(tables: Tables) -> float:
@@ -369,6 +403,7 @@ def _memory_shortfall_bytes_lane(tables: Tables) -> float:
                     min(tables.ranks[nt].state_bytes_per_param_dp, tables.ranks[nt].state_bytes_per_param_dpt)
                     * (k.params_dp + k.params_dpt)
                     + least_inflight * k.act_bytes
+                    + k.state_bytes
                 )
                 for k in grp.costs[nt]
             )
@@ -393,6 +428,7 @@ def _end_groups(tables: Tables, g: int) -> dict[int, tuple[float, float]]:
             rm.state_bytes_per_param_dp * k.params_dp
             + rm.state_bytes_per_param_dpt * k.params_dpt
             + tables.inflight[r] * k.act_bytes
+            + k.state_bytes
             for k in costs
         )
         prev = out.get(r, (0.0, 0.0))
