@@ -155,7 +155,7 @@ def no_ellipsis(table):
 
 def throughput_text(samples_per_s: float, tokens_per_s: float, family: str) -> str:
     """Tokens/s for language models, images/s for image models, samples/s otherwise."""
-    if family in ("gpt", "llama"):
+    if family in ("gpt", "llama", "moe"):
         return f"{tokens_per_s:,.0f} tokens/s, {samples_per_s:,.2f} samples/s"
     unit = "images/s" if family == "resnet" else "samples/s"
     return f"{samples_per_s:,.2f} {unit}"
