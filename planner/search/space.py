@@ -198,7 +198,7 @@ def enumerate_outer(
             m = per_replica // mb
             for schedule, v in _schedules(pp, m, n_blocks, config):
                 for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
-                    for sp in _sequence_parallel(tp, experts, config):
+                    for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
                         for order in orders:
                             for ep, etp in expert_layouts(experts, tp=tp, dp=dp, config=config):
                                 yield OuterChoice(
@@ -217,15 +217,6 @@ def enumerate_outer(
                                 )
     if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices) and not experts:
         yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)
-
-
-def _sequence_parallel(tp: int, experts: int, config: SearchConfig) -> tuple[bool, ...]:
-    """Sequence parallelism choices. With tp > 1 a Mixture-of-Experts model always runs it (Megatron-Core
-    requires it with expert and tensor parallelism; without it each TP rank would slice its tokens before
-    the dispatch and all-gather them after the combine, on top of the same TP collectives)."""
-    if tp == 1 or not config.allows("sp"):
-        return (False,)
-    return (True,) if experts else (False, True)
 
 
 def expert_layouts(experts: int, *, tp: int, dp: int, config: SearchConfig) -> list[tuple[int, int]]:
