@@ -421,7 +421,7 @@ def _cluster(
         description=description,
         node_types=list(types.values()),
         nodes=[NodeGroup(node_type=nt.name, count=count) for nt, count in nodes],
-        inter_node=_inter(*inter, a2a_source),
+        inter_node=_inter(inter[0], inter[1], a2a_source),
         provenance=Provenance(
             method="datasheet",
             tool=f"stratagem {__version__}",
