@@ -11,12 +11,14 @@ a "no plan fits" where a uniform configuration fits, or a status other than ``op
 Instances: random GPT models (2-8 blocks, hidden 1,024-8,192, heads of 128 dims, vocab 8k-51k, sequence
 1,024 or 2,048) on 2-16 A100s (``dgx-a100-80g``) with a memory fraction of 0.3-0.9, so memory binds;
 ``--presets``: every Narayanan et al. SC21 Table 1 model at its published GPU count and batch
-(``benchmarks/data/published_cases.csv``) at memory fraction 0.9.
+(``benchmarks/data/published_cases.csv``) at memory fraction 0.9; ``--moe N``: N random Mixture-of-Experts
+models (4-16 experts, top-1/2, optional shared expert and dense first block) on 2-16 H100s, the brute force
+then also over every expert layout (ep dividing the experts, etp dividing tp, ep x etp dividing dp x tp).
 
 Every recompute mode is scored: it is not monotone in time under the cost model (recompute lengthens the
 backward window that ZeRO-3 gathers and gradient syncs hide behind, so it can shorten a step).
 
-    .venv/bin/python benchmarks/search_exactness.py [--instances 300] [--seed 0] [--presets]
+    .venv/bin/python benchmarks/search_exactness.py [--instances 300] [--seed 0] [--presets] [--moe 40]
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def uniform_configs(profile: ModelProfile, n_devices: int, global_batch: int) ->
     """Every uniform configuration, grouped: one tuple per split, its recompute modes in RECOMPUTE order.
     Written from the rules of ``estimate`` (which rejects what cannot run), not from the search's space."""
     blocks = sum(1 for layer in profile.layers if layer.kind == "block") or len(profile.layers)
+    experts = next((layer.experts.experts for layer in profile.layers if layer.experts is not None), 0)
     for tp in sorted(profile.tp_degrees):
         for pp in _divisors(n_devices // tp) if n_devices % tp == 0 else []:
             dp = n_devices // (tp * pp)
@@ -117,21 +120,31 @@ def uniform_configs(profile: ModelProfile, n_devices: int, global_batch: int) ->
                 for schedule, v in schedules:
                     for zero in (0, 1, 2, 3) if dp > 1 else (0,):
                         for sp in (False, True) if tp > 1 else (False,):
-                            yield tuple(
-                                ParallelConfig(
-                                    tp=tp,
-                                    pp=pp,
-                                    dp=dp,
-                                    micro_batch=mb,
-                                    num_micro_batches=m,
-                                    schedule=schedule,
-                                    virtual_stages=v,
-                                    zero_stage=zero,
-                                    sequence_parallel=sp,
-                                    recompute=rc,
+                            for ep, etp in _expert_layouts(experts, tp, dp):
+                                yield tuple(
+                                    ParallelConfig(
+                                        tp=tp,
+                                        pp=pp,
+                                        dp=dp,
+                                        micro_batch=mb,
+                                        num_micro_batches=m,
+                                        schedule=schedule,
+                                        virtual_stages=v,
+                                        zero_stage=zero,
+                                        sequence_parallel=sp,
+                                        recompute=rc,
+                                        ep=ep,
+                                        etp=etp,
+                                    )
+                                    for rc in RECOMPUTE
                                 )
-                                for rc in RECOMPUTE
-                            )
+
+
+def _expert_layouts(experts: int, tp: int, dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) of an MoE model by the folding rules (planner.plan.check_expert_layout); [(1, 1)] when dense."""
+    if not experts:
+        return [(1, 1)]
+    return [(ep, etp) for etp in _divisors(tp) for ep in _divisors(experts) if (dp * tp) % (ep * etp) == 0]
 
 
 def best_uniform(inst: Instance) -> tuple[float | None, str, int]:
@@ -155,7 +168,8 @@ def best_uniform(inst: Instance) -> tuple[float | None, str, int]:
                             f"tp{config.tp} pp{config.pp} dp{config.dp} {config.schedule}"
                             f"(v={config.virtual_stages}) mb{config.micro_batch}x"
                             f"{config.num_micro_batches} zero{config.zero_stage}"
-                            f"{' sp' if config.sequence_parallel else ''} "
+                            f"{' sp' if config.sequence_parallel else ''}"
+                            f"{f' ep{config.ep} etp{config.etp}' if config.ep * config.etp > 1 else ''} "
                             f"recompute={config.recompute}"
                         ),
                     )
@@ -184,6 +198,45 @@ def random_instance(
     label = (
         f"#{index} gpt L{blocks} h{hidden} v{vocab} s{seq} on {n_devices} A100, batch {global_batch}, "
         f"memory {fraction:.0%}"
+    )
+    return Instance(
+        label=label,
+        profile=profile,
+        cluster=cluster,
+        n_devices=n_devices,
+        global_batch=global_batch,
+        memory_fraction=fraction,
+    )
+
+
+def moe_instance(rng: random.Random, index: int) -> Instance:
+    """A random Mixture-of-Experts model on 2-16 H100s (``dgx-h100``: it has all-to-all figures)."""
+    hidden = rng.choice([1024, 2048, 4096])
+    blocks = rng.randint(2, 4)
+    experts = rng.choice([4, 8, 16])
+    n_devices = rng.choice([2, 4, 8, 16])
+    spec = parse_model(
+        "moe",
+        layers=blocks,
+        hidden=hidden,
+        heads=hidden // 128,
+        kv_heads=max(1, hidden // 512),
+        vocab=32000,
+        max_seq=2048,
+        experts=experts,
+        top_k=rng.choice([1, 2]),
+        expert_ffn=rng.choice([hidden // 2, 2 * hidden, 4 * hidden]),
+        shared_experts=rng.choice([0, 1]),
+        dense_layers=rng.choice([0, 1]),
+    )
+    tps = [t for t in (1, 2, 4, 8) if t <= n_devices and max(1, hidden // 512) % t == 0]
+    profile = build_gpt_profile(spec, seq_len=2048, dtype="bf16", tp_degrees=tps)
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), n_devices)
+    global_batch = n_devices * rng.choice([1, 2, 4])
+    fraction = round(rng.uniform(0.3, 0.9), 3)
+    label = (
+        f"#{index} moe L{blocks} h{hidden} E{experts} k{spec.dims['top_k']} on {n_devices} H100, "
+        f"batch {global_batch}, memory {fraction:.0%}"
     )
     return Instance(
         label=label,
@@ -255,12 +308,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--presets", action="store_true", help="also every SC21 Table 1 preset at its GPU count")
     parser.add_argument("--jobs", type=int, default=1, help="CBC processes the search runs at once")
+    parser.add_argument("--moe", type=int, default=0, help="random Mixture-of-Experts instances (default 0)")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per instance")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     verdicts = []
     for i in range(args.instances):
         v = check(random_instance(rng, i), jobs=args.jobs)
+        verdicts.append(v)
+        if args.verbose or v.kind not in ("ok", "both_infeasible"):
+            print(_line(v), flush=True)
+    for i in range(args.moe):
+        v = check(moe_instance(rng, i), jobs=args.jobs)
         verdicts.append(v)
         if args.verbose or v.kind not in ("ok", "both_infeasible"):
             print(_line(v), flush=True)
