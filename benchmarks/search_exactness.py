@@ -44,10 +44,11 @@ from planner.errors import StratagemError  # noqa: E402
 from planner.gpt_profile import build_gpt_profile  # noqa: E402
 from planner.modelspec import parse_model  # noqa: E402
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile  # noqa: E402
-from planner.search.config import SearchConfig  # noqa: E402
+from planner.search.config import ALL_DIMENSIONS, SearchConfig  # noqa: E402
 from planner.search.planner import plan_search  # noqa: E402
 
 REL_TOL = 1e-9
+ALL = frozenset(ALL_DIMENSIONS)
 MAX_MICRO_BATCH = 16  # SearchConfig defaults: the brute force covers the same sizes
 MAX_VIRTUAL_STAGES = 8
 RECOMPUTE = ("none", "selective", "full")
@@ -264,6 +265,7 @@ def preset_instance(preset: str, n_devices: int, global_batch: int) -> Instance:
 def check(inst: Instance, *, jobs: int = 1) -> Verdict:
     """Search and brute force one instance."""
     config = SearchConfig(
+        allow=ALL,  # every dimension, expert TP included (the brute force covers it)
         memory_fraction=inst.memory_fraction,
         max_micro_batch=MAX_MICRO_BATCH,
         max_virtual_stages=MAX_VIRTUAL_STAGES,

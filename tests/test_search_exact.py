@@ -190,7 +190,7 @@ def _moe_instance(rng: random.Random):
     if rng.random() < 0.3 and spec.dims["layers"] == 2:
         spec = parse_model("moe", **{**spec.dims, "dense_layers": 1})
     profile = build_gpt_profile(spec, seq_len=64, dtype="bf16", tp_degrees=[1, 2])
-    allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "recompute", "ep"}
+    allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "recompute", "ep", "etp"}
     config = SearchConfig(time_limit_s=30, allow=frozenset(allow))
     global_batch = 4 * n_devices
     outers = list(

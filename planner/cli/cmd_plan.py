@@ -143,7 +143,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--allow",
         default=None,
-        help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})",
+        help=f"dimensions the search may use, comma-separated (from {','.join(ALL_DIMENSIONS)}; default all "
+        "but etp, expert tensor parallel, which the runtime does not run yet)",
     )
     p.add_argument("--out", type=out_path, required=True, metavar="FILE", help="plan JSON to write")
     add_recipe_arguments(p)

@@ -19,9 +19,10 @@ ALL_DIMENSIONS = (
     "layout",
     "mixed",
     "cross_node_tp",
-    "ep",  # Mixture-of-Experts: expert parallelism and expert tensor parallelism (planner.search.space.expert_layouts)
+    "ep",  # Mixture-of-Experts: expert parallelism (planner.search.space.expert_layouts)
+    "etp",  # and tensor parallel inside the experts; opt-in: the runtime runs etp 1 only (runtime/executor/moe.py)
 )
-DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS)
+DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS) - {"etp"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -47,7 +47,7 @@ from planner.cost.validate import check_config, replica_micro_batches
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
 from planner.search.config import SearchConfig
-from planner.search.space import OuterChoice, typed_slowest_floor
+from planner.search.space import OuterChoice, expand_experts, typed_slowest_floor
 from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables
 
 # what collective_time(algorithm="auto") minimises over
@@ -462,7 +462,9 @@ class CandidateCosts:
         )
         bound, v = 0.0, outer.virtual_stages
         for types, m in lanes:
-            total, largest = self._least_layer_times(outer, types)
+            total, largest = (
+                self._least_family_times(outer, types) if outer.expert_family else self._least_layer_times(outer, types)
+            )
             slowest = max(total / outer.pp, largest)
             if len(types) > 1:  # ranks of several node types: the slower ones hold less (space.typed_slowest_floor)
                 per_type = {nt: self._least_layer_times(outer, (nt,), per_layer=True) for nt in types}
@@ -541,6 +543,17 @@ class CandidateCosts:
                 else 0.0
             )
         return self._hidden[key]
+
+    def _least_family_times(self, outer: OuterChoice, types: tuple[str, ...]) -> tuple[float, float]:
+        """(least total, least largest) over a family's expert layouts (``space.expand_experts``): each is <=
+        that of every member, so the quick bound built on them bounds the whole family (cached)."""
+        wrapper = dp_wrapper(outer.dp, outer.zero_stage)
+        key = ("family", types, outer.tp, outer.sequence_parallel, outer.micro_batch, outer.expert_family, wrapper)
+        if key not in self._least:
+            times = [self._least_layer_times(child, types) for child in expand_experts(outer)]
+            self._least[key] = (min(t[0] for t in times), min(t[1] for t in times), [])
+        total, largest, _ = self._least[key]
+        return total, largest
 
     def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...], per_layer: bool = False) -> Any:
         """(sum over layers, max over layers) of each layer's fastest option on ``types`` (``per_layer``:

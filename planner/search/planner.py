@@ -34,6 +34,7 @@ from planner.search.space import (
     OuterChoice,
     devices_by_type,
     enumerate_outer,
+    expand_experts,
     lower_bound_s,
     memory_shortfall_bytes,
     refined_lower_bound_s,
@@ -307,6 +308,7 @@ def _enumerate(
             tp_degrees=profile.tp_degrees,
             config=config,
             experts=experts,
+            families=True,
         )
     )
     if not outers:
@@ -334,6 +336,8 @@ class _BranchAndBound:
         progress: Callable[[int, int], None] | None,
     ):
         self.costs, self.outers, self.config, self.start, self.progress = costs, outers, config, start, progress
+        self.n_candidates = sum(len(o.expert_family) or 1 for o in outers)  # families count their members
+        self.next_idx = len(outers)  # heap tie-breakers of expanded family members
         self.heap = _quick_bounded(costs, outers)
         heapq.heapify(self.heap)
         self.total = len(self.heap)
@@ -369,7 +373,18 @@ class _BranchAndBound:
                 self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _build(self, bound: float, idx: int, _stage: int, outer: OuterChoice, _tables: None) -> bool:
-        """Stage 0: build the coefficients, bound with sends, tail and memory."""
+        """Stage 0: build the coefficients, bound with sends, tail and memory (a family of expert layouts is
+        expanded into its members first, each with its own quick bound)."""
+        if outer.expert_family:
+            for child in expand_experts(outer):
+                try:
+                    child_bound = self.costs.quick_bound_s(child)
+                except StratagemError as exc:
+                    log.debug("skipping %s: %s", child.summary(), exc)
+                    continue
+                self.next_idx += 1
+                heapq.heappush(self.heap, (max(bound, child_bound), self.next_idx, 0, child, None))
+            return True
         try:
             tables = self.costs.tables(outer)
         except StratagemError as exc:
@@ -442,7 +457,7 @@ class _BranchAndBound:
         if not ranked and self.notes:
             raise StratagemError(
                 f"the search budget of {config.budget_s:g} s ran out before any candidate was "
-                f"solved ({counts['refined']} of {len(self.outers)} candidates bounded); raise "
+                f"solved ({counts['refined']} of {self.n_candidates} candidates bounded); raise "
                 f"--budget-s (e.g. --budget-s {max(60.0, 10 * config.budget_s):g})"
             )
         if not ranked:
@@ -454,15 +469,15 @@ class _BranchAndBound:
             and all(c.solve.status == "optimal" for c in ranked)
             and _global_status(ranked[-1].step_s, open_bounds)[0] == "optimal"
         )
-        log.info("search: %d candidates, %s", len(self.outers), counts)
+        log.info("search: %d candidates, %s", self.n_candidates, counts)
         return SearchResult(
             best=ranked[0],
             ranked=tuple(ranked),
             status=status,
             gap=gap,
-            candidates_total=len(self.outers),
+            candidates_total=self.n_candidates,
             candidates_solved=counts["solved"],
-            candidates_pruned=len(self.outers) - counts["solved"],
+            candidates_pruned=self.n_candidates - counts["solved"],
             candidates_infeasible=counts["infeasible"],
             candidates_dominated=counts["dominated"],
             wall_time_s=time.perf_counter() - self.start,

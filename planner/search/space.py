@@ -12,7 +12,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cost.config import ScheduleKind
 from planner.profiles import ClusterProfile
@@ -44,6 +44,9 @@ class OuterChoice:
     replica_micro_batches: tuple[int, ...] | None = None
     ep: int = 1  # Mixture-of-Experts: expert-parallel degree and expert tensor parallel (planner.plan.ExpertLayout)
     etp: int = 1
+    # A *family*: this choice under each of these (ep, etp) layouts, bounded as one entry and expanded
+    # (:func:`expand_experts`) only when its bound comes up in the search; () = one concrete candidate.
+    expert_family: tuple[tuple[int, int], ...] = ()
 
     def replica_types(self) -> list[tuple[str, int, int]]:
         """(node type, replicas, micro-batches per replica) in order of first use; [] without replica types."""
@@ -179,11 +182,17 @@ def enumerate_outer(
     config: SearchConfig,
     n_blocks: int | None = None,
     experts: int = 0,
+    families: bool = False,
 ) -> Iterator[OuterChoice]:
     """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch.
     ``n_blocks``: the model's repeated blocks (``placement.block_count``; default ``n_layers``), which
     interleaved schedules split into equal chunks. ``experts``: routed experts of a Mixture-of-Experts
-    model (0: dense), whose expert layouts (:func:`expert_layouts`) multiply the candidates."""
+    model (0: dense), whose expert layouts (:func:`expert_layouts`) multiply the candidates; with
+    ``families`` each choice comes once with its layouts in ``expert_family`` (:func:`expand_experts`).
+    For MoE models two dominated kinds are not enumerated (exactly as the solve-time dominance check of
+    ``tables.dominates`` would skip them, only before they cost a bound): GPipe where 1F1B runs (the same
+    step time, formula (P), with no more micro-batches in flight) and ZeRO-1 (ZeRO-2 has the same time
+    terms and shards the gradients too)."""
     n_blocks = n_layers if n_blocks is None else n_blocks
     by_type = devices_by_type(cluster, n_devices)
     if len(by_type) > 1 and not config.allows("mixed"):
@@ -197,38 +206,58 @@ def enumerate_outer(
         for mb in _micro_batch_sizes(per_replica, config):
             m = per_replica // mb
             for schedule, v in _schedules(pp, m, n_blocks, config):
-                for zero in (0, 1, 2, 3) if dp > 1 and config.allows("zero") else (0,):
+                if experts and schedule == "gpipe" and m >= pp:
+                    continue  # dominated by 1F1B (docstring)
+                for zero in _zero_stages(dp, experts, config):
                     for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
                         for order in orders:
-                            for ep, etp in expert_layouts(experts, tp=tp, dp=dp, config=config):
-                                yield OuterChoice(
-                                    tp=tp,
-                                    pp=pp,
-                                    dp=dp,
-                                    schedule=schedule,
-                                    virtual_stages=v,
-                                    micro_batch=mb,
-                                    num_micro_batches=m,
-                                    zero_stage=zero,
-                                    sequence_parallel=sp,
-                                    rank_node_types=order,
-                                    ep=ep,
-                                    etp=etp,
-                                )
+                            choice = OuterChoice(
+                                tp=tp,
+                                pp=pp,
+                                dp=dp,
+                                schedule=schedule,
+                                virtual_stages=v,
+                                micro_batch=mb,
+                                num_micro_batches=m,
+                                zero_stage=zero,
+                                sequence_parallel=sp,
+                                rank_node_types=order,
+                                expert_family=tuple(expert_layouts(experts, tp=tp, dp=dp, config=config)),
+                            )
+                            if families and len(choice.expert_family) > 1:
+                                yield choice
+                            else:
+                                yield from expand_experts(choice)
     if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices) and not experts:
         yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)
+
+
+def _zero_stages(dp: int, experts: int, config: SearchConfig) -> tuple[int, ...]:
+    """ZeRO stages to try: 0-3 with dp > 1; for MoE models without the dominated ZeRO-1 (enumerate_outer)."""
+    if dp == 1 or not config.allows("zero"):
+        return (0,)
+    return (0, 2, 3) if experts else (0, 1, 2, 3)
+
+
+def expand_experts(outer: OuterChoice) -> list[OuterChoice]:
+    """The concrete candidates of a family (one per expert layout); a concrete candidate itself."""
+    if not outer.expert_family:
+        return [outer]
+    return [replace(outer, ep=ep, etp=etp, expert_family=()) for ep, etp in outer.expert_family]
 
 
 def expert_layouts(experts: int, *, tp: int, dp: int, config: SearchConfig) -> list[tuple[int, int]]:
     """(ep, etp) pairs of a Mixture-of-Experts model on a stage of ``dp x tp`` ranks; [(1, 1)] when dense.
 
     Rules (``planner.plan.check_expert_layout``): ep divides the experts and ep x etp divides dp x tp.
-    etp ranges over the divisors of the attention tp (expert TP no wider than the attention's: it stays
-    inside the node, and Megatron-Core's folding is used to narrow it, Liu et al. 2025 §3).
+    etp (with ``--allow ...,etp``; 1 otherwise) ranges over the divisors of the attention tp (expert TP no
+    wider than the attention's: it stays inside the node, and Megatron-Core's folding is used to narrow it,
+    Liu et al. 2025 §3).
     """
     if not experts or not config.allows("ep"):
         return [(1, 1)]
-    return [(ep, etp) for etp in divisors(tp) for ep in divisors(experts) if (dp * tp) % (ep * etp) == 0]
+    etps = divisors(tp) if config.allows("etp") else [1]
+    return [(ep, etp) for etp in etps for ep in divisors(experts) if (dp * tp) % (ep * etp) == 0]
 
 
 def _types_contiguous(cluster: ClusterProfile, n_devices: int) -> bool:
