@@ -76,6 +76,8 @@ def to_items(s: FrameworkSettings) -> dict[str, str | None]:
         items["--context-parallel-size"] = str(s.cp)
     if s.ep > 1:
         items["--expert-model-parallel-size"] = str(s.ep)
+    if s.model is not None and s.model.is_moe:  # Megatron's default expert TP is the attention's tp
+        items["--expert-tensor-parallel-size"] = str(s.etp)
     if s.sequence_parallel:
         items["--sequence-parallel"] = None
     if s.recompute != "none":
@@ -99,6 +101,30 @@ def to_items(s: FrameworkSettings) -> dict[str, str | None]:
     return items
 
 
+def _moe_items(model: ModelSpec) -> dict[str, str | None]:
+    """Megatron-Core MoE flags of an ``moe`` model (megatron/core/transformer/moe/README.md argument table):
+    experts, top-k, expert width, shared experts, the leading dense layers as ``--moe-layer-freq``, the
+    load-balancing loss, the capacity factor (none = dropless), grouped GEMM and the all-to-all dispatcher."""
+    dim = model.dim
+    items: dict[str, str | None] = {
+        "--num-experts": str(dim("experts")),
+        "--moe-router-topk": str(dim("top_k")),
+        "--moe-ffn-hidden-size": str(dim("expert_ffn")),
+        "--moe-router-load-balancing-type": "aux_loss",
+        "--moe-aux-loss-coeff": f"{float(dim('aux_loss_coef')):g}",
+        "--moe-grouped-gemm": None,
+        "--moe-token-dispatcher-type": "alltoall",
+    }
+    if int(dim("shared_experts")):
+        items["--moe-shared-expert-intermediate-size"] = str(int(dim("shared_experts")) * int(dim("expert_ffn")))
+    dense, layers = int(dim("dense_layers")), int(dim("layers"))
+    if dense:
+        items["--moe-layer-freq"] = f"([0]*{dense}+[1]*{layers - dense})"
+    if float(dim("capacity_factor")) > 0:
+        items["--moe-expert-capacity-factor"] = f"{float(dim('capacity_factor')):g}"
+    return items
+
+
 def _model_items(model: ModelSpec | None, seq_len: int | None) -> dict[str, str | None]:
     if model is None:
         return {}
@@ -110,7 +136,7 @@ def _model_items(model: ModelSpec | None, seq_len: int | None) -> dict[str, str 
     }
     if dim("ffn_hidden"):
         items["--ffn-hidden-size"] = str(dim("ffn_hidden"))
-    if model.family == "llama":
+    if model.family in ("llama", "moe"):
         if dim("kv_heads") and dim("kv_heads") != dim("heads"):
             items.update({"--group-query-attention": None, "--num-query-groups": str(dim("kv_heads"))})
         items.update(
@@ -121,6 +147,8 @@ def _model_items(model: ModelSpec | None, seq_len: int | None) -> dict[str, str 
                 "--disable-bias-linear": None,
             }
         )
+    if model.is_moe:
+        items.update(_moe_items(model))
     if not dim("tie_embeddings"):
         items["--untie-embeddings-and-output-weights"] = None
     items["--seq-length"] = str(seq_len or dim("max_seq"))

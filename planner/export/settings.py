@@ -39,6 +39,7 @@ class FrameworkSettings:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int = 1  # tensor parallel inside the experts (Megatron --expert-tensor-parallel-size)
     micro_batch: int = 1
     global_batch: int = 1
     schedule: ScheduleKind = "1f1b"
@@ -73,7 +74,7 @@ def check_settings(s: FrameworkSettings, *, source: str, names: dict[str, str] |
     def n(field_name: str) -> str:
         return (names or {}).get(field_name, field_name)
 
-    for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "virtual_stages"):
+    for name in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "virtual_stages"):
         if getattr(s, name) < 1:
             raise StratagemError(f"{source}: {n(name)} is {getattr(s, name)}; it must be a positive integer")
     if s.global_batch % (s.dp * s.micro_batch):
@@ -155,10 +156,9 @@ def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> P
     Every TP-capable layer is split (Megatron's vocab-parallel embedding and head; the cost model's default
     layout); explicit chunk boundaries only where the split is uneven or the recompute is per-layer.
     """
-    if s.cp > 1 or s.ep > 1:
+    if s.cp > 1:
         raise StratagemError(
-            f"context parallel {s.cp} / expert parallel {s.ep}: the cost model does not "
-            f"estimate these yet; set them to 1 to estimate the rest"
+            f"context parallel {s.cp}: the cost model does not estimate it yet; set it to 1 to estimate the rest"
         )
     explicit = s.first_chunk_blocks is not None or s.last_chunk_blocks is not None
     chunks = chunk_paths(layers, s) if explicit or s.recompute_blocks_per_chunk is not None else None
@@ -183,4 +183,6 @@ def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> P
         recompute=recompute,
         stage_layers=tuple(tuple(c) for c in chunks) if chunks is not None and explicit else None,
         overlap_grad_reduce=s.overlap_grad_reduce,
+        ep=s.ep,
+        etp=s.etp,
     )

@@ -176,7 +176,8 @@ def summary_frame(plan: Plan, name: str | None = None, timeline: Timeline | None
         tp_split_modules=sum(lay.style == "split" for lay in plan.layout.values()),
     )
     if plan.experts is not None:  # Mixture-of-Experts: the expert layout (planner.plan.ExpertLayout)
-        row.update(ep=plan.experts.ep, etp=plan.experts.etp, edp=plan.experts.edp(dp=row["dp"], tp=row["tp"]))
+        edp = plan.experts.edp(dp=plan.mesh.size("dp"), tp=plan.mesh.size("tp"))
+        row.update(ep=plan.experts.ep, etp=plan.experts.etp, edp=edp)
     p = plan.predictions
     if p is not None:
         capacity = min(sp.memory_capacity_bytes for sp in p.stages) if p.stages else float("nan")
