@@ -1,12 +1,12 @@
 """Mixture-of-Experts cost model against published training runs (benchmarks/data/moe_runs.csv).
 
-For each row: the model from the row's dimensions (family ``moe``), the row's parallel configuration on the
+For each row: the model from the row's dimensions (family ``moe``; a head width other than hidden / heads, as
+Qwen3's, through ``build_moe_profile(head_dim=...)``), the row's parallel configuration on the
 shipped ``dgx-h100`` profile, BF16, fused (flash) attention as Megatron-Core's Transformer Engine runs it,
 and the predicted step time against the published one (a TFLOP/s figure is turned into a step time with the
 cost model's own FLOP count: ``published_step = predicted_flops_per_gpu_per_step / published_tflops``).
 Printed twice: with the cited default load imbalance (``MOE_LOAD_IMBALANCE``, Switch Transformer's 1.25)
-and with the imbalance fitted on the Mixtral row only (the one whose shape the family states exactly), with
-the error of the other rows at that value. Never a timed test.
+and with the imbalance fitted on the Mixtral row only, with the error of the other rows at that value. Never a timed test.
 
     .venv/bin/python benchmarks/moe_validation.py
 """
@@ -26,7 +26,7 @@ from planner.cost import estimate  # noqa: E402
 from planner.cost.config import ParallelConfig  # noqa: E402
 from planner.cost.constants import MOE_LOAD_IMBALANCE  # noqa: E402
 from planner.cost.placement import with_gpus  # noqa: E402
-from planner.gpt_profile import build_gpt_profile  # noqa: E402
+from planner.moe_profile import build_moe_profile  # noqa: E402
 from planner.modelspec import parse_model  # noqa: E402
 from planner.profiles import load_cluster_profile  # noqa: E402
 
@@ -53,7 +53,13 @@ def _setup(row: dict[str, str]):
         expert_ffn=int(row["expert_ffn"]),
         shared_experts=int(row["shared_experts"]),
     )
-    profile = build_gpt_profile(spec, seq_len=int(row["seq_len"]), dtype="bf16")
+    head_dim = int(row["head_dim"])  # Qwen3: 128 with hidden 4096 and 64 heads (planner.moe_profile)
+    profile = build_moe_profile(
+        spec,
+        seq_len=int(row["seq_len"]),
+        dtype="bf16",
+        head_dim=None if head_dim * spec.dims["heads"] == spec.dims["hidden"] else head_dim,
+    )
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), int(row["gpus"]))
     dp, batch, mb = int(row["dp"]), int(row["global_batch"]), int(row["micro_batch"])
     v = int(row["virtual_stages"])

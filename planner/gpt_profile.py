@@ -62,6 +62,7 @@ class _Dims:
     swiglu: bool
     tied: bool
     learned_positions: bool
+    q: int  # attention width, heads x head dim (= h unless a head dim is given: planner.moe_profile)
 
 
 def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
@@ -94,27 +95,28 @@ def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
         swiglu=llama_like,
         tied=bool(spec.dim("tie_embeddings")),
         learned_positions=spec.family == "gpt",
+        q=h,
     )
 
 
 def _block_params(d: _Dims) -> tuple[int, int]:
     """(tensor-split, replicated) parameters of one block at tp=1."""
-    h, hkv, f = d.h, d.h_kv, d.f
+    h, hkv, f, q = d.h, d.h_kv, d.f, d.q
     if d.swiglu:
-        return h * (h + 2 * hkv) + h * h + 3 * h * f, 2 * h
-    split = h * (h + 2 * hkv) + (h + 2 * hkv) + h * h + 2 * h * f + f
+        return h * (q + 2 * hkv) + q * h + 3 * h * f, 2 * h
+    split = h * (q + 2 * hkv) + (q + 2 * hkv) + q * h + 2 * h * f + f
     return split, 2 * h + 4 * h  # projection and FC2 biases, two LayerNorms
 
 
 def _block_shard(d: _Dims, t: int) -> ShardProfile:
-    s, h, hkv, f, e = d.s, d.h, d.h_kv, d.f, d.e
+    s, h, hkv, f, e, q = d.s, d.h, d.h_kv, d.f, d.e, d.q
     mlp_flops = (6 if d.swiglu else 4) * s * h * f
-    score_flops = 4 * s * s * h
-    fwd = 2 * s * h * (h + 2 * hkv) + 2 * s * h * h + score_flops + mlp_flops
+    score_flops = 4 * s * s * q
+    fwd = 2 * s * h * (q + 2 * hkv) + 2 * s * q * h + score_flops + mlp_flops
     split_p, repl_p = _block_params(d)
     params = math.ceil(split_p / t) + repl_p
     replicated = 4 * e * s * h + (2 * s * h if d.dropout else 0)
-    split_saved = e * (s * h + 2 * s * hkv + s * h) + e * s * f * (3 if d.swiglu else 2)
+    split_saved = e * (s * q + 2 * s * hkv + s * q) + e * s * f * (3 if d.swiglu else 2)
     scores = (2 * e + 1 if d.dropout else e) * d.a * s * s
     return ShardProfile(
         tp=t,
@@ -149,7 +151,7 @@ def _block_ops(d: _Dims, t: int) -> list[OpProfile]:
     (SwiGLU: gate and up, ``2f/t``), MLP out ``s x h x f/t`` (Shoeybi et al. 2019 §3 for the TP split).
     """
     s, h, e, f = d.s, d.h, d.e, d.f
-    hp, ap, dh, kvp = h // t, d.a // t, h // d.a, d.h_kv // t
+    hp, ap, dh, kvp = d.q // t, d.a // t, d.q // d.a, d.h_kv // t
     drop = 1 if d.dropout else 0
     norm = "rmsnorm" if d.swiglu else "layernorm"
     ops = [
@@ -359,7 +361,7 @@ def build_gpt_profile(
         raise StratagemError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     d = _dims(spec, seq, dtype)
     tps = tp_degrees or default_tp_degrees(spec)
-    bad = [t for t in tps if d.a % t or (d.h_kv * d.a // d.h) % t]
+    bad = [t for t in tps if d.a % t or (d.h_kv * d.a // d.q) % t]
     if bad or tps[0] != 1:
         raise StratagemError(f"TP degrees {tps} must start at 1 and divide heads {d.a}; drop {bad}")
     block_shards = [_block_shard(d, t) for t in tps]

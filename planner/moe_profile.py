@@ -70,8 +70,13 @@ def build_moe_profile(
     dtype: str = "bf16",
     tp_degrees: list[int] | None = None,
     created_utc: str = "",
+    head_dim: int | None = None,
 ) -> ModelProfile:
     """The closed-form :class:`ModelProfile` of an ``moe`` ``spec`` at ``seq_len`` tokens per sample.
+
+    ``head_dim``: an attention head width other than ``hidden / heads`` (Qwen3-MoE: 128 with hidden 4096 and
+    64 heads), for cost studies of published models (``benchmarks/moe_validation.py``); the zoo's ``moe``
+    module, which the runtime builds from the spec, has ``hidden / heads``.
 
     >>> from planner.modelspec import parse_model
     >>> p = build_moe_profile(parse_model("moe:mixtral-8x7b"))
@@ -84,8 +89,11 @@ def build_moe_profile(
         raise StratagemError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     seq = int(seq_len or spec.dim("max_seq"))
     dense = _dims(spec, seq, dtype)
+    if head_dim is not None:
+        kv_heads = dense.h_kv * dense.a // dense.h
+        dense = replace(dense, q=dense.a * head_dim, h_kv=kv_heads * head_dim)
     tps = tp_degrees or default_tp_degrees(spec)
-    bad = [t for t in tps if dense.a % t or (dense.h_kv * dense.a // dense.h) % t]
+    bad = [t for t in tps if dense.a % t or (dense.h_kv * dense.a // dense.q) % t]
     if bad or tps[0] != 1:
         raise StratagemError(f"TP degrees {tps} must start at 1 and divide heads {dense.a}; drop {bad}")
     n_experts, f_e, shared = int(spec.dim("experts")), int(spec.dim("expert_ffn")), int(spec.dim("shared_experts"))
@@ -100,8 +108,9 @@ def build_moe_profile(
         capacity_factor=cf if cf > 0 else None,
     )
     act = dense.e * dense.s * dense.h
-    dense_sig = f"moe-dense-block-h{dense.h}-a{dense.a}-kv{dense.h_kv}-f{dense.f}-s{seq}"
-    moe_sig = f"moe-block-h{dense.h}-a{dense.a}-kv{dense.h_kv}-E{n_experts}-k{experts.top_k}-fe{f_e}-sh{shared}-s{seq}"
+    attn = f"h{dense.h}-q{dense.q}-a{dense.a}-kv{dense.h_kv}"
+    dense_sig = f"moe-dense-block-{attn}-f{dense.f}-s{seq}"
+    moe_sig = f"moe-block-{attn}-E{n_experts}-k{experts.top_k}-fe{f_e}-sh{shared}-s{seq}"
     dense_shards = [_block_shard(dense, t) for t in tps]
     moe_shards = [_moe_block_shard(moe, t, dense.h * n_experts) for t in tps]
     blocks = []
