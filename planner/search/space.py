@@ -8,6 +8,7 @@ node type of every pp rank. The global batch is fixed: ``dp * micro_batch * num_
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import Counter
@@ -519,16 +520,24 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
         floors.append(floor + extra_t)
     size = tables.groups[g].size
     levels = sorted({float(x) for f in floors for x in f if x != float("inf")})
+    lookups = [_most_lookup(f) for f in floors]
 
     def most(t: float) -> list[int]:
-        return [max((k for k, x in enumerate(f) if x <= t), default=-1) for f in floors]
+        """Per rank, the most blocks whose floor is <= t (-1: none), by bisection in the rank's lookup."""
+        out = []
+        for values, best in lookups:
+            i = bisect.bisect_right(values, t)
+            out.append(best[i - 1] if i else -1)
+        return out
 
-    if not levels or sum(most(levels[-1])) < size or min(most(levels[-1])) < 0:
+    top = most(levels[-1]) if levels else []
+    if not levels or sum(top) < size or min(top) < 0:
         return float("inf")
     lo, hi = 0, len(levels) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if min(most(levels[mid])) >= 0 and sum(most(levels[mid])) >= size:
+        counts = most(levels[mid])
+        if min(counts) >= 0 and sum(counts) >= size:
             hi = mid
         else:
             lo = mid + 1
@@ -537,6 +546,13 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
     old_tail = _tail_floor_average(tables)
     slowest = _slowest_bound(tables, _rank_sends(tables))
     return base + (m - 1 / v) * max(0.0, levels[lo] - slowest) + max(0.0, tail - old_tail)
+
+
+def _most_lookup(floor) -> tuple[list[float], list[int]]:
+    """(finite floor values sorted, the largest block count k with floor[k] <= each value): max over
+    k of {k : floor[k] <= t} for any t by bisection (floors need not be monotone)."""
+    order = sorted((float(x), k) for k, x in enumerate(floor) if x != float("inf"))
+    return [x for x, _ in order], list(itertools.accumulate((k for _, k in order), max))
 
 
 def typed_slowest_floor(
