@@ -6,7 +6,8 @@ shipped ``dgx-h100`` profile, BF16, fused (flash) attention as Megatron-Core's T
 and the predicted step time against the published one (a TFLOP/s figure is turned into a step time with the
 cost model's own FLOP count: ``published_step = predicted_flops_per_gpu_per_step / published_tflops``).
 Printed twice: with the cited default load imbalance (``MOE_LOAD_IMBALANCE``, Switch Transformer's 1.25)
-and with the imbalance fitted on the Mixtral row only, with the error of the other rows at that value. Never a timed test.
+and with the imbalance fitted on the Mixtral row only, with the error of the other rows at that value.
+Never a timed test.
 
     .venv/bin/python benchmarks/moe_validation.py
 """
