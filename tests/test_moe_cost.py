@@ -134,3 +134,18 @@ def test_cli_estimate_rejects_experts_not_divisible_by_ep():
                "--global-batch", "256", "--seq", "4096", "--pp", "4", "--ep", "3")  # fmt: skip
     assert res.returncode == 2
     assert res.stderr.strip() == "error: 8 experts do not split over ep=3; choose ep dividing the experts (1, 2, 4, 8)"
+
+
+def test_megatron_arguments_round_trip_an_moe_plan(tmp_path):
+    """export --to megatron, then estimate --from megatron: the same model (moe family), ep and step time."""
+    plan = tmp_path / "plan.json"
+    res = _cli("plan", "--model", "moe:tiny", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "16",
+               "--seq", "128", "--allow", "dp,ep,zero", "--out", str(plan))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    args = tmp_path / "args.sh"
+    assert _cli("export", str(plan), "--to", "megatron", "--out", str(args)).returncode == 0
+    res = _cli("estimate", "--from", "megatron", str(args), "--cluster", "dgx-h100", "--json")
+    assert res.returncode == 0, res.stderr
+    back, saved = json.loads(res.stdout), json.loads(plan.read_text())
+    assert back["config"]["ep"] == saved["experts"]["ep"]
+    assert back["step_time_s"] == pytest.approx(saved["predictions"]["step_time_s"], rel=1e-9)

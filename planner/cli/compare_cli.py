@@ -70,6 +70,8 @@ def describe(s: FrameworkSettings) -> str:
         num_micro_batches=s.num_micro_batches,
         zero_stage=s.zero_stage,
         sequence_parallel=s.sequence_parallel,
+        ep=s.ep,
+        etp=s.etp,
     )
     if s.recompute == "none":
         return label

@@ -306,7 +306,8 @@ def _model(args: dict[str, str | None]) -> ModelSpec | None:
         or args.get("--normalization") == "RMSNorm"
         or args.get("--position-embedding-type") == "rope"
     )
-    family = "llama" if llama else "gpt"
+    moe = _int(args, "--num-experts") is not None
+    family = "moe" if moe else "llama" if llama else "gpt"
     seq = _int(args, "--seq-length") or _int(args, "--max-position-embeddings")
     dims = dict(
         layers=_int(args, "--num-layers"),
@@ -317,9 +318,43 @@ def _model(args: dict[str, str | None]) -> ModelSpec | None:
         max_seq=seq,
         tie_embeddings="--untie-embeddings-and-output-weights" not in args,
     )
-    if llama:
+    if llama or moe:
         dims["kv_heads"] = _int(args, "--num-query-groups") if "--group-query-attention" in args else None
+    if moe:
+        dims.update(_moe_dims(args, dims))
     return parse_model(family, **dims)
+
+
+def _moe_dims(args: dict[str, str | None], dims: dict) -> dict:
+    """The ``moe`` dimensions of Megatron-Core MoE flags (the inverse of :func:`_moe_items`)."""
+    expert_ffn = _int(args, "--moe-ffn-hidden-size", dims.get("ffn_hidden") or 4 * int(dims["hidden"]))
+    shared = _int(args, "--moe-shared-expert-intermediate-size", 0)
+    if shared % expert_ffn:
+        raise StratagemError(
+            f"--moe-shared-expert-intermediate-size {shared} is not a whole number of experts of "
+            f"--moe-ffn-hidden-size {expert_ffn}; the moe family states shared experts of the routed width"
+        )
+    freq = (args.get("--moe-layer-freq") or "").replace(" ", "")
+    dense = 0
+    if freq and freq != "1":
+        match = re.fullmatch(r"\(?\[0\]\*(\d+)\+\[1\]\*(\d+)\)?", freq)
+        if match is None:
+            raise StratagemError(
+                f"--moe-layer-freq {freq!r}: the moe family states leading dense layers only, as ([0]*N+[1]*M)"
+            )
+        dense = int(match.group(1))
+    out: dict = dict(
+        experts=_int(args, "--num-experts"),
+        top_k=_int(args, "--moe-router-topk", 2),
+        expert_ffn=expert_ffn,
+        shared_experts=shared // expert_ffn,
+        dense_layers=dense,
+        aux_loss_coef=_float(args, "--moe-aux-loss-coeff", 0.0),
+    )
+    capacity = _float(args, "--moe-expert-capacity-factor")
+    if capacity is not None:
+        out["capacity_factor"] = capacity
+    return out
 
 
 def _zero(args: dict[str, str | None]) -> int:
@@ -421,6 +456,7 @@ def parse(text: str, *, world_size: int | None = None) -> FrameworkSettings:
         dp=dp,
         cp=cp,
         ep=_int(args, "--expert-model-parallel-size", 1),
+        etp=_int(args, "--expert-tensor-parallel-size", tp) if model is not None and model.is_moe else 1,
         micro_batch=mb,
         global_batch=gb,
         schedule="interleaved_1f1b" if v > 1 else "1f1b",
