@@ -14,11 +14,14 @@ Instances: random GPT models (2-8 blocks, hidden 1,024-8,192, heads of 128 dims,
 ``--presets``: every Narayanan et al. SC21 Table 1 model at its published GPU count and batch
 (``benchmarks/data/published_cases.csv``) at memory fraction 0.9. ``--long-context``: sequences of
 8,192-32,768 tokens with flash attention (causal block skipping), where context parallelism pays.
+``--moe N``: N random Mixture-of-Experts models (4-16 experts, top-1/2, optional shared expert and dense first
+block) on 2-16 H100s, the brute force then also over every expert layout (ep dividing the experts, etp
+dividing tp, ep x etp dividing dp x tp).
 
 Every recompute mode is scored: it is not monotone in time under the cost model (recompute lengthens the
 backward window that ZeRO-3 gathers and gradient syncs hide behind, so it can shorten a step).
 
-    .venv/bin/python benchmarks/search_exactness.py [--instances 300] [--seed 0] [--presets]
+    .venv/bin/python benchmarks/search_exactness.py [--instances 300] [--seed 0] [--presets] [--moe 40]
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ from planner.errors import StratagemError  # noqa: E402
 from planner.gpt_profile import build_gpt_profile  # noqa: E402
 from planner.modelspec import parse_model  # noqa: E402
 from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile  # noqa: E402
-from planner.search.config import SearchConfig  # noqa: E402
+from planner.search.config import ALL_DIMENSIONS, SearchConfig  # noqa: E402
 from planner.search.planner import plan_search  # noqa: E402
 
 REL_TOL = 1e-9
+ALL = frozenset(ALL_DIMENSIONS)
 MAX_MICRO_BATCH = 16  # SearchConfig defaults: the brute force covers the same sizes
 MAX_VIRTUAL_STAGES = 8
 RECOMPUTE = ("none", "selective", "full")
@@ -121,6 +125,7 @@ def uniform_configs(
     """Every uniform configuration, grouped: one tuple per split, its recompute modes in RECOMPUTE order.
     Written from the rules of ``estimate`` (which rejects what cannot run), not from the search's space."""
     blocks = sum(1 for layer in profile.layers if layer.kind == "block") or len(profile.layers)
+    experts = next((layer.experts.experts for layer in profile.layers if layer.experts is not None), 0)
     for tp in sorted(profile.tp_degrees):
         for pp, cp, mode in (
             (pp, cp, mode)
@@ -128,7 +133,7 @@ def uniform_configs(
             for cp, mode in _cp_choices(profile, n_devices // (tp * pp))
         ):
             dp = n_devices // (tp * pp * cp)
-            if pp > blocks or global_batch % dp:
+            if pp > blocks or global_batch % dp or experts and cp > 1:  # MoE: cp 1 (planner.search.planner)
                 continue
             for mb in [d for d in _divisors(global_batch // dp) if d <= MAX_MICRO_BATCH]:
                 m = global_batch // (dp * mb)
@@ -137,25 +142,35 @@ def uniform_configs(
                 for schedule, v in schedules:
                     for zero in (0, 1, 2, 3) if dp * cp > 1 else (0,):
                         for sp in (False, True) if tp > 1 else (False,):
-                            yield tuple(
-                                ParallelConfig(
-                                    tp=tp,
-                                    pp=pp,
-                                    dp=dp,
-                                    micro_batch=mb,
-                                    num_micro_batches=m,
-                                    schedule=schedule,
-                                    virtual_stages=v,
-                                    zero_stage=zero,
-                                    sequence_parallel=sp,
-                                    recompute=rc,
-                                    cp=cp,
-                                    context_parallel=mode,  # type: ignore[arg-type]
-                                    flash_attention=flash,
-                                    causal_skip=flash,
+                            for ep, etp in _expert_layouts(experts, tp, dp):
+                                yield tuple(
+                                    ParallelConfig(
+                                        tp=tp,
+                                        pp=pp,
+                                        dp=dp,
+                                        micro_batch=mb,
+                                        num_micro_batches=m,
+                                        schedule=schedule,
+                                        virtual_stages=v,
+                                        zero_stage=zero,
+                                        sequence_parallel=sp,
+                                        recompute=rc,
+                                        cp=cp,
+                                        context_parallel=mode,  # type: ignore[arg-type]
+                                        flash_attention=flash,
+                                        causal_skip=flash,
+                                        ep=ep,
+                                        etp=etp,
+                                    )
+                                    for rc in RECOMPUTE
                                 )
-                                for rc in RECOMPUTE
-                            )
+
+
+def _expert_layouts(experts: int, tp: int, dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) of an MoE model by the folding rules (planner.plan.check_expert_layout); [(1, 1)] when dense."""
+    if not experts:
+        return [(1, 1)]
+    return [(ep, etp) for etp in _divisors(tp) for ep in _divisors(experts) if (dp * tp) % (ep * etp) == 0]
 
 
 def best_uniform(inst: Instance) -> tuple[float | None, str, int]:
@@ -180,7 +195,8 @@ def best_uniform(inst: Instance) -> tuple[float | None, str, int]:
                             f"{config.schedule}"
                             f"(v={config.virtual_stages}) mb{config.micro_batch}x"
                             f"{config.num_micro_batches} zero{config.zero_stage}"
-                            f"{' sp' if config.sequence_parallel else ''} "
+                            f"{' sp' if config.sequence_parallel else ''}"
+                            f"{f' ep{config.ep} etp{config.etp}' if config.ep * config.etp > 1 else ''} "
                             f"recompute={config.recompute}"
                         ),
                     )
@@ -222,6 +238,45 @@ def random_instance(
     )
 
 
+def moe_instance(rng: random.Random, index: int) -> Instance:
+    """A random Mixture-of-Experts model on 2-16 H100s (``dgx-h100``: it has all-to-all figures)."""
+    hidden = rng.choice([1024, 2048, 4096])
+    blocks = rng.randint(2, 4)
+    experts = rng.choice([4, 8, 16])
+    n_devices = rng.choice([2, 4, 8, 16])
+    spec = parse_model(
+        "moe",
+        layers=blocks,
+        hidden=hidden,
+        heads=hidden // 128,
+        kv_heads=max(1, hidden // 512),
+        vocab=32000,
+        max_seq=2048,
+        experts=experts,
+        top_k=rng.choice([1, 2]),
+        expert_ffn=rng.choice([hidden // 2, 2 * hidden, 4 * hidden]),
+        shared_experts=rng.choice([0, 1]),
+        dense_layers=rng.choice([0, 1]),
+    )
+    tps = [t for t in (1, 2, 4, 8) if t <= n_devices and max(1, hidden // 512) % t == 0]
+    profile = build_gpt_profile(spec, seq_len=2048, dtype="bf16", tp_degrees=tps)
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), n_devices)
+    global_batch = n_devices * rng.choice([1, 2, 4])
+    fraction = round(rng.uniform(0.3, 0.9), 3)
+    label = (
+        f"#{index} moe L{blocks} h{hidden} E{experts} k{spec.dims['top_k']} on {n_devices} H100, "
+        f"batch {global_batch}, memory {fraction:.0%}"
+    )
+    return Instance(
+        label=label,
+        profile=profile,
+        cluster=cluster,
+        n_devices=n_devices,
+        global_batch=global_batch,
+        memory_fraction=fraction,
+    )
+
+
 def preset_instance(preset: str, n_devices: int, global_batch: int) -> Instance:
     profile = build_gpt_profile(parse_model(f"gpt:{preset}"), seq_len=2048, dtype="bf16", tp_degrees=[1, 2, 4, 8])
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), n_devices)
@@ -238,6 +293,7 @@ def preset_instance(preset: str, n_devices: int, global_batch: int) -> Instance:
 def check(inst: Instance, *, jobs: int = 1) -> Verdict:
     """Search and brute force one instance."""
     config = SearchConfig(
+        allow=ALL,  # every dimension, expert TP included (the brute force covers it)
         memory_fraction=inst.memory_fraction,
         max_micro_batch=MAX_MICRO_BATCH,
         max_virtual_stages=MAX_VIRTUAL_STAGES,
@@ -286,12 +342,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--long-context", action="store_true", help="8k-32k-token sequences with flash attention (cp pays)"
     )
+    parser.add_argument("--moe", type=int, default=0, help="random Mixture-of-Experts instances (default 0)")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per instance")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     verdicts = []
     for i in range(args.instances):
         v = check(random_instance(rng, i, long_context=args.long_context), jobs=args.jobs)
+        verdicts.append(v)
+        if args.verbose or v.kind not in ("ok", "both_infeasible"):
+            print(_line(v), flush=True)
+    for i in range(args.moe):
+        v = check(moe_instance(rng, i), jobs=args.jobs)
         verdicts.append(v)
         if args.verbose or v.kind not in ("ok", "both_infeasible"):
             print(_line(v), flush=True)

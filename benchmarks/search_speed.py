@@ -5,12 +5,15 @@ counts and batches (benchmarks/data/published_cases.csv); a 10,000-GPU case (1T 
 cluster (16 A100 + 16 V100) against the best plan that ignores the difference (planned as if every GPU
 were the smaller V100, then placed in cluster order); a 3D U-Net on 512^3 single-channel volumes on 64 V100
 (aws-p3-16xlarge), where data parallelism alone does not fit and the spatial search
-(planner/search/spatial.py) splits layers; and long context: a Llama-3-70B-shaped model at 131,072 tokens on
+(planner/search/spatial.py) splits layers; long context: a Llama-3-70B-shaped model at 131,072 tokens on
 512 H100 (batch 128 sequences, 16.8M tokens: Llama 3's long-context batch, arXiv:2407.21783 §3.4.2) with
-context parallelism searched, followed by the best plan at every cp degree (why it chose its cp). Prints one
-row per case; never a timed test.
+context parallelism searched, followed by the best plan at every cp degree (why it chose its cp); and two
+Mixture-of-Experts cases on H100 (``moe``): Mixtral-8x7B on 64 GPUs (batch 256, seq 4096) and DeepSeek-V3
+on 2,048 GPUs (batch 15360, seq 4096, the DeepSeek-V3 report's pre-training batch), the latter under a 7 s
+search budget (a solve started before it ends finishes; the gap is printed).
+Prints one row per case; never a timed test.
 
-    .venv/bin/python benchmarks/search_speed.py [--quick] [--cases 175b,table1,10k,mixed,unet3d,long]
+    .venv/bin/python benchmarks/search_speed.py [--quick] [--cases 175b,table1,10k,mixed,unet3d,long,moe]
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def _row(name: str, gpus: int, wall_s: float, plan_s: float, summary: str, statu
 def run_case(
     name: str, preset: str, gpus: int, batch: int, config: SearchConfig, cluster: ClusterProfile, seq: int = 2048
 ) -> None:
-    profile = build_gpt_profile(parse_model(f"gpt:{preset}"), seq_len=seq)
+    profile = build_gpt_profile(parse_model(preset if ":" in preset else f"gpt:{preset}"), seq_len=seq)
     start = time.perf_counter()
     result = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
     wall_s = time.perf_counter() - start
@@ -205,7 +208,7 @@ def run_long_context(config: SearchConfig) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="175b,table1,10k,mixed,unet3d,long")
+    parser.add_argument("--cases", default="175b,table1,10k,mixed,unet3d,long,moe")
     parser.add_argument("--time-limit", type=float, default=30.0, help="CBC limit per ILP, seconds")
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--budget", type=float, default=60.0, help="search budget per case, seconds")
@@ -231,6 +234,10 @@ def main() -> None:
         run_unet3d()
     if "long" in cases:
         run_long_context(config)
+    if "moe" in cases:  # Mixture-of-Experts: ep and etp searched too (planner.search.space.expert_layouts)
+        h100 = load_cluster_profile(resolve_cluster_path("dgx-h100"))
+        run_case("mixtral-8x7b", "moe:mixtral-8x7b", 64, 256, config, h100, seq=4096)
+        run_case("deepseek-v3", "moe:deepseek-v3", 2048, 15360, replace(config, budget_s=7.0), h100, seq=4096)
 
 
 if __name__ == "__main__":

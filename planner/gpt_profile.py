@@ -62,10 +62,11 @@ class _Dims:
     swiglu: bool
     tied: bool
     learned_positions: bool
+    q: int  # attention width, heads x head dim (= h unless a head dim is given: planner.moe_profile)
 
 
 def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
-    if spec.family not in ("gpt", "llama"):
+    if spec.family not in ("gpt", "llama", "moe"):
         raise StratagemError(
             f"closed-form profiles cover gpt and llama models, not {spec.family}; profile it "
             f"with `stratagem profile model` and pass --model-profile"
@@ -73,7 +74,8 @@ def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
     h, a = int(spec.dim("hidden")), int(spec.dim("heads"))
     if h % a:
         raise StratagemError(f"hidden {h} is not divisible by heads {a}; choose --hidden a multiple of --heads")
-    kv = int(spec.dim("kv_heads")) if spec.family == "llama" else 0
+    llama_like = spec.family in ("llama", "moe")  # moe: a Llama decoder whose FFNs are experts (planner.moe_profile)
+    kv = int(spec.dim("kv_heads")) if llama_like else 0
     kv = kv or a
     f = int(spec.dim("ffn_hidden"))
     if not f:
@@ -90,30 +92,31 @@ def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
         max_seq=int(spec.dim("max_seq")),
         e=DTYPE_BYTES[dtype],
         dropout=dropout,
-        swiglu=spec.family == "llama",
+        swiglu=llama_like,
         tied=bool(spec.dim("tie_embeddings")),
         learned_positions=spec.family == "gpt",
+        q=h,
     )
 
 
 def _block_params(d: _Dims) -> tuple[int, int]:
     """(tensor-split, replicated) parameters of one block at tp=1."""
-    h, hkv, f = d.h, d.h_kv, d.f
+    h, hkv, f, q = d.h, d.h_kv, d.f, d.q
     if d.swiglu:
-        return h * (h + 2 * hkv) + h * h + 3 * h * f, 2 * h
-    split = h * (h + 2 * hkv) + (h + 2 * hkv) + h * h + 2 * h * f + f
+        return h * (q + 2 * hkv) + q * h + 3 * h * f, 2 * h
+    split = h * (q + 2 * hkv) + (q + 2 * hkv) + q * h + 2 * h * f + f
     return split, 2 * h + 4 * h  # projection and FC2 biases, two LayerNorms
 
 
 def _block_shard(d: _Dims, t: int) -> ShardProfile:
-    s, h, hkv, f, e = d.s, d.h, d.h_kv, d.f, d.e
+    s, h, hkv, f, e, q = d.s, d.h, d.h_kv, d.f, d.e, d.q
     mlp_flops = (6 if d.swiglu else 4) * s * h * f
-    score_flops = 4 * s * s * h
-    fwd = 2 * s * h * (h + 2 * hkv) + 2 * s * h * h + score_flops + mlp_flops
+    score_flops = 4 * s * s * q
+    fwd = 2 * s * h * (q + 2 * hkv) + 2 * s * q * h + score_flops + mlp_flops
     split_p, repl_p = _block_params(d)
     params = math.ceil(split_p / t) + repl_p
     replicated = 4 * e * s * h + (2 * s * h if d.dropout else 0)
-    split_saved = e * (s * h + 2 * s * hkv + s * h) + e * s * f * (3 if d.swiglu else 2)
+    split_saved = e * (s * q + 2 * s * hkv + s * q) + e * s * f * (3 if d.swiglu else 2)
     scores = (2 * e + 1 if d.dropout else e) * d.a * s * s
     return ShardProfile(
         tp=t,
@@ -148,7 +151,7 @@ def _block_ops(d: _Dims, t: int) -> list[OpProfile]:
     (SwiGLU: gate and up, ``2f/t``), MLP out ``s x h x f/t`` (Shoeybi et al. 2019 §3 for the TP split).
     """
     s, h, e, f = d.s, d.h, d.e, d.f
-    hp, ap, dh, kvp = h // t, d.a // t, h // d.a, d.h_kv // t
+    hp, ap, dh, kvp = d.q // t, d.a // t, d.q // d.a, d.h_kv // t
     drop = 1 if d.dropout else 0
     norm = "rmsnorm" if d.swiglu else "layernorm"
     ops = [
@@ -329,7 +332,7 @@ def _norm_layer(d: _Dims) -> LayerProfile:
 def default_tp_degrees(spec: ModelSpec) -> list[int]:
     """Powers of two up to 64 that divide the heads (and KV heads): the TP degrees a profile covers."""
     a = int(spec.dim("heads"))
-    kv = int(spec.dim("kv_heads")) if spec.family == "llama" else 0
+    kv = int(spec.dim("kv_heads")) if spec.family in ("llama", "moe") else 0
     return [t for t in (1, 2, 4, 8, 16, 32, 64) if a % t == 0 and (kv or a) % t == 0]
 
 
@@ -347,6 +350,10 @@ def build_gpt_profile(
     >>> build_gpt_profile(parse_model("gpt:gpt3-175b")).total_params   # SC21 Table 1: 174.6B
     174615846912
     """
+    if spec.is_moe:
+        from planner.moe_profile import build_moe_profile  # the MoE blocks reuse this module's pieces
+
+        return build_moe_profile(spec, seq_len=seq_len, dtype=dtype, tp_degrees=tp_degrees, created_utc=created_utc)
     if spec.family not in ("gpt", "llama"):
         _dims(spec, 1, dtype)  # raises the family error
     seq = int(seq_len or spec.dim("max_seq"))
@@ -354,7 +361,7 @@ def build_gpt_profile(
         raise StratagemError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     d = _dims(spec, seq, dtype)
     tps = tp_degrees or default_tp_degrees(spec)
-    bad = [t for t in tps if d.a % t or (d.h_kv * d.a // d.h) % t]
+    bad = [t for t in tps if d.a % t or (d.h_kv * d.a // d.q) % t]
     if bad or tps[0] != 1:
         raise StratagemError(f"TP degrees {tps} must start at 1 and divide heads {d.a}; drop {bad}")
     block_shards = [_block_shard(d, t) for t in tps]

@@ -48,13 +48,26 @@ NCCL_STEP_S = {"nvlink": 3.4e-6, "net": 9.6e-6}
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Link:
-    """One quoted bus bandwidth (bytes/s), its hardware (for NCCL's latency), rank count and citation."""
+    """One quoted bus bandwidth (bytes/s), its hardware (for NCCL's latency), rank count and citation.
+
+    ``all_to_all_source``: where the all-to-all bus bandwidth comes from — a published all-to-all
+    measurement that gives the same figure, or (default) "derived from the link bandwidth": NCCL runs an
+    all-to-all as concurrent point-to-point sends over the same links, so its bus bandwidth (NCCL-tests
+    convention ``algBw (n-1)/n``) is the link's effective bandwidth (nccl-tests issue #130).
+    """
 
     bus_bw: float
     hw: str
     n_ranks: int
     source: str
     all_reduce_bus_bw: float | None = None  # NVLink SHARP makes all-reduce faster than the other ops
+    all_to_all_source: str | None = None
+
+
+DERIVED_A2A = (
+    "all_to_all DERIVED from the link bandwidth (no published all-to-all measurement for this link): NCCL's "
+    "all-to-all is concurrent point-to-point sends, busBw = algBw (n-1)/n (NVIDIA/nccl-tests issue #130)"
+)
 
 
 def _fits(level: str, link: _Link) -> list[CollectiveFit]:
@@ -62,7 +75,12 @@ def _fits(level: str, link: _Link) -> list[CollectiveFit]:
     for op in OPS:
         bw = link.all_reduce_bus_bw if (op == "all_reduce" and link.all_reduce_bus_bw) else link.bus_bw
         n = 2 if op == "send_recv" else link.n_ranks
-        steps = 1 if op == "send_recv" else 2 * (n - 1) if op == "all_reduce" else n - 1
+        # all-to-all: its n-1 sends are issued together (one ncclGroupStart/End, nccl-tests alltoall.cu):
+        # one point-to-point step of latency, like send_recv
+        steps = 1 if op in ("send_recv", "all_to_all") else 2 * (n - 1) if op == "all_reduce" else n - 1
+        source = link.source
+        if op == "all_to_all":
+            source = f"{link.all_to_all_source or DERIVED_A2A}; link: {link.source}"
         fits.append(
             CollectiveFit(
                 op=op,
@@ -71,7 +89,7 @@ def _fits(level: str, link: _Link) -> list[CollectiveFit]:
                 alpha_s=NCCL_BASE_S + steps * NCCL_STEP_S[link.hw],
                 bus_bw_bytes_per_s=bw,
                 origin="derived",
-                source=link.source + "; alpha from NCCL tuning.cc (ring, Simple)",
+                source=source + "; alpha from NCCL tuning.cc (ring, Simple)",
             )
         )
     return fits
@@ -299,6 +317,8 @@ def h100_node(*, h200: bool = False) -> NodeType:
                 n_ranks=8,
                 source=f"{CSV}: {ar_src}; other ops ~370 GB/s effective NVLink busBw (nccl-tests issue #212, "
                 f"450 GB/s line rate minus ~20 % protocol overhead)",
+                all_to_all_source=f"all_to_all PUBLISHED: {CSV} '8x H100 SXM (NVSwitch)' row, ~370 GB/s busBw of "
+                "non-allreduce operations (NVIDIA/nccl-tests issue #212, maintainer; all-to-all is one of them)",
             ),
         ),
         nic_bw_bytes_per_s=8 * 50 * GB,
@@ -360,8 +380,17 @@ def p100_node() -> NodeType:
     )
 
 
-def _inter(bw: float, source: str) -> list[CollectiveFit]:
-    return _fits("inter_node", _Link(bus_bw=bw, hw="net", n_ranks=16, source=source))
+def _inter(bw: float, source: str, a2a_source: str | None = None) -> list[CollectiveFit]:
+    return _fits("inter_node", _Link(bus_bw=bw, hw="net", n_ranks=16, source=source, all_to_all_source=a2a_source))
+
+
+# Inter-node all-to-all: one NIC per GPU (an all-to-all cannot aggregate NICs: NVIDIA/nccl-tests issue #267,
+# maintainer sjeaugey; "CX-7 NICs at NDR rate should achieve up to 48-49 GB/s per NIC", AddyLaddy), so the
+# per-node fit (all NICs busy, planner.cost.collectives convention) is 8 x the per-NIC figure.
+NDR_A2A = (
+    f"all_to_all PUBLISHED: {CSV} 'NDR 400Gb/s NIC' all-to-all row: all-to-all runs at one NIC's "
+    "bandwidth per GPU, 48-49 GB/s on NDR CX-7 (NVIDIA/nccl-tests issue #267); 47 GB/s x 8 NICs per node"
+)
 
 
 HDR_INTER = (
@@ -378,7 +407,13 @@ EDR_INTER = (11.25 * GB, "EDR 100 Gb/s = 12.5 GB/s per node at ~90 % (assumed) e
 
 
 def _cluster(
-    name: str, description: str, nodes: list[tuple[NodeType, int]], inter: tuple, created_utc: str, sources: list[str]
+    name: str,
+    description: str,
+    nodes: list[tuple[NodeType, int]],
+    inter: tuple,
+    created_utc: str,
+    sources: list[str],
+    a2a_source: str | None = None,
 ) -> ClusterProfile:
     types = {nt.name: nt for nt, _ in nodes}
     return ClusterProfile(
@@ -386,7 +421,7 @@ def _cluster(
         description=description,
         node_types=list(types.values()),
         nodes=[NodeGroup(node_type=nt.name, count=count) for nt, count in nodes],
-        inter_node=_inter(*inter),
+        inter_node=_inter(inter[0], inter[1], a2a_source),
         provenance=Provenance(
             method="datasheet",
             tool=f"stratagem {__version__}",
@@ -419,6 +454,7 @@ def build_catalog(created_utc: str = "") -> dict[str, ClusterProfile]:
             NDR_INTER,
             created_utc,
             base + ["NVIDIA DGX BasePOD reference architecture"],
+            NDR_A2A,
         ),
         "dgx-h200": _cluster(
             "dgx-h200",
@@ -427,6 +463,7 @@ def build_catalog(created_utc: str = "") -> dict[str, ClusterProfile]:
             NDR_INTER,
             created_utc,
             base + ["NVIDIA DGX BasePOD reference architecture"],
+            NDR_A2A,
         ),
         "aws-p3-16xlarge": _cluster(
             "aws-p3-16xlarge",

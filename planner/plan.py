@@ -416,12 +416,19 @@ def strategy_label(
     recompute: dict[str, int] | None = None,
     cp: int = 1,
     context_parallel: str | None = None,
+    ep: int = 1,
+    etp: int = 1,
 ) -> str:
     """The one short name of a strategy, used by every command, table, picture and notebook.
 
-    ``recompute`` counts modules per recompute mode (modes ``none`` left out). The search's runner-ups use
-    the same words (``planner.search.space.OuterChoice.summary``); context parallelism shows as
-    ``cp4(ring)`` after the dp degree.
+    ``recompute`` counts modules per recompute mode (modes ``none`` left out). Context parallelism shows as
+    ``cp4(ring)`` after the dp degree; ``ep``/``etp``, the expert layout of a Mixture-of-Experts plan, after
+    that (when either is > 1). The search's runner-ups use the same words
+    (``planner.search.space.OuterChoice.summary``).
+
+    >>> strategy_label(tp=2, pp=2, dp=16, schedule="1f1b", virtual_stages=1, micro_batch=1,
+    ...                num_micro_batches=16, zero_stage=2, sequence_parallel=True, ep=8)
+    'tp2 pp2 dp16 ep8 1f1b mb1x16 zero2 sp'
 
     >>> strategy_label(tp=4, pp=1, dp=256, schedule="1f1b", virtual_stages=1, micro_batch=1,
     ...                num_micro_batches=6, zero_stage=3, sequence_parallel=True, recompute={"selective": 86})
@@ -430,8 +437,9 @@ def strategy_label(
     sched = schedule if virtual_stages == 1 else f"{schedule}(v={virtual_stages})"
     modes = "+".join(f"{mode} x{n}" for mode, n in sorted((recompute or {}).items()) if mode != "none" and n)
     cp_part = f" cp{cp}({context_parallel})" if cp > 1 else ""
+    experts = (f" ep{ep}" + (f" etp{etp}" if etp > 1 else "")) if ep * etp > 1 else ""
     return (
-        f"tp{tp} pp{pp} dp{dp}{cp_part} {sched} mb{micro_batch}x{num_micro_batches} zero{zero_stage}"
+        f"tp{tp} pp{pp} dp{dp}{cp_part}{experts} {sched} mb{micro_batch}x{num_micro_batches} zero{zero_stage}"
         f"{' sp' if sequence_parallel else ''}{' recompute ' + modes if modes else ''}"
     )
 
@@ -460,6 +468,8 @@ def plan_label(plan: Plan) -> str:
         recompute=counts,
         cp=plan.mesh.size("cp"),
         context_parallel=plan.context_parallel,
+        ep=plan.experts.ep if plan.experts else 1,
+        etp=plan.experts.etp if plan.experts else 1,
     )
 
 

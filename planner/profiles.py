@@ -209,6 +209,29 @@ class RuntimeOverhead(_Strict):
     optimizer_step_dtensor_s: float = Field(0, ge=0, description="the same on DTensor parameters (TP or FSDP2)")
 
 
+class ExpertProfile(_Strict):
+    """The routed experts of a Mixture-of-Experts block (``planner.moe_profile``; costed by ``planner.cost.moe``).
+
+    The block's shards hold everything else (attention, router weights, shared experts, norms), split over
+    the attention tp as usual; the routed experts are split over ep and etp instead (``planner.plan.ExpertLayout``).
+    Each expert is a SwiGLU FFN ``hidden -> expert_ffn -> hidden`` (three ``hidden x expert_ffn`` matrices).
+    """
+
+    experts: int = Field(ge=1, description="routed experts E")
+    top_k: int = Field(ge=1, description="experts each token is sent to")
+    hidden: int = Field(ge=1, description="model width h (the tokens' size on the wire)")
+    expert_ffn: int = Field(ge=1, description="hidden width of one routed expert")
+    tokens_per_sample: int = Field(ge=1, description="tokens per sample (the sequence length)")
+    capacity_factor: float | None = Field(
+        None, gt=0, description="tokens per expert capped at cf * tokens * top_k / experts; None = dropless"
+    )
+
+    @property
+    def params(self) -> int:
+        """Parameters of all routed experts: E x 3 h f (gate, up, down)."""
+        return self.experts * 3 * self.hidden * self.expert_ffn
+
+
 class LayerProfile(_Strict):
     """One top-level layer of the model (a block, an embedding, a head), keyed by module path."""
 
@@ -223,6 +246,9 @@ class LayerProfile(_Strict):
     runtime_overhead: RuntimeOverhead | None = Field(
         None, description="measured host overhead of the runtime's wrappers (None: not measured, e.g. analytic)"
     )
+    experts: ExpertProfile | None = Field(
+        None, description="routed experts of a Mixture-of-Experts block (None: dense layer)"
+    )
 
     def shard(self, tp: int) -> ShardProfile:
         """The profiled shard at degree ``tp`` (KeyError if that degree was not profiled)."""
@@ -233,7 +259,13 @@ class LayerProfile(_Strict):
 
     @property
     def params(self) -> int:
+        """Parameters of the tp=1 shard (routed experts excluded: see :attr:`total_params`)."""
         return self.shards[0].params
+
+    @property
+    def total_params(self) -> int:
+        """All the layer's parameters, routed experts included."""
+        return self.params + (self.experts.params if self.experts is not None else 0)
 
 
 class ModelProfile(_Strict):
@@ -262,8 +294,8 @@ class ModelProfile(_Strict):
         paths = [layer.path for layer in self.layers]
         if len(set(paths)) != len(paths):
             raise ValueError("duplicate layer paths")
-        if self.layers and sum(layer.params for layer in self.layers) != self.total_params:
-            raise ValueError("total_params is not the sum of the layers' tp=1 params")
+        if self.layers and sum(layer.total_params for layer in self.layers) != self.total_params:
+            raise ValueError("total_params is not the sum of the layers' tp=1 params (routed experts included)")
         for layer in self.layers:
             if layer.shards[0].tp != 1:
                 raise ValueError(f"layer {layer.path}: the first shard must be tp=1")

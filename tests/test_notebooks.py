@@ -24,6 +24,7 @@ NEEDS = {
     "03_compare_strategies.ipynb": ["cmd_plan"],
     "04_predicted_vs_measured.ipynb": ["cmd_profile_model", "cmd_plan", "cmd_launch", "cmd_show"],
     "05_your_own_model.ipynb": ["cmd_profile_model", "cmd_plan", "cmd_show"],
+    "06_moe.ipynb": ["cmd_plan"],
     "07_3d_unet.ipynb": ["cmd_plan"],
 }
 

@@ -169,3 +169,89 @@ def test_cuts_do_not_change_the_optimum(cuts):
     with_cuts = solve(build_problem(tables, cuts=cuts), config)
     assert plain.status == with_cuts.status == "optimal"
     assert math.isclose(plain.objective_s, with_cuts.objective_s, rel_tol=1e-7)
+
+
+def _moe_instance(rng: random.Random):
+    """A small Mixture-of-Experts instance: experts, top-k, shared experts, a dense first block, capacity
+    factor; H100 nodes (all-to-all figures) and an outer choice with ep (and etp) drawn from the search's."""
+    n_devices = rng.choice([2, 4, 8, 16])
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), n_devices)
+    experts = rng.choice([4, 8])
+    spec = parse_model(
+        "moe",
+        layers=rng.choice([1, 2]),
+        hidden=rng.choice([64, 128]),
+        heads=4,
+        kv_heads=rng.choice([2, 4]),
+        vocab=256,
+        max_seq=64,
+        experts=experts,
+        top_k=rng.choice([1, 2]),
+        expert_ffn=rng.choice([64, 256]),
+        shared_experts=rng.choice([0, 1]),
+        capacity_factor=rng.choice([0.0, 1.25]),
+    )
+    if rng.random() < 0.3 and spec.dims["layers"] == 2:
+        spec = parse_model("moe", **{**spec.dims, "dense_layers": 1})
+    profile = build_gpt_profile(spec, seq_len=64, dtype="bf16", tp_degrees=[1, 2])
+    allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "recompute", "ep", "etp"}
+    config = SearchConfig(time_limit_s=30, allow=frozenset(allow))
+    global_batch = 4 * n_devices
+    outers = list(
+        enumerate_outer(
+            cluster=cluster,
+            n_devices=n_devices,
+            global_batch=global_batch,
+            n_layers=len(profile.layers),
+            n_blocks=block_count(profile),
+            tp_degrees=profile.tp_degrees,
+            config=config,
+            experts=experts,
+        )
+    )
+    with_ep = [o for o in outers if o.ep > 1]
+    outer = rng.choice(with_ep if with_ep and rng.random() < 0.8 else outers)
+    return profile, cluster, config, outer, global_batch
+
+
+def test_ilp_equals_brute_force_on_moe_instances():
+    """The same check on Mixture-of-Experts models: expert states in the memory rows, the all-to-all in the
+    layer times, the experts' edp sync in the tail (planner.cost.moe) — ILP optimum == brute force."""
+    rng = random.Random(15)
+    checked = feasible = infeasible = binding = with_ep = 0
+    while checked < 16:
+        profile, cluster, config, outer, global_batch = _moe_instance(rng)
+        costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
+        tables = costs.tables(outer)
+        if sum(1 for _ in iter_layer_assignments(tables)) > MAX_BRUTE:
+            continue
+        capacity = {nt.name: float(nt.device_memory_bytes) for nt in cluster.node_types}
+        _, peaks = _brute(costs, outer, tables, capacity)
+        levels = sorted(set(peaks))
+        j = rng.randrange(len(levels) - 1) if len(levels) > 1 else 0
+        mid = (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2
+        fraction = rng.choice([min(peaks) * 0.99, mid, mid, max(peaks) * 1.01])
+        costs.search = SearchConfig(time_limit_s=30, allow=config.allow, memory_fraction=min(fraction, 1.0))
+        tables = costs.tables(outer)
+        best, _ = _brute(costs, outer, tables, capacity)
+        problem = build_problem(tables, cuts=rng.random() < 0.5)
+        result = solve(problem, costs.search)
+        checked += 1
+        with_ep += outer.ep > 1
+        if best is None:
+            assert result.status == "infeasible", outer.summary()
+            infeasible += 1
+            continue
+        assert result.status == "optimal", outer.summary()
+        assignment = extract_assignment(problem)
+        est = costs.estimate(costs.parallel_config(outer, tables, assignment))
+        moves_tokens = outer.ep > 1 or outer.etp > 1 or (outer.tp > 1 and not outer.sequence_parallel)
+        assert any(st.time_s.get("ep_comm", 0.0) > 0 for st in est.per_stage) == moves_tokens
+        step_s = check_exact(tables, assignment, est, outer, result.objective_s)
+        assert math.isclose(step_s, best, rel_tol=1e-9), (outer.summary(), step_s, best)
+        feasible += 1
+        binding += best > min(
+            costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, ch))).step_time_s
+            for ch in iter_layer_assignments(tables)
+        ) * (1 + 1e-12)
+    assert feasible >= 8 and infeasible >= 1 and binding >= 2 and with_ep >= 8, (feasible, infeasible, binding, with_ep)

@@ -170,6 +170,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
     s.add_argument(
+        "--ep",
+        type=int_in(1, MAX_DEVICES),
+        default=1,
+        help="expert-parallel degree of a Mixture-of-Experts model (ranks sharing the experts; divides the experts)",
+    )
+    s.add_argument(
+        "--etp",
+        type=int_in(1, MAX_DEVICES),
+        default=1,
+        help="tensor-parallel degree inside each expert (Megatron expert tensor parallel; ep x etp divides dp x tp)",
+    )
+    s.add_argument(
         "--recompute",
         default="none",
         choices=("none", "selective", "full"),
@@ -217,7 +229,7 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
         return load_matching_profile(args.model_profile, spec_from_args(args), args.seq)
     spec = spec_from_args(args, max_seq=args.seq)
     check_context_family(spec, args.cp)  # before profiling a model it cannot apply to
-    if spec.is_external or spec.family not in ("gpt", "llama"):  # derived on the meta device by the runtime
+    if spec.is_external or spec.family not in ("gpt", "llama", "moe"):  # derived on the meta device by the runtime
         from runtime.profiling.model import profile_model_analytic
 
         seq = args.seq or (int(spec.dim("max_seq")) if spec.is_language_model else 1)
@@ -287,6 +299,8 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
         context_parallel=args.context_parallel if cp > 1 else None,
         overlap_grad_reduce=not args.no_overlap_grad_reduce,
         overlap_tp_comm=args.overlap_tp_comm,
+        ep=args.ep,
+        etp=args.etp,
     )
     if cluster.is_mixed and stage_types is None and replica_types is None:
         config = fill_stage_node_types(cluster, config)
@@ -332,6 +346,8 @@ def estimate_to_json(est, config: ParallelConfig) -> dict:
             "schedule": config.schedule,
             "virtual_stages": config.virtual_stages,
             "zero_stage": config.zero_stage,
+            "ep": config.ep,
+            "etp": config.etp,
             "recompute": config.recompute if isinstance(config.recompute, str) else dict(config.recompute),
             "sequence_parallel": config.sequence_parallel,
             "stage_node_types": list(config.stage_node_types or []),
@@ -427,30 +443,23 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
         times.add_row(str(r.pp_rank), r.node_type, f"{r.microbatch_s:.4g}", f"{r.inflight_microbatches:.3g}")
     console.print(no_ellipsis(times))
     memory = Table(title="per pipeline rank: memory per device, GiB", show_edge=False)
-    for col in ("pp", "param", "grad", "optim", "activ", "buf", "resv", "peak", "cap"):
+    experts = any(r.memory.expert_states for r in est.per_rank)  # Mixture-of-Experts: a column of its own
+    cols = ("pp", "param", "grad", "optim", *(("experts",) if experts else ()), "activ", "buf")
+    for col in (*cols, "resv", "peak", "cap"):
         memory.add_column(col, justify="right")
     for r in est.per_rank:
         mem = r.memory
+        values = (mem.params, mem.grads, mem.optimizer, *((mem.expert_states,) if experts else ()), mem.activations)
         memory.add_row(
             str(r.pp_rank),
-            *(
-                f"{v / gib:.3g}"
-                for v in (
-                    mem.params,
-                    mem.grads,
-                    mem.optimizer,
-                    mem.activations,
-                    mem.comm_buffers,
-                    mem.reserve,
-                    mem.peak_bytes,
-                    mem.capacity,
-                )
-            ),
+            *(f"{v / gib:.3g}" for v in (*values, mem.comm_buffers, mem.reserve, mem.peak_bytes, mem.capacity)),
         )
     console.print(no_ellipsis(memory))
     console.print(
-        "[dim]pp = pp rank, param/grad/optim = parameters, gradients, optimizer state, activ = activations, "
-        "buf = communication buffers, resv = allocator reserve, cap = the rank's device capacity[/dim]"
+        "[dim]pp = pp rank, param/grad/optim = parameters, gradients, optimizer state, "
+        + ("experts = routed experts' weights, gradients and optimizer state (over ep, edp), " if experts else "")
+        + "activ = activations, buf = communication buffers, resv = allocator reserve, cap = the rank's device "
+        "capacity[/dim]"
     )
     for t in est.per_replica_type:
         console.print(

@@ -58,7 +58,7 @@ def costing_inputs(plan: Plan, args: argparse.Namespace) -> tuple[ModelProfile, 
         raise StratagemError(f"{exc} (the plan was made on cluster {plan.cluster_name!r}; pass --cluster)") from None
     if args.model_profile is not None:
         return load_model_profile(args.model_profile), cluster
-    if plan.model.family not in ("gpt", "llama"):
+    if plan.model.family not in ("gpt", "llama", "moe"):
         raise StratagemError(
             f"{plan.model.family} models need their profile to be estimated; pass --model-profile "
             f"(the one the plan was made with)"

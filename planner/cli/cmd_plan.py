@@ -144,7 +144,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--allow",
         default=None,
-        help=f"dimensions the search may use, comma-separated (default all: {','.join(ALL_DIMENSIONS)})",
+        help=f"dimensions the search may use, comma-separated (from {','.join(ALL_DIMENSIONS)}; default all "
+        "but etp, expert tensor parallel, which the runtime does not run yet)",
     )
     p.add_argument(
         "--cp",
@@ -181,7 +182,7 @@ def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> M
     """The given profile file, else the closed-form GPT/Llama profile, else the runtime's meta profiler."""
     if args.model_profile is not None:
         return load_matching_profile(args.model_profile, spec, args.seq)
-    if spec.family in ("gpt", "llama"):
+    if spec.family in ("gpt", "llama", "moe"):
         from planner.gpt_profile import build_gpt_profile
 
         return build_gpt_profile(spec, seq_len=seq_len, dtype=args.dtype)

@@ -133,7 +133,13 @@ def check_layer_paths(spec, paths: list[str], *, source: str) -> None:
     The CLI is the one place the planner may ask the runtime's model zoo (the composition root)."""
     from runtime.models import layer_paths
 
-    expected = layer_paths(spec)
+    try:
+        expected = layer_paths(spec)
+    except KeyError:  # a family this build's model zoo does not have (e.g. moe before its runtime lands)
+        raise StratagemError(
+            f"this build's runtime model zoo has no {spec.family} models, so {source} cannot be checked against "
+            f"{spec.name}; install a Stratagem whose runtime builds {spec.family} models"
+        ) from None
     if list(paths) != expected:
         unknown = [p for p in paths if p not in expected][:3]
         detail = f"unknown {unknown}" if unknown else f"{len(paths)} layers, expected {len(expected)} in model order"
@@ -155,7 +161,7 @@ def no_ellipsis(table):
 
 def throughput_text(samples_per_s: float, tokens_per_s: float, family: str) -> str:
     """Tokens/s for language models, images/s for image models, samples/s otherwise."""
-    if family in ("gpt", "llama"):
+    if family in ("gpt", "llama", "moe"):
         return f"{tokens_per_s:,.0f} tokens/s, {samples_per_s:,.2f} samples/s"
     unit = "images/s" if family == "resnet" else "samples/s"
     return f"{samples_per_s:,.2f} {unit}"

@@ -72,6 +72,8 @@ def describe(s: FrameworkSettings) -> str:
         sequence_parallel=s.sequence_parallel,
         cp=s.cp,
         context_parallel=s.context_parallel or ("ring" if s.cp > 1 else None),
+        ep=s.ep,
+        etp=s.etp,
     )
     if s.recompute == "none":
         return label

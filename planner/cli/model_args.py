@@ -61,7 +61,7 @@ def spec_from_args(args: argparse.Namespace, *, max_seq: int | None = None) -> M
         overrides.pop("kv_heads")
     if family != "gpt" and overrides.get("dropout") is None:
         overrides.pop("dropout")
-    if max_seq is not None and family in ("gpt", "llama", "hf"):
+    if max_seq is not None and family in ("gpt", "llama", "moe", "hf"):
         overrides["max_seq"] = max_seq
     return parse_model(args.model, **overrides)
 

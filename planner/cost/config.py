@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Mapping
 
-from planner.cost.constants import DDP_BUCKET_BYTES
+from planner.cost.constants import DDP_BUCKET_BYTES, MOE_LOAD_IMBALANCE
 
 if TYPE_CHECKING:
     from planner.cost.context import KVExchange
@@ -96,6 +96,12 @@ class ParallelConfig:
     # False but on the last). None = as Stratagem's runtime runs the plan: "micro_batch" when pp == 1
     # (runtime/executor/schedule.py LocalRunner, sync_every_micro_batch), "step" when pp > 1.
     zero3_grad_sync: Literal["micro_batch", "step"] | None = None
+    # Mixture-of-Experts (``planner.cost.moe``): expert-parallel degree, tensor parallel inside an expert,
+    # and the busiest ep rank's tokens over the mean (dropless routing; a capacity factor replaces it).
+    # A stage's dp x tp ranks are folded as (edp, ep, etp) for the expert layers (``planner.plan.ExpertLayout``).
+    ep: int = 1
+    etp: int = 1
+    moe_load_imbalance: float = MOE_LOAD_IMBALANCE
 
     @property
     def zero3_grad_sync_mode(self) -> Literal["micro_batch", "step"]:
@@ -134,3 +140,13 @@ class LayerCost:
     # Exposed K/V exchange of context parallelism (``planner.cost.context``), already inside forward_s and
     # backward_s (full recompute repeats the forward's); kept apart so that callers can see it.
     cp_comm_s: float = 0.0
+    # Mixture-of-Experts blocks (``planner.cost.moe``; 0 for dense layers). ``ep_comm_s``: the dispatch and
+    # combine all-to-alls (and expert-TP gathers) per micro-batch, forward and backward. ``expert_state_bytes``:
+    # the rank's routed-expert weights, gradients and optimizer states (sharded over ep, etp and, with ZeRO,
+    # edp). ``expert_step_s``: per optimizer step, the expert gradients' edp sync, ZeRO weight gather and
+    # AdamW step (added to the rank's tail, not overlapped). ``moe_ws_bytes``: transient dispatch buffers (and
+    # the expert activations a full recompute re-materialises), part of the backward working set.
+    ep_comm_s: float = 0.0
+    expert_state_bytes: float = 0.0
+    expert_step_s: float = 0.0
+    moe_ws_bytes: float = 0.0

@@ -106,6 +106,13 @@ DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS = 100_000
 # few us more), so as the cost of a copy this is a lower bound.
 EAGER_OP_OVERHEAD_S = 3.3e-6
 
+# Load imbalance of dropless Mixture-of-Experts routing: tokens the busiest expert-parallel rank receives
+# over the mean. Fedus et al. 2021 (Switch Transformer, arXiv:2101.03961) §2.2 provision expert capacity
+# 1.25x the mean ("capacity factor 1.25", their Table 1) for the imbalance a load-balancing loss leaves;
+# 1.25 is that assumption, applied to the expert GEMMs and the all-to-all of the busiest rank
+# (planner.cost.moe). A plan with a capacity factor uses that instead (tokens padded to capacity).
+MOE_LOAD_IMBALANCE = 1.25
+
 # Bytes per element of the compute dtype.
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 

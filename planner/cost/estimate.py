@@ -60,6 +60,7 @@ from planner.cost.constants import (
     is_gpu,
 )
 from planner.cost.memory import build_memory_breakdown, model_states_bytes, precision_kind
+from planner.cost.moe import add_expert_costs, expert_split
 from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
 from planner.cost.placement import (
     GroupShape,
@@ -147,26 +148,41 @@ class _Assembler:
         style, recompute = layer_style(cfg, layer), layer_recompute(cfg, layer)
         key = (layer.signature, style, recompute, node.name)
         if key not in self._cache:
-            self._cache[key] = layer_cost(
-                layer,
-                node=node,
-                cluster=self.cluster,
-                tp=cfg.tp,
-                style=style,
-                recompute=recompute,
-                sequence_parallel=cfg.sequence_parallel,
-                micro_batch=cfg.micro_batch,
-                flash_attention=cfg.flash_attention,
-                dtype=self.dtype,
-                tp_group_spans_nodes=tp_group(cfg.tp, node.devices_per_node).spans_nodes,
-                use_timings=_timings_apply(self.model, node),
-                overlap_tp_comm=cfg.overlap_tp_comm,
-                dp_wrapper=dp_wrapper(cfg.dp, cfg.zero_stage),
-                timings_scale=timings_scale(self.model, node),
-                context=cfg.kv_exchange,
-                causal_skip=cfg.causal_skip,
-            )
+            self._cache[key] = self._dense_cost(layer, node, style, recompute)
+            if layer.experts is not None:  # routed experts over ep/etp (planner.cost.moe)
+                self._cache[key] = add_expert_costs(
+                    layer,
+                    self._cache[key],
+                    node=node,
+                    cluster=self.cluster,
+                    split=expert_split(cfg),
+                    recompute=recompute,
+                    dtype=self.dtype,
+                )
         return self._cache[key]
+
+    def _dense_cost(self, layer: LayerProfile, node: NodeType, style: str, recompute: str) -> LayerCost:
+        """compute.layer_cost of the layer's shards (a Mixture-of-Experts block: without its routed experts)."""
+        cfg = self.cfg
+        return layer_cost(
+            layer,
+            node=node,
+            cluster=self.cluster,
+            tp=cfg.tp,
+            style=style,
+            recompute=recompute,
+            sequence_parallel=cfg.sequence_parallel,
+            micro_batch=cfg.micro_batch,
+            flash_attention=cfg.flash_attention,
+            dtype=self.dtype,
+            tp_group_spans_nodes=tp_group(cfg.tp, node.devices_per_node).spans_nodes,
+            use_timings=_timings_apply(self.model, node),
+            overlap_tp_comm=cfg.overlap_tp_comm,
+            dp_wrapper=dp_wrapper(cfg.dp, cfg.zero_stage),
+            timings_scale=timings_scale(self.model, node),
+            context=cfg.kv_exchange,
+            causal_skip=cfg.causal_skip,
+        )
 
     def _layout_s(self, prev: LayerProfile, nxt: LayerProfile, node: NodeType) -> float:
         cfg = self.cfg
@@ -241,6 +257,8 @@ class _Assembler:
                 "layout": sum(self._layout_s(a, b, node) for a, b in neighbours),
                 "pp_comm": self._p2p_s(c),
             }
+            if any(layer.experts is not None for layer in layers):
+                time_s["ep_comm"] = sum(k.ep_comm_s for k in costs)
             out.append(
                 ChunkEstimate(
                     index=c,
@@ -344,6 +362,7 @@ class _Assembler:
                 + self._optimizer_s(node, wide, cfg.dp * cfg.tp)
                 + sum(k.optimizer_s for _, k in pairs)
             ),
+            expert_step_s=sum(k.expert_step_s for _, k in pairs),
             memory=self._memory(r, node, params, wide, pairs),
         )
 
@@ -391,16 +410,20 @@ class _Assembler:
         act = sum(k.act_bytes for _, k in pairs)
         working = max(
             [
-                full_saved_bytes(
-                    layer,
-                    tp=cfg.tp,
-                    style=layer_style(cfg, layer),
-                    sequence_parallel=cfg.sequence_parallel,
-                    micro_batch=cfg.micro_batch,
-                    flash_attention=cfg.flash_attention,
+                (
+                    full_saved_bytes(
+                        layer,
+                        tp=cfg.tp,
+                        style=layer_style(cfg, layer),
+                        sequence_parallel=cfg.sequence_parallel,
+                        micro_batch=cfg.micro_batch,
+                        flash_attention=cfg.flash_attention,
+                    )
+                    if layer_recompute(cfg, layer) == "full"
+                    else 0.0
                 )
-                for layer, _ in pairs
-                if layer_recompute(cfg, layer) == "full"
+                + k.moe_ws_bytes
+                for layer, k in pairs
             ],
             default=0.0,
         )
@@ -428,6 +451,7 @@ class _Assembler:
             comm_buffer_bytes=buffers,
             capacity_bytes=float(node.device_memory_bytes),
             is_gpu=is_gpu(node.device),
+            expert_state_bytes=sum(k.expert_state_bytes for _, k in pairs),
         )
 
 
@@ -452,6 +476,9 @@ def _breakdown(
     out["dp_sync_overlapped"] = tail.dp_sync_s - tail.dp_sync_exposed_s
     out["zero_comm"] = tail.zero_comm_s
     out["optimizer"] = tail.optimizer_s
+    if tail.expert_step_s or any("ep_comm" in ch.time_s for ch in mine):
+        out["ep_comm"] = m * sum(ch.time_s.get("ep_comm", 0.0) for ch in mine)
+        out["expert_sync"] = tail.expert_step_s
     return out
 
 

@@ -51,13 +51,23 @@ class MemoryBreakdown:
     comm_buffers: float
     reserve: float
     capacity: float
+    expert_states: float = 0.0  # MoE: routed experts' weights, gradients, optimizer states (planner.cost.moe)
 
     @property
     def peak_bytes(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.comm_buffers + self.reserve
+        return (
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.expert_states
+            + self.activations
+            + self.comm_buffers
+            + self.reserve
+        )
 
     def as_dict(self) -> dict[str, float]:
-        return {
+        """Bytes by term (``expert_states`` only for Mixture-of-Experts ranks that hold experts)."""
+        out = {
             "params": self.params,
             "grads": self.grads,
             "optimizer": self.optimizer,
@@ -66,6 +76,9 @@ class MemoryBreakdown:
             "reserve": self.reserve,
             "capacity": self.capacity,
         }
+        if self.expert_states:
+            out["expert_states"] = self.expert_states
+        return out
 
 
 def precision_kind(dtype: str) -> str:
@@ -111,14 +124,16 @@ def build_memory_breakdown(
     comm_buffer_bytes: float,
     capacity_bytes: float,
     is_gpu: bool,
+    expert_state_bytes: float = 0.0,
 ) -> MemoryBreakdown:
     """Assemble one rank's peak memory from its parts (formulae in the module docstring)."""
     params = sum(s.params_bytes for s in states)
     grads = sum(s.grads_bytes for s in states)
     optimizer = sum(s.optimizer_bytes for s in states)
     activations = act_bytes_per_microbatch * inflight_microbatches + working_set_bytes
-    allocated = params + grads + optimizer + activations + comm_buffer_bytes
+    allocated = params + grads + optimizer + expert_state_bytes + activations + comm_buffer_bytes
     return MemoryBreakdown(
+        expert_states=expert_state_bytes,
         params=params,
         grads=grads,
         optimizer=optimizer,

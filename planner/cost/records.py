@@ -53,7 +53,7 @@ class ChunkEstimate:
     pp_rank: int
     node_type: str
     module_paths: tuple[str, ...]
-    time_s: dict[str, float]  # forward, backward, recompute, tp_comm, layout, pp_comm (per micro-batch)
+    time_s: dict[str, float]  # forward, backward, recompute, tp_comm, layout, pp_comm, [ep_comm] (per micro-batch)
     model_flops: float
     hardware_flops: float
 
@@ -75,10 +75,11 @@ class RankEstimate:
     zero_comm_s: float
     optimizer_s: float
     memory: MemoryBreakdown
+    expert_step_s: float = 0.0  # MoE: expert gradients' edp sync + ZeRO gather + AdamW (planner.cost.moe)
 
     @property
     def tail_s(self) -> float:
-        return self.dp_sync_exposed_s + self.zero_comm_s + self.optimizer_s
+        return self.dp_sync_exposed_s + self.zero_comm_s + self.optimizer_s + self.expert_step_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -207,6 +207,31 @@ def _check_zero3(config: ParallelConfig) -> None:
         )
 
 
+def _check_experts(model: ModelProfile, config: ParallelConfig) -> None:
+    """Expert parallelism (``planner.cost.moe``): an MoE model, experts % ep == 0, ep * etp | dp * tp."""
+    from planner.plan import check_expert_layout  # the one statement of the folding rules, beside the schema
+
+    experts = next((layer.experts for layer in model.layers if layer.experts is not None), None)
+    if experts is None:
+        if config.ep > 1 or config.etp > 1:
+            raise StratagemError(
+                f"ep={config.ep} / etp={config.etp} need a Mixture-of-Experts model, and {model.name} has no "
+                f"experts; use ep 1 and etp 1"
+            )
+        return
+    if config.ep < 1 or config.etp < 1 or config.moe_load_imbalance < 1:
+        raise StratagemError(
+            f"ep {config.ep}, etp {config.etp} must be >= 1 and the load imbalance {config.moe_load_imbalance} "
+            f">= 1 (busiest rank over the mean)"
+        )
+    check_expert_layout(experts=experts.experts, ep=config.ep, etp=config.etp, dp=config.dp, tp=config.tp)
+    if config.replica_node_types is not None and config.ep * config.etp > 1:
+        raise StratagemError(
+            "expert parallelism with dp replicas on several node types is not modelled; plan the MoE model "
+            "on one node type (--no-mixed) or with ep 1"
+        )
+
+
 def check_config(
     model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int, dtype: str
 ) -> None:
@@ -222,6 +247,7 @@ def check_config(
     _check_batch(config, global_batch)
     _check_model(model, config)
     _check_interleaved(model, config)
+    _check_experts(model, config)
     used = set(config.replica_node_types or config.stage_node_types or (cluster.nodes[0].node_type,))
     for nt in cluster.node_types:  # only the node types the configuration runs on need the dtype
         if nt.name in used and not any(c.dtype == dtype for c in nt.compute):

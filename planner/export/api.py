@@ -62,6 +62,8 @@ def plan_parallel_config(plan: Plan) -> ParallelConfig:
         batch_shares=tuple(plan.batch_shares) if plan.batch_shares else None,
         replica_node_types=tuple(plan.replica_node_types) if plan.replica_node_types else None,
         **plan_context_fields(plan),
+        ep=plan.experts.ep if plan.experts else 1,
+        etp=plan.experts.etp if plan.experts else 1,
     )
 
 

@@ -72,13 +72,7 @@ def to_items(s: FrameworkSettings) -> dict[str, str | None]:
         items["--decoder-first-pipeline-num-layers"] = str(s.first_chunk_blocks)
     if s.last_chunk_blocks is not None:
         items["--decoder-last-pipeline-num-layers"] = str(s.last_chunk_blocks)
-    if s.cp > 1:
-        items["--context-parallel-size"] = str(s.cp)
-        items["--cp-comm-type"] = CP_COMM_TYPES[s.context_parallel or "ring"]
-    if s.flash_attention:
-        items["--use-flash-attn"] = None
-    if s.ep > 1:
-        items["--expert-model-parallel-size"] = str(s.ep)
+    items.update(_context_and_expert_items(s))
     if s.sequence_parallel:
         items["--sequence-parallel"] = None
     if s.recompute != "none":
@@ -102,6 +96,45 @@ def to_items(s: FrameworkSettings) -> dict[str, str | None]:
     return items
 
 
+def _context_and_expert_items(s: FrameworkSettings) -> dict[str, str | None]:
+    """Context-parallel, flash-attention and expert-parallel flags (each only where it applies)."""
+    items: dict[str, str | None] = {}
+    if s.cp > 1:
+        items["--context-parallel-size"] = str(s.cp)
+        items["--cp-comm-type"] = CP_COMM_TYPES[s.context_parallel or "ring"]
+    if s.flash_attention:
+        items["--use-flash-attn"] = None
+    if s.ep > 1:
+        items["--expert-model-parallel-size"] = str(s.ep)
+    if s.model is not None and s.model.is_moe:  # Megatron's default expert TP is the attention's tp
+        items["--expert-tensor-parallel-size"] = str(s.etp)
+    return items
+
+
+def _moe_items(model: ModelSpec) -> dict[str, str | None]:
+    """Megatron-Core MoE flags of an ``moe`` model (megatron/core/transformer/moe/README.md argument table):
+    experts, top-k, expert width, shared experts, the leading dense layers as ``--moe-layer-freq``, the
+    load-balancing loss, the capacity factor (none = dropless), grouped GEMM and the all-to-all dispatcher."""
+    dim = model.dim
+    items: dict[str, str | None] = {
+        "--num-experts": str(dim("experts")),
+        "--moe-router-topk": str(dim("top_k")),
+        "--moe-ffn-hidden-size": str(dim("expert_ffn")),
+        "--moe-router-load-balancing-type": "aux_loss",
+        "--moe-aux-loss-coeff": f"{float(dim('aux_loss_coef')):g}",
+        "--moe-grouped-gemm": None,
+        "--moe-token-dispatcher-type": "alltoall",
+    }
+    if int(dim("shared_experts")):
+        items["--moe-shared-expert-intermediate-size"] = str(int(dim("shared_experts")) * int(dim("expert_ffn")))
+    dense, layers = int(dim("dense_layers")), int(dim("layers"))
+    if dense:
+        items["--moe-layer-freq"] = f"([0]*{dense}+[1]*{layers - dense})"
+    if float(dim("capacity_factor")) > 0:
+        items["--moe-expert-capacity-factor"] = f"{float(dim('capacity_factor')):g}"
+    return items
+
+
 def _model_items(model: ModelSpec | None, seq_len: int | None) -> dict[str, str | None]:
     if model is None:
         return {}
@@ -113,7 +146,7 @@ def _model_items(model: ModelSpec | None, seq_len: int | None) -> dict[str, str 
     }
     if dim("ffn_hidden"):
         items["--ffn-hidden-size"] = str(dim("ffn_hidden"))
-    if model.family == "llama":
+    if model.family in ("llama", "moe"):
         if dim("kv_heads") and dim("kv_heads") != dim("heads"):
             items.update({"--group-query-attention": None, "--num-query-groups": str(dim("kv_heads"))})
         items.update(
@@ -124,6 +157,8 @@ def _model_items(model: ModelSpec | None, seq_len: int | None) -> dict[str, str 
                 "--disable-bias-linear": None,
             }
         )
+    if model.is_moe:
+        items.update(_moe_items(model))
     if not dim("tie_embeddings"):
         items["--untie-embeddings-and-output-weights"] = None
     items["--seq-length"] = str(seq_len or dim("max_seq"))
@@ -281,7 +316,8 @@ def _model(args: dict[str, str | None]) -> ModelSpec | None:
         or args.get("--normalization") == "RMSNorm"
         or args.get("--position-embedding-type") == "rope"
     )
-    family = "llama" if llama else "gpt"
+    moe = _int(args, "--num-experts") is not None
+    family = "moe" if moe else "llama" if llama else "gpt"
     seq = _int(args, "--seq-length") or _int(args, "--max-position-embeddings")
     dims = dict(
         layers=_int(args, "--num-layers"),
@@ -292,9 +328,43 @@ def _model(args: dict[str, str | None]) -> ModelSpec | None:
         max_seq=seq,
         tie_embeddings="--untie-embeddings-and-output-weights" not in args,
     )
-    if llama:
+    if llama or moe:
         dims["kv_heads"] = _int(args, "--num-query-groups") if "--group-query-attention" in args else None
+    if moe:
+        dims.update(_moe_dims(args, dims))
     return parse_model(family, **dims)
+
+
+def _moe_dims(args: dict[str, str | None], dims: dict) -> dict:
+    """The ``moe`` dimensions of Megatron-Core MoE flags (the inverse of :func:`_moe_items`)."""
+    expert_ffn = _int(args, "--moe-ffn-hidden-size", dims.get("ffn_hidden") or 4 * int(dims["hidden"]))
+    shared = _int(args, "--moe-shared-expert-intermediate-size", 0)
+    if shared % expert_ffn:
+        raise StratagemError(
+            f"--moe-shared-expert-intermediate-size {shared} is not a whole number of experts of "
+            f"--moe-ffn-hidden-size {expert_ffn}; the moe family states shared experts of the routed width"
+        )
+    freq = (args.get("--moe-layer-freq") or "").replace(" ", "")
+    dense = 0
+    if freq and freq != "1":
+        match = re.fullmatch(r"\(?\[0\]\*(\d+)\+\[1\]\*(\d+)\)?", freq)
+        if match is None:
+            raise StratagemError(
+                f"--moe-layer-freq {freq!r}: the moe family states leading dense layers only, as ([0]*N+[1]*M)"
+            )
+        dense = int(match.group(1))
+    out: dict = dict(
+        experts=_int(args, "--num-experts"),
+        top_k=_int(args, "--moe-router-topk", 2),
+        expert_ffn=expert_ffn,
+        shared_experts=shared // expert_ffn,
+        dense_layers=dense,
+        aux_loss_coef=_float(args, "--moe-aux-loss-coeff", 0.0),
+    )
+    capacity = _float(args, "--moe-expert-capacity-factor")
+    if capacity is not None:
+        out["capacity_factor"] = capacity
+    return out
 
 
 def _zero(args: dict[str, str | None]) -> int:
@@ -405,6 +475,7 @@ def parse(text: str, *, world_size: int | None = None) -> FrameworkSettings:
         dp=dp,
         cp=cp,
         ep=_int(args, "--expert-model-parallel-size", 1),
+        etp=_int(args, "--expert-tensor-parallel-size", tp) if model is not None and model.is_moe else 1,
         micro_batch=mb,
         global_batch=gb,
         schedule="interleaved_1f1b" if v > 1 else "1f1b",

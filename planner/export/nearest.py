@@ -223,6 +223,25 @@ def _stage_split(plan: Plan, kinds: dict[str, str], caps: Capabilities, changes:
     return out
 
 
+def _experts(plan: Plan, framework: str, changes: list[Change]) -> dict:
+    """ep and etp of a Mixture-of-Experts plan: Megatron-LM states them (``--expert-model-parallel-size``,
+    ``--expert-tensor-parallel-size``); the other exporters write no expert layout (experts replicated)."""
+    if plan.experts is None:
+        return {}
+    if framework == "megatron":
+        return {"ep": plan.experts.ep, "etp": plan.experts.etp}
+    if plan.experts.ep * plan.experts.etp > 1:
+        changes.append(
+            Change(
+                what="expert parallelism",
+                plan=f"ep {plan.experts.ep}, etp {plan.experts.etp}",
+                exported="ep 1 (every rank holds every expert)",
+                why=f"the {framework} exporter writes no expert-parallel layout",
+            )
+        )
+    return {}
+
+
 def _degrees(plan: Plan, caps: Capabilities, changes: list[Change], framework: str) -> dict:
     tp, pp, dp = plan.mesh.size("tp"), plan.mesh.size("pp"), plan.mesh.size("dp")
     world, gb = plan.world_size, plan.training.global_batch
@@ -414,7 +433,7 @@ def nearest_candidates(
                 why="frameworks assume identical ranks",
             )
         )
-    degrees = _degrees(plan, caps, changes, framework)
+    degrees = {**_degrees(plan, caps, changes, framework), **_experts(plan, framework, changes)}
     data_parallel_only = degrees["pp"] == 1 and plan.mesh.size("pp") > 1
     revirtualised = _divisible_virtual_stages(degrees, kinds, changes)
     split = {} if degrees["pp"] == 1 or revirtualised else _stage_split(plan, kinds, caps, changes)

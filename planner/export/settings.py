@@ -39,6 +39,7 @@ class FrameworkSettings:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int = 1  # tensor parallel inside the experts (Megatron --expert-tensor-parallel-size)
     micro_batch: int = 1
     global_batch: int = 1
     schedule: ScheduleKind = "1f1b"
@@ -76,7 +77,7 @@ def check_settings(s: FrameworkSettings, *, source: str, names: dict[str, str] |
     def n(field_name: str) -> str:
         return (names or {}).get(field_name, field_name)
 
-    for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "virtual_stages"):
+    for name in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "virtual_stages"):
         if getattr(s, name) < 1:
             raise StratagemError(f"{source}: {n(name)} is {getattr(s, name)}; it must be a positive integer")
     if s.global_batch % (s.dp * s.micro_batch):
@@ -158,9 +159,10 @@ def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> P
     Every TP-capable layer is split (Megatron's vocab-parallel embedding and head; the cost model's default
     layout); explicit chunk boundaries only where the split is uneven or the recompute is per-layer.
     """
-    if s.ep > 1:
+    if s.ep > 1 and s.cp > 1:
         raise StratagemError(
-            f"expert parallel {s.ep}: the cost model does not estimate it yet; set it to 1 to estimate the rest"
+            f"context parallel {s.cp} with expert parallel {s.ep}: the cost model does not estimate both at once "
+            f"yet; set one of them to 1 to estimate the rest"
         )
     explicit = s.first_chunk_blocks is not None or s.last_chunk_blocks is not None
     chunks = chunk_paths(layers, s) if explicit or s.recompute_blocks_per_chunk is not None else None
@@ -189,4 +191,6 @@ def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> P
         context_parallel=(s.context_parallel or "ring") if s.cp > 1 else None,  # type: ignore[arg-type]
         flash_attention=s.flash_attention,
         causal_skip=s.flash_attention,
+        ep=s.ep,
+        etp=s.etp,
     )

@@ -42,10 +42,12 @@ IDLE_STYLE: dict[str, _Style] = {
     "dp_sync_exposed": dict(facecolor="#de2d26", edgecolor="#a50f15", label="exposed dp sync"),
     "dp_comm": dict(facecolor="#de2d26", edgecolor="#a50f15", label="exposed dp sync"),
     "zero_comm": dict(facecolor="#fb6a4a", edgecolor="#a50f15", label="ZeRO collectives"),
+    "expert_sync": dict(facecolor="#e7969c", edgecolor="#843c39", label="expert grad sync + step (edp)"),
     "optimizer": dict(facecolor="#8c6d31", edgecolor="#5a4620", label="optimizer step"),
 }
 STRIP_STYLE: dict[str, _Style] = {  # communication inside an operation, drawn over the lower part of its bar
     "tp_comm": dict(facecolor="none", edgecolor="#222222", hatch="////", linewidth=0.0, label="tp comm (inside op)"),
+    "ep_comm": dict(facecolor="#e7ba52", edgecolor="#8c6d31", linewidth=0.0, label="MoE all-to-all (inside op)"),
     "pp_comm": dict(facecolor="#fd8d3c", edgecolor="#a63603", linewidth=0.0, label="pp send/recv (inside op)"),
 }
 STRIP_HEIGHT = 0.22

@@ -20,7 +20,13 @@ from planner.inspect.frames import plan_label, rank_frame, stage_frame
 from planner.inspect.units import bytes_unit, fmt_bytes, time_unit
 from planner.plan import Plan, Predictions
 
-MEMORY_COLORS = {"params": "#3182bd", "grads": "#9ecae1", "optimizer": "#31a354", "activations": "#fd8d3c"}
+MEMORY_COLORS = {
+    "params": "#3182bd",
+    "grads": "#9ecae1",
+    "optimizer": "#31a354",
+    "expert_states": "#756bb1",
+    "activations": "#fd8d3c",
+}
 TERM_COLORS = {
     "compute": "#3182bd",
     "forward": "#1f5f9e",
@@ -29,6 +35,8 @@ TERM_COLORS = {
     "tp_comm": "#636363",
     "layout": "#969696",
     "pp_comm": "#e6550d",
+    "ep_comm": "#e7ba52",
+    "expert_sync": "#e7969c",
     "bubble": "#bdbdbd",
     "dp_comm": "#de2d26",
     "dp_sync_exposed": "#de2d26",
@@ -105,12 +113,14 @@ def plot_memory_per_rank(plan: Plan) -> Figure:
 
 def plot_layer_placement(plan: Plan) -> Figure:
     """Which pp rank and stage holds each module (model order), hatched where tensor-parallel split,
-    with a marker where recomputed; for a 3D CNN's spatial plan, each layer's spatial split instead."""
+    with a marker where recomputed and one on Mixture-of-Experts blocks (experts sharded over ep); for a 3D
+    CNN's spatial plan, each layer's spatial split instead."""
     from planner.inspect.fig_spatial import is_spatial, plot_spatial_placement
 
     if is_spatial(plan):
         return plot_spatial_placement(plan)
     modules = [(p, st) for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
+    expert_blocks = moe_block_paths(plan)
     pp = plan.mesh.size("pp")
     fig = Figure(figsize=(min(16.0, max(7.0, 2.5 + 0.28 * len(modules))), 1.6 + 0.45 * pp + 0.9), layout="constrained")
     ax = fig.add_subplot()
@@ -127,6 +137,8 @@ def plot_layer_placement(plan: Plan) -> Figure:
             hatch="///" if split else None,
             gid=f"module:{path}",
         )
+        if path in expert_blocks:
+            ax.plot(i, st.pp_rank + 0.22, marker="D", color="#756bb1", markersize=4, gid=f"experts:{path}")
         mode = st.recompute.get(path, "none")
         if mode != "none":
             ax.plot(
@@ -161,6 +173,14 @@ def plot_layer_placement(plan: Plan) -> Figure:
     return fig
 
 
+def moe_block_paths(plan: Plan) -> set[str]:
+    """Module paths of the plan's Mixture-of-Experts blocks (``blocks.i`` from ``dense_layers`` on)."""
+    if not plan.model.is_moe:
+        return set()
+    dense, layers = int(plan.model.dim("dense_layers")), int(plan.model.dim("layers"))
+    return {f"blocks.{i}" for i in range(dense, layers)}
+
+
 def _stage_colors(n: int) -> list:
     from matplotlib import colormaps
 
@@ -175,6 +195,11 @@ def _placement_legend(plan: Plan, colors: list) -> list:
         handles.append(Patch(facecolor="white", label=f"... {len(shown) - 12} more stages"))
     if any(lay.style == "split" for lay in plan.layout.values()):
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="tensor-parallel split"))
+    if plan.experts is not None and moe_block_paths(plan):
+        e = plan.experts
+        per_rank = int(plan.model.dim("experts")) // e.ep
+        label = f"routed experts over ep={e.ep} ({per_rank} per rank)" + (f", etp={e.etp}" if e.etp > 1 else "")
+        handles.append(Line2D([], [], marker="D", color="#756bb1", linestyle="", label=label))
     modes = {m for st in plan.stages for m in st.recompute.values()}
     if "full" in modes:
         handles.append(Line2D([], [], marker="v", color="black", linestyle="", label="full recompute"))
@@ -219,7 +244,7 @@ def _per_stage_bars(ax, plan: Plan, scale: float, unit: str) -> None:
     frame = stage_frame(plan, simulated=False)
     m = plan.schedule.max_micro_batches
     bottom = [0.0] * len(frame)
-    for i, term in enumerate(("forward", "backward", "recompute", "tp_comm", "layout", "pp_comm")):
+    for i, term in enumerate(("forward", "backward", "recompute", "tp_comm", "layout", "pp_comm", "ep_comm")):
         column = f"{term}_s_per_micro_batch"
         if column not in frame or not (frame[column] > 0).any():
             continue

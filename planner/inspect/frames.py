@@ -15,7 +15,7 @@ import pandas as pd
 from planner.inspect.timeline import Timeline, simulate_plan
 from planner.plan import plan_label, Plan
 
-MICRO_BATCH_TERMS = ("forward", "backward", "recompute", "tp_comm", "layout", "pp_comm")
+MICRO_BATCH_TERMS = ("forward", "backward", "recompute", "tp_comm", "layout", "pp_comm", "ep_comm")
 
 
 def plan_timeline(plan: Plan) -> Timeline | None:
@@ -63,7 +63,7 @@ def stage_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool
             t = sp.time_breakdown_s
             row.update({f"{k}_s_per_micro_batch": t.get(k, 0.0) for k in MICRO_BATCH_TERMS})
             row["compute_s"] = m * sum(t.get(k, 0.0) for k in ("forward", "backward", "recompute"))
-            row["comm_s"] = m * (t.get("tp_comm", 0.0) + t.get("layout", 0.0) + t.get("pp_comm", 0.0))
+            row["comm_s"] = m * sum(t.get(k, 0.0) for k in ("tp_comm", "layout", "pp_comm", "ep_comm"))
             row.update({f"mem_{k}_bytes": v for k, v in sp.memory_breakdown_bytes.items()})
             row.update(
                 peak_memory_bytes=sp.peak_memory_bytes,
@@ -176,6 +176,9 @@ def summary_frame(plan: Plan, name: str | None = None, timeline: Timeline | None
         recompute_modules=sum(m != "none" for st in plan.stages for m in st.recompute.values()),
         tp_split_modules=sum(lay.style == "split" for lay in plan.layout.values()),
     )
+    if plan.experts is not None:  # Mixture-of-Experts: the expert layout (planner.plan.ExpertLayout)
+        edp = plan.experts.edp(dp=plan.mesh.size("dp"), tp=plan.mesh.size("tp"))
+        row.update(ep=plan.experts.ep, etp=plan.experts.etp, edp=edp)
     p = plan.predictions
     if p is not None:
         capacity = min(sp.memory_capacity_bytes for sp in p.stages) if p.stages else float("nan")

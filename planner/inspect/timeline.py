@@ -50,7 +50,7 @@ Phase = Literal["forward", "recompute", "backward"]
 PpCommMode = Literal["blocking", "async"]
 COMPUTE_PHASES: tuple[Phase, ...] = ("forward", "recompute", "backward")
 # step-level terms of Predictions.breakdown_s that run after a rank's last backward (planner/cost/records.py)
-STEP_TAIL_TERMS = ("dp_sync_exposed", "dp_comm", "zero_comm", "optimizer")
+STEP_TAIL_TERMS = ("dp_sync_exposed", "dp_comm", "zero_comm", "expert_sync", "optimizer")
 IntervalKind = str  # a phase, "tp_comm", "pp_comm", "pp_wait", "bubble", or one of STEP_TAIL_TERMS
 
 
@@ -63,6 +63,7 @@ class StageCost:
     recompute_s: float = 0.0
     tp_comm_s: float = 0.0
     pp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0  # Mixture-of-Experts dispatch/combine all-to-alls (half forward, half backward)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,6 +167,7 @@ def stage_costs(plan: Plan) -> list[StageCost]:
                 recompute_s=t.get("recompute", 0.0),
                 tp_comm_s=t.get("tp_comm", 0.0) + t.get("layout", 0.0),
                 pp_comm_s=t.get("pp_comm", 0.0),
+                ep_comm_s=t.get("ep_comm", 0.0),
             )
         )
     return costs
@@ -292,13 +294,13 @@ class _Sim:
     recompute: tuple[bool, ...]
     blocking: bool
 
-    def pieces_s(self, op: _Op) -> tuple[float, float, float]:
-        """(compute, tp comm, blocking pp comm) seconds of one operation."""
+    def pieces_s(self, op: _Op) -> tuple[float, float, float, float]:
+        """(compute, tp comm, MoE all-to-all, blocking pp comm) seconds of one operation."""
         cost = self.costs[op.stage]
         if op.phase == "recompute":
-            return cost.recompute_s, 0.0, 0.0
+            return cost.recompute_s, 0.0, 0.0, 0.0
         compute = cost.forward_s if op.phase == "forward" else cost.backward_s
-        return compute, cost.tp_comm_s / 2, cost.pp_comm_s / 2 if self.blocking else 0.0
+        return compute, cost.tp_comm_s / 2, cost.ep_comm_s / 2, cost.pp_comm_s / 2 if self.blocking else 0.0
 
     def transfer_s(self, upstream: int, downstream: int) -> float:
         """Async mode: one direction across (upstream, downstream) is half the upstream stage's pp_comm."""
@@ -360,10 +362,12 @@ def _place(
         out.append(Interval(pp_rank=r, kind="bubble", start_s=free_s, end_s=bubble_end))
     if start > bubble_end:
         out.append(Interval(kind="pp_wait", start_s=bubble_end, end_s=start, **where))
-    compute_s, tp_s, pp_s = sim.pieces_s(op)
-    end = start + compute_s + tp_s + pp_s
+    compute_s, tp_s, ep_s, pp_s = sim.pieces_s(op)
+    end = start + compute_s + tp_s + ep_s + pp_s
     out.append(Interval(kind=op.phase, start_s=start, end_s=end, **where))
-    if tp_s > 0:  # strips inside the operation: tp collectives, then the blocking send/recv
+    if ep_s > 0:  # strips inside the operation: MoE all-to-alls, tp collectives, then the blocking send/recv
+        out.append(Interval(kind="ep_comm", start_s=end - pp_s - tp_s - ep_s, end_s=end - pp_s - tp_s, **where))
+    if tp_s > 0:
         out.append(Interval(kind="tp_comm", start_s=end - pp_s - tp_s, end_s=end - pp_s, **where))
     if pp_s > 0:
         out.append(Interval(kind="pp_comm", start_s=end - pp_s, end_s=end, **where))

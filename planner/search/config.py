@@ -20,8 +20,10 @@ ALL_DIMENSIONS = (
     "mixed",
     "cross_node_tp",
     "cp",
+    "ep",  # Mixture-of-Experts: expert parallelism (planner.search.space.expert_layouts)
+    "etp",  # and tensor parallel inside the experts; opt-in: the runtime runs etp 1 only (runtime/executor/moe.py)
 )
-DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS)
+DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS) - {"etp"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

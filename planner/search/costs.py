@@ -34,6 +34,7 @@ from planner.cost.estimate import _timings_apply, dp_collective_time  # the rule
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
 from planner.cost.memory import model_states_bytes, precision_kind
+from planner.cost.moe import combine_expert_costs, expert_split, expert_states, expert_time
 from planner.cost.pipeline import inflight_microbatches
 from planner.cost.placement import (
     GroupShape,
@@ -47,7 +48,7 @@ from planner.cost.validate import check_config, replica_micro_batches
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
 from planner.search.config import SearchConfig
-from planner.search.space import OuterChoice, typed_slowest_floor
+from planner.search.space import OuterChoice, expand_experts, typed_slowest_floor
 from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables
 
 # what collective_time(algorithm="auto") minimises over
@@ -150,6 +151,7 @@ class CandidateCosts:
         self.dtype = profile.dtype
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
+        self._moe: dict[tuple, Any] = {}  # routed experts' time and state terms (planner.cost.moe)
         self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}  # (groups, layout changes) by key
         self._least: dict[tuple, tuple[float, float, list[float]]] = {}  # least layer times by key
         self._hidden: dict[tuple, float] = {}  # least hidden ZeRO-3 / sync time
@@ -202,6 +204,8 @@ class CandidateCosts:
             flash_attention=self.search.flash_attention,
             causal_skip=self.search.flash_attention,
             kv_exchange=self.exchange,
+            ep=outer.ep,
+            etp=outer.etp,
             **extra,
         )
 
@@ -229,11 +233,30 @@ class CandidateCosts:
         mb: int,
         dp: int,
         zero: int,
+        ep: int = 1,
+        etp: int = 1,
     ) -> LayerCost:
         key = (layer.signature, nt, tp, style, recompute, sp, mb, dp_wrapper(dp, zero))
         if key not in self._cache:
             self._cache[key] = self._layer_cost_uncached(layer, nt, tp, style, recompute, sp, mb, dp, zero)
-        return self._cache[key]
+        if layer.experts is None:
+            return self._cache[key]
+        # routed experts over ep/etp, as estimate adds them (planner.cost.moe); their time depends on the
+        # micro-batch and ep/etp only, their states and per-step terms on dp, ZeRO and ep/etp only
+        full = (key, dp, zero, ep, etp)
+        if full not in self._cache:
+            split = expert_split(
+                ParallelConfig(tp=tp, dp=dp, zero_stage=zero, sequence_parallel=sp, ep=ep, etp=etp), micro_batch=mb
+            )
+            node = self.cluster.node_type(nt)
+            t_key = ("moe-time", layer.signature, nt, tp, sp, mb, ep, etp)
+            if t_key not in self._moe:
+                self._moe[t_key] = expert_time(layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype)
+            s_key = ("moe-states", layer.signature, nt, tp, dp, zero, ep, etp)
+            if s_key not in self._moe:
+                self._moe[s_key] = expert_states(layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype)
+            self._cache[full] = combine_expert_costs(self._cache[key], self._moe[t_key], self._moe[s_key], recompute)
+        return self._cache[full]
 
     def _layer_cost_uncached(
         self,
@@ -278,6 +301,8 @@ class CandidateCosts:
             outer.micro_batch,
             outer.dp,
             outer.zero_stage,
+            outer.ep,
+            outer.etp,
         )
         node = self.cluster.node_type(nt)
         wide = outer.tp > 1 and opt.style == "replicate"  # batch-split replica: syncs over dp x tp
@@ -319,17 +344,18 @@ class CandidateCosts:
             else 0.0
         )
         return OptionCost(
-            time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s,
+            time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s + k.ep_comm_s,
             fwd_s=k.forward_s,
             bwd_s=k.backward_s + k.recompute_s,
             act_bytes=k.act_bytes,
             params_dp=0.0 if wide else k.params,
             params_dpt=k.params if wide else 0.0,
             param_bytes=k.param_bytes,
-            ws_bytes=ws,
+            ws_bytes=ws + k.moe_ws_bytes,
             z3_mb_s=z3_mb,
             z3_gather_s=z3_gather,
-            opt_s=k.optimizer_s,
+            opt_s=k.optimizer_s + k.expert_step_s,
+            state_bytes=k.expert_state_bytes,
         )
 
     def _group(self, layers: list[LayerProfile], outer: OuterChoice, types: list[str]) -> Group:
@@ -481,7 +507,9 @@ class CandidateCosts:
         )
         bound, v = 0.0, outer.virtual_stages
         for types, m in lanes:
-            total, largest = self._least_layer_times(outer, types)
+            total, largest = (
+                self._least_family_times(outer, types) if outer.expert_family else self._least_layer_times(outer, types)
+            )
             slowest = max(total / outer.pp, largest)
             if len(types) > 1:  # ranks of several node types: the slower ones hold less (space.typed_slowest_floor)
                 per_type = {nt: self._least_layer_times(outer, (nt,), per_layer=True) for nt in types}
@@ -523,6 +551,8 @@ class CandidateCosts:
                             outer.micro_batch,
                             outer.dp,
                             outer.zero_stage,
+                            outer.ep,
+                            outer.etp,
                         ).params
                         for o in self.options(layers, outer.tp)
                     )
@@ -559,11 +589,29 @@ class CandidateCosts:
             )
         return self._hidden[key]
 
+    def _least_family_times(self, outer: OuterChoice, types: tuple[str, ...]) -> tuple[float, float]:
+        """(least total, least largest) over a family's expert layouts (``space.expand_experts``): each is <=
+        that of every member, so the quick bound built on them bounds the whole family (cached)."""
+        wrapper = dp_wrapper(outer.dp, outer.zero_stage)
+        key = ("family", types, outer.tp, outer.sequence_parallel, outer.micro_batch, outer.expert_family, wrapper)
+        if key not in self._least:
+            times = [self._least_layer_times(child, types) for child in expand_experts(outer)]
+            self._least[key] = (min(t[0] for t in times), min(t[1] for t in times), [])
+        total, largest, _ = self._least[key]
+        return total, largest
+
     def _least_layer_times(self, outer: OuterChoice, types: tuple[str, ...], per_layer: bool = False) -> Any:
         """(sum over layers, max over layers) of each layer's fastest option on ``types`` (``per_layer``:
         the list of each group's fastest time instead); cached, as it depends only on tp, sequence
         parallel, micro-batch and the dp wrapper."""
-        key = (types, outer.tp, outer.sequence_parallel, outer.micro_batch, dp_wrapper(outer.dp, outer.zero_stage))
+        key = (
+            types,
+            outer.tp,
+            outer.sequence_parallel,
+            outer.micro_batch,
+            dp_wrapper(outer.dp, outer.zero_stage),
+            (outer.ep, outer.etp),  # expert time terms (planner.cost.moe.expert_time)
+        )
         if key not in self._least:
             t_min = []
             for layers in self.groups:
@@ -578,11 +626,13 @@ class CandidateCosts:
                         outer.micro_batch,
                         outer.dp,
                         outer.zero_stage,
+                        outer.ep,
+                        outer.etp,
                     )
                     for nt in types
                     for o in self.options(layers, outer.tp)
                 ]
-                t_min.append(min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s for k in costs))
+                t_min.append(min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s + k.ep_comm_s for k in costs))
             sizes = [len(layers) for layers in self.groups]
             self._least[key] = (sum(t * n for t, n in zip(t_min, sizes)), max(t_min), t_min)
         total, largest, t_min = self._least[key]
@@ -621,6 +671,8 @@ class CandidateCosts:
             outer.zero_stage,
             outer.sequence_parallel,
             outer.micro_batch,
+            outer.ep,
+            outer.etp,
             outer.pp > 1,
             (outer.pp, outer.replica_node_types) if outer.replica_node_types else None,
         )

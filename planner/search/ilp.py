@@ -189,6 +189,7 @@ def _rank_sums(tables: Tables, n: dict, u: dict, st: dict, r: int) -> dict[str, 
             ("act", "act_bytes"),
             ("z3", "z3_mb_s"),
             ("opt", "opt_s"),
+            ("st", "state_bytes"),
         )
     }
     if tables.chunk_unit_s:  # every chunk is non-empty: its root unit's host cost is a constant
@@ -262,6 +263,7 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
         (rm.state_bytes_per_param_dp * k) * x["P"],
         (rm.state_bytes_per_param_dpt * k) * x["Q"],
         (tables.inflight[r] * k) * x["act"],
+        k * x["st"],
     ]
     groups = tables.groups
     flags: dict[tuple[int, int], Any] = {}
@@ -371,7 +373,7 @@ def build_problem(tables: Tables, *, cuts: bool = True) -> Problem:
     (g) slowest tail: Z >= tail_r for every combination of the max() pieces of tail_r (exposed sync,
         ZeRO communication) in the rank's parameters P_r, Q_r and forward/backward windows; min() terms
         (last bucket, unbucketed collectives' best algorithm) via selector binaries.
-    (h) memory per rank: reserve * (states(P, Q) + inflight_r * act_r + working set + buffers) + context
+    (h) memory per rank: reserve * (states(P, Q) + expert states + inflight_r * act_r + working set + buffers) + context
         <= capacity (scaled to 1); working set / ZeRO-3 buffers are maxima over present layers (presence
         binaries), the DDP bucket buffer a min(cap, gradient bytes) via a selector.
     Scaling (checked by ``ilp_terms.check_scaling``): times in units of 1e-4 of the pipeline-time floor,

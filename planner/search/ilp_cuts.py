@@ -49,6 +49,7 @@ def block_time_floor(
             rm.state_bytes_per_param_dp * c.params_dp
             + rm.state_bytes_per_param_dpt * c.params_dpt
             + (tables.inflight[r] if inflight is None else inflight) * c.act_bytes
+            + c.state_bytes
             for c in costs
         ]
     )

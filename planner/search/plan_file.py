@@ -15,7 +15,17 @@ import pulp
 
 from planner import __version__
 from planner.modelspec import ModelSpec
-from planner.plan import Alternative, LayerLayout, Mesh, Plan, SearchRecord, Stage, TrainingSettings, make_schedule
+from planner.plan import (
+    Alternative,
+    ExpertLayout,
+    LayerLayout,
+    Mesh,
+    Plan,
+    SearchRecord,
+    Stage,
+    TrainingSettings,
+    make_schedule,
+)
 from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.planner import Candidate, SearchResult
 
@@ -170,9 +180,18 @@ def build_plan(
         zero_stage=outer.zero_stage,
         batch_shares=list(best.config.batch_shares) if best.config.batch_shares else None,
         replica_node_types=list(outer.replica_node_types) if outer.replica_node_types else None,
+        experts=_expert_layout(profile, outer.ep, outer.etp),
         predictions=best.estimate.to_predictions(),
         search=_with_calibration(build_search_record(result), cluster),
     )
+
+
+def _expert_layout(profile: ModelProfile, ep: int, etp: int) -> ExpertLayout | None:
+    """The plan's expert layout: every Mixture-of-Experts plan carries one (ep 1 included); None when dense."""
+    experts = next((layer.experts for layer in profile.layers if layer.experts is not None), None)
+    if experts is None:
+        return None
+    return ExpertLayout(ep=ep, etp=etp, capacity_factor=experts.capacity_factor)
 
 
 def _with_calibration(record: SearchRecord, cluster: ClusterProfile) -> SearchRecord:

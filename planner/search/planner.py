@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from planner.cost.config import ParallelConfig
 from planner.cost.context import check_context, cp_degrees
+from planner.cost.moe import require_all_to_all
 from planner.cost.placement import block_count, with_gpus
 from planner.cost.records import Estimate
 from planner.errors import StratagemError
@@ -32,7 +33,9 @@ from planner.search.costs import CandidateCosts
 from planner.search.ilp import SolveResult, build_problem, extract_assignment, solve
 from planner.search.space import (
     OuterChoice,
+    devices_by_type,
     enumerate_outer,
+    expand_experts,
     lower_bound_s,
     memory_shortfall_bytes,
     refined_lower_bound_s,
@@ -309,10 +312,26 @@ def searched_cp_degrees(profile: ModelProfile, n_devices: int, config: SearchCon
     return cp_degrees(profile, n_devices)
 
 
+def _cp_degrees(profile: ModelProfile, n_devices: int, config: SearchConfig, experts: int) -> tuple[int, ...]:
+    """:func:`searched_cp_degrees`; 1 for Mixture-of-Experts models, whose context parallelism neither the cost
+    model (planner.cost.moe prices a whole sequence per rank) nor the runtime implements yet."""
+    if not experts:
+        return searched_cp_degrees(profile, n_devices, config)
+    if config.cp not in (None, 1):
+        raise StratagemError(
+            f"context parallelism (cp={config.cp}) is not supported for Mixture-of-Experts models yet; drop --cp"
+        )
+    return (1,)
+
+
 def _enumerate(
     profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int, config: SearchConfig
 ) -> list[OuterChoice]:
-    """Every outer candidate; a one-line error when the batch cannot be split at all."""
+    """Every outer candidate; a one-line error when the batch cannot be split at all (or, for a
+    Mixture-of-Experts model, when the cluster profile has no all-to-all figures)."""
+    experts = next((layer.experts.experts for layer in profile.layers if layer.experts is not None), 0)
+    if experts and config.allows("ep"):
+        require_all_to_all(cluster, sorted(devices_by_type(cluster, n_devices)))
     outers = list(
         enumerate_outer(
             cluster=cluster,
@@ -322,7 +341,9 @@ def _enumerate(
             n_blocks=block_count(profile),
             tp_degrees=profile.tp_degrees,
             config=config,
-            cp_degrees=searched_cp_degrees(profile, n_devices, config),
+            cp_degrees=_cp_degrees(profile, n_devices, config, experts),
+            experts=experts,
+            families=True,
         )
     )
     if not outers:
@@ -350,6 +371,8 @@ class _BranchAndBound:
         progress: Callable[[int, int], None] | None,
     ):
         self.costs, self.outers, self.config, self.start, self.progress = costs, outers, config, start, progress
+        self.n_candidates = sum(len(o.expert_family) or 1 for o in outers)  # families count their members
+        self.next_idx = len(outers)  # heap tie-breakers of expanded family members
         self.heap = _quick_bounded(costs, outers)
         heapq.heapify(self.heap)
         self.total = len(self.heap)
@@ -385,7 +408,18 @@ class _BranchAndBound:
                 self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _build(self, bound: float, idx: int, _stage: int, outer: OuterChoice, _tables: None) -> bool:
-        """Stage 0: build the coefficients, bound with sends, tail and memory."""
+        """Stage 0: build the coefficients, bound with sends, tail and memory (a family of expert layouts is
+        expanded into its members first, each with its own quick bound)."""
+        if outer.expert_family:
+            for child in expand_experts(outer):
+                try:
+                    child_bound = self.costs.quick_bound_s(child)
+                except StratagemError as exc:
+                    log.debug("skipping %s: %s", child.summary(), exc)
+                    continue
+                self.next_idx += 1
+                heapq.heappush(self.heap, (max(bound, child_bound), self.next_idx, 0, child, None))
+            return True
         try:
             tables = self.costs.tables(outer)
         except StratagemError as exc:
@@ -458,7 +492,7 @@ class _BranchAndBound:
         if not ranked and self.notes:
             raise StratagemError(
                 f"the search budget of {config.budget_s:g} s ran out before any candidate was "
-                f"solved ({counts['refined']} of {len(self.outers)} candidates bounded); raise "
+                f"solved ({counts['refined']} of {self.n_candidates} candidates bounded); raise "
                 f"--budget-s (e.g. --budget-s {max(60.0, 10 * config.budget_s):g})"
             )
         if not ranked:
@@ -470,15 +504,15 @@ class _BranchAndBound:
             and all(c.solve.status == "optimal" for c in ranked)
             and _global_status(ranked[-1].step_s, open_bounds)[0] == "optimal"
         )
-        log.info("search: %d candidates, %s", len(self.outers), counts)
+        log.info("search: %d candidates, %s", self.n_candidates, counts)
         return SearchResult(
             best=ranked[0],
             ranked=tuple(ranked),
             status=status,
             gap=gap,
-            candidates_total=len(self.outers),
+            candidates_total=self.n_candidates,
             candidates_solved=counts["solved"],
-            candidates_pruned=len(self.outers) - counts["solved"],
+            candidates_pruned=self.n_candidates - counts["solved"],
             candidates_infeasible=counts["infeasible"],
             candidates_dominated=counts["dominated"],
             wall_time_s=time.perf_counter() - self.start,

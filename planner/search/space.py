@@ -8,11 +8,12 @@ node type of every pp rank. The global batch is fixed: ``dp * micro_batch * num_
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cost.config import ScheduleKind
 from planner.profiles import ClusterProfile
@@ -45,6 +46,11 @@ class OuterChoice:
     # context parallelism (planner/cost/context.py): the sequence split over cp ranks, and the K/V exchange
     cp: int = 1
     context_parallel: str | None = None
+    ep: int = 1  # Mixture-of-Experts: expert-parallel degree and expert tensor parallel (planner.plan.ExpertLayout)
+    etp: int = 1
+    # A *family*: this choice under each of these (ep, etp) layouts, bounded as one entry and expanded
+    # (:func:`expand_experts`) only when its bound comes up in the search; () = one concrete candidate.
+    expert_family: tuple[tuple[int, int], ...] = ()
 
     def replica_types(self) -> list[tuple[str, int, int]]:
         """(node type, replicas, micro-batches per replica) in order of first use; [] without replica types."""
@@ -64,8 +70,9 @@ class OuterChoice:
         if self.replica_node_types:
             where = " replicas " + " + ".join(f"{k}x{t}(mb{self.micro_batch}x{m})" for t, k, m in self.replica_types())
         cp = f" cp{self.cp}({self.context_parallel})" if self.cp > 1 else ""
+        experts = f" ep{self.ep}" + (f" etp{self.etp}" if self.etp > 1 else "") if self.ep * self.etp > 1 else ""
         return (
-            f"tp{self.tp} pp{self.pp} dp{self.dp}{cp} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
+            f"tp{self.tp} pp{self.pp} dp{self.dp}{cp}{experts} {sched} mb{self.micro_batch}x{self.num_micro_batches} "
             f"zero{self.zero_stage}{' sp' if self.sequence_parallel else ''}{where}"
         )
 
@@ -84,6 +91,8 @@ class OuterChoice:
         )
         if self.cp > 1:
             out["cp"], out["context_parallel"] = self.cp, self.context_parallel or ""
+        if self.ep * self.etp > 1:
+            out.update(ep=self.ep, etp=self.etp)
         if self.replica_node_types:
             out["replica_node_types"] = "/".join(self.replica_node_types)
             out["replica_micro_batches"] = "/".join(map(str, self.replica_micro_batches or ()))
@@ -200,12 +209,20 @@ def enumerate_outer(
     config: SearchConfig,
     n_blocks: int | None = None,
     cp_degrees: Sequence[int] = (1,),
+    experts: int = 0,
+    families: bool = False,
 ) -> Iterator[OuterChoice]:
     """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch.
     ``n_blocks``: the model's repeated blocks (``placement.block_count``; default ``n_layers``), which
     interleaved schedules split into equal chunks. ``cp_degrees``: the context-parallel degrees the model
     and sequence allow (``planner.cost.context.cp_degrees``); each ``cp > 1`` is tried with both K/V
-    exchanges, on ``dp = devices / (tp pp cp)`` replicas."""
+    exchanges, on ``dp = devices / (tp pp cp)`` replicas. ``experts``: routed experts of a Mixture-of-Experts
+    model (0: dense), whose expert layouts (:func:`expert_layouts`) multiply the candidates; with
+    ``families`` each choice comes once with its layouts in ``expert_family`` (:func:`expand_experts`).
+    For MoE models two dominated kinds are not enumerated (exactly as the solve-time dominance check of
+    ``tables.dominates`` would skip them, only before they cost a bound): GPipe where 1F1B runs (the same
+    step time, formula (P), with no more micro-batches in flight) and ZeRO-1 (ZeRO-2 has the same time
+    terms and shards the gradients too)."""
     n_blocks = n_layers if n_blocks is None else n_blocks
     by_type = devices_by_type(cluster, n_devices)
     if len(by_type) > 1 and not config.allows("mixed"):
@@ -219,10 +236,12 @@ def enumerate_outer(
         for mb in _micro_batch_sizes(per_replica, config):
             m = per_replica // mb
             for schedule, v in _schedules(pp, m, n_blocks, config):
-                for zero in (0, 1, 2, 3) if dp * cp > 1 and config.allows("zero") else (0,):  # ZeRO over dp x cp
+                if experts and schedule == "gpipe" and m >= pp:
+                    continue  # dominated by 1F1B (docstring)
+                for zero in _zero_stages(dp * cp, experts, config):  # ZeRO over dp x cp
                     for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
                         for order in orders:
-                            yield OuterChoice(
+                            choice = OuterChoice(
                                 tp=tp,
                                 pp=pp,
                                 dp=dp,
@@ -235,9 +254,42 @@ def enumerate_outer(
                                 rank_node_types=order,
                                 cp=cp,
                                 context_parallel=mode,
+                                expert_family=tuple(expert_layouts(experts, tp=tp, dp=dp, config=config)),
                             )
-    if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices):
+                            if families and len(choice.expert_family) > 1:
+                                yield choice
+                            else:
+                                yield from expand_experts(choice)
+    if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices) and not experts:
         yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)
+
+
+def _zero_stages(dp: int, experts: int, config: SearchConfig) -> tuple[int, ...]:
+    """ZeRO stages to try: 0-3 with dp > 1; for MoE models without the dominated ZeRO-1 (enumerate_outer)."""
+    if dp == 1 or not config.allows("zero"):
+        return (0,)
+    return (0, 2, 3) if experts else (0, 1, 2, 3)
+
+
+def expand_experts(outer: OuterChoice) -> list[OuterChoice]:
+    """The concrete candidates of a family (one per expert layout); a concrete candidate itself."""
+    if not outer.expert_family:
+        return [outer]
+    return [replace(outer, ep=ep, etp=etp, expert_family=()) for ep, etp in outer.expert_family]
+
+
+def expert_layouts(experts: int, *, tp: int, dp: int, config: SearchConfig) -> list[tuple[int, int]]:
+    """(ep, etp) pairs of a Mixture-of-Experts model on a stage of ``dp x tp`` ranks; [(1, 1)] when dense.
+
+    Rules (``planner.plan.check_expert_layout``): ep divides the experts and ep x etp divides dp x tp.
+    etp (with ``--allow ...,etp``; 1 otherwise) ranges over the divisors of the attention tp (expert TP no
+    wider than the attention's: it stays inside the node, and Megatron-Core's folding is used to narrow it,
+    Liu et al. 2025 §3).
+    """
+    if not experts or not config.allows("ep"):
+        return [(1, 1)]
+    etps = divisors(tp) if config.allows("etp") else [1]
+    return [(ep, etp) for etp in etps for ep in divisors(experts) if (dp * tp) % (ep * etp) == 0]
 
 
 def _types_contiguous(cluster: ClusterProfile, n_devices: int) -> bool:
@@ -356,11 +408,13 @@ def _tail_floor_average(tables: Tables) -> float:
     """A floor of the slowest tail from the average over pp ranks (max_r tail_r >= mean_r tail_r).
 
     Per rank (``tables.rank_tail_s``): exposed sync >= max(0, S_r - Wb_r), ZeRO-1/2 gathers >= max(0, G_r -
-    Wf_r), ZeRO-3 >= m max(0, C_r - Wf_r - Wb_r), plus the optimizer. Summed over ranks, sum max(0, x_r) >=
-    max(0, sum x_r); the collectives' times are concave with f(0) = 0, hence subadditive, so sum_r S_r >=
-    S_min(total parameters) (S_min: the cheapest of the ranks' sync functions); the windows W are at most
-    every layer at its slowest option plus the per-chunk host costs. Catches candidates whose gradient
-    sync cannot hide behind their compute (e.g. wide dp over slow links), which layer times alone miss.
+    Wf_r), ZeRO-3 >= m max(0, C_r - Wf_r - Wb_r), plus the optimizer and the per-layer per-step terms
+    (``opt_s``: measured optimizer host time, MoE expert sync), each layer at its least. Summed over ranks,
+    sum max(0, x_r) >= max(0, sum x_r); the collectives' times are concave with f(0) = 0, hence
+    subadditive, so sum_r S_r >= S_min(total parameters) (S_min: the cheapest of the ranks' sync
+    functions); the windows W are at most every layer at its slowest option plus the per-chunk host costs.
+    Catches candidates whose gradient sync cannot hide behind their compute (e.g. wide dp over slow
+    links), which layer times alone miss.
     """
     types = sorted(set(tables.rank_node_types))
     groups = tables.groups
@@ -384,7 +438,8 @@ def _tail_floor_average(tables: Tables) -> float:
         comm = max(0.0, cheapest(("sync_dp", "sync_dpt")) - w_b)
         if tables.zero_stage > 0:
             comm += max(0.0, cheapest(("gather_dp", "gather_dpt")) - w_f)
-    return comm / tables.pp + _optimizer_floor(tables)
+    per_step = sum(grp.size * min(k.opt_s for nt in types for k in grp.costs[nt]) for grp in groups)
+    return (comm + per_step) / tables.pp + _optimizer_floor(tables)
 
 
 def _memory_shortfall_bytes_lane(tables: Tables) -> float:
@@ -400,6 +455,7 @@ def _memory_shortfall_bytes_lane(tables: Tables) -> float:
                     min(tables.ranks[nt].state_bytes_per_param_dp, tables.ranks[nt].state_bytes_per_param_dpt)
                     * (k.params_dp + k.params_dpt)
                     + least_inflight * k.act_bytes
+                    + k.state_bytes
                 )
                 for k in grp.costs[nt]
             )
@@ -424,6 +480,7 @@ def _end_groups(tables: Tables, g: int) -> dict[int, tuple[float, float]]:
             rm.state_bytes_per_param_dp * k.params_dp
             + rm.state_bytes_per_param_dpt * k.params_dpt
             + tables.inflight[r] * k.act_bytes
+            + k.state_bytes
             for k in costs
         )
         prev = out.get(r, (0.0, 0.0))
@@ -494,16 +551,24 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
         floors.append(floor + extra_t)
     size = tables.groups[g].size
     levels = sorted({float(x) for f in floors for x in f if x != float("inf")})
+    lookups = [_most_lookup(f) for f in floors]
 
     def most(t: float) -> list[int]:
-        return [max((k for k, x in enumerate(f) if x <= t), default=-1) for f in floors]
+        """Per rank, the most blocks whose floor is <= t (-1: none), by bisection in the rank's lookup."""
+        out = []
+        for values, best in lookups:
+            i = bisect.bisect_right(values, t)
+            out.append(best[i - 1] if i else -1)
+        return out
 
-    if not levels or sum(most(levels[-1])) < size or min(most(levels[-1])) < 0:
+    top = most(levels[-1]) if levels else []
+    if not levels or sum(top) < size or min(top) < 0:
         return float("inf")
     lo, hi = 0, len(levels) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if min(most(levels[mid])) >= 0 and sum(most(levels[mid])) >= size:
+        counts = most(levels[mid])
+        if min(counts) >= 0 and sum(counts) >= size:
             hi = mid
         else:
             lo = mid + 1
@@ -512,6 +577,13 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
     old_tail = _tail_floor_average(tables)
     slowest = _slowest_bound(tables, _rank_sends(tables))
     return base + (m - 1 / v) * max(0.0, levels[lo] - slowest) + max(0.0, tail - old_tail)
+
+
+def _most_lookup(floor) -> tuple[list[float], list[int]]:
+    """(finite floor values sorted, the largest block count k with floor[k] <= each value): max over
+    k of {k : floor[k] <= t} for any t by bisection (floors need not be monotone)."""
+    order = sorted((float(x), k) for k, x in enumerate(floor) if x != float("inf"))
+    return [x for x, _ in order], list(itertools.accumulate((k for _, k in order), max))
 
 
 def typed_slowest_floor(

@@ -61,7 +61,8 @@ class OptionCost:
     ws_bytes: float = 0.0
     z3_mb_s: float = 0.0
     z3_gather_s: float = 0.0
-    opt_s: float = 0.0  # per step: measured optimizer host time over this layer's parameters
+    opt_s: float = 0.0  # per step: measured optimizer host time + MoE expert sync/step (planner.cost.moe)
+    state_bytes: float = 0.0  # bytes held whatever the micro-batches: MoE routed-expert states (planner.cost.moe)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -228,7 +229,7 @@ def chunk_times(tables: Tables, assignment: Assignment, styles: list[str]) -> li
 
 def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]) -> dict[str, float]:
     nt = tables.rank_node_types[r]
-    out = dict(P=0.0, Q=0.0, Wf=0.0, Wb=0.0, act=0.0, ws=0.0, mx=0.0, z3=0.0, out=0.0, opt=0.0)
+    out = dict(P=0.0, Q=0.0, Wf=0.0, Wb=0.0, act=0.0, ws=0.0, mx=0.0, z3=0.0, out=0.0, opt=0.0, st=0.0)
     for c in range(r, tables.chunks, tables.pp):
         if tables.chunk_unit_s:
             out["Wf"] += tables.chunk_unit_s[nt][0]
@@ -243,6 +244,7 @@ def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]
                 out["act"] += n * k.act_bytes
                 out["z3"] += n * k.z3_mb_s
                 out["opt"] += n * k.opt_s
+                out["st"] += n * k.state_bytes
                 if n:
                     out["ws"] = max(out["ws"], k.ws_bytes)
                     out["mx"] = max(out["mx"], k.param_bytes)
@@ -272,7 +274,7 @@ def rank_tail_s(tables: Tables, rm: RankModel, x: dict[str, float]) -> float:
 
 def rank_memory_bytes(tables: Tables, rm: RankModel, x: dict[str, float], r: int) -> float:
     """Peak bytes of pp rank ``r`` (``estimate._Assembler._memory`` and ``memory.build_memory_breakdown``)."""
-    states = rm.state_bytes_per_param_dp * x["P"] + rm.state_bytes_per_param_dpt * x["Q"]
+    states = rm.state_bytes_per_param_dp * x["P"] + rm.state_bytes_per_param_dpt * x["Q"] + x["st"]
     activations = x["act"] * tables.inflight[r] + x["ws"]
     buffers = 0.0
     if rm.ddp_buffer == "always" or (rm.ddp_buffer == "if_replicated" and x["Q"] > 0):
@@ -319,7 +321,7 @@ def evaluate(tables: Tables, assignment: Assignment) -> Evaluation:
 
 
 _TIME_FIELDS = ("time_s", "fwd_s", "bwd_s", "params_dp", "params_dpt", "z3_mb_s", "z3_gather_s", "opt_s")
-_MEMORY_FIELDS = ("act_bytes", "param_bytes", "ws_bytes")
+_MEMORY_FIELDS = ("act_bytes", "param_bytes", "ws_bytes", "state_bytes")
 _RANK_TIME_FIELDS = (
     "contention",
     "sync_dp",

@@ -1,0 +1,355 @@
+"""Mixture-of-Experts blocks: the routed experts' compute, all-to-all, activations and states on one rank.
+
+A block with an :class:`planner.profiles.ExpertProfile` is costed in two parts: ``compute.layer_cost`` times
+its shards (attention, router weights, shared experts: split over the attention tp) and
+:func:`add_expert_costs` adds the routed experts, split over the expert layout of Megatron-Core MoE's
+"parallel folding" (Liu et al. 2025, arXiv:2504.14960, §3): a stage's ``dp x tp`` ranks regrouped as
+``(edp, ep, etp)``, etp fastest (``planner.plan.ExpertLayout``).
+
+Per rank and micro-batch, with ``b`` samples of ``s`` tokens, attention tp ``t``, top-k ``k``, ``E``
+experts of width ``f``, model width ``h``, element size ``e`` and the busiest rank's load ``lam``
+(``ParallelConfig.moe_load_imbalance``; the capacity factor when tokens are padded to capacity):
+
+- **Tokens.** ``T = b s / t`` enter the MoE layer on each rank (sequence parallel; without it each TP rank
+  takes its ``1/t`` slice and all-gathers the output, an extra all-gather each way). The rank sends ``k T``
+  token copies to the ep group (GShard, Lepikhin et al. 2020 §2.2), receives ``lam k T`` for its ``E/ep``
+  experts, and with ``etp > 1`` all-gathers its etp group's tokens (Megatron-Core's alltoall dispatcher:
+  all-gather-v over etp after the all-to-all, reduce-scatter-v before the combine): ``R = lam k T etp`` rows.
+- **Compute.** A grouped GEMM of ``E/ep`` problems of ``R / (E/ep)`` rows (MegaBlocks, Gale et al. 2022 §4:
+  one kernel over every expert's problem), fc1 ``n = 2 f / etp`` (gate and up), fc2 ``k = f / etp``, through
+  the shape-aware kernel model (``planner.cost.kernels``: tiles and waves over all problems at once), plus
+  the router ``T x E x h`` and the permute / unpermute copies; backward two GEMMs per GEMM. Model FLOPs use
+  the balanced load: ``3 (6 h f k T + 2 h E T)`` per micro-batch.
+- **All-to-all.** Dispatch and combine forward, their mirrors backward: four all-to-alls of
+  ``S = lam k T h e`` bytes per rank over the ep group (:func:`all_to_all_s`), plus etp gathers and scatters
+  of ``etp S``; full recompute repeats the forward ones. Not overlapped with compute (Megatron-Core's
+  default; its ``--overlap-moe-expert-parallel-comm`` is not modelled).
+- **Activations saved** (none / selective recompute): router logits and probabilities (fp32, ``8 T E``),
+  top-k indices and weights (``12 k T``), the experts' input, fc1 output and fc2 input
+  (``e R (h + 3 f / etp)``) and the combine's expert outputs (``e k T h``). Full recompute keeps only the
+  block input and re-materialises these in the backward working set. Dispatch buffers (send, receive and
+  the etp-gathered copy, ``(2 + etp) S``) are transient working memory.
+- **States.** ``E/ep`` experts of ``3 h f / etp`` parameters each; with ZeRO >= 1 their optimizer states
+  (>= 2: gradients) are sharded over edp (Megatron-Core's distributed optimizer over the expert-data-parallel
+  group); expert weights are never sharded over edp (ZeRO-3 shards the dense weights only).
+- **Per step** (the rank's tail, exposed): the expert gradients' all-reduce (ZeRO >= 1: reduce-scatter) over
+  edp in 25 MiB buckets, the ZeRO >= 1 weight all-gather, and the AdamW step over the rank's expert shard.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from planner.cost.collectives import collective_time
+from planner.cost.config import LayerCost, Recompute
+from planner.cost.constants import (
+    DTYPE_BYTES,
+    MEMORY_BW_EFFICIENCY,
+    OPTIMIZER_BYTES_PER_PARAM,
+    OPTIMIZER_FLOPS_PER_PARAM,
+    STATE_BYTES_PER_PARAM,
+)
+from planner.cost.kernels import Device, PassTime, gemm_s
+from planner.cost.memory import model_states_bytes, precision_kind
+from planner.cost.placement import GroupShape, dp_group, tp_group
+from planner.errors import StratagemError
+from planner.profiles import ClusterProfile, CollectiveFit, ExpertProfile, LayerProfile, NodeType
+
+ROUTER_SAVED_BYTES_PER_TOKEN_EXPERT = 8  # fp32 logits + fp32 softmax output per (token, expert)
+TOPK_SAVED_BYTES_PER_PAIR = 12  # int64 expert index + fp32 routing weight per (token, chosen expert)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpertSplit:
+    """How a rank runs the routed experts: the degrees around it and the micro-batch (ParallelConfig fields)."""
+
+    tp: int
+    dp: int
+    ep: int
+    etp: int
+    zero_stage: int
+    sequence_parallel: bool
+    micro_batch: int
+    load_imbalance: float
+    grad_bucket_bytes: float | None
+
+    @property
+    def edp(self) -> int:
+        return self.dp * self.tp // (self.ep * self.etp)
+
+
+def ep_group(ep: int, etp: int, devices_per_node: int) -> GroupShape:
+    """The ep group: ``ep`` ranks ``etp`` apart (the (edp, ep, etp) folding of a stage's ranks)."""
+    return dp_group(ep, etp, devices_per_node)
+
+
+def edp_group(split: ExpertSplit, devices_per_node: int) -> GroupShape:
+    """The expert-data-parallel group: ``edp`` ranks ``ep * etp`` apart."""
+    return dp_group(split.edp, split.ep * split.etp, devices_per_node)
+
+
+def all_to_all_fit(fits: list[CollectiveFit], where: str, cluster: ClusterProfile) -> CollectiveFit:
+    """The ``all_to_all`` fit of one link level; a profile without one gets a one-line error with the fix."""
+    for fit in fits:
+        if fit.op == "all_to_all":
+            return fit
+    raise StratagemError(
+        f"cluster profile {cluster.name} has no all_to_all figure for {where}, which expert parallelism needs; "
+        f"re-profile the cluster with `stratagem profile cluster` (it measures all_to_all) or add an all_to_all "
+        f"fit to its profile"
+    )
+
+
+def require_all_to_all(cluster: ClusterProfile, node_types: list[str] | None = None) -> None:
+    """Raise the one-line error of :func:`all_to_all_fit` unless every node type (and the network, when the
+    cluster has more than one node) has an all_to_all fit."""
+    for name in node_types or [nt.name for nt in cluster.node_types]:
+        all_to_all_fit(cluster.node_type(name).intra_node, f"node type {name} (intra-node)", cluster)
+    if sum(g.count for g in cluster.nodes) > 1:
+        all_to_all_fit(cluster.inter_node, "the network (inter-node)", cluster)
+
+
+def all_to_all_s(cluster: ClusterProfile, node: NodeType, message_bytes: float, group: GroupShape) -> float:
+    """Seconds of one all-to-all in which each of the group's ranks sends ``message_bytes`` (its own share
+    included) split evenly over the group.
+
+    NCCL-tests' convention (doc/PERFORMANCE.md; NVIDIA/nccl-tests issue #130): ``busBw = algBw (n-1)/n``,
+    ``1/n`` of the data stays local. Inside a node: ``alpha + (n-1)/n S / bw_intra``. Across nodes with ``g``
+    of the group's ranks per node: ``(g-1)/n`` of S goes over NVLink and ``(n-g)/n`` over the network at one
+    NIC's share per rank (the cluster's per-node fit / devices per node: an all-to-all does not aggregate
+    NICs, nccl-tests issue #267), concurrently; the slower part sets the time (issue #130: on N nodes the
+    bus bandwidth is N/(N-1) x the per-GPU network bandwidth).
+    """
+    n = group.n_ranks
+    if n <= 1 or message_bytes <= 0:
+        return 0.0
+    intra = all_to_all_fit(node.intra_node, f"node type {node.name} (intra-node)", cluster)
+    if not group.spans_nodes:
+        return intra.alpha_s + (n - 1) / n * message_bytes / intra.bus_bw_bytes_per_s
+    inter = all_to_all_fit(cluster.inter_node, "the network (inter-node)", cluster)
+    g = group.ranks_per_node
+    nvlink_s = (g - 1) / n * message_bytes / intra.bus_bw_bytes_per_s
+    network_s = (n - g) / n * message_bytes / (inter.bus_bw_bytes_per_s / node.devices_per_node)
+    return inter.alpha_s + max(nvlink_s, network_s)
+
+
+def _coll_s(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape) -> float:
+    return collective_time(
+        cluster,
+        op,
+        nbytes,
+        group.n_ranks,
+        node_type=node,
+        spans_nodes=group.spans_nodes,
+        ranks_per_node=group.ranks_per_node,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Shape:
+    """The routed experts' sizes on one rank for one micro-batch (module docstring)."""
+
+    tokens: float  # T
+    rows: float  # R = lam k T etp
+    local_experts: int
+    width: int  # f / etp
+    send_bytes: float  # S
+    e: int
+
+
+def _shape(ex: ExpertProfile, split: ExpertSplit, dtype: str) -> _Shape:
+    tokens = split.micro_batch * ex.tokens_per_sample / split.tp
+    lam = ex.capacity_factor or split.load_imbalance
+    e = DTYPE_BYTES[dtype]
+    return _Shape(
+        tokens=tokens,
+        rows=lam * ex.top_k * tokens * split.etp,
+        local_experts=ex.experts // split.ep,
+        width=math.ceil(ex.expert_ffn / split.etp),
+        send_bytes=lam * ex.top_k * tokens * ex.hidden * e,
+        e=e,
+    )
+
+
+def _device(node: NodeType, dtype: str) -> Device | None:
+    if node.kernel_model is None or not node.memory_bw_bytes_per_s:
+        return None
+    return Device(
+        km=node.kernel_model,
+        peak_flops_per_s=node.compute_for(dtype).peak_flops_per_s,
+        memory_bw_bytes_per_s=node.memory_bw_bytes_per_s,
+        elem_bytes=DTYPE_BYTES[dtype],
+    )
+
+
+def _compute_s(ex: ExpertProfile, sh: _Shape, node: NodeType, dtype: str) -> tuple[float, float]:
+    """(forward_s, backward_s) of the router, permutes and grouped expert GEMMs on one rank."""
+    h, n_e, f = ex.hidden, sh.local_experts, sh.width
+    m = math.ceil(sh.rows / n_e)
+    t = math.ceil(sh.tokens)
+    copy_bytes = 2 * sh.e * sh.rows * h  # permute / unpermute: read and write every routed row
+    router_bytes = ROUTER_SAVED_BYTES_PER_TOKEN_EXPERT * t * ex.experts
+    fwd_bytes = 2 * copy_bytes + 3 * sh.e * sh.rows * f + router_bytes  # + SwiGLU reads 2 halves, writes 1
+    bwd_bytes = 2 * copy_bytes + 5 * sh.e * sh.rows * f + 1.5 * router_bytes
+    dev = _device(node, dtype)
+    if dev is not None:
+        gemms = [(m, 2 * f, h, n_e), (m, h, f, n_e), (t, ex.experts, h, 1)]  # fc1, fc2 (grouped), router
+        fwd = PassTime(kernel_s=sum(gemm_s(a, b, c, g, dev) for a, b, c, g in gemms), kernels=3)
+        bwd = PassTime(
+            kernel_s=sum(gemm_s(a, c, b, g, dev) + gemm_s(c, b, a, g, dev) for a, b, c, g in gemms), kernels=6
+        )
+        fwd = fwd + PassTime(kernel_s=fwd_bytes / dev.stream_bytes_per_s, kernels=5)  # softmax, top-k, permutes, act
+        bwd = bwd + PassTime(kernel_s=bwd_bytes / dev.stream_bytes_per_s, kernels=5)
+        return fwd.wall_s(dev.km), bwd.wall_s(dev.km)
+    flops = 2 * sh.rows * h * 3 * f + 2 * t * h * ex.experts
+    rate = node.compute_for(dtype).achieved_flops_per_s
+    traffic = 1 / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY) if node.memory_bw_bytes_per_s else 0.0
+    return flops / rate + fwd_bytes * traffic, 2 * flops / rate + bwd_bytes * traffic
+
+
+def _comm_s(cluster: ClusterProfile, node: NodeType, sh: _Shape, split: ExpertSplit, full_bytes: float) -> float:
+    """One direction's (forward or backward) MoE communication per micro-batch (module docstring)."""
+    dpn = node.devices_per_node
+    t = 2 * all_to_all_s(cluster, node, sh.send_bytes, ep_group(split.ep, split.etp, dpn))
+    if split.etp > 1:
+        group = tp_group(split.etp, dpn)
+        t += _coll_s(cluster, node, "all_gather", split.etp * sh.send_bytes, group)
+        t += _coll_s(cluster, node, "reduce_scatter", split.etp * sh.send_bytes, group)
+    if split.tp > 1 and not split.sequence_parallel:
+        t += _coll_s(cluster, node, "all_gather", full_bytes, tp_group(split.tp, dpn))
+    return t
+
+
+def _step_s(cluster: ClusterProfile, node: NodeType, params: float, split: ExpertSplit, dtype: str) -> float:
+    """Per optimizer step: edp gradient sync, ZeRO >= 1 weight gather and AdamW over the rank's experts."""
+    per = STATE_BYTES_PER_PARAM[precision_kind(dtype)]
+    zero = split.zero_stage
+    t = 0.0
+    if split.edp > 1:
+        group = edp_group(split, node.devices_per_node)
+        bucket = split.grad_bucket_bytes
+
+        def bucketed(op: str, nbytes: float) -> float:  # estimate.dp_collective_time: linear in the bytes
+            if bucket is None:
+                return _coll_s(cluster, node, op, nbytes, group)
+            return nbytes * _coll_s(cluster, node, op, bucket, group) / bucket
+
+        t += bucketed("all_reduce" if zero == 0 else "reduce_scatter", params * per["grads"])
+        if zero >= 1:
+            t += bucketed("all_gather", params * per["params"])
+    shard = params / (split.edp if zero >= 1 else 1)
+    if node.memory_bw_bytes_per_s:
+        return t + shard * OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
+    return t + shard * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(dtype).achieved_flops_per_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpertTime:
+    """The routed experts' per-micro-batch terms on one rank (they do not depend on dp or ZeRO)."""
+
+    forward_s: float
+    backward_s: float
+    comm_s: float  # one direction's all-to-alls and etp/tp gathers
+    saved_bytes: float
+    dispatch_bytes: float
+    flops: float  # balanced forward FLOPs
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpertStates:
+    """The routed experts' per-step terms on one rank (they do not depend on the micro-batch)."""
+
+    state_bytes: float
+    step_s: float
+
+
+def expert_time(
+    layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, split: ExpertSplit, dtype: str
+) -> ExpertTime:
+    """Compute, communication and activation terms of ``layer``'s routed experts per micro-batch."""
+    ex = layer.experts
+    if ex is None:
+        raise StratagemError(f"layer {layer.path} has no routed experts")
+    sh = _shape(ex, split, dtype)
+    fwd_s, bwd_s = _compute_s(ex, sh, node, dtype)
+    full_bytes = layer.output_bytes_per_sample * split.micro_batch
+    saved = (
+        ROUTER_SAVED_BYTES_PER_TOKEN_EXPERT * sh.tokens * ex.experts
+        + TOPK_SAVED_BYTES_PER_PAIR * ex.top_k * sh.tokens
+        + sh.e * sh.rows * (ex.hidden + 3 * sh.width)
+        + sh.e * ex.top_k * sh.tokens * ex.hidden
+    )
+    return ExpertTime(
+        forward_s=fwd_s,
+        backward_s=bwd_s,
+        comm_s=_comm_s(cluster, node, sh, split, full_bytes),
+        saved_bytes=saved,
+        dispatch_bytes=(2 + (split.etp if split.etp > 1 else 0)) * sh.send_bytes,
+        flops=6 * ex.hidden * ex.expert_ffn * ex.top_k * sh.tokens + 2 * ex.hidden * ex.experts * sh.tokens,
+    )
+
+
+def expert_states(
+    layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, split: ExpertSplit, dtype: str
+) -> ExpertStates:
+    """Per-rank states and per-step sync/optimizer time of ``layer``'s routed experts."""
+    ex = layer.experts
+    if ex is None:
+        raise StratagemError(f"layer {layer.path} has no routed experts")
+    width = math.ceil(ex.expert_ffn / split.etp)
+    params = ex.experts // split.ep * 3 * ex.hidden * width
+    states = model_states_bytes(params, min(split.zero_stage, 2), split.edp, dtype)
+    return ExpertStates(state_bytes=states.total_bytes, step_s=_step_s(cluster, node, params, split, dtype))
+
+
+def add_expert_costs(
+    layer: LayerProfile,
+    base: LayerCost,
+    *,
+    node: NodeType,
+    cluster: ClusterProfile,
+    split: ExpertSplit,
+    recompute: Recompute,
+    dtype: str,
+) -> LayerCost:
+    """``base`` (the block's attention, router weights and shared experts) plus its routed experts (module
+    docstring); a dense layer is returned unchanged."""
+    if layer.experts is None:
+        return base
+    t = expert_time(layer, node=node, cluster=cluster, split=split, dtype=dtype)
+    st = expert_states(layer, node=node, cluster=cluster, split=split, dtype=dtype)
+    return combine_expert_costs(base, t, st, recompute)
+
+
+def combine_expert_costs(base: LayerCost, t: ExpertTime, st: ExpertStates, recompute: Recompute) -> LayerCost:
+    """The :class:`LayerCost` of a block: its shards' ``base`` plus the routed experts' terms."""
+    full = recompute == "full"
+    return replace(
+        base,
+        forward_s=base.forward_s + t.forward_s,
+        backward_s=base.backward_s + t.backward_s,
+        recompute_s=base.recompute_s + (t.forward_s + t.comm_s if full else 0.0),
+        ep_comm_s=2 * t.comm_s,
+        act_bytes=base.act_bytes + (0.0 if full else t.saved_bytes),
+        model_flops=base.model_flops + 3 * t.flops,
+        hardware_flops=base.hardware_flops + (4 if full else 3) * t.flops,
+        expert_state_bytes=st.state_bytes,
+        expert_step_s=st.step_s,
+        moe_ws_bytes=t.dispatch_bytes + (t.saved_bytes if full else 0.0),
+    )
+
+
+def expert_split(config, micro_batch: int | None = None) -> ExpertSplit:
+    """The :class:`ExpertSplit` of a :class:`planner.cost.config.ParallelConfig`."""
+    return ExpertSplit(
+        tp=config.tp,
+        dp=config.dp,
+        ep=config.ep,
+        etp=config.etp,
+        zero_stage=config.zero_stage,
+        sequence_parallel=config.sequence_parallel,
+        micro_batch=micro_batch or config.micro_batch,
+        load_imbalance=config.moe_load_imbalance,
+        grad_bucket_bytes=config.grad_bucket_bytes,
+    )

@@ -1,0 +1,151 @@
+"""The MoE cost model (planner/cost/moe.py): hand-computed all-to-all times and expert states, properties,
+and the one-line errors of the CLI (missing all-to-all figures, experts not divisible by ep)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from planner.cost import estimate
+from planner.cost.config import ParallelConfig
+from planner.cost.moe import all_to_all_s, ep_group, require_all_to_all
+from planner.cost.placement import GroupShape, with_gpus
+from planner.errors import StratagemError
+from planner.gpt_profile import build_gpt_profile
+from planner.modelspec import parse_model
+from planner.profiles import load_cluster_profile, resolve_cluster_path
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), 64)
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    return build_gpt_profile(parse_model("moe:mixtral-8x7b"), seq_len=4096)
+
+
+def _fit(fits, op="all_to_all"):
+    return next(f for f in fits if f.op == op)
+
+
+def test_all_to_all_inside_a_node_is_the_bus_bandwidth_formula(h100):
+    node = h100.node_types[0]
+    fit = _fit(node.intra_node)
+    t = all_to_all_s(h100, node, 1e9, GroupShape(n_ranks=8, ranks_per_node=8, spans_nodes=False))
+    assert t == pytest.approx(fit.alpha_s + 7 / 8 * 1e9 / fit.bus_bw_bytes_per_s)
+
+
+def test_all_to_all_across_nodes_is_bound_by_one_nic_per_rank(h100):
+    node = h100.node_types[0]
+    intra, inter = _fit(node.intra_node), _fit(h100.inter_node)
+    t = all_to_all_s(h100, node, 1e9, GroupShape(n_ranks=16, ranks_per_node=8, spans_nodes=True))
+    nvlink = 7 / 16 * 1e9 / intra.bus_bw_bytes_per_s
+    network = 8 / 16 * 1e9 / (inter.bus_bw_bytes_per_s / 8)  # 47 GB/s per GPU (nccl-tests #267)
+    assert t == pytest.approx(inter.alpha_s + max(nvlink, network))
+    assert network > nvlink
+
+
+def test_ep_group_is_ep_ranks_etp_apart():
+    assert ep_group(8, 1, 8) == GroupShape(n_ranks=8, ranks_per_node=8, spans_nodes=False)
+    assert ep_group(8, 2, 8) == GroupShape(n_ranks=8, ranks_per_node=4, spans_nodes=True)
+
+
+def test_expert_states_sharded_over_ep_and_edp(h100, mixtral):
+    # ep 8 over dp 16: one expert (3 x 4096 x 14336 parameters) per layer per rank; ZeRO-1 over edp = 2:
+    # 2 + 2 bytes weights and gradients, 12 / 2 bytes optimizer; 8 layers per pp rank (pp 4)
+    config = ParallelConfig(pp=4, dp=16, ep=8, num_micro_batches=16, zero_stage=1, schedule="1f1b")
+    est = estimate(mixtral, h100, config, global_batch=256)
+    per_layer = 3 * 4096 * 14336 * (2 + 2 + 12 / 2)
+    assert est.per_rank[1].memory.expert_states == pytest.approx(8 * per_layer)
+    one = estimate(
+        mixtral, h100, ParallelConfig(pp=4, dp=16, ep=1, num_micro_batches=16, zero_stage=1), global_batch=256
+    )
+    assert one.per_rank[1].memory.expert_states == pytest.approx(8 * 8 * 3 * 4096 * 14336 * (2 + 2 + 12 / 16))
+
+
+def test_all_to_all_only_with_expert_parallelism(h100, mixtral):
+    base = dict(pp=4, dp=16, num_micro_batches=16, zero_stage=1)
+    none = estimate(mixtral, h100, ParallelConfig(**base), global_batch=256)
+    ep8 = estimate(mixtral, h100, ParallelConfig(**base, ep=8), global_batch=256)
+    assert none.breakdown_s["ep_comm"] == 0.0 < ep8.breakdown_s["ep_comm"]
+    assert math.isclose(
+        sum(ch.time_s["ep_comm"] for ch in ep8.per_stage) * 16, ep8.breakdown_s["ep_comm"] * 4, rel_tol=1e-9
+    )
+    # imbalance: the busiest rank's expert GEMMs and all-to-all grow with it
+    heavier = estimate(mixtral, h100, ParallelConfig(**base, ep=8, moe_load_imbalance=1.5), global_batch=256)
+    assert heavier.step_time_s > ep8.step_time_s
+
+
+def test_missing_all_to_all_figures_is_one_line(h100):
+    stripped = h100.model_copy(
+        update={"inter_node": [f for f in h100.inter_node if f.op != "all_to_all"], "content_hash": None}
+    )
+    with pytest.raises(StratagemError, match="no all_to_all figure for the network") as err:
+        require_all_to_all(stripped)
+    assert "\n" not in str(err.value) and "stratagem profile cluster" in str(err.value)
+
+
+def _cli(*args: str):
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_plan_without_all_to_all_writes_nothing(tmp_path):
+    data = json.loads(resolve_cluster_path("dgx-h100").read_text())
+    for nt in data["node_types"]:
+        nt["intra_node"] = [f for f in nt["intra_node"] if f["op"] != "all_to_all"]
+    data["inter_node"] = [f for f in data["inter_node"] if f["op"] != "all_to_all"]
+    data["content_hash"] = None
+    cluster = tmp_path / "no-a2a.json"
+    cluster.write_text(json.dumps(data))
+    out = tmp_path / "plan.json"
+    res = _cli("plan", "--model", "moe:tiny", "--cluster", str(cluster), "--gpus", "8", "--global-batch", "16",
+               "--seq", "128", "--out", str(out))  # fmt: skip
+    assert res.returncode == 2 and not out.exists()
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "all_to_all" in lines[0] and "stratagem profile cluster" in lines[0]
+
+
+def test_cli_plan_and_export_moe(tmp_path):
+    out = tmp_path / "plan.json"
+    res = _cli("plan", "--model", "moe:tiny", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "16",
+               "--seq", "128", "--allow", "dp,ep,zero", "--out", str(out))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(out.read_text())
+    assert plan["experts"]["ep"] >= 1 and plan["experts"]["etp"] == 1
+    args = tmp_path / "args.sh"
+    res = _cli("export", str(out), "--to", "megatron", "--out", str(args))
+    assert res.returncode == 0, res.stderr
+    text = args.read_text()
+    assert "--num-experts 4" in text and "--moe-router-topk 2" in text and "--expert-tensor-parallel-size 1" in text
+    if plan["experts"]["ep"] > 1:
+        assert f"--expert-model-parallel-size {plan['experts']['ep']}" in text
+
+
+def test_cli_estimate_rejects_experts_not_divisible_by_ep():
+    res = _cli("estimate", "--model", "moe:mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64",
+               "--global-batch", "256", "--seq", "4096", "--pp", "4", "--ep", "3")  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.strip() == "error: 8 experts do not split over ep=3; choose ep dividing the experts (1, 2, 4, 8)"
+
+
+def test_megatron_arguments_round_trip_an_moe_plan(tmp_path):
+    """export --to megatron, then estimate --from megatron: the same model (moe family), ep and step time."""
+    plan = tmp_path / "plan.json"
+    res = _cli("plan", "--model", "moe:tiny", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "16",
+               "--seq", "128", "--allow", "dp,ep,zero", "--out", str(plan))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    args = tmp_path / "args.sh"
+    assert _cli("export", str(plan), "--to", "megatron", "--out", str(args)).returncode == 0
+    res = _cli("estimate", "--from", "megatron", str(args), "--cluster", "dgx-h100", "--json")
+    assert res.returncode == 0, res.stderr
+    back, saved = json.loads(res.stdout), json.loads(plan.read_text())
+    assert back["config"]["ep"] == saved["experts"]["ep"]
+    assert back["step_time_s"] == pytest.approx(saved["predictions"]["step_time_s"], rel=1e-9)
