@@ -96,6 +96,7 @@ def _flat_link(
         else None
     )
     if not spans_nodes:
+        assert intra is not None  # looked up above whenever the group stays inside a node
         step = _alpha_step(intra)
         return _Link(intra_step_s=step, inter_step_s=step, bw=intra.bus_bw_bytes_per_s, nodes=1)
     inter = _find_fit(cluster.inter_node, op, f"cluster {cluster.name} (inter-node)")

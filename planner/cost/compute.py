@@ -28,6 +28,8 @@ collectives; its gradients are averaged over the ``dp x tp`` group (``estimate``
 from __future__ import annotations
 
 from planner.cost.collectives import collective_time
+from typing import Any
+
 from planner.cost.config import LayerCost, Recompute, TPStyle
 from planner.cost.constants import (
     BACKWARD_TRAFFIC_FACTOR,
@@ -220,7 +222,7 @@ def layer_cost(
     flash_flops = score_flops * (CAUSAL_FLASH_WORK_FRACTION if causal_skip else 1.0)  # what the flash kernel computes
     skipped = score_flops - flash_flops if flash_attention else 0.0  # masked blocks a causal flash kernel skips
     optimizer_s = 0.0
-    kernels = None
+    kernels, dev = None, None
     if use_timings and shard.timings:
         forward_s, backward_s = _interpolate(shard.timings, samples)
         extra_fwd_s, extra_bwd_s, optimizer_s = layer_overhead_s(layer, split_tp=split and tp > 1, wrapper=dp_wrapper)
@@ -268,8 +270,8 @@ def layer_cost(
     elif recompute == "selective" and not flash_attention:
         recompute_s = (
             score_flops / rate + scores_traffic_s
-            if kernels is None
-            else kernels.attention_forward.wall_s(node.kernel_model)
+            if kernels is None or dev is None
+            else kernels.attention_forward.wall_s(dev.km)
         )
         recompute_flops = score_flops
     elif recompute in ("none", "selective"):
@@ -369,7 +371,7 @@ def layout_change_cost(
     if tp == 1 or prev_style == next_style:
         return 0.0
     nbytes = prev.output_bytes_per_sample * micro_batch
-    coll = dict(
+    coll: dict[str, Any] = dict(
         node_type=node,
         spans_nodes=tp_group_spans_nodes,
         ranks_per_node=node.devices_per_node if tp_group_spans_nodes else tp,

@@ -39,7 +39,7 @@ group exactly the folded ``dp * cp`` group (``tp`` apart), so the data-parallel 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from typing import TYPE_CHECKING
 
@@ -220,14 +220,14 @@ def exchange_cost(
     """
     full = ex.kv_bytes_per_sample * samples / tp
     group = dp_group(ex.cp, tp, node.devices_per_node)
-    coll = dict(node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node)
+    coll: dict[str, Any] = dict(node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=group.ranks_per_node)
     if ex.mode == "allgather":
         return ExchangeCost(
             forward_s=collective_time(cluster, "all_gather", full, ex.cp, **coll),
             backward_s=collective_time(cluster, "reduce_scatter", full, ex.cp, **coll),
             saved_bytes=full * (1 - 1 / ex.cp),
         )
-    p2p = dict(node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=1)
+    p2p: dict[str, Any] = dict(node_type=node, spans_nodes=group.spans_nodes, ranks_per_node=1)
     steps = ex.cp - 1
 
     def exposed(nbytes: float, window_s: float) -> float:
@@ -256,7 +256,7 @@ def fold(config: ParallelConfig, model: ModelProfile, global_batch: int) -> tupl
         dp=config.dp * config.cp,
         cp=1,
         context_parallel=None,
-        kv_exchange=kv_exchange(model, config.cp, mode),  # type: ignore[arg-type]
+        kv_exchange=kv_exchange(model, config.cp, mode),
     )
     return context_view(model, config.cp), folded, global_batch * config.cp
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from planner.cost.collectives import collective_time
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
-from planner.cost.config import LayerCost, ParallelConfig
+from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.context import estimate_context_parallel
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
@@ -161,7 +161,7 @@ class _Assembler:
                 )
         return self._cache[key]
 
-    def _dense_cost(self, layer: LayerProfile, node: NodeType, style: str, recompute: str) -> LayerCost:
+    def _dense_cost(self, layer: LayerProfile, node: NodeType, style: TPStyle, recompute: Recompute) -> LayerCost:
         """compute.layer_cost of the layer's shards (a Mixture-of-Experts block: without its routed experts)."""
         cfg = self.cfg
         return layer_cost(
@@ -563,6 +563,7 @@ def _estimate_replicas(
     all_ranks = [rk for t in per_type for rk in t.per_rank]
     pipeline_s = max(t.pipeline_s for t in per_type)
     step_s = pipeline_s + max(rk.tail_s for rk in all_ranks)
+    assert config.replica_node_types is not None  # this estimate runs only for replicas on several node types
     peak_flops = sum(cluster.node_type(t).compute_for(dtype).peak_flops_per_s for t in config.replica_node_types)
     peak_flops *= config.pp * config.tp
     note = (

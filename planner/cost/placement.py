@@ -194,7 +194,7 @@ def rank_node_types(cluster: ClusterProfile, config: ParallelConfig) -> list[str
 def fill_stage_node_types(cluster: ClusterProfile, config: ParallelConfig) -> ParallelConfig:
     """``config`` with pp ranks placed on node types in cluster order, each taking ``dp * tp`` devices
     from the first type with room (the default placement on a mixed cluster)."""
-    free = {}
+    free: dict[str, int] = {}
     for group in cluster.nodes:
         free[group.node_type] = (
             free.get(group.node_type, 0) + group.count * cluster.node_type(group.node_type).devices_per_node

@@ -169,7 +169,7 @@ def _check_interleaved(model: ModelProfile, config: ParallelConfig) -> None:
     if config.stage_layers is not None:
         sizes = interleaved_chunk_sizes(model, config)
         given = tuple(len(chunk) for chunk in config.stage_layers)
-        if given != sizes:
+        if sizes is not None and given != sizes:
             raise StratagemError(
                 f"interleaved 1F1B runs equal chunks of {blocks // chunks} blocks, but stage_layers "
                 f"has chunks of {list(given)} layers; use the even split {list(sizes)} or 1f1b"
