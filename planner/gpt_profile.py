@@ -381,6 +381,32 @@ def build_gpt_profile(
         for i in range(int(spec.dim("layers")))
     ]
     layers = [_embed_layer(d, tps), *blocks, _norm_layer(d), _head_layer(d, tps)]
+    return analytic_profile(
+        spec,
+        seq=seq,
+        dtype=dtype,
+        tps=tps,
+        layers=layers,
+        total_params=sum(layer.params for layer in layers),
+        created_utc=created_utc,
+        sources=SOURCES,
+        notes="closed-form (planner.gpt_profile); no timings",
+    )
+
+
+def analytic_profile(
+    spec: ModelSpec,
+    *,
+    seq: int,
+    dtype: str,
+    tps: list[int],
+    layers: list[LayerProfile],
+    total_params: int,
+    created_utc: str,
+    sources: list[str],
+    notes: str,
+) -> ModelProfile:
+    """A closed-form model profile of ``layers`` (one sample of ``seq`` tokens, no timings)."""
     return ModelProfile(
         name=spec.name,
         model=spec,
@@ -389,13 +415,13 @@ def build_gpt_profile(
         sample_shape=[seq],
         micro_batches=[1],
         tp_degrees=tps,
-        total_params=sum(layer.params for layer in layers),
+        total_params=total_params,
         layers=layers,
         provenance=Provenance(
             method="analytic",
             tool=f"stratagem {__version__}",
             created_utc=created_utc,
-            sources=SOURCES,
-            notes="closed-form (planner.gpt_profile); no timings",
+            sources=sources,
+            notes=notes,
         ),
     )

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner import __version__
 from planner.cost.constants import DTYPE_BYTES
 from planner.errors import StratagemError
 from planner.gpt_profile import (
@@ -35,10 +34,11 @@ from planner.gpt_profile import (
     _embed_layer,
     _head_layer,
     _norm_layer,
+    analytic_profile,
     default_tp_degrees,
 )
 from planner.modelspec import ModelSpec
-from planner.profiles import CollectiveNeed, ExpertProfile, LayerProfile, ModelProfile, Provenance, ShardProfile
+from planner.profiles import CollectiveNeed, ExpertProfile, LayerProfile, ModelProfile, ShardProfile
 
 SOURCES = [
     *DENSE_SOURCES,
@@ -130,21 +130,14 @@ def build_moe_profile(
             )
         )
     layers = [_embed_layer(dense, tps), *blocks, _norm_layer(dense), _head_layer(dense, tps)]
-    return ModelProfile(
-        name=spec.name,
-        model=spec,
-        seq_len=seq,
+    return analytic_profile(
+        spec,
+        seq=seq,
         dtype=dtype,
-        sample_shape=[seq],
-        micro_batches=[1],
-        tp_degrees=tps,
-        total_params=sum(layer.total_params for layer in layers),
+        tps=tps,
         layers=layers,
-        provenance=Provenance(
-            method="analytic",
-            tool=f"stratagem {__version__}",
-            created_utc=created_utc,
-            sources=SOURCES,
-            notes="closed-form (planner.moe_profile); routed experts costed per ep/etp by planner.cost.moe",
-        ),
+        total_params=sum(layer.total_params for layer in layers),
+        created_utc=created_utc,
+        sources=SOURCES,
+        notes="closed-form (planner.moe_profile); routed experts costed per ep/etp by planner.cost.moe",
     )

@@ -32,11 +32,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from planner.alphabeta import bus_factor
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, CollectiveFit, NodeType
+
+if TYPE_CHECKING:
+    from planner.cost.placement import GroupShape
 
 Algorithm = Literal["auto", "ring", "tree", "hierarchical", "parameter_server"]
 ALGORITHMS = ("ring", "tree", "hierarchical", "parameter_server")
@@ -198,3 +201,17 @@ def collective_time(
             f"(spans_nodes={spans_nodes}); use one of {', '.join(options)} or auto"
         )
     return options[algorithm]
+
+
+def group_collective_s(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape) -> float:
+    """:func:`collective_time` of ``op`` on ``nbytes`` over a rank group laid out as ``group``
+    (``planner.cost.placement.GroupShape``: its size, whether it spans nodes, its ranks per node)."""
+    return collective_time(
+        cluster,
+        op,
+        nbytes,
+        group.n_ranks,
+        node_type=node,
+        spans_nodes=group.spans_nodes,
+        ranks_per_node=group.ranks_per_node,
+    )

@@ -44,7 +44,7 @@ gradient all-reduce between the two ranks (one message per step) is not modelled
 
 from __future__ import annotations
 
-from planner.cost.collectives import collective_time
+from planner.cost.collectives import collective_time, group_collective_s
 from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.context import estimate_context_parallel
@@ -80,18 +80,6 @@ from planner.cost.zero3 import Zero3Comm, zero3_accumulation_bytes
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
 
 
-def _coll(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape) -> float:
-    return collective_time(
-        cluster,
-        op,
-        nbytes,
-        group.n_ranks,
-        node_type=node,
-        spans_nodes=group.spans_nodes,
-        ranks_per_node=group.ranks_per_node,
-    )
-
-
 def dp_collective_time(
     cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape, bucket_bytes: float | None
 ) -> float:
@@ -104,8 +92,8 @@ def dp_collective_time(
     if nbytes <= 0:
         return 0.0
     if bucket_bytes is None:
-        return _coll(cluster, node, op, nbytes, group)
-    return nbytes * _coll(cluster, node, op, bucket_bytes, group) / bucket_bytes
+        return group_collective_s(cluster, node, op, nbytes, group)
+    return nbytes * group_collective_s(cluster, node, op, bucket_bytes, group) / bucket_bytes
 
 
 def _timings_apply(model: ModelProfile, node: NodeType) -> bool:
@@ -215,7 +203,9 @@ class _Assembler:
             self.cluster, "send_recv", full_bytes / cfg.tp, 2, node_type=node, spans_nodes=spans, ranks_per_node=1
         )
         if cfg.tp > 1 and not cfg.sequence_parallel and layer_style(cfg, last) == "split":
-            one_way += _coll(self.cluster, node, "all_gather", full_bytes, tp_group(cfg.tp, node.devices_per_node))
+            one_way += group_collective_s(
+                self.cluster, node, "all_gather", full_bytes, tp_group(cfg.tp, node.devices_per_node)
+            )
         return one_way
 
     def _p2p_s(self, c: int) -> float:

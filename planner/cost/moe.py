@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner.cost.collectives import collective_time
+from planner.cost.collectives import group_collective_s
 from planner.cost.config import LayerCost, Recompute
 from planner.cost.constants import (
     DTYPE_BYTES,
@@ -134,18 +134,6 @@ def all_to_all_s(cluster: ClusterProfile, node: NodeType, message_bytes: float, 
     return inter.alpha_s + max(nvlink_s, network_s)
 
 
-def _coll_s(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape) -> float:
-    return collective_time(
-        cluster,
-        op,
-        nbytes,
-        group.n_ranks,
-        node_type=node,
-        spans_nodes=group.spans_nodes,
-        ranks_per_node=group.ranks_per_node,
-    )
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Shape:
     """The routed experts' sizes on one rank for one micro-batch (module docstring)."""
@@ -214,10 +202,10 @@ def _comm_s(cluster: ClusterProfile, node: NodeType, sh: _Shape, split: ExpertSp
     t = 2 * all_to_all_s(cluster, node, sh.send_bytes, ep_group(split.ep, split.etp, dpn))
     if split.etp > 1:
         group = tp_group(split.etp, dpn)
-        t += _coll_s(cluster, node, "all_gather", split.etp * sh.send_bytes, group)
-        t += _coll_s(cluster, node, "reduce_scatter", split.etp * sh.send_bytes, group)
+        t += group_collective_s(cluster, node, "all_gather", split.etp * sh.send_bytes, group)
+        t += group_collective_s(cluster, node, "reduce_scatter", split.etp * sh.send_bytes, group)
     if split.tp > 1 and not split.sequence_parallel:
-        t += _coll_s(cluster, node, "all_gather", full_bytes, tp_group(split.tp, dpn))
+        t += group_collective_s(cluster, node, "all_gather", full_bytes, tp_group(split.tp, dpn))
     return t
 
 
@@ -232,8 +220,8 @@ def _step_s(cluster: ClusterProfile, node: NodeType, params: float, split: Exper
 
         def bucketed(op: str, nbytes: float) -> float:  # estimate.dp_collective_time: linear in the bytes
             if bucket is None:
-                return _coll_s(cluster, node, op, nbytes, group)
-            return nbytes * _coll_s(cluster, node, op, bucket, group) / bucket
+                return group_collective_s(cluster, node, op, nbytes, group)
+            return nbytes * group_collective_s(cluster, node, op, bucket, group) / bucket
 
         t += bucketed("all_reduce" if zero == 0 else "reduce_scatter", params * per["grads"])
         if zero >= 1:

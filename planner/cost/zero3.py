@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost.collectives import collective_time
+from planner.cost.collectives import group_collective_s
 from planner.cost.config import LayerCost, ParallelConfig
 from planner.cost.constants import DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS, EAGER_OP_OVERHEAD_S, MEMORY_BW_EFFICIENCY
 from planner.cost.kernels import contention
@@ -80,18 +80,6 @@ def parameter_tensors(layer: LayerProfile, family: str, hidden: int, ffn_hidden:
         if sum(tensors) == layer.params:
             return tensors
     return [layer.params]
-
-
-def _ring_s(cluster: ClusterProfile, node: NodeType, op: str, nbytes: float, group: GroupShape) -> float:
-    return collective_time(
-        cluster,
-        op,
-        nbytes,
-        group.n_ranks,
-        node_type=node,
-        spans_nodes=group.spans_nodes,
-        ranks_per_node=group.ranks_per_node,
-    )
 
 
 def list_collective_overhead_s(op: str, nbytes: float, n_ranks: int, hbm_bytes_per_s: float | None) -> float:
@@ -139,7 +127,7 @@ class Zero3Comm:
 
     def _one_s(self, op: str, nbytes: float, group: GroupShape | None = None) -> float:
         group = group or self.group
-        t = _ring_s(self.cluster, self.node, op, nbytes, group)
+        t = group_collective_s(self.cluster, self.node, op, nbytes, group)
         if self.cfg.zero3_list_collectives and t > 0:
             t += list_collective_overhead_s(op, nbytes, group.n_ranks, self.node.memory_bw_bytes_per_s)
         return t
