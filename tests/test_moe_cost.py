@@ -12,7 +12,7 @@ import pytest
 
 from planner.cost import estimate
 from planner.cost.config import ParallelConfig
-from planner.cost.moe import all_to_all_s, ep_group, require_all_to_all
+from planner.cost.moe import all_to_all_s, deepep_s, ep_group, remote_nodes_per_token, require_all_to_all
 from planner.cost.placement import GroupShape, with_gpus
 from planner.errors import StratagemError
 from planner.gpt_profile import build_gpt_profile
@@ -51,6 +51,42 @@ def test_all_to_all_across_nodes_is_bound_by_one_nic_per_rank(h100):
     assert network > nvlink
 
 
+def test_remote_nodes_per_token_by_hand():
+    # one node: nothing leaves it; two nodes of 4 experts each, top-1: the other node half the time
+    assert remote_nodes_per_token(8, 2, 1) == 0.0
+    assert remote_nodes_per_token(8, 1, 2) == pytest.approx(0.5)
+    # top-2 of 8 over 2 nodes: P(both on this node) = 4/8 * 3/7, so the other node is hit 1 - 3/14 of the time
+    assert remote_nodes_per_token(8, 2, 2) == pytest.approx(1 - 3 / 14)
+    # Qwen3-235B on EP32 = 4 nodes of 32 experts, top-8: 3 x (1 - C(96, 8) / C(128, 8))
+    assert remote_nodes_per_token(128, 8, 4) == pytest.approx(3 * (1 - math.comb(96, 8) / math.comb(128, 8)))
+
+
+def test_deepep_sends_a_token_once_per_destination_node(h100):
+    node = h100.node_types[0]
+    intra, inter = _fit(node.intra_node), _fit(h100.inter_node)
+    inside = GroupShape(n_ranks=8, ranks_per_node=8, spans_nodes=False)
+    assert deepep_s(h100, node, 1e9, 8, 128, inside) == all_to_all_s(h100, node, 1e9, inside)  # NVLink only
+    group = GroupShape(n_ranks=32, ranks_per_node=8, spans_nodes=True)
+    rdma = 1e9 / 8 * remote_nodes_per_token(128, 8, 4) / (inter.bus_bw_bytes_per_s / 8)
+    nvlink = 7 / 8 * 1e9 / intra.bus_bw_bytes_per_s
+    assert deepep_s(h100, node, 1e9, 8, 128, group) == pytest.approx(inter.alpha_s + max(rdma, nvlink))
+    # NCCL's all-to-all sends 8 x 24/32 = 6 copies of a token over the network, DeepEP ~2.7
+    assert deepep_s(h100, node, 1e9, 8, 128, group) < 0.5 * all_to_all_s(h100, node, 1e9, group)
+
+
+def test_dispatcher_and_moe_recompute_in_the_estimate(h100):
+    qwen = build_gpt_profile(parse_model("moe:qwen3-30b-a3b"), seq_len=4096)
+    base = dict(pp=1, dp=16, ep=16, num_micro_batches=4, zero_stage=1)
+    nccl = estimate(qwen, with_gpus(h100, 16), ParallelConfig(**base), global_batch=64)
+    deep = estimate(qwen, with_gpus(h100, 16), ParallelConfig(**base, moe_dispatcher="deepep"), global_batch=64)
+    assert 0 < deep.breakdown_s["ep_comm"] < nccl.breakdown_s["ep_comm"]
+    rec = estimate(qwen, with_gpus(h100, 16), ParallelConfig(**base, moe_recompute=True), global_batch=64)
+    assert rec.breakdown_s["recompute"] > nccl.breakdown_s["recompute"]
+    assert rec.per_rank[0].memory.activations < nccl.per_rank[0].memory.activations
+    with pytest.raises(StratagemError, match="unknown MoE dispatcher 'nccl'"):
+        estimate(qwen, with_gpus(h100, 16), ParallelConfig(**base, moe_dispatcher="nccl"), global_batch=64)  # type: ignore[arg-type]
+
+
 def test_ep_group_is_ep_ranks_etp_apart():
     assert ep_group(8, 1, 8) == GroupShape(n_ranks=8, ranks_per_node=8, spans_nodes=False)
     assert ep_group(8, 2, 8) == GroupShape(n_ranks=8, ranks_per_node=4, spans_nodes=True)
@@ -78,8 +114,9 @@ def test_all_to_all_only_with_expert_parallelism(h100, mixtral):
         sum(ch.time_s["ep_comm"] for ch in ep8.per_stage) * 16, ep8.breakdown_s["ep_comm"] * 4, rel_tol=1e-9
     )
     # imbalance: the busiest rank's expert GEMMs and all-to-all grow with it
-    heavier = estimate(mixtral, h100, ParallelConfig(**base, ep=8, moe_load_imbalance=1.5), global_batch=256)
-    assert heavier.step_time_s > ep8.step_time_s
+    heavier = estimate(mixtral, h100, ParallelConfig(**base, ep=8, moe_load_imbalance=2.0), global_batch=256)
+    balanced = estimate(mixtral, h100, ParallelConfig(**base, ep=8, moe_load_imbalance=1.0), global_batch=256)
+    assert balanced.step_time_s < ep8.step_time_s < heavier.step_time_s
 
 
 def test_missing_all_to_all_figures_is_one_line(h100):

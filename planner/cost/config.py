@@ -102,6 +102,12 @@ class ParallelConfig:
     ep: int = 1
     etp: int = 1
     moe_load_imbalance: float = MOE_LOAD_IMBALANCE
+    # How tokens reach their experts (``planner.cost.moe``): "alltoall" (NCCL all-to-all, one copy per
+    # destination rank) or "deepep" (DeepEP: one copy per destination node over RDMA, then NVLink).
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    # Megatron-Core's ``--recompute-modules moe``: the routed experts' forward and dispatch re-run in the
+    # backward, their activations not kept (the rest of the layer follows ``recompute``).
+    moe_recompute: bool = False
 
     @property
     def zero3_grad_sync_mode(self) -> Literal["micro_batch", "step"]:

@@ -146,6 +146,7 @@ class _Assembler:
                     split=expert_split(cfg),
                     recompute=recompute,
                     dtype=self.dtype,
+                    moe_recompute=cfg.moe_recompute,
                 )
         return self._cache[key]
 

@@ -21,13 +21,19 @@ experts of width ``f``, model width ``h``, element size ``e`` and the busiest ra
   the router ``T x E x h`` and the permute / unpermute copies; backward two GEMMs per GEMM. Model FLOPs use
   the balanced load: ``3 (6 h f k T + 2 h E T)`` per micro-batch.
 - **All-to-all.** Dispatch and combine forward, their mirrors backward: four all-to-alls of
-  ``S = lam k T h e`` bytes per rank over the ep group (:func:`all_to_all_s`), plus etp gathers and scatters
-  of ``etp S``; full recompute repeats the forward ones. Not overlapped with compute (Megatron-Core's
-  default; its ``--overlap-moe-expert-parallel-comm`` is not modelled).
-- **Activations saved** (none / selective recompute): router logits and probabilities (fp32, ``8 T E``),
+  ``S = lam k T h e`` bytes per rank over the ep group, plus etp gathers and scatters of ``etp S``; full
+  recompute (or ``moe_recompute``) repeats the forward ones. Not overlapped with compute (Megatron-Core's
+  default; its ``--overlap-moe-expert-parallel-comm`` is not modelled). Two dispatchers
+  (``ParallelConfig.moe_dispatcher``): ``"alltoall"``, NCCL's all-to-all, one copy per destination rank
+  (:func:`all_to_all_s`; Megatron-Core's ``alltoall`` dispatcher), and ``"deepep"``, DeepEP's normal kernels
+  (Megatron-Core's ``flex`` dispatcher with ``--moe-enable-deepep``): across nodes a token goes once to each
+  destination node over RDMA and is forwarded inside it over NVLink (:func:`deepep_s`).
+- **Activations saved** (none / selective recompute, without ``moe_recompute``): router logits and probabilities (fp32, ``8 T E``),
   top-k indices and weights (``12 k T``), the experts' input, fc1 output and fc2 input
   (``e R (h + 3 f / etp)``) and the combine's expert outputs (``e k T h``). Full recompute keeps only the
-  block input and re-materialises these in the backward working set. Dispatch buffers (send, receive and
+  block input and re-materialises these in the backward working set; ``moe_recompute`` (Megatron-Core's
+  ``--recompute-modules moe``) does the same for the routed experts alone: their forward and dispatch are
+  re-run in the backward and their activations are not kept. Dispatch buffers (send, receive and
   the etp-gathered copy, ``(2 + etp) S``) are transient working memory.
 - **States.** ``E/ep`` experts of ``3 h f / etp`` parameters each; with ZeRO >= 1 their optimizer states
   (>= 2: gradients) are sharded over edp (Megatron-Core's distributed optimizer over the expert-data-parallel
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from planner.cost.collectives import group_collective_s
 from planner.cost.config import LayerCost, Recompute
@@ -56,6 +63,8 @@ from planner.cost.placement import GroupShape, dp_group, tp_group
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, CollectiveFit, ExpertProfile, LayerProfile, NodeType
 
+Dispatcher = Literal["alltoall", "deepep"]
+DISPATCHERS: tuple[Dispatcher, ...] = ("alltoall", "deepep")
 ROUTER_SAVED_BYTES_PER_TOKEN_EXPERT = 8  # fp32 logits + fp32 softmax output per (token, expert)
 TOPK_SAVED_BYTES_PER_PAIR = 12  # int64 expert index + fp32 routing weight per (token, chosen expert)
 
@@ -73,6 +82,7 @@ class ExpertSplit:
     micro_batch: int
     load_imbalance: float
     grad_bucket_bytes: float | None
+    dispatcher: Dispatcher = "alltoall"
 
     @property
     def edp(self) -> int:
@@ -132,6 +142,59 @@ def all_to_all_s(cluster: ClusterProfile, node: NodeType, message_bytes: float, 
     nvlink_s = (g - 1) / n * message_bytes / intra.bus_bw_bytes_per_s
     network_s = (n - g) / n * message_bytes / (inter.bus_bw_bytes_per_s / node.devices_per_node)
     return inter.alpha_s + max(nvlink_s, network_s)
+
+
+def remote_nodes_per_token(experts: int, top_k: int, nodes: int) -> float:
+    """Expected number of other nodes a token's ``top_k`` distinct experts sit on, with ``experts`` spread
+    evenly over ``nodes`` nodes of the ep group and each token's experts uniformly random (the mean that a
+    load-balancing loss aims at): ``(nodes - 1) (1 - C(E - E/N, k) / C(E, k))``."""
+    if nodes <= 1:
+        return 0.0
+    per_node = experts / nodes
+    miss = 1.0
+    for i in range(top_k):
+        miss *= max(experts - per_node - i, 0.0) / (experts - i)
+    return (nodes - 1) * (1.0 - miss)
+
+
+def deepep_s(
+    cluster: ClusterProfile, node: NodeType, message_bytes: float, top_k: int, experts: int, group: GroupShape
+) -> float:
+    """Seconds of one DeepEP dispatch (or combine) in which each rank holds ``message_bytes / top_k`` of tokens,
+    ``message_bytes`` counting one copy per chosen expert.
+
+    DeepEP's normal kernels (deepseek-ai/DeepEP README, "Normal kernels with NVLink and RDMA forwarding";
+    the scheme of DeepSeek-V3's report, arXiv:2412.19437 §3.2.2): inside a node, an all-to-all over NVLink
+    (:func:`all_to_all_s`). Across nodes, a token goes over RDMA once to each destination node that holds one
+    of its experts (:func:`remote_nodes_per_token` of them), to the GPU of the same local index, which
+    forwards it over NVLink to the GPUs holding its experts (``(g-1)/g`` of the copies); the two transfers are
+    pipelined, the slower one sets the time. RDMA runs at one NIC per GPU: the README measures 43-58 GB/s of
+    "bottleneck bandwidth" on 50 GB/s CX7 NICs (EP16-EP64, H800), the cluster's inter-node all_to_all fit
+    per GPU (dgx-h100: 47 GB/s) is that figure.
+    """
+    n = group.n_ranks
+    if n <= 1 or message_bytes <= 0:
+        return 0.0
+    if not group.spans_nodes:
+        return all_to_all_s(cluster, node, message_bytes, group)
+    intra = all_to_all_fit(node.intra_node, f"node type {node.name} (intra-node)", cluster)
+    inter = all_to_all_fit(cluster.inter_node, "the network (inter-node)", cluster)
+    g = group.ranks_per_node
+    rdma_bytes = message_bytes / top_k * remote_nodes_per_token(experts, top_k, n // g)
+    network_s = rdma_bytes / (inter.bus_bw_bytes_per_s / node.devices_per_node)
+    nvlink_s = (g - 1) / g * message_bytes / intra.bus_bw_bytes_per_s
+    return inter.alpha_s + max(nvlink_s, network_s)
+
+
+def dispatch_s(
+    cluster: ClusterProfile, node: NodeType, message_bytes: float, ex: ExpertProfile, group: GroupShape, dispatcher: str
+) -> float:
+    """One dispatch or combine of the ep group with ``dispatcher`` (module docstring)."""
+    if dispatcher == "alltoall":
+        return all_to_all_s(cluster, node, message_bytes, group)
+    if dispatcher == "deepep":
+        return deepep_s(cluster, node, message_bytes, ex.top_k, ex.experts, group)
+    raise StratagemError(f"unknown MoE dispatcher {dispatcher!r}; use one of {', '.join(DISPATCHERS)}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,10 +259,12 @@ def _compute_s(ex: ExpertProfile, sh: _Shape, node: NodeType, dtype: str) -> tup
     return flops / rate + fwd_bytes * traffic, 2 * flops / rate + bwd_bytes * traffic
 
 
-def _comm_s(cluster: ClusterProfile, node: NodeType, sh: _Shape, split: ExpertSplit, full_bytes: float) -> float:
+def _comm_s(
+    cluster: ClusterProfile, node: NodeType, ex: ExpertProfile, sh: _Shape, split: ExpertSplit, full_bytes: float
+) -> float:
     """One direction's (forward or backward) MoE communication per micro-batch (module docstring)."""
     dpn = node.devices_per_node
-    t = 2 * all_to_all_s(cluster, node, sh.send_bytes, ep_group(split.ep, split.etp, dpn))
+    t = 2 * dispatch_s(cluster, node, sh.send_bytes, ex, ep_group(split.ep, split.etp, dpn), split.dispatcher)
     if split.etp > 1:
         group = tp_group(split.etp, dpn)
         t += group_collective_s(cluster, node, "all_gather", split.etp * sh.send_bytes, group)
@@ -271,7 +336,7 @@ def expert_time(
     return ExpertTime(
         forward_s=fwd_s,
         backward_s=bwd_s,
-        comm_s=_comm_s(cluster, node, sh, split, full_bytes),
+        comm_s=_comm_s(cluster, node, ex, sh, split, full_bytes),
         saved_bytes=saved,
         dispatch_bytes=(2 + (split.etp if split.etp > 1 else 0)) * sh.send_bytes,
         flops=6 * ex.hidden * ex.expert_ffn * ex.top_k * sh.tokens + 2 * ex.hidden * ex.experts * sh.tokens,
@@ -300,6 +365,7 @@ def add_expert_costs(
     split: ExpertSplit,
     recompute: Recompute,
     dtype: str,
+    moe_recompute: bool = False,
 ) -> LayerCost:
     """``base`` (the block's attention, router weights and shared experts) plus its routed experts (module
     docstring); a dense layer is returned unchanged."""
@@ -307,12 +373,15 @@ def add_expert_costs(
         return base
     t = expert_time(layer, node=node, cluster=cluster, split=split, dtype=dtype)
     st = expert_states(layer, node=node, cluster=cluster, split=split, dtype=dtype)
-    return combine_expert_costs(base, t, st, recompute)
+    return combine_expert_costs(base, t, st, recompute, moe_recompute=moe_recompute)
 
 
-def combine_expert_costs(base: LayerCost, t: ExpertTime, st: ExpertStates, recompute: Recompute) -> LayerCost:
-    """The :class:`LayerCost` of a block: its shards' ``base`` plus the routed experts' terms."""
-    full = recompute == "full"
+def combine_expert_costs(
+    base: LayerCost, t: ExpertTime, st: ExpertStates, recompute: Recompute, *, moe_recompute: bool = False
+) -> LayerCost:
+    """The :class:`LayerCost` of a block: its shards' ``base`` plus the routed experts' terms; the routed
+    experts are recomputed under full recompute or ``moe_recompute``."""
+    full = recompute == "full" or moe_recompute
     return replace(
         base,
         forward_s=base.forward_s + t.forward_s,
@@ -340,4 +409,5 @@ def expert_split(config, micro_batch: int | None = None) -> ExpertSplit:
         micro_batch=micro_batch or config.micro_batch,
         load_imbalance=config.moe_load_imbalance,
         grad_bucket_bytes=config.grad_bucket_bytes,
+        dispatcher=config.moe_dispatcher,
     )

@@ -224,6 +224,10 @@ def _check_experts(model: ModelProfile, config: ParallelConfig) -> None:
             f"ep {config.ep}, etp {config.etp} must be >= 1 and the load imbalance {config.moe_load_imbalance} "
             f">= 1 (busiest rank over the mean)"
         )
+    if config.moe_dispatcher not in ("alltoall", "deepep"):
+        raise StratagemError(
+            f"unknown MoE dispatcher {config.moe_dispatcher!r}; use 'alltoall' (NCCL) or 'deepep' (DeepEP)"
+        )
     check_expert_layout(experts=experts.experts, ep=config.ep, etp=config.etp, dp=config.dp, tp=config.tp)
     if config.replica_node_types is not None and config.ep * config.etp > 1:
         raise StratagemError(
