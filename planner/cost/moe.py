@@ -28,8 +28,8 @@ experts of width ``f``, model width ``h``, element size ``e`` and the busiest ra
   (:func:`all_to_all_s`; Megatron-Core's ``alltoall`` dispatcher), and ``"deepep"``, DeepEP's normal kernels
   (Megatron-Core's ``flex`` dispatcher with ``--moe-enable-deepep``): across nodes a token goes once to each
   destination node over RDMA and is forwarded inside it over NVLink (:func:`deepep_s`).
-- **Activations saved** (none / selective recompute, without ``moe_recompute``): router logits and probabilities (fp32, ``8 T E``),
-  top-k indices and weights (``12 k T``), the experts' input, fc1 output and fc2 input
+- **Activations saved** (none / selective recompute, without ``moe_recompute``): router logits and
+  probabilities (fp32, ``8 T E``), top-k indices and weights (``12 k T``), the experts' input, fc1 output and fc2 input
   (``e R (h + 3 f / etp)``) and the combine's expert outputs (``e k T h``). Full recompute keeps only the
   block input and re-materialises these in the backward working set; ``moe_recompute`` (Megatron-Core's
   ``--recompute-modules moe``) does the same for the routed experts alone: their forward and dispatch are
