@@ -3,7 +3,8 @@
 For each row: the model from the row's dimensions (family ``moe``; a head width other than hidden / heads, as
 Qwen3's, through ``build_moe_profile(head_dim=...)``), the row's parallel configuration (its dispatcher,
 ``moe_dispatcher``; Megatron-Core's ``--recompute-modules moe``, ``moe_recompute``) on the shipped
-``dgx-h100`` profile, BF16, fused (flash) attention as Megatron-Core's Transformer Engine runs it, and the
+``dgx-h100`` profile, BF16, fused (flash) attention as Megatron-Core's Transformer Engine runs it, skipping the
+blocks above the causal diagonal (``causal_skip``; the 16k rows need it, as the long-context benchmarks do), and the
 predicted step time against the published one. A TFLOP/s figure becomes a step time with the FLOP count of
 the Megatron-LM release that printed it (``megatron_flops``; the row's ``flops_formula``), a tokens/s figure
 with the global batch.
