@@ -463,13 +463,15 @@ class _BranchAndBound:
         self.state.counts["solved"] += 1
         self.solved_tables.setdefault(_key(outer), []).append(tables)
         best_s, fill = self.must_beat(), len(self.state.ranked) < self.keep
+        # a solve may not outlive the budget by more than a second: its time limit is what is left of it (a
+        # stopped solve keeps its proven bound, so the stated gap stays valid)
+        left_s = self.config.budget_s - (time.perf_counter() - self.start)
+        config = replace(self.config, time_limit_s=min(self.config.time_limit_s, max(left_s, 1.0)))
         if self.pool is None:
-            out = _solve_candidate(self.costs, outer, tables, self.config, best_s=best_s, fill=fill)
+            out = _solve_candidate(self.costs, outer, tables, config, best_s=best_s, fill=fill)
             self.state.record(*out, bound=bound, tables=tables)
         else:
-            future = self.pool.submit(
-                _solve_candidate, self.costs, outer, tables, self.config, best_s=best_s, fill=fill
-            )
+            future = self.pool.submit(_solve_candidate, self.costs, outer, tables, config, best_s=best_s, fill=fill)
             self.pending[future] = (bound, outer, tables)
         return True
 
