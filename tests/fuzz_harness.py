@@ -371,6 +371,10 @@ NUMERIC_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
         "--dp": POSITIVE_INT_BAD,
         "--virtual-stages": POSITIVE_INT_BAD,
         "--batch-shares": ("nan,nan", "1.5,-0.5", "0.5", "0.2,0.2", "inf,0", "", "a,b", "0,1", "0.5,0.5,0"),
+        "--cp": POSITIVE_INT_BAD + ("3",),  # 3: 2 x cp does not divide the sequence
+        "--ep": POSITIVE_INT_BAD + ("2",),  # 2: gpt:tiny has no experts
+        "--etp": POSITIVE_INT_BAD,
+        "--sd": POSITIVE_INT_BAD + ("2",),  # 2: gpt:tiny is not a 3D CNN
     },
     "plan": {
         "--gpus": POSITIVE_INT_BAD,
@@ -382,6 +386,8 @@ NUMERIC_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
         "--gap": ("-1", "-0.01", "nan", "inf", "1", "2", "", "abc"),
         "--top-k": POSITIVE_INT_BAD,
         "--jobs": POSITIVE_INT_BAD,
+        "--cp": POSITIVE_INT_BAD + ("3",),
+        "--cp-min-seq": POSITIVE_INT_BAD,
     },
     "launch": {
         "--steps": POSITIVE_INT_BAD,

@@ -48,7 +48,8 @@ def test_local_cpu_profile_is_shipped_and_measured():
     prof = load_cluster_profile(PROFILES / "hardware" / "local-cpu-2core.json")
     assert prof.provenance.method == "measured" and prof.inter_node == []
     assert "inter_node" in prof.provenance.notes  # says it was not measured, never invents it
-    assert {f.op for f in prof.node_types[0].intra_node} == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    ops = {f.op for f in prof.node_types[0].intra_node}
+    assert ops == {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"}  # all_to_all: MoE
 
 
 # ------------------------------------------------------------------------------------------ broken files
