@@ -246,7 +246,7 @@ class ReplicaTypePrediction(_Strict):
     replicas: list[int] = Field(description="dp indices of the replicas of this type")
     micro_batches: int = Field(description="micro-batches each of these replicas runs per step")
     pipeline_s: float = Field(description="their pipeline time per step (formula (P) with their count)")
-    stages: list[StagePrediction]
+    stages: list[StagePrediction] = Field(min_length=1)
 
 
 class Predictions(_Strict):
@@ -261,7 +261,7 @@ class Predictions(_Strict):
     mfu: NonNegativeFloat
     peak_memory_bytes: NonNegativeFloat = Field(description="max over ranks")
     breakdown_s: dict[str, float] = Field(description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
-    stages: list[StagePrediction]
+    stages: list[StagePrediction] = Field(min_length=1, description="one per stage the cost model priced")
     per_replica_type: list[ReplicaTypePrediction] = Field(default_factory=list)
 
 

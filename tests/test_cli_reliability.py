@@ -407,3 +407,10 @@ def test_poor_cluster_fit_warns():
     )
     good = fit.model_copy(update={"fit_r2": 0.99, "fit_max_rel_err": 0.1})
     assert len(poor_fit_warnings([fit, good])) == 1 and "r2 0.60" in poor_fit_warnings([fit])[0]
+
+
+def test_show_refuses_predictions_without_stages(plan_file, tmp_path, capsys):
+    """Fuzz finding: a plan whose predictions.stages is empty made `show` raise KeyError in its stage table."""
+    path = _mutated(plan_file, tmp_path, lambda d: d["predictions"].update(stages=[]))
+    status, err = _run(capsys, "show", path)
+    assert status == 2 and "stages" in err and "Traceback" not in err
