@@ -236,7 +236,8 @@ def _gap_explanation(plan: Plan, metrics) -> str:
         return "no step-time prediction to compare with (the plan was not costed)"
     if 0.8 <= ratio <= 1.25:
         return (
-            f"measured step time is {ratio:.2f}x the prediction: within the cost model's usual accuracy" + memory_note
+            f"measured step time is {ratio:.2f}x the prediction: within the cost model's usual accuracy "
+            f"(0.8-1.25x on this kind of machine).{memory_note}"
         )
     return (
         f"measured step time is {ratio:.2f}x the prediction. The prediction prices the profiled layer times "
