@@ -345,7 +345,7 @@ def test_tied_head_and_embedding_must_share_a_layout():
 
 
 def test_metrics_summary_compares_with_the_prediction(tmp_path):
-    from planner.plan import Predictions
+    from planner.plan import Predictions, StagePrediction
     from runtime.executor.metrics import MetricsLog, read_metrics
 
     pred = Predictions(
@@ -357,7 +357,15 @@ def test_metrics_summary_compares_with_the_prediction(tmp_path):
         mfu=0.0,
         peak_memory_bytes=100.0,
         breakdown_s={},
-        stages=[],
+        stages=[
+            StagePrediction(
+                stage=0,
+                time_breakdown_s={},
+                memory_breakdown_bytes={},
+                peak_memory_bytes=100.0,
+                memory_capacity_bytes=1e9,
+            )
+        ],
     )
     log = MetricsLog(tmp_path / "m.jsonl", make_plan(GPT).model_copy(update={"predictions": pred}), attempt=0)
     for step, t in enumerate([1.0, 0.2, 0.4], start=1):

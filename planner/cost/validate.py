@@ -2,31 +2,39 @@
 
 from __future__ import annotations
 
-import math
 
 from planner.cost.config import ParallelConfig
 from planner.cost.pipeline import SCHEDULES
 from planner.cost.placement import block_count, interleaved_chunk_sizes
 from planner.errors import StratagemError
+from planner.plan import split_counts
 from planner.profiles import ClusterProfile, ModelProfile
 
 
 def micro_batches_per_replica(config: ParallelConfig, global_batch: int) -> int:
-    """Micro-batches the busiest DP replica runs per step (``num_micro_batches`` with equal shares)."""
-    if config.batch_shares is None:
-        return config.num_micro_batches
-    return max(math.ceil(share * global_batch / config.micro_batch) for share in config.batch_shares)
+    """Micro-batches the busiest DP replica runs per step."""
+    return max(replica_micro_batches(config, global_batch))
 
 
 def replica_micro_batches(config: ParallelConfig, global_batch: int) -> tuple[int, ...]:
-    """Micro-batches of each dp replica, ``m_j = share_j * global_batch / micro_batch`` (equal shares when
-    ``batch_shares`` is None); whole numbers for configurations that pass :func:`check_config`.
+    """Micro-batches of each dp replica: the plan file's one derivation of the batch split
+    (:func:`planner.plan.split_counts`), ``m_j = share_j * global_batch / micro_batch`` with batch shares (equal
+    ones for replicas on node types without shares), ``num_micro_batches`` on every replica otherwise; a split
+    that does not work out is a one-line error.
 
     >>> replica_micro_batches(ParallelConfig(dp=2, batch_shares=(0.75, 0.25)), 8)
     (6, 2)
     """
-    shares = config.batch_shares or (1.0 / config.dp,) * config.dp
-    return tuple(round(share * global_batch / config.micro_batch) for share in shares)
+    shares = list(config.batch_shares) if config.batch_shares else None
+    if shares is None and config.replica_node_types is not None:  # replicas by type: counts from equal shares
+        shares = [1.0 / config.dp] * config.dp
+    return split_counts(
+        global_batch=global_batch,
+        dp=config.dp,
+        shares=shares,
+        micro_batch_size=config.micro_batch,
+        num_micro_batches=config.num_micro_batches,
+    ).micro_batches
 
 
 def _check_degrees(config: ParallelConfig, cluster: ClusterProfile) -> None:
