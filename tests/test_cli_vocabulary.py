@@ -179,3 +179,15 @@ def test_library_errors_name_settings_and_the_cli_names_flags():
     assert info.value.render(SETTING_FLAGS).startswith("--budget-s 0 must be positive")
     plan_flags = _subparser_actions("plan")
     assert all(flag in plan_flags for flag in SETTING_FLAGS.values())
+
+
+def test_plan_warns_that_analytic_profiles_on_cpus_leave_out_framework_overhead(tmp_path, capsys):
+    argv = ["plan", "--model", "gpt:tiny", "--cluster", CLUSTER, "--gpus", "2", "--global-batch", "8", "--seq", "64"]
+    assert main([*argv, "--out", str(tmp_path / "a.json")]) == 0
+    assert "analytic profile" in capsys.readouterr().err
+    from planner.plan import load_plan
+
+    assert "framework overhead" in load_plan(tmp_path / "a.json").search.notes
+    measured = str(REPO / "profiles/models/gpt-tiny.json")
+    assert main([*argv, "--model-profile", measured, "--out", str(tmp_path / "m.json")]) == 0
+    assert "analytic profile" not in capsys.readouterr().err
