@@ -29,6 +29,7 @@ from planner.plan import strategy_label
 from planner.profiles import DTYPE_HELP, DTYPES, ClusterProfile, ModelProfile, default_dtype, load_cluster_profile
 
 from planner.cli.common import (
+    analytic_on_cpu_note,
     MAX_BATCH,
     MAX_DEVICES,
     MAX_LAYERS,
@@ -524,6 +525,8 @@ def run(args: argparse.Namespace) -> int:
     config, gpus = build_config(args, cluster)
     dtype = _dtype(args, cluster)
     model = _model(args, dtype)
+    if note := analytic_on_cpu_note(model, cluster):
+        print(f"warning: {note}", file=sys.stderr)
     est = estimate(model, cluster, config, global_batch=args.global_batch, dtype=dtype)
     if args.json:
         json.dump(estimate_to_json(est, config), sys.stdout, indent=1)

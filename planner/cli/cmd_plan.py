@@ -34,6 +34,7 @@ from .common import (
     MAX_SECONDS,
     MAX_SEQ,
     DefaultsHelpFormatter,
+    analytic_on_cpu_note,
     check_out_path,
     float_in,
     int_in,
@@ -259,20 +260,6 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     return table
 
 
-def _analytic_on_cpu_note(profile: ModelProfile, cluster) -> str | None:
-    """An analytic (datasheet) profile on CPU devices has no per-op framework time, which dominates small
-    models there: say so, with the fix, instead of printing a step time 10-100x too short unannounced."""
-    from planner.cost.constants import is_gpu
-
-    if profile.provenance.method != "analytic" or all(is_gpu(nt.device) for nt in cluster.node_types):
-        return None
-    return (
-        f"{profile.name} is an analytic profile and {cluster.name} has CPU devices: predicted times leave out "
-        f"per-op framework overhead, which dominates small models on CPUs (10-100x here); measure the model with "
-        f"`stratagem profile model` and pass --model-profile for step times to trust"
-    )
-
-
 def _resolve_dtype(args: argparse.Namespace, cluster) -> str:
     """--dtype, else the profile's dtype (--model-profile), else the default rule over the node types the
     plan's devices come from (so 16 A100s of mixed-a100-v100 train in bf16, 32 devices in fp16)."""
@@ -338,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
     args.dtype = _resolve_dtype(args, cluster)
     profile = _model_profile(spec, args, seq_len)
     _check_dtype(cluster, args.gpus, profile.dtype)
-    cpu_note = _analytic_on_cpu_note(profile, cluster)
+    cpu_note = analytic_on_cpu_note(profile, cluster)
     if cpu_note:
         print(f"warning: {cpu_note}", file=sys.stderr)
     if spec.family in SPATIAL_FAMILIES:  # 3D CNNs: hybrid data + spatial search

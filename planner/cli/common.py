@@ -13,7 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from planner.errors import StratagemError
-from planner.profiles import PROFILES_DIR, resolve_cluster_path  # noqa: F401 - the CLI's names for them
+from planner.profiles import (  # noqa: F401 - PROFILES_DIR, resolve_cluster_path: the CLI's names for them
+    PROFILES_DIR,
+    ClusterProfile,
+    ModelProfile,
+    resolve_cluster_path,
+)
 
 
 # Upper bounds of count flags: far above any real job, low enough that loops over divisors, layers or ranks
@@ -184,3 +189,17 @@ def check_out_path(path: str | os.PathLike, *, flag: str = "--out", inputs: dict
     from planner.fileio import check_output_path
 
     return check_output_path(path, flag=flag, inputs=inputs)
+
+
+def analytic_on_cpu_note(profile: ModelProfile, cluster: ClusterProfile) -> str | None:
+    """An analytic (datasheet) profile on CPU devices has no per-op framework time, which dominates small
+    models there: say so, with the fix, instead of printing a step time 10-100x too short unannounced."""
+    from planner.cost.constants import is_gpu
+
+    if profile.provenance.method != "analytic" or all(is_gpu(nt.device) for nt in cluster.node_types):
+        return None
+    return (
+        f"{profile.name} is an analytic profile and {cluster.name} has CPU devices: predicted times leave out "
+        f"per-op framework overhead, which dominates small models on CPUs (10-100x here); measure the model with "
+        f"`stratagem profile model` and pass --model-profile for step times to trust"
+    )
