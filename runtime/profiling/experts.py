@@ -6,6 +6,13 @@ shape (:class:`planner.profiles.ExpertProfile`) per expert-parallel layout, sinc
 and how many tokens reach them depend on ep and etp, not on the module alone. So a profiled MoE shard routes
 its tokens as usual but its routed experts are removed: the exchange returns zero outputs (their weighted
 sum, its backward and the saved combine inputs stay in the measurement).
+
+``hf:`` MoE blocks (transformers' Mixtral / Qwen2-MoE / Qwen3-MoE decoder layers) hold their routed experts as
+one fused module (``*Experts``: ``gate_up_proj`` ``E x 2f x h`` and ``down_proj`` ``E x h x f``, called with the
+router's top-k indices and weights) beside a ``gate`` router with ``top_k``. They are profiled the same way:
+the fused module is replaced by one that returns zeros, and the layer's :class:`ExpertProfile` is read off the
+fused weights' shapes and the router, which are the config's ``moe`` dimensions (``runtime.models.hf_moe``;
+tests/test_hf_moe_profile.py checks both against each other and Mixtral-8x7B against ``moe:mixtral-8x7b``).
 """
 
 from __future__ import annotations
@@ -20,12 +27,59 @@ def _no_routed_experts(rows: torch.Tensor, counts: torch.Tensor, experts: nn.Mod
     return rows.new_zeros(rows.shape)
 
 
+class _NoHFExperts(nn.Module):
+    """Stands in for a transformers fused experts module: no weights, zero output."""
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):  # noqa: ARG002 - HF API
+        return hidden_states.new_zeros(hidden_states.shape)
+
+
+def _is_hf_experts(module: nn.Module) -> bool:
+    weights = dict(module.named_parameters(recurse=False))
+    return (
+        "gate_up_proj" in weights
+        and "down_proj" in weights
+        and weights["gate_up_proj"].dim() == 3
+        and hasattr(module, "num_experts")
+    )
+
+
+def _hf_moe_blocks(module: nn.Module) -> list[nn.Module]:
+    """transformers sparse-MoE blocks in ``module``: those with a fused ``experts`` child and a ``gate`` router."""
+    return [
+        m
+        for m in module.modules()
+        if isinstance(getattr(m, "experts", None), nn.Module)
+        and _is_hf_experts(m.experts)
+        and hasattr(getattr(m, "gate", None), "top_k")
+    ]
+
+
 def without_routed_experts(module: nn.Module) -> nn.Module:
-    """Remove the routed experts of every MoE layer in ``module`` (in place); returns ``module``."""
+    """Remove the routed experts of every MoE layer in ``module`` (in place; zoo ``moe`` and ``hf:`` MoE
+    blocks); returns ``module``."""
     for moe in moe_layers(module).values():
         moe.experts = nn.ModuleDict()
         moe.exchange = _no_routed_experts
+    for block in _hf_moe_blocks(module):
+        block.experts = _NoHFExperts()
     return module
+
+
+def _hf_expert_profile(block: nn.Module, seq_len: int):
+    """The :class:`ExpertProfile` of a transformers sparse-MoE block: E, h and f from the fused weights
+    (``gate_up_proj`` is ``E x 2f x h``), top-k from its router; dropless (transformers drops no tokens)."""
+    from planner.profiles import ExpertProfile
+
+    n_experts, two_f, hidden = block.experts.gate_up_proj.shape
+    return ExpertProfile(
+        experts=int(n_experts),
+        top_k=int(block.gate.top_k),
+        hidden=int(hidden),
+        expert_ffn=int(two_f) // 2,
+        tokens_per_sample=seq_len,
+        capacity_factor=None,
+    )
 
 
 def expert_fields(module: nn.Module, seq_len: int) -> dict:
@@ -33,8 +87,13 @@ def expert_fields(module: nn.Module, seq_len: int) -> dict:
     has no expert field)."""
     from planner import profiles
 
+    if not hasattr(profiles, "ExpertProfile"):
+        return {}
+    hf_blocks = _hf_moe_blocks(module)
+    if hf_blocks:
+        return {"experts": _hf_expert_profile(hf_blocks[0], seq_len)}
     layers = list(moe_layers(module).values())
-    if not layers or not hasattr(profiles, "ExpertProfile"):
+    if not layers:
         return {}
     moe: MoE = layers[0]
     first = next(iter(moe.experts.values()))
