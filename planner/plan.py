@@ -364,6 +364,12 @@ class Plan(_Strict):
     def _check_experts(self) -> None:
         if self.experts is None:  # dense, or an MoE model whose experts are replicated like a dense FFN (ep 1)
             return
+        if self.model.is_external and (self.experts.ep > 1 or self.experts.etp > 1):
+            raise ValueError(
+                f"the plan sets ep={self.experts.ep} etp={self.experts.etp} for {self.model.name}, but the runtime "
+                f"runs an hf:/custom model's experts replicated (ep 1); re-plan it (the search keeps ep 1), or plan "
+                f"the zoo's moe family with the config's dimensions (runtime.models.hf_moe) for expert parallelism"
+            )
         if not self.model.is_moe:
             raise ValueError(f"{self.model.name} has no experts but the plan has an experts layout")
         try:

@@ -207,16 +207,31 @@ def _full_spec(spec: ModelSpec) -> ModelSpec:
     return spec.model_copy(update={"dims": {**FAMILY_DEFAULTS[spec.family], **spec.dims}})
 
 
-def _external_limits(spec: ModelSpec, allow: frozenset[str]) -> tuple[frozenset[str], list[str]]:
+def _external_limits(
+    spec: ModelSpec, allow: frozenset[str], *, moe: bool = False
+) -> tuple[frozenset[str], list[str]]:
     """hf/custom models: no sequence parallelism (the runtime implements it for the zoo's gpt/llama), and the
-    reason tensor parallelism is not searched when the layout could not be derived. Both go into the plan."""
+    reason tensor parallelism is not searched when the layout could not be derived. Both go into the plan.
+    An ``hf:`` Mixture-of-Experts model (``moe``: its profile has routed experts) is costed as one, but with
+    ep = etp = 1: the runtime runs transformers' fused experts on every rank (runtime/executor/moe.py runs
+    expert parallelism for the zoo's ``moe`` family only), so the search offers only what it can run."""
     if not spec.is_external:
         return allow, []
     from runtime.models.external import external
 
     notes = ["sequence parallelism not searched: implemented for the zoo's gpt and llama only"]
+    if moe and allow & {"ep", "etp"}:
+        notes.append(EXTERNAL_EP_NOTE)
+        allow = allow - {"ep", "etp"}
     note = external(spec).tp_note
     return allow - {"sp"}, ([note] if note else []) + notes
+
+
+EXTERNAL_EP_NOTE = (
+    "expert parallelism not searched: the runtime runs an hf: MoE's fused experts replicated on every rank "
+    "(ep 1, costed so); for ep > 1 plan the zoo's moe family with the config's dimensions "
+    "(runtime.models.hf_moe.moe_dims_from_hf; e.g. --model moe:mixtral-8x7b)"
+)
 
 
 def _summary_table(plan: Plan, cluster: ClusterProfile):
@@ -332,7 +347,8 @@ def run(args: argparse.Namespace) -> int:
         from planner.cli.spatial_cli import run_spatial
 
         return run_spatial(args, spec=spec, profile=profile, cluster=cluster, lr_schedule=lr_schedule)
-    allow, notes = _external_limits(spec, parse_allow(args.allow))
+    moe = any(layer.experts is not None for layer in profile.layers)
+    allow, notes = _external_limits(spec, parse_allow(args.allow), moe=moe)
     notes = [*notes, cpu_note] if cpu_note else notes
     config = SearchConfig(
         time_limit_s=args.time_limit,

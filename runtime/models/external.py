@@ -137,8 +137,18 @@ def _hf_block_layout(block: nn.Module, spec: ModelSpec) -> tuple[dict[str, str],
 
 
 def _hf_layouts(model: LayeredModel, spec: ModelSpec) -> tuple[dict, dict, str]:
-    block = model.get_submodule("blocks.0")
+    """One layout for every block, derived from each block: blocks differ in MoE configs whose leading blocks are
+    dense (Qwen2-MoE ``mlp_only_layers``, DeepSeek ``first_k_dense_replace``), and one that cannot be split
+    keeps the whole model at tp 1 (a plan has one tp per stage)."""
+    paths = [p for p in model.layer_paths() if p.startswith("blocks.")]
+    block = model.get_submodule(paths[0])
     layout, limits, note = _hf_block_layout(block, spec)
+    for path in paths[1:]:
+        if note:
+            break
+        other, _, other_note = _hf_block_layout(model.get_submodule(path), spec)
+        if other_note or other != layout:
+            note = f"{path}: {other_note}" if other_note else f"{path} is laid out unlike {paths[0]}"
     if note:
         return {}, {}, f"tensor parallelism not searched: {note}"
     try:
@@ -155,7 +165,7 @@ def _hf_layouts(model: LayeredModel, spec: ModelSpec) -> tuple[dict, dict, str]:
             ),
         )
     vocab = int(spec.dims.get("vocab", 0))
-    layouts = {p: dict(layout) for p in model.layer_paths() if p.startswith("blocks.")}
+    layouts = {p: dict(layout) for p in paths}
     constraints = {p: dict(limits) for p in layouts}
     layouts["embed"], constraints["embed"] = {"tok": "vocab_embedding"}, {"vocab": vocab}
     layouts["head"], constraints["head"] = {"": "colwise_sharded_output"}, {"vocab": vocab}
