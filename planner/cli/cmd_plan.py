@@ -207,9 +207,7 @@ def _full_spec(spec: ModelSpec) -> ModelSpec:
     return spec.model_copy(update={"dims": {**FAMILY_DEFAULTS[spec.family], **spec.dims}})
 
 
-def _external_limits(
-    spec: ModelSpec, allow: frozenset[str], *, moe: bool = False
-) -> tuple[frozenset[str], list[str]]:
+def _external_limits(spec: ModelSpec, allow: frozenset[str], *, moe: bool = False) -> tuple[frozenset[str], list[str]]:
     """hf/custom models: no sequence parallelism (the runtime implements it for the zoo's gpt/llama), and the
     reason tensor parallelism is not searched when the layout could not be derived. Both go into the plan.
     An ``hf:`` Mixture-of-Experts model (``moe``: its profile has routed experts) is costed as one, but with
