@@ -1,0 +1,123 @@
+"""hf: Mixture-of-Experts configs are planned as MoE models: the meta profile attaches each MoE block's routed
+experts (``ExpertProfile``) as the zoo's ``moe`` family does (Mixtral-8x7B's HF config gives the figures of
+``moe:mixtral-8x7b``), the search costs them with ep 1 (what the runtime runs for hf:) and ``estimate --ep``
+costs other layouts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoModelForCausalLM, MixtralConfig
+
+from hf_helpers import write_moe_config
+from planner.cli.main import main
+from planner.cli.cmd_plan import EXTERNAL_EP_NOTE
+from planner.modelspec import parse_model
+from planner.moe_profile import build_moe_profile
+from planner.plan import load_plan
+from runtime.models.hf import hf_config
+from runtime.models.hf_moe import moe_dims_from_hf
+from runtime.profiling.model import profile_model_analytic
+
+# Mixtral-8x7B's config.json (mistralai/Mixtral-8x7B-v0.1; Jiang et al. 2024, arXiv:2401.04088, Table 1), as
+# planner.modelspec's moe:mixtral-8x7b preset transcribes it; sequence 4096 as that preset.
+MIXTRAL_8X7B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=32000,
+    max_position_embeddings=32768,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    rope_theta=1e6,
+)
+
+
+def _expert_figures(profile):
+    return [(layer.path, layer.experts) for layer in profile.layers if layer.kind == "block"]
+
+
+def test_hf_mixtral_8x7b_profile_has_the_zoo_presets_experts_and_parameters(tmp_path):
+    MixtralConfig(**MIXTRAL_8X7B).save_pretrained(tmp_path)
+    hf = profile_model_analytic(parse_model(f"hf:{tmp_path}/config.json"), seq_len=4096)
+    zoo = build_moe_profile(parse_model("moe:mixtral-8x7b"), seq_len=4096)
+    assert _expert_figures(hf) == _expert_figures(zoo)  # E 8, top-2, h 4096, f 14336, dropless, on all 32 blocks
+    assert hf.layers[1].experts.params == 8 * 3 * 4096 * 14336
+    assert hf.total_params == pytest.approx(zoo.total_params, rel=0.01)  # 46.7e9 both (exactly equal today)
+    # the block shard without the routed experts: attention + router, as the zoo's closed form
+    hf_block, zoo_block = hf.layer("blocks.0").shards[0], zoo.layer("blocks.0").shards[0]
+    assert hf_block.params == zoo_block.params
+    assert hf_block.fwd_flops_per_sample == pytest.approx(zoo_block.fwd_flops_per_sample, rel=0.01)
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_hf_moe_profile_experts_follow_the_config_mapping(tmp_path, kind):
+    """The ExpertProfile read off transformers' modules equals runtime.models.hf_moe's mapping of the config, and
+    the profile's parameters (shards + routed experts) are the HF model's; Qwen2-MoE's leading dense block
+    (mlp_only_layers) has none."""
+    overrides = {"mlp_only_layers": [0]} if kind == "qwen2_moe" else {}
+    path = write_moe_config(tmp_path / kind, kind, **overrides)
+    spec = parse_model(f"hf:{path}")
+    profile = profile_model_analytic(spec, seq_len=16)
+    dims, _ = moe_dims_from_hf(json.loads(path.read_text()))
+    expected = (dims["experts"], dims["top_k"], dims["expert_ffn"], dims["hidden"], 16, None)
+    got = {
+        p: e and (e.experts, e.top_k, e.expert_ffn, e.hidden, e.tokens_per_sample, e.capacity_factor)
+        for p, e in _expert_figures(profile)
+    }
+    assert got == {"blocks.0": None if kind == "qwen2_moe" else expected, "blocks.1": expected}
+    model = AutoModelForCausalLM.from_config(hf_config(spec), experts_implementation="eager")
+    assert profile.total_params == sum(p.numel() for p in model.parameters())
+    # the routed experts' parameters are not in the block shard (the planner adds them per ep)
+    assert profile.layer("blocks.1").params + 4 * 3 * 64 * 48 == profile.layer("blocks.1").total_params
+
+
+def _cli(capsys, *argv):
+    status = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+COMMON = ("--cluster", "dgx-h100", "--gpus", 16, "--global-batch", 64, "--seq", 128)
+
+
+def test_hf_moe_plan_costs_the_experts_at_ep1_and_estimate_costs_ep2(capsys, tmp_path):
+    """The search costs an hf: Mixtral as an MoE (expert states, expert gradient sync) but keeps ep 1, the only
+    layout the runtime runs for hf: (the plan says why and names the fix); ``estimate --ep 2`` costs the
+    all-to-all; a plan file edited to ep 2 is refused with a one-line error."""
+    model = ("--model", f"hf:{write_moe_config(tmp_path / 'mixtral', 'mixtral')}")
+    out = tmp_path / "plan.json"
+    status, _, err = _cli(capsys, "plan", *model, *COMMON, "--out", out)
+    assert status == 0, err
+    plan = load_plan(out)
+    assert plan.experts is None  # replicated experts
+    assert EXTERNAL_EP_NOTE in plan.search.notes
+    pred = plan.predictions
+    assert pred.stages[0].memory_breakdown_bytes["expert_states"] > 0
+    assert pred.breakdown_s["expert_sync"] > 0 and pred.breakdown_s["ep_comm"] == 0
+    dp, mb = plan.mesh.size("dp"), plan.schedule.micro_batch_size
+    assert (plan.mesh.size("tp"), plan.mesh.size("pp"), dp) == (1, 1, 16)
+
+    def estimate(ep):
+        argv = ("estimate", *model, *COMMON, "--micro-batch", mb, "--zero", plan.zero_stage, "--ep", ep, "--json")
+        status, text, err = _cli(capsys, *argv)
+        assert status == 0, err
+        return json.loads(text)
+
+    ep1, ep2 = estimate(1), estimate(2)
+    assert ep1["step_time_s"] == pytest.approx(pred.step_time_s, rel=1e-6)
+    assert ep2["breakdown"]["ep_comm"] > 0 == ep1["breakdown"]["ep_comm"]
+    status, text, err = _cli(capsys, "estimate", *model, *COMMON, "--micro-batch", mb, "--ep", 2)
+    assert status == 0 and "ep 2 etp 1 is a what-if" in text, err
+    status, _, err = _cli(capsys, "estimate", *model, *COMMON, "--micro-batch", mb, "--ep", 3)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "ep dividing the experts (1, 2, 4)" in err
+
+    edited = json.loads(out.read_text())
+    edited.pop("content_hash")
+    edited["experts"] = {"ep": 2, "etp": 1, "capacity_factor": None}
+    (tmp_path / "ep2.json").write_text(json.dumps(edited))
+    status, _, err = _cli(capsys, "launch", tmp_path / "ep2.json", "--dry-run", "--steps", 1)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "runs an hf:/custom model's experts" in err
