@@ -121,3 +121,29 @@ def test_hf_moe_plan_costs_the_experts_at_ep1_and_estimate_costs_ep2(capsys, tmp
     (tmp_path / "ep2.json").write_text(json.dumps(edited))
     status, _, err = _cli(capsys, "launch", tmp_path / "ep2.json", "--dry-run", "--steps", 1)
     assert status == 2 and len(err.strip().splitlines()) == 1 and "runs an hf:/custom model's experts" in err
+
+
+def test_hf_qwen3_30b_a3b_profile_matches_the_closed_form_with_its_head_dim(tmp_path):
+    """Qwen/Qwen3-30B-A3B's config.json (as planner.modelspec's moe:qwen3-30b-a3b transcribes it, plus its
+    head_dim 128): the same routed experts as the preset, and 30.53e9 parameters, the preset's closed form with
+    head_dim 128 up to the q/k norms (48 x 2 x 128)."""
+    from transformers import Qwen3MoeConfig
+
+    Qwen3MoeConfig(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ).save_pretrained(tmp_path)
+    hf = profile_model_analytic(parse_model(f"hf:{tmp_path}/config.json"), seq_len=4096)
+    zoo = build_moe_profile(parse_model("moe:qwen3-30b-a3b"), seq_len=4096, head_dim=128)
+    assert _expert_figures(hf) == _expert_figures(zoo)
+    assert hf.total_params == zoo.total_params + 48 * 2 * 128
