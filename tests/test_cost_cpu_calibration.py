@@ -252,5 +252,9 @@ def test_profiler_measures_wrapper_overheads_of_one_block():
 
     with single_rank_group():
         o = measure_runtime_overhead(build, spec, "blocks.0", h, first=False, splittable=True, warmup=1, repeats=5)
-    assert o.micro_batch == 1 and o.tp_forward_s > 0 and o.optimizer_step_s > 0
-    assert o.replicate_unit_forward_s > 0 and o.fully_shard_unit_backward_s > 0
+    # each figure is a difference of medians (with and without the wrapper), clipped at 0: on a busy host one
+    # direction can come out 0, so each wrapper's forward + backward must be positive, not each alone
+    assert o.micro_batch == 1 and o.optimizer_step_s > 0
+    assert o.tp_forward_s + o.tp_backward_s > 0
+    assert o.replicate_unit_forward_s + o.replicate_unit_backward_s > 0
+    assert o.fully_shard_unit_forward_s + o.fully_shard_unit_backward_s > 0
