@@ -384,6 +384,24 @@ class KernelModel(_Strict):
     sources: dict[str, str] = Field(description="parameter name -> citation or how it was fitted")
 
 
+class BlockingLatency(_Strict):
+    """Per-call latency of a collective that the rank waits on right after compute (CPU/gloo ranks).
+
+    The alpha of a :class:`CollectiveFit` is timed back to back, every rank already waiting. In a training
+    step on ranks whose cores are shared, a collective follows compute: the first rank there sleeps in
+    gloo and runs again only when the scheduler gives it a core, so a call costs far more than that alpha
+    (``runtime/profiling/sync_latency.py``, 2 gloo ranks on this repo's 2-vCPU host: ~0.7 ms plain, ~1.5 ms
+    through DTensor's functional collectives, vs a back-to-back alpha of 0.19 ms). The cost model charges
+    it per TP collective (``planner.cost.compute``): a split layer's collectives are DTensor's, waited on
+    as soon as they are issued. None (GPU profiles): the fits' alpha applies.
+    """
+
+    functional_collective_s: float = Field(
+        ge=0, description="per-call latency of a DTensor (functional) collective of 1 KiB after compute"
+    )
+    source: str
+
+
 class NodeType(_Strict):
     """One kind of node: its devices and what links them."""
 
@@ -399,6 +417,9 @@ class NodeType(_Strict):
     nic_source: str | None = None
     kernel_model: KernelModel | None = Field(
         None, description="per-kernel model (GPUs); None: the layer-level roofline on achieved_flops_per_s"
+    )
+    blocking_latency: BlockingLatency | None = Field(
+        None, description="collective latency after compute (measured on CPU ranks); None: the fits' alpha"
     )
 
     def compute_for(self, dtype: str) -> ComputeFigure:

@@ -31,7 +31,7 @@ from planner.cost import estimate, with_gpus
 from planner.errors import StratagemError
 from planner.gpt_profile import build_gpt_profile
 from planner.modelspec import ModelSpec
-from planner.profiles import ClusterProfile
+from planner.profiles import BlockingLatency, ClusterProfile
 
 PRIOR_WIDTH = 0.3  # prior standard deviation of log(parameter / datasheet value): ~ +-35 %
 MEASUREMENT_NOISE = 0.03  # assumed relative noise of a measured step time (run-to-run spread of a few %)
@@ -64,6 +64,13 @@ def _set_node(cluster: ClusterProfile, name: str, fn: Callable) -> ClusterProfil
 
 def _scale_fits(fits, factor: float):
     return [f.model_copy(update={"bus_bw_bytes_per_s": f.bus_bw_bytes_per_s * factor}) for f in fits]
+
+
+def _scale_latency(latency: BlockingLatency | None, factor: float) -> BlockingLatency | None:
+    """The after-compute latency is a latency of the same links: ``intra_alpha_scale`` scales it too."""
+    if latency is None:
+        return None
+    return latency.model_copy(update={"functional_collective_s": latency.functional_collective_s * factor})
 
 
 def apply(cluster: ClusterProfile, values: dict[str, float]) -> ClusterProfile:
@@ -105,7 +112,8 @@ def apply(cluster: ClusterProfile, values: dict[str, float]) -> ClusterProfile:
                     "node_types": [
                         nt.model_copy(
                             update={
-                                "intra_node": [f.model_copy(update={"alpha_s": f.alpha_s * v}) for f in nt.intra_node]
+                                "intra_node": [f.model_copy(update={"alpha_s": f.alpha_s * v}) for f in nt.intra_node],
+                                "blocking_latency": _scale_latency(nt.blocking_latency, v),
                             }
                         )
                         for nt in cluster.node_types

@@ -48,6 +48,9 @@ from planner.cost.kernels import FLASH_BACKWARD_FLOPS_FACTOR, Device, contention
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, ComputeFigure, LayerProfile, LayerTiming, NodeType, ShardProfile
 
+# message size of the after-compute latency probe (runtime/profiling/sync_latency.py: 256 fp32 elements)
+SYNC_PROBE_BYTES = 1024.0
+
 
 def _shard_for(layer: LayerProfile, tp: int, style: TPStyle) -> tuple[ShardProfile, bool]:
     """The shard the rank runs and whether the layer is tensor-split at this option."""
@@ -159,20 +162,25 @@ def _compute_figure(node: NodeType, dtype: str) -> ComputeFigure:
 def _tp_comm_s(
     layer: LayerProfile, cluster: ClusterProfile, node: NodeType, tp: int, samples: int, sp: bool, spans_nodes: bool
 ) -> tuple[float, float]:
-    """(forward_s, backward_s) of the layer's TP collectives for one micro-batch."""
+    """(forward_s, backward_s) of the layer's TP collectives for one micro-batch.
+
+    On a node with a measured :class:`~planner.profiles.BlockingLatency` (CPU ranks) each call's latency
+    is the one measured after compute instead of the fit's back-to-back alpha: the fit's time at the
+    probe's message size (``SYNC_PROBE_BYTES``) is swapped for the measured per-call figure, so the
+    bandwidth term stays the fit's.
+    """
     times = {"forward": 0.0, "backward": 0.0}
+    coll: dict[str, Any] = dict(
+        node_type=node, spans_nodes=spans_nodes, ranks_per_node=node.devices_per_node if spans_nodes else tp
+    )
+    blocking = node.blocking_latency if not spans_nodes else None
     for need in layer.collectives:
         if need.axis != "tp" or need.with_sequence_parallel != sp:
             continue
-        t = collective_time(
-            cluster,
-            need.op,
-            need.bytes_per_sample * samples,
-            tp,
-            node_type=node,
-            spans_nodes=spans_nodes,
-            ranks_per_node=node.devices_per_node if spans_nodes else tp,
-        )
+        t = collective_time(cluster, need.op, need.bytes_per_sample * samples, tp, **coll)
+        if blocking is not None:
+            probe_s = collective_time(cluster, need.op, SYNC_PROBE_BYTES, tp, **coll)
+            t = max(t, t - probe_s + blocking.functional_collective_s)
         times[need.phase] += need.count * t
     return times["forward"], times["backward"]
 

@@ -28,6 +28,7 @@ from planner.alphabeta import fit_alpha_beta
 from planner.errors import StratagemError
 from planner.fileio import read_json
 from planner.profiles import (
+    BlockingLatency,
     ClusterProfile,
     CollectiveFit,
     CollectiveSample,
@@ -87,6 +88,9 @@ class RawBench(_Raw):
     collectives: list[RawCollective]
     compute: list[RawCompute]
     wall_s: float
+    sync_latency: dict[str, float] | None = Field(
+        None, description="per-call latency after compute, op -> s (runtime/profiling/sync_latency.py; CPU)"
+    )
 
 
 # ------------------------------------------------------------------------------------------ launching
@@ -288,6 +292,21 @@ def _notes(raw: RawBench) -> str:
     return "; ".join(notes)
 
 
+def _blocking_latency(raw: RawBench) -> BlockingLatency | None:
+    """The node's after-compute collective latency (CPU ranks), or None when it was not measured."""
+    if not raw.sync_latency or "functional_all_reduce" not in raw.sync_latency:
+        return None
+    others = ", ".join(f"{op} {s * 1e3:.2f} ms" for op, s in raw.sync_latency.items() if op != "functional_all_reduce")
+    return BlockingLatency(
+        functional_collective_s=raw.sync_latency["functional_all_reduce"],
+        source=(
+            f"runtime/profiling/sync_latency.py in stratagem profile cluster: {raw.nproc_per_node} {raw.backend} "
+            f"ranks, 4 matmuls of 192^2 then one 1 KiB funcol all_reduce per iteration, median minus the "
+            f"median without it, slowest rank; plain c10d for comparison: {others}"
+        ),
+    )
+
+
 def build_cluster_profile(
     raw: RawBench, *, name: str, command: str, created_utc: str, cfg: ClusterBenchConfig
 ) -> ClusterProfile:
@@ -306,6 +325,7 @@ def build_cluster_profile(
         device_memory_source=raw.device_memory_source,
         compute=[_compute_figure(c, raw.backend) for c in raw.compute],
         intra_node=[f for f in fits if f.level == "intra_node"],
+        blocking_latency=_blocking_latency(raw),
     )
     return ClusterProfile(
         name=name,

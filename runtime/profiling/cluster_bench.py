@@ -254,6 +254,11 @@ def run_benchmarks(args: argparse.Namespace, device: torch.device) -> RawBench:
         compute.append(time_matmul(dtype_name, matrix_n, device=device, repeats=max(3, args.repeats)))
         done += 1
         _progress(done, total, f"matmul {dtype_name}")
+    sync = None
+    if device.type == "cpu" and world == nproc:  # one node of CPU ranks: the cost model's BlockingLatency
+        from runtime.profiling.sync_latency import measure as measure_sync_latency
+
+        sync = measure_sync_latency()
     cpu1 = read_cpu_times()
     steal = None
     if cpu0 and cpu1 and cpu1[1] > cpu0[1]:
@@ -275,6 +280,7 @@ def run_benchmarks(args: argparse.Namespace, device: torch.device) -> RawBench:
         collectives=results,
         compute=compute,
         wall_s=time.perf_counter() - t_start,
+        sync_latency=sync,
     )
 
 
