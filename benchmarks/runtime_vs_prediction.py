@@ -25,7 +25,9 @@ processes at once, and the prediction is repeated with that rate as the cluster'
 ("at load"): the model profile's timings are then scaled by its reference matmul over this rate
 (``planner.cost.framework.timings_scale``). Blocking collectives are also given the per-call latency
 measured after compute (``runtime/profiling/sync_latency.py``: ~1 ms here, vs the back-to-back alpha
-of ~0.2 ms) as their alpha. Measured, nothing fitted; use ``--repeats`` and read the spread.
+of ~0.2 ms) as their alpha, and TP's DTensor collectives the functional one measured then (the static
+prediction already charges the profile's :class:`planner.profiles.BlockingLatency` for them).
+Measured, nothing fitted; use ``--repeats`` and read the spread.
 """
 
 from __future__ import annotations
@@ -108,7 +110,12 @@ def at_load(cluster, rate_flops_per_s: float, latency_s: dict[str, float] | None
         else f
         for f in node.intra_node
     ]
-    node = node.model_copy(update={"compute": compute, "intra_node": fits})
+    update = {"compute": compute, "intra_node": fits}
+    if latency_s and node.blocking_latency is not None and "functional_all_reduce" in latency_s:
+        update["blocking_latency"] = node.blocking_latency.model_copy(
+            update={"functional_collective_s": latency_s["functional_all_reduce"]}
+        )
+    node = node.model_copy(update=update)
     return cluster.model_copy(update={"node_types": [node, *cluster.node_types[1:]]})
 
 

@@ -188,6 +188,7 @@ def test_build_cluster_profile_from_raw_results():
         collectives=coll,
         compute=[RawCompute(dtype="fp32", matrix_n=100, flops_per_matmul=2e6, times_s=[1e-3, 2e-3, 4e-3])],
         wall_s=1.0,
+        sync_latency={"all_reduce": 8e-4, "functional_all_reduce": 1.5e-3},
     )
     cfg = ClusterBenchConfig(nproc_per_node=2, sizes_bytes=tuple(SIZES))
     prof = build_cluster_profile(raw, name="t", command="c", created_utc="2026-01-01T00:00:00+00:00", cfg=cfg)
@@ -201,6 +202,13 @@ def test_build_cluster_profile_from_raw_results():
     assert node.compute[0].achieved_flops_per_s == pytest.approx(1e9)
     assert "inter_node" in prof.provenance.notes and "25.0%" in prof.provenance.notes
     assert prof.total_devices == 2
+    assert node.blocking_latency is not None and node.blocking_latency.functional_collective_s == 1.5e-3
+    assert "all_reduce 0.80 ms" in node.blocking_latency.source
+    without = raw.model_copy(update={"sync_latency": None})
+    assert (
+        build_cluster_profile(without, name="t", command="c", created_utc="x", cfg=cfg).node_types[0].blocking_latency
+        is None
+    )
 
 
 # ------------------------------------------------------------------------------------------ torchrun runs
@@ -256,6 +264,7 @@ def test_quick_profile_on_two_gloo_ranks(tmp_path):
     assert prof.inter_node == [] and "inter_node (single node)" in prof.provenance.notes
     assert {c.dtype for c in node.compute} == {"fp32", "bf16"}
     assert node.devices_per_node == 2 and prof.provenance.method == "measured"
+    assert node.blocking_latency is not None and node.blocking_latency.functional_collective_s >= 0
     assert "alpha-beta fits" in res.stdout
 
 
