@@ -35,7 +35,7 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", default=RUNS, help="model/layout pairs to launch once each and fit on")
-    p.add_argument("--steps", type=int, default=8, help="optimizer steps per launch")
+    p.add_argument("--steps", type=int, default=8, help="optimizer steps per launch (fit and check)")
     p.add_argument("--out", type=Path, required=True, help="calibrated cluster profile to write")
     p.add_argument("--repeats", type=int, default=2, help="launches per plan in the check")
     p.add_argument("--no-check", action="store_true", help="fit only; skip runtime_vs_prediction --cluster OUT")
@@ -66,7 +66,7 @@ def main() -> None:
         if proc.returncode:
             raise SystemExit(f"stratagem calibrate failed (exit {proc.returncode})")
     if not args.no_check:
-        sys.argv = [sys.argv[0], "--cluster", str(args.out), "--repeats", str(args.repeats)]
+        sys.argv = [sys.argv[0], "--cluster", str(args.out), "--repeats", str(args.repeats), "--steps", str(args.steps)]
         rvp.main()
 
 
