@@ -222,6 +222,23 @@ class CandidateCosts:
             styles = ("split", "replicate")
         return tuple(Option(recompute=r, style=s) for s in styles for r in modes)
 
+    def _outer_layer_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, option: Option) -> LayerCost:
+        """:meth:`_layer_cost` of ``layer`` on node type ``nt`` under ``outer`` with one per-layer option."""
+        o = outer
+        return self._layer_cost(
+            layer,
+            nt,
+            o.tp,
+            option.style,
+            option.recompute,
+            o.sequence_parallel,
+            o.micro_batch,
+            o.dp,
+            o.zero_stage,
+            o.ep,
+            o.etp,
+        )
+
     def _layer_cost(
         self,
         layer: LayerProfile,
@@ -291,19 +308,7 @@ class CandidateCosts:
         )
 
     def _option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
-        k = self._layer_cost(
-            layer,
-            nt,
-            outer.tp,
-            opt.style,
-            opt.recompute,
-            outer.sequence_parallel,
-            outer.micro_batch,
-            outer.dp,
-            outer.zero_stage,
-            outer.ep,
-            outer.etp,
-        )
+        k = self._outer_layer_cost(layer, nt, outer, opt)
         node = self.cluster.node_type(nt)
         wide = outer.tp > 1 and opt.style == "replicate"  # batch-split replica: syncs over dp x tp
         z3_mb = z3_gather = 0.0
@@ -541,20 +546,7 @@ class CandidateCosts:
                 params = sum(
                     len(layers)
                     * min(
-                        self._layer_cost(
-                            layers[0],
-                            nt,
-                            outer.tp,
-                            o.style,
-                            o.recompute,
-                            outer.sequence_parallel,
-                            outer.micro_batch,
-                            outer.dp,
-                            outer.zero_stage,
-                            outer.ep,
-                            outer.etp,
-                        ).params
-                        for o in self.options(layers, outer.tp)
+                        self._outer_layer_cost(layers[0], nt, outer, o).params for o in self.options(layers, outer.tp)
                     )
                     for layers in self.groups
                 )
@@ -616,19 +608,7 @@ class CandidateCosts:
             t_min = []
             for layers in self.groups:
                 costs = [
-                    self._layer_cost(
-                        layers[0],
-                        nt,
-                        outer.tp,
-                        o.style,
-                        o.recompute,
-                        outer.sequence_parallel,
-                        outer.micro_batch,
-                        outer.dp,
-                        outer.zero_stage,
-                        outer.ep,
-                        outer.etp,
-                    )
+                    self._outer_layer_cost(layers[0], nt, outer, o)
                     for nt in types
                     for o in self.options(layers, outer.tp)
                 ]
