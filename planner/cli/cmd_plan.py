@@ -24,7 +24,6 @@ from planner.profiles import (
     ModelProfile,
     default_dtype,
     load_cluster_profile,
-    load_model_profile,
 )
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
@@ -273,24 +272,27 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     return table
 
 
-def _resolve_dtype(args: argparse.Namespace, cluster) -> str:
-    """--dtype, else the profile's dtype (--model-profile), else the default rule over the node types the
-    plan's devices come from (so 16 A100s of mixed-a100-v100 train in bf16, 32 devices in fp16)."""
+def _resolve_dtype(args: argparse.Namespace, cluster) -> str | None:
+    """--dtype, else the default rule over the node types the plan's devices come from (so 16 A100s of
+    mixed-a100-v100 train in bf16, 32 devices in fp16); with --model-profile the profile's dtype decides
+    (checked against --dtype by :func:`_check_profile_dtype` once the profile is read)."""
     from planner.cost.placement import with_gpus
     from planner.search.space import devices_by_type
 
-    if args.model_profile is not None:
-        have = load_model_profile(args.model_profile).dtype
-        if args.dtype not in (None, have):
-            raise StratagemError(
-                f"--dtype {args.dtype} differs from {args.model_profile}'s dtype {have}; drop --dtype or "
-                f"profile the model again with --dtype {args.dtype}"
-            )
-        return have
-    if args.dtype:
-        return str(args.dtype)
+    if args.dtype or args.model_profile is not None:
+        return args.dtype
     used = devices_by_type(with_gpus(cluster, args.gpus), args.gpus)
     return default_dtype([nt for nt in cluster.node_types if nt.name in used], cluster.name)
+
+
+def _check_profile_dtype(args: argparse.Namespace, profile: ModelProfile) -> str:
+    """The training dtype: a --model-profile's own, which a --dtype given with it must equal."""
+    if args.model_profile is not None and args.dtype not in (None, profile.dtype):
+        raise StratagemError(
+            f"--dtype {args.dtype} differs from {args.model_profile}'s dtype {profile.dtype}; drop --dtype or "
+            f"profile the model again with --dtype {args.dtype}"
+        )
+    return profile.dtype
 
 
 def _check_dtype(cluster, n_devices: int, dtype: str) -> None:
@@ -337,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster_profile(cluster_path)
     args.dtype = _resolve_dtype(args, cluster)
     profile = _model_profile(spec, args, seq_len)
+    args.dtype = _check_profile_dtype(args, profile)
     _check_dtype(cluster, args.gpus, profile.dtype)
     cpu_note = analytic_on_cpu_note(profile, cluster)
     if cpu_note:
