@@ -361,6 +361,25 @@ def train_step(job: Job, step: int) -> StepResult:
     return _gather_step(job.device, part, elapsed_s, peak, lr, take_aux_loss(job.modules))
 
 
+PROFILE_ENV = "STRATAGEM_TORCH_PROFILE"  # a folder: the third step is traced and its kernel table written there
+
+
+def profiled_step(job: Job, step: int) -> StepResult:
+    """:func:`train_step` under ``torch.profiler`` (CPU + CUDA activities); writes this rank's operator table,
+    sorted by device time (CUDA) or CPU time, to ``$STRATAGEM_TORCH_PROFILE/rank<r>_step<s>.txt``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if job.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        res = train_step(job, step)
+    key = "cuda_time_total" if job.device.type == "cuda" else "cpu_time_total"
+    folder = Path(os.environ[PROFILE_ENV])
+    folder.mkdir(parents=True, exist_ok=True)
+    table = prof.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=60)
+    (folder / f"rank{dist.get_rank()}_step{step}.txt").write_text(table, encoding="utf-8")
+    return res
+
+
 def run_plan(
     plan: Plan,
     args: argparse.Namespace,
@@ -404,7 +423,7 @@ def run_plan(
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         _maybe_sigterm_launcher(step)
-        res = train_step(job, step)
+        res = profiled_step(job, step) if step == first + 2 and os.environ.get(PROFILE_ENV) else train_step(job, step)
         metrics.step(
             step=step,
             loss=res.loss,

@@ -1,0 +1,164 @@
+"""Measured training steps of `stratagem launch` on one GPU next to the cost model's predictions.
+
+    python benchmarks/gpu_runs.py --out DIR            # needs CUDA; writes DIR/gpu_runs.csv and DIR/runs.tar.gz
+
+Each row is a hand-made one-GPU plan (``fixtures.plans.make_plan``; no search) of a GPT-2-shaped model from the
+zoo (explicit attention, as ``runtime/models/gpt.py`` runs it), bf16 autocast, sequence 1024, micro-batch
+``mb`` and ``m`` micro-batches per step, launched with ``stratagem launch`` (torchrun, NCCL, one rank). The
+prediction is :func:`planner.cost.estimate` on the closed-form profile (``build_gpt_profile``, the
+shape-aware kernel model of ``planner.cost.kernels``) and the cluster profile named by ``--cluster`` (the
+H100 machines here: ``dgx-h100``), uncalibrated; the plan carries it, so the launch's summary compares.
+Measured = the median step time over steps 2.. (``runtime/executor/metrics.py``). With ``--profile`` the
+model is also profiled layer by layer on the GPU (``stratagem profile model``) and predicted from that
+measured profile. The metrics files and plans go into ``runs.tar.gz`` for ``stratagem calibrate``.
+Nothing is fitted here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SEQ = 1024
+# (model, micro-batch, micro-batches per step)
+# "model@vocab=N": the preset with its vocabulary padded (GPT-2's 50,257 -> 50,304, a multiple of 128)
+CONFIGS = [
+    ("gpt:gpt2", 1, 1),
+    ("gpt:gpt2", 4, 1),
+    ("gpt:gpt2@vocab=50304", 4, 1),
+    ("gpt:gpt2", 16, 1),
+    ("gpt:gpt2-medium", 1, 1),
+    ("gpt:gpt2-medium", 8, 2),
+    ("gpt:gpt2-large", 4, 1),
+    ("gpt:gpt2-xl", 2, 1),
+]
+QUICK = [("gpt:gpt2", 4, 1), ("gpt:gpt2-medium", 4, 2)]
+
+
+def predict(model: str, mb: int, m: int, cluster_name: str, profile_path: Path | None = None):
+    from planner.calibrate.metrics_runs import config_from_plan
+    from planner.cost import estimate
+    from planner.gpt_profile import build_gpt_profile
+    from planner.modelspec import parse_model
+    from planner.profiles import load_cluster_profile, load_model_profile, resolve_cluster_path
+    from planner.cost.placement import with_gpus
+    from fixtures.plans import make_plan
+
+    name, _, over = model.partition("@")
+    spec = parse_model(name, **{k: int(v) for k, v in (kv.split("=") for kv in over.split(",") if kv)})
+    plan = make_plan(spec, dp=1, global_batch=mb * m, seq_len=SEQ, num_micro_batches=m, dtype="bf16", lr=1e-4)
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path(cluster_name)), 1)
+    profile = load_model_profile(profile_path) if profile_path else build_gpt_profile(spec, seq_len=SEQ, dtype="bf16")
+    est = estimate(profile, cluster, config_from_plan(plan), global_batch=mb * m, dtype="bf16")
+    return plan, est
+
+
+def launch(plan_path: Path, metrics: Path, steps: int) -> dict:
+    cmd = [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(steps)]
+    cmd += ["--metrics", str(metrics), "--timeout-s", "300"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    if proc.returncode:
+        print(f"launch {plan_path.name} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2500:]}")
+        return {}
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return next(r for r in reversed(records) if r.get("event") == "summary")
+
+
+def profile_model(model: str, mbs: list[int], out: Path) -> Path | None:
+    cmd = [sys.executable, "-m", "planner.cli.main", "profile", "model", "--model", model, "--seq", str(SEQ)]
+    cmd += ["--micro-batch", ",".join(map(str, mbs)), "--dtype", "bf16", "--repeats", "10", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    if proc.returncode:
+        print(f"profile {model} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2500:]}")
+        return None
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--cluster", default="dgx-h100")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", nargs=3, metavar=("MODEL", "MB", "M"), help="one configuration")
+    p.add_argument("--profile", action="store_true", help="also predict from a measured layer profile")
+    args = p.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: no CUDA device here; this benchmark launches on a GPU", file=sys.stderr)
+        return 2
+    from planner.plan import save_plan
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = Path(tempfile.mkdtemp(prefix="stratagem-gpu-runs-")) / "runs"  # plans + metrics, then runs.tar.gz
+    runs.mkdir()
+    rows = []
+    measured_profiles: dict[str, Path | None] = {}
+    header = f"{'model':<22} {'mb':>3} {'m':>2} {'measured':>9} {'predicted':>9} {'error':>7}"
+    header += f" {'from layer profile':>18} {'error':>7} {'peak GiB':>8} {'pred GiB':>8}"
+    print(header)
+    configs = QUICK if args.quick else CONFIGS
+    if args.only:
+        configs = [(args.only[0], int(args.only[1]), int(args.only[2]))]
+    for model, mb, m in configs:
+        name = f"{model.split(':')[1].replace('@', '_').replace('=', '')}_mb{mb}_m{m}"
+        plan, est = predict(model, mb, m, args.cluster)
+        plan = plan.model_copy(update={"predictions": est.to_predictions()})
+        plan_path = save_plan(plan, runs / f"{name}.json")
+        summary = launch(plan_path, runs / f"{name}.jsonl", args.steps)
+        if not summary:
+            continue
+        meas = summary["measured_step_time_s"]
+        prof_pred = None
+        if args.profile:
+            if model not in measured_profiles:
+                mbs = sorted({b for mo, b, _ in CONFIGS if mo == model})
+                measured_profiles[model] = profile_model(model, mbs, runs / f"{model.split(':')[1]}-profile.json")
+            if measured_profiles[model] is not None:
+                prof_pred = predict(model, mb, m, args.cluster, measured_profiles[model])[1].step_time_s
+        row = dict(
+            model=model,
+            micro_batch=mb,
+            micro_batches=m,
+            seq=SEQ,
+            measured_step_s=meas,
+            predicted_step_s=est.step_time_s,
+            error=est.step_time_s / meas - 1,
+            predicted_from_layer_profile_s=prof_pred,
+            measured_peak_bytes=summary.get("measured_peak_memory_bytes"),
+            predicted_peak_bytes=est.peak_mem_bytes,
+            gpu=torch.cuda.get_device_name(0),
+            torch=torch.__version__,
+        )
+        rows.append(row)
+        pe = f"{prof_pred:18.4f} {prof_pred / meas - 1:+7.1%}" if prof_pred else f"{'':18} {'':7}"
+        peak = (row["measured_peak_bytes"] or 0) / 2**30
+        with tarfile.open(args.out / "runs.tar.gz", "w:gz") as tar:  # after every run: a timeout keeps the rest
+            tar.add(runs, arcname="runs")
+        print(
+            f"{model:<22} {mb:3d} {m:2d} {meas:9.4f} {est.step_time_s:9.4f} {row['error']:+7.1%} {pe} "
+            f"{peak:8.2f} {est.peak_mem_bytes / 2**30:8.2f}"
+        )
+    if rows:
+        errs = [abs(r["error"]) for r in rows]
+        print(f"{len(rows)} runs: mean |error| {statistics.mean(errs):.1%}, max {max(errs):.1%} (uncalibrated)")
+        with open(args.out / "gpu_runs.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

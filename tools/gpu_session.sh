@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# What Stratagem runs on a lent NVIDIA GPU machine (one call): environment, GEMM sweep vs the kernel model,
+# measured model profiles, 1-GPU plan -> launch on CUDA/NCCL, and the `gpu` tests. Writes under $OUT.
+#   OUT=/tmp/out bash tools/gpu_session.sh [quick]
+# The machine's python has torch; the planner's own dependencies not there travel as wheels in .whl/.
+set -u
+OUT=${OUT:-/tmp/stratagem-gpu}; mkdir -p "$OUT"
+MODE=${1:-full}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=$PWD:/tmp/site
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+S="python3 -m planner.cli.main"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, pulp, pydantic, planner, runtime; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); print('cbc', pulp.PULP_CBC_CMD().available())" | tee -a "$OUT/gpu.txt"
+step() { echo; echo "=== $* ($(date -u +%T))"; }
+Q=""; [ "$MODE" = quick ] && Q="--quick"
+if [ "$MODE" = final ]; then  # the runs, the unaligned LM heads and the profiler test
+  step odd gemms
+  python3 benchmarks/gpu_gemm_check.py --cluster dgx-h100 --odd --out "$OUT/gemm_odd.csv" > "$OUT/gemm_odd.log" 2>&1; tail -n 3 "$OUT/gemm_odd.log"
+  step end-to-end runs
+  timeout 270 python3 benchmarks/gpu_runs.py --out "$OUT" --steps 6 2>&1 | tail -n 14
+  step profile test
+  timeout 170 python3 -m pytest -q -m gpu tests/test_gpu.py -k profile -p no:cacheprovider --timeout 160 -rA > "$OUT/tests.log" 2>&1; tail -n 4 "$OUT/tests.log"
+  ls -la "$OUT"; exit 0
+fi
+step gemm sweep
+python3 benchmarks/gpu_gemm_check.py --cluster dgx-h100 --out "$OUT/gemm.csv" $Q > "$OUT/gemm.log" 2>&1; tail -n 4 "$OUT/gemm.log"
+step gpu tests
+timeout 280 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --timeout 80 -rA > "$OUT/tests.log" 2>&1; tail -n 5 "$OUT/tests.log"
+step profiled steps
+for cfg in "gpt:gpt2 4 1" "gpt:gpt2-medium 4 1"; do
+  set -- $cfg
+  STRATAGEM_TORCH_PROFILE=/tmp/prof-${1#gpt:} timeout 120 python3 benchmarks/gpu_runs.py --out /tmp/prof-runs --only "$1" "$2" "$3" > /dev/null 2>&1
+  cat /tmp/prof-${1#gpt:}/rank0_step3.txt >> "$OUT/prof.txt" 2>/dev/null
+done
+head -c 3000 "$OUT/prof.txt"
+step end-to-end runs
+if [ "$MODE" = full ]; then
+  timeout 300 python3 benchmarks/gpu_runs.py --out "$OUT" 2>&1 | tail -n 20
+else
+  timeout 200 python3 benchmarks/gpu_runs.py --out "$OUT" --quick 2>&1 | tail -n 20
+fi
+ls -la "$OUT"
