@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.cost import ParallelConfig, estimate, with_gpus  # noqa: E402
+from planner.cost.constants import LOADED_FABRIC_BANDWIDTH_FRACTION  # noqa: E402
 from planner.gpt_profile import build_gpt_profile  # noqa: E402
 from planner.modelspec import parse_model  # noqa: E402
 from planner.profiles import load_cluster_profile  # noqa: E402
@@ -107,10 +108,17 @@ def _schedule(pp: int, layers: int, notes: str) -> tuple[str, int]:
     return "1f1b", 1
 
 
+LOADED_FABRIC = "+loaded-fabric"  # cluster-name suffix: inter-node bandwidth under full-fabric load (_load_cluster)
+
 # DeepSpeed ZeRO-3 as the SC21 Table 2 runs had it (DeepSpeed before its June-2021 stage-3 fixes): no
 # overlap, weights re-gathered for every use (3 gathers with full recompute), one collective per tensor,
 # torch-1.8 list-based collectives. Each choice and its source: planner/cost/zero3.py.
-DEEPSPEED_2021_ZERO3 = {"zero3_overlap": False, "zero3_granularity": "tensor", "zero3_list_collectives": True}
+DEEPSPEED_2021_ZERO3 = {
+    "zero3_overlap": False,
+    "zero3_granularity": "tensor",
+    "zero3_list_collectives": True,
+    "zero3_grad_reduce": "all_reduce",
+}
 
 
 def _zero3_implementation(zero: int, notes: str, recompute: str) -> tuple[dict, str]:
@@ -199,6 +207,9 @@ def _case(i: int, r: dict[str, str]) -> Case | None:
     else:
         published_s = eq3_flops(gb, seq, layers, hidden, vocab, recompute=not h100) / (value * 1e12 * gpus)
     cluster = "dgx-h100" if h100 else "aws-p3-16xlarge" if v100 else "dgx-a100-80g"
+    if "Table 2" in src and cluster == "dgx-a100-80g":
+        cluster += LOADED_FABRIC
+        assumed.append(f"loaded fabric: inter-node bandwidth x{LOADED_FABRIC_BANDWIDTH_FRACTION}")
     role = "calib" if (h100 and hidden == 12288) or (v100 and gpus == 1) or "Table 1" in src else "validate"
     label = (
         f"{r['model'][:22]} {gpus}g t{tp}p{pp}d{dp} v{v} mb{mb} {recompute[:3]}{'+sp' if sp else ''}"
@@ -286,9 +297,24 @@ def load_cases(path: Path) -> list[Case]:
     return [c for i, r in enumerate(rows) if (c := _case(i, r)) is not None]
 
 
+def _load_cluster(name: str):
+    """A shipped cluster profile; ``NAME+loaded-fabric``: NAME with every inter-node bus bandwidth scaled by
+    ``LOADED_FABRIC_BANDWIDTH_FRACTION`` (planner/cost/constants.py: the effective bisection bandwidth of a
+    statically routed fat tree when all of a job's nodes communicate at once)."""
+    base = name.removesuffix(LOADED_FABRIC)
+    cluster = load_cluster_profile(ROOT / "profiles" / "hardware" / f"{base}.json")
+    if name == base:
+        return cluster
+    fits = [
+        fit.model_copy(update={"bus_bw_bytes_per_s": fit.bus_bw_bytes_per_s * LOADED_FABRIC_BANDWIDTH_FRACTION})
+        for fit in cluster.inter_node
+    ]
+    return cluster.model_copy(update={"name": name, "inter_node": fits})
+
+
 def predict(case: Case, clusters: dict) -> float:
     if case.cluster not in clusters:
-        clusters[case.cluster] = load_cluster_profile(ROOT / "profiles" / "hardware" / f"{case.cluster}.json")
+        clusters[case.cluster] = _load_cluster(case.cluster)
     cluster = with_gpus(clusters[case.cluster], case.gpus)
     if case.family == "llama":
         spec = parse_model(
@@ -407,7 +433,7 @@ def calibrate_by_group(path: Path) -> list[dict]:
             if other in own:
                 continue
             cl = with_gpus(clusters[other.cluster], other.gpus)
-            values = transfer(res.values, res.prior, cl, links=other.cluster == home)
+            values = transfer(res.values, res.prior, cl, links=other.cluster.removesuffix(LOADED_FABRIC) == home.removesuffix(LOADED_FABRIC))
             t = Predictor(cl, [_measured_run(other)]).predict(values)[0]
             errors.append((t - other.published_s) / other.published_s)
         out.append(
@@ -500,8 +526,10 @@ def run(path: Path) -> dict:
     return {"cases": results + reference, "summary": summary}
 
 
-# The DeepSpeed-2021 ZeRO-3 assumptions added one at a time (each row's published ZeRO-3 setting otherwise).
-ZERO3_STEPS = (
+# The DeepSpeed-2021 ZeRO-3 assumptions added one at a time (each row's published ZeRO-3 setting otherwise),
+# the last two on the loaded-fabric network; then, for comparison, the per-tensor reduce-scatter that DeepSpeed
+# used instead of the bucketed all-reduce when a run set contiguous_gradients=True (planner/cost/zero3.py, 5.).
+ZERO3_STEPS: tuple[tuple[str, dict, bool], ...] = (
     (
         "FSDP-like, overlapped",
         {
@@ -509,12 +537,17 @@ ZERO3_STEPS = (
             "zero3_param_gathers": 2,
             "zero3_granularity": "layer",
             "zero3_list_collectives": False,
+            "zero3_grad_reduce": "reduce_scatter",
         },
+        False,
     ),
-    ("+ no overlap", {"zero3_overlap": False}),
-    ("+ per-tensor", {"zero3_granularity": "tensor"}),
-    ("+ 3 gathers", {"zero3_param_gathers": 3}),
-    ("+ list collectives", {"zero3_list_collectives": True}),
+    ("+ no overlap", {"zero3_overlap": False}, False),
+    ("+ per-tensor", {"zero3_granularity": "tensor"}, False),
+    ("+ 3 gathers", {"zero3_param_gathers": 3}, False),
+    ("+ list collectives", {"zero3_list_collectives": True}, False),
+    ("+ all-reduce grads", {"zero3_grad_reduce": "all_reduce"}, False),
+    ("+ loaded fabric", {}, True),
+    ("(reduce-scatter instead)", {"zero3_grad_reduce": "reduce_scatter"}, True),
 )
 
 
@@ -528,9 +561,11 @@ def zero3_ablation(path: Path) -> list[dict]:
             continue
         fields: dict = {}
         times = []
-        for _, step in ZERO3_STEPS:
+        plain = case.cluster.removesuffix(LOADED_FABRIC)
+        for _, step, loaded in ZERO3_STEPS:
             fields.update(step)
-            times.append(predict(replace(case, config=replace(case.config, **fields)), clusters))
+            cluster = plain + LOADED_FABRIC if loaded else plain
+            times.append(predict(replace(case, cluster=cluster, config=replace(case.config, **fields)), clusters))
         out.append({"row": case.row, "label": case.label, "published_s": case.published_s, "predicted_s": times})
     return out
 
@@ -581,9 +616,9 @@ def _print_zero3_ablation(path: Path) -> None:
     if not rows:
         return
     print("\nDeepSpeed ZeRO-3 rows, error as the DeepSpeed-2021 assumptions accumulate (planner/cost/zero3.py):")
-    print(f"    {'row':>3} {'published':>10}  " + "  ".join(f"{name:>21}" for name, _ in ZERO3_STEPS))
+    print(f"    {'row':>3} {'published':>10}  " + "  ".join(f"{name:>25}" for name, _, _ in ZERO3_STEPS))
     for r in rows:
-        errs = "  ".join(f"{100 * (t - r['published_s']) / r['published_s']:>+20.1f}%" for t in r["predicted_s"])
+        errs = "  ".join(f"{100 * (t - r['published_s']) / r['published_s']:>+24.1f}%" for t in r["predicted_s"])
         print(f"    {r['row']:>3} {r['published_s']:>9.1f}s  {errs}")
 
 

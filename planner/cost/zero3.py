@@ -62,7 +62,12 @@ from collections.abc import Sequence
 
 from planner.cost.collectives import group_collective_s
 from planner.cost.config import LayerCost, ParallelConfig
-from planner.cost.constants import DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS, EAGER_OP_OVERHEAD_S, MEMORY_BW_EFFICIENCY
+from planner.cost.constants import (
+    DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS,
+    DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
+    EAGER_OP_OVERHEAD_S,
+    MEMORY_BW_EFFICIENCY,
+)
 from planner.cost.kernels import contention
 from planner.cost.placement import GroupShape
 from planner.profiles import ClusterProfile, LayerProfile, NodeType
@@ -82,24 +87,29 @@ def parameter_tensors(layer: LayerProfile, family: str, hidden: int, ffn_hidden:
     return [layer.params]
 
 
-def list_collective_overhead_s(op: str, nbytes: float, n_ranks: int, hbm_bytes_per_s: float | None) -> float:
-    """Host + copy time a torch-1.8 list-based ``op`` adds to one collective of ``nbytes`` (docstring, 4.).
+def list_collective_s(op: str, nccl_s: float, nbytes: float, n_ranks: int, hbm_bytes_per_s: float | None) -> float:
+    """Seconds of one torch-1.8 list-based ``op`` of ``nbytes`` as DeepSpeed 2021 issued it, the NCCL kernel
+    taking ``nccl_s`` (module docstring, 4.).
 
-    >>> round(list_collective_overhead_s("all_gather", 0.0, 1000, None), 6)  # 2 x 1000 calls x 3.3 us
-    0.0066
+    all_gather: the zero-fill runs on the GPU, ``torch.cuda.synchronize()`` waits for it, the host then makes
+    ``n`` views (GPU idle); the PG enqueues NCCL and launches its ``n`` output copies while the kernel runs.
+    reduce_scatter: ``n`` x (view, narrow) on the host, the PG's ``n`` flatten copies (host || HBM), then NCCL.
+
+    >>> round(list_collective_s("all_gather", 0.01, 0.0, 1000, None), 6)  # 3.3 ms of views, then the kernel
+    0.0133
     """
     if n_ranks <= 1:
-        return 0.0
+        return nccl_s
     host_s = n_ranks * EAGER_OP_OVERHEAD_S  # one call per rank
     bw = hbm_bytes_per_s * MEMORY_BW_EFFICIENCY if hbm_bytes_per_s else None
 
     def hbm(traffic_bytes: float) -> float:
         return traffic_bytes / bw if bw else 0.0
 
-    if op == "all_gather":  # narrow per rank || zero-fill S; then copy_ per rank || read + write S
-        return max(host_s, hbm(nbytes)) + max(host_s, hbm(2 * nbytes))
-    # reduce_scatter: view + narrow per rank; then copy_ per rank || read + write S
-    return 2 * host_s + max(host_s, hbm(2 * nbytes))
+    if op == "all_gather":  # zero-fill S, sync; narrow per rank; NCCL then copies (r + w S) || copy_ launches
+        return hbm(nbytes) + host_s + max(nccl_s + hbm(2 * nbytes), host_s)
+    # reduce_scatter: view + narrow per rank; then copy_ per rank || read + write S; then NCCL
+    return 2 * host_s + max(host_s, hbm(2 * nbytes)) + nccl_s
 
 
 class Zero3Comm:
@@ -129,13 +139,74 @@ class Zero3Comm:
         group = group or self.group
         t = group_collective_s(self.cluster, self.node, op, nbytes, group)
         if self.cfg.zero3_list_collectives and t > 0:
-            t += list_collective_overhead_s(op, nbytes, group.n_ranks, self.node.memory_bw_bytes_per_s)
+            return list_collective_s(op, t, nbytes, group.n_ranks, self.node.memory_bw_bytes_per_s)
         return t
+
+    def _hbm_s(self, traffic_bytes: float) -> float:
+        bw = self.node.memory_bw_bytes_per_s
+        return traffic_bytes / (bw * MEMORY_BW_EFFICIENCY) if bw else 0.0
+
+    def persistent_gather_s(self, pairs: Sequence[tuple[LayerProfile, LayerCost]]) -> float:
+        """After the optimizer step, DeepSpeed re-gathers the persistent (replicated, under-threshold) tensors
+        with its synchronous ``_allgather_params``: one list all-gather of their concatenated partitions, then
+        a Python loop over every tensor and every rank (``narrow``, ``view``, ``narrow``, ``copy_``: 4 host
+        calls) that copies each rank's part into place (module docstring, 6.)."""
+        n = self.group.n_ranks
+        if n <= 1:
+            return 0.0
+        small: list[float] = []
+        for layer, cost in pairs:
+            share = cost.params / layer.params if layer.params else 0.0
+            small += [
+                t * share
+                for t in parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden)
+                if t < DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS
+            ]
+        if not small:
+            return 0.0
+        nbytes = sum(small) * self.weight_bytes
+        return self._one_s("all_gather", nbytes) + len(small) * n * 4 * EAGER_OP_OVERHEAD_S
+
+    def bucketed_all_reduce_s(self, pairs: Sequence[tuple[LayerProfile, LayerCost]]) -> float:
+        """One backward's gradient reduction as DeepSpeed's ``buffered_reduce_fallback`` does it (module
+        docstring, 5.): gradients in backward order fill buckets of ``DEEPSPEED_REDUCE_BUCKET_ELEMENTS``;
+        each bucket is flattened, divided, all-reduced over the group and copied back (6 bytes of HBM traffic
+        per gradient byte)."""
+        sizes: list[float] = []
+        for layer, cost in reversed(pairs):
+            share = cost.params / layer.params if layer.params else 0.0
+            sizes += [t * share for t in reversed(parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden))]
+        buckets: list[float] = []
+        fill = 0.0
+        for numel in sizes:
+            if fill and fill + numel > DEEPSPEED_REDUCE_BUCKET_ELEMENTS:
+                buckets.append(fill)
+                fill = 0.0
+            fill += numel
+        if fill:
+            buckets.append(fill)
+        return sum(
+            group_collective_s(self.cluster, self.node, "all_reduce", b * self.grad_bytes, self.group)
+            + self._hbm_s(6 * b * self.grad_bytes)
+            for b in buckets
+        )
 
     def layer_s(self, layer: LayerProfile, cost: LayerCost, wide: bool = False) -> tuple[float, float]:
         """(one gather of the layer's weights, its gradient reduce-scatter), seconds per micro-batch;
-        ``wide``: over the ``dp x tp`` group (a batch-split replicated layer)."""
+        ``wide``: over the ``dp x tp`` group (a batch-split replicated layer). Under
+        ``zero3_grad_reduce="all_reduce"`` the second is 0: :meth:`bucketed_all_reduce_s` prices it per step."""
         g = self.wide_group if wide else self.group
+        if self.cfg.zero3_grad_reduce == "all_reduce":
+            if self.cfg.zero3_granularity == "layer":
+                return self._one_s("all_gather", cost.params * self.weight_bytes, g), 0.0
+            tensors = parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden)
+            share = cost.params / layer.params if layer.params else 0.0
+            gather = sum(
+                self._one_s("all_gather", t * share * self.weight_bytes, g)
+                for t in tensors
+                if t >= DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS
+            )
+            return gather, 0.0
         if self.cfg.zero3_granularity == "layer":
             return (
                 self._one_s("all_gather", cost.params * self.weight_bytes, g),
@@ -169,6 +240,12 @@ class Zero3Comm:
             gather, scatter = self.layer_s(layer, k, layer.path in wide_paths)
             exposed = gather + scatter if exposed is None else exposed  # the first layer's: never hidden
             per_step += gathers * gather + scatters * scatter
+        if cfg.zero3_granularity == "tensor" and cfg.zero3_list_collectives:
+            per_step += self.persistent_gather_s(pairs)
+        if cfg.zero3_grad_reduce == "all_reduce":
+            reduce = self.bucketed_all_reduce_s(pairs)
+            per_step += scatters * reduce
+            exposed = (exposed or 0.0) + reduce / max(1, len(pairs))
         overlap = cfg.overlap_grad_reduce if cfg.zero3_overlap is None else cfg.zero3_overlap
         if not overlap:
             return per_step
@@ -191,4 +268,4 @@ def zero3_accumulation_bytes(
     return params * (weight_bytes + grad_bytes)
 
 
-__all__ = ["Zero3Comm", "list_collective_overhead_s", "parameter_tensors", "zero3_accumulation_bytes"]
+__all__ = ["Zero3Comm", "list_collective_s", "parameter_tensors", "zero3_accumulation_bytes"]
