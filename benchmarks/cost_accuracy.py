@@ -20,19 +20,25 @@ with ``planner.calibrate`` on one source's rows and predicts every other source'
 
 ZeRO-3: the SC21 Table 2 ZeRO-3 rows ran DeepSpeed (SC21 §5.2) and are predicted with DeepSpeed's 2021
 ZeRO-3 behaviour (``DEEPSPEED_2021_ZERO3``: no overlap, weights re-gathered for every use, one collective
-per tensor, torch-1.8 list collectives; each choice and its source in ``planner/cost/zero3.py``); every other
-row keeps the defaults. Each row's output line names the ZeRO-3 model it used, a table shows the error as
-those assumptions accumulate, and the LAST line is the headline: mean and max |error| over every predicted
-case, calibration rows included.
+per tensor, torch-1.8 list collectives with the post-step gather of the persistent tensors, gradients
+all-reduced in buckets as DeepSpeed did with its default ``contiguous_gradients=False`` of the time; each
+choice and its source in ``planner/cost/zero3.py``); every other row keeps the defaults. Each row's output
+line names the ZeRO-3 model it used, a table shows the error as those assumptions accumulate (and, last,
+with per-tensor reduce-scatters instead, as a run with ``contiguous_gradients: true`` had them), and the
+LAST line is the headline: mean and max |error| over every predicted case, calibration rows included.
 
-Open: the 530B ZeRO-3 rows stay 17-23 % too fast. Doubling the GPUs while halving the micro-batch leaves the
-published step time unchanged for both models (175B: 66.7 s -> 66.7 s; 530B: 179.9 s -> 183.7 s), so the
-communication added by the doubling is 14 s at 175B and 45 s at 530B, ~3x apart. The model's per-rank
-terms (ring latency, per-rank host calls of the list collectives) are the same for both models (same
-tensors per layer): no alpha-beta or host term can be 3x apart, and a slower bandwidth alone would push the
-175B/384-GPU row (which leaves at most 24 s for all ZeRO-3 traffic) too slow. Nothing in DeepSpeed's
-April-2021 stage-3 code (``_allgather_param``, ``_reduce_scatter_gradient``, ``reduce_ipg_grads``) costs
-per rank *and* per byte; the cause is not modelled rather than fitted.
+Loaded fabric: all SC21 Table 2 rows (ZeRO-3 and PTD-P, 48-280 nodes) run on ``dgx-a100-80g+loaded-fabric``,
+the shipped profile with its inter-node bandwidth (nccl-tests on 2 nodes) scaled by
+``LOADED_FABRIC_BANDWIDTH_FRACTION`` = 0.575: a statically routed full-bisection fat tree gives 55-60 % of
+its bisection bandwidth when all nodes communicate (Hoefler et al., IEEE Cluster 2008), and on Selene SC21
+§5.9 measured 0.37 (12.9 TB/s effective bisection bandwidth for the 384-node data-parallel all-reduce). Not
+fitted. The Table 1 rows keep the 2-node figure: they calibrate the A100 kernel parameters, and the 2020-2021
+README rows are other runs. ``--calibrate-by-group`` carries link parameters between a cluster and its
+loaded-fabric variant (same links).
+
+Open: the 530B ZeRO-3 row on 2,240 GPUs stays ~18 % too fast while the other five are within 7 %; with
+per-tensor reduce-scatters instead of the all-reduce the 530B rows fit (2-7 %) but the 175B/1,536-GPU row is
+32 % too slow. Which the SC21 runs used is not published.
 
 Reference rows (``role="reference"``): measured on hardware no shipped profile describes; printed, left out
 of every mean.

@@ -22,7 +22,7 @@ stay unsharded until the next micro-batch's forward has used them, so the step g
 times instead of ``m G`` (torch docs, ``FSDPModule.set_reshard_after_backward``: "the unsharded
 parameters do not need to be re-all-gathered before the next forward"). The price is memory: the rank holds its layers' unsharded weights and
 unsharded gradients between micro-batches (``estimate``'s memory, ``zero3_accumulation_bytes``). The step
-then pays ``max(C_step - (1 - k) m W, k C_step) + g_first + r_first`` (the same form with per-step totals). The defaults of the four ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
+then pays ``max(C_step - (1 - k) m W, k C_step) + g_first + r_first`` (the same form with per-step totals). The defaults of the five ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
 in ``planner.search`` mirrors it); the other values describe DeepSpeed ZeRO-3 as the SC21 Table 2 runs used
 it ("We integrated ZeRO into our codebase using the DeepSpeed Python library", Narayanan et al. SC21 §5.2;
 arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
@@ -44,16 +44,34 @@ arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
    A GPT block (Megatron layout, Shoeybi et al. 2019) has 12 tensors: QKV 3h^2 and 3h, projection h^2 and
    h, two LayerNorms 2 x (h, h), FC1 h f and f, FC2 f h and h; other layers count as one tensor.
 4. ``zero3_list_collectives=True`` — torch 1.8 list-based collectives (``_all_gather_base`` came later,
-   PR #1188 "Notes"). Per all-gather: DeepSpeed builds ``n`` views of a zero-filled ``S``-byte buffer
-   (one ``narrow`` per rank, while the GPU writes ``S`` bytes), then ``ProcessGroupNCCL::allgather``
-   copies its flat output into the ``n`` views (``n`` ``copy_`` calls, ``S`` read + ``S`` written). Per
-   reduce-scatter: DeepSpeed slices the gradient per rank (``view`` + ``narrow``: 2 calls per rank), then
-   ``ProcessGroupNCCL::reduce_scatter`` flattens the ``n`` inputs (``n`` ``copy_``, ``2 S`` bytes). Each
-   phase takes the longer of its host calls (``EAGER_OP_OVERHEAD_S`` each) and its HBM traffic (at
-   ``MEMORY_BW_EFFICIENCY`` of the datasheet bandwidth): the host issues, the GPU copies, concurrently.
+   PR #1188 "Notes"). Per all-gather (``_allgather_param``, DeepSpeed @7b46d11f, April 2021): the GPU
+   zero-fills the ``S``-byte buffer, ``torch.cuda.synchronize()`` waits for it, the host makes one
+   ``narrow`` per rank (GPU idle), then ``ProcessGroupNCCL::allgather`` enqueues the NCCL kernel and launches
+   its ``n`` output ``copy_`` calls (``S`` read + ``S`` written) while the kernel runs: ``hbm(S) + n c +
+   max(t_nccl + hbm(2 S), n c)``. Per reduce-scatter: DeepSpeed slices the gradient per rank (``view`` +
+   ``narrow``: 2 calls per rank), then ``ProcessGroupNCCL::reduce_scatter`` flattens the ``n`` inputs
+   (``n`` ``copy_``, ``2 S`` bytes, the longer of host and HBM) before the kernel. ``c`` =
+   ``EAGER_OP_OVERHEAD_S`` per host call; HBM at ``MEMORY_BW_EFFICIENCY`` of the datasheet bandwidth.
+   With ``zero3_granularity="tensor"`` (DeepSpeed's persistence threshold) the step also re-gathers the
+   persistent tensors after the optimizer step: ``_post_step`` calls the synchronous ``_allgather_params``
+   on them (they were partitioned with everything else at the end of the backward,
+   ``_partition_all_parameters``): one list all-gather of their concatenated partitions, then a Python
+   loop over every tensor and every rank (``narrow``, ``view``, ``narrow``, ``copy_``: ``4 c`` each).
+5. ``zero3_grad_reduce="all_reduce"`` — the gradients are all-reduced, not reduce-scattered. Stage 3's
+   ``contiguous_gradients`` defaulted to False until DeepSpeed PR #1199 (2021-07-01, "contiguous gradients
+   should be set to True by default ... Features such as reduce_scatter depends on contiguous gradients
+   being True"); without it ``reduce_ipg_grads`` takes ``buffered_reduce_fallback``: the gradients, in
+   backward order, fill buckets of ``reduce_bucket_size`` (``DEEPSPEED_REDUCE_BUCKET_ELEMENTS``) elements;
+   each bucket is flattened (``S`` read + written), divided by ``n`` (``S`` + ``S``), all-reduced in one NCCL
+   call (ring or tree, ``collectives.py``) and copied back (``S`` + ``S``). Twice the bytes of a
+   reduce-scatter on the wire, but one collective per bucket, not ``n`` host calls per tensor. The SC21
+   runs' DeepSpeed configuration is not published: this is the default of their time, an assumption
+   (DeepSpeedExamples' Megatron ZeRO-3 example set ``contiguous_gradients: true``;
+   ``benchmarks/cost_accuracy.py`` prints both).
 
 Not modelled: the allocator work of the per-gather ``torch.zeros`` / flat buffers, the Python overhead of
-DeepSpeed's hooks per sub-module, and the persistent parameters' optimizer all-gather after the step.
+DeepSpeed's hooks per sub-module, the per-tensor ``.item()`` syncs of the overflow check and gradient norm
+(a few ms per step), and NCCL's slower unaligned copies when ``S / n`` is not a multiple of 16 bytes.
 """
 
 from __future__ import annotations
@@ -112,6 +130,26 @@ def list_collective_s(op: str, nccl_s: float, nbytes: float, n_ranks: int, hbm_b
     return 2 * host_s + max(host_s, hbm(2 * nbytes)) + nccl_s
 
 
+def deepspeed_buckets(sizes: Sequence[float], bucket: float = DEEPSPEED_REDUCE_BUCKET_ELEMENTS) -> list[float]:
+    """Elements per gradient bucket, gradients arriving in the order ``sizes``: DeepSpeed's
+    ``reduce_independent_p_g_buckets_and_remove_grads`` reduces the bucket when the next gradient would take
+    it past ``bucket`` elements (an empty bucket reduces nothing), so a larger tensor forms its own.
+
+    >>> deepspeed_buckets([3, 4, 2, 9, 1], bucket=8)
+    [7.0, 2.0, 9.0, 1.0]
+    """
+    out: list[float] = []
+    fill = 0.0
+    for numel in sizes:
+        if fill and fill + numel > bucket:
+            out.append(fill)
+            fill = 0.0
+        fill += numel
+    if fill:
+        out.append(fill)
+    return out
+
+
 class Zero3Comm:
     """ZeRO-3 collectives of one rank (one instance per rank and ``estimate`` call)."""
 
@@ -150,7 +188,7 @@ class Zero3Comm:
         """After the optimizer step, DeepSpeed re-gathers the persistent (replicated, under-threshold) tensors
         with its synchronous ``_allgather_params``: one list all-gather of their concatenated partitions, then
         a Python loop over every tensor and every rank (``narrow``, ``view``, ``narrow``, ``copy_``: 4 host
-        calls) that copies each rank's part into place (module docstring, 6.)."""
+        calls) that copies each rank's part into place (module docstring, 4.)."""
         n = self.group.n_ranks
         if n <= 1:
             return 0.0
@@ -160,7 +198,7 @@ class Zero3Comm:
             small += [
                 t * share
                 for t in parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden)
-                if t < DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS
+                if 0 < t < DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS
             ]
         if not small:
             return 0.0
@@ -176,15 +214,7 @@ class Zero3Comm:
         for layer, cost in reversed(pairs):
             share = cost.params / layer.params if layer.params else 0.0
             sizes += [t * share for t in reversed(parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden))]
-        buckets: list[float] = []
-        fill = 0.0
-        for numel in sizes:
-            if fill and fill + numel > DEEPSPEED_REDUCE_BUCKET_ELEMENTS:
-                buckets.append(fill)
-                fill = 0.0
-            fill += numel
-        if fill:
-            buckets.append(fill)
+        buckets = deepspeed_buckets(sizes)
         return sum(
             group_collective_s(self.cluster, self.node, "all_reduce", b * self.grad_bytes, self.group)
             + self._hbm_s(6 * b * self.grad_bytes)
@@ -245,6 +275,7 @@ class Zero3Comm:
         if cfg.zero3_grad_reduce == "all_reduce":
             reduce = self.bucketed_all_reduce_s(pairs)
             per_step += scatters * reduce
+            # overlapped (not DeepSpeed-2021's case): the first layer's share of the reduction stays exposed
             exposed = (exposed or 0.0) + reduce / max(1, len(pairs))
         overlap = cfg.overlap_grad_reduce if cfg.zero3_overlap is None else cfg.zero3_overlap
         if not overlap:
@@ -268,4 +299,4 @@ def zero3_accumulation_bytes(
     return params * (weight_bytes + grad_bytes)
 
 
-__all__ = ["Zero3Comm", "list_collective_s", "parameter_tensors", "zero3_accumulation_bytes"]
+__all__ = ["Zero3Comm", "deepspeed_buckets", "list_collective_s", "parameter_tensors", "zero3_accumulation_bytes"]
