@@ -439,7 +439,12 @@ def calibrate_by_group(path: Path) -> list[dict]:
             if other in own:
                 continue
             cl = with_gpus(clusters[other.cluster], other.gpus)
-            values = transfer(res.values, res.prior, cl, links=other.cluster.removesuffix(LOADED_FABRIC) == home.removesuffix(LOADED_FABRIC))
+            values = transfer(
+                res.values,
+                res.prior,
+                cl,
+                links=other.cluster.removesuffix(LOADED_FABRIC) == home.removesuffix(LOADED_FABRIC),
+            )
             t = Predictor(cl, [_measured_run(other)]).predict(values)[0]
             errors.append((t - other.published_s) / other.published_s)
         out.append(
@@ -622,9 +627,9 @@ def _print_zero3_ablation(path: Path) -> None:
     if not rows:
         return
     print("\nDeepSpeed ZeRO-3 rows, error as the DeepSpeed-2021 assumptions accumulate (planner/cost/zero3.py):")
-    print(f"    {'row':>3} {'published':>10}  " + "  ".join(f"{name:>25}" for name, _, _ in ZERO3_STEPS))
+    print(f"    {'row':>3} {'published':>10}  " + "  ".join(f"{name:>22}" for name, _, _ in ZERO3_STEPS))
     for r in rows:
-        errs = "  ".join(f"{100 * (t - r['published_s']) / r['published_s']:>+24.1f}%" for t in r["predicted_s"])
+        errs = "  ".join(f"{100 * (t - r['published_s']) / r['published_s']:>+21.1f}%" for t in r["predicted_s"])
         print(f"    {r['row']:>3} {r['published_s']:>9.1f}s  {errs}")
 
 
@@ -683,12 +688,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     out = run(args.csv)
-    print(f"{'row':>3} {'case':<58} {'cluster':<16} {'published':>10} {'predicted':>10} {'error':>8}  role")
+    print(f"{'row':>3} {'case':<58} {'cluster':<26} {'published':>10} {'predicted':>10} {'error':>8}  role")
     for r in out["cases"]:
         flag = r["role"] + (" (assumed: " + r["assumed"] + ")" if r["assumed"] else "")
         flag += f" [ZeRO-3: {r['zero3_model']}]" if r["zero3_model"] else ""
         print(
-            f"{r['row']:>3} {r['label']:<58} {r['cluster']:<16} {r['published_s']:>9.3f}s "
+            f"{r['row']:>3} {r['label']:<58} {r['cluster']:<26} {r['published_s']:>9.3f}s "
             f"{r['predicted_s']:>9.3f}s {100 * r['error']:>+7.1f}%  {flag}"
         )
     print("\nKorthikanti et al. Table 4, per layer (held out: the A100 parameters were fitted on SC21 Table 1):")

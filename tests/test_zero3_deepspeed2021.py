@@ -47,7 +47,9 @@ def tiny():
 
 
 def _all_reduce_s(cluster, nbytes: float) -> float:
-    return collective_time(cluster, "all_reduce", nbytes, 8, node_type="dgx-a100-80g", spans_nodes=False, ranks_per_node=8)
+    return collective_time(
+        cluster, "all_reduce", nbytes, 8, node_type="dgx-a100-80g", spans_nodes=False, ranks_per_node=8
+    )
 
 
 def _list_gather_s(nbytes: float) -> float:
