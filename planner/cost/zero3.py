@@ -20,11 +20,12 @@ do, so the runtime at ``pp > 1`` (``set_requires_gradient_sync`` and ``set_resha
 but on the last micro-batch): one reduce-scatter per layer per step, and the weights a backward gathered
 stay unsharded until the next micro-batch's forward has used them, so the step gathers ``m (G - 1) + 1``
 times instead of ``m G`` (torch docs, ``FSDPModule.set_reshard_after_backward``: "the unsharded
-parameters do not need to be re-all-gathered before the next forward"). The price is memory: the rank holds its layers' unsharded weights and
-unsharded gradients between micro-batches (``estimate``'s memory, ``zero3_accumulation_bytes``). The step
-then pays ``max(C_step - (1 - k) m W, k C_step) + g_first + r_first`` (the same form with per-step totals). The defaults of the five ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
-in ``planner.search`` mirrors it); the other values describe DeepSpeed ZeRO-3 as the SC21 Table 2 runs used
-it ("We integrated ZeRO into our codebase using the DeepSpeed Python library", Narayanan et al. SC21 §5.2;
+parameters do not need to be re-all-gathered before the next forward"). The price is memory: the rank holds
+its layers' unsharded weights and unsharded gradients between micro-batches (``estimate``'s memory,
+``zero3_accumulation_bytes``). The step then pays ``max(C_step - (1 - k) m W, k C_step) + g_first + r_first``
+(the same form with per-step totals). The defaults of the five ``ParallelConfig.zero3_*`` fields give exactly
+that (the ILP in ``planner.search`` mirrors it); the other values describe DeepSpeed ZeRO-3 as the SC21 Table 2
+runs used it ("We integrated ZeRO into our codebase using the DeepSpeed Python library", Narayanan et al. SC21 §5.2;
 arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
 
 1. ``zero3_overlap=False`` — nothing overlaps. Prefetching never ran: a sub-module pre-forward hook fired
@@ -44,8 +45,8 @@ arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
    A GPT block (Megatron layout, Shoeybi et al. 2019) has 12 tensors: QKV 3h^2 and 3h, projection h^2 and
    h, two LayerNorms 2 x (h, h), FC1 h f and f, FC2 f h and h; other layers count as one tensor.
 4. ``zero3_list_collectives=True`` — torch 1.8 list-based collectives (``_all_gather_base`` came later,
-   PR #1188 "Notes"). Per all-gather (``_allgather_param``, DeepSpeed @7b46d11f, April 2021): the GPU
-   zero-fills the ``S``-byte buffer, ``torch.cuda.synchronize()`` waits for it, the host makes one
+   PR #1188 "Notes"). Per all-gather (``_allgather_param``, DeepSpeed v0.3.13-v0.3.15, March-April 2021):
+   the GPU zero-fills the ``S``-byte buffer, ``torch.cuda.synchronize()`` waits for it, the host makes one
    ``narrow`` per rank (GPU idle), then ``ProcessGroupNCCL::allgather`` enqueues the NCCL kernel and launches
    its ``n`` output ``copy_`` calls (``S`` read + ``S`` written) while the kernel runs: ``hbm(S) + n c +
    max(t_nccl + hbm(2 S), n c)``. Per reduce-scatter: DeepSpeed slices the gradient per rank (``view`` +
@@ -58,16 +59,16 @@ arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
    ``_partition_all_parameters``): one list all-gather of their concatenated partitions, then a Python
    loop over every tensor and every rank (``narrow``, ``view``, ``narrow``, ``copy_``: ``4 c`` each).
 5. ``zero3_grad_reduce="all_reduce"`` — the gradients are all-reduced, not reduce-scattered. Stage 3's
-   ``contiguous_gradients`` defaulted to False until DeepSpeed PR #1199 (2021-07-01, "contiguous gradients
-   should be set to True by default ... Features such as reduce_scatter depends on contiguous gradients
-   being True"); without it ``reduce_ipg_grads`` takes ``buffered_reduce_fallback``: the gradients, in
-   backward order, fill buckets of ``reduce_bucket_size`` (``DEEPSPEED_REDUCE_BUCKET_ELEMENTS``) elements;
-   each bucket is flattened (``S`` read + written), divided by ``n`` (``S`` + ``S``), all-reduced in one NCCL
-   call (ring or tree, ``collectives.py``) and copied back (``S`` + ``S``). Twice the bytes of a
-   reduce-scatter on the wire, but one collective per bucket, not ``n`` host calls per tensor. The SC21
-   runs' DeepSpeed configuration is not published: this is the default of their time, an assumption
-   (DeepSpeedExamples' Megatron ZeRO-3 example set ``contiguous_gradients: true``;
-   ``benchmarks/cost_accuracy.py`` prints both).
+   ``contiguous_gradients`` defaulted to False (``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT`` in
+   v0.3.13-v0.3.15) until DeepSpeed PR #1199 (2021-07-01, "contiguous gradients should be set to True by default ...
+   Features such as reduce_scatter depends on contiguous gradients being True"); without it ``reduce_ipg_grads``
+   takes ``buffered_reduce_fallback``: the gradients, in backward order, fill buckets of ``reduce_bucket_size``
+   (``DEEPSPEED_REDUCE_BUCKET_ELEMENTS``) elements; each bucket is flattened (``S`` read + written), divided by
+   ``n`` (``S`` + ``S``), all-reduced in one NCCL call (ring or tree, ``collectives.py``) and copied back (``S`` +
+   ``S``). Twice the bytes of a reduce-scatter on the wire, but one collective per bucket, not ``n`` host calls per
+   tensor. The SC21 runs' DeepSpeed configuration is not published: this is the default of their time, an assumption
+   (DeepSpeedExamples' Megatron ZeRO-3 example set ``contiguous_gradients: true``; ``benchmarks/cost_accuracy.py``
+   prints both).
 
 Not modelled: the allocator work of the per-gather ``torch.zeros`` / flat buffers, the Python overhead of
 DeepSpeed's hooks per sub-module, the per-tensor ``.item()`` syncs of the overflow check and gradient norm
