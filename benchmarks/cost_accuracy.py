@@ -33,8 +33,8 @@ the shipped profile with its inter-node bandwidth (nccl-tests on 2 nodes) scaled
 its bisection bandwidth when all nodes communicate (Hoefler et al., IEEE Cluster 2008), and on Selene SC21
 §5.9 measured 0.37 (12.9 TB/s effective bisection bandwidth for the 384-node data-parallel all-reduce). Not
 fitted. The Table 1 rows keep the 2-node figure: they calibrate the A100 kernel parameters (on the loaded
-fabric their mean |error| would be 1.86 % instead of 1.85 %), and the 2020-2021 README rows are other runs. ``--calibrate-by-group`` carries link parameters between a cluster and its
-loaded-fabric variant (same links).
+fabric their mean |error| would be 1.86 % instead of 1.85 %), and the 2020-2021 README rows are other runs.
+``--calibrate-by-group`` carries link parameters between a cluster and its loaded-fabric variant (same links).
 
 Open: the 530B ZeRO-3 row on 2,240 GPUs stays ~18 % too fast while the other five are within 7 %; with
 per-tensor reduce-scatters instead of the all-reduce the 530B rows fit (2-7 %) but the 175B/1,536-GPU row is
