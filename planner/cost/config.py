@@ -79,7 +79,8 @@ class ParallelConfig:
     # How ZeRO-3 communicates (``planner.cost.zero3``). The defaults are FSDP-like: one all-gather per layer
     # for the forward and one for the backward, one reduce-scatter per layer, hidden behind compute when
     # ``overlap_grad_reduce``. DeepSpeed's 2021 ZeRO-3 (Narayanan et al. SC21 Table 2) is
-    # zero3_overlap=False, zero3_param_gathers=3, zero3_granularity="tensor", zero3_list_collectives=True.
+    # zero3_overlap=False, zero3_param_gathers=3, zero3_granularity="tensor", zero3_list_collectives=True,
+    # zero3_grad_reduce="all_reduce".
     # None = follow overlap_grad_reduce; False = every gather and reduce-scatter waits for compute and vice versa.
     zero3_overlap: bool | None = None
     # All-gathers of each weight per micro-batch: 2 = forward + backward (the recompute reuses the backward's).
@@ -89,6 +90,10 @@ class ParallelConfig:
     zero3_granularity: Literal["layer", "tensor"] = "layer"
     # torch < 1.9 list-based all_gather / reduce_scatter: per-rank views and copies on the host (O(ranks)).
     zero3_list_collectives: bool = False
+    # How the gradients are reduced: "reduce_scatter" (per layer, or per tensor at granularity "tensor");
+    # "all_reduce" = DeepSpeed ZeRO-3 before July 2021 with its default contiguous_gradients=False: the
+    # gradients are flattened into reduce_bucket_size buckets and all-reduced (``planner.cost.zero3``).
+    zero3_grad_reduce: Literal["reduce_scatter", "all_reduce"] = "reduce_scatter"
     # When ZeRO-3 reduce-scatters gradients under accumulation (num_micro_batches > 1). "micro_batch": after
     # every micro-batch's backward (FSDP2's default); "step": only after the last one, keeping the weights
     # unsharded from one micro-batch's backward to the next one's forward and holding unsharded gradients

@@ -100,6 +100,21 @@ ZERO3_LAYERS_IN_FLIGHT = 2
 # threshold", default 1e5 in the DeepSpeed config docs; the early-2021 _allgather_param skipped tensors of
 # <= 100000 elements the same way): biases and LayerNorm weights of a GPT block are never gathered.
 DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS = 100_000
+# DeepSpeed's ZeRO "reduce_bucket_size" default, 5e8 elements (deepspeed/runtime/zero/constants.py,
+# ZERO_OPTIMIZATION_REDUCE_BUCKET_SIZE_DEFAULT, unchanged since 2020): gradients are reduced in buckets of
+# at most this many elements (a larger tensor forms a bucket of its own).
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+# Fraction of a full-bisection InfiniBand fat tree's bandwidth that a job's collectives get when all of its
+# nodes (tens to hundreds) communicate at once: with static routing, flows of different nodes share upper-level
+# links. Hoefler, Schneider & Lumsdaine, "Multistage Switches are not Crossbars: Effects of Static Routing in
+# High-Performance Networks", IEEE Cluster 2008 (doi:10.1109/CLUSTR.2008.4663762), abstract: "Networks with
+# full bisection bandwidth typically provided effective bisection bandwidth in the range of 55-60%"; the middle
+# of that range is used. The cluster profiles' inter-node fits come from nccl-tests on 2 nodes, where no such
+# sharing occurs. On Selene itself, Narayanan et al. SC21 §5.9 report the data-parallel all-reduce of the 1T
+# run (384 nodes) at an effective bisection bandwidth of 12.9 TB/s: 67 GB/s per node of one half, 0.37 of the
+# 182 GB/s two-node figure (the same effect, stronger). Not fitted. benchmarks/cost_accuracy.py applies it to
+# the SC21 Table 2 rows (48-280 nodes); see its docstring.
+LOADED_FABRIC_BANDWIDTH_FRACTION = 0.575
 # Host time of one light eager ATen call on CUDA tensors (a view, narrow, or the dispatch of a copy_):
 # PyTorch's operator micro-benchmark printed in pytorch/pytorch PR #32194 (Jan 2020, the torch 1.4-1.8 era):
 # `split` on CUDA tensors, eager, 3.3 us per call. A copy_ also launches a kernel (cudaLaunchKernel adds a

@@ -208,6 +208,10 @@ def _check_zero3(config: ParallelConfig) -> None:
         )
     if config.zero3_granularity not in ("layer", "tensor"):
         raise StratagemError(f"zero3_granularity {config.zero3_granularity!r} is unknown; use 'layer' or 'tensor'")
+    if config.zero3_grad_reduce not in ("reduce_scatter", "all_reduce"):
+        raise StratagemError(
+            f"zero3_grad_reduce {config.zero3_grad_reduce!r} is unknown; use 'reduce_scatter' or 'all_reduce'"
+        )
     if config.zero3_grad_sync not in (None, "micro_batch", "step"):
         raise StratagemError(
             f"zero3_grad_sync {config.zero3_grad_sync!r} is unknown; use 'micro_batch' "

@@ -20,11 +20,12 @@ do, so the runtime at ``pp > 1`` (``set_requires_gradient_sync`` and ``set_resha
 but on the last micro-batch): one reduce-scatter per layer per step, and the weights a backward gathered
 stay unsharded until the next micro-batch's forward has used them, so the step gathers ``m (G - 1) + 1``
 times instead of ``m G`` (torch docs, ``FSDPModule.set_reshard_after_backward``: "the unsharded
-parameters do not need to be re-all-gathered before the next forward"). The price is memory: the rank holds its layers' unsharded weights and
-unsharded gradients between micro-batches (``estimate``'s memory, ``zero3_accumulation_bytes``). The step
-then pays ``max(C_step - (1 - k) m W, k C_step) + g_first + r_first`` (the same form with per-step totals). The defaults of the four ``ParallelConfig.zero3_*`` fields give exactly that (the ILP
-in ``planner.search`` mirrors it); the other values describe DeepSpeed ZeRO-3 as the SC21 Table 2 runs used
-it ("We integrated ZeRO into our codebase using the DeepSpeed Python library", Narayanan et al. SC21 §5.2;
+parameters do not need to be re-all-gathered before the next forward"). The price is memory: the rank holds
+its layers' unsharded weights and unsharded gradients between micro-batches (``estimate``'s memory,
+``zero3_accumulation_bytes``). The step then pays ``max(C_step - (1 - k) m W, k C_step) + g_first + r_first``
+(the same form with per-step totals). The defaults of the five ``ParallelConfig.zero3_*`` fields give exactly
+that (the ILP in ``planner.search`` mirrors it); the other values describe DeepSpeed ZeRO-3 as the SC21 Table 2
+runs used it ("We integrated ZeRO into our codebase using the DeepSpeed Python library", Narayanan et al. SC21 §5.2;
 arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
 
 1. ``zero3_overlap=False`` — nothing overlaps. Prefetching never ran: a sub-module pre-forward hook fired
@@ -44,16 +45,34 @@ arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
    A GPT block (Megatron layout, Shoeybi et al. 2019) has 12 tensors: QKV 3h^2 and 3h, projection h^2 and
    h, two LayerNorms 2 x (h, h), FC1 h f and f, FC2 f h and h; other layers count as one tensor.
 4. ``zero3_list_collectives=True`` — torch 1.8 list-based collectives (``_all_gather_base`` came later,
-   PR #1188 "Notes"). Per all-gather: DeepSpeed builds ``n`` views of a zero-filled ``S``-byte buffer
-   (one ``narrow`` per rank, while the GPU writes ``S`` bytes), then ``ProcessGroupNCCL::allgather``
-   copies its flat output into the ``n`` views (``n`` ``copy_`` calls, ``S`` read + ``S`` written). Per
-   reduce-scatter: DeepSpeed slices the gradient per rank (``view`` + ``narrow``: 2 calls per rank), then
-   ``ProcessGroupNCCL::reduce_scatter`` flattens the ``n`` inputs (``n`` ``copy_``, ``2 S`` bytes). Each
-   phase takes the longer of its host calls (``EAGER_OP_OVERHEAD_S`` each) and its HBM traffic (at
-   ``MEMORY_BW_EFFICIENCY`` of the datasheet bandwidth): the host issues, the GPU copies, concurrently.
+   PR #1188 "Notes"). Per all-gather (``_allgather_param``, DeepSpeed v0.3.13-v0.3.15, March-April 2021):
+   the GPU zero-fills the ``S``-byte buffer, ``torch.cuda.synchronize()`` waits for it, the host makes one
+   ``narrow`` per rank (GPU idle), then ``ProcessGroupNCCL::allgather`` enqueues the NCCL kernel and launches
+   its ``n`` output ``copy_`` calls (``S`` read + ``S`` written) while the kernel runs: ``hbm(S) + n c +
+   max(t_nccl + hbm(2 S), n c)``. Per reduce-scatter: DeepSpeed slices the gradient per rank (``view`` +
+   ``narrow``: 2 calls per rank), then ``ProcessGroupNCCL::reduce_scatter`` flattens the ``n`` inputs
+   (``n`` ``copy_``, ``2 S`` bytes, the longer of host and HBM) before the kernel. ``c`` =
+   ``EAGER_OP_OVERHEAD_S`` per host call; HBM at ``MEMORY_BW_EFFICIENCY`` of the datasheet bandwidth.
+   With ``zero3_granularity="tensor"`` (DeepSpeed's persistence threshold) the step also re-gathers the
+   persistent tensors after the optimizer step: ``_post_step`` calls the synchronous ``_allgather_params``
+   on them (they were partitioned with everything else at the end of the backward,
+   ``_partition_all_parameters``): one list all-gather of their concatenated partitions, then a Python
+   loop over every tensor and every rank (``narrow``, ``view``, ``narrow``, ``copy_``: ``4 c`` each).
+5. ``zero3_grad_reduce="all_reduce"`` — the gradients are all-reduced, not reduce-scattered. Stage 3's
+   ``contiguous_gradients`` defaulted to False (``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT`` in
+   v0.3.13-v0.3.15) until DeepSpeed PR #1199 (2021-07-01, "contiguous gradients should be set to True by default ...
+   Features such as reduce_scatter depends on contiguous gradients being True"); without it ``reduce_ipg_grads``
+   takes ``buffered_reduce_fallback``: the gradients, in backward order, fill buckets of ``reduce_bucket_size``
+   (``DEEPSPEED_REDUCE_BUCKET_ELEMENTS``) elements; each bucket is flattened (``S`` read + written), divided by
+   ``n`` (``S`` + ``S``), all-reduced in one NCCL call (ring or tree, ``collectives.py``) and copied back (``S`` +
+   ``S``). Twice the bytes of a reduce-scatter on the wire, but one collective per bucket, not ``n`` host calls per
+   tensor. The SC21 runs' DeepSpeed configuration is not published: this is the default of their time, an assumption
+   (DeepSpeedExamples' Megatron ZeRO-3 example set ``contiguous_gradients: true``; ``benchmarks/cost_accuracy.py``
+   prints both).
 
 Not modelled: the allocator work of the per-gather ``torch.zeros`` / flat buffers, the Python overhead of
-DeepSpeed's hooks per sub-module, and the persistent parameters' optimizer all-gather after the step.
+DeepSpeed's hooks per sub-module, the per-tensor ``.item()`` syncs of the overflow check and gradient norm
+(a few ms per step), and NCCL's slower unaligned copies when ``S / n`` is not a multiple of 16 bytes.
 """
 
 from __future__ import annotations
@@ -62,7 +81,12 @@ from collections.abc import Sequence
 
 from planner.cost.collectives import group_collective_s
 from planner.cost.config import LayerCost, ParallelConfig
-from planner.cost.constants import DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS, EAGER_OP_OVERHEAD_S, MEMORY_BW_EFFICIENCY
+from planner.cost.constants import (
+    DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS,
+    DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
+    EAGER_OP_OVERHEAD_S,
+    MEMORY_BW_EFFICIENCY,
+)
 from planner.cost.kernels import contention
 from planner.cost.placement import GroupShape
 from planner.profiles import ClusterProfile, LayerProfile, NodeType
@@ -82,24 +106,49 @@ def parameter_tensors(layer: LayerProfile, family: str, hidden: int, ffn_hidden:
     return [layer.params]
 
 
-def list_collective_overhead_s(op: str, nbytes: float, n_ranks: int, hbm_bytes_per_s: float | None) -> float:
-    """Host + copy time a torch-1.8 list-based ``op`` adds to one collective of ``nbytes`` (docstring, 4.).
+def list_collective_s(op: str, nccl_s: float, nbytes: float, n_ranks: int, hbm_bytes_per_s: float | None) -> float:
+    """Seconds of one torch-1.8 list-based ``op`` of ``nbytes`` as DeepSpeed 2021 issued it, the NCCL kernel
+    taking ``nccl_s`` (module docstring, 4.).
 
-    >>> round(list_collective_overhead_s("all_gather", 0.0, 1000, None), 6)  # 2 x 1000 calls x 3.3 us
-    0.0066
+    all_gather: the zero-fill runs on the GPU, ``torch.cuda.synchronize()`` waits for it, the host then makes
+    ``n`` views (GPU idle); the PG enqueues NCCL and launches its ``n`` output copies while the kernel runs.
+    reduce_scatter: ``n`` x (view, narrow) on the host, the PG's ``n`` flatten copies (host || HBM), then NCCL.
+
+    >>> round(list_collective_s("all_gather", 0.01, 0.0, 1000, None), 6)  # 3.3 ms of views, then the kernel
+    0.0133
     """
     if n_ranks <= 1:
-        return 0.0
+        return nccl_s
     host_s = n_ranks * EAGER_OP_OVERHEAD_S  # one call per rank
     bw = hbm_bytes_per_s * MEMORY_BW_EFFICIENCY if hbm_bytes_per_s else None
 
     def hbm(traffic_bytes: float) -> float:
         return traffic_bytes / bw if bw else 0.0
 
-    if op == "all_gather":  # narrow per rank || zero-fill S; then copy_ per rank || read + write S
-        return max(host_s, hbm(nbytes)) + max(host_s, hbm(2 * nbytes))
-    # reduce_scatter: view + narrow per rank; then copy_ per rank || read + write S
-    return 2 * host_s + max(host_s, hbm(2 * nbytes))
+    if op == "all_gather":  # zero-fill S, sync; narrow per rank; NCCL then copies (r + w S) || copy_ launches
+        return hbm(nbytes) + host_s + max(nccl_s + hbm(2 * nbytes), host_s)
+    # reduce_scatter: view + narrow per rank; then copy_ per rank || read + write S; then NCCL
+    return 2 * host_s + max(host_s, hbm(2 * nbytes)) + nccl_s
+
+
+def deepspeed_buckets(sizes: Sequence[float], bucket: float = DEEPSPEED_REDUCE_BUCKET_ELEMENTS) -> list[float]:
+    """Elements per gradient bucket, gradients arriving in the order ``sizes``: DeepSpeed's
+    ``reduce_independent_p_g_buckets_and_remove_grads`` reduces the bucket when the next gradient would take
+    it past ``bucket`` elements (an empty bucket reduces nothing), so a larger tensor forms its own.
+
+    >>> deepspeed_buckets([3, 4, 2, 9, 1], bucket=8)
+    [7.0, 2.0, 9.0, 1.0]
+    """
+    out: list[float] = []
+    fill = 0.0
+    for numel in sizes:
+        if fill and fill + numel > bucket:
+            out.append(fill)
+            fill = 0.0
+        fill += numel
+    if fill:
+        out.append(fill)
+    return out
 
 
 class Zero3Comm:
@@ -129,13 +178,66 @@ class Zero3Comm:
         group = group or self.group
         t = group_collective_s(self.cluster, self.node, op, nbytes, group)
         if self.cfg.zero3_list_collectives and t > 0:
-            t += list_collective_overhead_s(op, nbytes, group.n_ranks, self.node.memory_bw_bytes_per_s)
+            return list_collective_s(op, t, nbytes, group.n_ranks, self.node.memory_bw_bytes_per_s)
         return t
+
+    def _hbm_s(self, traffic_bytes: float) -> float:
+        bw = self.node.memory_bw_bytes_per_s
+        return traffic_bytes / (bw * MEMORY_BW_EFFICIENCY) if bw else 0.0
+
+    def persistent_gather_s(self, pairs: Sequence[tuple[LayerProfile, LayerCost]]) -> float:
+        """After the optimizer step, DeepSpeed re-gathers the persistent (replicated, under-threshold) tensors
+        with its synchronous ``_allgather_params``: one list all-gather of their concatenated partitions, then
+        a Python loop over every tensor and every rank (``narrow``, ``view``, ``narrow``, ``copy_``: 4 host
+        calls) that copies each rank's part into place (module docstring, 4.)."""
+        n = self.group.n_ranks
+        if n <= 1:
+            return 0.0
+        small: list[float] = []
+        for layer, cost in pairs:
+            share = cost.params / layer.params if layer.params else 0.0
+            small += [
+                t * share
+                for t in parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden)
+                if 0 < t < DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS
+            ]
+        if not small:
+            return 0.0
+        nbytes = sum(small) * self.weight_bytes
+        return self._one_s("all_gather", nbytes) + len(small) * n * 4 * EAGER_OP_OVERHEAD_S
+
+    def bucketed_all_reduce_s(self, pairs: Sequence[tuple[LayerProfile, LayerCost]]) -> float:
+        """One backward's gradient reduction as DeepSpeed's ``buffered_reduce_fallback`` does it (module
+        docstring, 5.): gradients in backward order fill buckets of ``DEEPSPEED_REDUCE_BUCKET_ELEMENTS``;
+        each bucket is flattened, divided, all-reduced over the group and copied back (6 bytes of HBM traffic
+        per gradient byte)."""
+        sizes: list[float] = []
+        for layer, cost in reversed(pairs):
+            share = cost.params / layer.params if layer.params else 0.0
+            sizes += [t * share for t in reversed(parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden))]
+        buckets = deepspeed_buckets(sizes)
+        return sum(
+            group_collective_s(self.cluster, self.node, "all_reduce", b * self.grad_bytes, self.group)
+            + self._hbm_s(6 * b * self.grad_bytes)
+            for b in buckets
+        )
 
     def layer_s(self, layer: LayerProfile, cost: LayerCost, wide: bool = False) -> tuple[float, float]:
         """(one gather of the layer's weights, its gradient reduce-scatter), seconds per micro-batch;
-        ``wide``: over the ``dp x tp`` group (a batch-split replicated layer)."""
+        ``wide``: over the ``dp x tp`` group (a batch-split replicated layer). Under
+        ``zero3_grad_reduce="all_reduce"`` the second is 0: :meth:`bucketed_all_reduce_s` prices it per step."""
         g = self.wide_group if wide else self.group
+        if self.cfg.zero3_grad_reduce == "all_reduce":
+            if self.cfg.zero3_granularity == "layer":
+                return self._one_s("all_gather", cost.params * self.weight_bytes, g), 0.0
+            tensors = parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden)
+            share = cost.params / layer.params if layer.params else 0.0
+            gather = sum(
+                self._one_s("all_gather", t * share * self.weight_bytes, g)
+                for t in tensors
+                if t >= DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS
+            )
+            return gather, 0.0
         if self.cfg.zero3_granularity == "layer":
             return (
                 self._one_s("all_gather", cost.params * self.weight_bytes, g),
@@ -169,6 +271,13 @@ class Zero3Comm:
             gather, scatter = self.layer_s(layer, k, layer.path in wide_paths)
             exposed = gather + scatter if exposed is None else exposed  # the first layer's: never hidden
             per_step += gathers * gather + scatters * scatter
+        if cfg.zero3_granularity == "tensor" and cfg.zero3_list_collectives:
+            per_step += self.persistent_gather_s(pairs)
+        if cfg.zero3_grad_reduce == "all_reduce":
+            reduce = self.bucketed_all_reduce_s(pairs)
+            per_step += scatters * reduce
+            # overlapped (not DeepSpeed-2021's case): the first layer's share of the reduction stays exposed
+            exposed = (exposed or 0.0) + reduce / max(1, len(pairs))
         overlap = cfg.overlap_grad_reduce if cfg.zero3_overlap is None else cfg.zero3_overlap
         if not overlap:
             return per_step
@@ -191,4 +300,4 @@ def zero3_accumulation_bytes(
     return params * (weight_bytes + grad_bytes)
 
 
-__all__ = ["Zero3Comm", "list_collective_overhead_s", "parameter_tensors", "zero3_accumulation_bytes"]
+__all__ = ["Zero3Comm", "deepspeed_buckets", "list_collective_s", "parameter_tensors", "zero3_accumulation_bytes"]
