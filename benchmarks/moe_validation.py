@@ -89,6 +89,8 @@ def _setup(row: dict[str, str]):
         top_k=int(row["top_k"]),
         expert_ffn=int(row["expert_ffn"]),
         shared_experts=int(row["shared_experts"]),
+        dense_layers=int(row["dense_layers"]) if row["dense_layers"] else None,
+        ffn_hidden=int(row["ffn_hidden"]) if row["ffn_hidden"] else None,
     )
     head_dim = int(row["head_dim"])  # Qwen3: 128 with hidden 4096 and 64 heads (planner.moe_profile)
     profile = build_moe_profile(

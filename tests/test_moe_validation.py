@@ -47,8 +47,8 @@ def test_counted_rows_within_tolerance(rows, fits):
     counted = {r["run"]: err for r, _, _, err in out if r["status"] == "validate"}
     assert len(counted) >= 6
     within = [run for run, err in counted.items() if abs(err) <= moe_validation.TOLERANCE]
-    # today 4 of 6 (Mixtral-8x7B -4 %, Mixtral-8x22B forced +1 %, Qwen3 DeepEP cross-node -8 %, Qwen3 16k forced
-    # +8 %); Qwen3 all-to-all pp32 (-21 %) and DeepEP tp4 (-48 %) are printed and explained in the data README
+    # today 4 of 6 (Mixtral-8x7B -6 %, Mixtral-8x22B forced -1 %, Qwen3 DeepEP cross-node -8 %, Qwen3 16k forced
+    # +6 %); Qwen3 all-to-all pp32 (-21 %) and DeepEP tp4 (-48 %) are printed and explained in the data README
     assert len(within) >= 4, counted
     assert sum(abs(err) for err in counted.values()) / len(counted) <= 0.20, counted
     # DeepEP priced by what it sends: the cross-node row was +61 % with NCCL's all-to-all
@@ -58,10 +58,10 @@ def test_counted_rows_within_tolerance(rows, fits):
 
 def test_mixtral_8x7b_does_not_hang_on_the_fitted_step(rows, fits):
     # the Mixtral fit sits on a tile-wave step of the expert GEMM; the 8x7B row is within 15 % on either side of
-    # it (any imbalance from 1 to 1.25), while Qwen3's 1.5 would put it at +25 %
+    # it (any imbalance from 1 to 1.3), while Qwen3's 1.5 would put it at +23 %
     row = next(r for r in rows if r["run"] == "mixtral-8x7b-v0.8-64xh100")
     published = moe_validation.published_step_s(row)
-    for lam in (1.0, fits[MIXTRAL_CALIB], 1.1, 1.25):
+    for lam in (1.0, fits[MIXTRAL_CALIB], 1.1, 1.25, 1.3):
         assert abs(moe_validation.predict(row, lam)[0] / published - 1) <= moe_validation.TOLERANCE, lam
     assert moe_validation.predict(row, MOE_LOAD_IMBALANCE)[0] / published - 1 > moe_validation.TOLERANCE
 
