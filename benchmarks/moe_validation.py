@@ -1,13 +1,14 @@
 """Mixture-of-Experts cost model against published training runs (benchmarks/data/moe_runs.csv).
 
 For each row: the model from the row's dimensions (family ``moe``; a head width other than hidden / heads, as
-Qwen3's, through ``build_moe_profile(head_dim=...)``), the row's parallel configuration (its dispatcher,
-``moe_dispatcher``; Megatron-Core's ``--recompute-modules moe``, ``moe_recompute``) on the shipped
-``dgx-h100`` profile, BF16, fused (flash) attention as Megatron-Core's Transformer Engine runs it, skipping the
-blocks above the causal diagonal (``causal_skip``; the 16k rows need it, as the long-context benchmarks do), and the
-predicted step time against the published one. A TFLOP/s figure becomes a step time with the FLOP count of
-the Megatron-LM release that printed it (``megatron_flops``; the row's ``flops_formula``), a tokens/s figure
-with the global batch.
+Qwen3's, through ``build_moe_profile(head_dim=...)``; leading dense blocks, as DeepSeek-V3's, through
+``dense_layers`` / ``ffn_hidden``), the row's parallel configuration (its dispatcher, ``moe_dispatcher``;
+Megatron-Core's ``--recompute-modules moe``, ``moe_recompute``) on the shipped ``dgx-h100`` profile (the one
+H800 row, a ``reference``, too: no shipped profile describes H800), BF16, fused (flash) attention as
+Megatron-Core's Transformer Engine runs it, skipping the blocks above the causal diagonal (``causal_skip``; the
+16k rows need it, as the long-context benchmarks do), and the predicted step time against the published one.
+A TFLOP/s figure becomes a step time with the FLOP count of the Megatron-LM release that printed it
+(``megatron_flops``; the row's ``flops_formula``), a tokens/s figure with the global batch.
 
 The load imbalance: rows run with ``--moe-router-force-load-balancing`` (``routing`` ``forced``) are costed at
 1 (every expert gets the same tokens). Dropless rows run a trained router, whose busiest rank's load over the
