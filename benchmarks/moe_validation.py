@@ -195,7 +195,7 @@ def print_table(rows: list[dict[str, str]], dropless: float | dict[str, float], 
     print(f"\ndropless load imbalance: {label}")
     print(
         f"{'run':44s} {'layout':26s} {'disp':8s} {'status':9s} {'imb':>5s} {'published_s':>11s} {'predicted_s':>11s} "
-        f"{'error':>7s}"
+        f"{'error':>7s} {'peak_GiB':>8s}"
     )
     counted = []
     for row, published, step, err in table(rows, dropless):
@@ -206,9 +206,10 @@ def print_table(rows: list[dict[str, str]], dropless: float | dict[str, float], 
             lam = dropless.get(row["imbalance_from"] or row["run"], 1.0)
         else:
             lam = dropless
+        mem = predict(row, lam)[1].peak_mem_bytes / 2**30
         print(
             f"{row['run']:44s} {layout:26s} {row['dispatcher']:8s} {row['status']:9s} {lam:5.2f} {published:11.2f} "
-            f"{step:11.2f} {err:+7.1%}"
+            f"{step:11.2f} {err:+7.1%} {mem:8.1f}"
         )
         if row["status"] == "validate":
             counted.append(err)
