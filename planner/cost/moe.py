@@ -38,8 +38,19 @@ experts of width ``f``, model width ``h``, element size ``e`` and the busiest ra
 - **States.** ``E/ep`` experts of ``3 h f / etp`` parameters each; with ZeRO >= 1 their optimizer states
   (>= 2: gradients) are sharded over edp (Megatron-Core's distributed optimizer over the expert-data-parallel
   group); expert weights are never sharded over edp (ZeRO-3 shards the dense weights only).
-- **Per step** (the rank's tail, exposed): the expert gradients' all-reduce (ZeRO >= 1: reduce-scatter) over
-  edp in 25 MiB buckets, the ZeRO >= 1 weight all-gather, and the AdamW step over the rank's expert shard.
+- **Per step** (the rank's tail): the expert gradients' all-reduce (ZeRO >= 1: reduce-scatter) over edp in
+  25 MiB buckets, the ZeRO >= 1 weight all-gather, and the AdamW step over the rank's expert shard. With
+  ``overlap_grad_reduce`` (Megatron-LM ``--overlap-grad-reduce`` / ``--overlap-param-gather``) the two
+  collectives run behind compute as the dense ones do: Megatron-Core's DistributedDataParallel keeps the
+  expert parameters in buffers of their own whose bucket groups reduce over the expert-data-parallel group and
+  fire from the same backward hooks (``megatron/core/distributed/distributed_data_parallel.py``,
+  ``expert_parallel_buffers`` / ``expert_parallel_bucket_groups``, core_v0.12.0). Per layer, a collective of
+  ``c`` s beside its block's compute window ``w`` (one micro-batch's backward and recompute for the gradient
+  sync, its forward for the weight gather: the last micro-batch's, as for the dense sync in
+  ``planner.cost.estimate``) costs ``max(c - (1 - k) w, k c)`` (``k = kernels.contention``). The window is the
+  layer's own block: a bucket fired after layer ``l``'s backward runs beside the next layers' backward, of
+  about the same length; the stage's last bucket, which nothing follows, and the dense sync sharing the
+  window are not charged.
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ from planner.cost.constants import (
     OPTIMIZER_FLOPS_PER_PARAM,
     STATE_BYTES_PER_PARAM,
 )
-from planner.cost.kernels import Device, PassTime, gemm_s
+from planner.cost.kernels import Device, PassTime, contention, gemm_s
 from planner.cost.memory import model_states_bytes, precision_kind
 from planner.cost.placement import GroupShape, dp_group, tp_group
 from planner.errors import StratagemError
@@ -83,6 +94,7 @@ class ExpertSplit:
     load_imbalance: float
     grad_bucket_bytes: float | None
     dispatcher: Dispatcher = "alltoall"
+    overlap_grad_reduce: bool = True
 
     @property
     def edp(self) -> int:
@@ -274,11 +286,13 @@ def _comm_s(
     return t
 
 
-def _step_s(cluster: ClusterProfile, node: NodeType, params: float, split: ExpertSplit, dtype: str) -> float:
-    """Per optimizer step: edp gradient sync, ZeRO >= 1 weight gather and AdamW over the rank's experts."""
+def _step_terms(
+    cluster: ClusterProfile, node: NodeType, params: float, split: ExpertSplit, dtype: str
+) -> tuple[float, float, float]:
+    """Per optimizer step: (edp gradient sync s, ZeRO >= 1 weight gather s, AdamW s) over the rank's experts."""
     per = STATE_BYTES_PER_PARAM[precision_kind(dtype)]
     zero = split.zero_stage
-    t = 0.0
+    sync = gather = 0.0
     if split.edp > 1:
         group = edp_group(split, node.devices_per_node)
         bucket = split.grad_bucket_bytes
@@ -288,13 +302,13 @@ def _step_s(cluster: ClusterProfile, node: NodeType, params: float, split: Exper
                 return group_collective_s(cluster, node, op, nbytes, group)
             return nbytes * group_collective_s(cluster, node, op, bucket, group) / bucket
 
-        t += bucketed("all_reduce" if zero == 0 else "reduce_scatter", params * per["grads"])
+        sync = bucketed("all_reduce" if zero == 0 else "reduce_scatter", params * per["grads"])
         if zero >= 1:
-            t += bucketed("all_gather", params * per["params"])
+            gather = bucketed("all_gather", params * per["params"])
     shard = params / (split.edp if zero >= 1 else 1)
     if node.memory_bw_bytes_per_s:
-        return t + shard * OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
-    return t + shard * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(dtype).achieved_flops_per_s
+        return sync, gather, shard * OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
+    return sync, gather, shard * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(dtype).achieved_flops_per_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -311,10 +325,31 @@ class ExpertTime:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ExpertStates:
-    """The routed experts' per-step terms on one rank (they do not depend on the micro-batch)."""
+    """The routed experts' per-step terms on one rank (they do not depend on the micro-batch): the edp gradient
+    sync and ZeRO weight gather before overlap (``overlap``: behind compute, with contention ``kappa``) and the
+    optimizer step."""
 
     state_bytes: float
-    step_s: float
+    sync_s: float = 0.0
+    gather_s: float = 0.0
+    optimizer_s: float = 0.0
+    overlap: bool = False
+    kappa: float = 0.0
+
+    @property
+    def step_s(self) -> float:
+        """The per-step terms with nothing overlapped."""
+        return self.sync_s + self.gather_s + self.optimizer_s
+
+    def exposed_s(self, backward_window_s: float, forward_window_s: float) -> float:
+        """The per-step terms beside a block whose one micro-batch takes ``backward_window_s`` (backward and
+        recompute) and ``forward_window_s`` (module docstring, "Per step")."""
+        if not self.overlap:
+            return self.step_s
+        k = self.kappa
+        sync = max(self.sync_s - (1 - k) * backward_window_s, k * self.sync_s)
+        gather = max(self.gather_s - (1 - k) * forward_window_s, k * self.gather_s)
+        return sync + gather + self.optimizer_s
 
 
 def expert_time(
@@ -353,7 +388,15 @@ def expert_states(
     width = math.ceil(ex.expert_ffn / split.etp)
     params = ex.experts // split.ep * 3 * ex.hidden * width
     states = model_states_bytes(params, min(split.zero_stage, 2), split.edp, dtype)
-    return ExpertStates(state_bytes=states.total_bytes, step_s=_step_s(cluster, node, params, split, dtype))
+    sync, gather, opt = _step_terms(cluster, node, params, split, dtype)
+    return ExpertStates(
+        state_bytes=states.total_bytes,
+        sync_s=sync,
+        gather_s=gather,
+        optimizer_s=opt,
+        overlap=split.overlap_grad_reduce,
+        kappa=contention(node),
+    )
 
 
 def add_expert_costs(
@@ -382,17 +425,20 @@ def combine_expert_costs(
     """The :class:`LayerCost` of a block: its shards' ``base`` plus the routed experts' terms; the routed
     experts are recomputed under full recompute or ``moe_recompute``."""
     full = recompute == "full" or moe_recompute
+    forward_s = base.forward_s + t.forward_s
+    backward_s = base.backward_s + t.backward_s
+    recompute_s = base.recompute_s + (t.forward_s + t.comm_s if full else 0.0)
     return replace(
         base,
-        forward_s=base.forward_s + t.forward_s,
-        backward_s=base.backward_s + t.backward_s,
-        recompute_s=base.recompute_s + (t.forward_s + t.comm_s if full else 0.0),
+        forward_s=forward_s,
+        backward_s=backward_s,
+        recompute_s=recompute_s,
         ep_comm_s=2 * t.comm_s,
         act_bytes=base.act_bytes + (0.0 if full else t.saved_bytes),
         model_flops=base.model_flops + 3 * t.flops,
         hardware_flops=base.hardware_flops + (4 if full else 3) * t.flops,
         expert_state_bytes=st.state_bytes,
-        expert_step_s=st.step_s,
+        expert_step_s=st.exposed_s(backward_s + recompute_s, forward_s),
         moe_ws_bytes=t.dispatch_bytes + (t.saved_bytes if full else 0.0),
     )
 
@@ -410,4 +456,5 @@ def expert_split(config, micro_batch: int | None = None) -> ExpertSplit:
         load_imbalance=config.moe_load_imbalance,
         grad_bucket_bytes=config.grad_bucket_bytes,
         dispatcher=config.moe_dispatcher,
+        overlap_grad_reduce=config.overlap_grad_reduce,
     )
