@@ -20,7 +20,7 @@ from runtime.executor.moe import ExpertGradSync
 from runtime.executor.moe_dispatch import ExpertExchange
 
 
-def _local_only(self, rows: torch.Tensor, counts: torch.Tensor, experts, slots: int = 0) -> torch.Tensor:  # noqa: ARG001
+def _local_only(self, rows: torch.Tensor, counts: torch.Tensor, experts, slots: int = 0) -> torch.Tensor:
     held = [int(k) for k in experts.gate_up_proj.keys()]
     start = int(counts[: held[0]].sum())
     mine = int(counts[held[0] : held[-1] + 1].sum())
@@ -29,11 +29,15 @@ def _local_only(self, rows: torch.Tensor, counts: torch.Tensor, experts, slots: 
     return out.index_copy(0, torch.arange(start, start + mine), computed)
 
 
+def _no_sync(self) -> None:
+    """Nothing: the expert gradients stay each rank's own."""
+
+
 def main(variant: str, rest: list[str]) -> None:
     if variant == "no_exchange":
         ExpertExchange.__call__ = _local_only  # type: ignore[method-assign]
     elif variant == "no_expert_sync":
-        ExpertGradSync.sync = lambda self: None  # type: ignore[method-assign]
+        ExpertGradSync.sync = _no_sync  # type: ignore[method-assign]
     else:
         raise SystemExit(f"unknown variant {variant}")
     moe_grad_worker.main(rest[0], int(rest[1]), rest[2:])

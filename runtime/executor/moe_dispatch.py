@@ -146,9 +146,7 @@ class ExpertExchange:
     etp_group: object | None = None
     etp: int = 1
 
-    def __call__(
-        self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module, slots: int = 0
-    ) -> torch.Tensor:
+    def __call__(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module, slots: int = 0) -> torch.Tensor:
         if self.ep == 1:
             return self._compute(rows, counts, experts)
         if slots:
