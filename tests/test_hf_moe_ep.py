@@ -195,3 +195,25 @@ def test_the_parity_check_fails_when_expert_parallelism_is_broken(tmp_path_facto
     with pytest.raises(AssertionError) as failure:
         _check(job[name], 2)
     assert where in str(failure.value), str(failure.value)[:500]
+
+
+@pytest.mark.slow
+def test_launch_trains_hf_mixtral_with_ep2_and_resumes_from_a_checkpoint(tmp_path, monkeypatch):
+    """``stratagem launch`` of an hf: Mixtral EP2 plan: two steps with a checkpoint after each (each rank saves its
+    own experts, one entry per expert), then a second launch resumes and trains step 3; every step's loss is the
+    single process's (a checkpoint holding one rank's experts for both would change step 3)."""
+    from planner.cli.main import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    plan = make_plan(_spec(tmp_path, "mixtral"), global_batch=8, seq_len=16, dp=2, experts={"ep": 2})
+    path = save_plan(plan, tmp_path / "plan.json")
+    ckpt, first, second = tmp_path / "ckpt", tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"
+    common = ["launch", str(path), "--checkpoint-dir", str(ckpt), "--timeout-s", "120"]
+    assert main([*common, "--steps", "2", "--checkpoint-every", "1", "--metrics", str(first)]) == 0
+    assert main([*common, "--steps", "3", "--resume", "--metrics", str(second)]) == 0
+    resumed = final_step_losses(read_metrics(second))
+    assert sorted(resumed) == [3]  # the second launch started from the step-2 checkpoint
+    measured = {**final_step_losses(read_metrics(first)), **resumed}
+    for step, ref in enumerate(reference_losses(plan, 3), start=1):
+        assert measured[step] == pytest.approx(ref, rel=REL_TOL), (step, measured)
