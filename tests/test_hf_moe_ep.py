@@ -40,6 +40,10 @@ PLANS_2 = {
     # the shared expert and its gate stay replicated (ZeRO-2 over dp), two micro-batches
     "qwen2_ep2_zero2": dict(kind="qwen2_moe", dp=2, zero_stage=2, num_micro_batches=2, experts={"ep": 2}),
     "qwen3_ep2_zero3": dict(kind="qwen3_moe", dp=2, zero_stage=3, experts={"ep": 2}),
+    # recompute re-runs the dispatch and combine in the backward (full block; selective: matmuls kept)
+    "mixtral_ep2_recompute": dict(
+        kind="mixtral", dp=2, recompute={"blocks.0": "full", "blocks.1": "selective"}, experts={"ep": 2}
+    ),
 }
 PLANS_4 = {
     # edp 2: each layer's local experts one FSDP unit over edp (ZeRO-2), 2 micro-batches
@@ -162,6 +166,8 @@ def test_hf_experts_are_sharded_over_the_ep_group(job2, job4):
         assert not any(p.endswith(f"experts.gate_up_proj.{j}") for p in params for j in others)
         assert "blocks.1.layer.mlp.experts.gate_up_proj" not in params  # the fused tensor is gone
         assert params["blocks.1.layer.mlp.gate.weight"]["mesh_dims"] == ["dp"]  # the router: replicated over dp
+    chunk = _chunk(job2["mixtral_ep2_recompute"], 1)  # recompute wraps blocks whose experts are sharded
+    assert chunk["recomputed"] and chunk["experts_held"]["blocks.0.layer.mlp"] == [2, 3]
     # Qwen2-MoE: the shared expert and its sigmoid gate stay whole on every rank
     params = _chunk(job2["qwen2_ep2_zero2"], 1)["params"]
     assert "blocks.0.layer.mlp.shared_expert_gate.weight" in params
