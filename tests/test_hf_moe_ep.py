@@ -223,3 +223,17 @@ def test_launch_trains_hf_mixtral_with_ep2_and_resumes_from_a_checkpoint(tmp_pat
     measured = {**final_step_losses(read_metrics(first)), **resumed}
     for step, ref in enumerate(reference_losses(plan, 3), start=1):
         assert measured[step] == pytest.approx(ref, rel=REL_TOL), (step, measured)
+
+
+def test_expert_tensor_parallel_plans_refuse_checkpoints_in_one_line(tmp_path, capsys):
+    """An etp > 1 plan (the zoo's moe family) with --checkpoint-dir stops before any process starts: its etp peers
+    hold different slices of an expert under one parameter name, which a DCP checkpoint cannot keep apart."""
+    from planner.cli.main import main
+
+    plan = make_plan(parse_model("moe:tiny"), global_batch=8, seq_len=16, dp=2, experts={"ep": 1, "etp": 2})
+    path, metrics = save_plan(plan, tmp_path / "plan.json"), tmp_path / "run.jsonl"
+    argv = ["launch", str(path), "--steps", "1", "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics", str(metrics)]
+    status = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1 and "etp=2 plans do not checkpoint yet" in err, err
+    assert not metrics.exists() and not (tmp_path / "ckpt").exists()
