@@ -373,11 +373,10 @@ class Plan(_Strict):
     def _check_experts(self) -> None:
         if self.experts is None:  # dense, or an MoE model whose experts are replicated like a dense FFN (ep 1)
             return
-        if self.model.is_external and (self.model.family != "hf" or self.experts.etp > 1):
+        if self.model.family == "custom":
             raise ValueError(
                 f"the plan sets ep={self.experts.ep} etp={self.experts.etp} for {self.model.name}, but the runtime "
-                f"runs expert parallelism for hf: MoE configs with etp 1 and for the zoo's moe family only; re-plan "
-                f"it (the search keeps what the runtime runs)"
+                f"runs expert parallelism for hf: MoE configs and the zoo's moe family only; re-plan it"
             )
         experts = hf_routed_experts(self.model.config or {}) if self.model.family == "hf" else None
         if not self.model.is_moe and not experts:

@@ -7,7 +7,7 @@ configuration: the losses of 3 AdamW steps (fp32) within 1e-5 of ``reference_los
 step-1 gradient on every rank within 1e-5 (relative to the tensor's largest entry) of one process's. The HF
 model's fused expert tensors (``experts.gate_up_proj``, E x 2I x H) are held per expert under expert
 parallelism (``experts.gate_up_proj.<global index>``), so the reference gradient of expert j is row j of the
-fused one.
+fused one; under expert tensor parallelism the etp peers' slices are put back together first.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ PLANS_2 = {
     # the shared expert and its gate stay replicated (ZeRO-2 over dp), two micro-batches
     "qwen2_ep2_zero2": dict(kind="qwen2_moe", dp=2, zero_stage=2, num_micro_batches=2, experts={"ep": 2}),
     "qwen3_ep2_zero3": dict(kind="qwen3_moe", dp=2, zero_stage=3, experts={"ep": 2}),
+    # each expert's FFN width split over the two ranks (expert tensor parallelism), Qwen3's norm_topk_prob on
+    "qwen3_etp2": dict(kind="qwen3_moe", dp=2, experts={"ep": 1, "etp": 2}),
     # recompute re-runs the dispatch and combine in the backward (full block; selective: matmuls kept)
     "mixtral_ep2_recompute": dict(
         kind="mixtral", dp=2, recompute={"blocks.0": "full", "blocks.1": "selective"}, experts={"ep": 2}
@@ -50,6 +52,10 @@ PLANS_4 = {
     "mixtral_ep2_dp2_zero2": dict(kind="mixtral", dp=4, zero_stage=2, num_micro_batches=2, experts={"ep": 2}),
     # edp 2 without ZeRO: expert gradients all-reduced over edp and divided by dp (ExpertGradSync)
     "qwen3_ep2_dp2": dict(kind="qwen3_moe", dp=4, experts={"ep": 2}),
+    # ep 2 x etp 2: experts 0-1 on ranks 0, 1 (half an FFN each), 2-3 on ranks 2, 3; two micro-batches
+    "mixtral_ep2_etp2": dict(kind="mixtral", dp=4, num_micro_batches=2, experts={"ep": 2, "etp": 2}),
+    # etp 2 with edp 2: each rank's FFN halves ZeRO-2 sharded over its edp pair; the shared expert replicated
+    "qwen2_etp2_zero2": dict(kind="qwen2_moe", dp=4, zero_stage=2, experts={"ep": 1, "etp": 2}),
     # ep 2 inside each of 2 pipeline stages (1F1B)
     "qwen2_ep2_pp2": dict(
         kind="qwen2_moe",
@@ -117,6 +123,42 @@ def reference_grads(plan: Plan) -> dict[str, torch.Tensor]:
     return out
 
 
+def _etp_index(plan: Plan) -> dict[int, int]:
+    """Rank -> its position in its etp group (each stage's ranks folded as (edp, ep, etp), etp fastest)."""
+    from runtime.executor.moe import fold_stage_ranks
+
+    assert plan.experts is not None
+    out = {}
+    for stage in plan.stages:
+        ranks = sorted(stage.ranks)
+        for rank, (_, _, etp) in zip(ranks, fold_stage_ranks(ranks, plan.experts.ep, plan.experts.etp)):
+            out[rank] = etp
+    return out
+
+
+def _whole_experts(plan: Plan, per_rank: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """Under etp each rank's expert gradients are its FFN slice: [gate rows; up rows] of ``gate_up_proj``, columns of
+    ``down_proj``; put the etp peers' slices (every edp copy gives the same) back together."""
+    if plan.experts is None or plan.experts.etp == 1:
+        return per_rank
+    where, etp = _etp_index(plan), plan.experts.etp
+    slices: dict[str, dict[int, torch.Tensor]] = {}
+    for rank, grads in enumerate(per_rank):
+        for name, g in grads.items():
+            if ".experts." in name:
+                slices.setdefault(name, {})[where[rank]] = g
+    whole = {}
+    for name, parts in slices.items():
+        assert sorted(parts) == list(range(etp)), (name, sorted(parts))
+        ordered = [parts[i] for i in range(etp)]
+        if ".gate_up_proj." in name:
+            halves = [p.chunk(2) for p in ordered]
+            whole[name] = torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+        else:
+            whole[name] = torch.cat(ordered, dim=1)
+    return [{n: whole.get(n, g) for n, g in grads.items()} for grads in per_rank]
+
+
 def _check(entry, nproc: int) -> None:
     plan, root, name = entry
     measured = final_step_losses(read_metrics(root / f"{name}.jsonl"))
@@ -125,8 +167,9 @@ def _check(entry, nproc: int) -> None:
     for step, ref in enumerate(expected, start=1):
         assert measured[step] == pytest.approx(ref, rel=REL_TOL), ("loss", step, measured, expected)
     ref_grads, seen = reference_grads(plan), set()
+    per_rank = _whole_experts(plan, [torch.load(root / f"{name}.rank{rank}.pt") for rank in range(nproc)])
     for rank in range(nproc):
-        for param, grad in torch.load(root / f"{name}.rank{rank}.pt").items():
+        for param, grad in per_rank[rank].items():
             ref = ref_grads[param]
             assert grad.shape == ref.shape, (name, rank, param)
             err = float((grad - ref).abs().max() / ref.abs().max())
@@ -178,6 +221,11 @@ def test_hf_experts_are_sharded_over_the_ep_group(job2, job4):
     w = chunks[3]["params"]["blocks.0.layer.mlp.experts.gate_up_proj.3"]
     assert w["mesh_dims"] == ["edp"] and w["placements"] == ["S(0)"] and w["local_shape"] == [48, 64]
     assert chunks[0]["expert_dp_mode"].startswith("fully_shard over edp=2")
+    # ep 2 x etp 2: ranks 0, 1 hold experts 0-1, ranks 2, 3 experts 2-3, each half of every FFN (width 48 -> 24)
+    chunks = [_chunk(job4["mixtral_ep2_etp2"], r) for r in range(4)]
+    assert [c["experts_held"]["blocks.1.layer.mlp"] for c in chunks] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert chunks[3]["params"]["blocks.1.layer.mlp.experts.gate_up_proj.3"]["global_shape"] == [48, 64]
+    assert chunks[3]["params"]["blocks.1.layer.mlp.experts.down_proj.3"]["global_shape"] == [64, 24]
     # ep 2 inside pp 2: each stage's sparse block has its experts split over the stage's two dp ranks
     held = [_chunk(job4["qwen2_ep2_pp2"], r)["experts_held"] for r in range(4)]
     first, second = "blocks.0.layer.mlp", "blocks.1.layer.mlp"

@@ -12,7 +12,6 @@ from transformers import AutoModelForCausalLM, MixtralConfig
 
 from hf_helpers import write_moe_config
 from planner.cli.main import main
-from planner.cli.cmd_plan import EXTERNAL_EP_NOTE
 from planner.modelspec import parse_model
 from planner.moe_profile import build_moe_profile
 from planner.plan import load_plan
@@ -86,15 +85,14 @@ COMMON = ("--cluster", "dgx-h100", "--gpus", 16, "--global-batch", 64, "--seq", 
 
 def test_hf_moe_plan_searches_ep_and_estimate_costs_it(capsys, tmp_path):
     """The search costs an hf: Mixtral as an MoE (expert states, expert gradient sync) over ep like the zoo's moe
-    family (etp stays 1: the runtime splits no fused expert FFN); ``estimate --ep 2`` costs the all-to-all
-    without a what-if warning, ``--etp 2`` with one. A plan file edited to ep 2 launches (dry run: each rank's
-    experts); edited to etp 2, or to a capacity factor, it is refused with a one-line error."""
+    family; ``estimate --ep 2`` costs the all-to-all. A plan file edited to ep 2, or ep 2 x etp 2, launches (dry
+    run: each rank's experts); edited to a capacity factor or to ep 3 it is refused with a one-line error."""
     model = ("--model", f"hf:{write_moe_config(tmp_path / 'mixtral', 'mixtral')}")
     out = tmp_path / "plan.json"
     status, _, err = _cli(capsys, "plan", *model, *COMMON, "--out", out)
     assert status == 0, err
     plan = load_plan(out)
-    assert EXTERNAL_EP_NOTE not in plan.search.notes  # etp is opt-in (--allow): not searched, nothing to say
+    assert "expert parallelism not searched" not in plan.search.notes
     pred = plan.predictions
     ep = plan.experts.ep if plan.experts is not None else 1  # the tiny model's best keeps ep 1 today
     assert pred.stages[0].memory_breakdown_bytes["expert_states"] > 0
@@ -111,8 +109,7 @@ def test_hf_moe_plan_searches_ep_and_estimate_costs_it(capsys, tmp_path):
     ep1, ep2 = json.loads(estimate(1, "--json")), json.loads(estimate(2, "--json"))
     assert json.loads(estimate(ep, "--json"))["step_time_s"] == pytest.approx(pred.step_time_s, rel=1e-6)
     assert ep2["breakdown"]["ep_comm"] > 0 == ep1["breakdown"]["ep_comm"]
-    assert "what-if" not in estimate(2)
-    assert "ep 2 etp 2 is a what-if" in estimate(2, "--etp", 2)
+    assert json.loads(estimate(2, "--etp", 2, "--json"))["breakdown"]["ep_comm"] > 0
     status, _, err = _cli(capsys, "estimate", *model, *COMMON, "--micro-batch", mb, "--ep", 3)
     assert status == 2 and len(err.strip().splitlines()) == 1 and "ep dividing the experts (1, 2, 4)" in err
 
@@ -126,8 +123,11 @@ def test_hf_moe_plan_searches_ep_and_estimate_costs_it(capsys, tmp_path):
     status, text, err = launch()
     assert status == 0, err
     assert "experts 0..1 of 4 (ep 2, edp 0 of 8)" in text and "experts 2..3 of 4 (ep 2, edp 7 of 8)" in text
-    status, _, err = launch(etp=2)
-    assert status == 2 and len(err.strip().splitlines()) == 1 and "hf: MoE configs with etp 1" in err
+    status, text, err = launch(etp=2)
+    assert status == 0, err
+    assert "experts 2..3 of 4, 1/2 of each FFN (ep 2, edp 3 of 4)" in text
+    status, _, err = launch(ep=3)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "choose ep dividing the experts (1, 2, 4)" in err
     status, _, err = launch(capacity_factor=1.0)
     assert status == 2 and len(err.strip().splitlines()) == 1 and "dropless" in err
 

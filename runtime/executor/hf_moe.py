@@ -20,11 +20,12 @@ does (``linear(x, gate_up_proj[e])`` split into gate and up, ``act(gate) * up``,
 and sums the outputs weighted by the router's ``top_k_weights``, as transformers' forward does.
 
 The rank layout, the gradient rule (expert gradients summed over edp and divided by dp) and ZeRO over edp are
-the zoo's (``runtime.executor.moe``: ``ExpertGradSync``, ``apply_expert_dp``). Not run for hf: models (one-line
-refusals in :func:`check_hf_experts`): expert tensor parallelism (etp), ep with tp > 1 (no Megatron layout is
-derived for a block holding fused expert weights, ``runtime.models.external``), a capacity factor (transformers'
-blocks are dropless), and fused experts of another form (biases, transposed or interleaved weights, a custom
-gate, e.g. gpt-oss).
+the zoo's (``runtime.executor.moe``: ``ExpertGradSync``, ``apply_expert_dp``), and so is expert tensor
+parallelism (etp: each expert's FFN width split over the etp group, :class:`HFLocalExperts`). Not run for hf:
+models (one-line refusals in :func:`check_hf_experts`): expert layouts with tp > 1 (no Megatron layout is derived
+for a block holding fused expert weights, ``runtime.models.external``), a capacity factor (transformers' blocks
+are dropless), and fused experts of another form (biases, transposed or interleaved weights, a custom gate, e.g.
+gpt-oss).
 """
 
 from __future__ import annotations
@@ -99,10 +100,10 @@ def check_hf_experts(plan: Plan) -> None:
     if experts % lay.ep:
         divisors = [d for d in range(1, experts + 1) if experts % d == 0]
         raise StratagemError(f"experts={experts} of {name} is not divisible by ep={lay.ep}; choose ep among {divisors}")
-    if lay.etp > 1:
+    width = int(next(iter(layers.values())).down_proj.shape[-1])
+    if width % lay.etp:
         raise StratagemError(
-            f"etp={lay.etp}: expert tensor parallelism runs for the zoo's moe family only, not for {name}'s "
-            f"fused hf: experts; re-plan with etp 1"
+            f"etp={lay.etp} does not divide the expert width {width} of {name}; choose etp dividing {width}"
         )
     dp, tp = plan.mesh.size("dp"), plan.mesh.size("tp")
     if tp > 1:
@@ -110,8 +111,10 @@ def check_hf_experts(plan: Plan) -> None:
             f"{name} with ep={lay.ep} and tp={tp}: hf: MoE blocks have no tensor-parallel layout, so every TP "
             f"rank would dispatch the same tokens; re-plan with tp 1"
         )
-    if dp % lay.ep:
-        raise StratagemError(f"ep={lay.ep} does not divide a stage's dp={dp} ranks; choose ep dividing {dp}")
+    if dp % (lay.ep * lay.etp):
+        raise StratagemError(
+            f"ep={lay.ep} x etp={lay.etp} does not divide a stage's dp={dp} ranks; choose ep x etp dividing {dp}"
+        )
     if lay.capacity_factor:
         raise StratagemError(
             f"capacity_factor={lay.capacity_factor}: transformers' MoE blocks of {name} are dropless; "
@@ -121,14 +124,22 @@ def check_hf_experts(plan: Plan) -> None:
 
 class HFLocalExperts(nn.Module):
     """This rank's experts of one hf sparse block, in place of transformers' fused ``experts`` module (same
-    call: ``(hidden_states (n, h), top_k_index (n, k), top_k_weights (n, k)) -> (n, h)``)."""
+    call: ``(hidden_states (n, h), top_k_index (n, k), top_k_weights (n, k)) -> (n, h)``). With ``etp`` > 1 each
+    expert keeps its ``etp_index``-th slice of the FFN width I: those rows of the gate and of the up projection
+    (stored [gate slice; up slice], so the forward's split into gate and up still holds) and those columns of
+    ``down_proj`` (Megatron's MLP split inside each expert, as ``moe_dispatch.shard_expert_ffn`` does for the zoo);
+    ``ExpertExchange`` sums the etp peers' partial outputs."""
 
-    def __init__(self, fused: nn.Module, mine: list[int], exchange=None) -> None:
+    def __init__(self, fused: nn.Module, mine: list[int], exchange=None, *, etp: int = 1, etp_index: int = 0) -> None:
         super().__init__()
         self.num_experts = int(fused.gate_up_proj.shape[0])  # global E (the router's)
         gate_up, down = fused.gate_up_proj.detach(), fused.down_proj.detach()
-        self.gate_up_proj = nn.ParameterDict({str(j): nn.Parameter(gate_up[j].clone()) for j in mine})
-        self.down_proj = nn.ParameterDict({str(j): nn.Parameter(down[j].clone()) for j in mine})
+        inter = down.shape[-1]  # I: gate rows [0, I), up rows [I, 2I) of gate_up_proj[e]
+        part = slice(etp_index * inter // etp, (etp_index + 1) * inter // etp)
+        self.gate_up_proj = nn.ParameterDict(
+            {str(j): nn.Parameter(torch.cat([gate_up[j, :inter][part], gate_up[j, inter:][part]])) for j in mine}
+        )
+        self.down_proj = nn.ParameterDict({str(j): nn.Parameter(down[j][:, part].clone()) for j in mine})
         self.act_fn = fused.act_fn
         self.exchange = exchange  # ExpertExchange over the ep group; None = every expert of the layer is here
 
@@ -162,9 +173,12 @@ def apply_hf_ep(model: nn.Module, groups) -> dict[str, list[int]]:
     for path, fused in fused_experts(model).items():
         per_rank = int(fused.gate_up_proj.shape[0]) // groups.ep
         mine = list(range(groups.ep_index * per_rank, (groups.ep_index + 1) * per_rank))
-        exchange = ExpertExchange(group=groups.ep_group, ep=groups.ep) if groups.ep > 1 else None
+        exchange = None
+        if groups.ep > 1 or groups.etp > 1:
+            exchange = ExpertExchange(group=groups.ep_group, ep=groups.ep, etp_group=groups.etp_group, etp=groups.etp)
         parent, _, name = path.rpartition(".")
-        setattr(model.get_submodule(parent), name, HFLocalExperts(fused, mine, exchange))
+        local = HFLocalExperts(fused, mine, exchange, etp=groups.etp, etp_index=groups.etp_index)
+        setattr(model.get_submodule(parent), name, local)
         held[parent] = mine
     return held
 
