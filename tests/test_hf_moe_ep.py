@@ -42,6 +42,8 @@ PLANS_2 = {
     "qwen3_ep2_zero3": dict(kind="qwen3_moe", dp=2, zero_stage=3, experts={"ep": 2}),
     # each expert's FFN width split over the two ranks (expert tensor parallelism), Qwen3's norm_topk_prob on
     "qwen3_etp2": dict(kind="qwen3_moe", dp=2, experts={"ep": 1, "etp": 2}),
+    # Qwen2-MoE with a dense first block (decoder_sparse_step 2): only blocks.1 has experts to shard
+    "qwen2_sparse_step2_ep2": dict(kind="qwen2_moe", config={"decoder_sparse_step": 2}, dp=2, experts={"ep": 2}),
     # recompute re-runs the dispatch and combine in the backward (full block; selective: matmuls kept)
     "mixtral_ep2_recompute": dict(
         kind="mixtral", dp=2, recompute={"blocks.0": "full", "blocks.1": "selective"}, experts={"ep": 2}
@@ -69,8 +71,11 @@ PLANS_4 = {
 }
 
 
-def _spec(folder, kind: str):
-    return parse_model("hf:" + str(write_moe_config(folder / kind, kind, **KIND_OVERRIDES[kind])))
+def _spec(folder, kind: str, config: dict | None = None):
+    """A tiny ``kind`` config (``config``: keys changed) written into its own folder under ``folder``."""
+    overrides = {**KIND_OVERRIDES[kind], **(config or {})}
+    name = kind + "".join(f"-{k}{v}" for k, v in sorted((config or {}).items()))
+    return parse_model("hf:" + str(write_moe_config(folder / name, kind, **overrides)))
 
 
 def _run(tmp_path_factory, plans: dict, nproc: int, broken: str = "") -> dict:
@@ -80,7 +85,7 @@ def _run(tmp_path_factory, plans: dict, nproc: int, broken: str = "") -> dict:
     out, paths = {}, []
     for name, cfg in plans.items():
         cfg = dict(cfg)
-        plan = make_plan(_spec(root, cfg.pop("kind")), global_batch=8, seq_len=16, **cfg)
+        plan = make_plan(_spec(root, cfg.pop("kind"), cfg.pop("config", None)), global_batch=8, seq_len=16, **cfg)
         paths.append(str(save_plan(plan, root / f"{name}.json")))
         out[name] = (plan, root, name)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
@@ -209,6 +214,7 @@ def test_hf_experts_are_sharded_over_the_ep_group(job2, job4):
         assert not any(p.endswith(f"experts.gate_up_proj.{j}") for p in params for j in others)
         assert "blocks.1.layer.mlp.experts.gate_up_proj" not in params  # the fused tensor is gone
         assert params["blocks.1.layer.mlp.gate.weight"]["mesh_dims"] == ["dp"]  # the router: replicated over dp
+    assert _chunk(job2["qwen2_sparse_step2_ep2"], 0)["experts_held"] == {"blocks.1.layer.mlp": [0, 1]}
     chunk = _chunk(job2["mixtral_ep2_recompute"], 1)  # recompute wraps blocks whose experts are sharded
     assert chunk["recomputed"] and chunk["experts_held"]["blocks.0.layer.mlp"] == [2, 3]
     # Qwen2-MoE: the shared expert and its sigmoid gate stay whole on every rank
