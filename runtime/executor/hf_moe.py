@@ -49,7 +49,7 @@ _PLAIN_LAYOUT = {
 
 
 def is_hf_ep(plan: Plan) -> bool:
-    """An ``hf:`` plan with an expert layout (the search gives one only for ep > 1)."""
+    """An ``hf:`` plan with an expert layout (the search writes one when ep x etp > 1)."""
     return plan.model.family == "hf" and getattr(plan, "experts", None) is not None
 
 
@@ -94,7 +94,7 @@ def check_hf_experts(plan: Plan) -> None:
         if why:
             raise StratagemError(
                 f"{name}: the experts at {path} ({type(m).__name__}: {why}) are not the plain fused SwiGLU "
-                f"layout the runtime shards over ep; plan it with ep 1"
+                f"layout the runtime shards over ep and etp; plan it with ep 1 and etp 1"
             )
     experts = int(next(iter(layers.values())).gate_up_proj.shape[0])
     if experts % lay.ep:

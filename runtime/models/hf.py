@@ -17,7 +17,7 @@ Each block is wrapped so it takes and returns one tensor, computing its own caus
 stage is therefore cut by module path exactly like a zoo model (``runtime.executor.stage``).
 
 Mixture-of-Experts configs (Mixtral, Qwen2-MoE, Qwen3-MoE) run transformers' own sparse blocks, every expert on
-every rank at ep 1; a plan with ep > 1 replaces each block's fused experts by the rank's share
+every rank at ep = etp = 1; a plan with ep or etp > 1 replaces each block's fused experts by the rank's share
 (``runtime.executor.hf_moe``: the router, shared expert and gate stay transformers'). They run without the
 load-balancing loss, which transformers adds only in the whole model's forward (``output_router_logits``), not per
 decoder layer.
