@@ -291,3 +291,23 @@ def test_expert_tensor_parallel_plans_refuse_checkpoints_in_one_line(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert status == 2 and len(err.splitlines()) == 1 and "etp=2 plans do not checkpoint yet" in err, err
     assert not metrics.exists() and not (tmp_path / "ckpt").exists()
+
+
+def test_hf_expert_layouts_the_runtime_cannot_run_are_one_line_errors(tmp_path):
+    """Refused before any process starts: a capacity factor (transformers' blocks are dropless), experts with
+    tp > 1 (no TP layout for the block: TP ranks would dispatch the same tokens), replicas with different
+    micro-batch counts (the all-to-alls would deadlock)."""
+    from planner.errors import StratagemError
+    from runtime.executor.parallelize import check_supported
+
+    spec = _spec(tmp_path, "mixtral")
+    cases = {
+        "dropless": dict(dp=2, experts={"ep": 2, "capacity_factor": 1.0}),
+        "re-plan with tp 1": dict(tp=2, experts={"ep": 2}),
+        "would deadlock": dict(dp=2, batch_shares=[0.75, 0.25], experts={"ep": 2}),
+    }
+    for needle, cfg in cases.items():
+        plan = make_plan(spec, global_batch=8, seq_len=16, **cfg)
+        with pytest.raises(StratagemError) as err:
+            check_supported(plan)
+        assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -120,6 +120,11 @@ def check_hf_experts(plan: Plan) -> None:
             f"capacity_factor={lay.capacity_factor}: transformers' MoE blocks of {name} are dropless; "
             f"set it to null (dropless)"
         )
+    if plan.batch_shares is not None and len(set(plan.schedule.micro_batches_per_replica or [])) > 1:
+        raise StratagemError(  # every ep/etp group spans dp replicas here (tp 1), as in runtime.executor.moe
+            "expert all-to-alls span dp replicas whose batch shares give them different micro-batch counts, "
+            "which would deadlock; use equal batch shares"
+        )
 
 
 class HFLocalExperts(nn.Module):
