@@ -207,6 +207,15 @@ def check_expert_layout(*, experts: int, ep: int, etp: int, dp: int, tp: int) ->
         )
 
 
+def hf_routed_experts(config: dict) -> int:
+    """Routed experts of an HF MoE config.json (Mixtral ``num_local_experts``, Qwen2/Qwen3-MoE ``num_experts``,
+    DeepSeek-V3 ``n_routed_experts``); 0 for a dense config."""
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return int(config[key])
+    return 0
+
+
 def expert_groups(ranks: list[int], *, ep: int, etp: int) -> dict[str, list[list[int]]]:
     """The ep, etp and edp process groups of one stage's ``ranks`` (dp x tp, in rank order), folded as
     (edp, ep, etp) row-major with etp fastest.
@@ -364,17 +373,17 @@ class Plan(_Strict):
     def _check_experts(self) -> None:
         if self.experts is None:  # dense, or an MoE model whose experts are replicated like a dense FFN (ep 1)
             return
-        if self.model.is_external and (self.experts.ep > 1 or self.experts.etp > 1):
+        if self.model.family == "custom":
             raise ValueError(
                 f"the plan sets ep={self.experts.ep} etp={self.experts.etp} for {self.model.name}, but the runtime "
-                f"runs an hf:/custom model's experts replicated (ep 1); re-plan it (the search keeps ep 1), or plan "
-                f"the zoo's moe family with the config's dimensions (runtime.models.hf_moe) for expert parallelism"
+                f"runs expert parallelism for hf: MoE configs and the zoo's moe family only; re-plan it"
             )
-        if not self.model.is_moe:
+        experts = hf_routed_experts(self.model.config or {}) if self.model.family == "hf" else None
+        if not self.model.is_moe and not experts:
             raise ValueError(f"{self.model.name} has no experts but the plan has an experts layout")
         try:
             check_expert_layout(
-                experts=int(self.model.dim("experts")),
+                experts=experts or int(self.model.dim("experts")),
                 ep=self.experts.ep,
                 etp=self.experts.etp,
                 dp=self.mesh.size("dp"),

@@ -77,6 +77,10 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
         if opts.checkpoint_dir or opts.resume:
             raise StratagemError("spatial plans do not checkpoint yet; launch them without --checkpoint-dir/--resume")
     check_supported(plan)
+    if opts.checkpoint_dir or opts.resume:
+        from runtime.executor.moe import check_expert_checkpoint
+
+        check_expert_checkpoint(plan)
     # rows and micro-batch count of every dp replica (uneven batch shares: rows / micro_batch_size each),
     # each replica's schedule able to run its count
     check_replica_schedules(plan)

@@ -1,7 +1,7 @@
 """hf: Mixture-of-Experts configs are planned as MoE models: the meta profile attaches each MoE block's routed
 experts (``ExpertProfile``) as the zoo's ``moe`` family does (Mixtral-8x7B's HF config gives the figures of
-``moe:mixtral-8x7b``), the search costs them with ep 1 (what the runtime runs for hf:) and ``estimate --ep``
-costs other layouts."""
+``moe:mixtral-8x7b``), the search costs them over ep (etp 1, what the runtime runs for hf:) and
+``estimate --ep`` costs other layouts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from transformers import AutoModelForCausalLM, MixtralConfig
 
 from hf_helpers import write_moe_config
 from planner.cli.main import main
-from planner.cli.cmd_plan import EXTERNAL_EP_NOTE
 from planner.modelspec import parse_model
 from planner.moe_profile import build_moe_profile
 from planner.plan import load_plan
@@ -84,43 +83,65 @@ def _cli(capsys, *argv):
 COMMON = ("--cluster", "dgx-h100", "--gpus", 16, "--global-batch", 64, "--seq", 128)
 
 
-def test_hf_moe_plan_costs_the_experts_at_ep1_and_estimate_costs_ep2(capsys, tmp_path):
-    """The search costs an hf: Mixtral as an MoE (expert states, expert gradient sync) but keeps ep 1, the only
-    layout the runtime runs for hf: (the plan says why and names the fix); ``estimate --ep 2`` costs the
-    all-to-all; a plan file edited to ep 2 is refused with a one-line error."""
+def test_hf_moe_plan_searches_ep_and_estimate_costs_it(capsys, tmp_path):
+    """The search costs an hf: Mixtral as an MoE (expert states, expert gradient sync) over ep like the zoo's moe
+    family; ``estimate --ep 2`` costs the all-to-all. A plan file edited to ep 2, or ep 2 x etp 2, launches (dry
+    run: each rank's experts); edited to a capacity factor or to ep 3 it is refused with a one-line error."""
     model = ("--model", f"hf:{write_moe_config(tmp_path / 'mixtral', 'mixtral')}")
     out = tmp_path / "plan.json"
     status, _, err = _cli(capsys, "plan", *model, *COMMON, "--out", out)
     assert status == 0, err
     plan = load_plan(out)
-    assert plan.experts is None  # replicated experts
-    assert EXTERNAL_EP_NOTE in plan.search.notes
+    assert "expert parallelism not searched" not in plan.search.notes
     pred = plan.predictions
+    ep = plan.experts.ep if plan.experts is not None else 1  # the tiny model's best keeps ep 1 today
     assert pred.stages[0].memory_breakdown_bytes["expert_states"] > 0
-    assert pred.breakdown_s["expert_sync"] > 0 and pred.breakdown_s["ep_comm"] == 0
+    assert pred.breakdown_s["expert_sync"] > 0 and (pred.breakdown_s["ep_comm"] > 0) == (ep > 1)
     dp, mb = plan.mesh.size("dp"), plan.schedule.micro_batch_size
     assert (plan.mesh.size("tp"), plan.mesh.size("pp"), dp) == (1, 1, 16)
 
-    def estimate(ep):
-        argv = ("estimate", *model, *COMMON, "--micro-batch", mb, "--zero", plan.zero_stage, "--ep", ep, "--json")
+    def estimate(ep, *extra):
+        argv = ("estimate", *model, *COMMON, "--micro-batch", mb, "--zero", plan.zero_stage, "--ep", ep, *extra)
         status, text, err = _cli(capsys, *argv)
         assert status == 0, err
-        return json.loads(text)
+        return text
 
-    ep1, ep2 = estimate(1), estimate(2)
-    assert ep1["step_time_s"] == pytest.approx(pred.step_time_s, rel=1e-6)
+    ep1, ep2 = json.loads(estimate(1, "--json")), json.loads(estimate(2, "--json"))
+    assert json.loads(estimate(ep, "--json"))["step_time_s"] == pytest.approx(pred.step_time_s, rel=1e-6)
     assert ep2["breakdown"]["ep_comm"] > 0 == ep1["breakdown"]["ep_comm"]
-    status, text, err = _cli(capsys, "estimate", *model, *COMMON, "--micro-batch", mb, "--ep", 2)
-    assert status == 0 and "ep 2 etp 1 is a what-if" in text, err
+    assert json.loads(estimate(2, "--etp", 2, "--json"))["breakdown"]["ep_comm"] > 0
     status, _, err = _cli(capsys, "estimate", *model, *COMMON, "--micro-batch", mb, "--ep", 3)
     assert status == 2 and len(err.strip().splitlines()) == 1 and "ep dividing the experts (1, 2, 4)" in err
 
-    edited = json.loads(out.read_text())
-    edited.pop("content_hash")
-    edited["experts"] = {"ep": 2, "etp": 1, "capacity_factor": None}
-    (tmp_path / "ep2.json").write_text(json.dumps(edited))
-    status, _, err = _cli(capsys, "launch", tmp_path / "ep2.json", "--dry-run", "--steps", 1)
-    assert status == 2 and len(err.strip().splitlines()) == 1 and "runs an hf:/custom model's experts" in err
+    def launch(**experts):
+        edited = json.loads(out.read_text())
+        edited.pop("content_hash")
+        edited["experts"] = {"ep": 2, "etp": 1, "capacity_factor": None, **experts}
+        (tmp_path / "edited.json").write_text(json.dumps(edited))
+        return _cli(capsys, "launch", tmp_path / "edited.json", "--dry-run", "--steps", 1)
+
+    status, text, err = launch()
+    assert status == 0, err
+    assert "experts 0..1 of 4 (ep 2, edp 0 of 8)" in text and "experts 2..3 of 4 (ep 2, edp 7 of 8)" in text
+    status, text, err = launch(etp=2)
+    assert status == 0, err
+    assert "experts 2..3 of 4, 1/2 of each FFN (ep 2, edp 3 of 4)" in text
+    status, _, err = launch(ep=3)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "choose ep dividing the experts (1, 2, 4)" in err
+    status, _, err = launch(capacity_factor=1.0)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "dropless" in err
+
+
+def test_hf_mixtral_8x7b_on_64_h100_is_planned_with_expert_parallelism(capsys, tmp_path):
+    """Mixtral-8x7B's HF config on 64 H100 (global batch 512, sequence 4096): the search proves a plan with
+    ep > 1 optimal (pp 2, dp 32, ep 8 today)."""
+    MixtralConfig(**MIXTRAL_8X7B).save_pretrained(tmp_path)
+    argv = ("plan", "--model", f"hf:{tmp_path}", "--cluster", "dgx-h100", "--gpus", 64, "--global-batch", 512)
+    status, _, err = _cli(capsys, *argv, "--seq", 4096, "--out", tmp_path / "plan.json")
+    assert status == 0, err
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan.experts is not None and plan.experts.ep > 1 and plan.experts.etp == 1
+    assert plan.search.status == "optimal"
 
 
 def test_hf_qwen3_30b_a3b_profile_matches_the_closed_form_with_its_head_dim(tmp_path):

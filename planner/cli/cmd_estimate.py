@@ -473,12 +473,6 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
     console.print(f"[dim]{est.flop_convention}[/dim]")
     if cluster.calibration is not None:
         console.print(f"cluster {cluster.name}: {cluster.calibration_note()}", soft_wrap=True)
-    if model.model.is_external and config.ep * config.etp > 1:  # hf: MoE (planner/cli/cmd_plan.py keeps ep 1)
-        console.print(
-            f"ep {config.ep} etp {config.etp} is a what-if for {model.model.name}: the runtime runs its experts "
-            "replicated (ep 1); for expert parallelism plan the zoo's moe family with the config's dimensions",
-            soft_wrap=True,
-        )
 
 
 def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) -> str:

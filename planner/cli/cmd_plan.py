@@ -209,25 +209,23 @@ def _full_spec(spec: ModelSpec) -> ModelSpec:
 def _external_limits(spec: ModelSpec, allow: frozenset[str], *, moe: bool = False) -> tuple[frozenset[str], list[str]]:
     """hf/custom models: no sequence parallelism (the runtime implements it for the zoo's gpt/llama), and the
     reason tensor parallelism is not searched when the layout could not be derived. Both go into the plan.
-    An ``hf:`` Mixture-of-Experts model (``moe``: its profile has routed experts) is costed as one, but with
-    ep = etp = 1: the runtime runs transformers' fused experts on every rank (runtime/executor/moe.py runs
-    expert parallelism for the zoo's ``moe`` family only), so the search offers only what it can run."""
+    An ``hf:`` Mixture-of-Experts model (``moe``: its profile has routed experts) is searched over ep and etp
+    like the zoo's ``moe`` family (runtime/executor/hf_moe.py shards transformers' fused experts over the ep and
+    etp groups); a custom model's experts are not (the runtime runs them replicated)."""
     if not spec.is_external:
         return allow, []
     from runtime.models.external import external
 
     notes = ["sequence parallelism not searched: implemented for the zoo's gpt and llama only"]
-    if moe and allow & {"ep", "etp"}:
-        notes.append(EXTERNAL_EP_NOTE)
+    if moe and spec.family != "hf" and allow & {"ep", "etp"}:
+        notes.append(EXTERNAL_CUSTOM_EP_NOTE)
         allow = allow - {"ep", "etp"}
     note = external(spec).tp_note
     return allow - {"sp"}, ([note] if note else []) + notes
 
 
-EXTERNAL_EP_NOTE = (
-    "expert parallelism not searched: the runtime runs an hf: MoE's fused experts replicated on every rank "
-    "(ep 1, costed so); for ep > 1 plan the zoo's moe family with the config's dimensions "
-    "(runtime.models.hf_moe.moe_dims_from_hf; e.g. --model moe:mixtral-8x7b)"
+EXTERNAL_CUSTOM_EP_NOTE = (
+    "expert parallelism not searched: the runtime runs a custom model's experts replicated on every rank (ep 1)"
 )
 
 

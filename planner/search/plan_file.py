@@ -188,7 +188,7 @@ def build_plan(
 
 def _expert_layout(profile: ModelProfile, ep: int, etp: int) -> ExpertLayout | None:
     """The plan's expert layout: every zoo ``moe`` plan carries one (ep 1 included); None when dense, and for an
-    ``hf:`` MoE, whose experts the runtime replicates (ep = etp = 1, the only layout searched for it)."""
+    ``hf:`` MoE at ep = etp = 1 (its fused experts then run replicated, as transformers has them)."""
     experts = next((layer.experts for layer in profile.layers if layer.experts is not None), None)
     if experts is None or (not profile.model.is_moe and ep * etp == 1):
         return None

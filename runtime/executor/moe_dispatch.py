@@ -146,9 +146,7 @@ class ExpertExchange:
     etp_group: object | None = None
     etp: int = 1
 
-    def __call__(
-        self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict, slots: int = 0
-    ) -> torch.Tensor:
+    def __call__(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module, slots: int = 0) -> torch.Tensor:
         if self.ep == 1:
             return self._compute(rows, counts, experts)
         if slots:
@@ -164,7 +162,7 @@ class ExpertExchange:
         outbound = torch.empty_like(grouped).index_copy(0, order, grouped)
         return AllToAll.apply(outbound, in_splits, out_splits, self.group)
 
-    def _fixed_capacity(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict, slots: int):
+    def _fixed_capacity(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module, slots: int):
         """GShard's fixed-capacity dispatch (Lepikhin et al. 2021 §3.2): every rank sends each expert a buffer
         of ``slots`` rows, zero-padded, so the all-to-all has equal splits and no counts are exchanged.
         Zero rows give zero SwiGLU outputs (no biases) and are dropped on the way back."""
@@ -182,20 +180,27 @@ class ExpertExchange:
         outbound = done.view(local, self.ep, slots, h).transpose(0, 1).reshape(-1, h)
         return AllToAll.apply(outbound, splits, splits, self.group)[slot]
 
-    def _compute(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.ModuleDict) -> torch.Tensor:
+    def _compute(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module) -> torch.Tensor:
         """Rows grouped by local expert through the experts (their FFN slices, summed over etp)."""
         if self.etp == 1:
-            return run_local_experts(rows, counts, experts)
+            return _run_experts(rows, counts, experts)
         peer_counts = [torch.empty_like(counts) for _ in range(self.etp)]
         dist.all_gather(peer_counts, counts, group=self.etp_group)
         by_peer = torch.stack(peer_counts)  # (etp peer, local expert)
         sizes, n = by_peer.sum(1).tolist(), rows.shape[0]
         gathered = AllToAll.apply(rows.repeat(self.etp, 1), sizes, [n] * self.etp, self.etp_group)
         order = _group_by_expert(by_peer)
-        partial = run_local_experts(gathered[order], by_peer.sum(0), experts)
+        partial = _run_experts(gathered[order], by_peer.sum(0), experts)
         back = torch.empty_like(partial).index_copy(0, order, partial)  # peer-major again
         mine = AllToAll.apply(back, [n] * self.etp, sizes, self.etp_group)  # every peer's partial of my rows
         return mine.view(self.etp, n, -1).sum(0)
+
+
+def _run_experts(rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module) -> torch.Tensor:
+    """The zoo's ``nn.ModuleDict`` of experts, or a module running its experts itself (``run_grouped``: an hf:
+    model's fused experts, ``runtime.executor.hf_moe.HFLocalExperts``)."""
+    grouped = getattr(experts, "run_grouped", None)
+    return grouped(rows, counts) if grouped is not None else run_local_experts(rows, counts, experts)  # type: ignore[arg-type]
 
 
 def _group_by_expert(counts: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ from runtime.executor.context import ContextShard, build_context_shard
 from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import ParallelDims, build_mesh
-from runtime.executor.moe import build_expert_groups, set_aux_loss_scale, take_aux_loss
+from runtime.executor.moe import build_expert_groups, check_expert_checkpoint, set_aux_loss_scale, take_aux_loss
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
 from runtime.executor.parallelize import AUTOCAST_DTYPES, Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.schedule import build_runner, check_replica_schedules
@@ -396,6 +396,8 @@ def run_plan(
         if args.checkpoint_dir or args.resume:
             raise StratagemError("spatial plans do not checkpoint yet; launch them without --checkpoint-dir/--resume")
         return run_spatial_plan(plan, steps=args.steps, data=args.data, metrics_path=metrics_path, device=device)
+    if args.checkpoint_dir or args.resume:
+        check_expert_checkpoint(plan)
     job = build_job(plan, device, data=args.data, report_dir=report_dir)
     rank, first = dist.get_rank(), 1
     if args.checkpoint_dir and (args.resume or _restart_count() > 0):

@@ -16,9 +16,11 @@ on CPU and meta like the zoo's (SDPA's CPU flash kernel has no FLOP formula). Th
 Each block is wrapped so it takes and returns one tensor, computing its own causal mask and positions; a pipeline
 stage is therefore cut by module path exactly like a zoo model (``runtime.executor.stage``).
 
-Mixture-of-Experts configs (Mixtral, Qwen2-MoE, Qwen3-MoE) run transformers' own sparse blocks with every expert
-on every rank (no expert parallelism: that is the zoo's ``moe`` family) and without the load-balancing loss,
-which transformers adds only in the whole model's forward (``output_router_logits``), not per decoder layer.
+Mixture-of-Experts configs (Mixtral, Qwen2-MoE, Qwen3-MoE) run transformers' own sparse blocks, every expert on
+every rank at ep = etp = 1; a plan with ep or etp > 1 replaces each block's fused experts by the rank's share
+(``runtime.executor.hf_moe``: the router, shared expert and gate stay transformers'). They run without the
+load-balancing loss, which transformers adds only in the whole model's forward (``output_router_logits``), not per
+decoder layer.
 """
 
 from __future__ import annotations

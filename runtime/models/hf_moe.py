@@ -1,7 +1,8 @@
 """The zoo ``moe`` dimensions of a Hugging Face MoE config (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3).
 
-``hf:`` MoE configs run transformers' own blocks, every expert on every rank (``runtime.models.hf``). The same
-shapes as a zoo ``moe`` model get expert parallelism; this maps a config.json's keys onto the ``moe`` family's
+``hf:`` MoE configs run transformers' own blocks (``runtime.models.hf``), with expert parallelism over ep only
+(``runtime.executor.hf_moe``). The same shapes as a zoo ``moe`` model get expert tensor parallelism, TP and a
+capacity factor too; this maps a config.json's keys onto the ``moe`` family's
 dimensions and lists what the zoo model does differently. Keys, from transformers' config classes
 (``MixtralConfig``, ``Qwen2MoeConfig``, ``Qwen3MoeConfig``, ``DeepseekV3Config`` docstrings):
 
@@ -50,7 +51,7 @@ def _dense_layers(config: dict[str, Any], layers: int, notes: list[str]) -> int:
     if dense != list(range(len(dense))) or step != 1:
         raise StratagemError(
             f"the config's dense layers (mlp_only_layers={dense}, decoder_sparse_step={step}) are not the leading "
-            f"blocks, which is the only layout the zoo's moe family has; plan it as hf: (experts replicated)"
+            f"blocks, which is the only layout the zoo's moe family has; plan it as hf:"
         )
     if dense:
         notes.append(f"blocks 0..{len(dense) - 1} dense (mlp_only_layers)")
