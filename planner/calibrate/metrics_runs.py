@@ -1,5 +1,6 @@
 """Measured runs from ``stratagem launch --metrics`` JSON lines: the plan (named by the file's start line, or
-``--plan``) gives the model and configuration, the summary line the measured step time.
+``--plan``; a plan file of that name beside the metrics file when the named path is gone, e.g. a run folder
+copied from the cluster) gives the model and configuration, the summary line the measured step time.
 
 The model profile is the shipped one whose content hash the plan records (``profiles/models/*.json``,
 measured on this machine), else the closed-form GPT/Llama profile. The configuration is the plan's, with
@@ -87,6 +88,8 @@ def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, ro
             f"metrics file {path} names no plan (its start line has no plan_path); pass the "
             f"launched plan with --plan PLAN.json"
         )
+    if not plan_path and not Path(named).exists() and (path.parent / Path(named).name).exists():
+        named = path.parent / Path(named).name  # a run folder copied from the cluster: the plan beside its metrics
     plan = load_plan(named)
     if start.get("plan_hash") and plan.content_hash and start["plan_hash"] != plan.content_hash:
         raise StratagemError(
