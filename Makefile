@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 OUT     := out/demo
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test check venv clean
+.PHONY: demo test test-gpu check venv clean
 
 
 venv: $(STAMP)
@@ -40,6 +40,12 @@ check: $(STAMP)
 
 test: check
 	$(BIN)/python -m pytest -q
+
+# GPU checks on a CUDA machine (tests marked gpu; `make test` skips them without CUDA). They need a CUDA build of
+# torch, which .venv's pinned CPU wheel is not: GPU_PY names an interpreter that has one (and the deps).
+GPU_PY ?= python3
+test-gpu:
+	$(GPU_PY) -m pytest -q -m gpu tests/test_gpu.py
 
 clean:
 	rm -rf $(VENV) out

@@ -175,6 +175,12 @@ KERNEL_SPECS: dict[str, dict] = {
         flash_src="assumption (not validated)",
     ),
 }
+KERNEL_SPECS["H100"].update(
+    unaligned=0.20,
+    unaligned_src="0.20: measured on one H100 SXM5 80GB (torch 2.11, CUDA 13.0; benchmarks/data/h100/"
+    "gemm_unaligned.csv): LM-head GEMMs at vocabulary 50,257 vs 50,304, time ratio median 0.197 over 24 shape "
+    "pairs (range 0.18-0.23); the hidden 768/1024 pairs alone give 0.195, the held-out 1600/4096 pairs 0.201",
+)
 KERNEL_SPECS["H200"] = {**KERNEL_SPECS["H100"], "sm_src": "same GH100 die as H100 (hardware_specs.csv): 132 SMs"}
 
 
@@ -202,7 +208,9 @@ def kernel_model(family: str) -> KernelModel:
         host_op_s=HOST_OP_S,
         flash_attention_efficiency=spec["flash"],
         comm_compute_contention=CONTENTION,
+        unaligned_gemm_efficiency=spec.get("unaligned"),
         sources={
+            **({"unaligned_gemm_efficiency": spec["unaligned_src"]} if "unaligned" in spec else {}),
             "comm_compute_contention": CONTENTION_SRC,
             "sm_count": spec["sm_src"],
             "tile_shapes": TILE_SRC,

@@ -381,6 +381,13 @@ class KernelModel(_Strict):
         lt=1,
         description="fraction of an overlapped collective's time that still costs compute time (SMs and HBM it takes)",
     )
+    unaligned_gemm_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="a GEMM whose n or k (the row-major operands' leading dimensions) is not a multiple of 16 "
+        "bytes runs at this fraction of an aligned one's arithmetic rate; None: no penalty known for this device",
+    )
     sources: dict[str, str] = Field(description="parameter name -> citation or how it was fitted")
 
 

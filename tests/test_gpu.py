@@ -76,8 +76,8 @@ def test_profile_model_on_cuda_is_near_the_kernel_model(tmp_path):
     backward is within 2x of the shape-aware kernel model's (dgx-h100 node type, uncalibrated). Two blocks
     and a 1,024-token vocabulary keep the profiler's wrapper-overhead rounds short."""
     out = tmp_path / "profile.json"
-    cmd = [sys.executable, "-m", "planner.cli.main", "profile", "model", "--model", "gpt", "--layers", "2"]
-    cmd += ["--hidden", "1024", "--heads", "16", "--vocab", "1024", "--seq", "1024", "--micro-batch", "4"]
+    cmd = [sys.executable, "-m", "planner.cli.main", "profile", "model", "--model", "gpt:gpt2-medium"]
+    cmd += ["--layers", "2", "--vocab", "1024", "--seq", "1024", "--micro-batch", "4"]
     cmd += ["--dtype", "bf16", "--repeats", "5", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -103,7 +103,7 @@ def test_profile_model_on_cuda_is_near_the_kernel_model(tmp_path):
         memory_bw_bytes_per_s=node.memory_bw_bytes_per_s,
         elem_bytes=2,
     )
-    analytic = build_gpt_profile(parse_model("gpt", layers=2, hidden=1024, heads=16, vocab=1024), seq_len=1024)
+    analytic = build_gpt_profile(parse_model("gpt:gpt2-medium", layers=2, vocab=1024), seq_len=1024)
     ops = next(la for la in analytic.layers if la.kind == "block").shard(1).ops
     k = layer_kernels(ops, 4, dev, sp_tp=1, flash=False, score_flops=0.0)
     modelled = k.forward.wall_s(dev.km) + k.backward.wall_s(dev.km)

@@ -14,6 +14,10 @@ the library's choice is modelled as the fastest of the profile's tile shapes, ea
 (``k`` cut into 2 or 4 slices that run as separate tiles, plus a reduction of the fp32 partial outputs;
 CUTLASS ``GemmSplitKParallel``). A GEMM whose operands and output take longer to stream than its arithmetic
 is memory-bound (roofline, Williams, Waterman & Patterson, CACM 2009): the time is the larger of the two.
+A GEMM whose ``n`` or ``k`` is not a multiple of 16 bytes (:func:`aligned`; e.g. GPT-2's unpadded vocabulary
+of 50,257 in the LM head) runs its arithmetic at the node type's ``unaligned_gemm_efficiency`` (cuBLAS then
+picks an older, unaligned tensor-core kernel: on the H100 measured here ``cutlass_75_tensorop_bf16_s1688gemm``,
+at 0.18-0.23 of the aligned rate, ``benchmarks/data/h100``).
 
 Element-wise kernels (norms, softmax, dropout, activations, residual adds, the cross-entropy) move their
 bytes at ``memory_bw_efficiency`` x the datasheet HBM bandwidth.
@@ -65,6 +69,7 @@ class Device:
             km.sm_count,
             km.gemm_ceiling,
             km.memory_bw_efficiency,
+            km.unaligned_gemm_efficiency,
             tuple((t.m, t.n, t.relative_efficiency) for t in km.tile_shapes),
             self.peak_flops_per_s,
             self.memory_bw_bytes_per_s,
@@ -104,12 +109,25 @@ def gemm_s(m: int, n: int, k: int, batch: int, dev: Device) -> float:
     return _GEMM_CACHE[key]
 
 
+def aligned(n: int, k: int, elem_bytes: int) -> bool:
+    """Whether a row-major ``m x k @ k x n`` GEMM's leading dimensions (``k`` of A, ``n`` of B and C) are
+    multiples of 16 bytes, the alignment the fast tensor-core kernels need (NVIDIA "Matrix Multiplication
+    Background User's Guide", § "Tensor Core Requirements": dimensions multiples of 16 bytes, e.g. 8 fp16
+    elements, are most efficient).
+
+    >>> aligned(50304, 768, 2), aligned(50257, 768, 2), aligned(768, 50257, 2)
+    (True, False, False)
+    """
+    return (n * elem_bytes) % 16 == 0 and (k * elem_bytes) % 16 == 0
+
+
 def _gemm_uncached_s(m: int, n: int, k: int, batch: int, dev: Device) -> float:
     km = dev.km
     best = math.inf
+    slow = km.unaligned_gemm_efficiency if km.unaligned_gemm_efficiency and not aligned(n, k, dev.elem_bytes) else 1.0
     for tile in km.tile_shapes:
         tiles = batch * math.ceil(m / tile.m) * math.ceil(n / tile.n)
-        tile_rate = km.gemm_ceiling * tile.relative_efficiency * dev.peak_flops_per_s / km.sm_count
+        tile_rate = slow * km.gemm_ceiling * tile.relative_efficiency * dev.peak_flops_per_s / km.sm_count
         for split in SPLIT_K:
             if split > 1 and k < 512 * split:
                 break
@@ -190,4 +208,4 @@ def contention(node) -> float:
     return node.kernel_model.comm_compute_contention if node.kernel_model is not None else 0.0
 
 
-__all__ = ["contention", "Device", "LayerKernels", "PassTime", "gemm_s", "layer_kernels", "op_backward", "op_forward"]
+__all__ = ["aligned", "contention", "Device", "LayerKernels", "PassTime", "gemm_s", "layer_kernels", "op_backward", "op_forward"]
