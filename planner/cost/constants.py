@@ -130,6 +130,8 @@ EAGER_OP_OVERHEAD_S = 3.3e-6
 # the other rows' errors are printed there). A capacity factor (Switch Transformer's 1.25, Fedus et al. 2021
 # Table 1, the former default) is a cap on a rank's tokens, not the mean slowdown, and undershoots this
 # measurement (ratio 1.11 at 1.25). A plan with a capacity factor uses that instead (tokens padded to capacity).
+# The imbalance belongs to the trained router: Mixtral-8x22B's published forced/dropless pair (465/445
+# TFLOP/s) gives 1.031 (benchmarks/data/moe_runs.csv `imbalance_from`); 1.5 stays the default.
 MOE_LOAD_IMBALANCE = 1.5
 
 # Bytes per element of the compute dtype.

@@ -21,7 +21,7 @@ ALL_DIMENSIONS = (
     "cross_node_tp",
     "cp",
     "ep",  # Mixture-of-Experts: expert parallelism (planner.search.space.expert_layouts)
-    "etp",  # and tensor parallel inside the experts; opt-in: the runtime runs etp 1 only (runtime/executor/moe.py)
+    "etp",  # and tensor parallel inside the experts; opt-in (runtime: zoo and hf experts; no checkpoints at etp > 1)
 )
 DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS) - {"etp"}
 
