@@ -16,7 +16,8 @@ bound efficiency, jointly on the 10 SC21 Table 1 rows; the H100 ceiling on the R
 V100 ceiling on the README 2020 GPT-2 1.2B single-V100 row. Those rows are marked ``calib`` and left out of
 the validation mean. Rows whose configuration had to be completed (``assumed`` column) are reported
 separately as well as in the overall mean. ``--calibrate-by-group`` fits the cluster's free parameters
-with ``planner.calibrate`` on one source's rows and predicts every other source's rows.
+with ``planner.calibrate`` on one source's rows, exactly as ``stratagem calibrate`` does (5-fold
+cross-validation on those rows chooses how many parameters to fit), and predicts every other source's rows.
 
 ZeRO-3: the SC21 Table 2 ZeRO-3 rows ran DeepSpeed (SC21 §5.2) and are predicted with DeepSpeed's 2021
 ZeRO-3 behaviour (``DEEPSPEED_2021_ZERO3``: no overlap, weights re-gathered for every use, one collective
@@ -433,7 +434,7 @@ def calibrate_by_group(path: Path) -> list[dict]:
         home, rows = max(by_cluster.items(), key=lambda kv: len(kv[1]))
         if len(rows) < 2:
             continue
-        res = fit(with_gpus(clusters[home], max(c.gpus for c in rows)), [_measured_run(c) for c in rows], folds=0)
+        res = fit(with_gpus(clusters[home], max(c.gpus for c in rows)), [_measured_run(c) for c in rows])
         errors = []
         for other in cases:
             if other in own:

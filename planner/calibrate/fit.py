@@ -14,7 +14,10 @@ How many: the Jacobian of the log step times w.r.t. the log parameters decides. 
 order of how much of the runs' variation they explain beyond the ones already taken (Gram-Schmidt); a
 parameter whose remaining column is under ``MIN_NEW_DIRECTION`` of its own norm is collinear with them
 (the runs cannot tell it apart) and is not fitted; at most ``runs - 1`` parameters (2 runs: the one that
-moves the step times most, e.g. the GEMM ceiling as an overall compute scale). The report says which.
+moves the step times most, e.g. the GEMM ceiling as an overall compute scale). With 3 runs or more, the
+number taken is then chosen by k-fold cross-validation on the runs themselves: the shortest prefix of that
+order whose held-out error no longer prefix lowers by ``CV_MIN_GAIN``. The reported cross-validated error is
+that prefix's (the same folds chose it, so it is slightly optimistic). The report says which were fitted.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from planner.profiles import BlockingLatency, ClusterProfile
 PRIOR_WIDTH = 0.3  # prior standard deviation of log(parameter / datasheet value): ~ +-35 %
 MEASUREMENT_NOISE = 0.03  # assumed relative noise of a measured step time (run-to-run spread of a few %)
 MIN_NEW_DIRECTION = 0.15  # Gram-Schmidt remainder below which a parameter is collinear with the taken ones
+CV_MIN_GAIN = 0.002  # a parameter more must lower the k-fold mean |error| by 0.2 points to be kept
 # parameters of a cluster's network rather than of its GPUs and software stack (``transfer``)
 LINK_PARAMETERS = frozenset({"intra_bw_scale", "inter_bw_scale", "intra_alpha_scale"})
 # name -> (lower, upper) bounds of the absolute value (fractions of peak, seconds, bandwidth factors)
@@ -274,17 +278,36 @@ def fit(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> 
     for j, p in enumerate(params):
         jac[:, j] = (np.log(pred.predict({p.name: p.prior * math.exp(0.05)})) - base) / 0.05
     taken, note = _choose(params, jac, len(runs))
-    params = [params[j] for j in taken]
-    values = _solve(pred, params, measured, list(range(len(runs))))
-    after = pred.predict(values)
-    cv = []
-    if len(runs) >= 3 and folds >= 2:
+    ordered = [params[j] for j in taken]
+
+    def cross_validate(chosen: list[Parameter]) -> list[float]:
         k = min(folds, len(runs))
+        errors: list[float] = []
         for f in range(k):
             held = [i for i in range(len(runs)) if i % k == f]
             train = [i for i in range(len(runs)) if i % k != f]
-            v = _solve(pred, params, measured[train], train)
-            cv += list(np.abs(pred.predict(v, held) / measured[held] - 1))
+            v = _solve(pred, chosen, measured[train], train)
+            errors += list(np.abs(pred.predict(v, held) / measured[held] - 1))
+        return errors
+
+    params, cv = ordered, []
+    if len(runs) >= 3 and folds >= 2:
+        # how many of the ordered parameters: the prefix with the lowest k-fold error on these runs (model
+        # selection by cross-validation, Hastie, Tibshirani & Friedman, ESL 2nd ed. §7.10); a longer prefix
+        # must lower it by CV_MIN_GAIN to be taken, so ties keep the simpler model
+        best: tuple[float, int, list[float]] | None = None
+        for size in range(1, len(ordered) + 1):
+            errors = cross_validate(ordered[:size])
+            score = statistics.fmean(errors)
+            if best is None or score < best[0] - CV_MIN_GAIN:
+                best = (score, size, errors)
+        assert best is not None
+        params, cv = ordered[: best[1]], best[2]
+        if best[1] < len(ordered):
+            dropped = ", ".join(p.name for p in ordered[best[1] :])
+            note += f"; cross-validation kept {best[1]} of {len(ordered)} (left out {dropped})"
+    values = _solve(pred, params, measured, list(range(len(runs))))
+    after = pred.predict(values)
     return FitResult(
         values=values,
         prior={p.name: p.prior for p in params},
