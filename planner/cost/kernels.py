@@ -96,16 +96,23 @@ _GEMM_CACHE: dict[tuple, float] = {}
 _GEMM_CACHE_LIMIT = 200_000  # shapes x devices; the search asks for a few thousand
 
 
-def gemm_s(m: int, n: int, k: int, batch: int, dev: Device) -> float:
+def gemm_s(m: int, n: int, k: int, batch: int, dev: Device, *, lead: tuple[int, int] | None = None) -> float:
     """Seconds for ``batch`` GEMMs of ``m x n x k`` (module docstring: tiles, waves, split-K, roofline);
-    cached per shape and device parameters (the search asks for the same shapes many times)."""
+    cached per shape and device parameters (the search asks for the same shapes many times).
+
+    ``lead``: the leading dimensions of the stored operands, checked for alignment (:func:`aligned`); default
+    ``(n, k)``, a row-major ``A @ B``. A weight gradient ``dY^T @ X`` reduces over the tokens, which are no
+    operand's leading dimension: its leading dimensions are its output's ``m`` and ``n``.
+    """
     if min(m, n, k, batch) <= 0:
         return 0.0
-    key = (m, n, k, batch, dev.key)
+    lead_n, lead_k = lead if lead is not None else (n, k)
+    unaligned = not aligned(lead_n, lead_k, dev.elem_bytes)
+    key = (m, n, k, batch, unaligned, dev.key)
     if key not in _GEMM_CACHE:
         if len(_GEMM_CACHE) > _GEMM_CACHE_LIMIT:
             _GEMM_CACHE.clear()
-        _GEMM_CACHE[key] = _gemm_uncached_s(m, n, k, batch, dev)
+        _GEMM_CACHE[key] = _gemm_uncached_s(m, n, k, batch, dev, unaligned)
     return _GEMM_CACHE[key]
 
 
@@ -121,10 +128,10 @@ def aligned(n: int, k: int, elem_bytes: int) -> bool:
     return (n * elem_bytes) % 16 == 0 and (k * elem_bytes) % 16 == 0
 
 
-def _gemm_uncached_s(m: int, n: int, k: int, batch: int, dev: Device) -> float:
+def _gemm_uncached_s(m: int, n: int, k: int, batch: int, dev: Device, unaligned: bool) -> float:
     km = dev.km
     best = math.inf
-    slow = km.unaligned_gemm_efficiency if km.unaligned_gemm_efficiency and not aligned(n, k, dev.elem_bytes) else 1.0
+    slow = km.unaligned_gemm_efficiency if km.unaligned_gemm_efficiency and unaligned else 1.0
     for tile in km.tile_shapes:
         tiles = batch * math.ceil(m / tile.m) * math.ceil(n / tile.n)
         tile_rate = slow * km.gemm_ceiling * tile.relative_efficiency * dev.peak_flops_per_s / km.sm_count
@@ -160,7 +167,7 @@ def op_backward(op: OpProfile, samples: int, dev: Device, replicated_div: int = 
     """Backward time of one op: two GEMMs for a GEMM, the backward bytes for an element-wise kernel."""
     if op.kind == "gemm":
         m, n, k, b = _gemm_dims(op, samples)
-        return PassTime(kernel_s=gemm_s(m, k, n, b, dev) + gemm_s(k, n, m, b, dev), kernels=2)
+        return PassTime(kernel_s=gemm_s(m, k, n, b, dev) + gemm_s(k, n, m, b, dev, lead=(k, n)), kernels=2)
     if op.backward_kernels == 0:
         return PassTime()
     div = replicated_div if op.replicated else 1
@@ -208,4 +215,14 @@ def contention(node) -> float:
     return node.kernel_model.comm_compute_contention if node.kernel_model is not None else 0.0
 
 
-__all__ = ["aligned", "contention", "Device", "LayerKernels", "PassTime", "gemm_s", "layer_kernels", "op_backward", "op_forward"]
+__all__ = [
+    "aligned",
+    "contention",
+    "Device",
+    "LayerKernels",
+    "PassTime",
+    "gemm_s",
+    "layer_kernels",
+    "op_backward",
+    "op_forward",
+]

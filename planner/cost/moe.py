@@ -260,7 +260,8 @@ def _compute_s(ex: ExpertProfile, sh: _Shape, node: NodeType, dtype: str) -> tup
         gemms = [(m, 2 * f, h, n_e), (m, h, f, n_e), (t, ex.experts, h, 1)]  # fc1, fc2 (grouped), router
         fwd = PassTime(kernel_s=sum(gemm_s(a, b, c, g, dev) for a, b, c, g in gemms), kernels=3)
         bwd = PassTime(
-            kernel_s=sum(gemm_s(a, c, b, g, dev) + gemm_s(c, b, a, g, dev) for a, b, c, g in gemms), kernels=6
+            kernel_s=sum(gemm_s(a, c, b, g, dev) + gemm_s(c, b, a, g, dev, lead=(c, b)) for a, b, c, g in gemms),
+            kernels=6,
         )
         fwd = fwd + PassTime(kernel_s=fwd_bytes / dev.stream_bytes_per_s, kernels=5)  # softmax, top-k, permutes, act
         bwd = bwd + PassTime(kernel_s=bwd_bytes / dev.stream_bytes_per_s, kernels=5)
