@@ -1,6 +1,7 @@
 """Measured training steps of `stratagem launch` on one GPU next to the cost model's predictions.
 
     python benchmarks/gpu_runs.py --out DIR            # needs CUDA; writes DIR/gpu_runs.csv and DIR/runs.tar.gz
+    python benchmarks/gpu_runs.py --from-data benchmarks/data/h100   # no GPU: re-predicts the stored runs
 
 Each row is a hand-made one-GPU plan (``fixtures.plans.make_plan``; no search) of a GPT-2-shaped model from the
 zoo (explicit attention, as ``runtime/models/gpt.py`` runs it), bf16 autocast, sequence 1024, micro-batch
@@ -12,6 +13,15 @@ Measured = the median step time over steps 2.. (``runtime/executor/metrics.py``)
 model is also profiled layer by layer on the GPU (``stratagem profile model``) and predicted from that
 measured profile. The metrics files and plans go into ``runs.tar.gz`` for ``stratagem calibrate``.
 Nothing is fitted here.
+
+The runtime trains with fp32 weights under ``torch.autocast`` (``runtime/executor/schedule.py``), so runs are
+predicted with the closed-form profile's precision "autocast" (``planner.autocast_profile``; what
+``planner.calibrate.metrics_runs`` uses for such runs); "pure" 16-bit (the published Megatron/torchtitan rows'
+mode) is printed beside it. ``--from-data DIR`` needs no GPU: it re-predicts the runs stored in ``DIR``
+(``runs.csv``, each run's plan ``RUN.json`` and metrics ``RUN.jsonl``) and prints per run the measured step time
+and peak memory (``torch.cuda.max_memory_allocated``) with both predictions. The predicted peak holds the
+model's reserve (CUDA context, fragmentation: ``planner.cost.memory``), which ``max_memory_allocated`` does not
+see, so "alloc" prints the prediction without it too.
 """
 
 from __future__ import annotations
@@ -45,22 +55,71 @@ CONFIGS = [
 QUICK = [("gpt:gpt2", 4, 1), ("gpt:gpt2-medium", 4, 2)]
 
 
-def predict(model: str, mb: int, m: int, cluster_name: str, profile_path: Path | None = None):
-    from planner.calibrate.metrics_runs import config_from_plan
-    from planner.cost import estimate
-    from planner.gpt_profile import build_gpt_profile
+def predict(model: str, mb: int, m: int, cluster_name: str, profile_path: Path | None = None, precision="autocast"):
     from planner.modelspec import parse_model
-    from planner.profiles import load_cluster_profile, load_model_profile, resolve_cluster_path
-    from planner.cost.placement import with_gpus
     from fixtures.plans import make_plan
 
     name, _, over = model.partition("@")
     spec = parse_model(name, **{k: int(v) for k, v in (kv.split("=") for kv in over.split(",") if kv)})
     plan = make_plan(spec, dp=1, global_batch=mb * m, seq_len=SEQ, num_micro_batches=m, dtype="bf16", lr=1e-4)
+    return plan, predict_plan(plan, cluster_name, profile_path, precision)
+
+
+def predict_plan(plan, cluster_name: str, profile_path: Path | None = None, precision="autocast"):
+    """:func:`planner.cost.estimate` of a one-GPU ``plan`` on the closed-form profile in ``precision`` (or the
+    measured profile at ``profile_path``), as ``planner.calibrate.metrics_runs`` configures a launched plan."""
+    from planner.calibrate.metrics_runs import config_from_plan
+    from planner.cost import estimate
+    from planner.cost.placement import with_gpus
+    from planner.gpt_profile import build_gpt_profile
+    from planner.profiles import load_cluster_profile, load_model_profile, resolve_cluster_path
+
+    tr = plan.training
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path(cluster_name)), 1)
-    profile = load_model_profile(profile_path) if profile_path else build_gpt_profile(spec, seq_len=SEQ, dtype="bf16")
-    est = estimate(profile, cluster, config_from_plan(plan), global_batch=mb * m, dtype="bf16")
-    return plan, est
+    profile = (
+        load_model_profile(profile_path)
+        if profile_path
+        else build_gpt_profile(plan.model, seq_len=tr.seq_len, dtype=tr.dtype, precision=precision)
+    )
+    return estimate(profile, cluster, config_from_plan(plan), global_batch=tr.global_batch, dtype=tr.dtype)
+
+
+def from_data(folder: Path, cluster_name: str) -> int:
+    """Re-predict the runs stored in ``folder`` (module docstring); no GPU, nothing launched or fitted."""
+    from planner.plan import load_plan
+
+    rows = list(csv.DictReader(open(folder / "runs.csv")))
+    print(f"runs of {folder} on cluster profile {cluster_name}; ms per step, GB (1e9 bytes) peak; error vs measured")
+    print(
+        f"{'run':<24} {'measured':>8} {'pure':>7} {'error':>7} {'autocast':>8} {'error':>7} | {'measured':>8} "
+        f"{'pure':>6} {'autocast':>8} {'alloc':>6} {'error':>7}"
+    )
+    errs: dict[str, list[float]] = {"pure": [], "autocast": [], "mem_pure": [], "mem_autocast": []}
+    for r in rows:
+        plan = load_plan(folder / f"{r['run']}.json")
+        records = [json.loads(line) for line in (folder / f"{r['run']}.jsonl").read_text().splitlines() if line]
+        summary = next(x for x in reversed(records) if x.get("event") == "summary")
+        meas, meas_peak = summary["measured_step_time_s"], summary["measured_peak_memory_bytes"]
+        before, after = (predict_plan(plan, cluster_name, precision=p) for p in ("pure", "autocast"))
+        alloc = after.peak_mem_bytes - max(rank.memory.reserve for rank in after.per_rank)
+        alloc_before = before.peak_mem_bytes - max(rank.memory.reserve for rank in before.per_rank)
+        errs["pure"].append(before.step_time_s / meas - 1)
+        errs["autocast"].append(after.step_time_s / meas - 1)
+        errs["mem_pure"].append(alloc_before / meas_peak - 1)
+        errs["mem_autocast"].append(alloc / meas_peak - 1)
+        print(
+            f"{r['run']:<24} {meas * 1e3:8.1f} {before.step_time_s * 1e3:7.1f} {errs['pure'][-1]:+7.1%} "
+            f"{after.step_time_s * 1e3:8.1f} {errs['autocast'][-1]:+7.1%} | {meas_peak / 1e9:8.2f} "
+            f"{before.peak_mem_bytes / 1e9:6.2f} {after.peak_mem_bytes / 1e9:8.2f} {alloc / 1e9:6.2f} "
+            f"{errs['mem_autocast'][-1]:+7.1%}"
+        )
+    for key, label in (("pure", "step time, pure"), ("autocast", "step time, autocast")):
+        e = [abs(x) for x in errs[key]]
+        print(f"{label:<22} mean |error| {statistics.mean(e):6.1%}, max {max(e):6.1%} ({len(e)} runs, uncalibrated)")
+    for key, label in (("mem_pure", "peak alloc, pure"), ("mem_autocast", "peak alloc, autocast")):
+        e = [abs(x) for x in errs[key]]
+        print(f"{label:<22} mean |error| {statistics.mean(e):6.1%}, max {max(e):6.1%} (prediction less its reserve)")
+    return 0
 
 
 def launch(plan_path: Path, metrics: Path, steps: int) -> dict:
@@ -86,13 +145,18 @@ def profile_model(model: str, mbs: list[int], out: Path) -> Path | None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, help="where a GPU session writes gpu_runs.csv and runs.tar.gz")
+    p.add_argument("--from-data", type=Path, metavar="DIR", help="re-predict the runs stored in DIR (no GPU)")
     p.add_argument("--cluster", default="dgx-h100")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", nargs=3, metavar=("MODEL", "MB", "M"), help="one configuration")
     p.add_argument("--profile", action="store_true", help="also predict from a measured layer profile")
     args = p.parse_args()
+    if args.from_data:
+        return from_data(args.from_data, args.cluster)
+    if args.out is None:
+        p.error("give --out DIR (a GPU session) or --from-data DIR")
     import torch
 
     if not torch.cuda.is_available():

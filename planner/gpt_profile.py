@@ -37,7 +37,15 @@ from planner import __version__
 from planner.cost.constants import DTYPE_BYTES
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
-from planner.profiles import CollectiveNeed, LayerProfile, ModelProfile, OpProfile, Provenance, ShardProfile
+from planner.profiles import (
+    CollectiveNeed,
+    LayerProfile,
+    ModelProfile,
+    OpProfile,
+    Precision,
+    Provenance,
+    ShardProfile,
+)
 
 FP32_BYTES = 4
 
@@ -343,14 +351,25 @@ def build_gpt_profile(
     dtype: str = "bf16",
     tp_degrees: list[int] | None = None,
     created_utc: str = "",
+    precision: Precision = "pure",
 ) -> ModelProfile:
     """The closed-form :class:`ModelProfile` of a GPT/Llama ``spec`` at ``seq_len`` tokens per sample.
+
+    ``precision``: "pure" 16-bit training (Megatron-LM, torchtitan; the published rows), or "autocast", fp32
+    weights under ``torch.autocast`` as Stratagem's runtime trains (``planner.autocast_profile``: its cast
+    kernels, fp32 LayerNorm/softmax/cross-entropy and fp32 saved activations; GPT only, 16-bit dtypes only).
 
     >>> from planner.modelspec import parse_model
     >>> build_gpt_profile(parse_model("gpt:gpt3-175b")).total_params   # SC21 Table 1: 174.6B
     174615846912
     """
+    if precision not in ("pure", "autocast"):
+        raise StratagemError(f"unknown precision {precision!r}; use 'pure' or 'autocast'")
+    if precision == "autocast" and DTYPE_BYTES.get(dtype) != 2:
+        raise StratagemError(f"autocast runs 16-bit compute, not {dtype}; use --dtype bf16 or precision 'pure'")
     if spec.is_moe:
+        if precision != "pure":
+            raise StratagemError("autocast op lists cover the zoo's GPT; use precision 'pure' for MoE models")
         from planner.moe_profile import build_moe_profile  # the MoE blocks reuse this module's pieces
 
         return build_moe_profile(spec, seq_len=seq_len, dtype=dtype, tp_degrees=tp_degrees, created_utc=created_utc)
@@ -381,7 +400,14 @@ def build_gpt_profile(
         for i in range(int(spec.dim("layers")))
     ]
     layers = [_embed_layer(d, tps), *blocks, _norm_layer(d), _head_layer(d, tps)]
-    return analytic_profile(
+    sources, notes = SOURCES, "closed-form (planner.gpt_profile); no timings"
+    if precision == "autocast":
+        from planner.autocast_profile import SOURCES as AUTOCAST_SOURCES, autocast_layers
+
+        linear = {t: math.ceil(_block_params(d)[0] / t) + 2 * d.h for t in tps}  # + the unsplit biases
+        layers = autocast_layers(d, layers, linear)
+        sources, notes = SOURCES + AUTOCAST_SOURCES, notes + "; torch.autocast (planner.autocast_profile)"
+    profile = analytic_profile(
         spec,
         seq=seq,
         dtype=dtype,
@@ -389,9 +415,10 @@ def build_gpt_profile(
         layers=layers,
         total_params=sum(layer.params for layer in layers),
         created_utc=created_utc,
-        sources=SOURCES,
-        notes="closed-form (planner.gpt_profile); no timings",
+        sources=sources,
+        notes=notes,
     )
+    return profile if precision == "pure" else profile.model_copy(update={"precision": precision})
 
 
 def analytic_profile(

@@ -31,6 +31,9 @@ MODEL_PROFILE_SCHEMA_VERSION: Final = 1
 CLUSTER_PROFILE_SCHEMA_VERSION: Final = 2  # 2: NodeType.kernel_model, ClusterProfile.calibration (v1 migrates)
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+# How 16-bit compute is executed (planner.autocast_profile): "pure" = 16-bit weights and activations throughout
+# (Megatron-LM, torchtitan); "autocast" = fp32 weights under torch.autocast (Stratagem's runtime).
+Precision = Literal["pure", "autocast"]
 DTYPES: tuple[str, ...] = get_args(Dtype)  # the --dtype choices of every command that takes one
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
 LinkLevel = Literal["intra_node", "inter_node"]
@@ -129,6 +132,9 @@ class OpProfile(_Strict):
     backward_fixed_bytes: float = Field(
         0, ge=0, description="backward bytes independent of the samples (a dense embedding gradient)"
     )
+    fixed_bytes: float = Field(
+        0, ge=0, description="forward bytes independent of the samples (autocast's weight casts, a causal mask)"
+    )
     replicated: bool = Field(
         False,
         description="runs on the full activation on every TP rank (LayerNorm, "
@@ -170,6 +176,12 @@ class ShardProfile(_Strict):
         ge=0,
         description="part of fwd_flops that computes and applies the seq x seq scores (QK^T, "
         "probs x V); selective recompute repeats it in backward (0 = unknown/none)",
+    )
+    saved_fixed_bytes: float = Field(
+        0,
+        ge=0,
+        description="bytes kept from forward to backward per micro-batch independent of its samples "
+        "(the 16-bit weight copies torch.autocast caches and the GEMMs save; planner.autocast_profile)",
     )
     timings: list[LayerTiming] = Field(default_factory=list, description="measured times per micro-batch")
     ops: list[OpProfile] = Field(
@@ -276,6 +288,11 @@ class ModelProfile(_Strict):
     model: ModelSpec
     seq_len: int = Field(ge=1, description="tokens per sample (1 for non-sequence models)")
     dtype: Dtype
+    precision: Precision = Field(
+        "pure",
+        description="how 16-bit compute runs: 'pure' 16-bit weights and activations (Megatron-LM, torchtitan) "
+        "or 'autocast' (fp32 weights under torch.autocast, Stratagem's runtime; planner.autocast_profile)",
+    )
     sample_shape: list[int] = Field(description="input shape of one sample")
     micro_batches: list[PositiveInt] = Field(description="micro-batch sizes that were timed")
     tp_degrees: list[PositiveInt] = Field(min_length=1, description="tensor-parallel degrees that were profiled")

@@ -3,9 +3,16 @@
 copied from the cluster) gives the model and configuration, the summary line the measured step time.
 
 The model profile is the shipped one whose content hash the plan records (``profiles/models/*.json``,
-measured on this machine), else the closed-form GPT/Llama profile. The configuration is the plan's, with
+measured on this machine); else, for a GPT trained in bf16 on CUDA, the closed-form profile with precision
+"autocast" — the runtime keeps fp32 weights and runs each micro-batch under ``torch.autocast``
+(``runtime/executor/schedule.py``), whose cast kernels, fp32 softmax/LayerNorm/cross-entropy and fp32 saved
+activations ``planner.autocast_profile`` prices (the "pure" profile predicted the H100 runs of
+``benchmarks/data/h100`` 35-75 % too fast and gpt2 mb16's peak memory at 55 %); else a shipped profile of the
+same model, sequence and dtype; else (None) the closed-form "pure" profile. On CPU the runtime also runs
+bf16 under autocast, but CPU runs are predicted from measured profiles. The configuration is the plan's, with
 ``overlap_grad_reduce`` off on CPU ranks: FSDP2 has no side stream there and its gloo collectives block the
-rank (``benchmarks/runtime_vs_prediction.py``).
+rank (``benchmarks/runtime_vs_prediction.py``), and at ``pp = 1`` one micro-batch in flight whatever the
+schedule's name (the runtime's ``LocalRunner`` runs each micro-batch's forward and backward in turn).
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ from pathlib import Path
 from planner.cost.context import plan_context_fields
 from planner.calibrate.runs import MeasuredRun
 from planner.cost.config import ParallelConfig
+from planner.cost.constants import DTYPE_BYTES
+from planner.gpt_profile import build_gpt_profile
 from planner.errors import StratagemError
 from planner.fileio import parse_json, read_text
 from planner.plan import Plan, load_plan
-from planner.profiles import ModelProfile, load_model_profile
+from planner.profiles import ModelProfile, Precision, load_model_profile
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
 
@@ -28,13 +37,16 @@ def config_from_plan(plan: Plan, *, overlap_grad_reduce: bool = True) -> Paralle
     """The cost model's :class:`ParallelConfig` for ``plan`` (mesh, schedule, stages, layout, recompute, ZeRO)."""
     stages = sorted(plan.stages, key=lambda s: s.index)
     recompute = {p: m for s in stages for p, m in s.recompute.items()}
+    pp = plan.mesh.size("pp")
     return ParallelConfig(
         tp=plan.mesh.size("tp"),
-        pp=plan.mesh.size("pp"),
+        pp=pp,
         dp=plan.mesh.size("dp"),
         micro_batch=plan.schedule.micro_batch_size,
         num_micro_batches=plan.schedule.max_micro_batches,
-        schedule=plan.schedule.kind,
+        # pp = 1: LocalRunner (runtime/executor/schedule.py) runs each micro-batch's forward and backward before
+        # the next one's forward, one micro-batch in flight, whatever the plan calls the schedule ("gpipe")
+        schedule=plan.schedule.kind if pp > 1 else "1f1b",
         virtual_stages=plan.schedule.virtual_stages,
         zero_stage=plan.zero_stage,
         recompute=recompute,
@@ -60,13 +72,31 @@ def _records(path: Path) -> list[dict]:
     return out
 
 
-def _profile_for(plan: Plan) -> ModelProfile | None:
-    """The shipped measured profile the plan was made from (by hash), else one of the same model, sequence
-    length and dtype; None when there is none."""
+def runtime_precision(plan: Plan, device: str) -> Precision:
+    """How ``stratagem launch`` executes ``plan``'s compute on ``device``: "autocast" for a GPT in a 16-bit
+    dtype on CUDA (fp32 weights under ``torch.autocast``, ``runtime/executor/parallelize.py``
+    ``AUTOCAST_DTYPES``), else "pure" (fp32 plans; families ``planner.autocast_profile`` does not cover)."""
+    autocast = device == "cuda" and plan.model.family == "gpt" and DTYPE_BYTES.get(plan.training.dtype) == 2
+    return "autocast" if autocast else "pure"
+
+
+def _profile_for(plan: Plan, device: str = "cuda") -> ModelProfile | None:
+    """The shipped measured profile the plan was made from (by hash); else the closed-form autocast profile
+    when the runtime runs the plan under autocast (:func:`runtime_precision`); else a shipped profile of the
+    same model, sequence length and dtype; None when there is none (the closed-form pure profile)."""
     profiles = [load_model_profile(path) for path in sorted(MODELS_DIR.glob("*.json"))]
     for profile in profiles:
         if plan.model_profile_hash and profile.content_hash == plan.model_profile_hash:
             return profile
+    if runtime_precision(plan, device) == "autocast":
+        tp = plan.mesh.size("tp")
+        return build_gpt_profile(
+            plan.model,
+            seq_len=plan.training.seq_len,
+            dtype=plan.training.dtype,
+            tp_degrees=[1, tp] if tp > 1 else [1],
+            precision="autocast",
+        )
     for profile in profiles:
         if (
             profile.model == plan.model
@@ -105,7 +135,8 @@ def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, ro
         raise StratagemError(
             f"metrics file {path} has no measured step time; run `stratagem launch` with --steps >= 2 and --metrics"
         )
-    cpu = start.get("device", "cuda") == "cpu"
+    device = str(start.get("device", "cuda"))
+    cpu = device == "cpu"
     config = config_from_plan(plan, overlap_grad_reduce=not cpu)
     tr = plan.training
     return MeasuredRun(
@@ -118,6 +149,6 @@ def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, ro
         config=config,
         dtype=tr.dtype,
         step_time_s=float(measured),
-        profile=_profile_for(plan),
+        profile=_profile_for(plan, device),
         family=plan.model.family,
     )

@@ -292,6 +292,9 @@ def layer_cost(
         act_bytes = replicated + rest + cp.saved_bytes
     else:
         act_bytes = replicated + scores + rest + cp.saved_bytes
+    # torch.autocast's cached 16-bit weight copies live until the region ends, whatever is recomputed
+    # (planner.autocast_profile; 0 for pure 16-bit profiles)
+    act_bytes += shard.saved_fixed_bytes
     return LayerCost(
         forward_s=forward_s,
         backward_s=backward_s,

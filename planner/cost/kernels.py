@@ -160,7 +160,8 @@ def op_forward(op: OpProfile, samples: int, dev: Device, replicated_div: int = 1
         m, n, k, b = _gemm_dims(op, samples)
         return PassTime(kernel_s=gemm_s(m, n, k, b, dev), kernels=1)
     div = replicated_div if op.replicated else 1
-    return PassTime(kernel_s=op.bytes_per_sample * samples / div / dev.stream_bytes_per_s, kernels=op.kernels)
+    nbytes = op.bytes_per_sample * samples / div + op.fixed_bytes
+    return PassTime(kernel_s=nbytes / dev.stream_bytes_per_s, kernels=op.kernels)
 
 
 def op_backward(op: OpProfile, samples: int, dev: Device, replicated_div: int = 1) -> PassTime:
