@@ -92,7 +92,7 @@ def from_data(folder: Path, cluster_name: str) -> int:
     print(f"runs of {folder} on cluster profile {cluster_name}; ms per step, GB (1e9 bytes) peak; error vs measured")
     print(
         f"{'run':<24} {'measured':>8} {'pure':>7} {'error':>7} {'autocast':>8} {'error':>7} | {'measured':>8} "
-        f"{'pure':>6} {'autocast':>8} {'alloc':>6} {'error':>7}"
+        f"{'pure':>6} {'alloc':>6} {'error':>7} {'autocast':>8} {'alloc':>6} {'error':>7}"
     )
     errs: dict[str, list[float]] = {"pure": [], "autocast": [], "mem_pure": [], "mem_autocast": []}
     for r in rows:
@@ -110,8 +110,8 @@ def from_data(folder: Path, cluster_name: str) -> int:
         print(
             f"{r['run']:<24} {meas * 1e3:8.1f} {before.step_time_s * 1e3:7.1f} {errs['pure'][-1]:+7.1%} "
             f"{after.step_time_s * 1e3:8.1f} {errs['autocast'][-1]:+7.1%} | {meas_peak / 1e9:8.2f} "
-            f"{before.peak_mem_bytes / 1e9:6.2f} {after.peak_mem_bytes / 1e9:8.2f} {alloc / 1e9:6.2f} "
-            f"{errs['mem_autocast'][-1]:+7.1%}"
+            f"{before.peak_mem_bytes / 1e9:6.2f} {alloc_before / 1e9:6.2f} {errs['mem_pure'][-1]:+7.1%} "
+            f"{after.peak_mem_bytes / 1e9:8.2f} {alloc / 1e9:6.2f} {errs['mem_autocast'][-1]:+7.1%}"
         )
     for key, label in (("pure", "step time, pure"), ("autocast", "step time, autocast")):
         e = [abs(x) for x in errs[key]]

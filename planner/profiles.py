@@ -34,6 +34,7 @@ Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 # How 16-bit compute is executed (planner.autocast_profile): "pure" = 16-bit weights and activations throughout
 # (Megatron-LM, torchtitan); "autocast" = fp32 weights under torch.autocast (Stratagem's runtime).
 Precision = Literal["pure", "autocast"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)  # the --precision choices of plan and estimate
 DTYPES: tuple[str, ...] = get_args(Dtype)  # the --dtype choices of every command that takes one
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
 LinkLevel = Literal["intra_node", "inter_node"]
@@ -539,6 +540,12 @@ PROFILES_DIR = SHIPPED_PROFILES_DIR  # package data: found from any folder, inst
 DTYPE_HELP = (
     "compute dtype (default: bf16 where every device used has a bf16 figure, else fp16, else one they all have; "
     "measured CPU profiles: fp32)"
+)
+PRECISION_HELP = (
+    "how 16-bit compute runs (closed-form GPT profiles): 'pure' 16-bit weights and activations as Megatron-LM and "
+    "torchtitan train (default; what the published rows ran), or 'autocast', fp32 weights under torch.autocast "
+    "as `stratagem launch` trains: its cast kernels, fp32 softmax/LayerNorm/cross-entropy and fp32 activations "
+    "(planner/autocast_profile.py)"
 )
 
 

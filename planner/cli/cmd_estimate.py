@@ -26,7 +26,16 @@ from planner.cnn3d import SPATIAL_FAMILIES
 from planner.errors import StratagemError
 from planner.cli.model_args import MAX_VOLUME, MODEL_HELP, load_matching_profile, spec_from_args
 from planner.plan import strategy_label
-from planner.profiles import DTYPE_HELP, DTYPES, ClusterProfile, ModelProfile, default_dtype, load_cluster_profile
+from planner.profiles import (
+    DTYPE_HELP,
+    DTYPES,
+    PRECISION_HELP,
+    PRECISIONS,
+    ClusterProfile,
+    ModelProfile,
+    default_dtype,
+    load_cluster_profile,
+)
 
 from planner.cli.common import (
     analytic_on_cpu_note,
@@ -216,6 +225,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=DTYPES,
         help=DTYPE_HELP,
     )
+    p.add_argument("--precision", default="pure", choices=PRECISIONS, help=PRECISION_HELP)
     add_source_argument(p, "--from", "estimate the user's own framework config instead of the flags above")
     p.add_argument(
         "--json",
@@ -226,6 +236,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
+    if args.model_profile is not None and getattr(args, "precision", "pure") != "pure":
+        raise StratagemError("--precision describes closed-form profiles; drop it with --model-profile (measured)")
     if args.model_profile is not None:
         return load_matching_profile(args.model_profile, spec_from_args(args), args.seq)
     spec = spec_from_args(args, max_seq=args.seq)
@@ -237,7 +249,7 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
         return profile_model_analytic(spec, seq_len=seq, dtype=dtype)
     from planner.gpt_profile import build_gpt_profile
 
-    return build_gpt_profile(spec, seq_len=args.seq, dtype=dtype)
+    return build_gpt_profile(spec, seq_len=args.seq, dtype=dtype, precision=getattr(args, "precision", "pure"))
 
 
 def _dtype(args: argparse.Namespace, cluster: ClusterProfile) -> str:

@@ -19,6 +19,8 @@ from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, 
 from planner.cnn3d import SPATIAL_FAMILIES
 from planner.profiles import (
     DTYPE_HELP,
+    PRECISION_HELP,
+    PRECISIONS,
     DTYPES,
     ClusterProfile,
     ModelProfile,
@@ -92,6 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=DTYPES,
         help=DTYPE_HELP + "; with --model-profile, the profile's",
     )
+    p.add_argument("--precision", default="pure", choices=PRECISIONS, help=PRECISION_HELP)
     p.add_argument(
         "--memory-fraction",
         type=float_in(0, 1, low_open=True),
@@ -181,12 +184,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> ModelProfile:
     """The given profile file, else the closed-form GPT/Llama profile, else the runtime's meta profiler."""
+    if args.model_profile is not None and getattr(args, "precision", "pure") != "pure":
+        raise StratagemError("--precision describes closed-form profiles; drop it with --model-profile (measured)")
     if args.model_profile is not None:
         return load_matching_profile(args.model_profile, spec, args.seq)
     if spec.family in ("gpt", "llama", "moe"):
         from planner.gpt_profile import build_gpt_profile
 
-        return build_gpt_profile(spec, seq_len=seq_len, dtype=args.dtype)
+        return build_gpt_profile(spec, seq_len=seq_len, dtype=args.dtype, precision=getattr(args, "precision", "pure"))
     if args.dtype not in ("fp32", "tf32", "bf16", "fp16"):
         raise StratagemError(f"--dtype {args.dtype} cannot be profiled on the meta device for {spec.name}; use bf16")
     try:
