@@ -170,3 +170,74 @@ def test_cli_precision_flag():
         timeout=120,
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _brute_best(costs, outer, tables, capacity):
+    """Best fitting step time over every layer assignment, each scored by ``estimate`` itself."""
+    from planner.search.brute import iter_layer_assignments, to_assignment
+
+    best = None
+    for choice in iter_layer_assignments(tables):
+        est = costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, choice)))
+        fits = all(rk.memory.peak_bytes <= capacity * costs.search.memory_fraction for rk in est.per_rank)
+        if fits and (best is None or est.step_time_s < best):
+            best = est.step_time_s
+    return best
+
+
+def test_search_stays_exact_on_autocast_profiles():
+    """The ILP's optimum equals brute force under ``estimate`` on autocast profiles (tests/test_search_exact.py's
+    check on a few instances: the fixed forward bytes and the cached weight copies enter the tables exactly)."""
+    import math
+    import random
+
+    from planner.cost.placement import block_count
+    from planner.search.brute import iter_layer_assignments
+    from planner.search.config import SearchConfig
+    from planner.search.costs import CandidateCosts
+    from planner.search.ilp import build_problem, extract_assignment, solve
+    from planner.search.planner import check_exact
+    from planner.search.space import enumerate_outer
+
+    rng = random.Random(11)
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 4)
+    capacity = float(cluster.node_types[0].device_memory_bytes)
+    checked = feasible = 0
+    while checked < 8:
+        spec = parse_model(
+            "gpt", layers=2, hidden=64, heads=4, vocab=256, max_seq=64, tie_embeddings=rng.random() < 0.5
+        )
+        profile = build_gpt_profile(spec, seq_len=64, tp_degrees=[1, 2, 4], precision="autocast")
+        allow = frozenset({"tp", "pp", "dp", "zero", "sp", "gpipe", "layout", "recompute"})
+        config = SearchConfig(time_limit_s=30, allow=allow, memory_fraction=rng.choice([1e-5, 1.0, 1.0, 1.0]))
+        outers = list(
+            enumerate_outer(
+                cluster=cluster,
+                n_devices=4,
+                global_batch=16,
+                n_layers=len(profile.layers),
+                n_blocks=block_count(profile),
+                tp_degrees=profile.tp_degrees,
+                config=config,
+                cp_degrees=[1],
+            )
+        )
+        outer = rng.choice(outers)
+        costs = CandidateCosts(profile, cluster, global_batch=16, config=config)
+        tables = costs.tables(outer)
+        if sum(1 for _ in iter_layer_assignments(tables)) > 300:
+            continue
+        best = _brute_best(costs, outer, tables, capacity)
+        problem = build_problem(tables)
+        result = solve(problem, costs.search)
+        checked += 1
+        if best is None:
+            assert result.status == "infeasible", outer.summary()
+            continue
+        assert result.status == "optimal", outer.summary()
+        assignment = extract_assignment(problem)
+        est = costs.estimate(costs.parallel_config(outer, tables, assignment))
+        step_s = check_exact(tables, assignment, est, outer, result.objective_s)
+        assert math.isclose(step_s, best, rel_tol=1e-9), (outer.summary(), step_s, best)
+        feasible += 1
+    assert feasible >= 3, feasible
