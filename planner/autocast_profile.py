@@ -185,9 +185,7 @@ def embed_shard(pure: ShardProfile, d: "_Dims", t: int) -> ShardProfile:
         backward_kernels=4 + tied + drop,
     )
     saved = 2 * 8 * d.s + sh * drop  # int64 token and position ids, the dropout mask
-    return pure.model_copy(
-        update=dict(ops=[op], saved_bytes_per_sample=saved, saved_replicated_bytes_per_sample=saved)
-    )
+    return pure.model_copy(update=dict(ops=[op], saved_bytes_per_sample=saved, saved_replicated_bytes_per_sample=saved))
 
 
 def norm_shard(pure: ShardProfile, d: "_Dims") -> ShardProfile:
