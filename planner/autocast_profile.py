@@ -43,7 +43,19 @@ The head saves the 16-bit input and the fp32 log-probabilities ``4sV/t``, and ho
 gradients (``nll_loss`` and ``log_softmax`` backward, ``8sV/t``) when the backward starts — the step's peak,
 when every layer's activations are still alive — so they are counted with its saved bytes.
 
-Assumptions: gradient accumulation across micro-batches into the fp32 ``.grad`` (an add per parameter from
+Where it is used: ``build_gpt_profile(..., precision="autocast")`` (``ModelProfile.precision`` records it);
+``planner.calibrate.metrics_runs`` for ``stratagem launch`` metrics of a bf16 GPT on CUDA; ``benchmarks/gpu_runs.py``
+(``--from-data`` re-predicts ``benchmarks/data/h100``: step time 50 % -> 19 % mean |error|, peak memory without
+the reserve 37 % -> 6 %); ``stratagem plan/estimate --precision autocast``. Those two keep "pure" as their
+default: it is what the published Megatron/DeepSpeed/torchtitan rows ran (``benchmarks/cost_accuracy.py``), what
+a plan exported to those frameworks runs, and the only mode for Llama and MoE; a plan meant for ``stratagem
+launch`` on GPUs should pass ``--precision autocast`` (its peak memory is about twice pure's for the GPT-2 presets at
+sequence 1,024, so a pure plan can run out of memory under the runtime).
+
+Assumptions: the weight copies and the loss's gradients are counted per micro-batch in flight — exact at
+``pp = 1`` (``LocalRunner``: one micro-batch at a time, one autocast region each) and for 1F1B's last stage,
+an overcount where a pipeline stage holds several (``PipelineRunner`` opens one region per step, so one copy);
+gradient accumulation across micro-batches into the fp32 ``.grad`` (an add per parameter from
 the second micro-batch on) is not counted; the torch AdamW step (``foreach``, unfused) is priced as the
 cost model prices every optimizer (``planner.cost.estimate``). Scope: the zoo's GPT (``family == "gpt"``).
 """
