@@ -241,3 +241,27 @@ def test_search_stays_exact_on_autocast_profiles():
         assert math.isclose(step_s, best, rel_tol=1e-9), (outer.summary(), step_s, best)
         feasible += 1
     assert feasible >= 3, feasible
+
+
+def test_metrics_runs_on_cpu_keep_pure(tmp_path):
+    """A CPU launch is predicted from measured profiles or the pure closed form, never the CUDA autocast one."""
+    import json
+    import shutil
+
+    lines = (H100_DATA / "gpt2_mb4_m1.jsonl").read_text().splitlines()
+    start = json.loads(lines[0])
+    start["device"] = "cpu"
+    (tmp_path / "gpt2_mb4_m1.jsonl").write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")
+    shutil.copy(H100_DATA / "gpt2_mb4_m1.json", tmp_path)
+    run = load_runs_jsonl(tmp_path / "gpt2_mb4_m1.jsonl")
+    assert run.profile is None or run.profile.precision == "pure"
+
+
+def test_cli_precision_refused_with_a_measured_profile(tmp_path):
+    profile = build_gpt_profile(SPEC, seq_len=S)
+    path = tmp_path / "p.json"
+    path.write_text(profile.model_dump_json())
+    cmd = [sys.executable, "-m", "planner.cli.main", "estimate", "--model", "gpt:tiny", "--cluster", "dgx-h100"]
+    cmd += ["--gpus", "1", "--global-batch", "1", "--model-profile", str(path), "--precision", "autocast"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--precision" in proc.stderr, proc.stderr
