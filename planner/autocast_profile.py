@@ -43,6 +43,11 @@ The head saves the 16-bit input and the fp32 log-probabilities ``4sV/t``, and ho
 gradients (``nll_loss`` and ``log_softmax`` backward, ``8sV/t``) when the backward starts — the step's peak,
 when every layer's activations are still alive — so they are counted with its saved bytes.
 
+Weights, gradients and AdamW moments are fp32 (4 + 4 + 8 bytes per parameter, ``ShardProfile.param_bytes``
+4 per parameter) and the runtime's FSDP2 wrappers, given no mixed-precision policy, communicate them in fp32:
+``planner.cost.memory.state_dtype`` makes the estimate and the search price states and gradient/weight
+collectives in fp32 for autocast profiles.
+
 Where it is used: ``build_gpt_profile(..., precision="autocast")`` (``ModelProfile.precision`` records it);
 ``planner.calibrate.metrics_runs`` for ``stratagem launch`` metrics of a bf16 GPT on CUDA; ``benchmarks/gpu_runs.py``
 (``--from-data`` re-predicts ``benchmarks/data/h100``: step time 50 % -> 19 % mean |error|, peak memory without
@@ -250,5 +255,6 @@ def autocast_layers(d: "_Dims", layers: list[LayerProfile], linear_params: dict[
             shards = [norm_shard(sh, d) for sh in layer.shards]
         else:
             shards = [head_shard(sh, d, sh.tp) for sh in layer.shards]
+        shards = [sh.model_copy(update=dict(param_bytes=F * sh.params)) for sh in shards]  # fp32 weights
         out.append(layer.model_copy(update=dict(shards=shards, signature=f"{layer.signature}-autocast")))
     return out

@@ -202,7 +202,7 @@ def test_search_stays_exact_on_autocast_profiles():
     rng = random.Random(11)
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 4)
     capacity = float(cluster.node_types[0].device_memory_bytes)
-    checked = feasible = 0
+    checked = feasible = data_parallel = 0
     while checked < 8:
         spec = parse_model(
             "gpt", layers=2, hidden=64, heads=4, vocab=256, max_seq=64, tie_embeddings=rng.random() < 0.5
@@ -222,7 +222,7 @@ def test_search_stays_exact_on_autocast_profiles():
                 cp_degrees=[1],
             )
         )
-        outer = rng.choice(outers)
+        outer = rng.choice([o for o in outers if o.dp > 1] if checked % 2 else outers)
         costs = CandidateCosts(profile, cluster, global_batch=16, config=config)
         tables = costs.tables(outer)
         if sum(1 for _ in iter_layer_assignments(tables)) > 300:
@@ -240,7 +240,8 @@ def test_search_stays_exact_on_autocast_profiles():
         step_s = check_exact(tables, assignment, est, outer, result.objective_s)
         assert math.isclose(step_s, best, rel_tol=1e-9), (outer.summary(), step_s, best)
         feasible += 1
-    assert feasible >= 3, feasible
+        data_parallel += outer.dp > 1  # fp32 gradients synced and, under ZeRO, fp32 states sharded
+    assert feasible >= 3 and data_parallel >= 2, (feasible, data_parallel)
 
 
 def test_metrics_runs_on_cpu_keep_pure(tmp_path):
@@ -265,3 +266,19 @@ def test_cli_precision_refused_with_a_measured_profile(tmp_path):
     cmd += ["--gpus", "1", "--global-batch", "1", "--model-profile", str(path), "--precision", "autocast"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--precision" in proc.stderr, proc.stderr
+
+
+def test_autocast_states_are_fp32(h100):
+    """fp32 weights, gradients and AdamW moments (4 + 4 + 8 bytes; pure keeps the 2 + 2 + 12 split), and the
+    gradient all-reduce of dp ranks moves fp32: ZeRO-1 shards 8 bytes of optimizer state, not 12."""
+    cluster = with_gpus(h100, 2)
+    spec = parse_model("gpt:gpt2")
+    memory = {}
+    for p in ("pure", "autocast"):
+        profile = build_gpt_profile(spec, seq_len=1024, precision=p)
+        est = estimate(profile, cluster, ParallelConfig(dp=2, zero_stage=1), global_batch=2, dtype="bf16")
+        memory[p] = est.per_rank[0].memory
+    params = memory["pure"].params / 2
+    assert (memory["autocast"].params, memory["autocast"].grads) == (4 * params, 4 * params)
+    assert memory["autocast"].optimizer == pytest.approx(8 * params / 2)
+    assert memory["pure"].optimizer == pytest.approx(12 * params / 2)

@@ -37,7 +37,8 @@ Composition (exact formula, reproduced by the ILP; see ``pipeline.py`` for (P) a
 4. ``ParallelConfig.replica_node_types`` (dp replicas on different node types): 1.-3. per distinct type
    with its own ``m_t``, combined by formula (H) of :func:`_estimate_replicas`.
 
-Gradients are communicated in the 16-bit compute dtype (ZeRO paper's 2-byte gradients). Tied embeddings
+Gradients are communicated in the 16-bit compute dtype (ZeRO paper's 2-byte gradients); for an autocast profile
+(``ModelProfile.precision``) weights, gradients and their collectives are fp32 (``memory.state_dtype``). Tied embeddings
 on different pipeline ranks keep a copy of the word embedding on the head's rank (SC21 eq. 2 note); its
 gradient all-reduce between the two ranks (one message per step) is not modelled.
 """
@@ -59,7 +60,7 @@ from planner.cost.constants import (
     ZERO3_LAYERS_IN_FLIGHT,
     is_gpu,
 )
-from planner.cost.memory import build_memory_breakdown, model_states_bytes, precision_kind
+from planner.cost.memory import build_memory_breakdown, model_states_bytes, precision_kind, state_dtype
 from planner.cost.moe import add_expert_costs, expert_split
 from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
 from planner.cost.placement import (
@@ -117,6 +118,7 @@ class _Assembler:
         replicas: ReplicaSet | None = None,
     ):
         self.model, self.cluster, self.cfg, self.dtype = model, cluster, config, dtype
+        self.state_dtype = state_dtype(dtype, model.precision)  # fp32 weights and gradients under autocast
         self.global_batch, self.replicas = global_batch, replicas
         self.chunks = assign_chunks(model, config)
         if replicas is None:
@@ -312,8 +314,8 @@ class _Assembler:
         mine = [ch for ch in chunks if ch.pp_rank == r]
         params, wide, pairs = self._rank_params(r)
         dp_g, dpt_g = self._dp_groups(node)
-        grad_b = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
-        weight_b = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["params"]
+        grad_b = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
+        weight_b = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["params"]
         bwd_window = sum(ch.time_s["backward"] + ch.time_s["recompute"] for ch in mine)
         fwd_window = sum(ch.time_s["forward"] for ch in mine)
         sync_s = exposed_s = zero_s = 0.0
@@ -395,8 +397,8 @@ class _Assembler:
     def _memory(self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]):
         cfg = self.cfg
         states = [
-            model_states_bytes(params, cfg.zero_stage, cfg.dp, self.dtype),
-            model_states_bytes(wide, cfg.zero_stage, cfg.dp * cfg.tp, self.dtype),
+            model_states_bytes(params, cfg.zero_stage, cfg.dp, self.state_dtype),
+            model_states_bytes(wide, cfg.zero_stage, cfg.dp * cfg.tp, self.state_dtype),
         ]
         act = sum(k.act_bytes for _, k in pairs)
         working = max(
@@ -419,12 +421,12 @@ class _Assembler:
             default=0.0,
         )
         buffers = 0.0
-        grad_bytes = (params + wide) * STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
+        grad_bytes = (params + wide) * STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
         if cfg.zero_stage < 3 and (cfg.dp > 1 or wide > 0):
             buffers += min(DDP_BUCKETS_IN_FLIGHT * (cfg.grad_bucket_bytes or grad_bytes), grad_bytes)
         if cfg.zero_stage == 3:
             buffers += ZERO3_LAYERS_IN_FLIGHT * max((k.param_bytes for _, k in pairs), default=0.0)
-            per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
+            per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
             buffers += zero3_accumulation_bytes(
                 cfg, micro_batches=self.m, params=params + wide, weight_bytes=per["params"], grad_bytes=per["grads"]
             )

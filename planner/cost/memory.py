@@ -3,7 +3,8 @@
 Assumptions (each term is reported separately; none is dropped):
 
 - **Model states** — mixed-precision AdamW holds 2 + 2 + 12 bytes per parameter (16-bit weights and
-  gradients; fp32 master, momentum, variance). ZeRO (Rajbhandari et al. 2020 §5) shards the optimizer
+  gradients; fp32 master, momentum, variance); under torch.autocast 4 + 4 + 8 (fp32 weights and gradients,
+  :func:`state_dtype`). ZeRO (Rajbhandari et al. 2020 §5) shards the optimizer
   state over the data-parallel group at stage 1, also the gradients at stage 2, also the weights at
   stage 3. A layer *replicated* inside its TP group (Whale's replicate style) holds its full weights on
   every TP rank; they are sharded over the DP group like the others.
@@ -84,6 +85,18 @@ class MemoryBreakdown:
 def precision_kind(dtype: str) -> str:
     """``'mixed'`` for 16/8-bit compute (fp32 master weights), ``'fp32'`` for fp32/tf32."""
     return "fp32" if dtype in ("fp32", "tf32") else "mixed"
+
+
+def state_dtype(dtype: str, precision: str = "pure") -> str:
+    """The dtype whose weight, gradient and optimizer bytes (``STATE_BYTES_PER_PARAM``) and gradient and weight
+    collectives apply: ``dtype``, or fp32 under torch.autocast (``ModelProfile.precision == "autocast"``:
+    Stratagem's runtime keeps fp32 weights, fp32 gradients and fp32 AdamW moments, 4 + 4 + 8 bytes, and its
+    FSDP2 wrappers, given no mixed-precision policy, all-reduce, reduce-scatter and all-gather them in fp32).
+
+    >>> state_dtype("bf16"), state_dtype("bf16", "autocast")
+    ('bf16', 'fp32')
+    """
+    return "fp32" if precision == "autocast" else dtype
 
 
 def model_states_bytes(params_per_rank: float, zero_stage: int, dp: int, dtype: str = "bf16") -> ModelStates:

@@ -33,7 +33,7 @@ from planner.cost.constants import (
 from planner.cost.estimate import _timings_apply, dp_collective_time  # the rules estimate applies
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
-from planner.cost.memory import model_states_bytes, precision_kind
+from planner.cost.memory import model_states_bytes, precision_kind, state_dtype
 from planner.cost.moe import combine_expert_costs, expert_split, expert_states, expert_time
 from planner.cost.pipeline import inflight_microbatches
 from planner.cost.placement import (
@@ -149,6 +149,7 @@ class CandidateCosts:
         self._context: dict[tuple, CandidateCosts] = {}
         self._folded_outer: dict[OuterChoice, OuterChoice] = {}
         self.dtype = profile.dtype
+        self.state_dtype = state_dtype(profile.dtype, profile.precision)  # as estimate: fp32 states under autocast
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
         self._moe: dict[tuple, Any] = {}  # routed experts' time and state terms (planner.cost.moe)
@@ -314,7 +315,7 @@ class CandidateCosts:
         z3_mb = z3_gather = 0.0
         if outer.zero_stage == 3:  # over the dp (or dp x tp) group (estimate._zero3_s)
             group = dp_group(outer.dp, outer.tp, node.devices_per_node, include_tp=wide)
-            per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
+            per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
             gather = collective_time(
                 self.cluster,
                 "all_gather",
@@ -439,7 +440,7 @@ class CandidateCosts:
         """Tail and memory terms of a pp rank on node type ``nt`` (``estimate._Assembler.build_rank``)."""
         node = self.cluster.node_type(nt)
         tp, dp, zero = outer.tp, outer.dp, outer.zero_stage
-        per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]
+        per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
         dp_g = dp_group(dp, tp, node.devices_per_node)
         dpt_g = dp_group(dp, tp, node.devices_per_node, include_tp=True)
         sync_nodes = [node]
@@ -464,8 +465,8 @@ class CandidateCosts:
         held = per["params"] + per["grads"] if zero == 3 and outer.pp > 1 and outer.num_micro_batches > 1 else 0.0
         return RankModel(
             capacity_bytes=node.device_memory_bytes * self.search.memory_fraction,
-            state_bytes_per_param_dp=model_states_bytes(1.0, zero, dp, self.dtype).total_bytes + held,
-            state_bytes_per_param_dpt=model_states_bytes(1.0, zero, dp * tp, self.dtype).total_bytes + held,
+            state_bytes_per_param_dp=model_states_bytes(1.0, zero, dp, self.state_dtype).total_bytes + held,
+            state_bytes_per_param_dpt=model_states_bytes(1.0, zero, dp * tp, self.state_dtype).total_bytes + held,
             reserve_factor=1.0 + FRAGMENTATION_FRACTION,
             reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
             ddp_buffer=ddp,
@@ -551,7 +552,7 @@ class CandidateCosts:
                     for layers in self.groups
                 )
                 op = "all_reduce" if outer.zero_stage == 0 else "reduce_scatter"
-                per = STATE_BYTES_PER_PARAM[precision_kind(self.dtype)]["grads"]
+                per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
                 group = dp_group(outer.dp, outer.tp, node.devices_per_node)
                 sync = dp_collective_time(
                     self.cluster, node, op, params * per, group, ParallelConfig().grad_bucket_bytes
