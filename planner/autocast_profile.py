@@ -61,8 +61,9 @@ Assumptions: the weight copies and the loss's gradients are counted per micro-ba
 ``pp = 1`` (``LocalRunner``: one micro-batch at a time, one autocast region each) and for 1F1B's last stage,
 an overcount where a pipeline stage holds several (``PipelineRunner`` opens one region per step, so one copy);
 gradient accumulation across micro-batches into the fp32 ``.grad`` (an add per parameter from
-the second micro-batch on) is not counted; the torch AdamW step (``foreach``, unfused) is priced as the
-cost model prices every optimizer (``planner.cost.estimate``). Scope: the zoo's GPT (``family == "gpt"``).
+the second micro-batch on) is not counted; the torch AdamW step (``foreach``, unfused, fp32) moves
+``constants.TORCH_ADAMW_BYTES_PER_PARAM`` per parameter (``memory.optimizer_bytes_per_param``).
+Scope: the zoo's GPT (``family == "gpt"``); tensor-parallel shards follow the same formulas, unmeasured.
 """
 
 from __future__ import annotations

@@ -282,3 +282,16 @@ def test_autocast_states_are_fp32(h100):
     assert (memory["autocast"].params, memory["autocast"].grads) == (4 * params, 4 * params)
     assert memory["autocast"].optimizer == pytest.approx(8 * params / 2)
     assert memory["pure"].optimizer == pytest.approx(12 * params / 2)
+
+
+def test_autocast_prices_torch_foreach_adamw(h100):
+    """torch's foreach AdamW on fp32 weights moves 84 bytes per parameter (torch/optim/adam.py), Megatron's fused
+    step 32: the optimizer tail scales by 84/32, nothing else in it changes at dp = 1."""
+    spec = parse_model("gpt:gpt2")
+    tail = {
+        p: estimate(
+            build_gpt_profile(spec, seq_len=1024, precision=p), h100, ParallelConfig(), global_batch=1, dtype="bf16"
+        ).breakdown_s["optimizer"]
+        for p in ("pure", "autocast")
+    }
+    assert tail["autocast"] == pytest.approx(tail["pure"] * 84 / 32)

@@ -77,6 +77,11 @@ STATE_BYTES_PER_PARAM = {
 # m, v, grad (16); write master, m, v (12); write the 16-bit copy (2); gradient-norm clipping re-reads the
 # gradient (2 in 16-bit). Total 32 bytes; the step is memory-bound (arithmetic intensity < 1 FLOP/byte).
 OPTIMIZER_BYTES_PER_PARAM = 32
+# torch.optim.AdamW on fp32 parameters as Stratagem's runtime steps it under autocast (foreach, unfused: PyTorch
+# torch/optim/adam.py ``_multi_tensor_adam`` with decoupled weight decay), fp32 bytes read + written per
+# parameter by its foreach kernels: weight decay mul_ 8, lerp_ of m 12, mul_ of v 8, addcmul_ of v 16, sqrt 8,
+# div_ 8, add_ eps 8, addcdiv_ of the weights 16. Total 84 (planner.memory.state_dtype's profiles).
+TORCH_ADAMW_BYTES_PER_PARAM = 84
 # AdamW arithmetic per parameter (for devices without a memory-bandwidth figure): ~12 FLOPs
 # (two moment updates, bias corrections, sqrt, divide, decay, update). PyTorch torch.optim.AdamW source.
 OPTIMIZER_FLOPS_PER_PARAM = 12

@@ -30,6 +30,7 @@ Composition (exact formula, reproduced by the ILP; see ``pipeline.py`` for (P) a
      when overlapping (the rank's first layer's gather cannot be prefetched), else ``m * C_r``
      (``zero3.py``; its non-default ``ParallelConfig.zero3_*`` settings model DeepSpeed's 2021 ZeRO-3);
    - the AdamW step, memory-bound: ``OPTIMIZER_BYTES_PER_PARAM * params_r / (0.85 * HBM bandwidth)``
+     (``TORCH_ADAMW_BYTES_PER_PARAM`` for autocast profiles: torch's foreach AdamW on fp32 weights)
      (params after ZeRO sharding), plus the sum over the rank's layers of ``LayerCost.optimizer_s`` (the
      measured per-layer AdamW host time; 0 without measured timings).
 
@@ -54,13 +55,18 @@ from planner.cost.kernels import contention
 from planner.cost.constants import (
     DDP_BUCKETS_IN_FLIGHT,
     MEMORY_BW_EFFICIENCY,
-    OPTIMIZER_BYTES_PER_PARAM,
     OPTIMIZER_FLOPS_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     ZERO3_LAYERS_IN_FLIGHT,
     is_gpu,
 )
-from planner.cost.memory import build_memory_breakdown, model_states_bytes, precision_kind, state_dtype
+from planner.cost.memory import (
+    build_memory_breakdown,
+    model_states_bytes,
+    optimizer_bytes_per_param,
+    precision_kind,
+    state_dtype,
+)
 from planner.cost.moe import add_expert_costs, expert_split
 from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
 from planner.cost.placement import (
@@ -119,6 +125,7 @@ class _Assembler:
     ):
         self.model, self.cluster, self.cfg, self.dtype = model, cluster, config, dtype
         self.state_dtype = state_dtype(dtype, model.precision)  # fp32 weights and gradients under autocast
+        self.optimizer_bytes = optimizer_bytes_per_param(model.precision)
         self.global_batch, self.replicas = global_batch, replicas
         self.chunks = assign_chunks(model, config)
         if replicas is None:
@@ -391,7 +398,7 @@ class _Assembler:
         """AdamW step over ``params``, sharded ``shards`` ways under ZeRO >= 1."""
         params = params / (shards if self.cfg.zero_stage >= 1 else 1)
         if node.memory_bw_bytes_per_s:
-            return params * OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
+            return params * self.optimizer_bytes / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
         return params * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
 
     def _memory(self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]):

@@ -24,7 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.constants import CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION, STATE_BYTES_PER_PARAM
+from planner.cost.constants import (
+    CUDA_CONTEXT_BYTES,
+    FRAGMENTATION_FRACTION,
+    OPTIMIZER_BYTES_PER_PARAM,
+    STATE_BYTES_PER_PARAM,
+    TORCH_ADAMW_BYTES_PER_PARAM,
+)
 from planner.errors import StratagemError
 
 
@@ -97,6 +103,12 @@ def state_dtype(dtype: str, precision: str = "pure") -> str:
     ('bf16', 'fp32')
     """
     return "fp32" if precision == "autocast" else dtype
+
+
+def optimizer_bytes_per_param(precision: str = "pure") -> float:
+    """HBM bytes one AdamW step moves per parameter: Megatron's fused step (``OPTIMIZER_BYTES_PER_PARAM``), or
+    torch's foreach AdamW on fp32 weights under autocast (``TORCH_ADAMW_BYTES_PER_PARAM``)."""
+    return TORCH_ADAMW_BYTES_PER_PARAM if precision == "autocast" else OPTIMIZER_BYTES_PER_PARAM
 
 
 def model_states_bytes(params_per_rank: float, zero_stage: int, dp: int, dtype: str = "bf16") -> ModelStates:

@@ -24,7 +24,6 @@ from planner.cost.constants import (
     DDP_BUCKETS_IN_FLIGHT,
     FRAGMENTATION_FRACTION,
     MEMORY_BW_EFFICIENCY,
-    OPTIMIZER_BYTES_PER_PARAM,
     OPTIMIZER_FLOPS_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     ZERO3_LAYERS_IN_FLIGHT,
@@ -33,7 +32,7 @@ from planner.cost.constants import (
 from planner.cost.estimate import _timings_apply, dp_collective_time  # the rules estimate applies
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
-from planner.cost.memory import model_states_bytes, precision_kind, state_dtype
+from planner.cost.memory import model_states_bytes, optimizer_bytes_per_param, precision_kind, state_dtype
 from planner.cost.moe import combine_expert_costs, expert_split, expert_states, expert_time
 from planner.cost.pipeline import inflight_microbatches
 from planner.cost.placement import (
@@ -150,6 +149,7 @@ class CandidateCosts:
         self._folded_outer: dict[OuterChoice, OuterChoice] = {}
         self.dtype = profile.dtype
         self.state_dtype = state_dtype(profile.dtype, profile.precision)  # as estimate: fp32 states under autocast
+        self.optimizer_bytes = optimizer_bytes_per_param(profile.precision)
         self.groups = group_layers(profile)
         self._cache: dict[tuple, LayerCost] = {}
         self._moe: dict[tuple, Any] = {}  # routed experts' time and state terms (planner.cost.moe)
@@ -457,7 +457,7 @@ class CandidateCosts:
             return _slowest(concave_collective(self.cluster, n, op, group, bytes_per_param, bucket) for n in sync_nodes)
 
         if node.memory_bw_bytes_per_s:
-            opt_per_param = OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
+            opt_per_param = self.optimizer_bytes / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
         else:
             opt_per_param = OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
         ddp = "always" if zero < 3 and dp > 1 else ("if_replicated" if zero < 3 and tp > 1 else "never")
