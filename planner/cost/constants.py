@@ -80,7 +80,7 @@ OPTIMIZER_BYTES_PER_PARAM = 32
 # torch.optim.AdamW on fp32 parameters as Stratagem's runtime steps it under autocast (foreach, unfused: PyTorch
 # torch/optim/adam.py ``_multi_tensor_adam`` with decoupled weight decay), fp32 bytes read + written per
 # parameter by its foreach kernels: weight decay mul_ 8, lerp_ of m 12, mul_ of v 8, addcmul_ of v 16, sqrt 8,
-# div_ 8, add_ eps 8, addcdiv_ of the weights 16. Total 84 (planner.memory.state_dtype's profiles).
+# div_ 8, add_ eps 8, addcdiv_ of the weights 16. Total 84 (autocast profiles: memory.optimizer_bytes_per_param).
 TORCH_ADAMW_BYTES_PER_PARAM = 84
 # AdamW arithmetic per parameter (for devices without a memory-bandwidth figure): ~12 FLOPs
 # (two moment updates, bias corrections, sqrt, divide, decay, update). PyTorch torch.optim.AdamW source.
