@@ -117,13 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device here; this benchmark measures a GPU (run it where one is)", file=sys.stderr)
         return 2
     node = load_cluster_profile(resolve_cluster_path(args.cluster)).node_types[0]
-    assert node.kernel_model is not None and node.memory_bw_bytes_per_s is not None
-    dev = Device(
-        km=node.kernel_model,
-        peak_flops_per_s=node.compute_for("bf16").peak_flops_per_s,
-        memory_bw_bytes_per_s=node.memory_bw_bytes_per_s,
-        elem_bytes=2,
-    )
+    dev = Device.of_node(node, "bf16")
     props = torch.cuda.get_device_properties(0)
     gpu = f"{props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, CUDA {torch.version.cuda}"
     print(f"GPU: {gpu}; model: {args.cluster} node type {node.name}")

@@ -98,13 +98,7 @@ def test_profile_model_on_cuda_is_near_the_kernel_model(tmp_path):
     from planner.profiles import load_cluster_profile, resolve_cluster_path
 
     node = load_cluster_profile(resolve_cluster_path("dgx-h100")).node_types[0]
-    assert node.kernel_model is not None and node.memory_bw_bytes_per_s is not None
-    dev = Device(
-        km=node.kernel_model,
-        peak_flops_per_s=node.compute_for("bf16").peak_flops_per_s,
-        memory_bw_bytes_per_s=node.memory_bw_bytes_per_s,
-        elem_bytes=2,
-    )
+    dev = Device.of_node(node, "bf16")
     spec = parse_model("gpt:gpt2-medium", layers=2, vocab=1024)
     analytic = build_gpt_profile(spec, seq_len=1024)  # "pure": the profiler runs the layer in bf16, no autocast
     ops = next(la for la in analytic.layers if la.kind == "block").shard(1).ops

@@ -11,13 +11,7 @@ from planner.profiles import OpProfile, load_cluster_profile, resolve_cluster_pa
 
 def _device(cluster: str) -> Device:
     node = load_cluster_profile(resolve_cluster_path(cluster)).node_types[0]
-    assert node.kernel_model is not None and node.memory_bw_bytes_per_s is not None
-    return Device(
-        km=node.kernel_model,
-        peak_flops_per_s=node.compute_for("bf16").peak_flops_per_s,
-        memory_bw_bytes_per_s=node.memory_bw_bytes_per_s,
-        elem_bytes=2,
-    )
+    return Device.of_node(node, "bf16")
 
 
 def test_h100_lm_head_at_an_odd_vocabulary_is_five_times_slower():

@@ -39,7 +39,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.profiles import KernelModel, OpProfile
+from planner.cost.constants import DTYPE_BYTES
+from planner.profiles import KernelModel, NodeType, OpProfile
 
 SPLIT_K = (1, 2, 4)  # split-K factors the model lets the library choose from (CUTLASS split-K parallel)
 FP32_BYTES = 4  # split-K partial outputs are fp32 (CUTLASS accumulates in fp32)
@@ -56,6 +57,18 @@ class Device:
     attention_peak_flops_per_s: float | None = None
     memory_bw_bytes_per_s: float
     elem_bytes: int
+
+    @classmethod
+    def of_node(cls, node: NodeType, dtype: str = "bf16") -> "Device":
+        """``node``'s GEMM and memory parameters in ``dtype`` (its kernel model, dense peak, HBM bandwidth)."""
+        if node.kernel_model is None or node.memory_bw_bytes_per_s is None:
+            raise ValueError(f"node type {node.name} has no kernel model or memory bandwidth")
+        return cls(
+            km=node.kernel_model,
+            peak_flops_per_s=node.compute_for(dtype).peak_flops_per_s,
+            memory_bw_bytes_per_s=node.memory_bw_bytes_per_s,
+            elem_bytes=DTYPE_BYTES[dtype],
+        )
 
     @property
     def stream_bytes_per_s(self) -> float:
