@@ -25,8 +25,9 @@ processes at once, and the prediction is repeated with that rate as the cluster'
 ("at load"): the model profile's timings are then scaled by its reference matmul over this rate
 (``planner.cost.framework.timings_scale``). Blocking collectives are also given the per-call latency
 measured after compute (``runtime/profiling/sync_latency.py``: ~1 ms here, vs the back-to-back alpha
-of ~0.2 ms) as their alpha, and TP's DTensor collectives the functional one measured then (the static
-prediction already charges the profile's :class:`planner.profiles.BlockingLatency` for them).
+of ~0.2 ms) as their alpha, TP's DTensor collectives the functional one measured then, and ZeRO-3's
+FSDP2 all-gathers and reduce-scatters the plain one (the static prediction already charges the profile's
+:class:`planner.profiles.BlockingLatency` for both: ``planner.cost.compute``, ``planner.cost.zero3``).
 Measured, nothing fitted; use ``--repeats`` and read the spread.
 """
 
@@ -112,9 +113,11 @@ def at_load(cluster, rate_flops_per_s: float, latency_s: dict[str, float] | None
     ]
     update = {"compute": compute, "intra_node": fits}
     if latency_s and node.blocking_latency is not None and "functional_all_reduce" in latency_s:
-        update["blocking_latency"] = node.blocking_latency.model_copy(
-            update={"functional_collective_s": latency_s["functional_all_reduce"]}
-        )
+        now = {"functional_collective_s": latency_s["functional_all_reduce"]}
+        fsdp_ops = [latency_s[op] for op in ("all_gather", "reduce_scatter") if op in latency_s]
+        if node.blocking_latency.plain_collective_s is not None and fsdp_ops:
+            now["plain_collective_s"] = statistics.mean(fsdp_ops)  # as the profiler records it
+        update["blocking_latency"] = node.blocking_latency.model_copy(update=now)
     node = node.model_copy(update=update)
     return cluster.model_copy(update={"node_types": [node, *cluster.node_types[1:]]})
 

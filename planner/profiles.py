@@ -418,11 +418,19 @@ class BlockingLatency(_Strict):
     (``runtime/profiling/sync_latency.py``, 2 gloo ranks on this repo's 2-vCPU host: ~0.7 ms plain, ~1.5 ms
     through DTensor's functional collectives, vs a back-to-back alpha of 0.19 ms). The cost model charges
     it per TP collective (``planner.cost.compute``): a split layer's collectives are DTensor's, waited on
-    as soon as they are issued. None (GPU profiles): the fits' alpha applies.
+    as soon as they are issued; and, where ``plain_collective_s`` was measured, per ZeRO-3 all-gather and
+    reduce-scatter call (``planner.cost.zero3``: FSDP2 issues them as plain c10d calls and waits on them).
+    None (GPU profiles): the fits' alpha applies.
     """
 
     functional_collective_s: float = Field(
         ge=0, description="per-call latency of a DTensor (functional) collective of 1 KiB after compute"
+    )
+    plain_collective_s: float | None = Field(
+        None,
+        ge=0,
+        description="per-call latency of a plain c10d all-gather / reduce-scatter of 1 KiB after compute (FSDP2's "
+        "ZeRO-3 collectives, planner.cost.zero3); None: not measured, the fits' alpha applies to them",
     )
     source: str
 

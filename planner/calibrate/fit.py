@@ -74,7 +74,10 @@ def _scale_latency(latency: BlockingLatency | None, factor: float) -> BlockingLa
     """The after-compute latency is a latency of the same links: ``intra_alpha_scale`` scales it too."""
     if latency is None:
         return None
-    return latency.model_copy(update={"functional_collective_s": latency.functional_collective_s * factor})
+    plain = None if latency.plain_collective_s is None else latency.plain_collective_s * factor
+    return latency.model_copy(
+        update={"functional_collective_s": latency.functional_collective_s * factor, "plain_collective_s": plain}
+    )
 
 
 def apply(cluster: ClusterProfile, values: dict[str, float]) -> ClusterProfile:

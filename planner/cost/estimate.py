@@ -83,7 +83,7 @@ from planner.cost.placement import (
 )
 from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
 from planner.cost.validate import check_config, micro_batches_per_replica, replica_micro_batches
-from planner.cost.zero3 import Zero3Comm, zero3_accumulation_bytes
+from planner.cost.zero3 import Zero3Comm, root_unit_layers, zero3_accumulation_bytes
 from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
 
 
@@ -390,6 +390,7 @@ class _Assembler:
             hidden=int(spec.dims.get("hidden", 0) or 0),
             ffn_hidden=int(spec.dims.get("ffn_hidden", 0) or 0),
             wide_group=dpt_g,
+            root_layers=root_unit_layers(self.model.layers),
         )
         wide = frozenset(layer.path for layer, _ in pairs if self._batch_split(layer))
         return comm.step_s(pairs, micro_batches=self.m, window_s=window_s, wide_paths=wide)

@@ -70,6 +70,18 @@ arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
    (DeepSpeedExamples' Megatron ZeRO-3 example set ``contiguous_gradients: true``; ``benchmarks/cost_accuracy.py``
    prints both).
 
+On CPU ranks (a node type whose :class:`~planner.profiles.BlockingLatency` has ``plain_collective_s``) each
+FSDP2 all-gather and reduce-scatter is a plain c10d call that the rank waits on right after compute: gloo's
+worker thread runs it while the rank blocks, so each call pays the after-compute latency measured by
+``runtime/profiling/sync_latency.py`` instead of the fit's back-to-back alpha (torch.profiler, 2 gloo ranks,
+gpt:tiny ZeRO-3, one micro-batch: 6 ``c10d::_allgather_base_`` and 3 ``c10d::_reduce_scatter_base_`` per step,
+each inside its ``FSDP::all_gather`` / ``FSDP::post_backward_reduce`` range on the main thread). The call
+count is the runtime's: FSDP2 makes every block its own unit and gathers the chunk's other layers
+(embedding, final norm, head) in one root unit (``runtime/executor/fsdp.py``), so a block's calls each pay
+the latency once and the root's calls are shared by the model's non-block layers with parameters, which
+the per-layer fits would otherwise charge one alpha each (:func:`fsdp_call_latency_s`; exact at ``pp = 1``;
+at ``pp > 1`` the first and the last chunk each have a root and one root's latency per call is left out). GPU node types have no such figure: nothing changes there.
+
 Not modelled: the allocator work of the per-gather ``torch.zeros`` / flat buffers, the Python overhead of
 DeepSpeed's hooks per sub-module, the per-tensor ``.item()`` syncs of the overflow check and gradient norm
 (a few ms per step), and NCCL's slower unaligned copies when ``S / n`` is not a multiple of 16 bytes.
@@ -80,6 +92,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.cost.collectives import group_collective_s
+from planner.cost.compute import SYNC_PROBE_BYTES
 from planner.cost.config import LayerCost, ParallelConfig
 from planner.cost.constants import (
     DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS,
@@ -104,6 +117,34 @@ def parameter_tensors(layer: LayerProfile, family: str, hidden: int, ffn_hidden:
         if sum(tensors) == layer.params:
             return tensors
     return [layer.params]
+
+
+def root_unit_layers(layers: Sequence[LayerProfile]) -> int:
+    """How many of the model's layers FSDP2's root unit holds: the non-block layers with parameters."""
+    return sum(1 for layer in layers if layer.kind != "block" and layer.params > 0)
+
+
+def fsdp_call_latency_s(
+    cluster: ClusterProfile, node: NodeType, op: str, group: GroupShape, layer: LayerProfile, root_layers: int
+) -> float:
+    """Seconds to add to the fit time of ``layer``'s ZeRO-3 ``op`` on CPU ranks (module docstring).
+
+    Each FSDP2 unit's call pays ``L = max(plain_collective_s, a)``, ``a`` the fit's time at the probe's
+    1 KiB (a measured latency under the fit's own is no discount, as for TP in ``planner.cost.compute``)
+    plus its bandwidth term. A block is its own unit: ``L - a``. A non-block layer with parameters is one of
+    ``root_layers`` in the root unit, whose one call they share: ``L / root_layers - a`` (negative when the
+    per-layer fits charge more alphas than the one call pays). 0 for a layer without parameters, a group
+    across nodes, and a node type without ``plain_collective_s`` (GPUs). The search prices each layer's
+    ZeRO-3 collectives with this too (``planner.search.costs``).
+    """
+    latency = node.blocking_latency
+    if latency is None or latency.plain_collective_s is None or group.spans_nodes or group.n_ranks <= 1:
+        return 0.0
+    if layer.params <= 0:
+        return 0.0
+    share = 1.0 if layer.kind == "block" else 1.0 / max(1, root_layers)
+    probe_s = group_collective_s(cluster, node, op, SYNC_PROBE_BYTES, group)
+    return share * max(latency.plain_collective_s, probe_s) - probe_s
 
 
 def list_collective_s(op: str, nccl_s: float, nbytes: float, n_ranks: int, hbm_bytes_per_s: float | None) -> float:
@@ -167,9 +208,12 @@ class Zero3Comm:
         hidden: int,
         ffn_hidden: int,
         wide_group: GroupShape | None = None,
+        root_layers: int = 1,
     ):
-        """``wide_group``: the ``dp x tp`` group over which batch-split replicated layers shard (Whale)."""
+        """``wide_group``: the ``dp x tp`` group over which batch-split replicated layers shard (Whale);
+        ``root_layers``: :func:`root_unit_layers` of the model (CPU ranks' per-call latency)."""
         self.cfg, self.cluster, self.node, self.group = cfg, cluster, node, group
+        self.root_layers = root_layers
         self.wide_group = wide_group or group
         self.weight_bytes, self.grad_bytes = weight_bytes, grad_bytes
         self.family, self.hidden, self.ffn_hidden = family, hidden, ffn_hidden
@@ -238,10 +282,12 @@ class Zero3Comm:
                 if t >= DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS
             )
             return gather, 0.0
-        if self.cfg.zero3_granularity == "layer":
+        if self.cfg.zero3_granularity == "layer":  # FSDP2: one call per unit (CPU ranks: + its latency)
             return (
-                self._one_s("all_gather", cost.params * self.weight_bytes, g),
-                self._one_s("reduce_scatter", cost.params * self.grad_bytes, g),
+                self._one_s("all_gather", cost.params * self.weight_bytes, g)
+                + fsdp_call_latency_s(self.cluster, self.node, "all_gather", g, layer, self.root_layers),
+                self._one_s("reduce_scatter", cost.params * self.grad_bytes, g)
+                + fsdp_call_latency_s(self.cluster, self.node, "reduce_scatter", g, layer, self.root_layers),
             )
         tensors = parameter_tensors(layer, self.family, self.hidden, self.ffn_hidden)
         share = cost.params / layer.params if layer.params else 0.0  # this rank's part (TP shards)
@@ -300,4 +346,12 @@ def zero3_accumulation_bytes(
     return params * (weight_bytes + grad_bytes)
 
 
-__all__ = ["Zero3Comm", "deepspeed_buckets", "list_collective_s", "parameter_tensors", "zero3_accumulation_bytes"]
+__all__ = [
+    "Zero3Comm",
+    "deepspeed_buckets",
+    "fsdp_call_latency_s",
+    "list_collective_s",
+    "parameter_tensors",
+    "root_unit_layers",
+    "zero3_accumulation_bytes",
+]

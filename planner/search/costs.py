@@ -30,6 +30,7 @@ from planner.cost.constants import (
     is_gpu,
 )
 from planner.cost.estimate import _timings_apply, dp_collective_time  # the rules estimate applies
+from planner.cost.zero3 import fsdp_call_latency_s, root_unit_layers
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
 from planner.cost.memory import model_states_bytes, optimizer_bytes_per_param, precision_kind, state_dtype
@@ -334,6 +335,9 @@ class CandidateCosts:
                 spans_nodes=group.spans_nodes,
                 ranks_per_node=group.ranks_per_node,
             )
+            roots = root_unit_layers(self.profile.layers)  # CPU ranks: per-call latency (zero3.fsdp_call_latency_s)
+            gather += fsdp_call_latency_s(self.cluster, node, "all_gather", group, layer, roots)
+            scatter += fsdp_call_latency_s(self.cluster, node, "reduce_scatter", group, layer, roots)
             z3_mb, z3_gather = 2 * gather + scatter, gather + scatter  # z3_gather_s: never hidden (zero3.py)
             if outer.pp > 1:  # zero3_grad_sync "step" (zero3.py, "Accumulation"): m * z3_mb = (m + 1) g + s
                 z3_mb = gather + (gather + scatter) / outer.num_micro_batches

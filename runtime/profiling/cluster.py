@@ -297,12 +297,15 @@ def _blocking_latency(raw: RawBench) -> BlockingLatency | None:
     if not raw.sync_latency or "functional_all_reduce" not in raw.sync_latency:
         return None
     others = ", ".join(f"{op} {s * 1e3:.2f} ms" for op, s in raw.sync_latency.items() if op != "functional_all_reduce")
+    fsdp_ops = [raw.sync_latency[op] for op in ("all_gather", "reduce_scatter") if op in raw.sync_latency]
     return BlockingLatency(
         functional_collective_s=raw.sync_latency["functional_all_reduce"],
+        plain_collective_s=statistics.mean(fsdp_ops) if fsdp_ops else None,
         source=(
             f"runtime/profiling/sync_latency.py in stratagem profile cluster: {raw.nproc_per_node} {raw.backend} "
             f"ranks, 4 matmuls of 192^2 then one 1 KiB funcol all_reduce per iteration, median minus the "
-            f"median without it, slowest rank; plain c10d for comparison: {others}"
+            f"median without it, slowest rank; plain c10d: {others} (plain_collective_s = the mean of "
+            f"all_gather and reduce_scatter, FSDP2's ZeRO-3 calls)"
         ),
     )
 
