@@ -2,6 +2,7 @@
 
     python benchmarks/calibrate_cpu.py --out /tmp/cal-cpu.json                # fit, then the full check
     python benchmarks/calibrate_cpu.py --out /tmp/cal-cpu.json --no-check     # fit only
+    python benchmarks/calibrate_cpu.py --out /tmp/cal.json --compare-base /tmp/old-cpu.json   # two bases, same runs
 
 Issue 11's CPU check, end to end: the hand-made plans of ``benchmarks/runtime_vs_prediction.py`` named by
 ``--runs`` (``model/layout``, at most 6 by default: mixed models and layouts) are each launched once on 2
@@ -10,7 +11,10 @@ fits the cluster's free parameters to them (its table: prior, fitted value, boun
 cross-validated error); then ``runtime_vs_prediction.py --cluster OUT`` launches every model x layout
 ``--repeats`` times and prints measured / predicted (``min/static``: fastest measured over the calibrated
 prediction; the issue's target is 0.8-1.25). The 1-minute load average is printed at each stage: this
-host's 2 cores are shared, so read the ratios with it. A harness that prints figures; nothing is asserted.
+host's 2 cores are shared, so read the ratios with it. ``--compare-base OTHER`` also calibrates the
+cluster profile ``OTHER`` on the same launches (written beside ``OUT`` as ``OUT-compare.json``) and the
+check adds its ``min/static`` on the same measured times (``min/cmp``): a paired before/after of a cost-model
+change that the host's load cannot tilt. A harness that prints figures; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -39,7 +43,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="calibrated cluster profile to write")
     p.add_argument("--repeats", type=int, default=2, help="launches per plan in the check")
     p.add_argument("--no-check", action="store_true", help="fit only; skip runtime_vs_prediction --cluster OUT")
+    p.add_argument("--base", default="local-cpu-2core", help="cluster profile (name or path) to calibrate")
+    p.add_argument("--compare-base", type=Path, help="a second profile to calibrate on the same runs (min/cmp)")
     args = p.parse_args()
+    compare_out = args.out.with_name(args.out.stem + "-compare.json") if args.compare_base else None
     pairs = [tuple(r.split("/")) for r in args.runs.split(",")]
     with tempfile.TemporaryDirectory(prefix="cal-cpu-") as tmp:
         folder = Path(tmp)
@@ -58,15 +65,18 @@ def main() -> None:
                 f"shipped profile predicts {case['pred_s'] * 1e3:.3g} ms, load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-        cmd = [sys.executable, "-m", "planner.cli.main", "calibrate", "--cluster", "local-cpu-2core"]
-        proc = subprocess.run(
-            [*cmd, "--runs", *map(str, metrics), "--out", str(args.out)], cwd=REPO, capture_output=True, text=True
-        )
-        print(proc.stdout + proc.stderr, flush=True)
-        if proc.returncode:
-            raise SystemExit(f"stratagem calibrate failed (exit {proc.returncode})")
+        fits = [(args.base, args.out)] + ([(str(args.compare_base), compare_out)] if compare_out else [])
+        for base, out in fits:
+            cmd = [sys.executable, "-m", "planner.cli.main", "calibrate", "--cluster", base]
+            proc = subprocess.run(
+                [*cmd, "--runs", *map(str, metrics), "--out", str(out)], cwd=REPO, capture_output=True, text=True
+            )
+            print(f"calibrating {base}:\n" + proc.stdout + proc.stderr, flush=True)
+            if proc.returncode:
+                raise SystemExit(f"stratagem calibrate failed (exit {proc.returncode})")
     if not args.no_check:
         sys.argv = [sys.argv[0], "--cluster", str(args.out), "--repeats", str(args.repeats), "--steps", str(args.steps)]
+        sys.argv += ["--compare", str(compare_out)] if compare_out else []
         rvp.main()
 
 

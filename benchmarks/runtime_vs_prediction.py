@@ -250,8 +250,9 @@ HEADER = (
 )
 
 
-def run_case(case: dict, folder: Path, steps: int, repeats: int) -> str:
-    """Launch ``repeats`` times, each between host measurements (matmul rate, sync latency); one table row."""
+def run_case(case: dict, folder: Path, steps: int, repeats: int, compare: dict | None = None) -> str:
+    """Launch ``repeats`` times, each between host measurements (matmul rate, sync latency); one table row.
+    ``compare``: the same plan's case under another cluster profile (``--compare``): its min/static is added."""
     preds, plain, times, peaks = [], [], [], []
     for i in range(repeats):
         rates, latency = host_matmul_rates(), host_sync_latency(folder)
@@ -272,6 +273,7 @@ def run_case(case: dict, folder: Path, steps: int, repeats: int) -> str:
         f"{'/'.join(map(_ms, plain)):>15} {'/'.join(map(_ms, preds)):>15} {'/'.join(map(_ms, times)):>15} "
         f"{ratio:>8.2f}x {static:>9.2f}x "
         f"{case['pred_mem'] / 2**20:>8.3g} {max(peaks) / 2**20:>8.3g} {os.getloadavg()[0]:>5.1f}"
+        + (f" {min(times) / compare['pred_s']:>9.2f}x" if compare else "")
     )
 
 
@@ -282,12 +284,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--repeats", type=int, default=2, help="launches per plan")
     p.add_argument("--cluster", type=Path, default=CLUSTER, help="cluster profile for the predictions")
+    p.add_argument(
+        "--compare", type=Path, help="a second cluster profile: its min/static on the same launches is added (min/cmp)"
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="rt-vs-pred-") as tmp:
         folder = Path(tmp)
-        cases = [
-            make_case(m, lay, folder, args.cluster) for m in args.models.split(",") for lay in args.layouts.split(",")
-        ]
+        pairs = [(m, lay) for m in args.models.split(",") for lay in args.layouts.split(",")]
+        cases = [make_case(m, lay, folder, args.cluster) for m, lay in pairs]
+        others: list[dict | None] = [None] * len(cases)
+        if args.compare:
+            (folder / "cmp").mkdir()
+            others = [make_case(m, lay, folder / "cmp", args.compare) for m, lay in pairs]
         print(
             "step times in ms; before = no wrapper overheads, no timing scale (the cost model before); static ="
             " now, with the cluster profile as shipped; at load = now, with the cluster's fp32 matmul rate measured"
@@ -295,9 +303,11 @@ def main() -> None:
             " after compute measured before each launch; meas/pred = median of measured / the last; min/static ="
             " fastest measured / static (the check for a calibrated --cluster: 0.8-1.25); load = 1-min load average"
         )
-        print(HEADER)
-        for case in cases:
-            print(run_case(case, folder, args.steps, args.repeats), flush=True)
+        if args.compare:
+            print(f"min/cmp = fastest measured / static prediction of --compare {args.compare}")
+        print(HEADER + (f" {'min/cmp':>10}" if args.compare else ""))
+        for case, other in zip(cases, others):
+            print(run_case(case, folder, args.steps, args.repeats, other), flush=True)
 
 
 if __name__ == "__main__":
