@@ -2,6 +2,7 @@
 
     python benchmarks/runtime_vs_prediction.py                  # DP2, TP2, PP2, FSDP2 x gpt:tiny, gpt:small
     python benchmarks/runtime_vs_prediction.py --models gpt:tiny --layouts dp,tp --repeats 3
+    python benchmarks/runtime_vs_prediction.py --cluster cal.json --compare cal-old.json   # + min/cmp column
 
 Each layout is a hand-made plan (``fixtures.plans.make_plan``; no search, so
 the figures do not depend on the ILP) on 2 CPU ranks, global batch 8 x seq 64, fp32:

@@ -137,3 +137,21 @@ def test_search_prices_the_latency_exactly_as_estimate(plain_s):
         est = costs.estimate(costs.parallel_config(outer, tables, assignment))
         check_exact(tables, assignment, est, outer, result.objective_s)
         assert est.breakdown_s["zero_comm"] > 0
+
+
+def test_cluster_profiler_records_the_mean_of_the_plain_fsdp_ops():
+    from types import SimpleNamespace
+
+    from runtime.profiling.cluster import _blocking_latency
+
+    raw = SimpleNamespace(
+        nproc_per_node=2,
+        backend="gloo",
+        sync_latency={"all_reduce": 8e-4, "all_gather": 6e-4, "reduce_scatter": 1e-3, "functional_all_reduce": 1.5e-3},
+    )
+    latency = _blocking_latency(raw)  # type: ignore[arg-type]
+    assert latency is not None and latency.plain_collective_s == pytest.approx(8e-4)
+    assert latency.functional_collective_s == 1.5e-3 and "plain_collective_s" in latency.source
+    raw.sync_latency = {"all_reduce": 8e-4, "functional_all_reduce": 1.5e-3}  # a probe without the FSDP ops
+    latency = _blocking_latency(raw)  # type: ignore[arg-type]
+    assert latency is not None and latency.plain_collective_s is None

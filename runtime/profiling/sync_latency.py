@@ -9,7 +9,10 @@ when the scheduler gives it a core again. Measured here: each iteration runs ``C
 matmuls then one small (1 KiB) collective; the latency of an op is the median iteration time with it
 minus the median without it, the slowest rank counting. Modes are interleaved in rounds so load changes
 hit them alike. ``functional_all_reduce`` is the same through ``torch.distributed._functional_collectives``
-(the path DTensor takes), reported for comparison.
+(the path DTensor takes). The cluster profiler records the functional figure as
+``BlockingLatency.functional_collective_s`` (what TP's DTensor collectives pay) and the mean of the plain
+``all_gather`` and ``reduce_scatter`` as ``plain_collective_s`` (what FSDP2's ZeRO-3 calls pay: they are
+plain c10d calls, each waited on right after compute; ``planner.cost.zero3``).
 """
 
 from __future__ import annotations
