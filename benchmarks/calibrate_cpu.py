@@ -14,7 +14,9 @@ prediction; the issue's target is 0.8-1.25). The 1-minute load average is printe
 host's 2 cores are shared, so read the ratios with it. ``--compare-base OTHER`` also calibrates the
 cluster profile ``OTHER`` on the same launches (written beside ``OUT`` as ``OUT-compare.json``) and the
 check adds its ``min/static`` on the same measured times (``min/cmp``): a paired before/after of a cost-model
-change that the host's load cannot tilt. A harness that prints figures; nothing is asserted.
+change that the host's load cannot tilt. Every launch (fit and check) first waits up to ``--quiet-wait-s``
+(60 s) for a second in which the CPUs are 90 % idle: the other users of this host's 2 cores work in bursts,
+and a fit launched in a burst scales every prediction by it. A harness that prints figures; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="calibrated cluster profile to write")
     p.add_argument("--repeats", type=int, default=2, help="launches per plan in the check")
     p.add_argument("--no-check", action="store_true", help="fit only; skip runtime_vs_prediction --cluster OUT")
+    p.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=60.0,
+        help="before each launch (fit and check) wait up to this long for idle CPUs (0: never wait)",
+    )
     p.add_argument("--base", default="local-cpu-2core", help="cluster profile (name or path) to calibrate")
     p.add_argument("--compare-base", type=Path, help="a second profile to calibrate on the same runs (min/cmp)")
     args = p.parse_args()
@@ -53,8 +61,8 @@ def main() -> None:
         metrics = []
         for i, (model, layout) in enumerate(pairs):
             case = rvp.make_case(model, layout, folder, rvp.CLUSTER)
-            summary = rvp.measure(case["path"], folder, args.steps, i) or rvp.measure(
-                case["path"], folder, args.steps, i + 100
+            summary = rvp.measure(case["path"], folder, args.steps, i, args.quiet_wait_s) or rvp.measure(
+                case["path"], folder, args.steps, i + 100, args.quiet_wait_s
             )
             if not summary:
                 raise SystemExit(f"launch of {model} {layout} failed twice; see above")
@@ -62,7 +70,8 @@ def main() -> None:
             metrics.append(used)
             print(
                 f"run {i + 1}: {model} {layout}: measured {summary['measured_step_time_s'] * 1e3:.3g} ms, "
-                f"shipped profile predicts {case['pred_s'] * 1e3:.3g} ms, load {os.getloadavg()[0]:.1f}",
+                f"shipped profile predicts {case['pred_s'] * 1e3:.3g} ms, load {os.getloadavg()[0]:.1f}"
+                + (f", CPU idle at start {rvp.IDLE_SEEN[-1]:.0%}" if rvp.IDLE_SEEN else ""),
                 flush=True,
             )
         fits = [(args.base, args.out)] + ([(str(args.compare_base), compare_out)] if compare_out else [])
@@ -77,6 +86,7 @@ def main() -> None:
     if not args.no_check:
         sys.argv = [sys.argv[0], "--cluster", str(args.out), "--repeats", str(args.repeats), "--steps", str(args.steps)]
         sys.argv += ["--compare", str(compare_out)] if compare_out else []
+        sys.argv += ["--quiet-wait-s", str(args.quiet_wait_s)]
         rvp.main()
 
 

@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,7 +211,45 @@ def predict_at(case: dict, rate_flops_per_s: float, latency_s: dict[str, float] 
     ).step_time_s
 
 
-def measure(plan_path: Path, folder: Path, steps: int, attempt: int) -> dict:
+QUIET_IDLE = 0.9  # a launch starts once a 1-s window of /proc/stat shows both cores this idle ...
+QUIET_WAIT_S = 60.0  # ... or after this long (the host's other users come in bursts)
+IDLE_SEEN: list[float] = []  # the idle fraction each launch started at (printed with the tables)
+
+
+def _idle_fraction(window_s: float = 1.0) -> float:
+    """Fraction of all CPUs' time idle (idle + iowait) over ``window_s``, from /proc/stat (proc(5)); 1.0 off Linux."""
+
+    def read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as fh:
+                fields = [int(v) for v in fh.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        return fields[3] + fields[4], sum(fields)
+
+    a = read()
+    time.sleep(window_s)
+    b = read()
+    if a is None or b is None or b[1] <= a[1]:
+        return 1.0
+    return (b[0] - a[0]) / (b[1] - a[1])
+
+
+def wait_quiet(max_wait_s: float = QUIET_WAIT_S) -> float:
+    """Wait until the host's CPUs are idle (``QUIET_IDLE``) or ``max_wait_s`` passed; the last idle fraction."""
+    deadline = time.monotonic() + max_wait_s
+    idle = _idle_fraction()
+    while idle < QUIET_IDLE and time.monotonic() < deadline:
+        idle = _idle_fraction()
+    IDLE_SEEN.append(idle)
+    return idle
+
+
+def measure(plan_path: Path, folder: Path, steps: int, attempt: int, quiet_wait_s: float = 0.0) -> dict:
+    """One ``stratagem launch`` of ``plan_path``; its summary record ({} when it failed). ``quiet_wait_s`` > 0:
+    first wait up to that long for idle CPUs (:func:`wait_quiet`)."""
+    if quiet_wait_s > 0:
+        wait_quiet(quiet_wait_s)
     metrics = folder / f"{plan_path.stem}_{attempt}.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
@@ -251,13 +290,17 @@ HEADER = (
 )
 
 
-def run_case(case: dict, folder: Path, steps: int, repeats: int, compare: dict | None = None) -> str:
+def run_case(
+    case: dict, folder: Path, steps: int, repeats: int, compare: dict | None = None, quiet_wait_s: float = 0.0
+) -> str:
     """Launch ``repeats`` times, each between host measurements (matmul rate, sync latency); one table row.
     ``compare``: the same plan's case under another cluster profile (``--compare``): its min/static is added."""
     preds, plain, times, peaks = [], [], [], []
     for i in range(repeats):
         rates, latency = host_matmul_rates(), host_sync_latency(folder)
-        summary = measure(case["path"], folder, steps, i) or measure(case["path"], folder, steps, i + 100)
+        summary = measure(case["path"], folder, steps, i, quiet_wait_s) or measure(
+            case["path"], folder, steps, i + 100, quiet_wait_s
+        )
         if not summary:
             continue  # failed twice: the tail was printed
         rates += host_matmul_rates()
@@ -286,6 +329,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="launches per plan")
     p.add_argument("--cluster", type=Path, default=CLUSTER, help="cluster profile for the predictions")
     p.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=0.0,
+        help=f"before each launch wait up to this long for the CPUs to be {QUIET_IDLE:.0%} idle (shared hosts)",
+    )
+    p.add_argument(
         "--compare", type=Path, help="a second cluster profile: its min/static on the same launches is added (min/cmp)"
     )
     args = p.parse_args()
@@ -308,7 +357,9 @@ def main() -> None:
             print(f"min/cmp = fastest measured / static prediction of --compare {args.compare}")
         print(HEADER + (f" {'min/cmp':>10}" if args.compare else ""))
         for case, other in zip(cases, others):
-            print(run_case(case, folder, args.steps, args.repeats, other), flush=True)
+            print(run_case(case, folder, args.steps, args.repeats, other, args.quiet_wait_s), flush=True)
+        if IDLE_SEEN:
+            print(f"CPU idle when the launches started: {', '.join(f'{v:.0%}' for v in IDLE_SEEN)}")
 
 
 if __name__ == "__main__":
