@@ -285,3 +285,15 @@ def test_autocast_prices_torch_foreach_adamw(h100):
         for p in ("pure", "autocast")
     }
     assert tail["autocast"] == pytest.approx(tail["pure"] * 84 / 32)
+
+
+def test_gpu_plans_priced_pure_say_how_to_price_a_launch():
+    from planner.cli.common import pure_on_gpu_note
+
+    spec = parse_model("gpt:gpt2")
+    h100 = load_cluster_profile(resolve_cluster_path("dgx-h100"))
+    cpu = load_cluster_profile(resolve_cluster_path("local-cpu-2core"))
+    assert "--precision autocast" in (pure_on_gpu_note(build_gpt_profile(spec, seq_len=128), h100) or "")
+    assert pure_on_gpu_note(build_gpt_profile(spec, seq_len=128, precision="autocast"), h100) is None
+    assert pure_on_gpu_note(build_gpt_profile(spec, seq_len=128, dtype="fp32"), h100) is None
+    assert pure_on_gpu_note(build_gpt_profile(spec, seq_len=128), cpu) is None

@@ -36,6 +36,7 @@ from .common import (
     MAX_SEQ,
     DefaultsHelpFormatter,
     analytic_on_cpu_note,
+    pure_on_gpu_note,
     check_out_path,
     float_in,
     int_in,
@@ -353,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
         return run_spatial(args, spec=spec, profile=profile, cluster=cluster, lr_schedule=lr_schedule)
     moe = any(layer.experts is not None for layer in profile.layers)
     allow, notes = _external_limits(spec, parse_allow(args.allow), moe=moe)
-    notes = [*notes, cpu_note] if cpu_note else notes
+    notes = [*notes, *filter(None, [cpu_note, pure_on_gpu_note(profile, cluster)])]
     config = SearchConfig(
         time_limit_s=args.time_limit,
         gap_rel=args.gap,
