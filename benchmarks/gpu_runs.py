@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import statistics
 import subprocess
@@ -84,11 +83,24 @@ def predict_plan(plan, cluster_name: str, profile_path: Path | None = None, prec
     return estimate(profile, cluster, config_from_plan(plan), global_batch=tr.global_batch, dtype=tr.dtype)
 
 
+def _summary(metrics: Path) -> dict:
+    """The summary record of a launch's metrics file (``runtime.executor.metrics``)."""
+    from runtime.executor.metrics import read_metrics
+
+    return next(r for r in reversed(read_metrics(metrics)) if r.get("event") == "summary")
+
+
+def _allocated(est) -> float:
+    """Predicted peak less the allocator reserve: what ``torch.cuda.max_memory_allocated`` measures."""
+    return est.peak_mem_bytes - max(rank.memory.reserve for rank in est.per_rank)
+
+
 def from_data(folder: Path, cluster_name: str) -> int:
     """Re-predict the runs stored in ``folder`` (module docstring); no GPU, nothing launched or fitted."""
     from planner.plan import load_plan
 
-    rows = list(csv.DictReader(open(folder / "runs.csv")))
+    with open(folder / "runs.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
     print(f"runs of {folder} on cluster profile {cluster_name}; ms per step, GB (1e9 bytes) peak; error vs measured")
     print(
         f"{'run':<24} {'measured':>8} {'pure':>7} {'error':>7} {'autocast':>8} {'error':>7} | {'measured':>8} "
@@ -97,12 +109,10 @@ def from_data(folder: Path, cluster_name: str) -> int:
     errs: dict[str, list[float]] = {"pure": [], "autocast": [], "mem_pure": [], "mem_autocast": []}
     for r in rows:
         plan = load_plan(folder / f"{r['run']}.json")
-        records = [json.loads(line) for line in (folder / f"{r['run']}.jsonl").read_text().splitlines() if line]
-        summary = next(x for x in reversed(records) if x.get("event") == "summary")
+        summary = _summary(folder / f"{r['run']}.jsonl")
         meas, meas_peak = summary["measured_step_time_s"], summary["measured_peak_memory_bytes"]
         before, after = (predict_plan(plan, cluster_name, precision=p) for p in ("pure", "autocast"))
-        alloc = after.peak_mem_bytes - max(rank.memory.reserve for rank in after.per_rank)
-        alloc_before = before.peak_mem_bytes - max(rank.memory.reserve for rank in before.per_rank)
+        alloc, alloc_before = _allocated(after), _allocated(before)
         errs["pure"].append(before.step_time_s / meas - 1)
         errs["autocast"].append(after.step_time_s / meas - 1)
         errs["mem_pure"].append(alloc_before / meas_peak - 1)
@@ -129,8 +139,7 @@ def launch(plan_path: Path, metrics: Path, steps: int) -> dict:
     if proc.returncode:
         print(f"launch {plan_path.name} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2500:]}")
         return {}
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return next(r for r in reversed(records) if r.get("event") == "summary")
+    return _summary(metrics)
 
 
 def profile_model(model: str, mbs: list[int], out: Path) -> Path | None:
