@@ -29,17 +29,22 @@ with per-tensor reduce-scatters instead, as a run with ``contiguous_gradients: t
 LAST line is the headline: mean and max |error| over every predicted case, calibration rows included.
 
 Loaded fabric: all SC21 Table 2 rows (ZeRO-3 and PTD-P, 48-280 nodes) run on ``dgx-a100-80g+loaded-fabric``,
-the shipped profile with its inter-node bandwidth (nccl-tests on 2 nodes) scaled by
-``LOADED_FABRIC_BANDWIDTH_FRACTION`` = 0.575: a statically routed full-bisection fat tree gives 55-60 % of
-its bisection bandwidth when all nodes communicate (Hoefler et al., IEEE Cluster 2008), and on Selene SC21
-§5.9 measured 0.37 (12.9 TB/s effective bisection bandwidth for the 384-node data-parallel all-reduce). Not
-fitted. The Table 1 rows keep the 2-node figure: they calibrate the A100 kernel parameters (on the loaded
-fabric their mean |error| would be 1.86 % instead of 1.85 %), and the 2020-2021 README rows are other runs.
+the shipped profile with a :class:`planner.profiles.FabricLoad` of Selene's own two measured points
+(``SELENE_FABRIC_LOAD`` in planner/cost/constants.py): 1.0 of the inter-node bandwidth at 2 nodes (the
+profile's nccl-tests figure) and 0.37 at 384 nodes (SC21 §5.9: 12.9 TB/s effective bisection bandwidth for
+the 1T run's data-parallel all-reduce), linear in log(nodes) between: 0.62 at 48 nodes, 0.54 at 96, 0.49 at
+140, 0.45 at 192, 0.41 at 280. Statically routed fat trees lose bandwidth as more of their nodes communicate
+(Hoefler et al., IEEE Cluster 2008); the log-linear shape between the two points is an assumption (a power
+law through the same points gives the ZeRO-3 rows 3.9 % instead of 4.0 %). Not fitted. Until 2026-11 this
+was one constant, 0.575 (the middle of Hoefler et al.'s 55-60 %), which left the 280-node ZeRO-3 row 18 %
+too fast. The Table 1 rows keep the 2-node figure: they calibrate the A100 kernel parameters (on the loaded
+fabric the best grid fit is ceiling 0.73, memory efficiency 0.65 at 1.86 % mean |error|, against 0.72 / 0.65
+at 1.86 % without it), and the 2020-2021 README rows do not name their cluster.
 ``--calibrate-by-group`` carries link parameters between a cluster and its loaded-fabric variant (same links).
 
-Open: the 530B ZeRO-3 row on 2,240 GPUs stays ~18 % too fast while the other five are within 7 %; with
-per-tensor reduce-scatters instead of the all-reduce the 530B rows fit (2-7 %) but the 175B/1,536-GPU row is
-32 % too slow. Which the SC21 runs used is not published.
+With the loaded fabric the six ZeRO-3 rows are within 7 % (the 530B row on 2,240 GPUs -6.7 %); with per-tensor
+reduce-scatters instead of the bucketed all-reduce the 175B/1,536-GPU row is 37 % too slow. Which the SC21 runs
+used is not published.
 
 Reference rows (``role="reference"``): measured on hardware no shipped profile describes; printed, left out
 of every mean.
@@ -50,6 +55,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import re
 import statistics
 import sys
@@ -61,10 +67,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.cost import ParallelConfig, estimate, with_gpus  # noqa: E402
-from planner.cost.constants import LOADED_FABRIC_BANDWIDTH_FRACTION  # noqa: E402
+from planner.cost.constants import SELENE_FABRIC_LOAD, SELENE_FABRIC_LOAD_SOURCE  # noqa: E402
 from planner.gpt_profile import build_gpt_profile  # noqa: E402
 from planner.modelspec import parse_model  # noqa: E402
-from planner.profiles import load_cluster_profile  # noqa: E402
+from planner.profiles import FabricLoad, load_cluster_profile  # noqa: E402
 
 DEFAULT_CSV = ROOT / "benchmarks" / "data" / "published_cases.csv"
 
@@ -216,7 +222,8 @@ def _case(i: int, r: dict[str, str]) -> Case | None:
     cluster = "dgx-h100" if h100 else "aws-p3-16xlarge" if v100 else "dgx-a100-80g"
     if "Table 2" in src and cluster == "dgx-a100-80g":
         cluster += LOADED_FABRIC
-        assumed.append(f"loaded fabric: inter-node bandwidth x{LOADED_FABRIC_BANDWIDTH_FRACTION}")
+        fraction = FabricLoad(points=list(SELENE_FABRIC_LOAD), source="").fraction(math.ceil(gpus / 8))
+        assumed.append(f"loaded fabric: inter-node bandwidth x{fraction:.2f}")
     role = "calib" if (h100 and hidden == 12288) or (v100 and gpus == 1) or "Table 1" in src else "validate"
     label = (
         f"{r['model'][:22]} {gpus}g t{tp}p{pp}d{dp} v{v} mb{mb} {recompute[:3]}{'+sp' if sp else ''}"
@@ -305,18 +312,15 @@ def load_cases(path: Path) -> list[Case]:
 
 
 def _load_cluster(name: str):
-    """A shipped cluster profile; ``NAME+loaded-fabric``: NAME with every inter-node bus bandwidth scaled by
-    ``LOADED_FABRIC_BANDWIDTH_FRACTION`` (planner/cost/constants.py: the effective bisection bandwidth of a
-    statically routed fat tree when all of a job's nodes communicate at once)."""
+    """A shipped cluster profile; ``NAME+loaded-fabric``: NAME with Selene's :class:`FabricLoad`
+    (planner/cost/constants.py ``SELENE_FABRIC_LOAD``: the share of the inter-node bandwidth a job gets when all
+    of its nodes communicate at once on Selene's statically routed fat tree, by the job's node count)."""
     base = name.removesuffix(LOADED_FABRIC)
     cluster = load_cluster_profile(ROOT / "profiles" / "hardware" / f"{base}.json")
     if name == base:
         return cluster
-    fits = [
-        fit.model_copy(update={"bus_bw_bytes_per_s": fit.bus_bw_bytes_per_s * LOADED_FABRIC_BANDWIDTH_FRACTION})
-        for fit in cluster.inter_node
-    ]
-    return cluster.model_copy(update={"name": name, "inter_node": fits})
+    load = FabricLoad(points=list(SELENE_FABRIC_LOAD), source=SELENE_FABRIC_LOAD_SOURCE)
+    return cluster.model_copy(update={"name": name, "fabric_load": load})
 
 
 def predict(case: Case, clusters: dict) -> float:

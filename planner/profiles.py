@@ -14,6 +14,7 @@ Units are in every field name (``_s``, ``_bytes``, ``_flops``, ``_per_s``). Ever
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
@@ -472,6 +473,47 @@ class NodeGroup(_Strict):
     count: int = Field(ge=1)
 
 
+class FabricLoad(_Strict):
+    """Share of the inter-node fits' bus bandwidth a job gets when all of its nodes communicate at once.
+
+    The inter-node fits come from nccl-tests on a few nodes, where no other traffic crosses the switches. On a
+    statically routed fat tree the flows of a job's many nodes share upper-level links, and the effective
+    bandwidth falls with the job's size (Hoefler, Schneider & Lumsdaine, "Multistage Switches are not
+    Crossbars", IEEE Cluster 2008: 55-60 % of full bisection bandwidth on large clusters). ``points`` are
+    measured ``(nodes, fraction)`` pairs of one cluster; between them the fraction is linear in
+    ``log(nodes)``, outside them it stays at the nearest point's value. The cost model applies
+    ``fraction(job nodes)`` to every inter-node fit (``planner.cost.collectives``). None: no such loss.
+    """
+
+    points: list[tuple[int, float]] = Field(
+        min_length=1, description="(job nodes, fraction of the fits' bus bandwidth), nodes increasing"
+    )
+    source: str
+
+    @model_validator(mode="after")
+    def _check(self) -> "FabricLoad":
+        nodes = [n for n, _ in self.points]
+        if any(n < 1 for n in nodes) or any(b <= a for a, b in zip(nodes, nodes[1:])):
+            raise ValueError("fabric_load points need node counts >= 1 in increasing order")
+        if any(not 0 < f <= 1 for _, f in self.points):
+            raise ValueError("fabric_load fractions must lie in (0, 1]")
+        return self
+
+    def fraction(self, nodes: int) -> float:
+        """The fraction at a job of ``nodes`` nodes.
+
+        >>> round(FabricLoad(points=[(2, 1.0), (384, 0.37)], source="").fraction(2240 // 8), 3)
+        0.408
+        """
+        pts = self.points
+        if nodes <= pts[0][0]:
+            return pts[0][1]
+        for (n0, f0), (n1, f1) in zip(pts, pts[1:]):
+            if nodes <= n1:
+                return f0 + (f1 - f0) * math.log(nodes / n0) / math.log(n1 / n0)
+        return pts[-1][1]
+
+
 class Calibration(_Strict):
     """What ``stratagem calibrate`` fitted this profile's parameters on, and how well they predict."""
 
@@ -495,6 +537,9 @@ class ClusterProfile(_Strict):
     node_types: list[NodeType] = Field(min_length=1)
     nodes: list[NodeGroup] = Field(min_length=1)
     inter_node: list[CollectiveFit] = Field(default_factory=list, description="fits across nodes")
+    fabric_load: FabricLoad | None = Field(
+        None, description="bandwidth share of large jobs on a shared fabric (FabricLoad); None: the fits as measured"
+    )
     calibration: Calibration | None = Field(None, description="set by `stratagem calibrate`")
     provenance: Provenance
     content_hash: str | None = None
@@ -520,6 +565,14 @@ class ClusterProfile(_Strict):
             return ""
         cv = f", cross-validated error {c.cv_mean_abs_error:.1%}" if c.cv_mean_abs_error is not None else ""
         return f"calibrated on {c.runs} measured runs{cv} ({c.created_utc[:10]})"
+
+    @property
+    def total_nodes(self) -> int:
+        return sum(g.count for g in self.nodes)
+
+    def inter_node_fraction(self) -> float:
+        """Share of the inter-node fits' bus bandwidth at this cluster's size (:class:`FabricLoad`; 1 without)."""
+        return 1.0 if self.fabric_load is None else self.fabric_load.fraction(self.total_nodes)
 
     @property
     def total_devices(self) -> int:

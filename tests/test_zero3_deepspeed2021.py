@@ -1,12 +1,11 @@
 """DeepSpeed-2021 ZeRO-3 terms (planner/cost/zero3.py, module docstring 4.-5.) against hand-computed values:
 the bucketed gradient all-reduce (``zero3_grad_reduce="all_reduce"``), the post-step gather of the persistent
-tensors, and the loaded-fabric cluster of benchmarks/cost_accuracy.py.
+tensors (the loaded-fabric cluster of benchmarks/cost_accuracy.py: tests/test_fabric_load.py).
 
 Figures used by hand (profiles/hardware/dgx-a100-80g.json, one node, 8 ranks): HBM 2039 GB/s at 0.85;
 all-gather alpha 32.2 us for 7 ring steps and bus bandwidth 229.35 GB/s; host call 3.3 us.
 """
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -114,20 +113,3 @@ def test_unknown_grad_reduce_is_refused(tiny):
     model, cluster = tiny
     with pytest.raises(StratagemError, match="zero3_grad_reduce"):
         estimate(model, cluster, ParallelConfig(dp=8, zero_stage=3, zero3_grad_reduce="broadcast"), global_batch=8)
-
-
-def test_loaded_fabric_scales_only_inter_node_bandwidth():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import cost_accuracy
-    from planner.cost.constants import LOADED_FABRIC_BANDWIDTH_FRACTION
-
-    plain = cost_accuracy._load_cluster("dgx-a100-80g")
-    loaded = cost_accuracy._load_cluster("dgx-a100-80g" + cost_accuracy.LOADED_FABRIC)
-    assert 0.55 <= LOADED_FABRIC_BANDWIDTH_FRACTION <= 0.60  # Hoefler et al. 2008's range
-    for a, b in zip(plain.inter_node, loaded.inter_node, strict=True):
-        assert b.bus_bw_bytes_per_s == pytest.approx(a.bus_bw_bytes_per_s * LOADED_FABRIC_BANDWIDTH_FRACTION)
-        assert b.alpha_s == a.alpha_s
-    assert loaded.node_types == plain.node_types
-    cases = cost_accuracy.load_cases(cost_accuracy.DEFAULT_CSV)
-    loaded_rows = {c.row for c in cases if c.cluster.endswith(cost_accuracy.LOADED_FABRIC)}
-    assert loaded_rows == set(range(10, 22))  # SC21 Table 2: six ZeRO-3 and six PTD-P rows

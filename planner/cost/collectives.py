@@ -22,7 +22,10 @@ Bandwidths. Intra-node: the node type's fit. Inter-node fits are **per node** (N
 with every GPU of each node in the collective, i.e. all NICs busy); a group with ``k`` of the node's
 ``d`` GPUs gets ``k/d`` of it (the other ``d/k`` groups, e.g. the other TP ranks' DP groups, run at the
 same time, each on its own NICs). A flat algorithm across nodes runs at ``min(intra, inter share)``.
-Point-to-point across nodes gets one NIC's share, ``inter / d``, per rank.
+Point-to-point across nodes gets one NIC's share, ``inter / d``, per rank. A profile with a
+:class:`~planner.profiles.FabricLoad` scales every inter-node bandwidth by its fraction at the job's node
+count (the cluster as resized to the job by ``planner.cost.placement.with_gpus``): a large job's flows share
+the fabric's upper links.
 
 A missing fit for an op falls back to the all-reduce fit of the same level (one bus bandwidth describes a
 link whatever the op, per the bus-bandwidth convention).
@@ -106,7 +109,7 @@ def _flat_link(
     share = min(1.0, ranks_per_node / node.devices_per_node)
     if op == "send_recv":
         share = 1.0 / node.devices_per_node
-    bw = inter.bus_bw_bytes_per_s * share
+    bw = inter.bus_bw_bytes_per_s * share * cluster.inter_node_fraction()
     if intra is not None:
         bw = min(bw, intra.bus_bw_bytes_per_s)
     inter_step = _alpha_step(inter)
@@ -147,7 +150,7 @@ def _hierarchical_s(
         k,
         _Link(intra_step_s=step, inter_step_s=step, bw=intra.bus_bw_bytes_per_s, nodes=1),
     )
-    group_bw = inter.bus_bw_bytes_per_s * min(1.0, k / node.devices_per_node)
+    group_bw = inter.bus_bw_bytes_per_s * min(1.0, k / node.devices_per_node) * cluster.inter_node_fraction()
     # k concurrent inter-node all-reduces of S/k, sharing the group's NIC bandwidth: each gets group_bw/k.
     step = _alpha_step(inter)
     inter_s = _ring_s(

@@ -109,17 +109,23 @@ DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS = 100_000
 # ZERO_OPTIMIZATION_REDUCE_BUCKET_SIZE_DEFAULT, unchanged since 2020): gradients are reduced in buckets of
 # at most this many elements (a larger tensor forms a bucket of its own).
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
-# Fraction of a full-bisection InfiniBand fat tree's bandwidth that a job's collectives get when all of its
-# nodes (tens to hundreds) communicate at once: with static routing, flows of different nodes share upper-level
-# links. Hoefler, Schneider & Lumsdaine, "Multistage Switches are not Crossbars: Effects of Static Routing in
-# High-Performance Networks", IEEE Cluster 2008 (doi:10.1109/CLUSTR.2008.4663762), abstract: "Networks with
-# full bisection bandwidth typically provided effective bisection bandwidth in the range of 55-60%"; the middle
-# of that range is used. The cluster profiles' inter-node fits come from nccl-tests on 2 nodes, where no such
-# sharing occurs. On Selene itself, Narayanan et al. SC21 §5.9 report the data-parallel all-reduce of the 1T
-# run (384 nodes) at an effective bisection bandwidth of 12.9 TB/s: 67 GB/s per node of one half, 0.37 of the
-# 182 GB/s two-node figure (the same effect, stronger). Not fitted. benchmarks/cost_accuracy.py applies it to
-# the SC21 Table 2 rows (48-280 nodes); see its docstring.
-LOADED_FABRIC_BANDWIDTH_FRACTION = 0.575
+# Selene's fabric under a whole job's load (planner.profiles.FabricLoad points: job nodes -> share of the
+# inter-node fits' bus bandwidth). The cluster profiles' inter-node fits come from nccl-tests on 2 nodes, where
+# no other flows cross the switches: 1.0 at 2 nodes by construction. On Selene itself (a 3-level fat tree, 8x
+# HDR per DGX A100 node), Narayanan et al. SC21 §5.9 report the data-parallel all-reduces of the 1T run
+# (3,072 GPUs, 384 nodes) at an effective bisection bandwidth of 12.9 TB/s: 67 GB/s per node of one half,
+# 0.37 of the 182 GB/s two-node figure. Between the two the share is taken linear in log(nodes) (FabricLoad);
+# Hoefler, Schneider & Lumsdaine, "Multistage Switches are not Crossbars: Effects of Static Routing in
+# High-Performance Networks", IEEE Cluster 2008 (doi:10.1109/CLUSTR.2008.4663762), show why it falls with the
+# job's size (statically routed flows share upper-level links; 55-60 % effective bisection bandwidth on their
+# large full-bisection clusters). That shape between the points is an assumption; both points are measured,
+# nothing is fitted. benchmarks/cost_accuracy.py gives it to the SC21 Table 2 rows (48-280 nodes).
+SELENE_FABRIC_LOAD = ((2, 1.0), (384, 0.37))
+SELENE_FABRIC_LOAD_SOURCE = (
+    "Selene, Narayanan et al. SC21 §5.9: 12.9 TB/s effective bisection bandwidth for the 384-node 1T run's "
+    "data-parallel all-reduce = 0.37 of the 2-node nccl-tests figure (1.0 at 2 nodes by construction); "
+    "linear in log(nodes) between (planner/cost/constants.py SELENE_FABRIC_LOAD)"
+)
 # Host time of one light eager ATen call on CUDA tensors (a view, narrow, or the dispatch of a copy_):
 # PyTorch's operator micro-benchmark printed in pytorch/pytorch PR #32194 (Jan 2020, the torch 1.4-1.8 era):
 # `split` on CUDA tensors, eager, 3.3 us per call. A copy_ also launches a kernel (cudaLaunchKernel adds a

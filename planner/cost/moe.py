@@ -152,7 +152,8 @@ def all_to_all_s(cluster: ClusterProfile, node: NodeType, message_bytes: float, 
     inter = all_to_all_fit(cluster.inter_node, "the network (inter-node)", cluster)
     g = group.ranks_per_node
     nvlink_s = (g - 1) / n * message_bytes / intra.bus_bw_bytes_per_s
-    network_s = (n - g) / n * message_bytes / (inter.bus_bw_bytes_per_s / node.devices_per_node)
+    nic_bw = inter.bus_bw_bytes_per_s * cluster.inter_node_fraction() / node.devices_per_node  # FabricLoad
+    network_s = (n - g) / n * message_bytes / nic_bw
     return inter.alpha_s + max(nvlink_s, network_s)
 
 
@@ -193,7 +194,7 @@ def deepep_s(
     inter = all_to_all_fit(cluster.inter_node, "the network (inter-node)", cluster)
     g = group.ranks_per_node
     rdma_bytes = message_bytes / top_k * remote_nodes_per_token(experts, top_k, n // g)
-    network_s = rdma_bytes / (inter.bus_bw_bytes_per_s / node.devices_per_node)
+    network_s = rdma_bytes / (inter.bus_bw_bytes_per_s * cluster.inter_node_fraction() / node.devices_per_node)
     nvlink_s = (g - 1) / g * message_bytes / intra.bus_bw_bytes_per_s
     return inter.alpha_s + max(nvlink_s, network_s)
 
