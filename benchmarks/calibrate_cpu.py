@@ -37,6 +37,10 @@ The last was fitted on launches made in a burst of other work (1.5-2x slower tha
 is off by it, with either profile; the others waited for idle CPUs. In-sample |residual| of the gpt:tiny
 fsdp fitting run, with / before: 0.8 / 17.4 %, 6.8 / 8.0 %, 3.6 / 11.5 %; k-fold CV mean 12.2 / 14.9 %,
 11.2 / 10.6 %, 8.1 / 9.9 %.
+
+Re-run 11:24-11:31 UTC the same day (fit and check, no ``--compare-base``; load 1.4-1.7, CPUs 99-100 % idle at
+every launch): min/static tiny dp 0.89, tp 1.06, pp 0.92, fsdp 0.91; small dp 1.05, tp 0.91, pp 0.85, fsdp 0.88:
+8 of 8 within 0.80-1.25; the fit 9.5 % in-sample, 11.7 % k-fold cross-validated.
 """
 
 from __future__ import annotations

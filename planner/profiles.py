@@ -574,6 +574,15 @@ class ClusterProfile(_Strict):
         """Share of the inter-node fits' bus bandwidth at this cluster's size (:class:`FabricLoad`; 1 without)."""
         return 1.0 if self.fabric_load is None else self.fabric_load.fraction(self.total_nodes)
 
+    def fabric_note(self) -> str:
+        """One line naming the fabric load at this cluster's size, or "" without one."""
+        if self.fabric_load is None:
+            return ""
+        return (
+            f"fabric load: inter-node bandwidth x{self.inter_node_fraction():.2f} at {self.total_nodes} nodes "
+            f"({self.fabric_load.source})"
+        )
+
     @property
     def total_devices(self) -> int:
         return sum(g.count * self.node_type(g.node_type).devices_per_node for g in self.nodes)

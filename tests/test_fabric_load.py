@@ -6,6 +6,8 @@ benchmarks/cost_accuracy.py gives Selene's two measured points to the SC21 Table
 """
 
 import json
+import os
+import subprocess
 import math
 import random
 import sys
@@ -164,3 +166,26 @@ def test_cost_accuracy_gives_selene_points_to_sc21_table2_rows():
     cases = cost_accuracy.load_cases(cost_accuracy.DEFAULT_CSV)
     loaded_rows = {c.row for c in cases if c.cluster.endswith(cost_accuracy.LOADED_FABRIC)}
     assert loaded_rows == set(range(10, 22))  # SC21 Table 2: six ZeRO-3 and six PTD-P rows
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200"),
+    )
+
+
+def test_estimate_and_plan_name_the_fabric_load(tmp_path):
+    path = save_profile(_loaded([(2, 1.0), (64, 0.5)]), tmp_path / "loaded.json")
+    model = ["--model", "gpt", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "128"]
+    est = _cli("estimate", *model, "--cluster", str(path), "--gpus", "64", "--global-batch", "64", "--dp", "64")
+    assert est.returncode == 0, est.stderr
+    assert "fabric load: inter-node bandwidth x0.80 at 8 nodes (test)" in est.stdout  # 1 - 0.5 log2(4)/log2(32)
+    plan_path = tmp_path / "plan.json"
+    res = _cli("plan", *model, "--cluster", str(path), "--gpus", "64", "--global-batch", "64", "--out", str(plan_path))
+    assert res.returncode == 0, res.stderr
+    notes = json.loads(plan_path.read_text())["search"]["notes"]
+    assert notes.startswith("fabric load: inter-node bandwidth x0.80 at 8 nodes (test).")

@@ -485,6 +485,8 @@ def _print_table(est, config: ParallelConfig, model: ModelProfile, cluster: Clus
     console.print(f"[dim]{est.flop_convention}[/dim]")
     if cluster.calibration is not None:
         console.print(f"cluster {cluster.name}: {cluster.calibration_note()}", soft_wrap=True)
+    if cluster.fabric_load is not None:
+        console.print(f"cluster {cluster.name}: {cluster.fabric_note()}", soft_wrap=True)
 
 
 def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) -> str:

@@ -14,6 +14,7 @@ import math
 import pulp
 
 from planner import __version__
+from planner.cost.placement import with_gpus
 from planner.modelspec import ModelSpec
 from planner.plan import (
     Alternative,
@@ -182,7 +183,7 @@ def build_plan(
         replica_node_types=list(outer.replica_node_types) if outer.replica_node_types else None,
         experts=_expert_layout(profile, outer.ep, outer.etp),
         predictions=best.estimate.to_predictions(),
-        search=_with_calibration(build_search_record(result), cluster),
+        search=_with_calibration(build_search_record(result), cluster, outer.tp * outer.pp * outer.dp * outer.cp),
     )
 
 
@@ -195,7 +196,10 @@ def _expert_layout(profile: ModelProfile, ep: int, etp: int) -> ExpertLayout | N
     return ExpertLayout(ep=ep, etp=etp, capacity_factor=experts.capacity_factor)
 
 
-def _with_calibration(record: SearchRecord, cluster: ClusterProfile) -> SearchRecord:
-    """The record with the cluster's calibration named first in its notes (``stratagem show`` prints them)."""
-    note = cluster.calibration_note()
-    return record.model_copy(update={"notes": f"cluster {note}. {record.notes}"}) if note else record
+def _with_calibration(record: SearchRecord, cluster: ClusterProfile, n_devices: int) -> SearchRecord:
+    """The record with the cluster's calibration and fabric load (at the plan's ``n_devices``) named first in
+    its notes (``stratagem show`` prints them)."""
+    notes = [f"cluster {note}." for note in (cluster.calibration_note(),) if note]
+    if cluster.fabric_load is not None:
+        notes.append(with_gpus(cluster, n_devices).fabric_note() + ".")
+    return record.model_copy(update={"notes": " ".join([*notes, record.notes])}) if notes else record
