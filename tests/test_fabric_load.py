@@ -189,3 +189,12 @@ def test_estimate_and_plan_name_the_fabric_load(tmp_path):
     assert res.returncode == 0, res.stderr
     notes = json.loads(plan_path.read_text())["search"]["notes"]
     assert notes.startswith("fabric load: inter-node bandwidth x0.80 at 8 nodes (test).")
+
+
+def test_cost_accuracy_fabric_check_compares_the_data_parallel_increment():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import cost_accuracy
+
+    r = cost_accuracy.fabric_check(cost_accuracy.DEFAULT_CSV)
+    assert r["measured_s"] == pytest.approx(39.15 - 37.83)  # Korthikanti et al. §6.3: 37.83 s -> 39.15 s
+    assert 0 < r["plain_s"] < r["loaded_s"]  # the fabric load only adds to the wider run's inter-node time
