@@ -482,7 +482,9 @@ class FabricLoad(_Strict):
     Crossbars", IEEE Cluster 2008: 55-60 % of full bisection bandwidth on large clusters). ``points`` are
     measured ``(nodes, fraction)`` pairs of one cluster; between them the fraction is linear in
     ``log(nodes)``, outside them it stays at the nearest point's value. The cost model applies
-    ``fraction(job nodes)`` to every inter-node fit (``planner.cost.collectives``). None: no such loss.
+    ``fraction(job nodes)`` to every inter-node fit (``planner.cost.collectives``, ``planner.cost.moe``); the job's
+    nodes are the cluster's as ``planner.cost.placement.with_gpus`` sizes it to the plan (a mixed cluster is not
+    resized: all of its nodes count). None: no such loss.
     """
 
     points: list[tuple[int, float]] = Field(
