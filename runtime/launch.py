@@ -61,6 +61,7 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     """
     from runtime.executor.checkpoint import check_resumable
     from runtime.executor.data import FileData
+    from runtime.executor.moe import expert_layout
     from runtime.executor.parallelize import check_supported
     from runtime.executor.schedule import check_replica_schedules
     from runtime.executor.tp import tp_styles
@@ -77,10 +78,6 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
         if opts.checkpoint_dir or opts.resume:
             raise StratagemError("spatial plans do not checkpoint yet; launch them without --checkpoint-dir/--resume")
     check_supported(plan)
-    if opts.checkpoint_dir or opts.resume:
-        from runtime.executor.moe import check_expert_checkpoint
-
-        check_expert_checkpoint(plan)
     # rows and micro-batch count of every dp replica (uneven batch shares: rows / micro_batch_size each),
     # each replica's schedule able to run its count
     check_replica_schedules(plan)
@@ -94,7 +91,10 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     if opts.resume:
         if opts.checkpoint_dir is None:
             raise StratagemError("--resume needs --checkpoint-dir DIR (the folder of the run to resume)")
-        check_resumable(opts.checkpoint_dir, model_name=plan.model.name, world_size=plan.world_size)
+        lay = expert_layout(plan)
+        check_resumable(
+            opts.checkpoint_dir, model_name=plan.model.name, world_size=plan.world_size, experts=(lay.ep, lay.etp)
+        )
     if opts.max_restarts and not (opts.checkpoint_dir and opts.checkpoint_every):
         log.warning("--max-restarts without --checkpoint-dir/--checkpoint-every restarts from step 1")
 

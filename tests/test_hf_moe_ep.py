@@ -257,16 +257,13 @@ def test_the_parity_check_fails_when_expert_parallelism_is_broken(tmp_path_facto
     assert where in str(failure.value), str(failure.value)[:500]
 
 
-@pytest.mark.slow
-def test_launch_trains_hf_mixtral_with_ep2_and_resumes_from_a_checkpoint(tmp_path, monkeypatch):
-    """``stratagem launch`` of an hf: Mixtral EP2 plan: two steps with a checkpoint after each (each rank saves its
-    own experts, one entry per expert), then a second launch resumes and trains step 3; every step's loss is the
-    single process's (a checkpoint holding one rank's experts for both would change step 3)."""
+def _train_resume_and_compare(tmp_path, monkeypatch, plan: Plan) -> None:
+    """``stratagem launch`` of ``plan``: two steps with a checkpoint after each, then a second launch resumes and
+    trains step 3; every step's loss must be the single process's (``reference_losses``)."""
     from planner.cli.main import main
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    plan = make_plan(_spec(tmp_path, "mixtral"), global_batch=8, seq_len=16, dp=2, experts={"ep": 2})
     path = save_plan(plan, tmp_path / "plan.json")
     ckpt, first, second = tmp_path / "ckpt", tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"
     common = ["launch", str(path), "--checkpoint-dir", str(ckpt), "--timeout-s", "120"]
@@ -279,18 +276,43 @@ def test_launch_trains_hf_mixtral_with_ep2_and_resumes_from_a_checkpoint(tmp_pat
         assert measured[step] == pytest.approx(ref, rel=REL_TOL), (step, measured)
 
 
-def test_expert_tensor_parallel_plans_refuse_checkpoints_in_one_line(tmp_path, capsys):
-    """An etp > 1 plan (the zoo's moe family) with --checkpoint-dir stops before any process starts: its etp peers
-    hold different slices of an expert under one parameter name, which a DCP checkpoint cannot keep apart."""
-    from planner.cli.main import main
+@pytest.mark.slow
+def test_launch_trains_hf_mixtral_with_ep2_and_resumes_from_a_checkpoint(tmp_path, monkeypatch):
+    """An hf: Mixtral EP2 plan (each rank saves its own experts, one entry per expert) resumes at the single
+    process's losses (a checkpoint holding one rank's experts for both would change step 3)."""
+    plan = make_plan(_spec(tmp_path, "mixtral"), global_batch=8, seq_len=16, dp=2, experts={"ep": 2})
+    _train_resume_and_compare(tmp_path, monkeypatch, plan)
 
+
+@pytest.mark.slow
+def test_launch_resumes_an_expert_tensor_parallel_moe_plan_from_a_checkpoint(tmp_path, monkeypatch):
+    """moe:tiny with each expert's FFN split over etp 2 (dp 2, ep 1): each etp slice is its own checkpoint key
+    (runtime.executor.etp_keys), so the resumed step 3 is the single process's. With the two slices under one key
+    DCP wrote one rank's slice and loaded it on both (step 3: 5.5828 against 5.5800)."""
     plan = make_plan(parse_model("moe:tiny"), global_batch=8, seq_len=16, dp=2, experts={"ep": 1, "etp": 2})
+    _train_resume_and_compare(tmp_path, monkeypatch, plan)
+
+
+def test_a_resume_with_another_expert_layout_is_refused_in_one_line(tmp_path, capsys):
+    """A checkpoint written at ep 1 x etp 2 (its meta.json, as train writes it) and a plan at ep 2 x etp 1 of the
+    same model and world size: ``--resume`` stops before any process starts (each etp slice has its own key and
+    width, so the experts would not load)."""
+    from planner.cli.main import main
+    from runtime.executor.checkpoint import COMPLETE_MARKER, META_FILE, expert_meta, step_dir
+
+    plan = make_plan(parse_model("moe:tiny"), global_batch=8, seq_len=16, dp=2, experts={"ep": 2, "etp": 1})
+    folder = step_dir(tmp_path / "ckpt", 2)
+    folder.mkdir(parents=True)
+    meta = {"step": 2, "model": plan.model.name, "world_size": 2, **expert_meta(1, 2)}
+    (folder / META_FILE).write_text(json.dumps(meta))
+    (folder / COMPLETE_MARKER).write_text("step 2\n")
     path, metrics = save_plan(plan, tmp_path / "plan.json"), tmp_path / "run.jsonl"
-    argv = ["launch", str(path), "--steps", "1", "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics", str(metrics)]
-    status = main(argv)
+    argv = ["launch", str(path), "--steps", "3", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume"]
+    status = main([*argv, "--metrics", str(metrics)])
     err = capsys.readouterr().err.strip()
-    assert status == 2 and len(err.splitlines()) == 1 and "etp=2 plans do not checkpoint yet" in err, err
-    assert not metrics.exists() and not (tmp_path / "ckpt").exists()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert "written with experts ep=1 etp=2 but the plan has ep=2 etp=1" in err, err
+    assert not metrics.exists()
 
 
 def test_hf_expert_layouts_the_runtime_cannot_run_are_one_line_errors(tmp_path):

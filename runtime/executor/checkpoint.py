@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from planner.errors import StratagemError
 from planner.fileio import atomic_write_text, read_json
+from runtime.executor.etp_keys import etp_sliced_fqns, model_key, optim_key
 
 log = logging.getLogger(__name__)
 COMPLETE_MARKER = "COMPLETE"
@@ -142,15 +143,18 @@ def read_checkpoint_meta(path: str | Path) -> dict:
 
 
 def _state(chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer], step: int, rank: int):
+    """The state DCP saves or fills, this rank's per-chunk model and optimizer state dicts, and the renamed
+    keys of etp-sliced parameters (FQN -> checkpoint key, :mod:`runtime.executor.etp_keys`)."""
     models = [get_model_state_dict(c, options=_OPTIONS) for c in chunks]
     optims = [get_optimizer_state_dict(c, o, options=_OPTIONS) for c, o in zip(chunks, optimizers)]
+    sliced = {fqn: key for c, sd in zip(chunks, models) for fqn, key in etp_sliced_fqns(c, set(sd)).items()}
     state = {
-        "model": {k: v for sd in models for k, v in sd.items()},
-        "optim": {k: v for sd in optims for k, v in sd.items()},
+        "model": {model_key(sliced, k): v for sd in models for k, v in sd.items()},
+        "optim": {optim_key(sliced, k): v for sd in optims for k, v in sd.items()},
         "step": torch.tensor(step, dtype=torch.int64),
         f"rng.rank{rank}": torch.get_rng_state(),
     }
-    return state, models, optims
+    return state, models, optims, sliced
 
 
 def save_checkpoint(
@@ -169,7 +173,7 @@ def save_checkpoint(
             shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
             tmp.mkdir(parents=True)
         dist.barrier()
-        state, _, _ = _state(chunks, optimizers, step, rank)
+        state, *_ = _state(chunks, optimizers, step, rank)
         dcp.save(state, checkpoint_id=str(tmp))  # collective: a write error on any rank raises on all
         _maybe_die_while_saving(step)
         dist.barrier()
@@ -196,20 +200,23 @@ def save_checkpoint(
 def load_checkpoint(path: str | Path, chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> int:
     """Collective: restore model, optimizer and RNG state in place; returns the step it was saved at."""
     rank = dist.get_rank()
-    state, models, optims = _state(chunks, optimizers, 0, rank)
+    state, models, optims, sliced = _state(chunks, optimizers, 0, rank)
     reader = SafeFileSystemReader(str(path))
     reader.read_metadata()  # DCP would wrap a refusal in CheckpointException; fail with the one-line error here
     dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())  # fills the tensors of `state` in place
     for chunk, opt, msd, osd in zip(chunks, optimizers, models, optims):
-        osd.update({k: state["optim"][k] for k in osd})  # non-tensor entries (param_groups) were replaced
+        osd.update({k: state["optim"][optim_key(sliced, k)] for k in osd})  # non-tensor entries were replaced
         set_model_state_dict(chunk, msd, options=_OPTIONS)
         set_optimizer_state_dict(chunk, opt, osd, options=_OPTIONS)
     torch.set_rng_state(state[f"rng.rank{rank}"])
     return int(state["step"])
 
 
-def check_resumable(ckpt_dir: str | Path, *, model_name: str, world_size: int) -> Path:
-    """Launcher-side check for ``--resume``: a complete checkpoint exists and was written by this model."""
+def check_resumable(
+    ckpt_dir: str | Path, *, model_name: str, world_size: int, experts: tuple[int, int] = (1, 1)
+) -> Path:
+    """Launcher-side check for ``--resume``: a complete checkpoint exists and was written by this model, world
+    size and expert layout ``experts`` = (ep, etp)."""
     latest = find_latest_checkpoint(ckpt_dir)
     if latest is None:
         raise StratagemError(
@@ -227,8 +234,28 @@ def check_resumable(ckpt_dir: str | Path, *, model_name: str, world_size: int) -
             f"checkpoint {latest} was written by {meta.get('world_size')} ranks but the plan "
             f"has {world_size}; resume with the plan that wrote it"
         )
+    check_expert_layout(latest, meta, experts=experts)
     SafeFileSystemReader(str(latest)).read_metadata()  # refuses metadata that is not DCP's, before any rank starts
     return latest
+
+
+def expert_meta(ep: int, etp: int) -> dict:
+    """The ``experts`` entry of ``meta.json``: the layout the expert parameters' keys and slices follow."""
+    return {"experts": {"ep": ep, "etp": etp}}
+
+
+def check_expert_layout(path: str | Path, meta: dict, *, experts: tuple[int, int]) -> None:
+    """Refuse a resume whose (ep, etp) differs from the checkpoint's: each etp slice is its own key and the
+    slice widths follow etp, so another layout would miss keys or load wrong slices. A checkpoint without the
+    entry predates it and was written with etp 1 (etp > 1 was refused then), its ep not recorded."""
+    written = meta.get("experts", {"etp": 1})
+    wanted = dict(zip(("ep", "etp"), experts))
+    if any(k in written and written[k] != v for k, v in wanted.items()):
+        was = " ".join(f"{k}={v}" for k, v in written.items())
+        raise StratagemError(
+            f"checkpoint {path} was written with experts {was} but the plan has ep={experts[0]} etp={experts[1]}; "
+            f"resume with the plan that wrote it or use a fresh --checkpoint-dir"
+        )
 
 
 def _maybe_die_while_saving(step: int) -> None:

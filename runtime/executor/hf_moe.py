@@ -36,6 +36,7 @@ from torch import nn
 
 from planner.errors import StratagemError
 from planner.plan import Plan
+from runtime.executor.etp_keys import mark_etp_slice
 from runtime.models.moe import Routing, sort_by_expert
 
 # transformers' ``use_experts_implementation`` flags (integrations/moe.py) of the one layout run here
@@ -146,6 +147,8 @@ class HFLocalExperts(nn.Module):
         )
         self.down_proj = nn.ParameterDict({str(j): nn.Parameter(down[j][:, part].clone()) for j in mine})
         self.act_fn = fused.act_fn
+        if etp > 1:
+            mark_etp_slice(self, etp_index, etp)  # its own checkpoint keys (runtime.executor.etp_keys)
         self.exchange = exchange  # ExpertExchange over the ep group; None = every expert of the layer is here
 
     def run_grouped(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from runtime.executor.etp_keys import mark_etp_slice
 from runtime.models.moe import MoE, Routing, run_local_experts
 
 
@@ -223,3 +224,4 @@ def shard_expert_ffn(moe: MoE, etp: int, etp_index: int) -> None:
             linear.out_features = width
         expert.w2.weight = nn.Parameter(expert.w2.weight.detach()[:, part].clone())
         expert.w2.in_features = width
+        mark_etp_slice(expert, etp_index, etp)  # its own checkpoint keys (runtime.executor.etp_keys)

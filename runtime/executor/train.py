@@ -30,10 +30,17 @@ from planner.fileio import atomic_write_text
 from planner.plan import Plan, load_plan, validate
 from planner.recipe import lr_at_step
 from runtime.executor.context import ContextShard, build_context_shard
-from runtime.executor.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
+from runtime.executor.checkpoint import (
+    check_expert_layout,
+    expert_meta,
+    find_latest_checkpoint,
+    load_checkpoint,
+    read_checkpoint_meta,
+    save_checkpoint,
+)
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import ParallelDims, build_mesh
-from runtime.executor.moe import build_expert_groups, check_expert_checkpoint, set_aux_loss_scale, take_aux_loss
+from runtime.executor.moe import build_expert_groups, expert_layout, set_aux_loss_scale, take_aux_loss
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
 from runtime.executor.parallelize import AUTOCAST_DTYPES, Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.schedule import build_runner, check_replica_schedules
@@ -396,13 +403,13 @@ def run_plan(
         if args.checkpoint_dir or args.resume:
             raise StratagemError("spatial plans do not checkpoint yet; launch them without --checkpoint-dir/--resume")
         return run_spatial_plan(plan, steps=args.steps, data=args.data, metrics_path=metrics_path, device=device)
-    if args.checkpoint_dir or args.resume:
-        check_expert_checkpoint(plan)
+    lay = expert_layout(plan)
     job = build_job(plan, device, data=args.data, report_dir=report_dir)
     rank, first = dist.get_rank(), 1
     if args.checkpoint_dir and (args.resume or _restart_count() > 0):
         latest = find_latest_checkpoint(args.checkpoint_dir)
         if latest is not None:
+            check_expert_layout(latest, read_checkpoint_meta(latest), experts=(lay.ep, lay.etp))
             first = load_checkpoint(latest, job.modules, job.optimizers) + 1
             log.info("rank %d resumed from %s", rank, latest)
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
@@ -455,6 +462,7 @@ def run_plan(
             "world_size": dist.get_world_size(),
             "mesh": plan.mesh.sizes,
             "plan_hash": plan.content_hash,
+            **expert_meta(lay.ep, lay.etp),
         }
         saved = None
         if args.checkpoint_dir and ((args.checkpoint_every and step % args.checkpoint_every == 0) or res.preempted):
