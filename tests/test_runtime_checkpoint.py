@@ -103,3 +103,49 @@ def test_failed_checkpoint_write_leaves_the_previous_one_intact(one_rank, tmp_pa
     assert find_latest_checkpoint(tmp_path / "ck") == good
     assert load_checkpoint(good, [model], [opt]) == 2
     assert torch.equal(model.weight, saved_weight)
+
+
+def _sliced_model_and_optimizer(seed: int):
+    """Linear -> Linear whose second layer is marked as etp slice 1 of 2, behind recompute's checkpoint wrapper."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from runtime.executor.etp_keys import mark_etp_slice
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 3))
+    mark_etp_slice(model[1], 1, 2)
+    model[1] = checkpoint_wrapper(model[1])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_etp_slices_are_saved_under_keys_naming_the_slice(one_rank, tmp_path):
+    """The marked layer's parameters and their AdamW state are stored as ``<fqn>.etp1_of_2`` (so etp peers never
+    share a key), the unmarked layer's under its FQN; loading maps them back."""
+    from runtime.executor.checkpoint import SafeFileSystemReader
+
+    model, opt = _sliced_model_and_optimizer(0)
+    path = save_checkpoint(tmp_path / "ck", 2, [model], [opt], meta={"model": "mlp", "world_size": 1})
+    keys = set(SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    assert {"model.1.weight.etp1_of_2", "model.0.weight", "optim.state.1.bias.etp1_of_2.exp_avg"} <= keys, keys
+    assert "optim.param_groups.1.weight.etp1_of_2.lr" in keys and "model.1.weight" not in keys, keys
+    other, other_opt = _sliced_model_and_optimizer(1)
+    assert load_checkpoint(path, [other], [other_opt]) == 2
+    for mine, theirs in zip(model.parameters(), other.parameters()):
+        assert torch.equal(mine, theirs)
+        assert torch.equal(opt.state[mine]["exp_avg_sq"], other_opt.state[theirs]["exp_avg_sq"])
+
+
+def test_a_checkpoint_of_another_expert_layout_is_refused():
+    from runtime.executor.checkpoint import check_expert_layout, expert_meta
+
+    check_expert_layout("ck", expert_meta(2, 2), experts=(2, 2))
+    check_expert_layout("ck", {}, experts=(4, 1))  # written before meta.json held the layout: etp 1, any ep
+    for written, wanted in (((1, 2), (2, 1)), ((2, 2), (2, 4)), ((2, 1), (1, 1))):
+        with pytest.raises(StratagemError, match="written with experts") as err:
+            check_expert_layout("ck", expert_meta(*written), experts=wanted)
+        assert "\n" not in str(err.value)
+    with pytest.raises(StratagemError, match="written with experts etp=1 but the plan has ep=1 etp=2"):
+        check_expert_layout("ck", {}, experts=(1, 2))

@@ -21,7 +21,7 @@ ALL_DIMENSIONS = (
     "cross_node_tp",
     "cp",
     "ep",  # Mixture-of-Experts: expert parallelism (planner.search.space.expert_layouts)
-    "etp",  # and tensor parallel inside the experts; opt-in (runtime: zoo and hf experts; no checkpoints at etp > 1)
+    "etp",  # and tensor parallel inside the experts; opt-in (runtime: zoo and hf experts, checkpoints too)
 )
 DEFAULT_DIMENSIONS = frozenset(ALL_DIMENSIONS) - {"etp"}
 

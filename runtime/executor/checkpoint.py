@@ -8,7 +8,13 @@ marker), which :func:`find_latest_checkpoint` never picks.
 
 What is saved: model and AdamW state of every pipeline chunk this rank holds (keys are full-model FQNs,
 so chunks merge into one dict; ``flatten_optimizer_state_dict`` keys optimizer state by FQN too), the
-step (= data position, see ``data``), and each rank's RNG state.
+step (= data position, see ``data``), and each rank's RNG state. DCP takes same-named tensors on several ranks
+for copies of one tensor (or shards of it, by offset), which holds for every parameter but the FFN slices of an
+expert under expert tensor parallelism (etp > 1): its etp peers hold different slices under one name. Those are
+stored under keys naming the slice (``<fqn>.etp<i>_of_<etp>``, the optimizer's flattened keys likewise) and
+mapped back when loading (:mod:`runtime.executor.etp_keys`); the ranks sharing such a key are the slice's edp
+copies or shards, as for any other parameter. ``meta.json`` records ep and etp, and a resume with another
+layout is refused (:func:`check_expert_layout`): the slices' keys and widths follow it.
 
 Loading is restricted (the checkpoint folder is user input): torch 2.13's ``FileSystemReader`` reads DCP's
 ``.metadata`` with a plain ``pickle.load`` and ``DefaultLoadPlanner.load_bytes`` uses
