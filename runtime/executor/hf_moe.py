@@ -11,11 +11,12 @@ model keeps its routing math and only where the experts run changes.
 :class:`HFLocalExperts` holds the ``experts / ep`` experts of this rank's ep position (global indices
 ``[i * E/ep, (i+1) * E/ep)``, the zoo's layout, ``runtime.executor.moe``), one parameter per expert keyed by
 its global index (``...mlp.experts.gate_up_proj.5``), so a DCP checkpoint has one entry per expert (a fused
-tensor holding different experts on different ranks under one name would collide) and the seeded init, done
-on the whole fused tensor before sharding, is the single process's. Its forward sorts the (token, choice)
-assignments by expert (``runtime.models.moe.sort_by_expert``), dispatches the rows over the ep group and
-combines them with ``runtime.executor.moe_dispatch.ExpertExchange`` (counts, then rows, ``all_to_all_single``
-both ways, the backward the reverse exchange), runs each local expert as transformers' fused-experts forward
+tensor holding different experts on different ranks under one name would collide; under etp one per slice,
+``runtime.executor.etp_keys``) and the seeded init, done on the whole fused tensor before sharding, is the
+single process's. Its forward sorts the (token, choice) assignments by expert
+(``runtime.models.moe.sort_by_expert``), dispatches the rows over the ep group and combines them with
+``runtime.executor.moe_dispatch.ExpertExchange`` (counts, then rows, ``all_to_all_single`` both ways, the
+backward the reverse exchange), runs each local expert as transformers' fused-experts forward
 does (``linear(x, gate_up_proj[e])`` split into gate and up, ``act(gate) * up``, ``linear(., down_proj[e])``),
 and sums the outputs weighted by the router's ``top_k_weights``, as transformers' forward does.
 
