@@ -149,3 +149,6 @@ def test_a_checkpoint_of_another_expert_layout_is_refused():
         assert "\n" not in str(err.value)
     with pytest.raises(StratagemError, match="written with experts etp=1 but the plan has ep=1 etp=2"):
         check_expert_layout("ck", {}, experts=(1, 2))
+    for bad in ({"experts": 2}, {"experts": {"ep": "2", "etp": 1}}):  # an edited meta.json: one line, no traceback
+        with pytest.raises(StratagemError, match="malformed 'experts' entry"):
+            check_expert_layout("ck", bad, experts=(2, 1))

@@ -255,6 +255,10 @@ def check_expert_layout(path: str | Path, meta: dict, *, experts: tuple[int, int
     slice widths follow etp, so another layout would miss keys or load wrong slices. A checkpoint without the
     entry predates it and was written with etp 1 (etp > 1 was refused then), its ep not recorded."""
     written = meta.get("experts", {"etp": 1})
+    if not isinstance(written, dict) or not all(isinstance(v, int) for v in written.values()):
+        raise StratagemError(
+            f"checkpoint {path} has a malformed 'experts' entry in {META_FILE}; use a checkpoint Stratagem wrote"
+        )
     wanted = dict(zip(("ep", "etp"), experts))
     if any(k in written and written[k] != v for k, v in wanted.items()):
         was = " ".join(f"{k}={v}" for k, v in written.items())
