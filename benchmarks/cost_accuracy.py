@@ -126,6 +126,7 @@ def _schedule(pp: int, layers: int, notes: str) -> tuple[str, int]:
 
 
 LOADED_FABRIC = "+loaded-fabric"  # cluster-name suffix: inter-node bandwidth under full-fabric load (_load_cluster)
+SELENE = FabricLoad(points=list(SELENE_FABRIC_LOAD), source=SELENE_FABRIC_LOAD_SOURCE)  # the loaded fabric
 
 # DeepSpeed ZeRO-3 as the SC21 Table 2 runs had it (DeepSpeed before its June-2021 stage-3 fixes): no
 # overlap, weights re-gathered for every use (3 gathers with full recompute), one collective per tensor,
@@ -226,7 +227,7 @@ def _case(i: int, r: dict[str, str]) -> Case | None:
     cluster = "dgx-h100" if h100 else "aws-p3-16xlarge" if v100 else "dgx-a100-80g"
     if "Table 2" in src and cluster == "dgx-a100-80g":
         cluster += LOADED_FABRIC
-        fraction = FabricLoad(points=list(SELENE_FABRIC_LOAD), source="").fraction(math.ceil(gpus / 8))
+        fraction = SELENE.fraction(math.ceil(gpus / 8))
         assumed.append(f"loaded fabric: inter-node bandwidth x{fraction:.2f}")
     role = "calib" if (h100 and hidden == 12288) or (v100 and gpus == 1) or "Table 1" in src else "validate"
     label = (
@@ -323,8 +324,7 @@ def _load_cluster(name: str):
     cluster = load_cluster_profile(ROOT / "profiles" / "hardware" / f"{base}.json")
     if name == base:
         return cluster
-    load = FabricLoad(points=list(SELENE_FABRIC_LOAD), source=SELENE_FABRIC_LOAD_SOURCE)
-    return cluster.model_copy(update={"name": name, "fabric_load": load})
+    return cluster.model_copy(update={"name": name, "fabric_load": SELENE})
 
 
 def predict(case: Case, clusters: dict) -> float:

@@ -68,6 +68,12 @@ def _find_fit(fits: list[CollectiveFit], op: str, where: str) -> CollectiveFit:
     )
 
 
+def inter_node_bw(cluster: ClusterProfile, fit: CollectiveFit) -> float:
+    """Bus bandwidth of an inter-node fit at this job's size: the fit's, times the cluster's fabric-load share
+    (:meth:`planner.profiles.ClusterProfile.inter_node_fraction`; 1 without a :class:`~planner.profiles.FabricLoad`)."""
+    return fit.bus_bw_bytes_per_s * cluster.inter_node_fraction()
+
+
 def _alpha_step(fit: CollectiveFit) -> float:
     return fit.alpha_s / ring_steps(fit.op, fit.n_ranks)
 
@@ -109,7 +115,7 @@ def _flat_link(
     share = min(1.0, ranks_per_node / node.devices_per_node)
     if op == "send_recv":
         share = 1.0 / node.devices_per_node
-    bw = inter.bus_bw_bytes_per_s * share * cluster.inter_node_fraction()
+    bw = inter_node_bw(cluster, inter) * share
     if intra is not None:
         bw = min(bw, intra.bus_bw_bytes_per_s)
     inter_step = _alpha_step(inter)
@@ -150,7 +156,7 @@ def _hierarchical_s(
         k,
         _Link(intra_step_s=step, inter_step_s=step, bw=intra.bus_bw_bytes_per_s, nodes=1),
     )
-    group_bw = inter.bus_bw_bytes_per_s * min(1.0, k / node.devices_per_node) * cluster.inter_node_fraction()
+    group_bw = inter_node_bw(cluster, inter) * min(1.0, k / node.devices_per_node)
     # k concurrent inter-node all-reduces of S/k, sharing the group's NIC bandwidth: each gets group_bw/k.
     step = _alpha_step(inter)
     inter_s = _ring_s(

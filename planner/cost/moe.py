@@ -59,7 +59,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from planner.cost.collectives import group_collective_s
+from planner.cost.collectives import group_collective_s, inter_node_bw
 from planner.cost.config import LayerCost, Recompute
 from planner.cost.constants import (
     DTYPE_BYTES,
@@ -152,8 +152,7 @@ def all_to_all_s(cluster: ClusterProfile, node: NodeType, message_bytes: float, 
     inter = all_to_all_fit(cluster.inter_node, "the network (inter-node)", cluster)
     g = group.ranks_per_node
     nvlink_s = (g - 1) / n * message_bytes / intra.bus_bw_bytes_per_s
-    nic_bw = inter.bus_bw_bytes_per_s * cluster.inter_node_fraction() / node.devices_per_node  # FabricLoad
-    network_s = (n - g) / n * message_bytes / nic_bw
+    network_s = (n - g) / n * message_bytes / (inter_node_bw(cluster, inter) / node.devices_per_node)
     return inter.alpha_s + max(nvlink_s, network_s)
 
 
@@ -194,7 +193,7 @@ def deepep_s(
     inter = all_to_all_fit(cluster.inter_node, "the network (inter-node)", cluster)
     g = group.ranks_per_node
     rdma_bytes = message_bytes / top_k * remote_nodes_per_token(experts, top_k, n // g)
-    network_s = rdma_bytes / (inter.bus_bw_bytes_per_s * cluster.inter_node_fraction() / node.devices_per_node)
+    network_s = rdma_bytes / (inter_node_bw(cluster, inter) / node.devices_per_node)
     nvlink_s = (g - 1) / g * message_bytes / intra.bus_bw_bytes_per_s
     return inter.alpha_s + max(nvlink_s, network_s)
 

@@ -150,6 +150,13 @@ def build_plan(
     """The plan file for the best candidate of ``result`` (predictions from ``Estimate.to_predictions``)."""
     best = result.best
     outer = best.outer
+    mesh = (
+        Mesh(axes=["dp", "pp", "tp"], sizes=[outer.dp, outer.pp, outer.tp])
+        if outer.replica_node_types
+        else Mesh(axes=["pp", "dp", "cp", "tp"], sizes=[outer.pp, outer.dp, outer.cp, outer.tp])
+        if outer.cp > 1
+        else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])
+    )
     return Plan(
         planner_version=__version__,
         created_utc=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
@@ -158,13 +165,7 @@ def build_plan(
         cluster_name=cluster.name,
         cluster_hash=cluster.content_hash,
         training=training,
-        mesh=(
-            Mesh(axes=["dp", "pp", "tp"], sizes=[outer.dp, outer.pp, outer.tp])
-            if outer.replica_node_types
-            else Mesh(axes=["pp", "dp", "cp", "tp"], sizes=[outer.pp, outer.dp, outer.cp, outer.tp])
-            if outer.cp > 1
-            else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])
-        ),
+        mesh=mesh,
         context_parallel=outer.context_parallel if outer.cp > 1 else None,
         flash_attention=best.config.flash_attention,
         schedule=make_schedule(
@@ -183,7 +184,7 @@ def build_plan(
         replica_node_types=list(outer.replica_node_types) if outer.replica_node_types else None,
         experts=_expert_layout(profile, outer.ep, outer.etp),
         predictions=best.estimate.to_predictions(),
-        search=_with_calibration(build_search_record(result), cluster, outer.tp * outer.pp * outer.dp * outer.cp),
+        search=_with_calibration(build_search_record(result), cluster, mesh.world_size),
     )
 
 
