@@ -42,6 +42,7 @@ class LaunchOptions:
     nproc_per_node: int | None = None
     timeout_s: float = 1800.0
     layout_report: Path | None = None
+    compile: str = "auto"  # torch.compile per block: auto (CUDA on, CPU off), on, off (runtime.executor.speed)
 
     def procs_per_node(self, plan: Plan) -> int:
         if self.nproc_per_node is not None:
@@ -110,6 +111,8 @@ def train_args(opts: LaunchOptions) -> list[str]:
         opts.data,
         "--timeout-s",
         str(opts.timeout_s),
+        "--compile",
+        opts.compile,
     ]
     if opts.metrics:
         args += ["--metrics", str(opts.metrics)]

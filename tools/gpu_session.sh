@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# What Stratagem runs on a lent NVIDIA GPU machine (one call): environment, GEMM sweep vs the kernel model,
-# measured model profiles, 1-GPU plan -> launch on CUDA/NCCL, and the `gpu` tests. Writes under $OUT.
-#   OUT=/tmp/out bash tools/gpu_session.sh [quick]
-# The machine's python has torch; the planner's own dependencies not there travel as wheels in .whl/.
+# What Stratagem runs on a lent NVIDIA GPU machine (one `run` call of at most 8 minutes). Writes under $OUT;
+# copy $OUT to benchmarks/data/<gpu>/ afterwards.
+#   OUT=/tmp/out bash tools/gpu_session.sh           # speed (default): launch MFU / step time / peak memory of
+#                                                    # gpt2-large mb 4 and a Llama-3-8B-shaped model beside their
+#                                                    # predictions (benchmarks/gpu_speed.py), then the `gpu` tests
+#   OUT=/tmp/out bash tools/gpu_session.sh full|quick|final   # the GEMM sweep and GPT-2 runs of earlier sessions
+# The machine's python has torch; the planner's own dependencies not there travel as wheels in .whl/ (pure-Python
+# ones plus pydantic-core for several Pythons: each wheel that does not fit this Python is skipped).
 set -u
 OUT=${OUT:-/tmp/stratagem-gpu}; mkdir -p "$OUT"
-MODE=${1:-full}
+MODE=${1:-speed}
+export PYTHONPATH=$PWD
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  for w in .whl/*.whl; do
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" \
+      >/dev/null 2>&1 || echo "skipped $(basename "$w")"
+  done
   export PYTHONPATH=$PWD:/tmp/site
-else
-  export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 S="python3 -m planner.cli.main"
@@ -18,6 +24,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limi
 python3 -c "import torch, pulp, pydantic, planner, runtime; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); print('cbc', pulp.PULP_CBC_CMD().available())" | tee -a "$OUT/gpu.txt"
 step() { echo; echo "=== $* ($(date -u +%T))"; }
 Q=""; [ "$MODE" = quick ] && Q="--quick"
+if [ "$MODE" = speed ]; then
+  step launch speed
+  timeout 330 python3 benchmarks/gpu_speed.py --out "$OUT" 2>&1 | tail -n 12
+  step gpu tests
+  timeout 100 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --timeout 60 -rA > "$OUT/tests.log" 2>&1
+  tail -n 5 "$OUT/tests.log"
+  ls -la "$OUT"; exit 0
+fi
 if [ "$MODE" = final ]; then  # the runs, the unaligned LM heads and the profiler test
   step odd gemms
   python3 benchmarks/gpu_gemm_check.py --cluster dgx-h100 --odd --out "$OUT/gemm_odd.csv" > "$OUT/gemm_odd.log" 2>&1; tail -n 3 "$OUT/gemm_odd.log"

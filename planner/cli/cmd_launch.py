@@ -62,6 +62,13 @@ def register(subparsers) -> None:
         default=1800.0,
         help="wall-clock limit of the job and of each collective, seconds",
     )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile each transformer block (default: on with CUDA, off on CPU); a block the compiler "
+        "cannot take runs uncompiled with one warning",
+    )
     p.add_argument("--layout-report", type=out_path, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -105,6 +112,7 @@ def _options(args: argparse.Namespace, metrics: Path | None):
         nproc_per_node=args.nproc_per_node,
         timeout_s=args.timeout_s,
         layout_report=args.layout_report,
+        compile={None: "auto", True: "on", False: "off"}[args.compile],
     )
 
 

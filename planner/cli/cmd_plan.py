@@ -169,8 +169,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--flash-attention",
-        action="store_true",
-        help="cost attention as a fused causal flash kernel (no s x s scores saved; long-context plans need it)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fused causal attention (SDPA; no s x s scores saved; long-context plans need it): the cost model "
+        "prices it and `stratagem launch` runs it. Default: on for GPU clusters, off for CPU ones",
     )
     p.add_argument(
         "--cp-table",
@@ -276,6 +278,16 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     return table
 
 
+def _flash_attention(args: argparse.Namespace, cluster) -> bool:
+    """--flash-attention / --no-flash-attention, else on when every node type of the cluster is a GPU (what
+    `stratagem launch` then runs: fused SDPA, runtime.models.attention)."""
+    from planner.cost.constants import is_gpu
+
+    if args.flash_attention is not None:
+        return bool(args.flash_attention)
+    return all(is_gpu(nt.device) for nt in cluster.node_types)
+
+
 def _resolve_dtype(args: argparse.Namespace, cluster) -> str | None:
     """--dtype, else the default rule over the node types the plan's devices come from (so 16 A100s of
     mixed-a100-v100 train in bf16, 32 devices in fp16); with --model-profile the profile's dtype decides
@@ -366,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
         budget_s=args.budget,
         cp=args.cp,
         cp_min_seq_len=args.cp_min_seq,
-        flash_attention=args.flash_attention,
+        flash_attention=_flash_attention(args, cluster),
     )
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:

@@ -1,8 +1,11 @@
 """Context parallelism: attention over a sequence split across the ``cp`` ranks of the plan's mesh.
 
 torch 2.13's ``torch.distributed.tensor.experimental.context_parallel`` does not run on CPU
-(``aten._scaled_dot_product_flash_attention_for_cpu`` has no sharding strategy), and the zoo's attention is
-explicit math anyway, so the all-gather form is written here with torch.distributed (Llama 3, Grattafiori
+(``aten._scaled_dot_product_flash_attention_for_cpu`` has no sharding strategy) and takes over every SDPA call
+in its context (a model-wide buffer sharding this runtime's per-module shards do not use), so the exchange is
+written here with torch.distributed and each rank's local attention is the plan's kernel — fused SDPA with a
+boolean visibility mask when ``flash_attention`` (on CUDA the memory-efficient kernel, which takes masks),
+explicit math otherwise (Llama 3, Grattafiori
 et al. 2024, arXiv:2407.21783, §3.3.2):
 
 - **Layout** (Megatron-Core's causal load balancing): the ``s`` tokens are cut into ``2 cp`` chunks and cp rank
@@ -25,9 +28,9 @@ et al. 2024, arXiv:2407.21783, §3.3.2):
   gradient average over the ``dp x cp`` group (``apply_dp`` on the flattened mesh) is the gradient of the
   full-sequence mean, and the reported loss sums ``mean / (dp cp)`` over the ranks.
 
-On CUDA the same code runs over NCCL (``all_gather_single`` / ``reduce_scatter_single``, ``isend`` / ``irecv``);
-torch's own ``context_parallel`` (SDPA-based) is not used because the zoo's attention is explicit math. The
-CUDA path was not run here.
+On CUDA the same code runs over NCCL (``all_gather_single`` / ``reduce_scatter_single``, ``isend`` / ``irecv``).
+The ring form merges explicit-math blocks: SDPA returns no log-sum-exp to merge with. The CUDA path of context
+parallelism has not been run.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from torch import nn
 
 from planner.errors import StratagemError
 from planner.plan import Plan
+from runtime.models.attention import attend
 
 CONTEXT_FAMILIES = ("gpt", "llama")  # models whose attention takes a ContextShard (runtime/models/gpt.py, llama.py)
 
@@ -84,19 +88,27 @@ class ContextShard:
         return _GatherSequence.apply(x, dim, self)
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, repeat: int = 1, probs_fn=None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        fused: bool,
+        scale: float,
+        dropout_p: float = 0.0,
+        training: bool = False,
     ) -> torch.Tensor:
         """Causal attention of this rank's queries ``q`` (b, heads, s/cp, d) over the whole sequence, whose K/V
-        this rank holds a share of (``k``, ``v``: b, kv heads, s/cp, d; each kv head serves ``repeat`` query
-        heads). ``probs_fn`` (all-gather form only) transforms the probabilities, e.g. attention dropout."""
+        this rank holds a share of (``k``, ``v``: b, kv heads, s/cp, d; each kv head serves heads / kv heads
+        query heads). The all-gather form runs :func:`runtime.models.attention.attend` on the gathered K/V with
+        the rank's visibility mask — fused SDPA when ``fused`` (the plan's flash_attention) — and applies
+        attention dropout; the ring form merges math blocks (no dropout: ``check_context_supported``)."""
         if self.mode == "ring":
-            return self._ring_attend(q, k, v, scale=scale, repeat=repeat)
-        k, v = self.gather(k, dim=2), self.gather(v, dim=2)  # the few K/V heads, then repeated (Llama 3 §3.3.2)
-        if repeat > 1:
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        scores = (q @ k.transpose(-2, -1)) * scale + self.causal_bias(device=q.device, dtype=q.dtype)
-        probs = torch.softmax(scores, dim=-1)
-        return (probs_fn(probs) if probs_fn is not None else probs) @ v
+            return self._ring_attend(q, k, v, scale=scale, repeat=q.shape[1] // k.shape[1])
+        k, v = self.gather(k, dim=2), self.gather(v, dim=2)  # the few K/V heads (Llama 3 §3.3.2)
+        return attend(
+            q, k, v, fused=fused, scale=scale, dropout_p=dropout_p, training=training, visible=self.visible(q.device)
+        )
 
     def _ring_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, repeat: int):
         """Ring form of :meth:`attend`: step ``i`` holds the K/V of cp rank ``r - i``; blocks merge into a running
@@ -126,6 +138,10 @@ class ContextShard:
             if step < self.cp - 1:
                 kv = _RingShift.apply(kv, self)
         return numerator / denominator
+
+    def visible(self, device: torch.device) -> torch.Tensor:
+        """(s / cp, s) boolean mask: True where the key's position is at most the query's."""
+        return torch.arange(self.seq_len, device=device)[None, :] <= self.positions(device)[:, None]
 
     def causal_bias(self, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """(s / cp, s) additive mask: 0 where the key's position is at most the query's, -inf elsewhere."""

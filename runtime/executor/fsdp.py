@@ -43,6 +43,7 @@ def apply_dp(
     zero_stage: int,
     block_paths: Iterable[str],
     ignored_params: set[nn.Parameter] | None = None,
+    mp_policy=None,
 ) -> str:
     """Wrap ``model`` (one pipeline chunk) for data parallelism over ``dp_mesh``; returns the mode used.
 
@@ -50,6 +51,7 @@ def apply_dp(
     block, torchtitan's ``apply_fsdp``), then the chunk root collects the remaining parameters.
     A 1-rank dp mesh leaves the model untouched (``"none"``). ``ignored_params`` (an MoE's routed experts,
     reduced over their own group by ``runtime.executor.moe``) stay plain tensors outside the wrapper.
+    ``mp_policy``: FSDP2's ``MixedPrecisionPolicy`` for ZeRO 1-3 (``runtime.executor.speed.fsdp_mp_policy``).
     """
     if dp_mesh.size() == 1:
         return "none"
@@ -57,12 +59,13 @@ def apply_dp(
         replicate(model, mesh=dp_mesh, ignored_params=ignored_params)
         return ZERO_MAPPING[0]
     reshard = zero_stage == 3
+    extra = {"mp_policy": mp_policy} if mp_policy is not None else {}
     for path in block_paths:
         try:
             block = model.get_submodule(path)
         except AttributeError:
             continue
         if block is not None:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored_params)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored_params)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored_params, **extra)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored_params, **extra)
     return ZERO_MAPPING[zero_stage]

@@ -27,8 +27,10 @@ from runtime.executor.moe import (
     expert_params,
 )
 from runtime.executor.recompute import apply_ac
+from runtime.executor.speed import apply_compile, fsdp_mp_policy, precision_scheme
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
+from runtime.models.attention import apply_attention
 from runtime.executor.tp import (
     ReplicaGradSync,
     apply_tp,
@@ -38,9 +40,10 @@ from runtime.executor.tp import (
     uses_loss_parallel,
 )
 
-# plan dtype -> autocast compute dtype (None = fp32). Weights, gradients and AdamW state stay fp32 (the plan
-# schema: "mixed precision keeps fp32 master weights"); tf32 is fp32 with TF32 matmuls on CUDA.
-AUTOCAST_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16}
+# plan dtypes the runtime trains (runtime.executor.speed says how: fp32, autocast or FSDP2 bf16); fp32 master
+# weights, gradients and AdamW state in every case (the plan schema: "mixed precision keeps fp32 master weights");
+# tf32 is fp32 with TF32 matmuls on CUDA.
+RUN_DTYPES = ("fp32", "tf32", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +61,9 @@ class Chunk:
     experts_held: dict[str, list[int]] = field(default_factory=dict)  # MoE path -> global expert indices here
     expert_dp_mode: str = "none"  # ZeRO of the experts over edp (runtime.executor.moe.apply_expert_dp)
     expert_sync: ExpertGradSync | None = None  # MoE: expert grads over edp, token-sliced grads over tp
+    attention: str = "none"  # "sdpa" (fused) or "math" when the chunk holds attention (runtime.models.attention)
+    compiled: list[str] = field(default_factory=list)  # blocks compiled in place (runtime.executor.speed)
+    precision: str = "fp32"  # runtime.executor.speed.precision_scheme
 
     @property
     def loss_parallel(self) -> bool:
@@ -68,7 +74,7 @@ def check_supported(plan: Plan) -> None:
     """Reject plan features the runtime cannot execute, before any process starts."""
     from runtime.models import layer_paths
 
-    if plan.training.dtype not in AUTOCAST_DTYPES:
+    if plan.training.dtype not in RUN_DTYPES:
         raise StratagemError(
             f"plan trains in {plan.training.dtype}, which the runtime does not run (it needs loss "
             f"scaling); re-plan with --dtype bf16 or fp32"
@@ -93,12 +99,15 @@ def build_chunk(
     device: torch.device,
     context: ContextShard | None = None,
     experts: ExpertGroups | None = None,
+    *,
+    compile_blocks: bool = False,
 ) -> Chunk:
     """Build, shard and wrap the chunk of ``stage`` for this rank (collective over the mesh).
 
     ``context``: the rank's share of the sequence under context parallelism (gradients then average over
     dp x cp). ``experts`` (an MoE model): keep this rank's experts and route over its ep group (``apply_ep``)
-    after TP, and leave the experts out of the data-parallel wrapper."""
+    after TP, and leave the experts out of the data-parallel wrapper. ``compile_blocks``: ``torch.compile`` each
+    block after recompute and before data parallelism (``runtime.executor.speed``)."""
     from runtime.models import build_model, init_weights, layer_paths
 
     paths = layer_paths(plan.model)
@@ -107,6 +116,7 @@ def build_chunk(
     model.to_empty(device="cpu")
     init_weights(model, seed=plan.training.seed)
     model.to(device)
+    attention = apply_attention(model, fused=plan.flash_attention)
     styles = tp_styles(plan.model, plan.layout, stage.module_paths) if mesh["tp"].size() > 1 else {}
     apply_tp(model, mesh["tp"], styles)
     replicas, rows = replica_paths(styles), {}
@@ -117,6 +127,7 @@ def build_chunk(
     context_paths = apply_cp(model, context)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
+    compiled = apply_compile(model, blocks) if compile_blocks else []
     dp_mesh = data_parallel_mesh(mesh, plan.mesh.size("cp"))
     expert_dp = apply_expert_dp(model, experts, zero_stage=plan.zero_stage) if experts is not None and held else "none"
     dp_mode = apply_dp(
@@ -125,6 +136,7 @@ def build_chunk(
         zero_stage=plan.zero_stage,
         block_paths=blocks,
         ignored_params=expert_params(model) if held and expert_dp == "none" else None,
+        mp_policy=fsdp_mp_policy(plan),
     )
     # a replica's routed experts are reduced over edp by ExpertGradSync, not over TP
     sync = ReplicaGradSync(model, mesh["tp"], replicas, exclude=expert_params(model)) if replicas else None
@@ -144,6 +156,9 @@ def build_chunk(
         experts_held=held,
         expert_dp_mode=expert_dp,
         expert_sync=expert_sync,
+        attention=("sdpa" if plan.flash_attention else "math") if attention else "none",
+        compiled=compiled,
+        precision=precision_scheme(plan),
     )
 
 

@@ -42,8 +42,9 @@ from runtime.executor.data import Batch, build_data_source, loss_scale, replica_
 from runtime.executor.mesh import ParallelDims, build_mesh
 from runtime.executor.moe import build_expert_groups, expert_layout, set_aux_loss_scale, take_aux_loss
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
-from runtime.executor.parallelize import AUTOCAST_DTYPES, Chunk, build_chunk, check_supported, describe_params
+from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.schedule import build_runner, check_replica_schedules
+from runtime.executor.speed import COMPILE_CHOICES, autocast_dtype, build_optimizer, report_compile, resolve_compile
 from runtime.executor.tied import TiedGradSync, build_tied_sync
 
 log = logging.getLogger("runtime.executor.train")
@@ -59,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
+    p.add_argument(
+        "--compile",
+        choices=COMPILE_CHOICES,
+        default="auto",
+        help="torch.compile each transformer block (auto: on CUDA, off on CPU)",
+    )
     p.add_argument(
         "--layout-report",
         action="append",
@@ -172,6 +179,9 @@ def write_layout_report(
                 "replica_rows": dict(c.replica_rows),
                 "context_paths": list(c.context_paths),
                 "experts_held": dict(c.experts_held),
+                "attention": c.attention,
+                "compiled": list(c.compiled),
+                "precision": c.precision,
                 "expert_dp_mode": c.expert_dp_mode,
                 "params": describe_params(c.module),
             }
@@ -257,8 +267,11 @@ class Job:
         return [c.module for c in self.chunks]
 
 
-def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | None = None) -> Job:
-    """Build this rank's chunks, optimizers, step runner and data view for ``plan`` (collective)."""
+def build_job(
+    plan: Plan, device: torch.device, *, data: str, report_dir: str | None = None, compile_blocks: bool = False
+) -> Job:
+    """Build this rank's chunks, optimizers, step runner and data view for ``plan`` (collective);
+    ``compile_blocks``: ``torch.compile`` each transformer block (``runtime.executor.speed``)."""
     from runtime.models import loss_fn
 
     rank = dist.get_rank()
@@ -279,7 +292,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
         )
     context = build_context_shard(plan, mesh, coords)
     experts = build_expert_groups(plan, dims, rank, mesh["tp"].get_group(), device.type)
-    chunks = [build_chunk(plan, stage, mesh, device, context, experts) for stage in mine]
+    chunks = [build_chunk(plan, stage, mesh, device, context, experts, compile_blocks=compile_blocks) for stage in mine]
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
@@ -305,7 +318,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
         loss_fn=scaled_loss,
         pp_group=mesh["pp"].get_group(),
         device=device,
-        autocast_dtype=AUTOCAST_DTYPES[tr.dtype],
+        autocast_dtype=autocast_dtype(plan),
         sync_every_micro_batch=plan.zero_stage == 3,
     )
     return Job(
@@ -315,7 +328,7 @@ def build_job(plan: Plan, device: torch.device, *, data: str, report_dir: str | 
         device=device,
         chunks=chunks,
         runner=runner,
-        optimizers=[torch.optim.AdamW(c.module.parameters(), lr=tr.lr, weight_decay=tr.weight_decay) for c in chunks],
+        optimizers=[build_optimizer(c.module, lr=tr.lr, weight_decay=tr.weight_decay, device=device) for c in chunks],
         data=build_data_source(plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed),
         rows=replica_rows(rows, coords["dp"]),
         micro_batches=num_micro,
@@ -373,17 +386,31 @@ PROFILE_ENV = "STRATAGEM_TORCH_PROFILE"  # a folder: the third step is traced an
 
 def profiled_step(job: Job, step: int) -> StepResult:
     """:func:`train_step` under ``torch.profiler`` (CPU + CUDA activities); writes this rank's operator table,
-    sorted by device time (CUDA) or CPU time, to ``$STRATAGEM_TORCH_PROFILE/rank<r>_step<s>.txt``."""
+    sorted by device time (CUDA) or CPU time, to ``$STRATAGEM_TORCH_PROFILE/rank<r>_step<s>.txt`` and every
+    operator's self times and input shapes to ``rank<r>_step<s>.json`` (``{"ops": [{name, input_shapes,
+    calls, self_device_us, self_cpu_us}]}``)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if job.device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         res = train_step(job, step)
     key = "cuda_time_total" if job.device.type == "cuda" else "cpu_time_total"
     folder = Path(os.environ[PROFILE_ENV])
     folder.mkdir(parents=True, exist_ok=True)
     table = prof.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=60)
-    (folder / f"rank{dist.get_rank()}_step{step}.txt").write_text(table, encoding="utf-8")
+    stem = folder / f"rank{dist.get_rank()}_step{step}"
+    atomic_write_text(stem.with_suffix(".txt"), table)
+    ops = [
+        {
+            "name": e.key,
+            "input_shapes": [list(s) if isinstance(s, list | tuple) else s for s in (e.input_shapes or [])],
+            "calls": e.count,
+            "self_device_us": float(getattr(e, "self_device_time_total", 0.0) or 0.0),
+            "self_cpu_us": float(e.self_cpu_time_total),
+        }
+        for e in prof.key_averages(group_by_input_shape=True)
+    ]
+    atomic_write_text(stem.with_suffix(".json"), json.dumps({"device": job.device.type, "ops": ops}) + "\n")
     return res
 
 
@@ -404,7 +431,8 @@ def run_plan(
             raise StratagemError("spatial plans do not checkpoint yet; launch them without --checkpoint-dir/--resume")
         return run_spatial_plan(plan, steps=args.steps, data=args.data, metrics_path=metrics_path, device=device)
     lay = expert_layout(plan)
-    job = build_job(plan, device, data=args.data, report_dir=report_dir)
+    compile_blocks = resolve_compile(getattr(args, "compile", "auto"), device)
+    job = build_job(plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks)
     rank, first = dist.get_rank(), 1
     if args.checkpoint_dir and (args.resume or _restart_count() > 0):
         latest = find_latest_checkpoint(args.checkpoint_dir)
@@ -425,6 +453,9 @@ def run_plan(
             "world_size": dist.get_world_size(),
             "plan_hash": plan.content_hash,
             "plan_path": str(Path(plan_path).resolve()) if plan_path else None,
+            "attention": job.chunks[0].attention,
+            "precision": job.chunks[0].precision,
+            "compiled_blocks": sum(len(c.compiled) for c in job.chunks),
         }
     )
     tr = plan.training
@@ -446,6 +477,10 @@ def run_plan(
         )
         if rank == 0:
             log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)
+        if step == first:
+            fallback = report_compile([p for c in job.chunks for p in c.compiled])
+            if fallback:
+                metrics.write({"event": "compile_fallback", "message": fallback})
         if report_dir and step == first:  # again, with the rows each replica computed in a real step
             write_layout_report(
                 report_dir,

@@ -1,8 +1,8 @@
-"""GPT (pre-norm decoder-only transformer), written so FLOPs and saved tensors are countable.
+"""GPT (pre-norm decoder-only transformer).
 
-Attention is explicit math (QK^T/sqrt(d), additive causal mask, softmax, dropout, @V), not SDPA: on CPU
-SDPA's flash kernel has no FLOP formula, and the explicit form saves exactly the tensors Korthikanti et al.
-2022 (arXiv:2205.05198) §4.1 count. The causal mask is *added* (a constant), so it saves nothing.
+Attention (:mod:`runtime.models.attention`) is fused SDPA when the plan says ``flash_attention: true`` and
+explicit math (QK^T/sqrt(d), additive causal mask, softmax, dropout, @V; the tensors Korthikanti et al. 2022,
+arXiv:2205.05198, §4.1 count) otherwise — the default of a model built outside a plan (profilers, references).
 
 The fused ``qkv`` Linear orders its outputs per head as (heads, 3, head_dim), Megatron-LM's layout, so a
 column split of the fused weight gives each TP rank whole heads of q, k and v.
@@ -19,22 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.models.attention import attend, causal_bias, dropout  # noqa: F401 - causal_bias re-exported
 from runtime.models.dims import GPTDims
 from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
-
-
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Dropout saving a 1-byte bool mask, as the fused CUDA kernel does; no-op when p == 0 or in eval mode.
-
-    ``F.dropout`` on CPU and meta saves a mask in the input dtype instead; ``native_dropout`` keeps the
-    memory accounting equal to GPU training (Korthikanti et al. 2022 §4.1 count masks as 1 byte).
-    """
-    return torch.native_dropout(x, p, True)[0] if p > 0 and training else x
-
-
-def causal_bias(seq_len: int, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """(s, s) additive mask: 0 on and below the diagonal, -inf above (a constant; autograd saves nothing)."""
-    return torch.full((seq_len, seq_len), float("-inf"), device=device, dtype=dtype).triu(1)
 
 
 class Attention(nn.Module):
@@ -46,17 +33,18 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * local_heads * head_dim)
         self.proj = nn.Linear(local_heads * head_dim, hidden)
         self.context = None  # context parallelism: a runtime.executor.context.ContextShard (apply_cp)
+        self.fused_attention = False  # SDPA (the plan's flash_attention) or math (apply_attention)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         qkv = self.qkv(x).view(b, s, -1, 3, self.head_dim)  # -1 = local heads (works under DTensor TP)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # (b, heads, s, d)
         scale = 1.0 / math.sqrt(self.head_dim)
+        how = dict(fused=self.fused_attention, scale=scale, dropout_p=self.p_drop, training=self.training)
         if self.context is not None:  # this rank's queries against the whole sequence's keys and values
-            ctx = self.context.attend(q, k, v, scale=scale, probs_fn=lambda p: dropout(p, self.p_drop, self.training))
+            ctx = self.context.attend(q, k, v, **how)
         else:
-            scores = (q @ k.transpose(-2, -1)) * scale + causal_bias(s, device=x.device, dtype=q.dtype)
-            ctx = dropout(F.softmax(scores, dim=-1), self.p_drop, self.training) @ v
+            ctx = attend(q, k, v, **how)
         out = ctx.transpose(1, 2).reshape(b, s, -1)
         return dropout(self.proj(out), self.p_drop, self.training)
 

@@ -2,8 +2,8 @@
 
 The model is built by ``AutoModelForCausalLM.from_config`` on the meta device (no weights allocated, so a 70B
 config is profiled on a laptop), with our attention function registered in transformers' ``AttentionInterface``
-(:func:`math_attention`): ``QK^T -> softmax -> @V`` as explicit math, so FLOPs and saved tensors are countable
-on CPU and meta like the zoo's (SDPA's CPU flash kernel has no FLOP formula). The pieces are then found by structure, not by a per-architecture table:
+(:func:`stratagem_attention`): fused SDPA when the plan's ``flash_attention`` says so, else ``QK^T -> softmax ->
+@V`` as explicit math like the zoo's (:mod:`runtime.models.attention`). The pieces are then found by structure, not by a per-architecture table:
 
 - the blocks: the longest ``nn.ModuleList`` whose entries share one class (the decoder layers);
 - the token embedding and the LM head: ``get_input_embeddings()`` / ``get_output_embeddings()``;
@@ -36,8 +36,7 @@ from torch import nn
 
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
-from runtime.models.gpt import causal_bias
-from runtime.models.gpt import dropout as zoo_dropout
+from runtime.models.attention import FUSED_MARK, attend, causal_bias
 from runtime.models.layered import LayeredModel, blocks_dict
 
 TRACE_TOKENS = 8  # tokens of the meta forward that orders the modules (any length works)
@@ -71,7 +70,7 @@ def hf_config(spec: ModelSpec):
         ) from None
 
 
-def math_attention(
+def stratagem_attention(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -81,25 +80,31 @@ def math_attention(
     dropout: float = 0.0,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
-    """Attention as explicit math in the compute dtype, like the zoo's (``runtime.models.gpt.Attention``).
+    """The HF attention interface over :func:`runtime.models.attention.attend`: fused SDPA when the block was
+    set so (the plan's ``flash_attention``; ``apply_attention`` marks the block's modules), else explicit math in the
+    compute dtype like the zoo's.
 
-    HF's "eager" attention takes the softmax in fp32, which on a GPU nobody trains with; this one saves what the
-    zoo's attention saves (one s x s probability tensor in the compute dtype, Korthikanti et al. 2022 §4.1), so an
-    HF Llama and the zoo's Llama of the same dimensions profile alike. Query heads per key/value head come from the
-    shapes, so it runs unchanged on a TP shard. Inputs (b, heads, s, d); output (b, s, heads, d).
+    HF's "eager" attention takes the softmax in fp32, which on a GPU nobody trains with; the math path saves what
+    the zoo's attention saves (one s x s probability tensor in the compute dtype, Korthikanti et al. 2022 §4.1),
+    so an HF Llama and the zoo's Llama of the same dimensions profile alike. Query heads per key/value head come
+    from the shapes, so it runs unchanged on a TP shard. Inputs (b, heads, s, d); output (b, s, heads, d).
+    ``attention_mask``: the block's additive (1, 1, s, s) mask, or None for the plain causal triangle.
     """
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = (query @ key.transpose(2, 3)) * scale
-    if attention_mask is not None:
-        scores = scores + attention_mask[..., : key.shape[-2]]
-    probs = zoo_dropout(torch.softmax(scores, dim=-1), dropout, module.training)
-    return (probs @ value).transpose(1, 2).contiguous(), None
+    visible = None if attention_mask is None else attention_mask[0, 0, :, : key.shape[-2]] == 0
+    out = attend(
+        query,
+        key,
+        value,
+        fused=getattr(module, FUSED_MARK, False),
+        scale=scaling if scaling is not None else query.shape[-1] ** -0.5,
+        dropout_p=dropout,
+        training=module.training,
+        visible=visible,
+    )
+    return out.transpose(1, 2).contiguous(), None
 
 
-ATTENTION = "stratagem_math"
+ATTENTION = "stratagem"
 
 
 # Config keys whose effect lives in the HF model's own forward, outside the modules the wrapper calls (Gemma 2's
@@ -115,7 +120,7 @@ def _build_causal_lm(spec: ModelSpec) -> nn.Module:
             f"{spec.source} sets {', '.join(used)}, which Stratagem's HF wrapper does not apply "
             f"(the model would differ from transformers'); set it to null or plan another model"
         )
-    transformers.AttentionInterface.register(ATTENTION, math_attention)
+    transformers.AttentionInterface.register(ATTENTION, stratagem_attention)
     config = hf_config(spec)
     try:
         with torch.device("meta"):
@@ -163,16 +168,20 @@ class HFBlock(nn.Module):
         super().__init__()
         self.layer, self.window = layer, window
         object.__setattr__(self, "_rotary", rotary)  # unregistered: fixed tables, never sharded or re-initialised
+        self.fused_attention = False  # SDPA (the plan's flash_attention) or math (apply_attention)
         params = inspect.signature(layer.forward).parameters
         self._kwargs = {k for k in ("attention_mask", "position_ids", "position_embeddings") if k in params}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = x.shape[1]
         positions = torch.arange(s, device=x.device).unsqueeze(0)
-        mask = causal_bias(s, device=x.device, dtype=x.dtype)
+        mask = None  # the plain causal triangle: stratagem_attention's is_causal
         if self.window is not None:  # sliding window: key j visible from query i when i - window < j <= i
-            mask = mask + torch.full((s, s), float("-inf"), device=x.device, dtype=x.dtype).tril(-self.window)
-        kwargs = {"attention_mask": mask[None, None], "position_ids": positions}
+            mask = causal_bias(s, device=x.device, dtype=x.dtype)
+            mask = (mask + torch.full((s, s), float("-inf"), device=x.device, dtype=x.dtype).tril(-self.window))[
+                None, None
+            ]
+        kwargs = {"attention_mask": mask, "position_ids": positions}
         if self._rotary is not None:
             kwargs["position_embeddings"] = self._rotary(x, positions)
         out = self.layer(x, **{k: v for k, v in kwargs.items() if k in self._kwargs})

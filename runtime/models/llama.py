@@ -1,7 +1,7 @@
 """Llama (Touvron et al. 2023): RMSNorm, rotary position embedding, grouped-query attention, SwiGLU.
 
-Written with explicit math attention like :mod:`runtime.models.gpt` so FLOPs and saved tensors are
-countable on CPU and meta. Rotary tables are computed in ``forward`` (no buffers), so a model
+Attention is fused SDPA or explicit math as the plan says, like :mod:`runtime.models.gpt`.
+Rotary tables are computed in ``forward`` (no buffers), so a model
 materialized from meta with ``to_empty`` needs no buffer re-initialisation.
 """
 
@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.models.dims import LlamaDims
-from runtime.models.gpt import VocabShardEmbedding, causal_bias, embedding_table
+from runtime.models.attention import attend
+from runtime.models.gpt import VocabShardEmbedding, embedding_table
 from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
 
 RMS_EPS = 1e-5  # Meta llama ModelArgs.norm_eps
@@ -61,6 +62,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(dims.hidden, local_kv * self.head_dim, bias=False)
         self.wo = nn.Linear(local_heads * self.head_dim, dims.hidden, bias=False)
         self.context = None  # context parallelism: a runtime.executor.context.ContextShard (apply_cp)
+        self.fused_attention = False  # SDPA (the plan's flash_attention) or math (apply_attention)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -78,13 +80,9 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d); k, v with the kv heads
         scale = 1.0 / math.sqrt(self.head_dim)
         if ctx is not None:  # the whole sequence's few K/V heads, repeated for the query heads inside
-            out = ctx.attend(q, k, v, scale=scale, repeat=self.group)
+            out = ctx.attend(q, k, v, fused=self.fused_attention, scale=scale)
         else:
-            k, v = (t.repeat_interleave(self.group, dim=1) for t in (k, v))
-            probs = F.softmax(
-                (q @ k.transpose(-2, -1)) * scale + causal_bias(s, device=x.device, dtype=q.dtype), dim=-1
-            )
-            out = probs @ v
+            out = attend(q, k, v, fused=self.fused_attention, scale=scale)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 

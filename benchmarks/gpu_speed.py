@@ -1,0 +1,196 @@
+"""MFU, step time, peak memory and cast-kernel share of `stratagem launch` on one GPU, beside the plan's prediction.
+
+    python benchmarks/gpu_speed.py --out DIR          # needs CUDA; writes DIR/speed.csv, the plans and metrics
+    python benchmarks/gpu_speed.py --from-data DIR    # no GPU: prints a stored session's table again
+
+Rows (hand-made one-GPU plans, ``fixtures.plans.make_plan``; no search, nothing fitted):
+- ``gpt:gpt2-large``, micro-batch 4, sequence 1,024 (the issue-23 baseline: 11 % MFU on one H100 before);
+- ``llama:llama3-8b@layers=8``, micro-batch 1, sequence 8,192: Llama 3 8B's layer shape (hidden 4,096, 32 heads,
+  8 KV heads, FFN 14,336, vocabulary 128,256) with 8 of its 32 layers, so weights, gradients and AdamW state fit
+  one GPU;
+each launched with the runtime's GPU defaults (bf16, fused SDPA attention, ``torch.compile`` per block), and
+``gpt2-large`` once more on the old path (math attention, no compile) as the baseline on the same card.
+
+Prediction: :func:`planner.cost.estimate` of the plan on the closed-form profile (pure 16-bit, flash attention as
+the plan says) and the shipped cluster profile of the card (``dgx-h200`` for an H200, else ``dgx-h100``),
+uncalibrated. Measured step time: the median over steps 2.. (``runtime/executor/metrics.py``). MFU = the cost
+model's model FLOPs per step (6 N per token plus attention, PaLM appendix B, the same count the prediction uses)
+/ step time / the profile's dense bf16 peak, so measured and predicted MFU differ exactly by the step-time ratio.
+Peak memory: ``torch.cuda.max_memory_allocated`` against the prediction less its allocator reserve (which
+``max_memory_allocated`` does not see). Cast share: self device time of ``aten::copy_`` / ``aten::_to_copy`` over
+all self device time in step 3's ``torch.profiler`` table (``STRATAGEM_TORCH_PROFILE``, ``runtime/executor/train.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# (name, model, micro-batch, sequence, flash attention, compile)
+RUNS = [
+    ("gpt2-large_mb4", "gpt:gpt2-large", 4, 1024, True, True),
+    ("llama3-8b-l8_mb1_s8192", "llama:llama3-8b@layers=8", 1, 8192, True, True),
+    ("gpt2-large_mb4_math_eager", "gpt:gpt2-large", 4, 1024, False, False),
+]
+CAST_OPS = ("aten::copy_", "aten::_to_copy")
+FIELDS = [
+    "run", "model", "micro_batch", "seq", "flash_attention", "compile", "gpu", "torch", "cluster_profile",
+    "measured_step_s", "predicted_step_s", "step_error", "tokens_per_s", "measured_mfu", "predicted_mfu",
+    "measured_peak_bytes", "predicted_peak_alloc_bytes", "peak_error", "cast_share", "precision", "attention",
+]  # fmt: skip
+
+
+def build_run(model: str, mb: int, seq: int, flash: bool, cluster_name: str):
+    """The one-GPU plan of a row and its uncalibrated estimate."""
+    from fixtures.plans import make_plan
+    from planner.calibrate.metrics_runs import config_from_plan
+    from planner.cost import estimate
+    from planner.cost.placement import with_gpus
+    from planner.gpt_profile import build_gpt_profile
+    from planner.modelspec import parse_model
+    from planner.profiles import load_cluster_profile, resolve_cluster_path
+
+    name, _, over = model.partition("@")
+    spec = parse_model(name, **{k: int(v) for k, v in (kv.split("=") for kv in over.split(",") if kv)})
+    plan = make_plan(spec, dp=1, global_batch=mb, seq_len=seq, num_micro_batches=1, dtype="bf16", lr=1e-4)
+    plan = plan.model_copy(update={"flash_attention": flash})
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path(cluster_name)), 1)
+    profile = build_gpt_profile(plan.model, seq_len=seq, dtype="bf16")
+    est = estimate(profile, cluster, config_from_plan(plan), global_batch=mb, dtype="bf16")
+    return plan.model_copy(update={"predictions": est.to_predictions()}), est
+
+
+def cast_share(profile_dir: Path) -> float | None:
+    """Share of step 3's self device time spent in cast kernels (rank 0's operator JSON)."""
+    files = sorted(profile_dir.glob("rank0_step*.json"))
+    if not files:
+        return None
+    rows = json.loads(files[0].read_text(encoding="utf-8"))["ops"]
+    total = sum(r["self_device_us"] for r in rows)
+    casts = sum(r["self_device_us"] for r in rows if r["name"] in CAST_OPS)
+    return casts / total if total else None
+
+
+def launch(plan_path: Path, metrics: Path, *, steps: int, compile_blocks: bool, profile_dir: Path) -> str:
+    cmd = [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(steps)]
+    cmd += ["--metrics", str(metrics), "--timeout-s", "400", "--compile" if compile_blocks else "--no-compile"]
+    env = dict(os.environ, STRATAGEM_TORCH_PROFILE=str(profile_dir))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=450, env=env)
+    return "" if proc.returncode == 0 else f"exit {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"
+
+
+def measure(run: tuple, *, out: Path, steps: int, cluster_name: str) -> dict | None:
+    import torch
+
+    from planner.plan import save_plan
+    from runtime.executor.metrics import read_metrics
+
+    name, model, mb, seq, flash, compile_blocks = run
+    plan, est = build_run(model, mb, seq, flash, cluster_name)
+    plan_path = save_plan(plan, out / f"{name}.json")
+    metrics, prof = out / f"{name}.jsonl", out / f"{name}_profile"
+    failure = launch(plan_path, metrics, steps=steps, compile_blocks=compile_blocks, profile_dir=prof)
+    if failure:
+        print(f"{name}: launch failed ({failure})")
+        return None
+    records = read_metrics(metrics)
+    summary = next(r for r in reversed(records) if r.get("event") == "summary")
+    start = next(r for r in records if r.get("event") == "start")
+    meas = summary["measured_step_time_s"]
+    alloc = est.peak_mem_bytes - max(rank.memory.reserve for rank in est.per_rank)
+    peak = summary["measured_peak_memory_bytes"]
+    return dict(
+        run=name,
+        model=model,
+        micro_batch=mb,
+        seq=seq,
+        flash_attention=flash,
+        compile=compile_blocks,
+        gpu=torch.cuda.get_device_name(0),
+        torch=torch.__version__,
+        cluster_profile=cluster_name,
+        measured_step_s=meas,
+        predicted_step_s=est.step_time_s,
+        step_error=est.step_time_s / meas - 1,
+        tokens_per_s=mb * seq / meas,
+        measured_mfu=est.mfu * est.step_time_s / meas,
+        predicted_mfu=est.mfu,
+        measured_peak_bytes=peak,
+        predicted_peak_alloc_bytes=alloc,
+        peak_error=alloc / peak - 1 if peak else None,
+        cast_share=cast_share(prof),
+        precision=start.get("precision"),
+        attention=start.get("attention"),
+    )
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        f"{'run':<28} {'step ms':>8} {'pred ms':>8} {'error':>7} {'MFU':>6} {'pred':>6} {'peak GB':>8} "
+        f"{'pred GB':>8} {'error':>7} {'casts':>6}"
+    )
+    for r in rows:
+        cast = "" if r["cast_share"] in (None, "") else f"{float(r['cast_share']):6.1%}"
+        peak_err = "" if r["peak_error"] in (None, "") else f"{float(r['peak_error']):+7.1%}"
+        print(
+            f"{r['run']:<28} {float(r['measured_step_s']) * 1e3:8.1f} {float(r['predicted_step_s']) * 1e3:8.1f} "
+            f"{float(r['step_error']):+7.1%} {float(r['measured_mfu']):6.1%} {float(r['predicted_mfu']):6.1%} "
+            f"{float(r['measured_peak_bytes']) / 1e9:8.2f} {float(r['predicted_peak_alloc_bytes']) / 1e9:8.2f} "
+            f"{peak_err:>7} {cast:>6}"
+        )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, help="where a GPU session writes speed.csv, plans and metrics")
+    p.add_argument("--from-data", type=Path, metavar="DIR", help="print the table of a stored session (no GPU)")
+    p.add_argument("--cluster", help="cluster profile (default: dgx-h200 on an H200, else dgx-h100)")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--only", help="one run by name")
+    args = p.parse_args()
+    if args.from_data:
+        with open(args.from_data / "speed.csv", newline="", encoding="utf-8") as fh:
+            print_table(list(csv.DictReader(fh)))
+        return 0
+    if args.out is None:
+        p.error("give --out DIR (a GPU session) or --from-data DIR")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: no CUDA device here; this benchmark launches on a GPU", file=sys.stderr)
+        return 2
+    cluster = args.cluster or ("dgx-h200" if "H200" in torch.cuda.get_device_name(0) else "dgx-h100")
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="stratagem-gpu-speed-"))
+    rows = []
+    for run in RUNS:
+        if args.only and run[0] != args.only:
+            continue
+        row = measure(run, out=work, steps=args.steps, cluster_name=cluster)
+        if row is None:
+            continue
+        rows.append(row)
+        for f in work.glob(f"{run[0]}*.json*"):
+            (args.out / f.name).write_bytes(f.read_bytes())
+        for f in (work / f"{run[0]}_profile").glob("rank0_*"):
+            (args.out / f"{run[0]}_{f.name}").write_bytes(f.read_bytes())
+        with open(args.out / "speed.csv", "w", newline="", encoding="utf-8") as fh:  # after every run
+            w = csv.DictWriter(fh, fieldnames=FIELDS)
+            w.writeheader()
+            w.writerows(rows)
+        print_table([row])
+    print_table(rows)
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

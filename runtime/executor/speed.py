@@ -1,0 +1,124 @@
+"""How a chunk is made fast: the precision scheme, the optimizer's kernel and ``torch.compile`` per block.
+
+**Precision** (the plan's ``training.dtype``), per layout, as torchtitan does it where torch allows:
+
+- fp32 / tf32 plans -> ``fp32``: fp32 weights and compute (tf32: TF32 matmuls on CUDA).
+- bf16, ZeRO 1-3 over dp x cp > 1, dense models -> ``fsdp-bf16``: FSDP2
+  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``. FSDP2 casts each unit's sharded fp32 weights to
+  bf16 once per all-gather; compute, activations and saved tensors are bf16; gradients are reduced and kept in
+  fp32 next to the fp32 master weights and AdamW state (torchtitan's default).
+- bf16 on one rank, TP / PP without ZeRO, ZeRO 0, or an MoE -> ``autocast``: ``torch.autocast(bf16)`` over fp32
+  weights. Nothing else in torch keeps fp32 master weights there: an FSDP2 policy needs a ``fully_shard`` unit,
+  ``replicate`` keeps the module's dtype, and an MoE's experts stay outside the FSDP units (their own group).
+  torchtitan too falls back to autocast when FSDP is off. Compiled blocks fuse autocast's casts into their kernels.
+
+**Optimizer**: AdamW with ``fused=True`` on CUDA (one kernel for all parameters, Apex/torchtitan's choice) and
+``foreach=True`` elsewhere; a chunk mixing DTensor and plain parameters gets one parameter group of each (the
+multi-tensor kernels take one kind per list).
+
+**Compile**: each transformer block is compiled in place (``nn.Module.compile``, so parameter names and DCP keys
+do not change) after TP and activation checkpointing and before FSDP — torchtitan's order
+(``apply_tp -> apply_ac -> apply_compile -> apply_fsdp``). Default on for CUDA, off for CPU (``launch --compile``);
+torch's dynamo falls back to eager for a block it cannot compile (``suppress_errors``) and
+:func:`report_compile` turns that into one warning naming the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from planner.plan import Plan
+
+log = logging.getLogger(__name__)
+
+PRECISION_SCHEMES = ("fp32", "autocast", "fsdp-bf16")
+COMPILE_CHOICES = ("auto", "on", "off")
+
+
+def precision_scheme(plan: Plan) -> str:
+    """The scheme ``plan`` trains with (module docstring table): ``fp32``, ``autocast`` or ``fsdp-bf16``."""
+    if plan.training.dtype != "bf16":
+        return "fp32"
+    from runtime.executor.moe import expert_layout, is_moe
+
+    shards = plan.mesh.size("dp") * plan.mesh.size("cp") > 1 and plan.zero_stage >= 1
+    lay = expert_layout(plan)
+    experts_apart = is_moe(plan) or lay.ep > 1 or lay.etp > 1  # experts outside the FSDP units (their own group)
+    return "fsdp-bf16" if shards and not experts_apart else "autocast"
+
+
+def autocast_dtype(plan: Plan) -> torch.dtype | None:
+    """The dtype the step runs under ``torch.autocast`` (None: no autocast)."""
+    return torch.bfloat16 if precision_scheme(plan) == "autocast" else None
+
+
+def fsdp_mp_policy(plan: Plan):
+    """FSDP2's mixed-precision policy for ``plan`` (None: FSDP2's default, the weights' own dtype)."""
+    if precision_scheme(plan) != "fsdp-bf16":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def build_optimizer(module: nn.Module, *, lr: float, weight_decay: float, device: torch.device):
+    """AdamW over ``module``'s parameters: fused kernel on CUDA, multi-tensor (foreach) elsewhere."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    dtensors = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    groups = [{"params": g} for g in (dtensors, plain) if g] if dtensors and plain else params
+    kernel = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, **kernel)
+
+
+def resolve_compile(choice: str, device: torch.device) -> bool:
+    """``auto`` -> on for CUDA, off for CPU. ``on`` on a CPU without a C++ compiler (inductor needs one) warns
+    once and runs uncompiled."""
+    if choice == "off" or (choice == "auto" and device.type != "cuda"):
+        return False
+    if device.type == "cpu" and not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        log.warning("--compile: no C++ compiler on this machine (torch inductor needs one); running uncompiled")
+        return False
+    return True
+
+
+def apply_compile(model: nn.Module, block_paths: Iterable[str]) -> list[str]:
+    """Compile each block of ``block_paths`` present in ``model`` in place; returns the paths compiled."""
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True  # a block dynamo cannot take runs eagerly (report_compile warns)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    done = []
+    for path in block_paths:
+        try:
+            block = model.get_submodule(path)
+        except AttributeError:
+            continue
+        block.compile()
+        done.append(path)
+    return done
+
+
+def report_compile(compiled: list[str]) -> str | None:
+    """After the first step: one warning line when dynamo ran any compiled block's frames eagerly."""
+    if not compiled:
+        return None
+    from torch._dynamo.utils import counters
+
+    frames = counters["frames"]
+    total, ok = frames.get("total", 0), frames.get("ok", 0)
+    if total and ok < total:
+        msg = (
+            f"torch.compile compiled {ok} of {total} frames of {len(compiled)} blocks; the rest run uncompiled "
+            "(graph breaks or a compiler error: TORCH_LOGS=graph_breaks shows why; --no-compile silences this)"
+        )
+        log.warning(msg)
+        return msg
+    return None
