@@ -1,7 +1,7 @@
 """MFU, step time, peak memory and cast-kernel share of `stratagem launch` on one GPU, beside the plan's prediction.
 
     python benchmarks/gpu_speed.py --out DIR          # needs CUDA; writes DIR/speed.csv, the plans and metrics
-    python benchmarks/gpu_speed.py --from-data DIR    # no GPU: prints a stored session's table again
+    python benchmarks/gpu_speed.py --from-data DIR    # no GPU: the stored runs' table, predictions recomputed
 
 Rows (hand-made one-GPU plans, ``fixtures.plans.make_plan``; no search, nothing fitted):
 - ``gpt:gpt2-large``, micro-batch 4, sequence 1,024 (the issue-23 baseline: 11 % MFU on one H100 before);
@@ -40,6 +40,7 @@ RUNS = [
     ("gpt2-large_mb4", "gpt:gpt2-large", 4, 1024, True, True),
     ("llama3-8b-l8_mb1_s8192", "llama:llama3-8b@layers=8", 1, 8192, True, True),
     ("gpt2-large_mb4_math_eager", "gpt:gpt2-large", 4, 1024, False, False),
+    ("gpt2-large-v50304_mb4", "gpt:gpt2-large@vocab=50304", 4, 1024, True, True),
 ]
 CAST_OPS = ("aten::copy_", "aten::_to_copy")
 FIELDS = [
@@ -69,9 +70,9 @@ def build_run(model: str, mb: int, seq: int, flash: bool, cluster_name: str):
     return plan.model_copy(update={"predictions": est.to_predictions()}), est
 
 
-def cast_share(profile_dir: Path) -> float | None:
-    """Share of step 3's self device time spent in cast kernels (rank 0's operator JSON)."""
-    files = sorted(profile_dir.glob("rank0_step*.json"))
+def cast_share(folder: Path, run_name: str) -> float | None:
+    """Share of step 3's self device time spent in cast kernels (rank 0's operator JSON of the run)."""
+    files = sorted(folder.glob(f"{run_name}_rank0_step*.json"))
     if not files:
         return None
     rows = json.loads(files[0].read_text(encoding="utf-8"))["ops"]
@@ -89,20 +90,32 @@ def launch(plan_path: Path, metrics: Path, *, steps: int, compile_blocks: bool, 
 
 
 def measure(run: tuple, *, out: Path, steps: int, cluster_name: str) -> dict | None:
+    """Launch one row on this GPU; its plan, metrics and rank 0's step-3 operator tables land in ``out``."""
     import torch
 
     from planner.plan import save_plan
-    from runtime.executor.metrics import read_metrics
 
     name, model, mb, seq, flash, compile_blocks = run
-    plan, est = build_run(model, mb, seq, flash, cluster_name)
+    plan, _ = build_run(model, mb, seq, flash, cluster_name)
     plan_path = save_plan(plan, out / f"{name}.json")
-    metrics, prof = out / f"{name}.jsonl", out / f"{name}_profile"
-    failure = launch(plan_path, metrics, steps=steps, compile_blocks=compile_blocks, profile_dir=prof)
+    prof = out / f"{name}_profile"
+    failure = launch(plan_path, out / f"{name}.jsonl", steps=steps, compile_blocks=compile_blocks, profile_dir=prof)
     if failure:
         print(f"{name}: launch failed ({failure})")
         return None
-    records = read_metrics(metrics)
+    for f in prof.glob("rank0_*"):
+        f.rename(out / f"{name}_{f.name}")
+    return collect(run, out, cluster_name, gpu=torch.cuda.get_device_name(0), torch_version=torch.__version__)
+
+
+def collect(run: tuple, folder: Path, cluster_name: str, *, gpu: str, torch_version: str) -> dict:
+    """The row of a launched run from its files in ``folder``: the metrics measured, the prediction recomputed
+    from the stored plan (the same ``build_run``; nothing fitted)."""
+    from runtime.executor.metrics import read_metrics
+
+    name, model, mb, seq, flash, compile_blocks = run
+    _, est = build_run(model, mb, seq, flash, cluster_name)
+    records = read_metrics(folder / f"{name}.jsonl")
     summary = next(r for r in reversed(records) if r.get("event") == "summary")
     start = next(r for r in records if r.get("event") == "start")
     meas = summary["measured_step_time_s"]
@@ -115,8 +128,8 @@ def measure(run: tuple, *, out: Path, steps: int, cluster_name: str) -> dict | N
         seq=seq,
         flash_attention=flash,
         compile=compile_blocks,
-        gpu=torch.cuda.get_device_name(0),
-        torch=torch.__version__,
+        gpu=gpu,
+        torch=torch_version,
         cluster_profile=cluster_name,
         measured_step_s=meas,
         predicted_step_s=est.step_time_s,
@@ -127,10 +140,26 @@ def measure(run: tuple, *, out: Path, steps: int, cluster_name: str) -> dict | N
         measured_peak_bytes=peak,
         predicted_peak_alloc_bytes=alloc,
         peak_error=alloc / peak - 1 if peak else None,
-        cast_share=cast_share(prof),
+        cast_share=cast_share(folder, name),
         precision=start.get("precision"),
         attention=start.get("attention"),
     )
+
+
+def from_data(folder: Path, cluster_name: str | None) -> list[dict]:
+    """Rows of the runs stored in ``folder`` (plans, metrics, operator JSONs; ``machine.txt`` names the card and
+    torch), predictions recomputed here; runs whose files are not there are left out and named."""
+    lines = (folder / "machine.txt").read_text(encoding="utf-8").splitlines()
+    gpu = lines[1].split(", ")[0]
+    torch_version = next(line.split()[1] for line in lines if line.startswith("torch "))
+    cluster = cluster_name or ("dgx-h200" if "H200" in gpu else "dgx-h100")
+    rows = []
+    for run in RUNS:
+        if (folder / f"{run[0]}.jsonl").exists():
+            rows.append(collect(run, folder, cluster, gpu=gpu, torch_version=torch_version))
+        else:
+            print(f"{run[0]}: no stored metrics in {folder}")
+    return rows
 
 
 def print_table(rows: list[dict]) -> None:
@@ -158,9 +187,9 @@ def main() -> int:
     p.add_argument("--only", help="one run by name")
     args = p.parse_args()
     if args.from_data:
-        with open(args.from_data / "speed.csv", newline="", encoding="utf-8") as fh:
-            print_table(list(csv.DictReader(fh)))
-        return 0
+        rows = from_data(args.from_data, args.cluster)
+        print_table(rows)
+        return 0 if rows else 1
     if args.out is None:
         p.error("give --out DIR (a GPU session) or --from-data DIR")
     import torch
@@ -179,10 +208,8 @@ def main() -> int:
         if row is None:
             continue
         rows.append(row)
-        for f in work.glob(f"{run[0]}*.json*"):
+        for f in work.glob(f"{run[0]}*.*"):
             (args.out / f.name).write_bytes(f.read_bytes())
-        for f in (work / f"{run[0]}_profile").glob("rank0_*"):
-            (args.out / f"{run[0]}_{f.name}").write_bytes(f.read_bytes())
         with open(args.out / "speed.csv", "w", newline="", encoding="utf-8") as fh:  # after every run
             w = csv.DictWriter(fh, fieldnames=FIELDS)
             w.writeheader()

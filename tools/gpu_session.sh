@@ -24,13 +24,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limi
 python3 -c "import torch, pulp, pydantic, planner, runtime; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); print('cbc', pulp.PULP_CBC_CMD().available())" | tee -a "$OUT/gpu.txt"
 step() { echo; echo "=== $* ($(date -u +%T))"; }
 Q=""; [ "$MODE" = quick ] && Q="--quick"
-if [ "$MODE" = speed ]; then
+if [ "$MODE" = speed ]; then  # one archive back (the device tool returns a limited number of files)
+  D="$OUT/data"; mkdir -p "$D"; cp "$OUT/gpu.txt" "$D/machine.txt"
   step launch speed
-  timeout 330 python3 benchmarks/gpu_speed.py --out "$OUT" 2>&1 | tail -n 12
+  timeout 300 python3 benchmarks/gpu_speed.py --out "$D" 2>&1 | tail -n 12
   step gpu tests
-  timeout 100 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --timeout 60 -rA > "$OUT/tests.log" 2>&1
-  tail -n 5 "$OUT/tests.log"
-  ls -la "$OUT"; exit 0
+  timeout 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --timeout 140 \
+    --timeout-method=signal -rA > "$D/tests.log" 2>&1
+  tail -n 5 "$D/tests.log"
+  tar -C "$OUT" -czf "$OUT/session.tgz" data && rm -rf "$D"; ls -la "$OUT"; exit 0
 fi
 if [ "$MODE" = final ]; then  # the runs, the unaligned LM heads and the profiler test
   step odd gemms

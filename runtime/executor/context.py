@@ -97,17 +97,28 @@ class ContextShard:
         scale: float,
         dropout_p: float = 0.0,
         training: bool = False,
+        recompute_scores: bool = False,
     ) -> torch.Tensor:
         """Causal attention of this rank's queries ``q`` (b, heads, s/cp, d) over the whole sequence, whose K/V
         this rank holds a share of (``k``, ``v``: b, kv heads, s/cp, d; each kv head serves heads / kv heads
         query heads). The all-gather form runs :func:`runtime.models.attention.attend` on the gathered K/V with
         the rank's visibility mask — fused SDPA when ``fused`` (the plan's flash_attention) — and applies
-        attention dropout; the ring form merges math blocks (no dropout: ``check_context_supported``)."""
+        attention dropout; the ring form merges math blocks (no dropout: ``check_context_supported``).
+        ``recompute_scores`` (selective recompute) re-runs the all-gather form's math core in backward; the ring
+        form keeps its blocks."""
         if self.mode == "ring":
             return self._ring_attend(q, k, v, scale=scale, repeat=q.shape[1] // k.shape[1])
         k, v = self.gather(k, dim=2), self.gather(v, dim=2)  # the few K/V heads (Llama 3 §3.3.2)
         return attend(
-            q, k, v, fused=fused, scale=scale, dropout_p=dropout_p, training=training, visible=self.visible(q.device)
+            q,
+            k,
+            v,
+            fused=fused,
+            scale=scale,
+            dropout_p=dropout_p,
+            training=training,
+            visible=self.visible(q.device),
+            recompute_scores=recompute_scores,
         )
 
     def _ring_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, repeat: int):

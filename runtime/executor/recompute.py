@@ -1,52 +1,55 @@
-"""Activation recompute per module path: ``apply_ac``.
+"""Activation recompute per module path: ``apply_ac``. The three modes mean what the cost model charges
+(``planner.cost.compute.layer_cost``; ``tests/test_saved_bytes.py`` holds the two to the same bytes):
 
+- ``none``: autograd keeps everything the block's backward needs (Korthikanti et al. 2022, arXiv:2205.05198,
+  §4.1: ``34 sbh + 5 as^2b`` bytes per GPT block in 16 bits with dropout).
 - ``full``: the whole module is checkpointed; only its input is kept and its forward is re-run during
   backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost").
-- ``selective``: torch's selective activation checkpointing keeps the outputs of the matmul and
-  attention kernels and recomputes the cheap element-wise/normalisation ops around them — the op-level
-  variant torchtitan ships (``_save_list`` in torchtitan/models/llama3/infra/parallelize.py); it is in
-  the spirit of Korthikanti et al. 2022 (arXiv:2205.05198) §4.1 (recompute what is cheap per byte saved).
+- ``selective``: only the attention core — QK^T, softmax, dropout, @V — is checkpointed: q, k and v are kept and
+  the ``as^2b`` score tensors are rebuilt in backward (Korthikanti et al. §5; Megatron-LM's
+  ``checkpoint_core_attention``). Fused (flash) attention keeps no score tensor, so there selective recompute
+  frees nothing and costs nothing, and the block runs as with ``none``; so does a block without attention.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from planner.errors import StratagemError
 from runtime.executor.stage import replace_module
-
-# Ops whose outputs selective recompute keeps (the expensive ones); everything else is recomputed.
-_SAVE_OPS = {
-    torch.ops.aten.mm.default,
-    torch.ops.aten.addmm.default,
-    torch.ops.aten.bmm.default,
-    torch.ops.aten.convolution.default,
-    torch.ops.aten._scaled_dot_product_flash_attention.default,
-    torch.ops.aten._scaled_dot_product_efficient_attention.default,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-}
+from runtime.models.attention import FUSED_ATTR, RECOMPUTE_ATTR, RECOMPUTE_MARK
 
 
-def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:  # noqa: ARG001 - torch policy API
-    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+def apply_selective_recompute(module: nn.Module) -> list[str]:
+    """Make every attention of ``module`` recompute its math core in backward; returns their paths (relative).
 
-
-def _selective_context():
-    return create_selective_checkpoint_contexts(_selective_policy)
+    The zoo's attention modules and the ``hf:`` wrapper's blocks declare ``recompute_scores`` (read by
+    :func:`runtime.models.attention.attend`); the ``hf:`` attention function reads the mark on its submodule.
+    """
+    done = []
+    for path, sub in module.named_modules():
+        if FUSED_ATTR in vars(sub):
+            setattr(sub, RECOMPUTE_ATTR, True)
+            for inner in sub.modules():
+                object.__setattr__(inner, RECOMPUTE_MARK, True)
+            done.append(path)
+    return done
 
 
 def apply_ac(model: nn.Module, recompute: Mapping[str, str]) -> list[str]:
-    """Wrap each module named in ``recompute`` (path -> ``none``/``selective``/``full``) in place.
+    """Apply each module's recompute (path -> ``none``/``selective``/``full``) in place; returns the paths
+    recomputed (``full``: wrapped in a checkpoint; ``selective``: holding an attention whose core is recomputed).
 
-    Paths absent from ``model`` (held by another stage) are skipped. Returns the paths wrapped.
-    The wrapper keeps parameter names in state dicts (torch strips its ``_checkpoint_wrapped_module``).
+    Paths absent from ``model`` (held by another stage) are skipped. The wrapper keeps parameter names in state
+    dicts (torch strips its ``_checkpoint_wrapped_module``).
     """
-    wrapped = []
+    done = []
     for path, mode in recompute.items():
+        if mode not in ("none", "selective", "full"):
+            raise StratagemError(f"recompute mode {mode!r} of {path}: use none, selective or full")
         if mode == "none":
             continue
         try:
@@ -56,9 +59,8 @@ def apply_ac(model: nn.Module, recompute: Mapping[str, str]) -> list[str]:
         if module is None:
             continue
         if mode == "full":
-            new = checkpoint_wrapper(module, preserve_rng_state=True)
-        else:
-            new = checkpoint_wrapper(module, context_fn=_selective_context, preserve_rng_state=True)
-        replace_module(model, path, new)
-        wrapped.append(path)
-    return wrapped
+            replace_module(model, path, checkpoint_wrapper(module, preserve_rng_state=True))
+            done.append(path)
+        elif apply_selective_recompute(module):
+            done.append(path)
+    return done

@@ -6,7 +6,12 @@
   memory-efficient kernel, on CPU ``_scaled_dot_product_flash_attention_for_cpu``; no (s x s) score tensor is
   kept for the backward (Dao et al. 2022, FlashAttention).
 - **math** (``flash_attention: false``): QK^T * scale + additive causal mask, softmax, dropout, @V, which saves
-  the tensors Korthikanti et al. 2022 (arXiv:2205.05198) §4.1 count; kept for exact parity tests.
+  the tensors Korthikanti et al. 2022 (arXiv:2205.05198) §4.1 count; kept for exact parity tests. Grouped-query
+  attention stacks each key/value head's query heads along the rows, so K and V are kept at their own width.
+- **selective recompute** (``recompute: selective``, :func:`runtime.executor.recompute.apply_ac`): the math core
+  (QK^T, softmax, dropout, @V) runs under ``torch.utils.checkpoint``, so only q, k and v are kept and the s x s
+  tensors are rebuilt in backward — Megatron-LM's ``checkpoint_core_attention``, Korthikanti et al. §5. The fused
+  path keeps no s x s tensor, so there is nothing to recompute and it runs as without recompute.
 
 FLOPs and saved bytes of either path come from the cost model's analytic formulas (``planner.cost``), never
 from the kernel. Inputs are (batch, heads, seq, head_dim); key/value may have fewer heads (GQA).
@@ -17,9 +22,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 FUSED_ATTR = "fused_attention"  # instance attribute of every module whose attention the plan chooses
 FUSED_MARK = "_stratagem_fused"  # the same choice on each submodule (the hf: attention function reads it)
+RECOMPUTE_ATTR = "recompute_scores"  # instance attribute: selective recompute of the math core (apply_ac)
+RECOMPUTE_MARK = "_stratagem_recompute_scores"  # the same choice on each submodule (the hf: attention function)
 
 
 def causal_bias(seq_len: int, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -46,11 +54,13 @@ def attend(
     dropout_p: float = 0.0,
     training: bool = False,
     visible: torch.Tensor | None = None,
+    recompute_scores: bool = False,
 ) -> torch.Tensor:
     """softmax(q k^T scale, causal) v over (b, heads, s_q, d) queries and (b, kv heads, s_k, d) keys/values.
 
     ``visible``: a boolean (s_q, s_k) mask of the keys each query sees; None = the causal triangle (s_q == s_k).
     Each key/value head serves ``heads / kv heads`` consecutive query heads (Ainslie et al. 2023, GQA).
+    ``recompute_scores`` (math path only): keep q, k and v and rebuild the s x s tensors in backward.
     """
     p = dropout_p if training else 0.0
     if fused:
@@ -64,15 +74,36 @@ def attend(
             scale=scale,
             enable_gqa=k.shape[1] != q.shape[1],
         )
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if recompute_scores and torch.is_grad_enabled():
+        # the same dropout mask in the recompute needs the RNG state; without dropout there is nothing to replay
+        return checkpoint(
+            _math_attention, q, k, v, scale, p, training, visible, use_reentrant=False, preserve_rng_state=p > 0
+        )
+    return _math_attention(q, k, v, scale, p, training, visible)
+
+
+def _math_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    p: float,
+    training: bool,
+    visible: torch.Tensor | None,
+) -> torch.Tensor:
+    """The math path of :func:`attend`. Query head ``j * groups + i`` uses key/value head ``j``, so the queries are
+    viewed as (b, kv heads, groups * s_q, d): one batched product per key/value head, no repeated K/V copies."""
+    b, heads, s_q, d = q.shape
+    kv_heads, s_k = k.shape[1], k.shape[2]
+    groups = heads // kv_heads
     if visible is None:
-        bias = causal_bias(q.shape[-2], device=q.device, dtype=q.dtype)
+        bias = causal_bias(s_q, device=q.device, dtype=q.dtype)
     else:
         bias = torch.zeros((), device=q.device, dtype=q.dtype).masked_fill(~visible, float("-inf"))
-    probs = torch.softmax((q @ k.transpose(-2, -1)) * scale + bias, dim=-1)
-    return dropout(probs, p, training) @ v
+    scores = (q.reshape(b, kv_heads, groups * s_q, d) @ k.transpose(-2, -1)).view(b, kv_heads, groups, s_q, s_k)
+    probs = torch.softmax(scores * scale + bias, dim=-1)
+    out = dropout(probs, p, training).view(b, kv_heads, groups * s_q, s_k) @ v
+    return out.view(b, heads, s_q, d)
 
 
 def apply_attention(model: nn.Module, *, fused: bool) -> list[str]:

@@ -34,13 +34,20 @@ class Attention(nn.Module):
         self.proj = nn.Linear(local_heads * head_dim, hidden)
         self.context = None  # context parallelism: a runtime.executor.context.ContextShard (apply_cp)
         self.fused_attention = False  # SDPA (the plan's flash_attention) or math (apply_attention)
+        self.recompute_scores = False  # selective recompute: the math core re-runs in backward (apply_ac)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         qkv = self.qkv(x).view(b, s, -1, 3, self.head_dim)  # -1 = local heads (works under DTensor TP)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # (b, heads, s, d)
         scale = 1.0 / math.sqrt(self.head_dim)
-        how = dict(fused=self.fused_attention, scale=scale, dropout_p=self.p_drop, training=self.training)
+        how = dict(
+            fused=self.fused_attention,
+            scale=scale,
+            dropout_p=self.p_drop,
+            training=self.training,
+            recompute_scores=self.recompute_scores,
+        )
         if self.context is not None:  # this rank's queries against the whole sequence's keys and values
             ctx = self.context.attend(q, k, v, **how)
         else:

@@ -36,7 +36,7 @@ from torch import nn
 
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
-from runtime.models.attention import FUSED_MARK, attend, causal_bias
+from runtime.models.attention import FUSED_MARK, RECOMPUTE_MARK, attend, causal_bias
 from runtime.models.layered import LayeredModel, blocks_dict
 
 TRACE_TOKENS = 8  # tokens of the meta forward that orders the modules (any length works)
@@ -100,6 +100,7 @@ def stratagem_attention(
         dropout_p=dropout,
         training=module.training,
         visible=visible,
+        recompute_scores=getattr(module, RECOMPUTE_MARK, False),
     )
     return out.transpose(1, 2).contiguous(), None
 
@@ -169,6 +170,7 @@ class HFBlock(nn.Module):
         self.layer, self.window = layer, window
         object.__setattr__(self, "_rotary", rotary)  # unregistered: fixed tables, never sharded or re-initialised
         self.fused_attention = False  # SDPA (the plan's flash_attention) or math (apply_attention)
+        self.recompute_scores = False  # selective recompute of the math core (apply_ac marks the submodules)
         params = inspect.signature(layer.forward).parameters
         self._kwargs = {k for k in ("attention_mask", "position_ids", "position_embeddings") if k in params}
 

@@ -63,6 +63,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(local_heads * self.head_dim, dims.hidden, bias=False)
         self.context = None  # context parallelism: a runtime.executor.context.ContextShard (apply_cp)
         self.fused_attention = False  # SDPA (the plan's flash_attention) or math (apply_attention)
+        self.recompute_scores = False  # selective recompute: the math core re-runs in backward (apply_ac)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -79,10 +80,11 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d); k, v with the kv heads
         scale = 1.0 / math.sqrt(self.head_dim)
+        how = dict(fused=self.fused_attention, scale=scale, recompute_scores=self.recompute_scores)
         if ctx is not None:  # the whole sequence's few K/V heads, repeated for the query heads inside
-            out = ctx.attend(q, k, v, fused=self.fused_attention, scale=scale)
+            out = ctx.attend(q, k, v, **how)
         else:
-            out = attend(q, k, v, fused=self.fused_attention, scale=scale)
+            out = attend(q, k, v, **how)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 

@@ -1,0 +1,164 @@
+"""What makes `stratagem launch` fast (issue 23): fused SDPA attention chosen by the plan, bf16 per layout, the
+optimizer kernel, torch.compile per block, and the operator tables that show which attention ran."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from fixtures.plans import make_plan
+from planner.modelspec import parse_model
+from planner.plan import save_plan
+from runtime.executor.metrics import final_step_losses, read_metrics
+from runtime.executor.speed import build_optimizer, precision_scheme, resolve_compile
+from runtime.launch import LaunchOptions, train_args
+from runtime.models import build_model, init_weights
+from runtime.models.attention import apply_attention, attend
+from runtime_helpers import tail, torchrun
+
+ALL_SPLIT = ["embed", "blocks.0", "blocks.1", "head"]
+
+
+def _model(name: str, *, fused: bool, seed: int = 0):
+    model = build_model(parse_model(name), device="meta")
+    model.to_empty(device="cpu")
+    init_weights(model, seed=seed)
+    apply_attention(model, fused=fused)
+    return model
+
+
+@pytest.mark.parametrize("name", ["gpt:tiny", "llama:tiny", "moe:tiny"])
+def test_sdpa_and_math_attention_agree_in_fp32(name):
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+    fused, math = (_model(name, fused=f).eval() for f in (True, False))
+    assert torch.allclose(fused(ids), math(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_attend_with_a_visibility_mask_matches_math_for_gqa():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 4, 6, 8, generator=gen), torch.randn(2, 2, 12, 8, generator=gen), torch.randn(2, 2, 12, 8)
+    visible = torch.arange(12)[None, :] <= torch.tensor([0, 1, 2, 9, 10, 11])[:, None]  # a cp rank's two chunks
+    fused = attend(q, k, v, fused=True, scale=0.3, visible=visible)
+    math = attend(q, k, v, fused=False, scale=0.3, visible=visible)
+    assert torch.allclose(fused, math, rtol=1e-5, atol=1e-6)
+
+
+def test_apply_attention_sets_every_attention_module_once():
+    model = _model("llama:tiny", fused=False)
+    assert apply_attention(model, fused=True) == ["blocks.0.attn", "blocks.1.attn"]
+    assert all(m.fused_attention for m in model.modules() if "fused_attention" in vars(m))
+
+
+@pytest.mark.parametrize(
+    ("layout", "dtype", "scheme"),
+    [
+        (dict(dp=2), "fp32", "fp32"),
+        (dict(dp=2, zero_stage=3), "bf16", "fsdp-bf16"),
+        (dict(dp=2, zero_stage=1), "bf16", "fsdp-bf16"),
+        (dict(dp=2), "bf16", "autocast"),  # ZeRO 0: replicate keeps the weights' dtype
+        (dict(tp=2, split=ALL_SPLIT), "bf16", "autocast"),
+        (dict(dp=1), "bf16", "autocast"),
+    ],
+)
+def test_precision_scheme_per_layout(layout, dtype, scheme):
+    assert precision_scheme(make_plan(parse_model("gpt:tiny"), dtype=dtype, **layout)) == scheme
+
+
+def test_moe_bf16_keeps_autocast_under_zero3():  # the experts stay outside the FSDP units
+    plan = make_plan(parse_model("moe:tiny"), dp=2, zero_stage=3, dtype="bf16")
+    assert precision_scheme(plan) == "autocast"
+
+
+def test_optimizer_kernel_and_mixed_parameter_groups():
+    model = _model("gpt:tiny", fused=True)
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, device=torch.device("cpu"))
+    assert opt.defaults["foreach"] is True and not opt.defaults.get("fused")
+    assert len(opt.param_groups) == 1
+
+
+def test_compile_defaults_off_on_cpu_and_warns_without_a_compiler(monkeypatch, caplog):
+    cpu = torch.device("cpu")
+    assert resolve_compile("auto", cpu) is False and resolve_compile("off", cpu) is False
+    monkeypatch.setattr("runtime.executor.speed.shutil.which", lambda _: None)
+    with caplog.at_level(logging.WARNING):
+        assert resolve_compile("on", cpu) is False
+    assert "no C++ compiler" in caplog.text and "uncompiled" in caplog.text
+
+
+@pytest.mark.parametrize(("flag", "value"), [(None, "auto"), (True, "on"), (False, "off")])
+def test_launch_passes_compile_to_every_rank(tmp_path, flag, value):
+    opts = LaunchOptions(plan_path=tmp_path / "p.json", compile={None: "auto", True: "on", False: "off"}[flag])
+    args = train_args(opts)
+    assert args[args.index("--compile") + 1] == value
+
+
+# --- launched on CPU ranks ---------------------------------------------------------------------------------------
+
+BF16_STEPS = 20
+BF16_LAYOUTS = {
+    "dp2": dict(dp=2),
+    "tp2": dict(tp=2, split=ALL_SPLIT),
+    "pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2),
+    "zero3": dict(dp=2, zero_stage=3),
+}
+
+
+@pytest.mark.slow
+def test_bf16_launches_end_within_2_percent_of_fp32(tmp_path):
+    """gpt:small and llama:tiny, fused attention, 2 ranks: bf16 (autocast, or FSDP2's bf16 policy under ZeRO-3)
+    against fp32, step 20's loss."""
+    args, runs = ["--steps", str(BF16_STEPS), "--timeout-s", "120"], {}
+    for family in ("gpt:small", "llama:tiny"):
+        for layout, cfg in BF16_LAYOUTS.items():
+            for dtype in ("fp32", "bf16"):
+                plan = make_plan(parse_model(family), global_batch=8, seq_len=32, dtype=dtype, lr=3e-3, **cfg)
+                plan = plan.model_copy(update={"flash_attention": True})
+                name = f"{family.split(':')[0]}_{layout}_{dtype}"
+                path = save_plan(plan, tmp_path / f"{name}.json")
+                args += ["--plan", str(path), "--metrics", str(tmp_path / f"{name}.jsonl")]
+                args += ["--layout-report", str(tmp_path / name)]
+                runs[name] = tmp_path / f"{name}.jsonl"
+    proc = torchrun(2, args, timeout_s=420)
+    assert proc.returncode == 0, tail(proc)
+    for family in ("gpt", "llama"):
+        for layout in BF16_LAYOUTS:
+            fp32, bf16 = (final_step_losses(read_metrics(runs[f"{family}_{layout}_{d}"])) for d in ("fp32", "bf16"))
+            assert bf16[BF16_STEPS] == pytest.approx(fp32[BF16_STEPS], rel=0.02), (family, layout, fp32, bf16)
+            assert bf16[BF16_STEPS] != fp32[BF16_STEPS]  # bf16 really ran in bf16
+            report = json.loads((tmp_path / f"{family}_{layout}_bf16" / "rank0.json").read_text())
+            assert report["chunks"][0]["precision"] == ("fsdp-bf16" if layout == "zero3" else "autocast")
+            assert report["chunks"][0]["attention"] == "sdpa"
+
+
+def _score_sized(op: dict, seq: int) -> bool:
+    return any(isinstance(s, list) and len(s) >= 2 and s[-2:] == [seq, seq] for s in op["input_shapes"])
+
+
+@pytest.mark.slow
+def test_operator_tables_show_the_plans_attention(tmp_path):
+    """STRATAGEM_TORCH_PROFILE tables of launched steps: fused plans run SDPA and no (s x s) matmul or softmax;
+    a plan with flash_attention false runs the math path."""
+    seq, folders = 40, {}
+    for family in ("gpt:tiny", "llama:tiny", "moe:tiny"):
+        for fused in (True, False):
+            plan = make_plan(parse_model(family), global_batch=2, seq_len=seq).model_copy(
+                update={"flash_attention": fused}
+            )
+            name = f"{family.split(':')[0]}_{'sdpa' if fused else 'math'}"
+            save_plan(plan, tmp_path / f"{name}.json")
+            folders[name] = tmp_path / name
+    for name, folder in folders.items():  # one launch per plan: the profile folder is per process
+        args = ["--steps", "3", "--timeout-s", "120", "--plan", str(tmp_path / f"{name}.json")]
+        proc = torchrun(1, args, timeout_s=120, env={"STRATAGEM_TORCH_PROFILE": str(folder)})
+        assert proc.returncode == 0, tail(proc)
+        ops = json.loads((folder / "rank0_step3.json").read_text())["ops"]
+        names = {op["name"] for op in ops}
+        sdpa = {n for n in names if "scaled_dot_product" in n}
+        score_ops = [op["name"] for op in ops if op["name"] in ("aten::bmm", "aten::_softmax") and _score_sized(op, seq)]
+        if name.endswith("sdpa"):
+            assert sdpa and not score_ops, (name, sorted(sdpa), score_ops)
+        else:
+            assert not sdpa and "aten::_softmax" in score_ops, (name, sorted(sdpa), score_ops)
