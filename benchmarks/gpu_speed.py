@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import subprocess
@@ -162,6 +163,16 @@ def from_data(folder: Path, cluster_name: str | None) -> list[dict]:
     return rows
 
 
+def write_csv(rows: list[dict], path: Path) -> None:
+    from planner.fileio import atomic_write_text
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=FIELDS)
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
 def print_table(rows: list[dict]) -> None:
     print(
         f"{'run':<28} {'step ms':>8} {'pred ms':>8} {'error':>7} {'MFU':>6} {'pred':>6} {'peak GB':>8} "
@@ -185,10 +196,13 @@ def main() -> int:
     p.add_argument("--cluster", help="cluster profile (default: dgx-h200 on an H200, else dgx-h100)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--only", help="one run by name")
+    p.add_argument("--csv", type=Path, help="with --from-data: also write the rows to this CSV file")
     args = p.parse_args()
     if args.from_data:
         rows = from_data(args.from_data, args.cluster)
         print_table(rows)
+        if args.csv and rows:
+            write_csv(rows, args.csv)
         return 0 if rows else 1
     if args.out is None:
         p.error("give --out DIR (a GPU session) or --from-data DIR")
@@ -210,10 +224,7 @@ def main() -> int:
         rows.append(row)
         for f in work.glob(f"{run[0]}*.*"):
             (args.out / f.name).write_bytes(f.read_bytes())
-        with open(args.out / "speed.csv", "w", newline="", encoding="utf-8") as fh:  # after every run
-            w = csv.DictWriter(fh, fieldnames=FIELDS)
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(rows, args.out / "speed.csv")  # after every run: a timeout keeps the rest
         print_table([row])
     print_table(rows)
     return 0 if rows else 1

@@ -614,10 +614,10 @@ DTYPE_HELP = (
     "measured CPU profiles: fp32)"
 )
 PRECISION_HELP = (
-    "how 16-bit compute runs (closed-form GPT profiles): 'pure' 16-bit weights and activations as Megatron-LM and "
-    "torchtitan train (default; what the published rows ran), or 'autocast', fp32 weights under torch.autocast "
-    "as `stratagem launch` trains: its cast kernels, fp32 softmax/LayerNorm/cross-entropy and fp32 activations "
-    "(planner/autocast_profile.py)"
+    "how 16-bit compute runs (closed-form GPT profiles): 'pure' 16-bit weights and activations as Megatron-LM, "
+    "torchtitan and `stratagem launch` (compiled blocks or FSDP2's bf16 policy) train (default), or 'autocast', "
+    "fp32 weights under eager torch.autocast as `stratagem launch --no-compile` trains: its cast kernels, fp32 "
+    "softmax/LayerNorm/cross-entropy and fp32 activations (planner/autocast_profile.py)"
 )
 
 

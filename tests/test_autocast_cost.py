@@ -287,13 +287,14 @@ def test_autocast_prices_torch_foreach_adamw(h100):
     assert tail["autocast"] == pytest.approx(tail["pure"] * 84 / 32)
 
 
-def test_gpu_plans_priced_pure_say_how_to_price_a_launch():
-    from planner.cli.common import pure_on_gpu_note
+def test_launched_runs_are_priced_as_they_ran():
+    """Compiled (or FSDP2-bf16) CUDA runs are priced pure; eager autocast and pre-field runs autocast."""
+    from fixtures.plans import make_plan
+    from planner.calibrate.metrics_runs import runtime_precision
 
-    spec = parse_model("gpt:gpt2")
-    h100 = load_cluster_profile(resolve_cluster_path("dgx-h100"))
-    cpu = load_cluster_profile(resolve_cluster_path("local-cpu-2core"))
-    assert "--precision autocast" in (pure_on_gpu_note(build_gpt_profile(spec, seq_len=128), h100) or "")
-    assert pure_on_gpu_note(build_gpt_profile(spec, seq_len=128, precision="autocast"), h100) is None
-    assert pure_on_gpu_note(build_gpt_profile(spec, seq_len=128, dtype="fp32"), h100) is None
-    assert pure_on_gpu_note(build_gpt_profile(spec, seq_len=128), cpu) is None
+    plan = make_plan(parse_model("gpt:gpt2"), dtype="bf16")
+    assert runtime_precision(plan, "cuda", {"precision": "autocast", "compiled_blocks": 36}) == "pure"
+    assert runtime_precision(plan, "cuda", {"precision": "fsdp-bf16", "compiled_blocks": 0}) == "pure"
+    assert runtime_precision(plan, "cuda", {"precision": "autocast", "compiled_blocks": 0}) == "autocast"
+    assert runtime_precision(plan, "cuda", {}) == "autocast"  # an earlier runtime's run
+    assert runtime_precision(plan, "cpu", {}) == "pure"

@@ -157,7 +157,9 @@ def test_operator_tables_show_the_plans_attention(tmp_path):
         ops = json.loads((folder / "rank0_step3.json").read_text())["ops"]
         names = {op["name"] for op in ops}
         sdpa = {n for n in names if "scaled_dot_product" in n}
-        score_ops = [op["name"] for op in ops if op["name"] in ("aten::bmm", "aten::_softmax") and _score_sized(op, seq)]
+        score_ops = [
+            op["name"] for op in ops if op["name"] in ("aten::bmm", "aten::_softmax") and _score_sized(op, seq)
+        ]
         if name.endswith("sdpa"):
             assert sdpa and not score_ops, (name, sorted(sdpa), score_ops)
         else:

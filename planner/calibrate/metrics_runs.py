@@ -72,15 +72,23 @@ def _records(path: Path) -> list[dict]:
     return out
 
 
-def runtime_precision(plan: Plan, device: str) -> Precision:
-    """How ``stratagem launch`` executes ``plan``'s compute on ``device``: "autocast" for a GPT in a 16-bit
-    dtype on CUDA (fp32 weights under ``torch.autocast``, ``runtime/executor/parallelize.py``
-    ``AUTOCAST_DTYPES``), else "pure" (fp32 plans; families ``planner.autocast_profile`` does not cover)."""
-    autocast = device == "cuda" and plan.model.family == "gpt" and DTYPE_BYTES.get(plan.training.dtype) == 2
-    return "autocast" if autocast else "pure"
+def runtime_precision(plan: Plan, device: str, start: dict | None = None) -> Precision:
+    """How ``stratagem launch`` executed ``plan``'s compute on ``device``, from its metrics ``start`` record.
+
+    "autocast" (fp32 weights under ``torch.autocast``, eager: cast kernels, fp32 softmax) for a GPT in a 16-bit
+    dtype on CUDA that ran uncompiled under autocast (``launch --no-compile``), or whose start record predates the
+    runtime's ``precision`` field (every bf16 CUDA run was eager autocast then); else "pure". Compiled blocks fuse
+    autocast's casts (cast kernels 0.5-1.1 % of device time on an H200, ``benchmarks/data/h200``) and FSDP2's bf16
+    policy has none, so those runs are priced as pure 16-bit, the default of ``plan``/``estimate``."""
+    start = start or {}
+    sixteen_bit_gpt = device == "cuda" and plan.model.family == "gpt" and DTYPE_BYTES.get(plan.training.dtype) == 2
+    eager_autocast = "precision" not in start or (
+        start.get("precision") == "autocast" and not start.get("compiled_blocks")
+    )
+    return "autocast" if sixteen_bit_gpt and eager_autocast else "pure"
 
 
-def _profile_for(plan: Plan, device: str = "cuda") -> ModelProfile | None:
+def _profile_for(plan: Plan, device: str = "cuda", start: dict | None = None) -> ModelProfile | None:
     """The shipped measured profile the plan was made from (by hash); else the closed-form autocast profile
     when the runtime runs the plan under autocast (:func:`runtime_precision`); else a shipped profile of the
     same model, sequence length and dtype; None when there is none (the closed-form pure profile)."""
@@ -88,7 +96,7 @@ def _profile_for(plan: Plan, device: str = "cuda") -> ModelProfile | None:
     for profile in profiles:
         if plan.model_profile_hash and profile.content_hash == plan.model_profile_hash:
             return profile
-    if runtime_precision(plan, device) == "autocast":
+    if runtime_precision(plan, device, start) == "autocast":
         tp = plan.mesh.size("tp")
         return build_gpt_profile(
             plan.model,
@@ -149,6 +157,6 @@ def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, ro
         config=config,
         dtype=tr.dtype,
         step_time_s=float(measured),
-        profile=_profile_for(plan, device),
+        profile=_profile_for(plan, device, start),
         family=plan.model.family,
     )

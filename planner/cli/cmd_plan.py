@@ -36,7 +36,6 @@ from .common import (
     MAX_SEQ,
     DefaultsHelpFormatter,
     analytic_on_cpu_note,
-    pure_on_gpu_note,
     check_out_path,
     float_in,
     int_in,
@@ -366,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
         return run_spatial(args, spec=spec, profile=profile, cluster=cluster, lr_schedule=lr_schedule)
     moe = any(layer.experts is not None for layer in profile.layers)
     allow, notes = _external_limits(spec, parse_allow(args.allow), moe=moe)
-    notes = [*notes, *filter(None, [cpu_note, pure_on_gpu_note(profile, cluster)])]
+    notes = [*notes, *filter(None, [cpu_note])]
     config = SearchConfig(
         time_limit_s=args.time_limit,
         gap_rel=args.gap,

@@ -191,26 +191,6 @@ def check_out_path(path: str | os.PathLike, *, flag: str = "--out", inputs: dict
     return check_output_path(path, flag=flag, inputs=inputs)
 
 
-def pure_on_gpu_note(profile: ModelProfile, cluster: ClusterProfile) -> str | None:
-    """A closed-form GPT profile priced as "pure" 16-bit training on GPUs: right for Megatron-LM / torchtitan and
-    the exports, not for `stratagem launch`, which trains fp32 weights under torch.autocast (measured about 2x
-    slower on small GPT models, benchmarks/data/h100): say so, with the flag that prices the launch."""
-    from planner.cost.constants import DTYPE_BYTES, is_gpu
-
-    if (
-        profile.provenance.method != "analytic"
-        or profile.precision != "pure"
-        or profile.model.family != "gpt"
-        or DTYPE_BYTES.get(profile.dtype) != 2
-        or not all(is_gpu(nt.device) for nt in cluster.node_types)
-    ):
-        return None
-    return (
-        "predictions assume pure 16-bit training (Megatron-LM, torchtitan, the exports); for `stratagem launch`, "
-        "which trains fp32 weights under torch.autocast, re-plan with --precision autocast"
-    )
-
-
 def analytic_on_cpu_note(profile: ModelProfile, cluster: ClusterProfile) -> str | None:
     """An analytic (datasheet) profile on CPU devices has no per-op framework time, which dominates small
     models there: say so, with the fix, instead of printing a step time 10-100x too short unannounced."""
