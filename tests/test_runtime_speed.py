@@ -164,3 +164,26 @@ def test_operator_tables_show_the_plans_attention(tmp_path):
             assert sdpa and not score_ops, (name, sorted(sdpa), score_ops)
         else:
             assert not sdpa and "aten::_softmax" in score_ops, (name, sorted(sdpa), score_ops)
+
+
+def test_flash_attention_without_the_cuda_kernel_warns(monkeypatch, caplog):
+    from runtime.executor.speed import check_attention_kernel
+
+    plan = make_plan(parse_model("gpt:tiny")).model_copy(update={"flash_attention": True})
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: False)
+    with caplog.at_level(logging.WARNING):
+        assert "memory-efficient or math kernel" in check_attention_kernel(plan, torch.device("cuda"))
+    assert check_attention_kernel(plan, torch.device("cpu")) is None  # CPU SDPA: its own flash kernel
+
+
+def test_hf_model_outside_the_attention_interface_warns(tmp_path, monkeypatch, caplog):
+    import transformers
+
+    from hf_helpers import write_config
+    from runtime.models.hf import _build_causal_lm
+
+    spec = parse_model(f"hf:{write_config(tmp_path, 'llama')}")
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "_supports_attention_backend", False)
+    with caplog.at_level(logging.WARNING):
+        _build_causal_lm(spec)
+    assert "not through transformers' attention interface" in caplog.text and "its own attention runs" in caplog.text

@@ -78,6 +78,21 @@ def build_optimizer(module: nn.Module, *, lr: float, weight_decay: float, device
     return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, **kernel)
 
 
+def check_attention_kernel(plan: Plan, device: torch.device) -> str | None:
+    """A warning line when the plan asks for fused attention that this torch build cannot give on ``device``
+    (CUDA without the flash kernel: SDPA then picks its memory-efficient or math kernel)."""
+    if not plan.flash_attention or device.type != "cuda":
+        return None
+    if torch.backends.cuda.is_flash_attention_available():
+        return None
+    msg = (
+        "flash_attention: this torch build has no CUDA flash-attention kernel; SDPA runs its memory-efficient or "
+        "math kernel (slower, and the math kernel keeps the s x s scores the plan did not price)"
+    )
+    log.warning(msg)
+    return msg
+
+
 def resolve_compile(choice: str, device: torch.device) -> bool:
     """``auto`` -> on for CUDA, off for CPU. ``on`` on a CPU without a C++ compiler (inductor needs one) warns
     once and runs uncompiled."""

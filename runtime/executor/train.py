@@ -44,7 +44,14 @@ from runtime.executor.moe import build_expert_groups, expert_layout, set_aux_los
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
 from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.schedule import build_runner, check_replica_schedules
-from runtime.executor.speed import COMPILE_CHOICES, autocast_dtype, build_optimizer, report_compile, resolve_compile
+from runtime.executor.speed import (
+    COMPILE_CHOICES,
+    autocast_dtype,
+    build_optimizer,
+    check_attention_kernel,
+    report_compile,
+    resolve_compile,
+)
 from runtime.executor.tied import TiedGradSync, build_tied_sync
 
 log = logging.getLogger("runtime.executor.train")
@@ -429,9 +436,12 @@ def run_plan(
 
         if args.checkpoint_dir or args.resume:
             raise StratagemError("spatial plans do not checkpoint yet; launch them without --checkpoint-dir/--resume")
+        if getattr(args, "compile", "auto") == "on":
+            log.warning("--compile: spatial (3D CNN) plans run uncompiled; the flag is ignored for them")
         return run_spatial_plan(plan, steps=args.steps, data=args.data, metrics_path=metrics_path, device=device)
     lay = expert_layout(plan)
     compile_blocks = resolve_compile(getattr(args, "compile", "auto"), device)
+    check_attention_kernel(plan, device)
     job = build_job(plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks)
     rank, first = dist.get_rank(), 1
     if args.checkpoint_dir and (args.resume or _restart_count() > 0):

@@ -25,6 +25,8 @@ decoder layer.
 
 from __future__ import annotations
 
+import logging
+
 import copy
 import functools
 import inspect
@@ -40,6 +42,8 @@ from runtime.models.attention import FUSED_MARK, RECOMPUTE_MARK, attend, causal_
 from runtime.models.layered import LayeredModel, blocks_dict
 
 TRACE_TOKENS = 8  # tokens of the meta forward that orders the modules (any length works)
+
+log = logging.getLogger(__name__)
 
 
 def require_transformers():
@@ -125,7 +129,7 @@ def _build_causal_lm(spec: ModelSpec) -> nn.Module:
     config = hf_config(spec)
     try:
         with torch.device("meta"):
-            return transformers.AutoModelForCausalLM.from_config(
+            model = transformers.AutoModelForCausalLM.from_config(
                 config, attn_implementation=ATTENTION, dtype=torch.float32, **_experts_kwargs(config)
             )
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -133,6 +137,14 @@ def _build_causal_lm(spec: ModelSpec) -> nn.Module:
             f"{spec.source}: AutoModelForCausalLM cannot build model_type {config.model_type!r} "
             f"({str(exc).splitlines()[0][:160]}); use a causal-LM config"
         ) from None
+    if not type(model).is_backend_compatible():
+        log.warning(
+            "%s: %s computes attention in its own forward, not through transformers' attention interface; "
+            "the plan's flash_attention (SDPA or math) does not apply to it, its own attention runs",
+            spec.source,
+            type(model).__name__,
+        )
+    return model
 
 
 def _experts_kwargs(config) -> dict:
