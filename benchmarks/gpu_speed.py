@@ -17,8 +17,9 @@ uncalibrated. Measured step time: the median over steps 2.. (``runtime/executor/
 model's model FLOPs per step (6 N per token plus attention, PaLM appendix B, the same count the prediction uses)
 / step time / the profile's dense bf16 peak, so measured and predicted MFU differ exactly by the step-time ratio.
 Peak memory: ``torch.cuda.max_memory_allocated`` against the prediction less its allocator reserve (which
-``max_memory_allocated`` does not see). Cast share: self device time of ``aten::copy_`` / ``aten::_to_copy`` over
-all self device time in step 3's ``torch.profiler`` table (``STRATAGEM_TORCH_PROFILE``, ``runtime/executor/train.py``).
+``max_memory_allocated`` does not see). From step 3's ``torch.profiler`` operator JSON (``STRATAGEM_TORCH_PROFILE``,
+``runtime/executor/train.py``): "busy", the device time of all its kernels (a step longer than that waited on the
+host), and "casts", the share of it in the kernels of ``aten::copy_`` / ``aten::_to_copy`` (:func:`kernel_times`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import csv
 import io
 import json
+import re
 import os
 import subprocess
 import sys
@@ -42,12 +44,14 @@ RUNS = [
     ("llama3-8b-l8_mb1_s8192", "llama:llama3-8b@layers=8", 1, 8192, True, True),
     ("gpt2-large_mb4_math_eager", "gpt:gpt2-large", 4, 1024, False, False),
     ("gpt2-large-v50304_mb4", "gpt:gpt2-large@vocab=50304", 4, 1024, True, True),
+    ("gpt2-large_mb8", "gpt:gpt2-large", 8, 1024, True, True),  # is mb 4 host-bound? twice the work per launch
 ]
 CAST_OPS = ("aten::copy_", "aten::_to_copy")
+ANNOTATION = re.compile(r"## |[A-Za-z_][\w.]*#[\w.]+$")  # compiled-graph calls, record_function scopes
 FIELDS = [
     "run", "model", "micro_batch", "seq", "flash_attention", "compile", "gpu", "torch", "cluster_profile",
     "measured_step_s", "predicted_step_s", "step_error", "tokens_per_s", "measured_mfu", "predicted_mfu",
-    "measured_peak_bytes", "predicted_peak_alloc_bytes", "peak_error", "cast_share", "precision", "attention",
+    "measured_peak_bytes", "predicted_peak_alloc_bytes", "peak_error", "device_step3_s", "cast_share", "precision", "attention",
 ]  # fmt: skip
 
 
@@ -71,15 +75,34 @@ def build_run(model: str, mb: int, seq: int, flash: bool, cluster_name: str):
     return plan.model_copy(update={"predictions": est.to_predictions()}), est
 
 
-def cast_share(folder: Path, run_name: str) -> float | None:
-    """Share of step 3's self device time spent in cast kernels (rank 0's operator JSON of the run)."""
+def is_cast_kernel(name: str) -> bool:
+    """A kernel that only converts dtypes: aten's copy kernels, or an inductor kernel whose fused ops are
+    ``_to_copy`` and layout-only ops (``triton_poi_fused__to_copy_3``, ``triton_poi_fused__to_copy_t_7``)."""
+    if name in CAST_OPS:
+        return True
+    if not name.startswith(("triton_poi_fused_", "triton_per_fused_", "triton_red_fused_")):
+        return False
+    ops = re.sub(r"_\d+$", "", name.split("_fused_", 1)[1])
+    words = set(re.findall(r"_to_copy|[a-z]+", ops.replace("_to_copy", " _to_copy ")))
+    return "_to_copy" in words and words <= {"_to_copy", "view", "t", "transpose", "permute", "clone", "expand"}
+
+
+def kernel_times(folder: Path, run_name: str) -> tuple[float, float] | None:
+    """(device time of every kernel, of the cast kernels), seconds, in step 3 (rank 0's operator JSON).
+
+    Kernels are the rows with device time and no CPU time, less the annotations the profiler repeats on the
+    device (``## Call CompiledFxGraph ... ##`` and ``record_function`` scopes such as ``Optimizer.step#AdamW.step``,
+    which span other kernels). Casts: the kernels of ``aten::copy_`` / ``aten::_to_copy`` and inductor kernels that
+    only convert dtypes (:func:`is_cast_kernel`); autocast's weight casts land there in a compiled block."""
     files = sorted(folder.glob(f"{run_name}_rank0_step*.json"))
     if not files:
         return None
     rows = json.loads(files[0].read_text(encoding="utf-8"))["ops"]
-    total = sum(r["self_device_us"] for r in rows)
+    device = [r for r in rows if r["self_cpu_us"] == 0 and not ANNOTATION.match(r["name"])]
+    kernels = sum(r["self_device_us"] for r in device)
     casts = sum(r["self_device_us"] for r in rows if r["name"] in CAST_OPS)
-    return casts / total if total else None
+    casts += sum(r["self_device_us"] for r in device if r["name"] not in CAST_OPS and is_cast_kernel(r["name"]))
+    return kernels * 1e-6, casts * 1e-6
 
 
 def launch(plan_path: Path, metrics: Path, *, steps: int, compile_blocks: bool, profile_dir: Path) -> str:
@@ -120,6 +143,7 @@ def collect(run: tuple, folder: Path, cluster_name: str, *, gpu: str, torch_vers
     summary = next(r for r in reversed(records) if r.get("event") == "summary")
     start = next(r for r in records if r.get("event") == "start")
     meas = summary["measured_step_time_s"]
+    times = kernel_times(folder, name)
     alloc = est.peak_mem_bytes - max(rank.memory.reserve for rank in est.per_rank)
     peak = summary["measured_peak_memory_bytes"]
     return dict(
@@ -141,7 +165,8 @@ def collect(run: tuple, folder: Path, cluster_name: str, *, gpu: str, torch_vers
         measured_peak_bytes=peak,
         predicted_peak_alloc_bytes=alloc,
         peak_error=alloc / peak - 1 if peak else None,
-        cast_share=cast_share(folder, name),
+        device_step3_s=times[0] if times else None,
+        cast_share=times[1] / times[0] if times and times[0] else None,
         precision=start.get("precision"),
         attention=start.get("attention"),
     )
@@ -176,16 +201,17 @@ def write_csv(rows: list[dict], path: Path) -> None:
 def print_table(rows: list[dict]) -> None:
     print(
         f"{'run':<28} {'step ms':>8} {'pred ms':>8} {'error':>7} {'MFU':>6} {'pred':>6} {'peak GB':>8} "
-        f"{'pred GB':>8} {'error':>7} {'casts':>6}"
+        f"{'pred GB':>8} {'error':>7} {'busy ms':>7} {'casts':>6}"
     )
     for r in rows:
         cast = "" if r["cast_share"] in (None, "") else f"{float(r['cast_share']):6.1%}"
         peak_err = "" if r["peak_error"] in (None, "") else f"{float(r['peak_error']):+7.1%}"
+        busy = "" if r["device_step3_s"] in (None, "") else f"{float(r['device_step3_s']) * 1e3:7.1f}"
         print(
             f"{r['run']:<28} {float(r['measured_step_s']) * 1e3:8.1f} {float(r['predicted_step_s']) * 1e3:8.1f} "
             f"{float(r['step_error']):+7.1%} {float(r['measured_mfu']):6.1%} {float(r['predicted_mfu']):6.1%} "
             f"{float(r['measured_peak_bytes']) / 1e9:8.2f} {float(r['predicted_peak_alloc_bytes']) / 1e9:8.2f} "
-            f"{peak_err:>7} {cast:>6}"
+            f"{peak_err:>7} {busy:>7} {cast:>6}"
         )
 
 
