@@ -51,7 +51,8 @@ ANNOTATION = re.compile(r"## |[A-Za-z_][\w.]*#[\w.]+$")  # compiled-graph calls,
 FIELDS = [
     "run", "model", "micro_batch", "seq", "flash_attention", "compile", "gpu", "torch", "cluster_profile",
     "measured_step_s", "predicted_step_s", "step_error", "tokens_per_s", "measured_mfu", "predicted_mfu",
-    "measured_peak_bytes", "predicted_peak_alloc_bytes", "peak_error", "device_step3_s", "cast_share", "precision", "attention",
+    "measured_peak_bytes", "predicted_peak_alloc_bytes", "peak_error", "device_step3_s", "cast_share", "precision",
+    "attention",
 ]  # fmt: skip
 
 
