@@ -183,6 +183,7 @@ def test_cli_estimate_takes_replica_node_types_and_shares(capsys):
         "--json",
         "--replica-node-types",
         ",".join(TYPES),
+        "--no-flash-attention",  # the API's ParallelConfig default (the CLI's default on GPUs is fused attention)
         "--batch-shares",
         "0.359375,0.359375,0.140625,0.140625",
     ]

@@ -187,3 +187,15 @@ def test_hf_model_outside_the_attention_interface_warns(tmp_path, monkeypatch, c
     with caplog.at_level(logging.WARNING):
         _build_causal_lm(spec)
     assert "not through transformers' attention interface" in caplog.text and "its own attention runs" in caplog.text
+
+
+def test_estimate_defaults_to_fused_attention_on_gpu_clusters(capsys):
+    from planner.cli.main import main
+
+    base = ["estimate", "--model", "gpt:gpt2", "--global-batch", "8", "--seq", "1024", "--json"]
+    for cluster, fused in (("dgx-h100", True), ("local-cpu-2core", False)):
+        assert main([*base, "--cluster", cluster, "--gpus", "1"]) == 0
+        default = json.loads(capsys.readouterr().out)["step_time_s"]
+        flag = "--flash-attention" if fused else "--no-flash-attention"
+        assert main([*base, "--cluster", cluster, "--gpus", "1", flag, "--causal-skip"]) == 0
+        assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(default, rel=1e-12), cluster

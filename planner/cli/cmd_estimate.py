@@ -204,8 +204,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--flash-attention",
-        action="store_true",
-        help="fused attention: the s x s scores are not stored (less activation memory)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fused attention (SDPA, what `stratagem launch` runs for such plans): the s x s scores are not stored. "
+        "Default: on for GPU clusters (with the causal skip plan assumes), off for CPU ones",
     )
     s.add_argument(
         "--causal-skip",
@@ -292,6 +294,7 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
             f"{args.micro_batch} = {per_step}; change --global-batch or --micro-batch"
         )
     stage_types = tuple(args.stage_node_types.split(",")) if args.stage_node_types else None
+    flash = _flash_attention(args, cluster)
     config = ParallelConfig(
         tp=args.tp,
         pp=args.pp,
@@ -306,8 +309,8 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
         sequence_parallel=args.sequence_parallel,
         recompute=args.recompute,
         stage_node_types=stage_types,
-        flash_attention=args.flash_attention,
-        causal_skip=args.flash_attention and args.causal_skip,
+        flash_attention=flash,
+        causal_skip=flash and (args.causal_skip or args.flash_attention is None),
         cp=cp,
         context_parallel=args.context_parallel if cp > 1 else None,
         overlap_grad_reduce=not args.no_overlap_grad_reduce,
@@ -519,6 +522,15 @@ def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) 
     over = f"dp x cp = {config.dp * config.cp}" if config.cp > 1 else f"dp={config.dp}"
     head = f"one all-reduce of rank 0's gradients ({grad_bytes / 2**30:.2f} GiB) over {over}: "
     return head + ", ".join(parts)
+
+
+def _flash_attention(args: argparse.Namespace, cluster) -> bool:
+    """--flash-attention / --no-flash-attention, else on when every node type is a GPU (as `plan` decides)."""
+    from planner.cost.constants import is_gpu
+
+    if args.flash_attention is not None:
+        return bool(args.flash_attention)
+    return all(is_gpu(nt.device) for nt in cluster.node_types)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,11 @@
 Attention is fused SDPA or explicit math as the plan says, like :mod:`runtime.models.gpt`.
 Rotary tables are computed in ``forward`` (no buffers), so a model
 materialized from meta with ``to_empty`` needs no buffer re-initialisation.
+
+RMSNorm and the SwiGLU product keep only their inputs for backward and re-run their element-wise ops there, as
+the fused kernels do (Megatron-LM's fused SwiGLU, Apex / Transformer Engine RMSNorm): a block then saves what
+the cost model counts (``planner.gpt_profile``: two norm inputs, the GEMM inputs, gate and up of the MLP), not
+the extra normalised tensor and SiLU output that eager autograd would keep (``tests/test_saved_bytes.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from runtime.models.dims import LlamaDims
 from runtime.models.attention import attend
@@ -19,6 +25,14 @@ from runtime.models.gpt import VocabShardEmbedding, embedding_table
 from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
 
 RMS_EPS = 1e-5  # Meta llama ModelArgs.norm_eps
+
+
+def recompute_in_backward(fn, *args: torch.Tensor) -> torch.Tensor:
+    """``fn(*args)``, keeping only ``args`` for backward and re-running ``fn`` there (element-wise ``fn`` only:
+    its RNG state is not replayed)."""
+    if not torch.is_grad_enabled():
+        return fn(*args)
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
 
 
 class RMSNorm(nn.Module):
@@ -30,6 +44,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return recompute_in_backward(self._normalize, x)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
@@ -80,11 +97,11 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d); k, v with the kv heads
         scale = 1.0 / math.sqrt(self.head_dim)
-        how = dict(fused=self.fused_attention, scale=scale, recompute_scores=self.recompute_scores)
+        fused, recompute = self.fused_attention, self.recompute_scores
         if ctx is not None:  # the whole sequence's few K/V heads, repeated for the query heads inside
-            out = ctx.attend(q, k, v, **how)
+            out = ctx.attend(q, k, v, fused=fused, scale=scale, recompute_scores=recompute)
         else:
-            out = attend(q, k, v, **how)
+            out = attend(q, k, v, fused=fused, scale=scale, recompute_scores=recompute)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -98,7 +115,11 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(local_ffn, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(recompute_in_backward(_silu_product, self.w1(x), self.w3(x)))
+
+
+def _silu_product(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
 
 
 class Block(nn.Module):

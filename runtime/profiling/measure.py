@@ -67,14 +67,16 @@ _VIEW_NODES = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "Ex
 def _is_attention_scores(t: torch.Tensor, seq_len: int) -> bool:
     """A saved (seq x seq) attention tensor: a bool dropout mask, or softmax/dropout output (through views).
 
-    Shape alone is ambiguous when head_dim or hidden equals seq, so the producing autograd node decides.
+    Shape alone is ambiguous when head_dim or hidden equals seq, so the producing autograd node decides. The math
+    attention of grouped-query models stacks each K/V head's query heads along the rows (``runtime.models.
+    attention``), so the probabilities reach their product as (..., groups * seq, seq).
     """
-    if seq_len <= 1 or t.dim() < 3 or tuple(t.shape[-2:]) != (seq_len, seq_len):
+    if seq_len <= 1 or t.dim() < 3 or t.shape[-1] != seq_len or t.shape[-2] % seq_len:
         return False
     if t.dtype == torch.bool:  # (b, heads, s, s) attention-dropout mask; hidden masks (b, s, h) are 3-D
         return t.dim() >= 4
     node, hops = t.grad_fn, 0
-    while node is not None and hops < 3:
+    while node is not None and hops < 4:
         name = type(node).__name__
         if name.startswith(_SCORE_NODES):
             return True
