@@ -54,9 +54,9 @@ Where it is used: ``build_gpt_profile(..., precision="autocast")`` (``ModelProfi
 the reserve 37 % -> 6 %); ``stratagem plan/estimate --precision autocast``. Those two keep "pure" as their
 default: it is what the published Megatron/DeepSpeed/torchtitan rows ran (``benchmarks/cost_accuracy.py``), what
 a plan exported to those frameworks runs, the only mode for Llama and MoE, and what ``stratagem launch`` runs by
-default since it compiles each block on CUDA (autocast's activation casts fused; its weight casts stay, 4-7 % of device time on an H200,
-``benchmarks/data/h200``) or uses FSDP2's bf16 policy. ``--precision autocast`` prices ``launch --no-compile``
-(eager autocast), and runs of earlier runtimes (``runtime_precision``).
+default since it compiles each block on CUDA (autocast's activation casts fused; its weight casts stay, 4-7 % of
+device time on an H200, ``benchmarks/data/h200``) or uses FSDP2's bf16 policy. ``--precision autocast`` prices
+``launch --no-compile`` (eager autocast), and runs of earlier runtimes (``runtime_precision``).
 
 Assumptions: the weight copies and the loss's gradients are counted per micro-batch in flight — exact at
 ``pp = 1`` (``LocalRunner``: one micro-batch at a time, one autocast region each) and for 1F1B's last stage,

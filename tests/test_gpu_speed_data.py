@@ -1,4 +1,5 @@
-"""The README's and benchmarks/data/h200's GPU tables are what `gpu_speed.py --from-data` prints from the stored runs."""
+"""The README's and benchmarks/data/h200's GPU tables are what `gpu_speed.py --from-data` prints from the stored
+runs."""
 
 from __future__ import annotations
 

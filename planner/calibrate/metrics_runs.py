@@ -78,8 +78,9 @@ def runtime_precision(plan: Plan, device: str, start: dict | None = None) -> Pre
     "autocast" (fp32 weights under ``torch.autocast``, eager: cast kernels, fp32 softmax) for a GPT in a 16-bit
     dtype on CUDA that ran uncompiled under autocast (``launch --no-compile``), or whose start record predates the
     runtime's ``precision`` field (every bf16 CUDA run was eager autocast then); else "pure". Compiled blocks fuse
-    autocast's casts (what is left of them is priced by neither mode: 4-7 % of device time on an H200, ``benchmarks/data/h200``) and FSDP2's bf16
-    policy has none, so those runs are priced as pure 16-bit, the default of ``plan``/``estimate``."""
+    autocast's activation casts and FSDP2's bf16 policy has none, so those runs are priced as pure 16-bit, the
+    default of ``plan``/``estimate`` (the weight casts left under compile, 4-7 % of device time on an H200,
+    ``benchmarks/data/h200``, are priced by neither mode)."""
     start = start or {}
     sixteen_bit_gpt = device == "cuda" and plan.model.family == "gpt" and DTYPE_BYTES.get(plan.training.dtype) == 2
     eager_autocast = "precision" not in start or (
