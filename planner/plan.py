@@ -292,7 +292,7 @@ class Alternative(_Strict):
 
 class SearchRecord(_Strict):
     solver: str
-    status: Literal["optimal", "feasible", "time_limit", "enumerated"]
+    status: Literal["optimal", "within_gap", "feasible", "time_limit", "enumerated"]
     gap: NonNegativeFloat = Field(description="proven relative optimality gap (0 = optimal)")
     wall_time_s: NonNegativeFloat
     candidates_solved: int = Field(ge=0)

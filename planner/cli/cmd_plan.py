@@ -414,7 +414,13 @@ def run(args: argparse.Namespace) -> int:
     if plan.comparison is not None:
         out.print(*comparison_table(plan.comparison))
     if search is not None and search.status != "optimal":
-        fix = "raise --budget-s to prove it" if "budget" in search.notes else "raise --time-limit-s to prove it"
+        fix = (
+            "plan with --gap 0 to prove it"
+            if search.status == "within_gap"
+            else "raise --budget-s to prove it"
+            if "budget" in search.notes
+            else "raise --time-limit-s to prove it"
+        )
         out.print(
             f"[bold yellow]not proven optimal[/]: search {search.status}, best within "
             f"{search.gap:.2%} of the optimum under the cost model; {fix}"

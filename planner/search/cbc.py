@@ -42,7 +42,8 @@ class Problem:
 class SolveResult:
     """Outcome of one CBC run.
 
-    ``status``: optimal | feasible | time_limit | infeasible | cut_off. ``cut_off``: CBC proved that no
+    ``status``: optimal | within_gap | feasible | time_limit | infeasible | cut_off. ``within_gap``: CBC stopped at
+    the configured relative gap (``plan --gap``) with its bound short of the answer. ``cut_off``: CBC proved that no
     solution is better than the cutoff it was given (the candidate's optimum is >= ``bound_s``).
     ``bound_s``: the proven lower bound on the candidate's optimum in seconds (the objective when optimal,
     the cutoff when cut off, -inf when nothing is known). ``warnings``: numerical warnings from CBC's log
@@ -74,6 +75,9 @@ def _log_bound(log_text: str) -> float | None:
     """CBC's best bound from its log, in CBC's units (the LP file drops the objective's constant)."""
     found = _BOUND.findall(log_text) or _BEST_POSSIBLE.findall(log_text)
     return float(found[-1]) if found else None
+
+
+OPTIMAL_GAP = 1e-9  # a proven relative gap at most this is optimality (CBC's own integrality tolerance is 1e-7)
 
 
 def _relative_gap(objective: float, bound: float) -> float:
@@ -198,12 +202,19 @@ def _run(
     bound = _log_bound(log_text)
     bound = None if bound is None else bound + constant
     if sol == pulp.LpSolutionOptimal and not stopped:
+        if config.gap_rel <= 0:
+            return SolveResult(
+                status="optimal", objective_s=objective_s, gap=0.0, wall_time_s=wall_s, bound_s=objective_s
+            ), log_text
+        # CBC stopped at --gap: its answer is optimal only if the proven bound reaches it; else it is within the
+        # proven gap (at most gap_rel: CBC's stopping rule), and the plan says so (status "within_gap")
+        gap = min(_relative_gap(scaled, bound), config.gap_rel) if bound is not None else config.gap_rel
         return SolveResult(
-            status="optimal",
+            status="optimal" if gap <= OPTIMAL_GAP else "within_gap",
             objective_s=objective_s,
-            gap=min(_relative_gap(scaled, bound), config.gap_rel) if bound is not None else 0.0,
+            gap=gap if gap > OPTIMAL_GAP else 0.0,
             wall_time_s=wall_s,
-            bound_s=objective_s * (1 - config.gap_rel),
+            bound_s=objective_s * (1 - gap) if gap > OPTIMAL_GAP else objective_s,
         ), log_text
     status = "time_limit" if "Stopped on time" in log_text else "feasible"
     gap = _relative_gap(scaled, bound) if bound is not None else math.inf

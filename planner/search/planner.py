@@ -145,7 +145,7 @@ def _solve_candidate(
     """
     problem = build_problem(tables, cuts=False)
     result = solve(problem, config, cutoff_s=math.inf if fill else best_s, max_nodes=QUICK_SOLVE_NODES)
-    if result.status in ("time_limit", "feasible") and result.bound_s < best_s:
+    if result.status in ("time_limit", "feasible", "within_gap") and result.bound_s < best_s:
         second_problem = build_problem(tables, cuts=True)
         left_s = max(config.time_limit_s - result.wall_time_s, 1.0)
         second = solve(second_problem, replace(config, time_limit_s=left_s), cutoff_s=best_s)
