@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -154,7 +155,7 @@ def build_slurm_script(plan: Plan, opts: LaunchOptions) -> str:
     """An sbatch script running the plan on ``--nnodes`` nodes (one torchrun per node, c10d rendezvous)."""
     nproc = opts.procs_per_node(plan)
     torchrun = [
-        sys.executable,
+        shlex.quote(sys.executable),
         "-m",
         "torch.distributed.run",
         "--nnodes",
@@ -174,7 +175,7 @@ def build_slurm_script(plan: Plan, opts: LaunchOptions) -> str:
     return "\n".join(
         [
             "#!/bin/bash",
-            f"#SBATCH --job-name=stratagem-{plan.model.name.replace(':', '-')}",
+            f"#SBATCH --job-name={slurm_job_name(plan.model.name)}",
             f"#SBATCH --nodes={opts.nnodes}",
             "#SBATCH --ntasks-per-node=1",
             f"#SBATCH --gpus-per-node={nproc}",
@@ -185,6 +186,16 @@ def build_slurm_script(plan: Plan, opts: LaunchOptions) -> str:
             "",
         ]
     )
+
+
+def slurm_job_name(model_name: str) -> str:
+    """``stratagem-<model>`` with every character outside ``[A-Za-z0-9._-]`` replaced by ``-`` (an ``#SBATCH`` line
+    is not shell-parsed, so quoting cannot protect it: a newline in a name would start a script line).
+
+    >>> slurm_job_name("hf:my model; $(id)")
+    'stratagem-hf-my-model----id-'
+    """
+    return "stratagem-" + re.sub(r"[^A-Za-z0-9._-]", "-", model_name)[:100]
 
 
 PREEMPT_GRACE_S = 120.0  # after a forwarded SIGTERM, how long the ranks get to checkpoint and exit

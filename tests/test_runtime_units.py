@@ -272,6 +272,24 @@ def test_command_and_slurm_script(tmp_path):
     assert "#SBATCH --nodes=2" in script and "--rdzv-backend c10d" in script
 
 
+def test_slurm_script_takes_no_line_or_command_from_a_plan(tmp_path):
+    """A plan file edited by hand (its hash removed) names its model with a newline and a command substitution:
+    neither reaches the script as a line or as shell syntax, and the plan path is one quoted word."""
+    import shlex
+
+    plan = make_plan(GPT, dp=2)
+    evil = "gpt:tiny\nrm -rf ~ # $(touch /tmp/owned) `id`"
+    plan = plan.model_copy(update={"model": plan.model.model_copy(update={"name": evil})})
+    path = tmp_path / "my plan $(id).json"
+    script = build_slurm_script(plan, LaunchOptions(plan_path=path, nnodes=2))
+    lines = script.splitlines()
+    assert not any(line.startswith("rm ") for line in lines)
+    job = next(line for line in lines if line.startswith("#SBATCH --job-name="))
+    assert all(c.isalnum() or c in "._-" for c in job.removeprefix("#SBATCH --job-name="))
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert shlex.quote(str(path)) in srun and "$(id)" not in srun.replace(shlex.quote(str(path)), "")
+
+
 @pytest.fixture
 def no_processes(monkeypatch):
     def refuse(*a, **k):
