@@ -26,3 +26,24 @@ def test_a_gap_plan_claims_optimality_only_when_proven(tmp_path, gap, capsys):
         assert "plan with --gap 0 to prove it" in capsys.readouterr().out.replace("\n", " ")
     if gap == "0":
         assert search["status"] == "optimal"
+
+
+def test_candidates_the_cost_model_cannot_price_are_listed_and_qualify_the_claim(tmp_path, monkeypatch):
+    from planner.errors import StratagemError
+    from planner.search.costs import CandidateCosts
+
+    original = CandidateCosts.quick_bound_s
+
+    def refuse_tp2(self, outer):
+        if outer.tp == 2:
+            raise StratagemError("no collective fit for a 2-rank group (test)")
+        return original(self, outer)
+
+    monkeypatch.setattr(CandidateCosts, "quick_bound_s", refuse_tp2)
+    out = tmp_path / "plan.json"
+    assert main([*ARGS, "--seq", "1024", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    notes = doc["search"]["notes"]
+    assert "over the candidates searched" in notes and "dropped unsearched" in notes
+    assert "no collective fit for a 2-rank group (test) (" in notes and " tp2 " in f" {notes} "
+    assert doc["mesh"]["sizes"][doc["mesh"]["axes"].index("tp")] != 2

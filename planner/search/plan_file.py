@@ -101,6 +101,17 @@ def _alternative(c: Candidate, best_s: float) -> Alternative:
     )
 
 
+def dropped_note(dropped) -> str:
+    """Every candidate the cost model could not price, grouped by reason: they were not searched."""
+    by_reason: dict[str, list[str]] = {}
+    for summary, reason in dropped:
+        by_reason.setdefault(reason, []).append(summary)
+    parts = [f"{reason} ({len(names)}: {', '.join(names)})" for reason, names in by_reason.items()]
+    return f"{len(dropped)} candidates dropped unsearched because the cost model could not price them: " + "; ".join(
+        parts
+    )
+
+
 def build_search_record(result: SearchResult) -> SearchRecord:
     best_s = result.best.step_s
     # step times are >= 0, so 0 is always a valid bound: a relative gap never exceeds 1 (JSON has no inf)
@@ -111,6 +122,8 @@ def build_search_record(result: SearchResult) -> SearchRecord:
         else f"NOT proven optimal ({result.status}): the best is within {gap:.2%} of the optimum"
         + (" (no bound was proven)" if not math.isfinite(result.gap) else "")
     )
+    if result.dropped:
+        proven += f" over the candidates searched; {dropped_note(result.dropped)}"
     return SearchRecord(
         solver=f"CBC via PuLP {pulp.__version__} (branch-and-bound over outer choices)",
         status=result.status,

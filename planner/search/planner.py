@@ -81,6 +81,7 @@ class SearchResult:
     candidates_cut_off: int = 0
     runners_up_proven: bool = False  # exhaustive_top_k and every ranked plan proven (the k best candidates)
     solver_warnings: tuple[str, ...] = ()  # "<CBC log line> (N solves)": each such answer was re-solved
+    dropped: tuple[tuple[str, str], ...] = ()  # (candidate, why): the cost model could not price it; not searched
 
 
 def check_exact(
@@ -175,16 +176,21 @@ def _solve_candidate(
     ), result
 
 
-def _quick_bounded(costs: CandidateCosts, outers: list[OuterChoice]) -> list[tuple]:
+def _quick_bounded(costs: CandidateCosts, outers: list[OuterChoice], dropped: list[tuple[str, str]]) -> list[tuple]:
     """Heap entries (bound, index, stage 0, outer, None) with the cheap layer-time bound; candidates the
-    cost model rejects (e.g. a missing collective fit) are dropped."""
+    cost model rejects (e.g. a missing collective fit) are dropped and listed in ``dropped`` with the reason."""
     entries = []
     for idx, outer in enumerate(outers):
         try:
             entries.append((costs.quick_bound_s(outer), idx, 0, outer, None))
         except StratagemError as exc:
-            log.debug("skipping %s: %s", outer.summary(), exc)
+            _drop(dropped, outer, exc)
     return entries
+
+
+def _drop(dropped: list[tuple[str, str]], outer: OuterChoice, exc: StratagemError) -> None:
+    log.debug("skipping %s: %s", outer.summary(), exc)
+    dropped.append((outer.summary(), str(exc).splitlines()[0]))
 
 
 class _State:
@@ -373,7 +379,8 @@ class _BranchAndBound:
         self.costs, self.outers, self.config, self.start, self.progress = costs, outers, config, start, progress
         self.n_candidates = sum(len(o.expert_family) or 1 for o in outers)  # families count their members
         self.next_idx = len(outers)  # heap tie-breakers of expanded family members
-        self.heap = _quick_bounded(costs, outers)
+        self.dropped: list[tuple[str, str]] = []  # candidates the cost model could not price (never searched)
+        self.heap = _quick_bounded(costs, outers, self.dropped)
         heapq.heapify(self.heap)
         self.total = len(self.heap)
         self.keep = max(1, config.top_k)
@@ -415,7 +422,7 @@ class _BranchAndBound:
                 try:
                     child_bound = self.costs.quick_bound_s(child)
                 except StratagemError as exc:
-                    log.debug("skipping %s: %s", child.summary(), exc)
+                    _drop(self.dropped, child, exc)
                     continue
                 self.next_idx += 1
                 heapq.heappush(self.heap, (max(bound, child_bound), self.next_idx, 0, child, None))
@@ -423,7 +430,7 @@ class _BranchAndBound:
         try:
             tables = self.costs.tables(outer)
         except StratagemError as exc:
-            log.debug("skipping %s: %s", outer.summary(), exc)
+            _drop(self.dropped, outer, exc)
             return True
         short = memory_shortfall_bytes(tables)
         if short > 0:
@@ -519,6 +526,7 @@ class _BranchAndBound:
             candidates_dominated=counts["dominated"],
             wall_time_s=time.perf_counter() - self.start,
             notes=self.notes,
+            dropped=tuple(self.dropped),
             candidates_cut_off=counts["cut_off"],
             runners_up_proven=runners_up_proven,
             solver_warnings=tuple(f"{w} ({k} solves)" for w, k in state.warnings.items()),
