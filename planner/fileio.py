@@ -176,11 +176,23 @@ def content_hash(data: dict[str, Any], *, exclude: tuple[str, ...] = ("content_h
     return "sha256:" + hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
+def _refuse_pipe(path: Path, what: str) -> None:
+    """A named pipe or socket would block ``open`` until some other process writes: refuse it in one line."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # open() says what is wrong
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket"
+        raise StratagemError(f"{what} file {path} is {kind}, not a file; give a regular file")
+
+
 def read_text(path: str | os.PathLike, *, what: str, limit_bytes: int = MAX_INPUT_BYTES) -> str:
     """The UTF-8 text of an input file, at most ``limit_bytes`` read (endless inputs are refused)."""
     path = Path(path)
     if not str(path).strip():
         raise StratagemError(f"the {what} path is empty; give a file path")
+    _refuse_pipe(path, what)
     try:
         with open(path, "rb") as fh:
             raw = fh.read(limit_bytes + 1)

@@ -414,3 +414,32 @@ def test_show_refuses_predictions_without_stages(plan_file, tmp_path, capsys):
     path = _mutated(plan_file, tmp_path, lambda d: d["predictions"].update(stages=[]))
     status, err = _run(capsys, "show", path)
     assert status == 2 and "stages" in err and "Traceback" not in err
+
+
+def test_named_pipes_are_refused_not_waited_on(tmp_path):
+    """A FIFO given as an input would block open() until a writer comes: every reader refuses it in one line."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    plan = tmp_path / "plan.json"
+    base = [sys.executable, "-m", "planner.cli.main"]
+    made = subprocess.run(
+        [*base, "plan", "--model", "gpt:tiny", "--cluster", "dgx-h100", "--gpus", "1", "--global-batch", "2",
+         "--seq", "32", "--out", str(plan)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    cases = [
+        ["plan", "--model", "gpt:tiny", "--cluster", str(fifo), "--gpus", "1", "--global-batch", "2", "--out",
+         str(tmp_path / "x.json")],
+        ["show", str(fifo)],
+        ["launch", str(plan), "--data", str(fifo), "--dry-run"],
+    ]  # fmt: skip
+    for argv in cases:
+        proc = subprocess.run([*base, *argv], capture_output=True, text=True, timeout=60)
+        err = proc.stderr.strip()
+        assert proc.returncode == 2 and err.startswith("error: ") and "\n" not in err, (argv, err)
+        assert "named pipe" in err or "not a regular file" in err, (argv, err)

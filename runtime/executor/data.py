@@ -99,6 +99,8 @@ class FileData:
         path = Path(path)
         if not path.exists():
             raise StratagemError(f"data file {path} does not exist; pass --data synthetic or a valid path")
+        if not path.is_file():
+            raise StratagemError(f"data file {path} is not a regular file; pass --data synthetic or a tensor file")
         try:
             data = torch.load(path, weights_only=True, map_location="cpu")
         except Exception as exc:  # noqa: BLE001 - torch raises several types for a bad file
