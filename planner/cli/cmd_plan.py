@@ -27,6 +27,7 @@ from planner.profiles import (
     default_dtype,
     load_cluster_profile,
 )
+from planner.search.pins import pins_note
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
 from .common import (
@@ -151,6 +152,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"dimensions the search may use, comma-separated (from {','.join(ALL_DIMENSIONS)}; default all "
         "but etp, expert tensor parallel, which the runtime does not run yet)",
     )
+    _add_pins(p)
     p.add_argument(
         "--cp",
         type=int_in(1, 1 << 20),
@@ -338,6 +340,30 @@ def _alternatives_table(plan: Plan):
     return table
 
 
+def _add_pins(p: argparse.ArgumentParser) -> None:
+    """The degree flags `estimate` takes, each pinning that choice (planner/search/pins.py)."""
+    from planner.cli.cmd_estimate import SCHEDULE_ALIASES
+
+    g = p.add_argument_group("pin a choice (the search proves the best plan under the pins)")
+    for flag, what in (("tp", "tensor-parallel"), ("pp", "pipeline-parallel"), ("dp", "data-parallel")):
+        g.add_argument(f"--{flag}", type=int_in(1, MAX_DEVICES), default=None, help=f"{what} degree")
+    g.add_argument("--ep", type=int_in(1, 1 << 16), default=None, help="expert-parallel degree (MoE models)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage")
+    g.add_argument("--micro-batch", type=int_in(1, 1 << 20), default=None, help="samples per micro-batch")
+    g.add_argument("--schedule", choices=sorted(SCHEDULE_ALIASES), default=None, help="pipeline schedule")
+
+
+def _pins(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
+    from planner.cli.cmd_estimate import SCHEDULE_ALIASES
+
+    pins: list[tuple[str, object]] = []
+    for key in ("tp", "pp", "dp", "ep", "zero", "micro_batch", "schedule"):
+        value = getattr(args, key, None)
+        if value is not None:
+            pins.append((key, SCHEDULE_ALIASES[value] if key == "schedule" else value))
+    return tuple(pins)
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
@@ -365,8 +391,10 @@ def run(args: argparse.Namespace) -> int:
         return run_spatial(args, spec=spec, profile=profile, cluster=cluster, lr_schedule=lr_schedule)
     moe = any(layer.experts is not None for layer in profile.layers)
     allow, notes = _external_limits(spec, parse_allow(args.allow), moe=moe)
-    notes = [*notes, *filter(None, [cpu_note])]
+    pins = _pins(args)
+    notes = [*notes, *filter(None, [cpu_note, pins_note(dict(pins)) if pins else None])]
     config = SearchConfig(
+        pins=pins,
         time_limit_s=args.time_limit,
         gap_rel=args.gap,
         top_k=args.top_k,

@@ -62,6 +62,9 @@ class SearchConfig:
     # trying every cp would multiply the search time of short-sequence cases (GPT-3 175B at 2,048: 0.6 -> 10 s).
     cp: int | None = None
     cp_min_seq_len: int = 8192
+    # Pinned outer choices (planner/search/pins.py): (flag name, value) pairs, e.g. (("tp", 8),); the search
+    # proves the best plan under them.
+    pins: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.allow) - set(ALL_DIMENSIONS)

@@ -31,6 +31,7 @@ from planner.profiles import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 from planner.search.costs import CandidateCosts
 from planner.search.ilp import SolveResult, build_problem, extract_assignment, solve
+from planner.search.pins import apply_pins, check_pins_left_some
 from planner.search.space import (
     OuterChoice,
     devices_by_type,
@@ -352,6 +353,10 @@ def _enumerate(
             families=True,
         )
     )
+    if outers and config.pins:
+        pinned = apply_pins(outers, dict(config.pins))
+        check_pins_left_some(outers, pinned, dict(config.pins))
+        outers = pinned
     if not outers:
         raise StratagemError(
             f"no way to split global batch {global_batch} over {n_devices} devices with "
