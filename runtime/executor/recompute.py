@@ -20,7 +20,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 
 from planner.errors import StratagemError
 from runtime.executor.stage import replace_module
-from runtime.models.attention import FUSED_ATTR, RECOMPUTE_ATTR, RECOMPUTE_MARK
+from runtime.models.attention import RECOMPUTE_ATTR, RECOMPUTE_MARK, mark_attention
 
 
 def apply_selective_recompute(module: nn.Module) -> list[str]:
@@ -29,14 +29,7 @@ def apply_selective_recompute(module: nn.Module) -> list[str]:
     The zoo's attention modules and the ``hf:`` wrapper's blocks declare ``recompute_scores`` (read by
     :func:`runtime.models.attention.attend`); the ``hf:`` attention function reads the mark on its submodule.
     """
-    done = []
-    for path, sub in module.named_modules():
-        if FUSED_ATTR in vars(sub):
-            setattr(sub, RECOMPUTE_ATTR, True)
-            for inner in sub.modules():
-                object.__setattr__(inner, RECOMPUTE_MARK, True)
-            done.append(path)
-    return done
+    return mark_attention(module, attr=RECOMPUTE_ATTR, mark=RECOMPUTE_MARK, value=True)
 
 
 def apply_ac(model: nn.Module, recompute: Mapping[str, str]) -> list[str]:

@@ -112,11 +112,18 @@ def apply_attention(model: nn.Module, *, fused: bool) -> list[str]:
     The zoo's attention modules, and the ``hf:`` wrapper's blocks, declare the instance attribute
     ``fused_attention``; wrappers (checkpoint, FSDP, compile) do not, so each module is set once.
     """
+    return mark_attention(model, attr=FUSED_ATTR, mark=FUSED_MARK, value=fused)
+
+
+def mark_attention(model: nn.Module, *, attr: str, mark: str, value: bool) -> list[str]:
+    """Set ``attr`` on every module of ``model`` that declares it (the zoo's attention modules, the ``hf:``
+    wrapper's blocks) and ``mark`` on each of their submodules (read by the ``hf:`` attention function);
+    returns their paths."""
     done = []
     for path, module in model.named_modules():
         if FUSED_ATTR in vars(module):
-            setattr(module, FUSED_ATTR, fused)
+            setattr(module, attr, value)
             for sub in module.modules():
-                object.__setattr__(sub, FUSED_MARK, fused)
+                object.__setattr__(sub, mark, value)
             done.append(path)
     return done
