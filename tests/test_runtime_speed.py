@@ -141,22 +141,21 @@ def _score_sized(op: dict, seq: int) -> bool:
 def test_operator_tables_show_the_plans_attention(tmp_path):
     """STRATAGEM_TORCH_PROFILE tables of launched steps: fused plans run SDPA and no (s x s) matmul or softmax;
     a plan with flash_attention false runs the math path."""
-    seq, folders = 40, {}
+    seq, names, args = 40, [], ["--steps", "3", "--timeout-s", "120"]
     for family in ("gpt:tiny", "llama:tiny", "moe:tiny"):
         for fused in (True, False):
             plan = make_plan(parse_model(family), global_batch=2, seq_len=seq).model_copy(
                 update={"flash_attention": fused}
             )
-            name = f"{family.split(':')[0]}_{'sdpa' if fused else 'math'}"
-            save_plan(plan, tmp_path / f"{name}.json")
-            folders[name] = tmp_path / name
-    for name, folder in folders.items():  # one launch per plan: the profile folder is per process
-        args = ["--steps", "3", "--timeout-s", "120", "--plan", str(tmp_path / f"{name}.json")]
-        proc = torchrun(1, args, timeout_s=120, env={"STRATAGEM_TORCH_PROFILE": str(folder)})
-        assert proc.returncode == 0, tail(proc)
-        ops = json.loads((folder / "rank0_step3.json").read_text())["ops"]
-        names = {op["name"] for op in ops}
-        sdpa = {n for n in names if "scaled_dot_product" in n}
+            names.append(f"{family.split(':')[0]}_{'sdpa' if fused else 'math'}")
+            args += ["--plan", str(save_plan(plan, tmp_path / f"{names[-1]}.json"))]
+    # one process trains the six plans in turn; each plan's tables carry its index (train.run_plan profile_tag)
+    proc = torchrun(1, args, timeout_s=240, env={"STRATAGEM_TORCH_PROFILE": str(tmp_path / "prof")})
+    assert proc.returncode == 0, tail(proc)
+    for i, name in enumerate(names):
+        ops = json.loads((tmp_path / "prof" / f"rank0_step3_plan{i}.json").read_text())["ops"]
+        op_names = {op["name"] for op in ops}
+        sdpa = {n for n in op_names if "scaled_dot_product" in n}
         score_ops = [
             op["name"] for op in ops if op["name"] in ("aten::bmm", "aten::_softmax") and _score_sized(op, seq)
         ]

@@ -391,11 +391,12 @@ def train_step(job: Job, step: int) -> StepResult:
 PROFILE_ENV = "STRATAGEM_TORCH_PROFILE"  # a folder: the third step is traced and its kernel table written there
 
 
-def profiled_step(job: Job, step: int) -> StepResult:
+def profiled_step(job: Job, step: int, tag: str = "") -> StepResult:
     """:func:`train_step` under ``torch.profiler`` (CPU + CUDA activities); writes this rank's operator table,
     sorted by device time (CUDA) or CPU time, to ``$STRATAGEM_TORCH_PROFILE/rank<r>_step<s>.txt`` and every
     operator's self times and input shapes to ``rank<r>_step<s>.json`` (``{"ops": [{name, input_shapes,
-    calls, self_device_us, self_cpu_us}]}``)."""
+    calls, self_device_us, self_cpu_us}]}``). ``tag``: appended to the names (``_plan<i>`` when one process
+    trains several plans)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if job.device.type == "cuda" else [])
@@ -405,7 +406,7 @@ def profiled_step(job: Job, step: int) -> StepResult:
     folder = Path(os.environ[PROFILE_ENV])
     folder.mkdir(parents=True, exist_ok=True)
     table = prof.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=60)
-    stem = folder / f"rank{dist.get_rank()}_step{step}"
+    stem = folder / f"rank{dist.get_rank()}_step{step}{tag}"
     atomic_write_text(stem.with_suffix(".txt"), table)
     ops = [
         {
@@ -429,8 +430,10 @@ def run_plan(
     metrics_path: str | None = None,
     report_dir: str | None = None,
     plan_path: str | None = None,
+    profile_tag: str = "",
 ) -> dict:
-    """Train ``plan`` for ``args.steps`` steps on this rank; returns the summary record (rank 0's is real)."""
+    """Train ``plan`` for ``args.steps`` steps on this rank; returns the summary record (rank 0's is real).
+    ``profile_tag``: appended to the operator tables' names (``STRATAGEM_TORCH_PROFILE``)."""
     if "sd" in plan.mesh.axes:  # a 3D CNN's hybrid data + spatial plan (runtime/executor/spatial_train.py)
         from runtime.executor.spatial_train import run_spatial_plan
 
@@ -473,7 +476,8 @@ def run_plan(
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         _maybe_sigterm_launcher(step)
-        res = profiled_step(job, step) if step == first + 2 and os.environ.get(PROFILE_ENV) else train_step(job, step)
+        profile_now = step == first + 2 and os.environ.get(PROFILE_ENV)
+        res = profiled_step(job, step, profile_tag) if profile_now else train_step(job, step)
         metrics.step(
             step=step,
             loss=res.loss,
@@ -541,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
                 metrics_path=args.metrics[i] if args.metrics else None,
                 report_dir=args.layout_report[i] if args.layout_report else None,
                 plan_path=path,
+                profile_tag=f"_plan{i}" if len(args.plan) > 1 else "",
             )
             dist.barrier()
     except StratagemError as exc:
