@@ -38,6 +38,7 @@ from planner.profiles import (
 )
 
 from planner.cli.common import (
+    flash_attention_default,
     analytic_on_cpu_note,
     MAX_BATCH,
     MAX_DEVICES,
@@ -294,7 +295,7 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
             f"{args.micro_batch} = {per_step}; change --global-batch or --micro-batch"
         )
     stage_types = tuple(args.stage_node_types.split(",")) if args.stage_node_types else None
-    flash = _flash_attention(args, cluster)
+    flash = flash_attention_default(args.flash_attention, cluster)
     config = ParallelConfig(
         tp=args.tp,
         pp=args.pp,
@@ -522,15 +523,6 @@ def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) 
     over = f"dp x cp = {config.dp * config.cp}" if config.cp > 1 else f"dp={config.dp}"
     head = f"one all-reduce of rank 0's gradients ({grad_bytes / 2**30:.2f} GiB) over {over}: "
     return head + ", ".join(parts)
-
-
-def _flash_attention(args: argparse.Namespace, cluster) -> bool:
-    """--flash-attention / --no-flash-attention, else on when every node type is a GPU (as `plan` decides)."""
-    from planner.cost.constants import is_gpu
-
-    if args.flash_attention is not None:
-        return bool(args.flash_attention)
-    return all(is_gpu(nt.device) for nt in cluster.node_types)
 
 
 def run(args: argparse.Namespace) -> int:

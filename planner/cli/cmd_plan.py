@@ -27,7 +27,7 @@ from planner.profiles import (
     default_dtype,
     load_cluster_profile,
 )
-from planner.search.pins import pins_note
+from planner.search.pins import PIN_FIELDS, pins_note
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
 from .common import (
@@ -37,6 +37,7 @@ from .common import (
     MAX_SEQ,
     DefaultsHelpFormatter,
     analytic_on_cpu_note,
+    flash_attention_default,
     check_out_path,
     float_in,
     int_in,
@@ -279,16 +280,6 @@ def _summary_table(plan: Plan, cluster: ClusterProfile):
     return table
 
 
-def _flash_attention(args: argparse.Namespace, cluster) -> bool:
-    """--flash-attention / --no-flash-attention, else on when every node type of the cluster is a GPU (what
-    `stratagem launch` then runs: fused SDPA, runtime.models.attention)."""
-    from planner.cost.constants import is_gpu
-
-    if args.flash_attention is not None:
-        return bool(args.flash_attention)
-    return all(is_gpu(nt.device) for nt in cluster.node_types)
-
-
 def _resolve_dtype(args: argparse.Namespace, cluster) -> str | None:
     """--dtype, else the default rule over the node types the plan's devices come from (so 16 A100s of
     mixed-a100-v100 train in bf16, 32 devices in fp16); with --model-profile the profile's dtype decides
@@ -357,7 +348,7 @@ def _pins(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
     from planner.cli.cmd_estimate import SCHEDULE_ALIASES
 
     pins: list[tuple[str, object]] = []
-    for key in ("tp", "pp", "dp", "ep", "zero", "micro_batch", "schedule"):
+    for key in PIN_FIELDS:
         value = getattr(args, key, None)
         if value is not None:
             pins.append((key, SCHEDULE_ALIASES[value] if key == "schedule" else value))
@@ -405,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
         budget_s=args.budget,
         cp=args.cp,
         cp_min_seq_len=args.cp_min_seq,
-        flash_attention=_flash_attention(args, cluster),
+        flash_attention=flash_attention_default(args.flash_attention, cluster),
     )
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:

@@ -191,6 +191,16 @@ def check_out_path(path: str | os.PathLike, *, flag: str = "--out", inputs: dict
     return check_output_path(path, flag=flag, inputs=inputs)
 
 
+def flash_attention_default(flag: bool | None, cluster: ClusterProfile) -> bool:
+    """``--flash-attention`` / ``--no-flash-attention`` of `plan` and `estimate`, else on when every node type of
+    the cluster is a GPU (what `stratagem launch` then runs: fused SDPA, runtime.models.attention)."""
+    from planner.cost.constants import is_gpu
+
+    if flag is not None:
+        return bool(flag)
+    return all(is_gpu(nt.device) for nt in cluster.node_types)
+
+
 def analytic_on_cpu_note(profile: ModelProfile, cluster: ClusterProfile) -> str | None:
     """An analytic (datasheet) profile on CPU devices has no per-op framework time, which dominates small
     models there: say so, with the fix, instead of printing a step time 10-100x too short unannounced."""

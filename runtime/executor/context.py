@@ -156,10 +156,7 @@ class ContextShard:
 
     def causal_bias(self, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """(s / cp, s) additive mask: 0 where the key's position is at most the query's, -inf elsewhere."""
-        q = self.positions(device)[:, None]
-        k = torch.arange(self.seq_len, device=device)[None, :]
-        zero = torch.zeros((), device=device, dtype=dtype)
-        return torch.where(k <= q, zero, torch.full((), float("-inf"), device=device, dtype=dtype))
+        return torch.zeros((), device=device, dtype=dtype).masked_fill(~self.visible(device), float("-inf"))
 
 
 def _to_sequence_order(gathered: torch.Tensor, cp: int) -> torch.Tensor:

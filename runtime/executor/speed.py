@@ -10,7 +10,8 @@
 - bf16 on one rank, TP / PP without ZeRO, ZeRO 0, or an MoE -> ``autocast``: ``torch.autocast(bf16)`` over fp32
   weights. Nothing else in torch keeps fp32 master weights there: an FSDP2 policy needs a ``fully_shard`` unit,
   ``replicate`` keeps the module's dtype, and an MoE's experts stay outside the FSDP units (their own group).
-  torchtitan too falls back to autocast when FSDP is off. Compiled blocks fuse autocast's casts into their kernels.
+  torchtitan too falls back to autocast when FSDP is off. Compiled blocks fuse autocast's activation casts; the
+  per-step weight and gradient casts stay (4-7 % of device time on one H200, ``benchmarks/data/h200``).
 
 **Optimizer**: AdamW with ``fused=True`` on CUDA (one kernel for all parameters, Apex/torchtitan's choice) and
 ``foreach=True`` elsewhere; a chunk mixing DTensor and plain parameters gets one parameter group of each (the
@@ -36,7 +37,6 @@ from planner.plan import Plan
 
 log = logging.getLogger(__name__)
 
-PRECISION_SCHEMES = ("fp32", "autocast", "fsdp-bf16")
 COMPILE_CHOICES = ("auto", "on", "off")
 
 

@@ -72,7 +72,6 @@ class Attention(nn.Module):
     def __init__(self, dims: LlamaDims, tp: int = 1) -> None:
         super().__init__()
         self.head_dim, self.theta = dims.head_dim, dims.rope_theta
-        self.group = dims.heads // dims.kv_heads  # query heads per kv head
         local_heads, local_kv = dims.heads // tp, dims.kv_heads // tp
         self.wq = nn.Linear(dims.hidden, local_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(dims.hidden, local_kv * self.head_dim, bias=False)
