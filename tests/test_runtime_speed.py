@@ -12,6 +12,7 @@ import torch
 from fixtures.plans import make_plan
 from planner.modelspec import parse_model
 from planner.plan import save_plan
+from runtime.executor.master_adamw import MasterAdamW
 from runtime.executor.metrics import final_step_losses, read_metrics
 from runtime.executor.speed import build_optimizer, precision_scheme, resolve_compile
 from runtime.launch import LaunchOptions, train_args
@@ -60,11 +61,48 @@ def test_apply_attention_sets_every_attention_module_once():
         (dict(dp=2, zero_stage=1), "bf16", "fsdp-bf16"),
         (dict(dp=2), "bf16", "autocast"),  # ZeRO 0: replicate keeps the weights' dtype
         (dict(tp=2, split=ALL_SPLIT), "bf16", "autocast"),
-        (dict(dp=1), "bf16", "autocast"),
+        (dict(dp=1), "bf16", "bf16-master"),  # one rank: bf16 weights, fp32 masters in the optimizer
     ],
 )
 def test_precision_scheme_per_layout(layout, dtype, scheme):
     assert precision_scheme(make_plan(parse_model("gpt:tiny"), dtype=dtype, **layout)) == scheme
+
+
+def test_master_adamw_follows_torch_adamw_on_fp32_weights():
+    """Same arithmetic as torch.optim.AdamW (decoupled decay, bias corrections): exact on fp32 weights."""
+    gen = torch.Generator().manual_seed(0)
+    ref = [torch.nn.Parameter(torch.randn(300, generator=gen)), torch.nn.Parameter(torch.randn(7, 5, generator=gen))]
+    mine = [torch.nn.Parameter(p.detach().clone()) for p in ref]
+    torch_opt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1)
+    master_opt = MasterAdamW(mine, lr=1e-2, weight_decay=0.1, kernel="torch")
+    for _ in range(4):
+        for a, b in zip(ref, mine):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        torch_opt.step()
+        master_opt.step()
+    for a, b in zip(ref, mine):
+        assert torch.equal(a, b)
+
+
+def test_master_adamw_keeps_fp32_masters_of_bf16_weights():
+    """bf16 weights: the fp32 master follows AdamW on fp32 weights fed the same (bf16) gradients, the weight is the
+    master rounded to bf16, and the master travels in the optimizer's state dict (so DCP checkpoints carry it)."""
+    gen = torch.Generator().manual_seed(1)
+    ref = torch.nn.Parameter(torch.randn(1000, generator=gen).bfloat16().float())
+    weight = torch.nn.Parameter(ref.detach().bfloat16())
+    torch_opt = torch.optim.AdamW([ref], lr=1e-3, weight_decay=0.1)
+    master_opt = MasterAdamW([weight], lr=1e-3, weight_decay=0.1)
+    for _ in range(5):
+        weight.grad = torch.randn(1000, generator=gen).bfloat16()
+        ref.grad = weight.grad.float()
+        torch_opt.step()
+        master_opt.step()
+    master = master_opt.state[weight]["master"]
+    assert master.dtype == torch.float32 and torch.equal(master, ref.detach())
+    assert torch.equal(weight.detach(), master.bfloat16())
+    assert not torch.equal(master, weight.detach().float())  # the updates bf16 would lose are kept
+    assert set(master_opt.state_dict()["state"][0]) == {"master", "exp_avg", "exp_avg_sq", "step"}
 
 
 def test_moe_bf16_keeps_autocast_under_zero3():  # the experts stay outside the FSDP units
@@ -104,6 +142,30 @@ BF16_LAYOUTS = {
     "pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2),
     "zero3": dict(dp=2, zero_stage=3),
 }
+
+
+def test_one_rank_bf16_master_launch_ends_within_2_percent_of_fp32(tmp_path):
+    """One rank (bf16 weights, fp32 masters in MasterAdamW): gpt:small and llama:tiny, step 20's loss against fp32;
+    the layout report names the scheme and the parameters really are bf16."""
+    args, runs = ["--steps", str(BF16_STEPS), "--timeout-s", "120"], {}
+    for family in ("gpt:small", "llama:tiny"):
+        for dtype in ("fp32", "bf16"):
+            plan = make_plan(parse_model(family), global_batch=8, seq_len=32, dtype=dtype, lr=3e-3)
+            name = f"{family.split(':')[0]}_{dtype}"
+            path = save_plan(plan.model_copy(update={"flash_attention": True}), tmp_path / f"{name}.json")
+            args += ["--plan", str(path), "--metrics", str(tmp_path / f"{name}.jsonl")]
+            args += ["--layout-report", str(tmp_path / name)]
+            runs[name] = tmp_path / f"{name}.jsonl"
+    proc = torchrun(1, args, timeout_s=300)
+    assert proc.returncode == 0, tail(proc)
+    for family in ("gpt", "llama"):
+        fp32, bf16 = (final_step_losses(read_metrics(runs[f"{family}_{d}"])) for d in ("fp32", "bf16"))
+        assert bf16[BF16_STEPS] == pytest.approx(fp32[BF16_STEPS], rel=0.02), (family, fp32, bf16)
+        assert bf16[BF16_STEPS] != fp32[BF16_STEPS]
+        report = json.loads((tmp_path / f"{family}_bf16" / "rank0.json").read_text())
+        assert report["chunks"][0]["precision"] == "bf16-master"
+        dtypes = {p["dtype"] for p in report["chunks"][0]["params"].values()}
+        assert dtypes == {"torch.bfloat16"}, dtypes
 
 
 @pytest.mark.slow

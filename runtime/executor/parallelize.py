@@ -27,7 +27,7 @@ from runtime.executor.moe import (
     expert_params,
 )
 from runtime.executor.recompute import apply_ac
-from runtime.executor.speed import apply_compile, fsdp_mp_policy, precision_scheme
+from runtime.executor.speed import apply_compile, fsdp_mp_policy, precision_scheme, weight_dtype
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
 from runtime.models.attention import apply_attention
@@ -40,8 +40,9 @@ from runtime.executor.tp import (
     uses_loss_parallel,
 )
 
-# plan dtypes the runtime trains (runtime.executor.speed says how: fp32, autocast or FSDP2 bf16); fp32 master
-# weights, gradients and AdamW state in every case (the plan schema: "mixed precision keeps fp32 master weights");
+# plan dtypes the runtime trains (runtime.executor.speed says how: fp32, autocast, FSDP2 bf16 or bf16 weights with
+# fp32 masters); fp32 master weights and AdamW state in every case (the plan schema: "mixed precision keeps fp32
+# master weights");
 # tf32 is fp32 with TF32 matmuls on CUDA.
 RUN_DTYPES = ("fp32", "tf32", "bf16")
 
@@ -115,7 +116,7 @@ def build_chunk(
     cut_stage(model, stage.module_paths, paths)
     model.to_empty(device="cpu")
     init_weights(model, seed=plan.training.seed)
-    model.to(device)
+    model.to(device=device, dtype=weight_dtype(plan))  # bf16 under bf16-master (fp32 copies in the optimizer)
     attention = apply_attention(model, fused=plan.flash_attention)
     styles = tp_styles(plan.model, plan.layout, stage.module_paths) if mesh["tp"].size() > 1 else {}
     apply_tp(model, mesh["tp"], styles)
@@ -163,12 +164,12 @@ def build_chunk(
 
 
 def describe_params(module: nn.Module, limit: int = 0) -> dict[str, dict]:
-    """FQN -> {type, placements, mesh_dims, local_shape, global_shape}: what each rank really holds."""
+    """FQN -> {type, placements, mesh_dims, local_shape, global_shape, dtype}: what each rank really holds."""
     from torch.distributed.tensor import DTensor
 
     out = {}
     for name, p in module.named_parameters():
-        info: dict = {"global_shape": list(p.shape)}
+        info: dict = {"global_shape": list(p.shape), "dtype": str(p.dtype)}
         if isinstance(p, DTensor):
             info.update(
                 type="DTensor",

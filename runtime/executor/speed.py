@@ -7,7 +7,12 @@
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``. FSDP2 casts each unit's sharded fp32 weights to
   bf16 once per all-gather; compute, activations and saved tensors are bf16; gradients are reduced and kept in
   fp32 next to the fp32 master weights and AdamW state (torchtitan's default).
-- bf16 on one rank, TP / PP without ZeRO, ZeRO 0, or an MoE -> ``autocast``: ``torch.autocast(bf16)`` over fp32
+- bf16 on one rank, dense models -> ``bf16-master``: the model's weights, activations and gradients are bf16 and
+  the optimizer (:class:`runtime.executor.master_adamw.MasterAdamW`) keeps fp32 master weights next to AdamW's
+  fp32 moments, updating both and writing the bf16 weights back in one fused kernel per parameter on CUDA:
+  no cast kernel in the step (Megatron-LM's mixed-precision layout). Measured on one H200 against autocast:
+  ``benchmarks/data/h200`` (``benchmarks/gpu_speed.py``).
+- bf16 on TP / PP without ZeRO, ZeRO 0 over dp > 1, or an MoE -> ``autocast``: ``torch.autocast(bf16)`` over fp32
   weights. Nothing else in torch keeps fp32 master weights there: an FSDP2 policy needs a ``fully_shard`` unit,
   ``replicate`` keeps the module's dtype, and an MoE's experts stay outside the FSDP units (their own group).
   torchtitan too falls back to autocast when FSDP is off. Compiled blocks fuse autocast's activation casts; the
@@ -41,7 +46,8 @@ COMPILE_CHOICES = ("auto", "on", "off")
 
 
 def precision_scheme(plan: Plan) -> str:
-    """The scheme ``plan`` trains with (module docstring table): ``fp32``, ``autocast`` or ``fsdp-bf16``."""
+    """The scheme ``plan`` trains with (module docstring): ``fp32``, ``fsdp-bf16``, ``bf16-master``
+    or ``autocast``."""
     if plan.training.dtype != "bf16":
         return "fp32"
     from runtime.executor.moe import expert_layout, is_moe
@@ -49,7 +55,11 @@ def precision_scheme(plan: Plan) -> str:
     shards = plan.mesh.size("dp") * plan.mesh.size("cp") > 1 and plan.zero_stage >= 1
     lay = expert_layout(plan)
     experts_apart = is_moe(plan) or lay.ep > 1 or lay.etp > 1  # experts outside the FSDP units (their own group)
-    return "fsdp-bf16" if shards and not experts_apart else "autocast"
+    if shards and not experts_apart:
+        return "fsdp-bf16"
+    if plan.world_size == 1 and not experts_apart:
+        return "bf16-master"
+    return "autocast"
 
 
 def autocast_dtype(plan: Plan) -> torch.dtype | None:
@@ -66,11 +76,23 @@ def fsdp_mp_policy(plan: Plan):
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def build_optimizer(module: nn.Module, *, lr: float, weight_decay: float, device: torch.device):
-    """AdamW over ``module``'s parameters: fused kernel on CUDA, multi-tensor (foreach) elsewhere."""
+def weight_dtype(plan: Plan) -> torch.dtype:
+    """The dtype the model's parameters are kept in (bf16 only under ``bf16-master``)."""
+    return torch.bfloat16 if precision_scheme(plan) == "bf16-master" else torch.float32
+
+
+def build_optimizer(
+    module: nn.Module, *, lr: float, weight_decay: float, device: torch.device, master_weights: bool = False
+):
+    """AdamW over ``module``'s parameters: fused kernel on CUDA, multi-tensor (foreach) elsewhere;
+    ``master_weights`` (``bf16-master``): :class:`~runtime.executor.master_adamw.MasterAdamW`."""
     from torch.distributed.tensor import DTensor
 
     params = [p for p in module.parameters() if p.requires_grad]
+    if master_weights:
+        from runtime.executor.master_adamw import MasterAdamW
+
+        return MasterAdamW(params, lr=lr, weight_decay=weight_decay)
     dtensors = [p for p in params if isinstance(p, DTensor)]
     plain = [p for p in params if not isinstance(p, DTensor)]
     groups = [{"params": g} for g in (dtensors, plain) if g] if dtensors and plain else params

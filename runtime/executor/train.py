@@ -335,7 +335,16 @@ def build_job(
         device=device,
         chunks=chunks,
         runner=runner,
-        optimizers=[build_optimizer(c.module, lr=tr.lr, weight_decay=tr.weight_decay, device=device) for c in chunks],
+        optimizers=[
+            build_optimizer(
+                c.module,
+                lr=tr.lr,
+                weight_decay=tr.weight_decay,
+                device=device,
+                master_weights=c.precision == "bf16-master",
+            )
+            for c in chunks
+        ],
         data=build_data_source(plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed),
         rows=replica_rows(rows, coords["dp"]),
         micro_batches=num_micro,
