@@ -10,7 +10,8 @@ Rows (hand-made one-GPU plans, ``fixtures.plans.make_plan``; no search, nothing 
   one GPU;
 each launched with the runtime's GPU defaults (bf16, fused SDPA attention, ``torch.compile`` per block), and
 ``gpt2-large`` once more on the old path (math attention, no compile) as the baseline on the same card.
-``--all`` adds diagnostics (``EXTRA_RUNS``): gpt2-large with its vocabulary padded to 50,304, and at micro-batch 8.
+``--all`` adds diagnostics (``EXTRA_RUNS``): gpt2-large with its vocabulary padded to 50,304, at micro-batch 8, and
+with its compiled blocks run as CUDA graphs (``STRATAGEM_COMPILE_MODE=reduce-overhead``).
 
 Prediction: :func:`planner.cost.estimate` of the plan on the closed-form profile (pure 16-bit, flash attention as
 the plan says) and the shipped cluster profile of the card (``dgx-h200`` for an H200, else ``dgx-h100``),
@@ -49,7 +50,10 @@ RUNS = [
 EXTRA_RUNS = [
     ("gpt2-large-v50304_mb4", "gpt:gpt2-large@vocab=50304", 4, 1024, True, True),
     ("gpt2-large_mb8", "gpt:gpt2-large", 8, 1024, True, True),
+    ("gpt2-large_mb4_cudagraphs", "gpt:gpt2-large", 4, 1024, True, True),
 ]
+# runs launched with extra environment: the compiled blocks as CUDA graphs (runtime.executor.speed.compile_mode)
+RUN_ENV = {"gpt2-large_mb4_cudagraphs": {"STRATAGEM_COMPILE_MODE": "reduce-overhead"}}
 CAST_OPS = ("aten::copy_", "aten::_to_copy")
 ANNOTATION = re.compile(r"## |[A-Za-z_][\w.]*#[\w.]+$")  # compiled-graph calls, record_function scopes
 FIELDS = [
@@ -110,15 +114,20 @@ def kernel_times(folder: Path, run_name: str) -> tuple[float, float] | None:
     return kernels * 1e-6, casts * 1e-6
 
 
-def launch(plan_path: Path, metrics: Path, *, steps: int, compile_blocks: bool, profile_dir: Path) -> str:
+def launch(
+    plan_path: Path, metrics: Path, *, steps: int, compile_blocks: bool, profile_dir: Path, env: dict, timeout_s: int
+) -> str:
     cmd = [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(steps)]
-    cmd += ["--metrics", str(metrics), "--timeout-s", "400", "--compile" if compile_blocks else "--no-compile"]
-    env = dict(os.environ, STRATAGEM_TORCH_PROFILE=str(profile_dir))
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=450, env=env)
+    cmd += ["--metrics", str(metrics), "--timeout-s", str(timeout_s), "--compile" if compile_blocks else "--no-compile"]
+    env = dict(os.environ, STRATAGEM_TORCH_PROFILE=str(profile_dir), **env)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s + 30, env=env)
+    except subprocess.TimeoutExpired:
+        return f"no result in {timeout_s + 30} s"
     return "" if proc.returncode == 0 else f"exit {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"
 
 
-def measure(run: tuple, *, out: Path, steps: int, cluster_name: str) -> dict | None:
+def measure(run: tuple, *, out: Path, steps: int, cluster_name: str, timeout_s: int = 400) -> dict | None:
     """Launch one row on this GPU; its plan, metrics and rank 0's step-3 operator tables land in ``out``."""
     import torch
 
@@ -128,7 +137,15 @@ def measure(run: tuple, *, out: Path, steps: int, cluster_name: str) -> dict | N
     plan, _ = build_run(model, mb, seq, flash, cluster_name)
     plan_path = save_plan(plan, out / f"{name}.json")
     prof = out / f"{name}_profile"
-    failure = launch(plan_path, out / f"{name}.jsonl", steps=steps, compile_blocks=compile_blocks, profile_dir=prof)
+    failure = launch(
+        plan_path,
+        out / f"{name}.jsonl",
+        steps=steps,
+        compile_blocks=compile_blocks,
+        profile_dir=prof,
+        env=RUN_ENV.get(name, {}),
+        timeout_s=timeout_s,
+    )
     if failure:
         print(f"{name}: launch failed ({failure})")
         return None
@@ -189,7 +206,7 @@ def from_data(folder: Path, cluster_name: str | None) -> list[dict]:
         if (folder / f"{run[0]}.jsonl").exists():
             rows.append(collect(run, folder, cluster, gpu=gpu, torch_version=torch_version))
         else:
-            print(f"{run[0]}: no stored metrics in {folder}")
+            print(f"{run[0]}: no stored metrics in {folder}", file=sys.stderr)
     return rows
 
 
@@ -226,7 +243,8 @@ def main() -> int:
     p.add_argument("--from-data", type=Path, metavar="DIR", help="print the table of a stored session (no GPU)")
     p.add_argument("--cluster", help="cluster profile (default: dgx-h200 on an H200, else dgx-h100)")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--only", help="one run by name")
+    p.add_argument("--only", help="runs by name, comma-separated, in this order")
+    p.add_argument("--run-timeout", type=int, default=400, help="seconds one launch may take (default 400)")
     p.add_argument("--all", action="store_true", help="also the diagnostic runs (EXTRA_RUNS)")
     p.add_argument("--csv", type=Path, help="with --from-data: also write the rows to this CSV file")
     args = p.parse_args()
@@ -247,10 +265,16 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="stratagem-gpu-speed-"))
     rows = []
-    for run in RUNS + EXTRA_RUNS:
-        if (args.only and run[0] != args.only) or (not args.only and not args.all and run in EXTRA_RUNS):
-            continue
-        row = measure(run, out=work, steps=args.steps, cluster_name=cluster)
+    by_name = {run[0]: run for run in RUNS + EXTRA_RUNS}
+    if args.only:
+        unknown = [n for n in args.only.split(",") if n not in by_name]
+        if unknown:
+            p.error(f"--only: no run named {', '.join(unknown)} (runs: {', '.join(by_name)})")
+        chosen = [by_name[n] for n in args.only.split(",")]
+    else:
+        chosen = RUNS + (EXTRA_RUNS if args.all else [])
+    for run in chosen:
+        row = measure(run, out=work, steps=args.steps, cluster_name=cluster, timeout_s=args.run_timeout)
         if row is None:
             continue
         rows.append(row)

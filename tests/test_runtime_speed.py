@@ -260,3 +260,31 @@ def test_estimate_defaults_to_fused_attention_on_gpu_clusters(capsys):
         flag = "--flash-attention" if fused else "--no-flash-attention"
         assert main([*base, "--cluster", cluster, "--gpus", "1", flag, "--causal-skip"]) == 0
         assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(default, rel=1e-12), cluster
+
+
+def test_lm_head_pads_an_unaligned_vocabulary_without_changing_values_or_gradients():
+    """LMHead pads the weight to a multiple of 64 rows for the matmul (CUDA; forced on CPU here) and slices the
+    logits back: same logits, same gradients, same parameter shape."""
+    from runtime.models.layered import LMHead
+
+    gen = torch.Generator().manual_seed(0)
+    plain, padded = LMHead(16, 50, bias=False), LMHead(16, 50, bias=False)
+    padded.weight = torch.nn.Parameter(plain.weight.detach().clone())
+    padded.pad_on = ("cpu",)
+    x = torch.randn(3, 5, 16, generator=gen)
+    outs = [m(x) for m in (plain, padded)]
+    assert outs[1].shape == (3, 5, 50) and torch.allclose(outs[0], outs[1], atol=1e-6)
+    for out in outs:
+        out.square().sum().backward()
+    assert padded.weight.shape == (50, 16) and torch.allclose(plain.weight.grad, padded.weight.grad, atol=1e-5)
+
+
+def test_compile_mode_knob_rejects_an_unknown_mode(monkeypatch):
+    from planner.errors import StratagemError
+    from runtime.executor.speed import COMPILE_MODE_ENV, compile_mode
+
+    monkeypatch.setenv(COMPILE_MODE_ENV, "fastest")
+    with pytest.raises(StratagemError, match="reduce-overhead"):
+        compile_mode()
+    monkeypatch.setenv(COMPILE_MODE_ENV, "reduce-overhead")
+    assert compile_mode() == "reduce-overhead"

@@ -49,6 +49,8 @@ from runtime.executor.speed import (
     autocast_dtype,
     build_optimizer,
     check_attention_kernel,
+    compile_loss,
+    compile_mode,
     report_compile,
     resolve_compile,
 )
@@ -303,6 +305,8 @@ def build_job(
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
+    if any(c.compiled for c in chunks) and not any(c.loss_parallel for c in chunks):
+        base_loss = compile_loss(base_loss)
     for chunk in chunks:  # the MoE load-balancing loss's gradient gets the factor each micro-batch's loss gets
         set_aux_loss_scale(chunk.module, scale / num_micro / dims.tp)
     if report_dir:
@@ -373,6 +377,8 @@ def train_step(job: Job, step: int) -> StepResult:
         batch = Batch(inputs=job.context.shard(batch.inputs), targets=job.context.shard(batch.targets))
     batch = batch.to(job.device)
     t0 = time.perf_counter()
+    if job.device.type == "cuda" and compile_mode() == "reduce-overhead" and any(c.compiled for c in job.chunks):
+        torch.compiler.cudagraph_mark_step_begin()  # a new step: last step's graph outputs may be overwritten
     losses = job.runner.step(batch)
     for chunk in job.chunks:
         if chunk.replica_sync is not None:

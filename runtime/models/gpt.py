@@ -21,7 +21,7 @@ from torch import nn
 
 from runtime.models.attention import attend, causal_bias, dropout  # noqa: F401 - causal_bias re-exported
 from runtime.models.dims import GPTDims
-from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
+from runtime.models.layered import LayeredModel, LMHead, build_decoder, decoder_paths
 
 
 class Attention(nn.Module):
@@ -143,7 +143,7 @@ def build_gpt_layer(dims: GPTDims, path: str, tp: int = 1) -> nn.Module:
     if path == "norm":
         return nn.LayerNorm(dims.hidden)
     if path == "head":
-        return nn.Linear(dims.hidden, dims.vocab // tp, bias=False)
+        return LMHead(dims.hidden, dims.vocab // tp, bias=False)
     raise KeyError(path)
 
 

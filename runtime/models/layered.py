@@ -9,6 +9,7 @@ activation instead of the raw input (torchtitan's pipeline style).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -55,6 +56,28 @@ class LayeredModel(nn.Module):
 def blocks_dict(blocks: list[nn.Module]) -> nn.ModuleDict:
     """``nn.ModuleDict`` keyed "0", "1", ... (so paths are ``blocks.i``)."""
     return nn.ModuleDict({str(i): block for i, block in enumerate(blocks)})
+
+
+class LMHead(nn.Linear):
+    """``nn.Linear`` from the last hidden state to vocabulary logits.
+
+    On CUDA, a vocabulary that is not a multiple of 64 (GPT-2's 50,257) makes a logits row stride cuBLAS's Hopper
+    kernels cannot take (they need 16-byte-aligned leading dimensions), and cuBLAS falls back to an sm75 kernel:
+    12.9 ms of gpt2-large's 66 ms step on one H200 (``benchmarks/data/h200``, the ``cutlass_75`` rows). There the
+    weight is zero-padded to the next multiple of 64 for the matmul and the logits are sliced back to the
+    vocabulary: the same values, with the parameter, its shape and its checkpoint keys unchanged. Elsewhere
+    (CPU, a tensor-parallel DTensor shard) it is ``nn.Linear``."""
+
+    ALIGN = 64
+    pad_on = ("cuda",)  # device types that pad (a test sets "cpu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.weight.shape[0]
+        pad = -rows % self.ALIGN
+        if not pad or x.device.type not in self.pad_on or hasattr(self.weight, "to_local"):
+            return super().forward(x)
+        bias = None if self.bias is None else F.pad(self.bias, (0, pad))
+        return F.linear(x, F.pad(self.weight, (0, 0, 0, pad)), bias)[..., :rows]
 
 
 def decoder_paths(layers: int) -> list[str]:

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from runtime.models.dims import LlamaDims
 from runtime.models.attention import attend
 from runtime.models.gpt import VocabShardEmbedding, embedding_table
-from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
+from runtime.models.layered import LayeredModel, LMHead, build_decoder, decoder_paths
 
 RMS_EPS = 1e-5  # Meta llama ModelArgs.norm_eps
 
@@ -158,7 +158,7 @@ def build_llama_layer(dims: LlamaDims, path: str, tp: int = 1) -> nn.Module:
     if path == "norm":
         return RMSNorm(dims.hidden)
     if path == "head":
-        return nn.Linear(dims.hidden, dims.vocab // tp, bias=False)
+        return LMHead(dims.hidden, dims.vocab // tp, bias=False)
     raise KeyError(path)
 
 
