@@ -279,12 +279,41 @@ def test_lm_head_pads_an_unaligned_vocabulary_without_changing_values_or_gradien
     assert padded.weight.shape == (50, 16) and torch.allclose(plain.weight.grad, padded.weight.grad, atol=1e-5)
 
 
-def test_compile_mode_knob_rejects_an_unknown_mode(monkeypatch):
+def test_compile_mode_is_cuda_graphs_on_one_cuda_rank_and_the_knob_overrides(monkeypatch):
     from planner.errors import StratagemError
     from runtime.executor.speed import COMPILE_MODE_ENV, compile_mode
 
+    one, two = (make_plan(parse_model("gpt:tiny"), dp=dp) for dp in (1, 2))
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.delenv(COMPILE_MODE_ENV, raising=False)
+    assert compile_mode(one, cuda) == "reduce-overhead"
+    assert compile_mode(two, cuda) is None and compile_mode(one, cpu) is None
+    monkeypatch.setenv(COMPILE_MODE_ENV, "default")
+    assert compile_mode(one, cuda) is None
     monkeypatch.setenv(COMPILE_MODE_ENV, "fastest")
     with pytest.raises(StratagemError, match="reduce-overhead"):
-        compile_mode()
-    monkeypatch.setenv(COMPILE_MODE_ENV, "reduce-overhead")
-    assert compile_mode() == "reduce-overhead"
+        compile_mode(one, cuda)
+
+
+def test_master_adamw_triton_kernels_in_the_interpreter(monkeypatch):
+    """Where Triton is installed (the GPU machines; not the CPU CI), its interpreter runs the multi-tensor and
+    per-tensor kernels on CPU tensors: the masters match the torch update."""
+    pytest.importorskip("triton")
+    import runtime.executor.master_adamw as ma
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(ma, "_KERNEL", None)
+    gen = torch.Generator().manual_seed(0)
+    masters = {}
+    for kernel in ("torch", "triton"):
+        gen.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s, generator=gen).bfloat16()) for s in ((3000,), (17, 5), (1,))]
+        opt = MasterAdamW(params, lr=1e-2, weight_decay=0.1, kernel=kernel)
+        for step in range(3):
+            for i, p in enumerate(params):
+                p.grad = None if (step == 1 and i == 2) else torch.randn(p.shape, generator=gen).bfloat16()
+            opt.step()
+        masters[kernel] = [opt.state[p]["master"] for p in params]
+    for a, b in zip(masters["torch"], masters["triton"]):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(ma, "_KERNEL", None)  # the next user compiles for its own device

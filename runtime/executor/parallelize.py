@@ -27,7 +27,7 @@ from runtime.executor.moe import (
     expert_params,
 )
 from runtime.executor.recompute import apply_ac
-from runtime.executor.speed import apply_compile, fsdp_mp_policy, precision_scheme, weight_dtype
+from runtime.executor.speed import apply_compile, compile_mode, fsdp_mp_policy, precision_scheme, weight_dtype
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
 from runtime.models.attention import apply_attention
@@ -128,7 +128,7 @@ def build_chunk(
     context_paths = apply_cp(model, context)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
-    compiled = apply_compile(model, blocks) if compile_blocks else []
+    compiled = apply_compile(model, blocks, compile_mode(plan, device)) if compile_blocks else []
     dp_mesh = data_parallel_mesh(mesh, plan.mesh.size("cp"))
     expert_dp = apply_expert_dp(model, experts, zero_stage=plan.zero_stage) if experts is not None and held else "none"
     dp_mode = apply_dp(

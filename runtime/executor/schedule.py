@@ -94,6 +94,7 @@ class LocalRunner:
     is_first: bool = True
     is_last: bool = True
     sync_every_micro_batch: bool = False
+    cuda_graphs: bool = False  # compiled blocks replay as CUDA graphs (runtime.executor.speed.compile_mode)
 
     def step(self, batch: Batch) -> list[torch.Tensor]:
         losses = []
@@ -104,6 +105,8 @@ class LocalRunner:
                 last = i == self.num_micro_batches - 1
                 self.module.set_requires_gradient_sync(last)
                 self.module.set_reshard_after_backward(last)
+            if self.cuda_graphs:  # the graphs' outputs of the last micro-batch are consumed: reuse their memory
+                torch.compiler.cudagraph_mark_step_begin()
             with _step_context(self.loss_parallel, self.autocast_dtype, self.device_type):
                 loss = self.loss_fn(self.module(x), y)
                 (loss / self.num_micro_batches).backward()
@@ -196,6 +199,7 @@ def build_runner(
     device: torch.device,
     autocast_dtype: torch.dtype | None = None,
     sync_every_micro_batch: bool = False,
+    cuda_graphs: bool = False,
 ):
     """The step runner for this rank's chunks (a pipeline schedule when ``num_stages`` > 1).
 
@@ -204,6 +208,7 @@ def build_runner(
 
     ``autocast_dtype`` (bf16) runs forward under ``torch.autocast``: fp32 master weights, optimizer
     state and gradients, low-precision matmuls (Micikevicius et al. 2018, mixed precision).
+    ``cuda_graphs`` (one stage, blocks compiled as CUDA graphs): each micro-batch starts a new graph step.
     """
     loss_par = any(c.loss_parallel for c in chunks)
     common = dict(loss_parallel=loss_par, autocast_dtype=autocast_dtype, device_type=device.type)
@@ -213,6 +218,7 @@ def build_runner(
             loss_fn=loss_fn,
             num_micro_batches=num_micro_batches,
             sync_every_micro_batch=sync_every_micro_batch,
+            cuda_graphs=cuda_graphs,
             **common,
         )
     check_schedule(kind, pp=num_stages // len(chunks), virtual_stages=len(chunks), num_micro_batches=num_micro_batches)

@@ -25,6 +25,7 @@ multi-tensor kernels take one kind per list).
 **Compile**: each transformer block is compiled in place (``nn.Module.compile``, so parameter names and DCP keys
 do not change) after TP and activation checkpointing and before FSDP — torchtitan's order
 (``apply_tp -> apply_ac -> apply_compile -> apply_fsdp``). Default on for CUDA, off for CPU (``launch --compile``);
+on one rank the compiled blocks also replay as CUDA graphs (:func:`compile_mode`);
 torch's dynamo falls back to eager for a block it cannot compile (``suppress_errors``) and
 :func:`report_compile` turns that into one warning naming the fallback.
 """
@@ -128,17 +129,24 @@ def resolve_compile(choice: str, device: torch.device) -> bool:
     return True
 
 
-COMPILE_MODE_ENV = "STRATAGEM_COMPILE_MODE"  # torch.compile's mode for the blocks (an experiment knob; default none)
+COMPILE_MODE_ENV = "STRATAGEM_COMPILE_MODE"  # overrides torch.compile's mode for the blocks
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def compile_mode() -> str | None:
-    """``torch.compile``'s ``mode`` for compiled blocks: ``$STRATAGEM_COMPILE_MODE`` (``reduce-overhead`` runs each
-    compiled block as a CUDA graph) or None, torch's default."""
+def compile_mode(plan: Plan, device: torch.device) -> str | None:
+    """``torch.compile``'s ``mode`` for compiled blocks: ``reduce-overhead`` (each compiled block replays as a CUDA
+    graph) for a one-rank plan on CUDA, torch's default elsewhere; ``$STRATAGEM_COMPILE_MODE`` overrides.
+
+    Why one rank: there the step is one forward and backward per micro-batch through the blocks, and measured
+    host-bound without graphs: gpt2-large at micro-batch 4 on one H200 kept its GPU busy 50 ms of a 96 ms step
+    (the launches of 36 blocks' kernels), and 53 ms with graphs (``benchmarks/data/h200``). With FSDP, TP or
+    pipeline stages, collectives and hooks sit between and inside the blocks, which CUDA graphs do not take."""
     mode = os.environ.get(COMPILE_MODE_ENV) or None
-    allowed = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-    if mode is not None and mode not in allowed:
-        raise StratagemError(f"{COMPILE_MODE_ENV}={mode!r}: use one of {', '.join(allowed)}, or unset it")
-    return mode
+    if mode is not None and mode not in COMPILE_MODES:
+        raise StratagemError(f"{COMPILE_MODE_ENV}={mode!r}: use one of {', '.join(COMPILE_MODES)}, or unset it")
+    if mode is None and device.type == "cuda" and plan.world_size == 1:
+        return "reduce-overhead"
+    return None if mode == "default" else mode
 
 
 def _configure_dynamo() -> None:
@@ -148,10 +156,10 @@ def _configure_dynamo() -> None:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
 
 
-def apply_compile(model: nn.Module, block_paths: Iterable[str]) -> list[str]:
-    """Compile each block of ``block_paths`` present in ``model`` in place; returns the paths compiled."""
+def apply_compile(model: nn.Module, block_paths: Iterable[str], mode: str | None = None) -> list[str]:
+    """Compile each block of ``block_paths`` present in ``model`` in place with torch.compile's ``mode``
+    (:func:`compile_mode`); returns the paths compiled."""
     _configure_dynamo()
-    mode = compile_mode()
     done = []
     for path in block_paths:
         try:

@@ -331,6 +331,7 @@ def build_job(
         device=device,
         autocast_dtype=autocast_dtype(plan),
         sync_every_micro_batch=plan.zero_stage == 3,
+        cuda_graphs=any(c.compiled for c in chunks) and compile_mode(plan, device) == "reduce-overhead",
     )
     return Job(
         plan=plan,
@@ -377,8 +378,6 @@ def train_step(job: Job, step: int) -> StepResult:
         batch = Batch(inputs=job.context.shard(batch.inputs), targets=job.context.shard(batch.targets))
     batch = batch.to(job.device)
     t0 = time.perf_counter()
-    if job.device.type == "cuda" and compile_mode() == "reduce-overhead" and any(c.compiled for c in job.chunks):
-        torch.compiler.cudagraph_mark_step_begin()  # a new step: last step's graph outputs may be overwritten
     losses = job.runner.step(batch)
     for chunk in job.chunks:
         if chunk.replica_sync is not None:
