@@ -284,10 +284,12 @@ def test_compile_mode_is_cuda_graphs_on_one_cuda_rank_and_the_knob_overrides(mon
     from runtime.executor.speed import COMPILE_MODE_ENV, compile_mode
 
     one, two = (make_plan(parse_model("gpt:tiny"), dp=dp) for dp in (1, 2))
+    accumulating = make_plan(parse_model("gpt:tiny"), num_micro_batches=2)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.delenv(COMPILE_MODE_ENV, raising=False)
     assert compile_mode(one, cuda) == "reduce-overhead"
     assert compile_mode(two, cuda) is None and compile_mode(one, cpu) is None
+    assert compile_mode(accumulating, cuda) is None
     monkeypatch.setenv(COMPILE_MODE_ENV, "default")
     assert compile_mode(one, cuda) is None
     monkeypatch.setenv(COMPILE_MODE_ENV, "fastest")

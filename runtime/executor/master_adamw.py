@@ -6,9 +6,7 @@ mixed-precision optimizer (Micikevicius et al. 2018, arXiv:1710.03740 §3.1): 2 
 (master, moments) bytes per parameter. Each step reads the bf16 gradient, updates the master weight and moments in
 fp32 and writes the master rounded to bf16 back into the parameter.
 
-Kernels: on CUDA with Triton, one fused multi-tensor kernel launch per parameter group does all of that in one
-pass over every parameter (a block table maps each Triton program to a tensor and an offset; the tensors' addresses
-travel in small pointer tables, the gradients' rebuilt each step), so no cast kernel runs
+Kernels: on CUDA with Triton, one fused kernel per parameter does all of that in one pass, so no cast kernel runs
 (autocast instead casts every fp32 weight to bf16 in each forward and every bf16 gradient to fp32 in each backward:
 4-7 % of device time on one H200, ``benchmarks/data/h200``). Elsewhere (CPU, or CUDA without Triton) the same
 arithmetic runs as torch multi-tensor ops with the two casts explicit. Both follow ``torch.optim.AdamW``
@@ -67,33 +65,7 @@ def triton_kernel():
         tl.store(master_ptr + offs, w, mask=mask)
         tl.store(param_ptr + offs, w.to(param_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
-    def adamw_master_multi_kernel(
-        block_tensor, block_start, numels, params, grads, masters, ms, vs, beta1, beta2, eps, decay, step_size,
-        inv_sqrt_bc2, BLOCK: tl.constexpr,
-    ):  # fmt: skip
-        pid = tl.program_id(0)
-        t = tl.load(block_tensor + pid)
-        offs = tl.load(block_start + pid) + tl.arange(0, BLOCK)
-        mask = offs < tl.load(numels + t)
-        param_ptr = tl.load(params + t).to(tl.pointer_type(tl.bfloat16))
-        grad_ptr = tl.load(grads + t).to(tl.pointer_type(tl.bfloat16))
-        master_ptr = tl.load(masters + t).to(tl.pointer_type(tl.float32))
-        m_ptr = tl.load(ms + t).to(tl.pointer_type(tl.float32))
-        v_ptr = tl.load(vs + t).to(tl.pointer_type(tl.float32))
-        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(master_ptr + offs, mask=mask, other=0.0)
-        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-        m = m + (1.0 - beta1) * (g - m)
-        v = beta2 * v + (1.0 - beta2) * g * g
-        w = w * decay - step_size * m / (tl.sqrt(v) * inv_sqrt_bc2 + eps)
-        tl.store(m_ptr + offs, m, mask=mask)
-        tl.store(v_ptr + offs, v, mask=mask)
-        tl.store(master_ptr + offs, w, mask=mask)
-        tl.store(param_ptr + offs, w.to(tl.bfloat16), mask=mask)
-
-    _KERNEL = (adamw_master_kernel, adamw_master_multi_kernel)
+    _KERNEL = adamw_master_kernel
     return _KERNEL
 
 
@@ -117,7 +89,6 @@ class MasterAdamW(torch.optim.Optimizer):
             raise ValueError(f"kernel must be auto, triton or torch, not {kernel!r}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.kernel = kernel
-        self._tables: dict[int, tuple] = {}  # group index -> (parameter ids, device tables) of the multi kernel
 
     def _use_triton(self, device: torch.device) -> bool:
         if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
@@ -136,12 +107,7 @@ class MasterAdamW(torch.optim.Optimizer):
             st.setdefault("exp_avg", torch.zeros_like(master))
             st.setdefault("exp_avg_sq", torch.zeros_like(master))
             st.setdefault("step", torch.tensor(0.0))
-            self._tables = {}
         return st
-
-    def load_state_dict(self, state_dict) -> None:
-        super().load_state_dict(state_dict)
-        self._tables = {}  # the state tensors are new: rebuild the pointer tables
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -149,7 +115,7 @@ class MasterAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for index, group in enumerate(self.param_groups):
+        for group in self.param_groups:
             lr = float(group["lr"])
             beta1, beta2 = group["betas"]
             hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"], wd=group["weight_decay"])
@@ -158,79 +124,16 @@ class MasterAdamW(torch.optim.Optimizer):
                 continue
             states = [self._state_of(p) for p in params]
             torch._foreach_add_([st["step"] for st in states], 1)
-            if not self._use_triton(_local(params[0]).device):
-                self._torch_update(params, states, **hyper)
-            elif not self._multi_update(index, group, params, states, **hyper):
+            if self._use_triton(_local(params[0]).device):
                 self._triton_update(params, states, **hyper)
+            else:
+                self._torch_update(params, states, **hyper)
         return loss
-
-    def _multi_update(self, index: int, group: dict, params, states, *, lr, beta1, beta2, eps, wd) -> bool:
-        """One multi-tensor kernel launch for the whole group; False when the group does not fit its layout
-        (not every parameter has a gradient, dtypes other than bf16, unequal step counts)."""
-        if len(params) != len(group["params"]):
-            self._tables.pop(index, None)  # step counts now differ: the rebuilt tables will say so
-            return False
-        tables = self._group_tables(index, params, states)
-        if tables is None:
-            return False
-        grads = [_local(p.grad) for p in params]
-        if any(g.dtype != torch.bfloat16 or not g.is_contiguous() for g in grads):
-            return False
-        device = tables["params"].device
-        grad_ptrs = torch.tensor([g.data_ptr() for g in grads], dtype=torch.int64)
-        if device.type == "cuda":  # an asynchronous copy: the host does not wait for the backward to finish
-            grad_ptrs = grad_ptrs.pin_memory().to(device, non_blocking=True)
-        t = float(states[0]["step"])
-        bc1, bc2 = 1 - beta1**t, 1 - beta2**t
-        _, multi = triton_kernel()
-        multi[(tables["blocks"],)](
-            tables["block_tensor"], tables["block_start"], tables["numels"], tables["params"], grad_ptrs,
-            tables["masters"], tables["ms"], tables["vs"], beta1, beta2, eps, 1.0 - lr * wd, lr / bc1,
-            1.0 / math.sqrt(bc2), BLOCK=BLOCK,
-        )  # fmt: skip
-        return True
-
-    def _group_tables(self, index: int, params, states) -> dict | None:
-        """The group's block and pointer tables on the device (cached until the state tensors change); None when
-        the group cannot take the multi-tensor kernel."""
-        key = tuple(map(id, params))
-        cached = self._tables.get(index)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        local = [_local(p) for p in params]
-        fits = (
-            all(x.dtype == torch.bfloat16 and x.is_contiguous() for x in local)
-            and len({x.device for x in local}) == 1
-            and len({float(st["step"]) for st in states}) == 1
-        )
-        tables = None
-        if fits:
-            device = local[0].device
-            numels = [x.numel() for x in local]
-            blocks = [triton_cdiv(n, BLOCK) for n in numels]
-            block_tensor = torch.repeat_interleave(torch.arange(len(local), dtype=torch.int32), torch.tensor(blocks))
-            block_start = torch.cat([torch.arange(b, dtype=torch.int64) * BLOCK for b in blocks])
-
-            def pointers(tensors):
-                return torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64, device=device)
-
-            tables = dict(
-                blocks=sum(blocks),
-                block_tensor=block_tensor.to(device),
-                block_start=block_start.to(device),
-                numels=torch.tensor(numels, dtype=torch.int64, device=device),
-                params=pointers(local),
-                masters=pointers([_local(st["master"]) for st in states]),
-                ms=pointers([_local(st["exp_avg"]) for st in states]),
-                vs=pointers([_local(st["exp_avg_sq"]) for st in states]),
-            )
-        self._tables[index] = (key, tables)
-        return tables
 
     @staticmethod
     def _triton_update(params, states, *, lr, beta1, beta2, eps, wd) -> None:
         """One kernel launch per parameter (any dtypes)."""
-        single, _ = triton_kernel()
+        single = triton_kernel()
         for p, st in zip(params, states):
             lp, lg = _local(p), _local(p.grad).contiguous()
             n = lp.numel()

@@ -135,16 +135,19 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 def compile_mode(plan: Plan, device: torch.device) -> str | None:
     """``torch.compile``'s ``mode`` for compiled blocks: ``reduce-overhead`` (each compiled block replays as a CUDA
-    graph) for a one-rank plan on CUDA, torch's default elsewhere; ``$STRATAGEM_COMPILE_MODE`` overrides.
+    graph) for a one-rank plan with one micro-batch per step on CUDA, torch's default elsewhere;
+    ``$STRATAGEM_COMPILE_MODE`` overrides.
 
-    Why one rank: there the step is one forward and backward per micro-batch through the blocks, and measured
-    host-bound without graphs: gpt2-large at micro-batch 4 on one H200 kept its GPU busy 50 ms of a 96 ms step
+    Why there: the step is one forward and one backward through the blocks, and measured host-bound without
+    graphs: gpt2-large at micro-batch 4 on one H200 kept its GPU busy 50 ms of a 96 ms step
     (the launches of 36 blocks' kernels), and 53 ms with graphs (``benchmarks/data/h200``). With FSDP, TP or
-    pipeline stages, collectives and hooks sit between and inside the blocks, which CUDA graphs do not take."""
+    pipeline stages, collectives and hooks sit between and inside the blocks, which CUDA graphs do not take; with
+    several micro-batches the gradients of one accumulate while the graphs of the next replay, which no GPU run
+    here has checked (one try on an H200 failed, its error unseen), so those keep torch's default."""
     mode = os.environ.get(COMPILE_MODE_ENV) or None
     if mode is not None and mode not in COMPILE_MODES:
         raise StratagemError(f"{COMPILE_MODE_ENV}={mode!r}: use one of {', '.join(COMPILE_MODES)}, or unset it")
-    if mode is None and device.type == "cuda" and plan.world_size == 1:
+    if mode is None and device.type == "cuda" and plan.world_size == 1 and plan.schedule.max_micro_batches == 1:
         return "reduce-overhead"
     return None if mode == "default" else mode
 
