@@ -8,10 +8,12 @@ Rows (hand-made one-GPU plans, ``fixtures.plans.make_plan``; no search, nothing 
 - ``llama:llama3-8b@layers=8``, micro-batch 1, sequence 8,192: Llama 3 8B's layer shape (hidden 4,096, 32 heads,
   8 KV heads, FFN 14,336, vocabulary 128,256) with 8 of its 32 layers, so weights, gradients and AdamW state fit
   one GPU;
-each launched with the runtime's GPU defaults (bf16, fused SDPA attention, ``torch.compile`` per block), and
-``gpt2-large`` once more on the old path (math attention, no compile) as the baseline on the same card.
+each launched with the runtime's GPU defaults (bf16 weights with fp32 masters on one rank, fused SDPA attention,
+``torch.compile`` per block replayed as CUDA graphs), and
+``gpt2-large`` once more with math attention and no compile as the baseline on the same card.
 ``--all`` adds diagnostics (``EXTRA_RUNS``): gpt2-large with its vocabulary padded to 50,304, at micro-batch 8, and
-with its compiled blocks run without CUDA graphs (``STRATAGEM_COMPILE_MODE=default``; one rank's default is graphs).
+both models with their compiled blocks run without CUDA graphs (``STRATAGEM_COMPILE_MODE=default``; one rank's
+default replays them as graphs).
 
 Prediction: :func:`planner.cost.estimate` of the plan on the closed-form profile (pure 16-bit, flash attention as
 the plan says) and the shipped cluster profile of the card (``dgx-h200`` for an H200, else ``dgx-h100``),
@@ -46,14 +48,16 @@ RUNS = [
     ("llama3-8b-l8_mb1_s8192", "llama:llama3-8b@layers=8", 1, 8192, True, True),
     ("gpt2-large_mb4_math_eager", "gpt:gpt2-large", 4, 1024, False, False),
 ]
-# diagnostics of gpt2-large, run with --only NAME or --all: the padded vocabulary, twice the tokens per step
+# diagnostics, run with --only NAMES or --all: the padded vocabulary, twice the tokens per step, and the compiled
+# blocks without CUDA graphs (one rank's default has them: runtime.executor.speed.compile_mode)
 EXTRA_RUNS = [
     ("gpt2-large-v50304_mb4", "gpt:gpt2-large@vocab=50304", 4, 1024, True, True),
     ("gpt2-large_mb8", "gpt:gpt2-large", 8, 1024, True, True),
     ("gpt2-large_mb4_no_cudagraphs", "gpt:gpt2-large", 4, 1024, True, True),
+    ("llama3-8b-l8_mb1_s8192_no_cudagraphs", "llama:llama3-8b@layers=8", 1, 8192, True, True),
 ]
-# runs launched with extra environment: compiled blocks without CUDA graphs (runtime.executor.speed.compile_mode)
-RUN_ENV = {"gpt2-large_mb4_no_cudagraphs": {"STRATAGEM_COMPILE_MODE": "default"}}
+NO_GRAPHS = {"STRATAGEM_COMPILE_MODE": "default"}
+RUN_ENV = {"gpt2-large_mb4_no_cudagraphs": NO_GRAPHS, "llama3-8b-l8_mb1_s8192_no_cudagraphs": NO_GRAPHS}
 CAST_OPS = ("aten::copy_", "aten::_to_copy")
 ANNOTATION = re.compile(r"## |[A-Za-z_][\w.]*#[\w.]+$")  # compiled-graph calls, record_function scopes
 FIELDS = [
@@ -221,8 +225,9 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def print_table(rows: list[dict]) -> None:
+    w = max([28] + [len(r["run"]) for r in rows])
     print(
-        f"{'run':<28} {'step ms':>8} {'pred ms':>8} {'error':>7} {'MFU':>6} {'pred':>6} {'peak GB':>8} "
+        f"{'run':<{w}} {'step ms':>8} {'pred ms':>8} {'error':>7} {'MFU':>6} {'pred':>6} {'peak GB':>8} "
         f"{'pred GB':>8} {'error':>7} {'busy ms':>7} {'casts':>6}"
     )
     for r in rows:
@@ -230,7 +235,7 @@ def print_table(rows: list[dict]) -> None:
         peak_err = "" if r["peak_error"] in (None, "") else f"{float(r['peak_error']):+7.1%}"
         busy = "" if r["device_step3_s"] in (None, "") else f"{float(r['device_step3_s']) * 1e3:7.1f}"
         print(
-            f"{r['run']:<28} {float(r['measured_step_s']) * 1e3:8.1f} {float(r['predicted_step_s']) * 1e3:8.1f} "
+            f"{r['run']:<{w}} {float(r['measured_step_s']) * 1e3:8.1f} {float(r['predicted_step_s']) * 1e3:8.1f} "
             f"{float(r['step_error']):+7.1%} {float(r['measured_mfu']):6.1%} {float(r['predicted_mfu']):6.1%} "
             f"{float(r['measured_peak_bytes']) / 1e9:8.2f} {float(r['predicted_peak_alloc_bytes']) / 1e9:8.2f} "
             f"{peak_err:>7} {busy:>7} {cast:>6}"

@@ -27,7 +27,7 @@ Q=""; [ "$MODE" = quick ] && Q="--quick"
 if [ "$MODE" = speed ]; then  # one archive back (the device tool returns a limited number of files)
   D="$OUT/data"; mkdir -p "$D"; cp "$OUT/gpu.txt" "$D/machine.txt"
   step launch speed
-  RUNS=gpt2-large_mb4,llama3-8b-l8_mb1_s8192,gpt2-large_mb4_no_cudagraphs,gpt2-large_mb4_math_eager
+  RUNS=gpt2-large_mb4,llama3-8b-l8_mb1_s8192,llama3-8b-l8_mb1_s8192_no_cudagraphs,gpt2-large_mb4_no_cudagraphs,gpt2-large_mb4_math_eager
   timeout 350 python3 benchmarks/gpu_speed.py --out "$D" --only "$RUNS" --run-timeout 110 > "$D/speed.log" 2>&1
   tail -n 40 "$D/speed.log"
   step gpu tests
