@@ -244,7 +244,7 @@ class StagePrediction(_Strict):
     memory_breakdown_bytes: dict[str, NonNegativeFloat] = Field(
         description="params, grads, optimizer, activations, ..."
     )
-    peak_memory_bytes: NonNegativeFloat
+    peak_memory_bytes: PositiveFloat  # a stage holds at least its weights
     memory_capacity_bytes: PositiveFloat
 
 
@@ -264,11 +264,11 @@ class Predictions(_Strict):
 
     step_time_s: PositiveFloat
     tokens_per_s: NonNegativeFloat
-    samples_per_s: NonNegativeFloat
+    samples_per_s: PositiveFloat
     model_tflops_per_gpu: NonNegativeFloat
     hardware_tflops_per_gpu: NonNegativeFloat
     mfu: NonNegativeFloat
-    peak_memory_bytes: NonNegativeFloat = Field(description="max over ranks")
+    peak_memory_bytes: PositiveFloat = Field(description="max over ranks")
     breakdown_s: dict[str, float] = Field(description="step-time terms: compute, tp_comm, pp_comm, bubble, ...")
     stages: list[StagePrediction] = Field(min_length=1, description="one per stage the cost model priced")
     per_replica_type: list[ReplicaTypePrediction] = Field(default_factory=list)
@@ -279,7 +279,7 @@ class Alternative(_Strict):
 
     summary: str
     step_time_s: PositiveFloat
-    peak_memory_bytes: NonNegativeFloat
+    peak_memory_bytes: PositiveFloat
     slowdown: PositiveFloat = Field(description="step_time_s / best step_time_s")
     choices: dict[str, int | float | str | bool]
     proven_optimal: bool = Field(

@@ -915,9 +915,38 @@ def hypothesis_cases(w: Workdir, *, examples: int, seed: int = 0) -> list[Case]:
     return drawn
 
 
+CLAIM_MUTATIONS = [  # (where, value, expect): a plan's figures that cannot be true (issue 24 §4)
+    (("predictions", "peak_memory_bytes"), 0, "error"),
+    (("predictions", "peak_memory_bytes"), -1.0, "error"),
+    (("predictions", "stages", 0, "peak_memory_bytes"), 0, "error"),
+    (("predictions", "step_time_s"), 0, "error"),
+    (("predictions", "step_time_s"), -0.5, "error"),
+    (("predictions", "samples_per_s"), 0, "error"),
+    (("search",), None, "ok"),  # a hand-made plan has no search record; show says nothing is claimed optimal
+]
+
+
+def claim_cases(w: Workdir) -> list[Case]:
+    """The plan with its hash removed and one impossible figure (or no search record), for every consumer."""
+    folder = w.root / "claims"
+    folder.mkdir(exist_ok=True)
+    doc = json.loads(w.files["plan"].read_text())
+    doc["content_hash"] = None
+    cases = []
+    for n, (where, value, expect) in enumerate(CLAIM_MUTATIONS):
+        out = folder / f"claim-{n}.json"
+        out.write_text(json.dumps(_assign(doc, where, value)))
+        note = f"plan {'.'.join(map(str, where))} = {value}"
+        for command, argv in _consumers(w, "plan", str(out)):
+            exp = expect if expect == "error" or command == "show" else "any"
+            cases.append(Case(command, "plan-claims", tuple(argv), exp, note))
+    return cases
+
+
 def all_cases(w: Workdir, *, mutations_per_document: int, hypothesis_examples: int, seed: int = 0) -> list[Case]:
     return (
         numeric_flag_cases(w)
+        + claim_cases(w)
         + path_cases(w)
         + input_bytes_cases(w)
         + mutation_cases(w, per_document=mutations_per_document, seed=seed)

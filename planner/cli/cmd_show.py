@@ -129,6 +129,10 @@ def _overview(plan: Plan) -> Table:
             table.add_row("cluster", sr.notes.split(". ", 1)[0].removeprefix("cluster "))
         if sr.notes:
             table.add_row("notes", sr.notes)
+    else:
+        table.add_row("search", "none recorded (a hand-made or edited plan): nothing in it is claimed optimal")
+    if plan.content_hash is None:
+        table.add_row("integrity", "no content_hash (written by hand, edited, or migrated from an older schema)")
     if plan.model.source:
         table.add_row("model source", plan.model.source)
     table.add_row("label", plan_label(plan))
