@@ -415,3 +415,28 @@ def test_export_cli_writes_the_file_and_prints_the_price(tmp_path, plans, capsys
     text = out.read_text()
     assert "--tensor-model-parallel-size 2" in text and "--lr-decay-style constant" in text
     assert megatron_format.parse(text).dp == 128
+
+
+def test_megatron_exports_carry_what_megatrons_validate_args_demands(tmp_path):
+    """Megatron-LM's validate_args (read from its source; tools/check_megatron_export.py runs it): Megatron-FSDP
+    requires --ckpt-format fsdp_dtensor, and TP or CP without FSDP requires CUDA_DEVICE_MAX_CONNECTIONS=1 on GPUs
+    before Blackwell (FSDP requires it unset or > 1). Every kind in tools/megatron_export_cases.py is written."""
+    import subprocess
+    import sys
+
+    from planner.export import megatron
+
+    proc = subprocess.run(
+        [sys.executable, "tools/megatron_export_cases.py", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    files = sorted(tmp_path.glob("*.sh"))
+    assert len(files) == 10
+    for f in files:
+        text = f.read_text()
+        fsdp = "--use-megatron-fsdp" in text
+        assert ("--ckpt-format fsdp_dtensor" in text) == fsdp, f.name
+        parallel = any(f"--{k}-parallel-size" in text and f"--{k}-parallel-size 1\n" not in text
+                       for k in ("tensor-model", "context"))  # fmt: skip
+        assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in text) == (parallel and not fsdp), f.name
+        megatron.parse(text)  # the importer reads its own exports back

@@ -29,8 +29,16 @@ SOURCE = "megatron"
 FLAGS_FILE = Path(__file__).with_name("data") / "megatron_flags.txt"
 ZERO_FLAGS = {
     1: ["--use-distributed-optimizer"],
-    2: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"],
-    3: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"],
+    # Megatron-FSDP checkpoints only in its DTensor format (validate_args: "Megatron-FSDP requires the
+    # `fsdp_dtensor` checkpointing format")
+    2: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--ckpt-format", "fsdp_dtensor"],
+    3: [
+        "--use-megatron-fsdp",
+        "--data-parallel-sharding-strategy",
+        "optim_grads_params",
+        "--ckpt-format",
+        "fsdp_dtensor",
+    ],
 }
 SHARDING_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 FLAG_NAMES = {
@@ -202,6 +210,12 @@ def render(s: FrameworkSettings, *, header: list[str]) -> str:
         + (f" x cp {s.cp}" if s.cp > 1 else "")
         + " (Megatron derives dp from the world size)",
         f"# run: torchrun {nodes} pretrain_gpt.py $MEGATRON_ARGS <data, tokenizer and checkpoint flags>",
+    ]
+    if (s.tp > 1 or s.cp > 1) and s.zero_stage < 2:
+        # validate_args on GPUs before Blackwell: TP or CP needs one CUDA connection (kernel order for the overlap
+        # of TP/CP communication); Megatron-FSDP (ZeRO 2/3 here) needs more than one, so it is left unset there
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    lines += [
         f"WORLD_SIZE_GPUS={s.world_size}",
         'MEGATRON_ARGS="',
     ]
