@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from planner import __version__
 from planner.cost.constants import DTYPE_BYTES
 from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
+from planner.modelspec import ModelSpec, ffn_width
 from planner.profiles import (
     CollectiveNeed,
     LayerProfile,
@@ -85,10 +85,7 @@ def _dims(spec: ModelSpec, seq_len: int, dtype: str) -> _Dims:
     llama_like = spec.family in ("llama", "moe")  # moe: a Llama decoder whose FFNs are experts (planner.moe_profile)
     kv = int(spec.dim("kv_heads")) if llama_like else 0
     kv = kv or a
-    f = int(spec.dim("ffn_hidden"))
-    if not f:
-        # GPT: 4h (Radford et al.); Llama: 2/3 of 4h rounded up to a multiple of 256 (Touvron et al. 2023).
-        f = 4 * h if spec.family == "gpt" else 256 * math.ceil(8 * h / 3 / 256)
+    f = ffn_width(spec)
     dropout = spec.family == "gpt" and float(spec.dim("dropout")) > 0
     return _Dims(
         s=seq_len,

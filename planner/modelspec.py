@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -346,6 +347,15 @@ PRESETS["gpt"].update(
         "megatron-h100-462b": dict(layers=112, hidden=18432, heads=144, **_MEGATRON_H100),
     }
 )
+
+
+def ffn_width(spec: ModelSpec) -> int:
+    """The FFN width a decoder trains with: ``ffn_hidden``, or when 0 GPT's 4h (Radford et al.) and Llama's 2/3 of
+    4h rounded up to a multiple of 256 (Touvron et al. 2023)."""
+    f, h = int(spec.dim("ffn_hidden")), int(spec.dim("hidden"))
+    if f:
+        return f
+    return 4 * h if spec.family == "gpt" else 256 * math.ceil(8 * h / 3 / 256)
 
 
 def parse_model(text: str, **overrides: DimValue | None) -> ModelSpec:

@@ -1,4 +1,4 @@
-"""Exports of three searched plans (GPT-3 175B / 1,024 A100, Llama-2-70B / 256 H100, a ZeRO-3 plan), checked by
+"""Exports of searched plans (GPT-3 175B / 1,024 A100, Llama-2-70B / 256 H100, Llama-3 70B and 8B, a ZeRO-3 plan), checked by
 each framework's own configuration code where it installs on CPU (the ``[export]`` extra); without it the
 documented-schema checks of the round-trip tests still run. Bad input: one-line errors naming the flag/key."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from planner.cli.common import resolve_cluster_path
 from planner.cli.main import main
+from planner.errors import StratagemError
 from planner.export import megatron as megatron_format
 from planner.export import torchtitan as torchtitan_format
 from planner.export.api import export_plan
@@ -21,6 +23,7 @@ from planner.plan import load_plan
 from planner.profiles import load_cluster_profile
 from planner.recipe import lr_at_step
 
+REPO = Path(__file__).resolve().parents[1]
 PLANS = {  # name: stratagem plan arguments (each search takes 1-4 s here)
     "gpt3-175b-1024-a100": [
         "--model",
@@ -65,6 +68,14 @@ PLANS = {  # name: stratagem plan arguments (each search takes 1-4 s here)
         "200",
         "--lr-decay",
         "constant",
+    ],
+    "llama3-70b-256-h100": [
+        *("--model", "llama:llama3-70b", "--cluster", "dgx-h100", "--gpus", "256", "--global-batch", "512"),
+        *("--seq", "8192", "--lr", "1.5e-4", "--warmup-steps", "20", "--train-steps", "200"),
+    ],
+    "llama3-8b-64-h100": [
+        *("--model", "llama:llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256"),
+        *("--seq", "8192", "--lr", "3e-4", "--warmup-steps", "20", "--train-steps", "200"),
     ],
     "zero3-gpt3-175b-384": [
         "--model",
@@ -232,7 +243,10 @@ def test_deepspeed_top_level_keys_are_deepspeeds():
     assert missing == []
 
 
-@pytest.mark.parametrize("name", list(PLANS))
+TORCHTITAN_PLANS = ["llama3-70b-256-h100", "llama3-8b-64-h100"]  # torchtitan builds its registered flavors only
+
+
+@pytest.mark.parametrize("name", TORCHTITAN_PLANS)
 def test_torchtitan_export_builds_torchtitans_config_classes(plans, name):
     plan = plans[name]
     export = _export(plan, "torchtitan")
@@ -254,7 +268,36 @@ def test_torchtitan_export_builds_torchtitans_config_classes(plans, name):
     if parallelism.pipeline_parallel_degree > 1:
         assert training.local_batch_size % parallelism.pipeline_parallel_microbatch_size == 0
     dp = parallelism.data_parallel_replicate_degree * parallelism.data_parallel_shard_degree
-    assert dp * parallelism.tensor_parallel_degree * parallelism.pipeline_parallel_degree == plan.world_size
+    model_parallel = parallelism.tensor_parallel_degree * parallelism.pipeline_parallel_degree
+    assert dp * model_parallel * parallelism.context_parallel_degree == plan.world_size
+
+
+def test_torchtitan_loads_the_exports_and_builds_the_planned_model(plans, tmp_path):
+    """torchtitan's own code runs each export's config function and builds its model on the meta device
+    (tools/check_torchtitan_export.py, in its own process): the model has the plan's parameters and the
+    parallelism multiplies to the plan's GPUs."""
+    pytest.importorskip("torchtitan")
+    files = []
+    for name in TORCHTITAN_PLANS:
+        files.append(tmp_path / f"{name.replace('-', '_')}.py")
+        files[-1].write_text(_export(plans[name], "torchtitan").text)
+    cmd = [sys.executable, str(REPO / "tools" / "check_torchtitan_export.py"), *map(str, files)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and len(rows) == len(files), proc.stdout[-2000:] + proc.stderr[-2000:]
+    for name, row in zip(TORCHTITAN_PLANS, rows):
+        plan = plans[name]
+        params = build_gpt_profile(plan.model, seq_len=plan.training.seq_len, dtype="bf16").total_params
+        assert row["params"] == params, (name, row)
+        dp, tp, pp, cp = row["dp_tp_pp_cp"]
+        assert dp * tp * pp * cp == plan.world_size == row["world_size"], (name, row)
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b-1024-a100", "llama2-70b-256-h100"])
+def test_torchtitan_export_refuses_a_model_torchtitan_does_not_register(plans, name):
+    with pytest.raises(StratagemError, match="torchtitan") as err:
+        _export(plans[name], "torchtitan")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("name", ["llama2-70b-256-h100", "zero3-gpt3-175b-384"])

@@ -27,10 +27,14 @@ SEQ = 64
 def expressible(draw, framework: str) -> FrameworkSettings:
     """Random settings inside what ``framework`` can express (its CAPABILITIES)."""
     caps = CAPABILITIES[framework]
-    layers = draw(st.sampled_from([8, 16]))
-    family = draw(st.sampled_from(["gpt", "llama"]))
-    extra = {"kv_heads": 4} if family == "llama" else {}
-    model = parse_model(family, layers=layers, hidden=64, heads=8, vocab=256, max_seq=SEQ, **extra)
+    if framework == "torchtitan":  # torchtitan builds only its registered flavors (planner/export/torchtitan.py)
+        layers = 32
+        model = parse_model("llama:llama3-8b", max_seq=SEQ)
+    else:
+        layers = draw(st.sampled_from([8, 16]))
+        family = draw(st.sampled_from(["gpt", "llama"]))
+        extra = {"kv_heads": 4} if family == "llama" else {}
+        model = parse_model(family, layers=layers, hidden=64, heads=8, vocab=256, max_seq=SEQ, **extra)
     tp = 1 if caps.max_tp == 1 else draw(st.sampled_from([1, 2, 4]))
     pp = 1 if caps.max_pp == 1 else draw(st.sampled_from([1, 2, 4]))
     dp = draw(st.sampled_from([1, 2, 4]))

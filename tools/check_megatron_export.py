@@ -18,8 +18,6 @@ the environment. Nothing else of Megatron's is changed.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.machinery
 import os
 import shlex
 import sys
@@ -28,66 +26,8 @@ import typing
 from pathlib import Path
 from unittest import mock
 
-STUBBED = ("triton", "transformer_engine", "apex", "flash_attn", "flashattn_hopper", "nvidia_resiliency_ext",
-           "mamba_ssm", "causal_conv1d", "grouped_gemm", "nv_grouped_gemm", "emerging_optimizers", "tensorstore",
-           "zarr", "modelopt", "nvtx", "megatron_fsdp_kernels", "deep_ep", "tilelang", "cuda", "cupy")  # fmt: skip
-
-
-class _StubClass(type):
-    """Classes of stand-in modules: any class attribute is a mock (``SomeFunction.apply``)."""
-
-    def __getattr__(cls, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return mock.MagicMock(name=f"{cls.__name__}.{name}")
-
-
-def _instance_attr(self, name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return mock.MagicMock(name=f"{type(self).__name__}().{name}")
-
-
-def _accept(*_args, **_kwargs) -> None:
-    return None
-
-
-def _mock(*_args, **_kwargs) -> mock.MagicMock:
-    return mock.MagicMock()
-
-
-_STUB_INSTANCE = {"__init__": _accept, "__call__": _mock, "__getattr__": _instance_attr}  # any arguments, attributes
-
-
-class _Stub(types.ModuleType):
-    """A module whose every attribute is a mock (enough for import-time decorators and version checks)."""
-
-    __path__: list[str] = []
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name.lstrip("_")[:1].isupper():  # a class (isinstance checks need a type)
-            value = _StubClass(name, (), dict(_STUB_INSTANCE))
-        else:
-            value = mock.MagicMock(name=f"{self.__name__}.{name}")
-        setattr(self, name, value)
-        return value
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, _path, _target=None):
-        if fullname.split(".")[0] in STUBBED:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _Stub(spec.name)
-        module.__version__ = "99.0.0"
-        return module
-
-    def exec_module(self, _module):
-        return None
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_stubs import install_stubs
 
 
 def exported_env(text: str) -> dict[str, str]:
@@ -163,7 +103,7 @@ def main(argv: list[str]) -> int:
         )
         return 2
     sys.path.insert(0, str(megatron_dir))
-    sys.meta_path.insert(0, _StubFinder())
+    install_stubs()
     if not hasattr(typing, "override"):  # Python < 3.12: Megatron imports typing.override (a no-op decorator)
         typing.override = lambda f: f
     failed = 0

@@ -22,6 +22,7 @@ import ast
 
 from planner.errors import StratagemError
 from planner.export.settings import FrameworkSettings, check_settings
+from planner.modelspec import ModelSpec, ffn_width
 from planner.plan import ScheduleKind
 from planner.recipe import LRSchedule, peak_lr
 
@@ -81,6 +82,39 @@ KEY_NAMES = {
 }
 
 
+# torchtitan's Llama 3 flavors with a config function (torchtitan/models/llama3/config_registry.py; their dims in
+# torchtitan/models/llama3/__init__.py ``llama3_configs``, the SwiGLU width from ``compute_ffn_hidden_dim``)
+LLAMA3_FLAVORS = {
+    "llama3_debugmodel": dict(hidden=256, layers=6, heads=16, kv_heads=16, ffn_hidden=768, vocab=2048),
+    "llama3_8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256),
+    "llama3_70b": dict(hidden=8192, layers=80, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256),
+    "llama3_405b": dict(hidden=16384, layers=126, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256),
+}
+
+
+def base_config(model: ModelSpec | None) -> str:
+    """torchtitan's config function whose model is the plan's model (same dimensions); a one-line error where
+    torchtitan registers no such model (the export cannot carry other dimensions: torchtitan builds its model
+    from a registered flavor)."""
+    if model is None or model.family != "llama":
+        family = "an unknown model" if model is None else f"a {model.family} model"
+        raise StratagemError(
+            f"torchtitan export: the plan is for {family}; torchtitan's Llama 3 config functions ("
+            f"{', '.join(LLAMA3_FLAVORS)}) are the models it can start from; export to megatron or deepspeed instead"
+        )
+    dims = {k: int(model.dim(k)) for k in ("hidden", "layers", "heads", "vocab")}
+    dims["ffn_hidden"] = ffn_width(model)
+    dims["kv_heads"] = int(model.dim("kv_heads") or dims["heads"])
+    for name, flavor in LLAMA3_FLAVORS.items():
+        if flavor == dims:
+            return name
+    shown = ", ".join(f"{k} {v}" for k, v in dims.items())
+    raise StratagemError(
+        f"torchtitan export: torchtitan registers no Llama 3 flavor with {shown} (it has {', '.join(LLAMA3_FLAVORS)});"
+        " register the model in torchtitan.models.llama3 first, or export to megatron or deepspeed"
+    )
+
+
 def to_items(s: FrameworkSettings) -> dict[str, dict]:
     """Section -> keyword arguments (what the config function sets)."""
     fsdp = s.zero_stage >= 2
@@ -134,14 +168,14 @@ def _call(name: str, kwargs: dict) -> str:
 def render(s: FrameworkSettings, *, header: list[str]) -> str:
     """A Python module with ``stratagem_plan() -> Trainer.Config`` for ``--module``/``--config``."""
     items = to_items(s)
-    base = "llama3_70b" if s.model is not None and s.model.family == "llama" else "llama3_8b"
+    base = base_config(s.model)
     doc = "\n".join(
         header
         + [
             "",
             f"Run: NGPU={s.world_size} MODULE=<this module> CONFIG=stratagem_plan "
             f"./run_train.sh  (world size {s.world_size} = dp {s.dp} x tp {s.tp} x pp {s.pp})",
-            f"Model: start from torchtitan's {base} (replace with your model's config function).",
+            f"Model: torchtitan's {base}, the plan's model (same dimensions).",
         ]
     )
     ac = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()", "none": "None"}[s.recompute]
