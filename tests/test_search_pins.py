@@ -1,4 +1,4 @@
-"""`plan --tp/--pp/--dp/--ep/--zero/--micro-batch/--schedule`: each pins that outer choice; the search proves
+"""`plan --tp/--pp/--dp/--ep/--zero/--micro-batch/--schedule/--recompute`: each pins that choice; the search proves
 the best plan under the pins."""
 
 from __future__ import annotations
@@ -63,3 +63,14 @@ def test_apply_pins_narrows_an_expert_family():
     assert kept.ep == 2 and kept.expert_family == ()
     assert apply_pins([family], {"ep": 8}) == []
     assert apply_pins([family], {"tp": 4}) == []
+
+
+@pytest.mark.parametrize("mode", ["full", "none"])
+def test_pinned_recompute_is_every_blocks_choice_and_proven_under_the_pin(tmp_path, mode):
+    free = _plan(tmp_path)
+    pinned = _plan(tmp_path, "--recompute", mode)
+    chosen = {mode_ for st in pinned["stages"] for path, mode_ in st["recompute"].items() if path.startswith("blocks.")}
+    assert chosen == {mode} or (mode == "none" and chosen == set())
+    assert pinned["search"]["status"] == "optimal"
+    assert f"pinned recompute {mode}: the proof holds under these pins" in pinned["search"]["notes"]
+    assert pinned["predictions"]["step_time_s"] >= free["predictions"]["step_time_s"] * (1 - 1e-12)

@@ -27,7 +27,7 @@ from planner.profiles import (
     default_dtype,
     load_cluster_profile,
 )
-from planner.search.pins import PIN_FIELDS, pins_note
+from planner.search.pins import PIN_FLAGS, pins_note
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
 from .common import (
@@ -342,13 +342,19 @@ def _add_pins(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage")
     g.add_argument("--micro-batch", type=int_in(1, 1 << 20), default=None, help="samples per micro-batch")
     g.add_argument("--schedule", choices=sorted(SCHEDULE_ALIASES), default=None, help="pipeline schedule")
+    g.add_argument(
+        "--recompute",
+        choices=("none", "selective", "full"),
+        default=None,
+        help="activation recompute of every transformer block",
+    )
 
 
 def _pins(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
     from planner.cli.cmd_estimate import SCHEDULE_ALIASES
 
     pins: list[tuple[str, object]] = []
-    for key in PIN_FIELDS:
+    for key in PIN_FLAGS:
         value = getattr(args, key, None)
         if value is not None:
             pins.append((key, SCHEDULE_ALIASES[value] if key == "schedule" else value))

@@ -215,6 +215,9 @@ class CandidateCosts:
         """Recompute modes x styles allowed for this group (see the module docstring)."""
         layer = layers[0]
         modes: tuple[Recompute, ...] = ("none", "selective", "full") if self.search.allows("recompute") else ("none",)
+        pinned = dict(self.search.pins).get("recompute")
+        if pinned is not None and layer.kind == "block":  # plan --recompute MODE (planner/search/pins.py)
+            modes = (pinned,)  # type: ignore[assignment]
         styles: tuple[TPStyle, ...]
         if tp == 1 or layer.tp_style == "none":
             styles = ("replicate",)

@@ -1,5 +1,7 @@
 """Pinned choices: ``plan --tp 8 --micro-batch 2 ...`` fixes those outer choices and the search proves the best
-plan under them (the ILP still chooses stages and recompute; the pins only narrow the outer candidates).
+plan under them (the ILP still chooses stages and layouts; the outer pins only narrow the outer candidates).
+``--recompute MODE`` is the one inner pin: every transformer block's recompute option is that mode
+(:meth:`planner.search.costs.CostTables.options`; the embedding and head keep their searched choice).
 
 A pin is a field of :class:`planner.search.space.OuterChoice`; a family of expert layouts keeps the members the
 pins allow. Pinning cannot make a plan faster than the unpinned optimum: the plan's optimality claim is "under the
@@ -24,16 +26,18 @@ PIN_FIELDS = {
     "micro_batch": "micro_batch",
     "schedule": "schedule",
 }
+INNER_PINS = ("recompute",)  # pinned inside the ILP, not on the outer candidates
+PIN_FLAGS = (*PIN_FIELDS, *INNER_PINS)  # every pin flag, in the order the CLI reads them
 
 
 def _member_ok(choice: OuterChoice, pins: Mapping[str, object]) -> bool:
-    return all(getattr(choice, PIN_FIELDS[k]) == v for k, v in pins.items())
+    return all(getattr(choice, PIN_FIELDS[k]) == v for k, v in pins.items() if k in PIN_FIELDS)
 
 
 def apply_pins(outers: Iterable[OuterChoice], pins: Mapping[str, object]) -> list[OuterChoice]:
     """The candidates whose choices equal every pin (families narrowed to their allowed expert layouts)."""
     outers = list(outers)
-    if not pins:
+    if not any(k in PIN_FIELDS for k in pins):
         return outers
     kept = []
     for outer in outers:
@@ -55,6 +59,8 @@ def check_pins_left_some(before: list[OuterChoice], after: list[OuterChoice], pi
     if after or not pins:
         return
     for key, value in pins.items():
+        if key not in PIN_FIELDS:
+            continue
         field = PIN_FIELDS[key]
         seen = {getattr(o, field) for o in before}
         seen |= {ep for o in before for ep, _ in o.expert_family} if key == "ep" else set()
