@@ -1,0 +1,78 @@
+"""The outer loop's lower bounds, end to end: for every outer candidate of random small instances, each bound the
+branch and bound prunes with (the quick layer-time bound, a family's bound over its expert layouts, the bound
+with sends / tail / memory, the memory-aware refined bound) is at most the candidate's solved optimum, and a
+candidate the search skips as dominated is no faster than the one dominating it. A bound above its candidate's
+optimum would let the search prune the true best plan and still call its answer optimal."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from planner.cost.placement import with_gpus
+from planner.errors import StratagemError
+from planner.gpt_profile import build_gpt_profile
+from planner.modelspec import parse_model
+from planner.profiles import load_cluster_profile, resolve_cluster_path
+from planner.search.config import SearchConfig
+from planner.search.costs import CandidateCosts
+from planner.search.planner import _enumerate, _key, _solve_candidate
+from planner.search.space import expand_experts, lower_bound_s, memory_shortfall_bytes, refined_lower_bound_s
+from planner.search.tables import dominates
+
+SLACK = 1 + 1e-9
+
+
+def _instances(rng: random.Random) -> list[tuple]:
+    out = []
+    for _ in range(4):
+        family = rng.choice(["gpt", "llama"])
+        extra = {"kv_heads": 2} if family == "llama" else {}
+        spec = parse_model(family, layers=rng.choice([4, 6]), hidden=rng.choice([64, 128]), heads=4, vocab=512,
+                           max_seq=256, **extra)  # fmt: skip
+        out.append((spec, rng.choice([64, 256]), rng.choice(["dgx-a100-80g", "dgx-h100"]), rng.choice([4, 8, 16]),
+                    rng.choice([16, 32])))  # fmt: skip
+    out.append((parse_model("moe:tiny"), 64, "dgx-h100", 8, 16))  # expert families (ep, etp) bounded as one
+    out.append((parse_model("gpt", layers=4, hidden=64, heads=4, vocab=512, max_seq=16384), 16384, "dgx-h100", 8, 8))
+    return out
+
+
+def test_every_bound_is_below_its_candidates_solved_optimum():
+    rng = random.Random(20261127)
+    checked = 0
+    for spec, seq, cluster_name, gpus, batch in _instances(rng):
+        cluster = with_gpus(load_cluster_profile(resolve_cluster_path(cluster_name)), gpus)
+        config = SearchConfig(time_limit_s=60, top_k=1, flash_attention=seq > 1024, cp_min_seq_len=8192)
+        profile = build_gpt_profile(spec, seq_len=seq, dtype="bf16")
+        costs = CandidateCosts(profile, cluster, global_batch=batch, config=config)
+        outers = _enumerate(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+        rng.shuffle(outers)
+        solved: list[tuple] = []  # (outer, tables, optimum)
+        for outer in outers[:14]:
+            try:
+                family_bound = costs.quick_bound_s(outer)
+            except StratagemError:
+                continue  # unpriceable: dropped and listed by the search, never bounded
+            for member in expand_experts(outer) if outer.expert_family else [outer]:
+                try:
+                    tables = costs.tables(member)
+                except StratagemError:
+                    continue
+                bounds = {"family": family_bound, "quick": costs.quick_bound_s(member)}
+                if memory_shortfall_bytes(tables) > 0:
+                    continue  # the search drops it as infeasible before bounding
+                bounds["tables"] = lower_bound_s(tables)
+                bounds["refined"] = refined_lower_bound_s(tables)
+                candidate, result = _solve_candidate(costs, member, tables, config)
+                if candidate is None:
+                    assert result.status == "infeasible" or not math.isfinite(bounds["refined"]), result.status
+                    continue
+                assert result.status == "optimal", (member.summary(), result.status)
+                for name, bound in bounds.items():
+                    assert bound <= candidate.step_s * SLACK, (name, bound, candidate.step_s, member.summary())
+                for other, other_tables, other_s in solved:
+                    if _key(other) == _key(member) and dominates(other_tables, tables):
+                        assert other_s <= candidate.step_s * SLACK, (other.summary(), member.summary())
+                solved.append((member, tables, candidate.step_s))
+                checked += 1
+    assert checked >= 40, checked
