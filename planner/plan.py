@@ -181,6 +181,13 @@ class ExpertLayout(_Strict):
     capacity_factor: PositiveFloat | None = Field(
         None, description="tokens per expert capped at cf * tokens * top_k / experts; None = dropless"
     )
+    load_imbalance: float = Field(
+        1.5,
+        ge=1.0,
+        description="dropless routing: the busiest ep rank's tokens over the mean the predictions assumed "
+        "(plan --moe-imbalance; default the router's published fit, planner.cost.moe.default_load_imbalance); "
+        "1.5 in plans written before it was recorded",
+    )
 
     def edp(self, *, dp: int, tp: int) -> int:
         """Expert-data-parallel degree: how many copies of each expert shard a stage holds."""

@@ -54,6 +54,7 @@ def config_from_plan(plan: Plan, *, overlap_grad_reduce: bool = True) -> Paralle
         layout={p: lay.style for p, lay in plan.layout.items()},
         sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
         overlap_grad_reduce=overlap_grad_reduce,
+        **({"moe_load_imbalance": plan.experts.load_imbalance} if plan.experts is not None else {}),
         **plan_context_fields(plan),
     )
 

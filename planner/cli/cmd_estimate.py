@@ -15,6 +15,7 @@ its fraction of the global batch). Without ``--model-profile`` a GPT/Llama model
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import math
 import sys
@@ -38,7 +39,9 @@ from planner.profiles import (
 )
 
 from planner.cli.common import (
+    add_moe_imbalance,
     flash_attention_default,
+    moe_imbalance,
     analytic_on_cpu_note,
     MAX_BATCH,
     MAX_DEVICES,
@@ -192,6 +195,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="tensor-parallel degree inside each expert (Megatron expert tensor parallel; ep x etp divides dp x tp)",
     )
+    add_moe_imbalance(s)
     s.add_argument(
         "--recompute",
         default="none",
@@ -543,6 +547,10 @@ def run(args: argparse.Namespace) -> int:
     config, gpus = build_config(args, cluster)
     dtype = _dtype(args, cluster)
     model = _model(args, dtype)
+    imbalance_note = None
+    if any(layer.experts is not None for layer in model.layers):
+        imbalance, imbalance_note = moe_imbalance(args.moe_imbalance, spec.name)
+        config = replace(config, moe_load_imbalance=imbalance)
     if note := analytic_on_cpu_note(model, cluster):
         print(f"warning: {note}", file=sys.stderr)
     est = estimate(model, cluster, config, global_batch=args.global_batch, dtype=dtype)
@@ -551,4 +559,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         _print_table(est, config, model, cluster, gpus)
+        if imbalance_note:
+            print(imbalance_note)
     return 0

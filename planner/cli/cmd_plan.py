@@ -37,7 +37,9 @@ from .common import (
     MAX_SEQ,
     DefaultsHelpFormatter,
     analytic_on_cpu_note,
+    add_moe_imbalance,
     flash_attention_default,
+    moe_imbalance,
     check_out_path,
     float_in,
     int_in,
@@ -154,6 +156,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "but etp, expert tensor parallel, which the runtime does not run yet)",
     )
     _add_pins(p)
+    add_moe_imbalance(p)
     p.add_argument(
         "--cp",
         type=int_in(1, 1 << 20),
@@ -389,7 +392,11 @@ def run(args: argparse.Namespace) -> int:
     moe = any(layer.experts is not None for layer in profile.layers)
     allow, notes = _external_limits(spec, parse_allow(args.allow), moe=moe)
     pins = _pins(args)
-    notes = [*notes, *filter(None, [cpu_note, pins_note(dict(pins)) if pins else None])]
+    imbalance, imbalance_note = moe_imbalance(args.moe_imbalance, spec.name)
+    notes = [
+        *notes,
+        *filter(None, [cpu_note, pins_note(dict(pins)) if pins else None, imbalance_note if moe else None]),
+    ]
     config = SearchConfig(
         pins=pins,
         time_limit_s=args.time_limit,
@@ -403,6 +410,7 @@ def run(args: argparse.Namespace) -> int:
         cp=args.cp,
         cp_min_seq_len=args.cp_min_seq,
         flash_attention=flash_attention_default(args.flash_attention, cluster),
+        moe_load_imbalance=imbalance,
     )
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:

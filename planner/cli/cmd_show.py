@@ -108,6 +108,13 @@ def _overview(plan: Plan) -> Table:
         f"global batch {plan.training.global_batch}, seq {plan.training.seq_len}, "
         f"{plan.training.dtype}, ZeRO stage {plan.zero_stage}",
     )
+    if plan.experts is not None:
+        ex = plan.experts
+        routing = f"capacity factor {ex.capacity_factor:g}" if ex.capacity_factor else "dropless"
+        table.add_row(
+            "experts",
+            f"ep {ex.ep}, etp {ex.etp}, {routing}, load imbalance {ex.load_imbalance:g} (busiest ep rank / mean)",
+        )
     p = plan.predictions
     if p is None:
         table.add_row("predictions", "none (the plan was not costed)")

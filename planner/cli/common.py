@@ -201,6 +201,28 @@ def flash_attention_default(flag: bool | None, cluster: ClusterProfile) -> bool:
     return all(is_gpu(nt.device) for nt in cluster.node_types)
 
 
+def add_moe_imbalance(p) -> None:
+    """``--moe-imbalance``: dropless MoE routing's load imbalance (plan and estimate)."""
+    p.add_argument(
+        "--moe-imbalance",
+        type=float_in(1.0, 16.0),
+        default=None,
+        metavar="X",
+        help="dropless Mixture-of-Experts routing: the busiest expert-parallel rank's tokens over the mean "
+        "(default: the model's router fit where one is published — Mixtral 1.031, Qwen3 1.5 — else 1.5)",
+    )
+
+
+def moe_imbalance(flag: float | None, model_name: str) -> tuple[float, str]:
+    """(load imbalance, a note saying where it comes from) for ``--moe-imbalance`` on ``model_name``."""
+    if flag is not None:
+        return flag, f"MoE load imbalance {flag:g} (--moe-imbalance)"
+    from planner.cost.moe import default_load_imbalance
+
+    value, source = default_load_imbalance(model_name)
+    return value, f"MoE load imbalance {value:g}: {source} (--moe-imbalance overrides)"
+
+
 def analytic_on_cpu_note(profile: ModelProfile, cluster: ClusterProfile) -> str | None:
     """An analytic (datasheet) profile on CPU devices has no per-op framework time, which dominates small
     models there: say so, with the fix, instead of printing a step time 10-100x too short unannounced."""

@@ -144,6 +144,13 @@ EAGER_OP_OVERHEAD_S = 3.3e-6
 # The imbalance belongs to the trained router: Mixtral-8x22B's published forced/dropless pair (465/445
 # TFLOP/s) gives 1.031 (benchmarks/data/moe_runs.csv `imbalance_from`); 1.5 stays the default.
 MOE_LOAD_IMBALANCE = 1.5
+# Per trained router (the model family in the model's name), each FITTED on that router's one published
+# forced/dropless pair (benchmarks/moe_validation.py ``router_fits``; rows in benchmarks/data/moe_runs.csv).
+# A router with no published pair gets MOE_LOAD_IMBALANCE; ``plan --moe-imbalance`` overrides both.
+MOE_ROUTER_IMBALANCE = {
+    "mixtral": (1.031, "Mixtral-8x22B's forced/dropless pair, 465/445 TFLOP/s (Megatron-Core MoE README)"),
+    "qwen3": (1.5, "Qwen3-235B-A22B's forced/dropless pair at 16k tokens, 295/237 TFLOP/s (Megatron-MoE-ModelZoo)"),
+}
 
 # Bytes per element of the compute dtype.
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

@@ -64,6 +64,8 @@ from planner.cost.config import LayerCost, Recompute
 from planner.cost.constants import (
     DTYPE_BYTES,
     MEMORY_BW_EFFICIENCY,
+    MOE_LOAD_IMBALANCE,
+    MOE_ROUTER_IMBALANCE,
     OPTIMIZER_BYTES_PER_PARAM,
     OPTIMIZER_FLOPS_PER_PARAM,
     STATE_BYTES_PER_PARAM,
@@ -458,4 +460,17 @@ def expert_split(config, micro_batch: int | None = None) -> ExpertSplit:
         grad_bucket_bytes=config.grad_bucket_bytes,
         dispatcher=config.moe_dispatcher,
         overlap_grad_reduce=config.overlap_grad_reduce,
+    )
+
+
+def default_load_imbalance(model_name: str) -> tuple[float, str]:
+    """(dropless load imbalance, where it comes from) for a model: its router's published fit
+    (``MOE_ROUTER_IMBALANCE``, matched on the family in the model's name), else ``MOE_LOAD_IMBALANCE``."""
+    name = model_name.lower()
+    for family, (value, source) in MOE_ROUTER_IMBALANCE.items():
+        if family in name:
+            return value, f"the {family} router's fit on {source}"
+    return MOE_LOAD_IMBALANCE, (
+        f"no published forced/dropless pair for this router: the default {MOE_LOAD_IMBALANCE} "
+        f"({MOE_ROUTER_IMBALANCE['qwen3'][1]})"
     )

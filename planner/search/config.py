@@ -65,6 +65,8 @@ class SearchConfig:
     # Pinned outer choices (planner/search/pins.py): (flag name, value) pairs, e.g. (("tp", 8),); the search
     # proves the best plan under them.
     pins: tuple[tuple[str, object], ...] = ()
+    # Dropless MoE routing's load imbalance (ParallelConfig.moe_load_imbalance; plan --moe-imbalance)
+    moe_load_imbalance: float = 1.5
 
     def __post_init__(self) -> None:
         unknown = set(self.allow) - set(ALL_DIMENSIONS)

@@ -208,6 +208,7 @@ class CandidateCosts:
             kv_exchange=self.exchange,
             ep=outer.ep,
             etp=outer.etp,
+            moe_load_imbalance=self.search.moe_load_imbalance,
             **extra,
         )
 
@@ -268,7 +269,16 @@ class CandidateCosts:
         full = (key, dp, zero, ep, etp)
         if full not in self._cache:
             split = expert_split(
-                ParallelConfig(tp=tp, dp=dp, zero_stage=zero, sequence_parallel=sp, ep=ep, etp=etp), micro_batch=mb
+                ParallelConfig(
+                    tp=tp,
+                    dp=dp,
+                    zero_stage=zero,
+                    sequence_parallel=sp,
+                    ep=ep,
+                    etp=etp,
+                    moe_load_imbalance=self.search.moe_load_imbalance,
+                ),
+                micro_batch=mb,
             )
             node = self.cluster.node_type(nt)
             t_key = ("moe-time", layer.signature, nt, tp, sp, mb, ep, etp)

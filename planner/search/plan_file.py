@@ -195,19 +195,19 @@ def build_plan(
         zero_stage=outer.zero_stage,
         batch_shares=list(best.config.batch_shares) if best.config.batch_shares else None,
         replica_node_types=list(outer.replica_node_types) if outer.replica_node_types else None,
-        experts=_expert_layout(profile, outer.ep, outer.etp),
+        experts=_expert_layout(profile, outer.ep, outer.etp, best.config.moe_load_imbalance),
         predictions=best.estimate.to_predictions(),
         search=_with_calibration(build_search_record(result), cluster, mesh.world_size),
     )
 
 
-def _expert_layout(profile: ModelProfile, ep: int, etp: int) -> ExpertLayout | None:
+def _expert_layout(profile: ModelProfile, ep: int, etp: int, load_imbalance: float) -> ExpertLayout | None:
     """The plan's expert layout: every zoo ``moe`` plan carries one (ep 1 included); None when dense, and for an
     ``hf:`` MoE at ep = etp = 1 (its fused experts then run replicated, as transformers has them)."""
     experts = next((layer.experts for layer in profile.layers if layer.experts is not None), None)
     if experts is None or (not profile.model.is_moe and ep * etp == 1):
         return None
-    return ExpertLayout(ep=ep, etp=etp, capacity_factor=experts.capacity_factor)
+    return ExpertLayout(ep=ep, etp=etp, capacity_factor=experts.capacity_factor, load_imbalance=load_imbalance)
 
 
 def _with_calibration(record: SearchRecord, cluster: ClusterProfile, n_devices: int) -> SearchRecord:
