@@ -27,6 +27,7 @@ from planner.cost.constants import DTYPE_BYTES
 from planner.gpt_profile import build_gpt_profile
 from planner.errors import StratagemError
 from planner.fileio import parse_json, read_text
+from planner.cost.constants import MOE_LOAD_IMBALANCE
 from planner.plan import Plan, load_plan
 from planner.profiles import ModelProfile, Precision, load_model_profile
 
@@ -54,7 +55,7 @@ def config_from_plan(plan: Plan, *, overlap_grad_reduce: bool = True) -> Paralle
         layout={p: lay.style for p, lay in plan.layout.items()},
         sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
         overlap_grad_reduce=overlap_grad_reduce,
-        **({"moe_load_imbalance": plan.experts.load_imbalance} if plan.experts is not None else {}),
+        moe_load_imbalance=plan.experts.load_imbalance if plan.experts is not None else MOE_LOAD_IMBALANCE,
         **plan_context_fields(plan),
     )
 
