@@ -27,10 +27,11 @@ def outcomes(workdir):
 
 def test_at_least_300_cases_ran(outcomes):
     classes = {o.case.klass for o in outcomes}
-    assert len(outcomes) >= 300 and classes == {"numeric-flag", "path", "input-bytes", "mutation", "hypothesis"}
+    assert len(outcomes) >= 300
+    assert classes == {"numeric-flag", "plan-claims", "path", "input-bytes", "mutation", "hypothesis"}
 
 
-@pytest.mark.parametrize("klass", ["numeric-flag", "path", "input-bytes", "mutation", "hypothesis"])
+@pytest.mark.parametrize("klass", ["numeric-flag", "plan-claims", "path", "input-bytes", "mutation", "hypothesis"])
 def test_no_findings(outcomes, klass):
     bad = [
         f"{o.kind}: {o.case.command} {o.case.note}: {o.detail}" for o in fz.failures(outcomes) if o.case.klass == klass
