@@ -110,7 +110,7 @@ def main() -> None:
     if not args.no_check:
         sys.argv = [sys.argv[0], "--cluster", str(args.out), "--repeats", str(args.repeats), "--steps", str(args.steps)]
         sys.argv += ["--compare", str(compare_out)] if compare_out else []
-        sys.argv += ["--quiet-wait-s", str(args.quiet_wait_s)]
+        sys.argv += ["--quiet-wait-s", str(args.quiet_wait_s), "--fitted", args.runs]
         rvp.main()
 
 

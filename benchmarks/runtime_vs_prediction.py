@@ -29,7 +29,9 @@ measured after compute (``runtime/profiling/sync_latency.py``: ~1 ms here, vs th
 of ~0.2 ms) as their alpha, TP's DTensor collectives the functional one measured then, and ZeRO-3's
 FSDP2 all-gathers and reduce-scatters the plain one (the static prediction already charges the profile's
 :class:`planner.profiles.BlockingLatency` for both: ``planner.cost.compute``, ``planner.cost.zero3``).
-Measured, nothing fitted; use ``--repeats`` and read the spread.
+Measured, nothing fitted with the shipped profile; use ``--repeats`` and read the spread. With a calibrated
+``--cluster``, ``--fitted`` names the configurations it was fitted on (``calibrate_cpu.py`` passes its runs):
+the printout leads with the held-out rows' min/static and reports the fitted ones apart.
 """
 
 from __future__ import annotations
@@ -292,9 +294,10 @@ HEADER = (
 
 def run_case(
     case: dict, folder: Path, steps: int, repeats: int, compare: dict | None = None, quiet_wait_s: float = 0.0
-) -> str:
-    """Launch ``repeats`` times, each between host measurements (matmul rate, sync latency); one table row.
-    ``compare``: the same plan's case under another cluster profile (``--compare``): its min/static is added."""
+) -> tuple[str, float | None]:
+    """Launch ``repeats`` times, each between host measurements (matmul rate, sync latency): (one table row,
+    its min/static or None when every launch failed). ``compare``: the same plan's case under another cluster
+    profile (``--compare``): its min/static is added."""
     preds, plain, times, peaks = [], [], [], []
     for i in range(repeats):
         rates, latency = host_matmul_rates(), host_sync_latency(folder)
@@ -309,7 +312,7 @@ def run_case(
         times.append(summary["measured_step_time_s"])
         peaks.append(summary["measured_peak_memory_bytes"])
     if not times:
-        return f"{case['name']:<16} launch failed"
+        return f"{case['name']:<16} launch failed", None
     ratio = statistics.median(t / p for t, p in zip(times, preds))
     static = min(times) / case["pred_s"]  # a calibrated --cluster is judged on this (min of repeats)
     return (
@@ -318,7 +321,23 @@ def run_case(
         f"{ratio:>8.2f}x {static:>9.2f}x "
         f"{case['pred_mem'] / 2**20:>8.3g} {max(peaks) / 2**20:>8.3g} {os.getloadavg()[0]:>5.1f}"
         + (f" {min(times) / compare['pred_s']:>9.2f}x" if compare else "")
-    )
+    ), static
+
+
+def print_headline(rows: list[tuple[str, float | None, str]]) -> None:
+    """The held-out rows' min/static first (mean and max distance from 1, how many inside 0.8-1.25), then the
+    rows the --cluster was calibrated on (in-sample), apart."""
+    for label, keep in (("HELD OUT", "held out"), ("in-sample, not a headline:", "in-sample")):
+        ratios = [r for _, r, role in rows if r is not None and role.startswith(keep)]
+        if not ratios:
+            print(f"{label} no rows")
+            continue
+        dist = [abs(r - 1) for r in ratios]
+        inside = sum(0.8 <= r <= 1.25 for r in ratios)
+        print(
+            f"{label} {len(ratios)} rows: min/static {min(ratios):.2f}-{max(ratios):.2f}, mean |min/static - 1| "
+            f"{statistics.fmean(dist):.1%}, max {max(dist):.1%}; {inside}/{len(ratios)} inside 0.8-1.25"
+        )
 
 
 def main() -> None:
@@ -337,6 +356,12 @@ def main() -> None:
     p.add_argument(
         "--compare", type=Path, help="a second cluster profile: its min/static on the same launches is added (min/cmp)"
     )
+    p.add_argument(
+        "--fitted",
+        default="",
+        help="model/layout pairs the --cluster was calibrated on (calibrate_cpu.py passes its --runs): in-sample "
+        "rows, reported apart from the held-out headline",
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="rt-vs-pred-") as tmp:
         folder = Path(tmp)
@@ -346,6 +371,14 @@ def main() -> None:
         if args.compare:
             (folder / "cmp").mkdir()
             others = [make_case(m, lay, folder / "cmp", args.compare) for m, lay in pairs]
+        fitted = {tuple(r.split("/")) for r in args.fitted.split(",")} if args.fitted else set()
+        rows = []
+        for (model, layout), case, other in zip(pairs, cases, others):
+            line, static = run_case(case, folder, args.steps, args.repeats, other, args.quiet_wait_s)
+            role = "in-sample (a calibration run)" if (model, layout) in fitted else "held out"
+            rows.append((line, static, role))
+            print(f"... {line}", file=sys.stderr, flush=True)  # progress; the table follows, headline first
+        print_headline(rows)
         print(
             "step times in ms; before = no wrapper overheads, no timing scale (the cost model before); static ="
             " now, with the cluster profile as shipped; at load = now, with the cluster's fp32 matmul rate measured"
@@ -355,9 +388,9 @@ def main() -> None:
         )
         if args.compare:
             print(f"min/cmp = fastest measured / static prediction of --compare {args.compare}")
-        print(HEADER + (f" {'min/cmp':>10}" if args.compare else ""))
-        for case, other in zip(cases, others):
-            print(run_case(case, folder, args.steps, args.repeats, other, args.quiet_wait_s), flush=True)
+        print(HEADER + (f" {'min/cmp':>10}" if args.compare else "") + "  role")
+        for line, _, role in rows:
+            print(f"{line}  {role}")
         if IDLE_SEEN:
             print(f"CPU idle when the launches started: {', '.join(f'{v:.0%}' for v in IDLE_SEEN)}")
 

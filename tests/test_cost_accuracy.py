@@ -56,3 +56,13 @@ def test_published_cases_mean_error_within_target():
         and ("GPT-2" in r["label"] or r["label"].startswith(("GPT 1.7B", "GPT 7.1B")))
     ]
     assert len(small) >= 8 and max(abs(r["error"]) for r in small) <= 0.12
+
+
+def test_cpu_runtime_check_leads_with_the_rows_it_was_not_fitted_on(capsys):
+    import runtime_vs_prediction as rvp
+
+    rows = [("a", 0.9, "held out"), ("b", 1.3, "held out"), ("c", 1.0, "in-sample (a calibration run)")]
+    rvp.print_headline(rows)
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.startswith("HELD OUT 2 rows: min/static 0.90-1.30") and "1/2 inside 0.8-1.25" in first
+    assert second.startswith("in-sample, not a headline: 1 rows")
