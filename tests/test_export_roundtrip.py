@@ -9,7 +9,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from export_helpers import plan_from_settings  # noqa: E402
+from fixtures.export_plans import plan_from_settings  # noqa: E402
 from planner.cli.common import resolve_cluster_path  # noqa: E402
 from planner.export.api import export_plan, import_config, layer_kinds  # noqa: E402
 from planner.export.nearest import CAPABILITIES  # noqa: E402

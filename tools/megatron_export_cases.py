@@ -7,7 +7,7 @@ Kinds (the plans issue 24's review ran through Megatron's parser, and one of eac
 distributed optimizer (ZeRO 1), Megatron-FSDP (ZeRO 2 and 3), interleaved 1F1B, uneven first/last pipeline
 chunks, selective and full recompute, context parallelism (Llama-3-8B cp 4, Llama-3-70B at 131,072 tokens cp 16),
 GQA, and a Mixture of Experts with expert parallelism (Mixtral-8x7B). Each plan is the layout its framework
-settings describe (``tests/export_helpers.plan_from_settings``), exported by :func:`planner.export.api.export_plan`.
+settings describe (``fixtures/export_plans.plan_from_settings``), exported by :func:`planner.export.api.export_plan`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(0, str(REPO))
 
-from export_helpers import plan_from_settings  # noqa: E402
-
+from fixtures.export_plans import plan_from_settings  # noqa: E402
 from planner.cli.common import resolve_cluster_path  # noqa: E402
 from planner.export.api import export_plan  # noqa: E402
 from planner.export.settings import FrameworkSettings  # noqa: E402
