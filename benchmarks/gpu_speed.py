@@ -124,11 +124,17 @@ def launch(
     cmd = [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(steps)]
     cmd += ["--metrics", str(metrics), "--timeout-s", str(timeout_s), "--compile" if compile_blocks else "--no-compile"]
     env = dict(os.environ, STRATAGEM_TORCH_PROFILE=str(profile_dir), **env)
+    log = metrics.with_suffix(".log")  # every rank's output, kept: a failed launch's cause is in there
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s + 30, env=env)
+        with log.open("w", encoding="utf-8") as fh:
+            proc = subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s + 30, env=env)
     except subprocess.TimeoutExpired:
-        return f"no result in {timeout_s + 30} s"
-    return "" if proc.returncode == 0 else f"exit {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"
+        return f"no result in {timeout_s + 30} s (output in {log.name})"
+    if proc.returncode == 0:
+        return ""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    causes = [line for line in lines if "Error" in line or "error:" in line][:8]  # the ranks' own errors first
+    return f"exit {proc.returncode} (output in {log.name}): " + " | ".join(causes or lines[-20:])
 
 
 def measure(run: tuple, *, out: Path, steps: int, cluster_name: str, timeout_s: int = 400) -> dict | None:
@@ -280,11 +286,11 @@ def main() -> int:
         chosen = RUNS + (EXTRA_RUNS if args.all else [])
     for run in chosen:
         row = measure(run, out=work, steps=args.steps, cluster_name=cluster, timeout_s=args.run_timeout)
+        for f in work.glob(f"{run[0]}*.*"):  # a failed run's log too
+            (args.out / f.name).write_bytes(f.read_bytes())
         if row is None:
             continue
         rows.append(row)
-        for f in work.glob(f"{run[0]}*.*"):
-            (args.out / f.name).write_bytes(f.read_bytes())
         write_csv(rows, args.out / "speed.csv")  # after every run: a timeout keeps the rest
         print_table([row])
     print_table(rows)
