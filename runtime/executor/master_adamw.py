@@ -90,6 +90,19 @@ class MasterAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.kernel = kernel
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's loader casts every floating-point state tensor to its parameter's dtype, which would round the
+        fp32 master weights and moments to bf16 (a DCP resume goes through here): they are put back as saved."""
+        saved = state_dict["state"]
+        super().load_state_dict(state_dict)
+        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, param in zip(ids, params):
+            for key in ("master", "exp_avg", "exp_avg_sq"):
+                value = saved.get(index, {}).get(key)
+                if isinstance(value, torch.Tensor) and param in self.state:
+                    self.state[param][key] = value.to(device=_local(param).device, dtype=torch.float32)
+
     def _use_triton(self, device: torch.device) -> bool:
         if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
             return False
