@@ -182,7 +182,7 @@ class ExpertLayout(_Strict):
         None, description="tokens per expert capped at cf * tokens * top_k / experts; None = dropless"
     )
     load_imbalance: float = Field(
-        1.5,
+        1.5,  # planner.cost.constants.MOE_LOAD_IMBALANCE, what older plans were priced with (plan.py sits below cost)
         ge=1.0,
         description="dropless routing: the busiest ep rank's tokens over the mean the predictions assumed "
         "(plan --moe-imbalance; default the router's published fit, planner.cost.moe.default_load_imbalance); "

@@ -203,13 +203,16 @@ def flash_attention_default(flag: bool | None, cluster: ClusterProfile) -> bool:
 
 def add_moe_imbalance(p) -> None:
     """``--moe-imbalance``: dropless MoE routing's load imbalance (plan and estimate)."""
+    from planner.cost.constants import MOE_LOAD_IMBALANCE, MOE_ROUTER_IMBALANCE
+
+    fits = ", ".join(f"{family} {value:g}" for family, (value, _) in MOE_ROUTER_IMBALANCE.items())
     p.add_argument(
         "--moe-imbalance",
         type=float_in(1.0, 16.0),
         default=None,
         metavar="X",
         help="dropless Mixture-of-Experts routing: the busiest expert-parallel rank's tokens over the mean "
-        "(default: the model's router fit where one is published — Mixtral 1.031, Qwen3 1.5 — else 1.5)",
+        f"(default: the model's router fit where one is published — {fits} — else {MOE_LOAD_IMBALANCE:g})",
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.cost.constants import MOE_LOAD_IMBALANCE
 from planner.errors import SettingError
 
 # Every dimension `--allow` can name. Absent from the set = that dimension stays at its trivial value.
@@ -66,7 +67,7 @@ class SearchConfig:
     # proves the best plan under them.
     pins: tuple[tuple[str, object], ...] = ()
     # Dropless MoE routing's load imbalance (ParallelConfig.moe_load_imbalance; plan --moe-imbalance)
-    moe_load_imbalance: float = 1.5
+    moe_load_imbalance: float = MOE_LOAD_IMBALANCE
 
     def __post_init__(self) -> None:
         unknown = set(self.allow) - set(ALL_DIMENSIONS)

@@ -154,7 +154,7 @@ class MasterAdamW(torch.optim.Optimizer):
                 continue
             t = float(st["step"])
             bc1, bc2 = 1 - beta1**t, 1 - beta2**t
-            single[(triton_cdiv(n, BLOCK),)](
+            single[(-(-n // BLOCK),)](  # ceil(n / BLOCK) programs
                 lp, lg, _local(st["master"]), _local(st["exp_avg"]), _local(st["exp_avg_sq"]), n,
                 beta1, beta2, eps, 1.0 - lr * wd, lr / bc1, 1.0 / math.sqrt(bc2), BLOCK=BLOCK,
             )  # fmt: skip
@@ -177,7 +177,3 @@ class MasterAdamW(torch.optim.Optimizer):
             denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
             w.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
         torch._foreach_copy_(local, masters)
-
-
-def triton_cdiv(n: int, block: int) -> int:
-    return (n + block - 1) // block

@@ -64,6 +64,7 @@ class Chunk:
     expert_sync: ExpertGradSync | None = None  # MoE: expert grads over edp, token-sliced grads over tp
     attention: str = "none"  # "sdpa" (fused) or "math" when the chunk holds attention (runtime.models.attention)
     compiled: list[str] = field(default_factory=list)  # blocks compiled in place (runtime.executor.speed)
+    cuda_graphs: bool = False  # the compiled blocks replay as CUDA graphs (runtime.executor.speed.compile_mode)
     precision: str = "fp32"  # runtime.executor.speed.precision_scheme
 
     @property
@@ -128,7 +129,8 @@ def build_chunk(
     context_paths = apply_cp(model, context)
     recomputed = apply_ac(model, stage.recompute)
     blocks = [p for p in stage.module_paths if p.startswith("blocks.")]
-    compiled = apply_compile(model, blocks, compile_mode(plan, device)) if compile_blocks else []
+    mode = compile_mode(plan, device) if compile_blocks else None
+    compiled = apply_compile(model, blocks, mode) if compile_blocks else []
     dp_mesh = data_parallel_mesh(mesh, plan.mesh.size("cp"))
     expert_dp = apply_expert_dp(model, experts, zero_stage=plan.zero_stage) if experts is not None and held else "none"
     dp_mode = apply_dp(
@@ -159,6 +161,7 @@ def build_chunk(
         expert_sync=expert_sync,
         attention=("sdpa" if plan.flash_attention else "math") if attention else "none",
         compiled=compiled,
+        cuda_graphs=bool(compiled) and mode == "reduce-overhead",
         precision=precision_scheme(plan),
     )
 

@@ -50,7 +50,6 @@ from runtime.executor.speed import (
     build_optimizer,
     check_attention_kernel,
     compile_loss,
-    compile_mode,
     report_compile,
     resolve_compile,
 )
@@ -331,7 +330,7 @@ def build_job(
         device=device,
         autocast_dtype=autocast_dtype(plan),
         sync_every_micro_batch=plan.zero_stage == 3,
-        cuda_graphs=any(c.compiled for c in chunks) and compile_mode(plan, device) == "reduce-overhead",
+        cuda_graphs=any(c.cuda_graphs for c in chunks),
     )
     return Job(
         plan=plan,
