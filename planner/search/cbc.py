@@ -47,8 +47,8 @@ class SolveResult:
     solution is better than the cutoff it was given (the candidate's optimum is >= ``bound_s``).
     ``bound_s``: the proven lower bound on the candidate's optimum in seconds (the objective when optimal,
     the cutoff when cut off, -inf when nothing is known). ``warnings``: numerical warnings from CBC's log
-    (each one triggered a confirming re-solve); ``confirmed``: an infeasible / cut-off claim was checked
-    by a second solve without CBC's preprocessing.
+    (each one triggered a confirming re-solve); ``confirmed``: an infeasible / cut-off claim was made (or
+    checked) by a solve without CBC's preprocessing.
     """
 
     status: str
@@ -115,10 +115,26 @@ def solve(
 
     Checked, never trusted: an ``infeasible`` or ``cut_off`` claim, and any answer whose log carries a
     :data:`TOLERANCE_WARNINGS` line, is re-solved without preprocessing (:data:`SAFE_OPTIONS`); the second
-    answer stands (a solution it finds refutes the claim). Tolerance warnings and refuted claims are
-    reported in ``warnings``.
+    answer stands (a solution it finds refutes the claim). With a finite cutoff the solve without
+    preprocessing is the only one (the first run's claim could only be replaced by its answer). Tolerance
+    warnings and refuted claims are reported in ``warnings``.
     """
     nodes = () if max_nodes is None else (f"maxNodes {max_nodes}",)
+    if cutoff_s is not None and math.isfinite(cutoff_s):
+        # with a cutoff, most solves of a search end in a cut-off claim, which only a solve without
+        # preprocessing may make: run that solve first (the same answer as a claim and its confirmation,
+        # one CBC run instead of two)
+        safe, safe_log = _run(problem, config, cutoff_s, SAFE_OPTIONS + nodes)
+        found = log_warnings(safe_log)
+        if found:
+            log.warning(
+                "CBC (without preprocessing): %s; %s %s (cutoff %s)",
+                "; ".join(found),
+                safe.status,
+                safe.objective_s,
+                cutoff_s,
+            )
+        return replace(safe, warnings=found, confirmed=safe.status in ("infeasible", "cut_off"))
     first, log_text = _run(problem, config, cutoff_s, nodes)
     found = log_warnings(log_text)
     if first.status not in ("infeasible", "cut_off") and not found:

@@ -157,6 +157,7 @@ class CandidateCosts:
         self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}  # (groups, layout changes) by key
         self._least: dict[tuple, tuple[float, float, list[float]]] = {}  # least layer times by key
         self._hidden: dict[tuple, float] = {}  # least hidden ZeRO-3 / sync time
+        self._ranks: dict[tuple, RankModel] = {}  # rank models by what they depend on (see _rank_model)
 
     # -- context parallelism --------------------------------------------------------------------
     def _folded(self, outer: OuterChoice) -> tuple[CandidateCosts, OuterChoice]:
@@ -454,7 +455,24 @@ class CandidateCosts:
         return out
 
     def _rank_model(self, nt: str, outer: OuterChoice) -> RankModel:
-        """Tail and memory terms of a pp rank on node type ``nt`` (``estimate._Assembler.build_rank``)."""
+        """Tail and memory terms of a pp rank on node type ``nt`` (``estimate._Assembler.build_rank``); cached
+        by what they read of ``outer`` (with differing replicas also their types and shares: the dp groups span
+        the replicas)."""
+        fraction = self.search.memory_fraction  # a field callers may change between tables
+        key: tuple = (nt, fraction, outer.tp, outer.dp, outer.zero_stage, outer.pp > 1, outer.num_micro_batches > 1)
+        if outer.replica_node_types:  # + what replica_sets reads: the replicas' types and batch shares
+            key += (
+                outer.pp,
+                outer.micro_batch,
+                outer.num_micro_batches,
+                outer.replica_node_types,
+                outer.replica_micro_batches,
+            )
+        if key not in self._ranks:
+            self._ranks[key] = self._build_rank_model(nt, outer)
+        return self._ranks[key]
+
+    def _build_rank_model(self, nt: str, outer: OuterChoice) -> RankModel:
         node = self.cluster.node_type(nt)
         tp, dp, zero = outer.tp, outer.dp, outer.zero_stage
         per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
