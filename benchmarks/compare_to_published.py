@@ -64,12 +64,15 @@ def megatron_args(case: Case) -> str:
 
 
 def table_1_cases(path: Path) -> list[Case]:
+    """The SC21 Table 1 rows of the csv (its source names both)."""
     with open(path, newline="", encoding="utf-8") as fh:
         sources = [r["source"] for r in csv.DictReader(fh)]
-    return [c for c in load_cases(path) if "Table 1" in sources[c.row]]
+    return [c for c in load_cases(path) if "SC21" in sources[c.row] and "Table 1" in sources[c.row]]
 
 
-def run_row(case: Case, cluster, search: SearchConfig) -> str:
+def compare_row(case: Case, cluster, search: SearchConfig) -> dict:
+    """Search the plan for ``case``'s model, GPUs and batch and compare it with the published configuration:
+    the comparison record (``plan --compare-to megatron``), the search result and its wall time."""
     spec = parse_model(
         "gpt",
         layers=case.layers,
@@ -90,15 +93,27 @@ def run_row(case: Case, cluster, search: SearchConfig) -> str:
         training=TrainingSettings(global_batch=case.global_batch, seq_len=case.seq, dtype=case.dtype),
     )
     record = build_comparison(plan, "megatron", megatron_args(case), profile=profile, cluster=cluster)
-    wall_s = time.perf_counter() - start
+    return {"case": case, "record": record, "result": result, "wall_s": time.perf_counter() - start}
+
+
+def format_row(row: dict) -> str:
+    case, record, result = row["case"], row["record"], row["result"]
     gib = 2**30
     status = "opt" if result.status == "optimal" else f"gap{result.gap:.1%}"
     return (
         f"{case.label[:34]:34s} {case.published_s:8.2f} {record.current_step_time_s:8.2f} {record.plan_step_time_s:8.2f} "
         f"{record.exported_step_time_s:8.2f} {record.speedup:6.2f}x "
         f"{record.current_peak_memory_bytes / gib:6.1f} {record.exported_peak_memory_bytes / gib:6.1f} "
-        f"{len(record.flag_changes):4d} {wall_s:6.1f} {status:8s} {result.best.outer.summary()}"
+        f"{len(record.flag_changes):4d} {row['wall_s']:6.1f} {status:8s} {result.best.outer.summary()}"
     )
+
+
+def default_search(budget_s: float = 120.0, jobs: int = 1) -> SearchConfig:
+    return SearchConfig(budget_s=budget_s, jobs=jobs)
+
+
+def dgx_a100():
+    return load_cluster_profile(ROOT / "profiles" / "hardware" / "dgx-a100-80g.json")
 
 
 def main() -> int:
@@ -111,8 +126,7 @@ def main() -> int:
     cases = table_1_cases(args.csv)
     if args.rows:
         cases = [cases[int(i)] for i in args.rows.split(",")]
-    cluster = load_cluster_profile(ROOT / "profiles" / "hardware" / "dgx-a100-80g.json")
-    search = SearchConfig(budget_s=args.budget, jobs=args.jobs)
+    cluster, search = dgx_a100(), default_search(args.budget, args.jobs)
     print("SC21 Table 1 (published Megatron config) vs the Stratagem plan, cost-model predictions on dgx-a100-80g")
     print(
         f"{'row':34s} {'meas s':>8s} {'pub s':>8s} {'plan s':>8s} {'plan@M s':>8s} {'speedup':>7s} {'pubGiB':>6s} "
@@ -120,9 +134,9 @@ def main() -> int:
     )
     speedups = []
     for case in cases:
-        line = run_row(case, cluster, search)
-        speedups.append(float(line.split("x ")[0].split()[-1]))
-        print(line, flush=True)
+        row = compare_row(case, cluster, search)
+        speedups.append(row["record"].speedup)
+        print(format_row(row), flush=True)
     print(
         f"predicted speed-up of the plan (as Megatron arguments) over the published configuration: "
         f"min {min(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} rows"
