@@ -163,11 +163,13 @@ BLOCKS = {
 }
 
 
-def regenerate(text: str) -> tuple[str, list[str]]:
-    """(README text with every block regenerated, names of the blocks that changed); a one-line error when a
-    block's markers are missing."""
+def regenerate(text: str, names: list[str] | None = None) -> tuple[str, list[str]]:
+    """(README text with every block (or those in ``names``) regenerated, names of the blocks that changed); a
+    one-line error when a block's markers are missing."""
     changed = []
     for name, make in BLOCKS.items():
+        if names is not None and name not in names:
+            continue
         pattern = re.compile(rf"(<!-- figures: {name} -->\n)(.*?)(<!-- /figures: {name} -->)", flags=re.S)
         match = pattern.search(text)
         if match is None:
