@@ -37,6 +37,19 @@ DimValue = int | float | bool
 EXTERNAL_FAMILIES = ("hf", "custom")
 
 
+class Fidelity(BaseModel):
+    """The fidelity check of an ``hf:`` model (``runtime.models.fidelity``): a tiny instance of its config built
+    by transformers and by the wrapper the runtime trains, same weights, fp32; their largest logit difference."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_abs_logit_diff: float = Field(ge=0, description="largest |logit difference|, transformers vs the wrapper")
+    tolerance: float = Field(gt=0, description="the largest difference that counts as the same model")
+    layers: int = Field(ge=1, description="decoder layers of the tiny instance (one of each layer type)")
+    transformers_version: str
+    seconds: float = Field(ge=0, description="wall time of the check")
+
+
 class ModelSpec(BaseModel):
     """A model as data. ``dims`` holds the family's constructor arguments (see ``FAMILY_DEFAULTS``)."""
 
@@ -56,6 +69,9 @@ class ModelSpec(BaseModel):
         None,
         description="hf: the whole config.json (the plan is self-contained: launch rebuilds the model from "
         "it); custom: {'sha256': of the file} for py: sources",
+    )
+    fidelity: Fidelity | None = Field(
+        None, description="hf: the fidelity check's result (the wrapper computes transformers' logits)"
     )
 
     @model_validator(mode="after")

@@ -119,7 +119,7 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch):
         (json.dumps({"model_type": "t5"}), "cannot build"),
         (
             json.dumps({"model_type": "gemma2", "final_logit_softcapping": 30.0}),
-            "final_logit_softcapping.*does not apply",
+            "attn_logit_softcapping.*does not apply",  # its default 50.0; the final capping is applied
         ),
     ],
 )

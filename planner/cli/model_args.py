@@ -52,7 +52,8 @@ def spec_from_args(args: argparse.Namespace, *, max_seq: int | None = None) -> M
     """The full :class:`ModelSpec` that ``--model`` and the overrides describe (recorded in profiles and plans).
 
     Overrides the family does not have are dropped when not given and rejected when given
-    (``parse_model`` names the valid ones).
+    (``parse_model`` names the valid ones). An ``hf:`` model passes the fidelity check first
+    (``runtime.models.fidelity``: a tiny instance of it trains as transformers computes it) and carries its result.
     """
     overrides = {dim: getattr(args, flag.replace("-", "_"), None) for flag, (dim, _) in OVERRIDES.items()}
     overrides["dropout"] = getattr(args, "dropout", None)
@@ -63,7 +64,12 @@ def spec_from_args(args: argparse.Namespace, *, max_seq: int | None = None) -> M
         overrides.pop("dropout")
     if max_seq is not None and family in ("gpt", "llama", "moe", "hf"):
         overrides["max_seq"] = max_seq
-    return parse_model(args.model, **overrides)
+    spec = parse_model(args.model, **overrides)
+    if spec.family == "hf":  # the wrapper must compute transformers' logits, or the model is refused here
+        from runtime.models.fidelity import check_hf_fidelity
+
+        spec = spec.model_copy(update={"fidelity": check_hf_fidelity(spec)})
+    return spec
 
 
 def _comparable(spec: ModelSpec) -> dict:

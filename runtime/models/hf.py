@@ -112,25 +112,25 @@ def stratagem_attention(
 ATTENTION = "stratagem"
 
 
-# Config keys whose effect lives in the HF model's own forward, outside the modules the wrapper calls (Gemma 2's
-# logit soft-capping after the head, its attention-score capping inside the attention function).
-UNSUPPORTED_KEYS = ("final_logit_softcapping", "attn_logit_softcapping")
+# Config keys whose effect the wrapper does not apply (Gemma 2's attention-score capping inside the attention
+# function); the final logit soft-capping is applied (LogitScale)
+UNSUPPORTED_KEYS = ("attn_logit_softcapping",)
 
 
 def _build_causal_lm(spec: ModelSpec) -> nn.Module:
     transformers = require_transformers()
-    used = [k for k in UNSUPPORTED_KEYS if (spec.config or {}).get(k)]
+    config = hf_config(spec)
+    used = [k for k in UNSUPPORTED_KEYS if getattr(config, k, None)]  # set in the file or by the config's default
     if used:
         raise StratagemError(
             f"{spec.source} sets {', '.join(used)}, which Stratagem's HF wrapper does not apply "
             f"(the model would differ from transformers'); set it to null or plan another model"
         )
     transformers.AttentionInterface.register(ATTENTION, stratagem_attention)
-    config = hf_config(spec)
     try:
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(
-                config, attn_implementation=ATTENTION, dtype=torch.float32, **_experts_kwargs(config)
+                config, attn_implementation=ATTENTION, dtype=torch.float32, **experts_kwargs(config)
             )
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise StratagemError(
@@ -147,7 +147,7 @@ def _build_causal_lm(spec: ModelSpec) -> nn.Module:
     return model
 
 
-def _experts_kwargs(config) -> dict:
+def experts_kwargs(config) -> dict:
     """MoE configs (Mixtral, Qwen2-MoE, Qwen3-MoE): transformers 5's fused experts default to ``grouped_mm``,
     whose CPU and meta kernels take bf16 only, and ``eager`` selects tokens with ``nonzero`` (no meta shape);
     ``batched_mm`` gathers each token's expert weights and runs one ``bmm`` per projection, which works on CPU
@@ -157,14 +157,18 @@ def _experts_kwargs(config) -> dict:
 
 
 class HFEmbedding(nn.Module):
-    """Token embedding (``tok``), plus learned positions (``pos``) and dropout when the model has them."""
+    """Token embedding (``tok``), plus learned positions (``pos``) and dropout when the model has them;
+    ``multiplier``: the factor the model's own forward applies to the token embeddings (Granite's
+    ``embedding_multiplier``)."""
 
-    def __init__(self, tok: nn.Module, pos: nn.Module | None, drop: nn.Module | None) -> None:
+    def __init__(self, tok: nn.Module, pos: nn.Module | None, drop: nn.Module | None, multiplier: float = 1.0) -> None:
         super().__init__()
-        self.tok, self.pos, self.drop = tok, pos, drop
+        self.tok, self.pos, self.drop, self.multiplier = tok, pos, drop, multiplier
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tok(ids)
+        if self.multiplier != 1.0:
+            x = x * self.multiplier
         if self.pos is not None:
             x = x + self.pos(torch.arange(ids.shape[1], device=ids.device))
         return self.drop(x) if self.drop is not None else x
@@ -231,7 +235,9 @@ def _block_list(model: nn.Module) -> str:
 
 
 def _call_order(model: nn.Module, vocab: int) -> list[str]:
-    """Module paths in the order their forward starts, from one forward on the meta device."""
+    """Module paths in the order their forward starts, from one forward on the model's device (meta when it is
+    built for planning, CPU for the fidelity check)."""
+    device = next(model.parameters()).device
     order: list[str] = []
     handles = [
         m.register_forward_pre_hook(lambda _m, _a, name=name: order.append(name))
@@ -240,7 +246,7 @@ def _call_order(model: nn.Module, vocab: int) -> list[str]:
     ]
     try:
         with torch.no_grad():
-            model(input_ids=torch.zeros(1, TRACE_TOKENS, dtype=torch.long, device="meta") % vocab)
+            model(input_ids=torch.zeros(1, TRACE_TOKENS, dtype=torch.long, device=device) % vocab)
     finally:
         for h in handles:
             h.remove()
@@ -249,6 +255,12 @@ def _call_order(model: nn.Module, vocab: int) -> list[str]:
 
 def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent + ".")
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """A final norm: a module with its own parameters, or a norm without any (OLMo's LayerNorm has no weight)."""
+    own = any(True for _ in module.parameters(recurse=False))
+    return own or isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
 
 
 def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
@@ -269,11 +281,7 @@ def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
     pos = [p for p in before if isinstance(modules[p], nn.Embedding)]
     drop = [p for p in before if isinstance(modules[p], nn.Dropout)]
     rotary = [p for p, m in modules.items() if outside(p) and "inv_freq" in dict(m.named_buffers(recurse=False))]
-    norms = [
-        p
-        for p in order[last_block_call + 1 : head_call]
-        if outside(p) and any(True for _ in modules[p].parameters(recurse=False))
-    ]
+    norms = [p for p in order[last_block_call + 1 : head_call] if outside(p) and _is_norm(modules[p])]
     if len(pos) > 1 or len(norms) > 1:
         raise StratagemError(
             f"{spec.source}: found {len(pos)} position embeddings and {len(norms)} final norms "
@@ -339,16 +347,53 @@ class HFInit:
         return done
 
 
+@dataclass(frozen=True, slots=True)
+class LogitScale:
+    """What the model's own forward does to the LM head's output (a forward hook on the head): multiply by
+    ``multiplier`` (Cohere's ``logit_scale``, Granite's ``1 / logits_scaling``), then soft-cap at ``cap``
+    (Gemma 2/3's ``final_logit_softcapping``: ``cap * tanh(logits / cap)``)."""
+
+    multiplier: float = 1.0
+    cap: float | None = None
+
+    def __call__(self, _module: nn.Module, _inputs: tuple, out: torch.Tensor) -> torch.Tensor:
+        if self.multiplier != 1.0:
+            out = out * self.multiplier
+        if self.cap:
+            out = torch.tanh(out / self.cap) * self.cap
+        return out
+
+
+def outside_scales(config) -> tuple[float, LogitScale]:
+    """(embedding multiplier, logit scale) that the HF model's forward applies outside the modules the wrapper
+    calls, read from the config keys that carry them."""
+    embedding = float(getattr(config, "embedding_multiplier", None) or 1.0)
+    logits = float(getattr(config, "logit_scale", None) or 1.0)
+    if getattr(config, "logits_scaling", None):
+        logits /= float(config.logits_scaling)
+    cap = getattr(config, "final_logit_softcapping", None)
+    return embedding, LogitScale(multiplier=logits, cap=float(cap) if cap else None)
+
+
 @functools.lru_cache(maxsize=8)
 def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
     spec = ModelSpec.model_validate_json(spec_json)
-    model = _build_causal_lm(spec)
+    return wrap_causal_lm(_build_causal_lm(spec), spec)
+
+
+def wrap_causal_lm(model: nn.Module, spec: ModelSpec) -> tuple[LayeredModel, HFParts]:
+    """The :class:`LayeredModel` over ``model``'s own modules (built on meta for planning, on CPU with weights for
+    the fidelity check, :mod:`runtime.models.fidelity`) and the parts found."""
     parts = find_parts(model, spec)
     rotary = _rotary_on_cpu(model, parts)
     get = model.get_submodule
+    multiplier, logit_scale = outside_scales(model.config)
     layers = {
         "embed": HFEmbedding(
-            get(parts.tok), get(parts.pos) if parts.pos else None, get(parts.drop) if parts.drop else None
+            get(parts.tok),
+            get(parts.pos) if parts.pos else None,
+            get(parts.drop) if parts.drop else None,
+            multiplier,
         ),
         "blocks": blocks_dict(
             [HFBlock(layer, rotary, sliding_window(model.config, i)) for i, layer in enumerate(get(parts.blocks))]
@@ -357,6 +402,8 @@ def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
     if parts.norm:
         layers["norm"] = get(parts.norm)
     layers["head"] = get(parts.head)
+    if logit_scale != LogitScale():
+        layers["head"].register_forward_hook(logit_scale)
     wrapped = LayeredModel(layers, tie_embeddings=parts.tied)
     object.__setattr__(wrapped, "external_init", HFInit(model))
     return wrapped, parts

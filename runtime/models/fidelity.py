@@ -1,0 +1,195 @@
+"""The fidelity check of an ``hf:`` model: the wrapper the runtime trains computes transformers' logits.
+
+Before an ``hf:`` config is profiled or planned, a tiny instance of it — the config's own structure (its
+architecture, layer types, attention options, scalings), sizes shrunk (:func:`tiny_config`) — is built twice on
+CPU in fp32: transformers' own ``AutoModelForCausalLM`` with its eager attention, and the same model with
+Stratagem's attention wrapped as the runtime trains it (:func:`runtime.models.hf.wrap_causal_lm`), with the first
+one's weights. Both run one batch of token ids; a largest absolute logit difference above
+:data:`FIDELITY_TOLERANCE` refuses the model in one line naming the first part whose output differs (the
+embedding, a decoder layer, or what follows the last one). The figure goes into the plan
+(:class:`planner.modelspec.Fidelity`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import torch
+from torch import nn
+
+from planner.errors import StratagemError
+from planner.modelspec import Fidelity, ModelSpec
+from runtime.models.hf import (
+    ATTENTION,
+    experts_kwargs,
+    hf_config,
+    require_transformers,
+    stratagem_attention,
+    wrap_causal_lm,
+)
+
+FIDELITY_TOLERANCE = 1e-5  # largest |logit difference| in fp32 that still counts as the same model
+TINY = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256}
+TINY_TOKENS, TINY_BATCH, SEED = 12, 2, 0
+MAX_TINY_PARAMS = 20_000_000  # a tiny instance above this was not shrunk (its sizes hide under other keys)
+
+
+def _set(config, name: str, value) -> None:
+    """Set ``name`` where the config has it (PretrainedConfig maps canonical names to the model's own, GPT-2's
+    ``n_embd``); a derived, read-only one (Falcon's ``head_dim``) follows the others."""
+    if hasattr(config, name):
+        try:
+            setattr(config, name, value)
+        except AttributeError:
+            pass
+
+
+def _is_causal(model: nn.Module, ids: torch.Tensor) -> bool:
+    """Whether the logits of the first tokens ignore the last one (changed): what a causal LM is, by mechanism."""
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % TINY["vocab_size"]
+    with torch.no_grad():
+        a, b = model(input_ids=ids).logits, model(input_ids=changed).logits
+    return _max_diff(a[:, :-1], b[:, :-1]) <= FIDELITY_TOLERANCE
+
+
+def tiny_config(config):
+    """``config`` with its structure kept and its sizes shrunk: 64 hidden, 4 heads (the key/value heads keep their
+    grouping where they can), head size 16, 128 FFN, 256 tokens, as many layers as it takes to hold one of each
+    layer type (at least 2, at most 8), at most 4 experts with top-2 routing."""
+    tiny = copy.deepcopy(config)
+    heads = getattr(config, "num_attention_heads", None) or 4
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    for name, value in TINY.items():
+        _set(tiny, name, value)
+    _set(tiny, "num_key_value_heads", 4 if kv >= heads else max(1, 4 // max(1, heads // max(kv, 1))))
+    _set(tiny, "head_dim", 16)
+    for name in ("moe_intermediate_size", "shared_expert_intermediate_size", "n_inner", "ffn_dim"):
+        if getattr(tiny, name, None):
+            setattr(tiny, name, 128)
+    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if getattr(tiny, name, None):
+            setattr(tiny, name, min(getattr(tiny, name), 4))
+    if getattr(tiny, "num_experts_per_tok", None):
+        tiny.num_experts_per_tok = min(tiny.num_experts_per_tok, 2)
+    types = list(getattr(config, "layer_types", None) or [])
+    layers = max([2] + [types.index(t) + 1 for t in set(types)])
+    layers = min(layers, 8, getattr(config, "num_hidden_layers", None) or layers)
+    _set(tiny, "num_hidden_layers", layers)
+    if types:
+        _set(tiny, "layer_types", types[:layers])
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(tiny, name, None)
+        if isinstance(value, int) and value >= TINY["vocab_size"]:
+            setattr(tiny, name, TINY["vocab_size"] - 1)
+    return tiny
+
+
+def _tiny_params(transformers, config) -> int:
+    """Parameters of the tiny instance, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, **experts_kwargs(config))
+    return sum(p.numel() for p in model.parameters())
+
+
+def _build(transformers, config, attention: str) -> nn.Module:
+    torch.manual_seed(SEED)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=attention, dtype=torch.float32, **experts_kwargs(config)
+    )
+    return model.eval()
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return math.inf
+    return float((a - b).abs().max())
+
+
+def _first_difference(wrapped, ids: torch.Tensor, hidden: tuple[torch.Tensor, ...]) -> str:
+    """The first part whose output differs from transformers' hidden states (the last of which may already be
+    normalised, so the part after the last layer is named as such)."""
+    x = wrapped.embed(ids)
+    if _max_diff(x, hidden[0]) > FIDELITY_TOLERANCE:
+        return "the embedding (token, position or scaling)"
+    blocks = list(wrapped.blocks.values())
+    for i, block in enumerate(blocks[:-1]):
+        x = block(x)
+        if _max_diff(x, hidden[i + 1]) > FIDELITY_TOLERANCE:
+            return f"decoder layer {i} ({type(block.layer).__name__})"
+    return "the last decoder layer, the final norm or the LM head (its scaling or soft-capping)"
+
+
+def check_hf_fidelity(spec: ModelSpec) -> Fidelity:
+    """Build a tiny instance of the ``hf:`` model both ways and compare their logits (see the module docstring);
+    the :class:`Fidelity` record, or a one-line :class:`StratagemError` naming the part that differs."""
+    transformers = require_transformers()
+    start = time.perf_counter()
+    config = hf_config(spec)
+    not_causal = StratagemError(
+        f"{spec.source}: model_type {config.model_type!r} is not a causal language model (its first tokens' logits "
+        f"depend on later tokens, or transformers has no AutoModelForCausalLM for it); plan a decoder-only causal LM"
+    )
+    if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise not_causal
+    name = type(config).__name__.removesuffix("Config")
+    try:
+        tiny = tiny_config(config)
+    except Exception as exc:  # noqa: BLE001 - configs with per-layer or derived sizes refuse the canonical names
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise StratagemError(
+            f"{spec.source}: the fidelity check cannot shrink {name}'s config ({type(exc).__name__}: {first}); "
+            f"this architecture is not supported, plan another model"
+        ) from None
+    try:
+        params = _tiny_params(transformers, tiny)
+        if params > MAX_TINY_PARAMS:  # a size this config names in keys tiny_config does not know
+            raise StratagemError(
+                f"{spec.source}: the fidelity check cannot shrink {name} (its tiny instance still has {params:,} "
+                f"parameters, more than {MAX_TINY_PARAMS:,}: its sizes use config keys Stratagem does not know); "
+                f"this architecture is not supported, plan another model"
+            )
+        reference = _build(transformers, tiny, "eager")
+        ids = torch.randint(
+            0, TINY["vocab_size"], (TINY_BATCH, TINY_TOKENS), generator=torch.Generator().manual_seed(SEED)
+        )
+        if not _is_causal(reference, ids):
+            raise not_causal
+        transformers.AttentionInterface.register(ATTENTION, stratagem_attention)
+        try:
+            ours = _build(transformers, tiny, ATTENTION)
+        except (KeyError, ValueError):
+            raise StratagemError(
+                f"{spec.source}: {name} computes attention in its own forward and refuses an attention function "
+                f"from transformers' AttentionInterface, which is how Stratagem runs attention; plan another model"
+            ) from None
+        ours.load_state_dict(reference.state_dict())
+        wrapped, _ = wrap_causal_lm(ours, spec)
+        with torch.no_grad():
+            expected = reference(input_ids=ids, output_hidden_states=True)
+            got = wrapped(ids)
+            diff = _max_diff(got, expected.logits)
+            where = _first_difference(wrapped, ids, expected.hidden_states) if diff > FIDELITY_TOLERANCE else ""
+    except StratagemError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of a foreign architecture becomes the one-line refusal
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise StratagemError(
+            f"{spec.source}: Stratagem's wrapper cannot run {name} ({type(exc).__name__}: {first}); this "
+            f"architecture is not supported, plan another model"
+        ) from None
+    if not diff <= FIDELITY_TOLERANCE:
+        raise StratagemError(
+            f"{spec.source}: Stratagem's wrapper of {name} computes other logits than transformers on the same "
+            f"weights (max |difference| {diff:.3g} > {FIDELITY_TOLERANCE:g} in fp32; first at {where}); this "
+            f"architecture needs support Stratagem lacks, plan another model"
+        )
+    return Fidelity(
+        max_abs_logit_diff=diff,
+        tolerance=FIDELITY_TOLERANCE,
+        layers=int(getattr(tiny, "num_hidden_layers", 0) or len(list(wrapped.blocks))),
+        transformers_version=transformers.__version__,
+        seconds=round(time.perf_counter() - start, 3),
+    )

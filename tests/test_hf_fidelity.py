@@ -1,0 +1,99 @@
+"""The fidelity check of hf: models (runtime.models.fidelity): a tiny instance built by transformers and by the
+wrapper the runtime trains computes the same logits, or the model is refused in one line naming the part."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.errors import StratagemError
+from planner.modelspec import ModelSpec
+
+transformers = pytest.importorskip("transformers")
+
+from runtime.models import hf  # noqa: E402
+from runtime.models.fidelity import FIDELITY_TOLERANCE, check_hf_fidelity  # noqa: E402
+
+
+def _spec(model_type: str, **config) -> ModelSpec:
+    cfg = transformers.AutoConfig.for_model(model_type, **config)
+    return ModelSpec(family="hf", dims={}, source=f"hf:{model_type}", config=cfg.to_dict())
+
+
+@pytest.mark.parametrize(
+    "model_type,config",
+    [
+        ("olmo", {}),  # final LayerNorm without parameters
+        ("cohere", {"logit_scale": 0.25}),  # logits scaled in the model's forward
+        ("granite", {"embedding_multiplier": 12.0, "logits_scaling": 8.0}),  # embeddings and logits scaled
+        ("gpt_oss", {}),  # attention sinks, fused experts
+        ("llama", {}),
+    ],
+)
+def test_mechanisms_give_transformers_logits(model_type, config):
+    fidelity = check_hf_fidelity(_spec(model_type, **config))
+    assert fidelity.max_abs_logit_diff <= FIDELITY_TOLERANCE and fidelity.layers >= 2
+
+
+@pytest.mark.parametrize(
+    "model_type,config,part",
+    [
+        ("cohere", {"logit_scale": 0.25}, "LM head"),
+        ("granite", {"embedding_multiplier": 12.0, "logits_scaling": 8.0}, "embedding"),
+    ],
+)
+def test_a_missing_scaling_is_refused_naming_the_part(monkeypatch, model_type, config, part):
+    """With the scalings switched off, the check refuses (it can fail)."""
+    monkeypatch.setattr(hf, "outside_scales", lambda _config: (1.0, hf.LogitScale()))
+    with pytest.raises(StratagemError, match=f"other logits than transformers.*first at .*{part}") as info:
+        check_hf_fidelity(_spec(model_type, **config))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "model_type,match",
+    [
+        ("bert", "not a causal language model"),
+        ("falcon", "refuses an attention function"),
+        ("bloom", "wrapper cannot run Bloom"),
+    ],
+)
+def test_unsupported_models_are_one_line_refusals(model_type, match):
+    with pytest.raises(StratagemError, match=match) as info:
+        check_hf_fidelity(_spec(model_type))
+    assert "\n" not in str(info.value)
+
+
+def test_plan_records_the_fidelity_figure(tmp_path):
+    from planner.cli.main import main
+    from planner.plan import load_plan
+
+    config = transformers.AutoConfig.for_model(
+        "llama",
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        vocab_size=256,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", f"hf:{tmp_path / 'config.json'}", "--cluster", "local-cpu-2core", "--gpus", "2"]
+    assert main([*argv, "--global-batch", "4", "--seq", "16", "--out", str(out)]) == 0
+    fidelity = load_plan(out).model.fidelity
+    assert fidelity is not None and fidelity.max_abs_logit_diff <= FIDELITY_TOLERANCE
+    assert fidelity.transformers_version == transformers.__version__
+
+
+def test_bert_plan_is_refused_in_one_line(tmp_path, capsys):
+    from planner.cli.main import main
+
+    (tmp_path / "config.json").write_text(json.dumps(transformers.AutoConfig.for_model("bert").to_dict()))
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", f"hf:{tmp_path / 'config.json'}", "--cluster", "local-cpu-2core", "--gpus", "2"]
+    assert main([*argv, "--global-batch", "4", "--seq", "16", "--out", str(out)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "not a causal language model" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
