@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.errors import StratagemError  # noqa: E402
-from planner.modelspec import ModelSpec  # noqa: E402
+from planner.modelspec import ModelSpec, hf_dims  # noqa: E402
 
 
 def causal_lm_types() -> list[str]:
@@ -37,8 +37,6 @@ def causal_lm_types() -> list[str]:
 
 def plan_tiny(spec: ModelSpec) -> str:
     """Profile the tiny instance on meta and plan it for 2 CPU ranks: the chosen layout."""
-    import transformers
-
     from planner.cli.common import resolve_cluster_path
     from planner.profiles import load_cluster_profile
     from planner.search.config import SearchConfig
@@ -48,8 +46,7 @@ def plan_tiny(spec: ModelSpec) -> str:
     from runtime.profiling.model import profile_model_analytic
 
     tiny = tiny_config(hf_config(spec)).to_dict()
-    assert isinstance(tiny, dict) and transformers
-    small = spec.model_copy(update={"config": tiny})
+    small = spec.model_copy(update={"config": tiny, "dims": hf_dims(tiny)})
     profile = profile_model_analytic(small, seq_len=16, dtype="fp32", tp_degrees=(1,))
     cluster = load_cluster_profile(resolve_cluster_path("local-cpu-2core"))
     result = plan_search(profile, cluster, n_devices=2, global_batch=4, config=SearchConfig(time_limit_s=30))
@@ -73,7 +70,8 @@ def run(types: list[str], with_plan: bool) -> list[dict]:
             print(f"{model_type:28s} {row['status']:9s} {'':>8s} {'':>6s}  {row['detail']}", flush=True)
             continue
         try:
-            spec = ModelSpec(family="hf", dims={}, source=f"hf:{model_type}", config=config.to_dict())
+            raw = config.to_dict()
+            spec = ModelSpec(family="hf", dims=hf_dims(raw), source=f"hf:{model_type}", config=raw)
             fidelity = check_hf_fidelity(spec)
             row.update(status="ok", diff=fidelity.max_abs_logit_diff)
             if with_plan:

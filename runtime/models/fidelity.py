@@ -46,6 +46,12 @@ def _set(config, name: str, value) -> None:
             pass
 
 
+def _first_line(exc: Exception) -> str:
+    """``Type: first line of the message`` (at most 160 characters of it), for a one-line refusal."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0][:160]}" if text else type(exc).__name__
+
+
 def _is_causal(model: nn.Module, ids: torch.Tensor) -> bool:
     """Whether the logits of the first tokens ignore the last one (changed): what a causal LM is, by mechanism."""
     changed = ids.clone()
@@ -138,9 +144,8 @@ def check_hf_fidelity(spec: ModelSpec) -> Fidelity:
     try:
         tiny = tiny_config(config)
     except Exception as exc:  # noqa: BLE001 - configs with per-layer or derived sizes refuse the canonical names
-        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise StratagemError(
-            f"{spec.source}: the fidelity check cannot shrink {name}'s config ({type(exc).__name__}: {first}); "
+            f"{spec.source}: the fidelity check cannot shrink {name}'s config ({_first_line(exc)}); "
             f"this architecture is not supported, plan another model"
         ) from None
     try:
@@ -175,9 +180,8 @@ def check_hf_fidelity(spec: ModelSpec) -> Fidelity:
     except StratagemError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of a foreign architecture becomes the one-line refusal
-        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise StratagemError(
-            f"{spec.source}: Stratagem's wrapper cannot run {name} ({type(exc).__name__}: {first}); this "
+            f"{spec.source}: Stratagem's wrapper cannot run {name} ({_first_line(exc)}); this "
             f"architecture is not supported, plan another model"
         ) from None
     if not diff <= FIDELITY_TOLERANCE:
@@ -189,7 +193,7 @@ def check_hf_fidelity(spec: ModelSpec) -> Fidelity:
     return Fidelity(
         max_abs_logit_diff=diff,
         tolerance=FIDELITY_TOLERANCE,
-        layers=int(getattr(tiny, "num_hidden_layers", 0) or len(list(wrapped.blocks))),
+        layers=len(wrapped.blocks),
         transformers_version=transformers.__version__,
         seconds=round(time.perf_counter() - start, 3),
     )
