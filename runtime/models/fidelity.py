@@ -118,12 +118,12 @@ def _first_difference(wrapped, ids: torch.Tensor, hidden: tuple[torch.Tensor, ..
     """The first part whose output differs from transformers' hidden states (the last of which may already be
     normalised, so the part after the last layer is named as such)."""
     x = wrapped.embed(ids)
-    if _max_diff(x, hidden[0]) > FIDELITY_TOLERANCE:
+    if not _max_diff(x, hidden[0]) <= FIDELITY_TOLERANCE:  # NaN counts as a difference
         return "the embedding (token, position or scaling)"
     blocks = list(wrapped.blocks.values())
     for i, block in enumerate(blocks[:-1]):
         x = block(x)
-        if _max_diff(x, hidden[i + 1]) > FIDELITY_TOLERANCE:
+        if not _max_diff(x, hidden[i + 1]) <= FIDELITY_TOLERANCE:
             return f"decoder layer {i} ({type(block.layer).__name__})"
     return "the last decoder layer, the final norm or the LM head (its scaling or soft-capping)"
 
@@ -176,7 +176,7 @@ def check_hf_fidelity(spec: ModelSpec) -> Fidelity:
             expected = reference(input_ids=ids, output_hidden_states=True)
             got = wrapped(ids)
             diff = _max_diff(got, expected.logits)
-            where = _first_difference(wrapped, ids, expected.hidden_states) if diff > FIDELITY_TOLERANCE else ""
+            where = "" if diff <= FIDELITY_TOLERANCE else _first_difference(wrapped, ids, expected.hidden_states)
     except StratagemError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of a foreign architecture becomes the one-line refusal
