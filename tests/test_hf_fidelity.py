@@ -97,3 +97,20 @@ def test_bert_plan_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "not a causal language model" in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_a_layer_that_cannot_run_on_meta_is_a_one_line_error_naming_the_measured_profile(tmp_path, capsys):
+    """DiffLlama's layers read tensor values, which the meta device has none of: ``plan`` without a measured
+    profile stops in one line naming ``stratagem profile model`` (it was a traceback), and writes nothing."""
+    from planner.cli.main import main
+
+    config = transformers.AutoConfig.for_model(
+        "diffllama", num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=256
+    )
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", f"hf:{tmp_path / 'config.json'}", "--cluster", "local-cpu-2core", "--gpus", "2"]
+    assert main([*argv, "--global-batch", "4", "--seq", "16", "--out", str(out)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "cannot run on the meta device" in err and "--model-profile" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()

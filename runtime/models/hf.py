@@ -64,9 +64,11 @@ def hf_config(spec: ModelSpec):
     model_type = config.pop("model_type", None)
     for key in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
         config.pop(key, None)
+    from huggingface_hub.errors import StrictDataclassError  # transformers' config validators raise it
+
     try:
         return transformers.AutoConfig.for_model(model_type, **config)
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as exc:
         raise StratagemError(
             f"transformers {transformers.__version__} cannot read {spec.source} (model_type "
             f"{model_type!r}: {str(exc).splitlines()[0][:160]}); upgrade transformers or fix the "
@@ -270,7 +272,14 @@ def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
     if tok is None or head is None:
         raise StratagemError(f"{spec.source}: the model has no input embedding or no LM head; use a causal-LM config")
     blocks = _block_list(model)
-    order = _call_order(model, int(spec.dims.get("vocab", 2)))
+    try:
+        order = _call_order(model, int(spec.dims.get("vocab", 2)))
+    except (NotImplementedError, RuntimeError) as exc:  # an operation that reads tensor values (JetMoE's router)
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise StratagemError(
+            f"{spec.source}: {type(model).__name__} cannot run on the meta device ({type(exc).__name__}: {first}), "
+            f"where Stratagem traces a model to find its parts; this architecture is not supported, plan another model"
+        ) from None
     inner = [p for p in order if _inside(p, blocks)]
     first = order.index(inner[0])
     last_block_call = max(i for i, p in enumerate(order) if _inside(p, blocks))

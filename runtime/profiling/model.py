@@ -266,7 +266,11 @@ def profile_layers(
         else:
             module = build_layer(spec, path, device=s.device, dtype=dtype) if spec.is_external else probe
             job = _Layer(spec=spec, path=path, x_full=x, first=i == 0, targets=targets if i == len(paths) - 1 else None)
-            profile, out = _profile_one(job, module, signature, s)
+            profile, out = (
+                _profile_external(job, module, signature, s)
+                if spec.is_external
+                else _profile_one(job, module, signature, s)
+            )
             cache[signature] = (profile, out)
             layers.append(profile)
         x = out
@@ -275,6 +279,24 @@ def profile_layers(
         if on_layer:
             on_layer(path)
     return layers
+
+
+def _profile_external(
+    job: _Layer, module: nn.Module, signature: str, s: ProfileSettings
+) -> tuple[LayerProfile, torch.Tensor]:
+    """:func:`_profile_one` of an hf:/custom layer; an operation of its code that has no meta kernel or reads a
+    tensor's values (DiffLlama's and JetMoE's layers on the meta device) is a one-line error naming the fix."""
+    try:
+        return _profile_one(job, module, signature, s)
+    except (NotImplementedError, RuntimeError) as exc:
+        if s.device != "meta":
+            raise
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise StratagemError(
+            f"{job.spec.source}: layer {job.path} cannot run on the meta device ({type(exc).__name__}: {first}), so "
+            f"it cannot be profiled without hardware; measure it with stratagem profile model --model ... --out "
+            f"PROFILE.json and plan with --model-profile PROFILE.json"
+        ) from None
 
 
 def _profile_one(
