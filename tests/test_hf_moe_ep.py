@@ -27,7 +27,7 @@ from planner.modelspec import parse_model
 from planner.plan import Plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
-from runtime_helpers import REPO
+from runtime_helpers import REPO, resume_runs
 
 STEPS = 3
 REL_TOL = 1e-5  # fp32
@@ -257,35 +257,11 @@ def test_the_parity_check_fails_when_expert_parallelism_is_broken(tmp_path_facto
     assert where in str(failure.value), str(failure.value)[:500]
 
 
-def _train_resume_and_compare(tmp_path, monkeypatch, plan: Plan) -> None:
-    """``stratagem launch`` of ``plan``: two steps with a checkpoint after each, then a second launch resumes and
-    trains step 3; every step's loss must be the single process's (``reference_losses``)."""
-    from planner.cli.main import main
-
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
-    path = save_plan(plan, tmp_path / "plan.json")
-    ckpt, first, second = tmp_path / "ckpt", tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"
-    common = ["launch", str(path), "--checkpoint-dir", str(ckpt), "--timeout-s", "120"]
-    assert main([*common, "--steps", "2", "--checkpoint-every", "1", "--metrics", str(first)]) == 0
-    assert main([*common, "--steps", "3", "--resume", "--metrics", str(second)]) == 0
-    resumed = final_step_losses(read_metrics(second))
-    assert sorted(resumed) == [3]  # the second launch started from the step-2 checkpoint
-    measured = {**final_step_losses(read_metrics(first)), **resumed}
-    for step, ref in enumerate(reference_losses(plan, 3), start=1):
-        assert measured[step] == pytest.approx(ref, rel=REL_TOL), (step, measured)
-
-
-@pytest.mark.slow
-def test_launch_trains_hf_mixtral_with_ep2_and_resumes_from_a_checkpoint(tmp_path, monkeypatch):
-    """An hf: Mixtral EP2 plan (each rank saves its own experts, one entry per expert) resumes at the single
-    process's losses (a checkpoint holding one rank's experts for both would change step 3)."""
-    plan = make_plan(_spec(tmp_path, "mixtral"), global_batch=8, seq_len=16, dp=2, experts={"ep": 2})
-    _train_resume_and_compare(tmp_path, monkeypatch, plan)
-
-
 MOE_SPEC = "moe:tiny"
-RESUME_ETP = {
+RESUME = {
+    # hf: Mixtral at ep 2: each rank saves its own experts, one entry per expert (a checkpoint holding one rank's
+    # experts for both would change step 3)
+    "mixtral_ep2": dict(kind="mixtral", dp=2, experts={"ep": 2}),
     # the zoo's moe:tiny, each expert's FFN split over the two ranks (edp 1, plain tensors)
     "moe_etp2": dict(dp=2, experts={"ep": 1, "etp": 2}),
     # edp 2 under tp 2: each slice a DTensor sharded over its edp pair (ZeRO-2), AdamW state too
@@ -297,17 +273,48 @@ RESUME_ETP = {
 }
 
 
+def _resume_job(tmp_path_factory, names: list[str], nproc: int) -> dict:
+    """The plans ``names`` of ``RESUME`` in one launch of ``tests/resume_worker.py``: two steps with a checkpoint
+    after each, then a fresh job resumes from step 2 and trains step 3."""
+    root = tmp_path_factory.mktemp(f"resume{nproc}")
+    out, paths = {}, []
+    for name in names:
+        cfg = dict(RESUME[name])
+        spec = _spec(root, cfg.pop("kind")) if "kind" in cfg else parse_model(MOE_SPEC)
+        plan = make_plan(spec, global_batch=8, seq_len=16, **cfg)
+        paths.append(str(save_plan(plan, root / f"{name}.json")))
+        out[name] = (plan, root, name)
+    resume_runs(nproc, root, paths, first=2, last=3, timeout_s=300)
+    return out
+
+
+@pytest.fixture(scope="module")
+def resume2(tmp_path_factory):
+    return _resume_job(tmp_path_factory, ["mixtral_ep2", "moe_etp2"], 2)
+
+
+@pytest.fixture(scope="module")
+def resume4(tmp_path_factory):
+    return _resume_job(tmp_path_factory, ["moe_etp2_tp2_dp2_zero2", "mixtral_ep2_etp2_zero1"], 4)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(RESUME_ETP))
-def test_launch_resumes_expert_tensor_parallel_plans_from_a_checkpoint(tmp_path, monkeypatch, name):
+@pytest.mark.parametrize("name", list(RESUME))
+def test_expert_parallel_plans_resume_from_a_checkpoint_at_the_single_process_losses(request, name):
     """Each etp slice of an expert's FFN is its own checkpoint key (runtime.executor.etp_keys), so the resumed
     step 3 is the single process's. With the slices under one key DCP wrote one rank's slice and loaded it on
     every etp peer (measured with the renaming switched off, step 3 against one process: moe_etp2 5.5828 against
-    5.5800, moe_etp2_tp2_dp2_zero2 5.5792 against 5.5800, mixtral_ep2_etp2_zero1 5.5804 against 5.5812)."""
-    cfg = dict(RESUME_ETP[name])
-    spec = _spec(tmp_path, cfg.pop("kind")) if "kind" in cfg else parse_model(MOE_SPEC)
-    plan = make_plan(spec, global_batch=8, seq_len=16, **cfg)
-    _train_resume_and_compare(tmp_path, monkeypatch, plan)
+    5.5800, moe_etp2_tp2_dp2_zero2 5.5792 against 5.5800, mixtral_ep2_etp2_zero1 5.5804 against 5.5812).
+    ``stratagem launch`` itself resuming an expert-parallel plan in a second launch: tests/test_moe_launch.py."""
+    job = request.getfixturevalue(
+        "resume4" if RESUME[name].get("dp", 1) * RESUME[name].get("tp", 1) == 4 else "resume2"
+    )
+    plan, root, _ = job[name]
+    resumed = final_step_losses(read_metrics(root / f"{name}.run2.jsonl"))
+    assert sorted(resumed) == [3]  # the second run started from the step-2 checkpoint
+    measured = {**final_step_losses(read_metrics(root / f"{name}.run1.jsonl")), **resumed}
+    for step, ref in enumerate(reference_losses(plan, 3), start=1):
+        assert measured[step] == pytest.approx(ref, rel=REL_TOL), (step, measured)
 
 
 def test_a_resume_with_another_expert_layout_is_refused_in_one_line(tmp_path, capsys):

@@ -18,7 +18,7 @@ from runtime.executor.speed import build_optimizer, precision_scheme, resolve_co
 from runtime.launch import LaunchOptions, train_args
 from runtime.models import build_model, init_weights
 from runtime.models.attention import apply_attention, attend
-from runtime_helpers import tail, torchrun
+from runtime_helpers import resume_runs, tail, torchrun
 
 ALL_SPLIT = ["embed", "blocks.0", "blocks.1", "head"]
 
@@ -343,10 +343,6 @@ def test_one_rank_bf16_master_resume_continues_the_same_losses(tmp_path):
     the uninterrupted run exactly."""
     plan = make_plan(parse_model("gpt:tiny"), global_batch=4, seq_len=32, dtype="bf16", lr=3e-3)
     path = str(save_plan(plan, tmp_path / "plan.json"))
-    ck = ["--checkpoint-dir", str(tmp_path / "ck")]
-    for name, extra in (("full", ["--steps", "6"]), ("first", ["--steps", "3", *ck, "--checkpoint-every", "3"]),
-                        ("rest", ["--steps", "6", *ck, "--resume"])):  # fmt: skip
-        proc = torchrun(1, ["--plan", path, "--metrics", str(tmp_path / f"{name}.jsonl"), *extra], timeout_s=240)
-        assert proc.returncode == 0, tail(proc)
-    full, rest = (final_step_losses(read_metrics(tmp_path / f"{n}.jsonl")) for n in ("full", "rest"))
+    resume_runs(1, tmp_path, [path], first=3, last=6, full=True, timeout_s=240)  # one launch, three runs
+    full, rest = (final_step_losses(read_metrics(tmp_path / f"plan.{n}.jsonl")) for n in ("full", "run2"))
     assert sorted(rest) == [4, 5, 6] and all(rest[s] == full[s] for s in rest), (full, rest)
