@@ -1,6 +1,8 @@
 """stratagem calibrate: recovers known parameters from synthetic runs with 3 % noise; bad input fails with one
 line naming the row and column, and writes nothing."""
 
+import contextlib
+import io
 import os
 import random
 import subprocess
@@ -13,6 +15,7 @@ from planner.calibrate import fit
 from planner.calibrate.fit import Predictor, mean_abs
 from planner.calibrate.runs import _run
 from planner.cli.common import PROFILES_DIR
+from planner.cli.main import main
 from planner.profiles import load_cluster_profile
 
 A100 = load_cluster_profile(PROFILES_DIR / "hardware" / "dgx-a100-80g.json")
@@ -75,28 +78,16 @@ def test_two_runs_fit_one_parameter_and_say_so():
 
 
 def _cli(tmp_path, text, suffix=".csv"):
+    """``stratagem calibrate`` on ``text`` in this process (a subprocess per case cost 2 s of start-up each; the
+    written profile's test below runs the real command)."""
     runs = tmp_path / f"runs{suffix}"
     runs.write_text(text)
     out = tmp_path / "out.json"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "planner.cli.main",
-            "calibrate",
-            "--cluster",
-            "dgx-a100-80g",
-            "--runs",
-            str(runs),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    return res, out
+    stdout, stderr = io.StringIO(), io.StringIO()
+    argv = ["calibrate", "--cluster", "dgx-a100-80g", "--runs", str(runs), "--out", str(out)]
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        status = main(argv)
+    return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue()), out
 
 
 GOOD = ",".join(_row(1024, 12, 1, 1, "0.5").values())
