@@ -158,6 +158,24 @@ def time_collective(
     return RawSample(bytes=real_bytes, times_s=per_repeat)
 
 
+CPU_MATRIX_SIZES = (1024, 768, 512, 384, 256)  # largest first; 1024 is the CPU default
+_CPU_MATMUL_CALL_S = 0.25  # the most one timed CPU matmul may take
+
+
+def cpu_matrix_n(dtype_name: str) -> int:
+    """The largest of ``CPU_MATRIX_SIZES`` whose matmul in ``dtype_name`` takes at most 0.25 s on this CPU, from a
+    timed 256^3 probe (time grows as n^3). A CPU without a fast path for a 16-bit type runs it at ~1 GFLOP/s
+    (measured here: bf16 0.9 GFLOP/s against fp32 66 GFLOP/s), where one 1024^3 matmul takes 2.4 s; fp32 keeps 1024."""
+    dtype = _TORCH_DTYPES[dtype_name]
+    a = torch.randn(256, 256).to(dtype)
+    torch.mm(a, a)  # warm-up
+    t0 = time.perf_counter()
+    torch.mm(a, a)
+    probe_s = time.perf_counter() - t0
+    fits = [n for n in CPU_MATRIX_SIZES if probe_s * (n / 256) ** 3 <= _CPU_MATMUL_CALL_S]
+    return fits[0] if fits else CPU_MATRIX_SIZES[-1]
+
+
 def time_matmul(dtype_name: str, n: int, *, device: torch.device, repeats: int) -> RawCompute:
     """Time an n x n x n matrix multiply; FLOPs = 2 n^3 (one multiply and one add per term)."""
     dtype = _TORCH_DTYPES[dtype_name]
@@ -186,7 +204,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--iters", type=int, default=10, help="most iterations per repeat")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--matrix-n", type=int, default=0, help="matmul size (0: 1024 on CPU, 8192 on GPU)")
+    p.add_argument("--matrix-n", type=int, default=0, help="matmul size (0: 8192 on GPU; on CPU 1024, or less where one call would take over 0.25 s)")
     p.add_argument("--timeout-s", type=float, default=300.0)
     return p.parse_args(argv)
 
@@ -249,8 +267,8 @@ def run_benchmarks(args: argparse.Namespace, device: torch.device) -> RawBench:
             results.append(RawCollective(op=op, level=level, n_ranks=len(groups[0]), samples=samples))
         dist.barrier()
     compute = []
-    matrix_n = args.matrix_n or (8192 if device.type == "cuda" else 1024)
     for dtype_name in dtypes:
+        matrix_n = args.matrix_n or (8192 if device.type == "cuda" else cpu_matrix_n(dtype_name))
         compute.append(time_matmul(dtype_name, matrix_n, device=device, repeats=max(3, args.repeats)))
         done += 1
         _progress(done, total, f"matmul {dtype_name}")

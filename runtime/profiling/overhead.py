@@ -189,21 +189,20 @@ def _unit_overhead(*, warmup: int, rounds: int) -> dict[str, tuple[float, float]
     }
 
 
-# The cluster profiler's compute benchmark (runtime/profiling/cluster_bench.py: 1024^3 fp32/bf16 matmul on CPU,
-# FLOPs = 2 n^3, achieved = median), repeated here so layer timings can be related to a cluster profile
-# taken under other load (planner.cost.framework.timings_scale).
-REFERENCE_MATRIX_N_CPU = 1024
+# The cluster profiler's compute benchmark (runtime/profiling/cluster_bench.py: on CPU a 1024^3 matmul, smaller for
+# a dtype this CPU runs slowly (cluster_bench.cpu_matrix_n), FLOPs = 2 n^3, achieved = median), repeated here so
+# layer timings can be related to a cluster profile taken under other load (planner.cost.framework.timings_scale).
 REFERENCE_REPEATS = 5
 
 
 def reference_matmul_rates(s) -> list[float]:
     """FLOP/s of each timed reference matmul in this process (``s``: ProfileSettings); [] if not CPU/CUDA."""
-    from runtime.profiling.cluster_bench import time_matmul
+    from runtime.profiling.cluster_bench import cpu_matrix_n, time_matmul
 
     if s.dtype not in ("fp32", "bf16", "fp16", "tf32"):
         return []
     device = torch.device(s.device)
-    n = REFERENCE_MATRIX_N_CPU if device.type == "cpu" else 8192
+    n = cpu_matrix_n(s.dtype) if device.type == "cpu" else 8192
     raw = time_matmul(s.dtype, n, device=device, repeats=REFERENCE_REPEATS)
     return [raw.flops_per_matmul / t for t in raw.times_s]
 
