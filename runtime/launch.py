@@ -22,6 +22,7 @@ from pathlib import Path
 
 from planner.errors import StratagemError
 from planner.plan import Plan, validate
+from runtime.executor.pretrained import check_init_from
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = 10.0  # after SIGTERM on timeout, how long torchrun gets to stop its workers
@@ -35,6 +36,7 @@ class LaunchOptions:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    init_from: Path | None = None  # safetensors checkpoint folder to start from (runtime.executor.pretrained)
     metrics: Path | None = None
     max_restarts: int = 0
     nnodes: int = 1
@@ -97,6 +99,10 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
         check_resumable(
             opts.checkpoint_dir, model_name=plan.model.name, world_size=plan.world_size, experts=(lay.ep, lay.etp)
         )
+    if opts.init_from is not None:
+        if "sd" in plan.mesh.axes:
+            raise StratagemError("--init-from is not supported for spatial (3D CNN) plans yet; launch without it")
+        check_init_from(opts.init_from, plan)
     if opts.max_restarts and not (opts.checkpoint_dir and opts.checkpoint_every):
         log.warning("--max-restarts without --checkpoint-dir/--checkpoint-every restarts from step 1")
 
@@ -121,6 +127,8 @@ def train_args(opts: LaunchOptions) -> list[str]:
         args += ["--checkpoint-dir", str(opts.checkpoint_dir), "--checkpoint-every", str(opts.checkpoint_every)]
     if opts.resume:
         args.append("--resume")
+    if opts.init_from is not None:
+        args += ["--init-from", str(opts.init_from)]
     if opts.layout_report:
         args += ["--layout-report", str(opts.layout_report)]
     return args

@@ -51,6 +51,20 @@ def test_a_missing_scaling_is_refused_naming_the_part(monkeypatch, model_type, c
     assert "\n" not in str(info.value)
 
 
+def test_an_attention_difference_is_refused(monkeypatch):
+    """GPT-OSS with its attention sinks dropped from Stratagem's attention: refused at decoder layer 0. (Built from
+    one config object, the reference ran Stratagem's attention too, and this passed with difference 0.0.)"""
+    from runtime.models import fidelity
+
+    def without_sinks(module, query, key, value, attention_mask, scaling=None, dropout=0.0, s_aux=None, **kwargs):
+        return hf.stratagem_attention(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
+
+    monkeypatch.setattr(fidelity, "stratagem_attention", without_sinks)
+    with pytest.raises(StratagemError, match="other logits than transformers.*first at decoder layer 0") as info:
+        check_hf_fidelity(_spec("gpt_oss"))
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     "model_type,match",
     [

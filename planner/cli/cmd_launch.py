@@ -36,6 +36,13 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint-dir", type=nonempty_path, help="folder for DCP checkpoints (step_NNNNNN/)")
     p.add_argument("--checkpoint-every", type=int_in(0, 10**9), default=0, help="save every K steps (0 = never)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument(
+        "--init-from",
+        type=nonempty_path,
+        metavar="DIR",
+        help="start from the weights of a safetensors checkpoint (a Hugging Face model folder, sharded or not, "
+        "or a zoo model's own state dict); each rank reads only its part",
+    )
     p.add_argument("--metrics", type=out_path, help="JSON-lines metrics file (default: a temporary file)")
     p.add_argument("--max-restarts", type=int_in(0, 1000), default=0, help="elastic restarts after a rank dies")
     p.add_argument(
@@ -104,6 +111,7 @@ def _options(args: argparse.Namespace, metrics: Path | None):
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
+        init_from=args.init_from,
         metrics=metrics,
         max_restarts=args.max_restarts,
         nnodes=args.nnodes,

@@ -43,6 +43,7 @@ from runtime.executor.mesh import ParallelDims, build_mesh
 from runtime.executor.moe import build_expert_groups, expert_layout, set_aux_loss_scale, take_aux_loss
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
 from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
+from runtime.executor.pretrained import load_pretrained
 from runtime.executor.schedule import build_runner, check_replica_schedules
 from runtime.executor.speed import (
     COMPILE_CHOICES,
@@ -67,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir")
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--init-from", help="folder of a safetensors checkpoint to start from (runtime.executor.pretrained)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
     p.add_argument(
         "--compile",
@@ -276,10 +278,17 @@ class Job:
 
 
 def build_job(
-    plan: Plan, device: torch.device, *, data: str, report_dir: str | None = None, compile_blocks: bool = False
+    plan: Plan,
+    device: torch.device,
+    *,
+    data: str,
+    report_dir: str | None = None,
+    compile_blocks: bool = False,
+    init_from: str | None = None,
 ) -> Job:
     """Build this rank's chunks, optimizers, step runner and data view for ``plan`` (collective);
-    ``compile_blocks``: ``torch.compile`` each transformer block (``runtime.executor.speed``)."""
+    ``compile_blocks``: ``torch.compile`` each transformer block (``runtime.executor.speed``); ``init_from``: a
+    safetensors checkpoint folder whose weights replace the initial ones before the optimizers are built."""
     from runtime.models import loss_fn
 
     rank = dist.get_rank()
@@ -301,6 +310,8 @@ def build_job(
     context = build_context_shard(plan, mesh, coords)
     experts = build_expert_groups(plan, dims, rank, mesh["tp"].get_group(), device.type)
     chunks = [build_chunk(plan, stage, mesh, device, context, experts, compile_blocks=compile_blocks) for stage in mine]
+    if init_from:
+        load_pretrained(init_from, [c.module for c in chunks], plan.model)
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
     scale, base_loss = loss_scale(rows, coords["dp"]), loss_fn(plan.model)
@@ -458,14 +469,18 @@ def run_plan(
     lay = expert_layout(plan)
     compile_blocks = resolve_compile(getattr(args, "compile", "auto"), device)
     check_attention_kernel(plan, device)
-    job = build_job(plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks)
-    rank, first = dist.get_rank(), 1
+    latest = None
     if args.checkpoint_dir and (args.resume or _restart_count() > 0):
         latest = find_latest_checkpoint(args.checkpoint_dir)
-        if latest is not None:
-            check_expert_layout(latest, read_checkpoint_meta(latest), experts=(lay.ep, lay.etp))
-            first = load_checkpoint(latest, job.modules, job.optimizers) + 1
-            log.info("rank %d resumed from %s", rank, latest)
+    init_from = getattr(args, "init_from", None) if latest is None else None  # a checkpoint has the newer weights
+    job = build_job(
+        plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks, init_from=init_from
+    )
+    rank, first = dist.get_rank(), 1
+    if latest is not None:
+        check_expert_layout(latest, read_checkpoint_meta(latest), experts=(lay.ep, lay.etp))
+        first = load_checkpoint(latest, job.modules, job.optimizers) + 1
+        log.info("rank %d resumed from %s", rank, latest)
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
     metrics.write(
         {

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from planner.errors import StratagemError
+
 FUSED_ATTR = "fused_attention"  # instance attribute of every module whose attention the plan chooses
 FUSED_MARK = "_stratagem_fused"  # the same choice on each submodule (the hf: attention function reads it)
 RECOMPUTE_ATTR = "recompute_scores"  # instance attribute: selective recompute of the math core (apply_ac)
@@ -55,14 +57,25 @@ def attend(
     training: bool = False,
     visible: torch.Tensor | None = None,
     recompute_scores: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T scale, causal) v over (b, heads, s_q, d) queries and (b, kv heads, s_k, d) keys/values.
 
     ``visible``: a boolean (s_q, s_k) mask of the keys each query sees; None = the causal triangle (s_q == s_k).
     Each key/value head serves ``heads / kv heads`` consecutive query heads (Ainslie et al. 2023, GQA).
     ``recompute_scores`` (math path only): keep q, k and v and rebuild the s x s tensors in backward.
+    ``sinks``: one learned logit per query head (GPT-OSS's attention sinks) that joins every row's softmax as an
+    extra key with no value, so the row's probabilities sum to less than one; it needs the explicit scores, so
+    these heads always take the math path.
     """
     p = dropout_p if training else 0.0
+    if sinks is not None:
+        if sinks.shape != (q.shape[1],):
+            raise StratagemError(
+                f"attention sinks of shape {list(sinks.shape)} for {q.shape[1]} local query heads: sinks are not "
+                f"sharded under tensor parallelism yet; plan this model with tp 1"
+            )
+        return _math_attention(q, k, v, scale, p, training, visible, sinks)
     if fused:
         return F.scaled_dot_product_attention(
             q,
@@ -90,6 +103,7 @@ def _math_attention(
     p: float,
     training: bool,
     visible: torch.Tensor | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The math path of :func:`attend`. Query head ``j * groups + i`` uses key/value head ``j``, so the queries are
     viewed as (b, kv heads, groups * s_q, d): one batched product per key/value head, no repeated K/V copies."""
@@ -101,8 +115,13 @@ def _math_attention(
     else:
         bias = torch.zeros((), device=q.device, dtype=q.dtype).masked_fill(~visible, float("-inf"))
     scores = (q.reshape(b, kv_heads, groups * s_q, d) @ k.transpose(-2, -1)).view(b, kv_heads, groups, s_q, s_k)
-    probs = torch.softmax(scores * scale + bias, dim=-1)
-    out = dropout(probs, p, training).view(b, kv_heads, groups * s_q, s_k) @ v
+    logits = scores * scale + bias
+    if sinks is None:
+        probs = torch.softmax(logits, dim=-1)
+    else:  # one more column per row holding the head's sink logit, dropped after the softmax
+        sink = sinks.to(logits.dtype).view(1, kv_heads, groups, 1, 1).expand(b, kv_heads, groups, s_q, 1)
+        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :s_k]
+    out = dropout(probs, p, training).reshape(b, kv_heads, groups * s_q, s_k) @ v
     return out.view(b, heads, s_q, d)
 
 

@@ -101,7 +101,11 @@ def _tiny_params(transformers, config) -> int:
 
 
 def _build(transformers, config, attention: str) -> nn.Module:
+    """A CPU instance with its own copy of ``config``: transformers keeps the config object it is given as
+    ``model.config`` and records the attention implementation on it, so two models built from one object both run
+    the second one's attention (the reference then ran Stratagem's, and no attention difference could show)."""
     torch.manual_seed(SEED)
+    config = copy.deepcopy(config)
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation=attention, dtype=torch.float32, **experts_kwargs(config)
     )

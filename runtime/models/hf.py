@@ -82,6 +82,7 @@ def stratagem_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    s_aux: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
     """The HF attention interface over :func:`runtime.models.attention.attend`: fused SDPA when the block was
@@ -92,9 +93,14 @@ def stratagem_attention(
     the zoo's attention saves (one s x s probability tensor in the compute dtype, Korthikanti et al. 2022 §4.1),
     so an HF Llama and the zoo's Llama of the same dimensions profile alike. Query heads per key/value head come
     from the shapes, so it runs unchanged on a TP shard. Inputs (b, heads, s, d); output (b, s, heads, d).
-    ``attention_mask``: the block's additive (1, 1, s, s) mask, or None for the plain causal triangle.
+    ``attention_mask``: the block's additive (1, 1, s, s) mask, or None for the plain causal triangle. ``s_aux``:
+    GPT-OSS's attention sinks (one logit per head), which ``attend`` adds to each row's softmax.
     """
     visible = None if attention_mask is None else attention_mask[0, 0, :, : key.shape[-2]] == 0
+    if s_aux is not None and getattr(module, FUSED_MARK, False) and not _SINKS_WARNED:
+        _SINKS_WARNED.append(True)
+        log.warning("attention sinks (%s) need the explicit scores: these heads run the math path, not the plan's "
+                    "fused attention", type(module).__name__)  # fmt: skip
     out = attend(
         query,
         key,
@@ -105,11 +111,13 @@ def stratagem_attention(
         training=module.training,
         visible=visible,
         recompute_scores=getattr(module, RECOMPUTE_MARK, False),
+        sinks=s_aux,
     )
     return out.transpose(1, 2).contiguous(), None
 
 
 ATTENTION = "stratagem"
+_SINKS_WARNED: list[bool] = []  # the fused-attention warning of attention sinks, once per process
 
 
 # Config keys whose effect the wrapper does not apply (Gemma 2's attention-score capping inside the attention
@@ -427,6 +435,15 @@ def build_hf(spec: ModelSpec) -> LayeredModel:
 
 def hf_parts(spec: ModelSpec) -> HFParts:
     return _template(spec_key(spec))[1]
+
+
+def hf_conversion_mapping(spec: ModelSpec) -> list:
+    """transformers' renames and fusions between how it saves this model type and how it trains it (Mixtral: its
+    per-expert ``w1``/``w2``/``w3`` tensors fused into ``experts.gate_up_proj``); [] when both are the same."""
+    require_transformers()
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    return list(get_checkpoint_conversion_mapping((spec.config or {}).get("model_type", "")) or [])
 
 
 def spec_key(spec: ModelSpec) -> str:

@@ -204,7 +204,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--iters", type=int, default=10, help="most iterations per repeat")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--matrix-n", type=int, default=0, help="matmul size (0: 8192 on GPU; on CPU 1024, or less where one call would take over 0.25 s)")
+    p.add_argument(
+        "--matrix-n",
+        type=int,
+        default=0,
+        help="matmul size (0: 8192 on GPU; on CPU 1024, less where a call would take over 0.25 s)",
+    )
     p.add_argument("--timeout-s", type=float, default=300.0)
     return p.parse_args(argv)
 
