@@ -95,6 +95,16 @@ BAD = {
     """,
         "style 'diagonal' .* is unknown",
     ),
+    "tp_divides": (
+        """
+        def build():
+            m = nn.Sequential(nn.Linear(4, 4))
+            m.input_spec = {"sample_shape": [4], "dtype": "float32", "num_classes": 4}
+            m.tp_divides = {"heads": 0}
+            return m
+    """,
+        r"tp_divides must be \{name: positive int\}",
+    ),
     "classes": (
         """
         def build():
@@ -140,3 +150,66 @@ def test_missing_function_and_changed_file(tmp_path):
 
     with pytest.raises(StratagemError, match="changed since the plan was made"):
         _load_function(spec)
+
+
+HEADS_MODEL = """
+    HIDDEN, HEADS = 512, 32
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.proj = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, HEADS, -1).unbind(2)  # a fixed head count in the reshape
+            a = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
+            return x + self.proj(a.transpose(1, 2).reshape(b, s, -1))
+
+    class M(nn.Module):
+        input_spec = {"sample_shape": [16], "dtype": "int64", "vocab": 128, "num_classes": 128}
+        tp_plan = {"Block": {"qkv": "colwise", "proj": "rowwise"}}
+
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(128, HIDDEN)
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+            self.head = nn.Linear(HIDDEN, 128)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(x)
+
+    def build():
+        return M()
+
+    def build_stated():
+        m = M()
+        m.tp_divides = {"heads": 8}
+        return m
+"""
+
+
+def test_tp_degrees_stop_where_the_shard_cannot_run_or_the_contract_says(tmp_path):
+    """A block reshaping into a fixed 32 heads: its tp=32 shard (48 qkv features) cannot be viewed as 3 x 32 heads,
+    so the profile stops at 16 instead of failing at plan time ("shape '[1, 16, 3, 32, -1]' is invalid"); with
+    tp_divides {"heads": 8} it stops at 8. Planning on 64 GPUs then runs."""
+    from runtime.profiling.model import default_tp_degrees
+
+    text = _write(tmp_path, HEADS_MODEL)
+    spec = parse_model(text)
+    assert default_tp_degrees(spec) == (1, 2, 4, 8, 16)
+    assert external(spec).constraints["blocks.0"]["meta_forward_runs_up_to_tp"] == 16
+    stated = parse_model(text.removesuffix(":build") + ":build_stated")
+    assert default_tp_degrees(stated) == (1, 2, 4, 8)
+    from planner.cli.main import main
+    from planner.plan import load_plan
+
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", text, "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "64", "--seq", "16"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert load_plan(out).mesh.size("tp") <= 16

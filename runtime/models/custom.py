@@ -16,6 +16,10 @@ The contract (README "Plan your own model"; a runnable example is ``examples/cus
   ``colwise`` / ``rowwise`` (Megatron's column- then row-parallel ``nn.Linear`` pair) for blocks, and
   ``vocab_embedding`` / ``colwise_sharded_output`` for an ``nn.Embedding`` / output ``nn.Linear``. Without it
   tensor parallelism is not searched and the plan says so.
+- Optional ``module.tp_divides``: ``{name: count}`` of sizes every TP degree must divide (``{"heads": 32}``:
+  a block that reshapes its projections into 32 heads); degrees that do not divide one are never profiled or
+  planned. Without it the degrees are still bounded by a meta-device forward of each split layer's shard
+  (:mod:`runtime.models.external`), which a degree the reshapes cannot take fails.
 
 Anything else is a one-line :class:`StratagemError` naming the function and the rule it broke.
 """
@@ -181,7 +185,16 @@ def _template(spec_json: str) -> tuple[LayeredModel, InputSpec, dict]:
             f"{source}: tp_plan must be {{block class name: {{submodule path: style}}}}, "
             f"e.g. {{'Block': {{'fc1': 'colwise', 'fc2': 'rowwise'}}}}"
         )
+    divides = getattr(user, "tp_divides", None) or {}
+    if not isinstance(divides, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0 for k, v in divides.items()
+    ):
+        raise StratagemError(
+            f"{source}: tp_divides must be {{name: positive int}} of sizes the TP degree must divide, "
+            f"e.g. {{'heads': 32}}"
+        )
     layered = LayeredModel(_layers(user, source))
+    object.__setattr__(layered, "tp_divides", dict(divides))
     x = torch.zeros((1, *inputs.sample_shape), dtype=INPUT_DTYPES[inputs.dtype], device="meta")
     _check_order(user, layered, x, source)
     return layered, inputs, tp_plan

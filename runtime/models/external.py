@@ -209,8 +209,40 @@ def _custom_layouts(model: LayeredModel, tp_plan: dict, source: str) -> tuple[di
                 else (sub.in_features if style == "rowwise" else sub.out_features)
             )
             layout[rel], limits[f"{rel or path}.split_features"] = style, split
+        limits.update(getattr(model, "tp_divides", {}))
         layouts[path], constraints[path] = layout, limits
     return layouts, constraints, ""
+
+
+def _meta_runs_up_to(model: LayeredModel, layouts: dict, x: torch.Tensor) -> dict[str, int]:
+    """Per split layer, the largest power of two up to 64 such that its shard at every power of two up to it runs
+    forward on meta (1: not even tp=2). A model that reshapes a shard's features into a fixed head count fails at
+    the first degree its heads do not take; that degree and the larger ones are then never profiled or planned."""
+    inputs: dict[str, torch.Size] = {}
+    handles = [
+        model.get_submodule(path).register_forward_pre_hook(
+            lambda _m, args, path=path: inputs.__setitem__(path, args[0].shape)
+        )
+        for path in layouts
+    ]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    out = {}
+    for path, shape in inputs.items():
+        ok = 1
+        for tp in (2, 4, 8, 16, 32, 64):
+            try:
+                with torch.no_grad():
+                    shard_module(model.get_submodule(path), layouts[path], tp)(torch.empty(shape, device="meta"))
+            except Exception:  # any failure of the user's forward at this degree bounds it
+                break
+            ok = tp
+        out[path] = ok
+    return out
 
 
 # ---- the one entry point -------------------------------------------------------------------------------------
@@ -233,8 +265,11 @@ def _external(spec_json: str) -> ExternalModel:
     else:
         model, inputs, tp_plan = custom_template(spec)
         layouts, constraints, note = _custom_layouts(model, tp_plan, spec.source or "custom model")
+        x = torch.zeros((1, *inputs.sample_shape), dtype=INPUT_DTYPES[inputs.dtype], device="meta")
+        for path, runs in _meta_runs_up_to(model, layouts, x).items():
+            constraints[path]["meta_forward_runs_up_to_tp"] = runs
         with torch.no_grad():
-            out = model(torch.zeros((1, *inputs.sample_shape), dtype=INPUT_DTYPES[inputs.dtype], device="meta"))
+            out = model(x)
         if out.shape[-1] != inputs.num_classes:
             raise StratagemError(
                 f"{spec.source}: the output's last dimension is {out.shape[-1]} but input_spec "
