@@ -28,6 +28,8 @@ def _spec(model_type: str, **config) -> ModelSpec:
         ("cohere", {"logit_scale": 0.25}),  # logits scaled in the model's forward
         ("granite", {"embedding_multiplier": 12.0, "logits_scaling": 8.0}),  # embeddings and logits scaled
         ("gpt_oss", {}),  # attention sinks, fused experts
+        ("gemma3_text", {}),  # one rotary table per layer type (local and global), buffers named <type>_inv_freq
+        ("gptj", {}),  # partial rotary from a sin/cos table named embed_positions
         ("llama", {}),
     ],
 )

@@ -40,6 +40,8 @@ KINDS = {
     "cohere": {"logit_scale": 0.25},
     "granite": {"embedding_multiplier": 12.0, "logits_scaling": 8.0},
     "gpt_oss": {},  # attention sinks, fused experts (ep 1: every expert on every rank)
+    "gemma3_text": {},  # local and global rotary tables
+    "gptj": {},  # partial rotary, parallel attention and MLP
 }
 LAYOUTS = {
     "dp2": dict(dp=2),

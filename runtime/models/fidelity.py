@@ -72,6 +72,10 @@ def tiny_config(config):
         _set(tiny, name, value)
     _set(tiny, "num_key_value_heads", 4 if kv >= heads else max(1, 4 // max(1, heads // max(kv, 1))))
     _set(tiny, "head_dim", 16)
+    head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else 0)
+    rotary_dim = getattr(config, "rotary_dim", None)
+    if isinstance(rotary_dim, int) and head_dim:  # a partial rotary (GPT-J, CodeGen): keep its share of the head
+        tiny.rotary_dim = max(2, 2 * round(rotary_dim * 16 / head_dim / 2))
     for name in ("moe_intermediate_size", "shared_expert_intermediate_size", "n_inner", "ffn_dim"):
         if getattr(tiny, name, None):
             setattr(tiny, name, 128)

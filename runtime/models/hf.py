@@ -10,7 +10,9 @@ config is profiled on a laptop), with our attention function registered in trans
 - position embeddings (GPT-2's ``wpe``) and dropouts: embeddings / dropouts outside the blocks that run before
   the first block in a traced forward;
 - the final norm: the parameterised module outside the blocks that runs between the last block and the head;
-- rotary tables: a module outside the blocks holding an ``inv_freq`` buffer (kept unregistered in each block,
+- rotary tables: a module outside the blocks holding a buffer named ``inv_freq`` or ``<layer type>_inv_freq``
+  (Gemma 3's local and global tables; its forward then takes the layer's type), else one that runs before the
+  first block holding buffers and no weights (GPT-J's ``embed_positions``) (kept unregistered in each block,
   so ``to_empty``/``init_weights`` never touch it).
 
 Each block is wrapped so it takes and returns one tensor, computing its own causal mask and positions; a pipeline
@@ -189,10 +191,15 @@ class HFBlock(nn.Module):
     sliding-window layer, transformers ``masking_utils``) gives the eager attention without padding.
     """
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module | None, window: int | None = None) -> None:
+    def __init__(
+        self, layer: nn.Module, rotary: nn.Module | None, window: int | None = None, layer_type: str | None = None
+    ) -> None:
         super().__init__()
         self.layer, self.window = layer, window
         object.__setattr__(self, "_rotary", rotary)  # unregistered: fixed tables, never sharded or re-initialised
+        # a rotary module holding one table per layer type (Gemma 3) is asked for this layer's
+        takes_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
+        self._rotary_kwargs = {"layer_type": layer_type} if takes_type else {}
         self.fused_attention = False  # SDPA (the plan's flash_attention) or math (apply_attention)
         self.recompute_scores = False  # selective recompute of the math core (apply_ac marks the submodules)
         params = inspect.signature(layer.forward).parameters
@@ -209,7 +216,8 @@ class HFBlock(nn.Module):
             ]
         kwargs = {"attention_mask": mask, "position_ids": positions}
         if self._rotary is not None:
-            kwargs["position_embeddings"] = self._rotary(x, positions)
+            tables = self._rotary(x, positions, **self._rotary_kwargs)  # a table lookup stays on the table's device
+            kwargs["position_embeddings"] = tuple(t.to(x.device) for t in tables)
         out = self.layer(x, **{k: v for k, v in kwargs.items() if k in self._kwargs})
         return out[0] if isinstance(out, tuple) else out
 
@@ -295,7 +303,17 @@ def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
     before = [p for p in order[:first] if outside(p)]
     pos = [p for p in before if isinstance(modules[p], nn.Embedding)]
     drop = [p for p in before if isinstance(modules[p], nn.Dropout)]
-    rotary = [p for p, m in modules.items() if outside(p) and "inv_freq" in dict(m.named_buffers(recurse=False))]
+    rotary = [
+        p
+        for p, m in modules.items()
+        if outside(p) and any(n.endswith("inv_freq") for n, _ in m.named_buffers(recurse=False))
+    ]
+    if not rotary:  # tables under another name (GPT-J's embed_positions): buffers, no weights, run before the blocks
+        rotary = [
+            p
+            for p in before
+            if any(True for _ in modules[p].buffers(recurse=False)) and not any(True for _ in modules[p].parameters())
+        ]
     norms = [p for p in order[last_block_call + 1 : head_call] if outside(p) and _is_norm(modules[p])]
     if len(pos) > 1 or len(norms) > 1:
         raise StratagemError(
@@ -334,6 +352,11 @@ def sliding_window(config, index: int) -> int | None:
     if types:
         return window if types[index] == "sliding_attention" else None
     return window
+
+
+def _layer_type(config, index: int) -> str | None:
+    types = getattr(config, "layer_types", None)
+    return types[index] if types and index < len(types) else None
 
 
 class HFInit:
@@ -411,7 +434,10 @@ def wrap_causal_lm(model: nn.Module, spec: ModelSpec) -> tuple[LayeredModel, HFP
             multiplier,
         ),
         "blocks": blocks_dict(
-            [HFBlock(layer, rotary, sliding_window(model.config, i)) for i, layer in enumerate(get(parts.blocks))]
+            [
+                HFBlock(layer, rotary, sliding_window(model.config, i), _layer_type(model.config, i))
+                for i, layer in enumerate(get(parts.blocks))
+            ]
         ),
     }
     if parts.norm:
