@@ -30,6 +30,7 @@ def _spec(model_type: str, **config) -> ModelSpec:
         ("gpt_oss", {}),  # attention sinks, fused experts
         ("gemma3_text", {}),  # one rotary table per layer type (local and global), buffers named <type>_inv_freq
         ("gptj", {}),  # partial rotary from a sin/cos table named embed_positions
+        ("opt", {}),  # learned positions called with a mask and position ids (offset 2)
         ("llama", {}),
     ],
 )

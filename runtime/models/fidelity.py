@@ -73,6 +73,10 @@ def tiny_config(config):
     _set(tiny, "num_key_value_heads", 4 if kv >= heads else max(1, 4 // max(1, heads // max(kv, 1))))
     _set(tiny, "head_dim", 16)
     head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else 0)
+    for name in ("word_embed_proj_dim",):  # OPT: projections around the blocks only where it differs from hidden
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            setattr(tiny, name, TINY["hidden_size"] if value == getattr(config, "hidden_size", None) else 32)
     rotary_dim = getattr(config, "rotary_dim", None)
     if isinstance(rotary_dim, int) and head_dim:  # a partial rotary (GPT-J, CodeGen): keep its share of the head
         tiny.rotary_dim = max(2, 2 * round(rotary_dim * 16 / head_dim / 2))

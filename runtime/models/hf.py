@@ -12,7 +12,8 @@ config is profiled on a laptop), with our attention function registered in trans
 - the final norm: the parameterised module outside the blocks that runs between the last block and the head;
 - rotary tables: a module outside the blocks holding a buffer named ``inv_freq`` or ``<layer type>_inv_freq``
   (Gemma 3's local and global tables; its forward then takes the layer's type), else one that runs before the
-  first block holding buffers and no weights (GPT-J's ``embed_positions``) (kept unregistered in each block,
+  first block holding buffers and no weights, when the layers take ``position_embeddings`` (GPT-J's
+  ``embed_positions``) (kept unregistered in each block,
   so ``to_empty``/``init_weights`` never touch it).
 
 Each block is wrapped so it takes and returns one tensor, computing its own causal mask and positions; a pipeline
@@ -174,13 +175,18 @@ class HFEmbedding(nn.Module):
     def __init__(self, tok: nn.Module, pos: nn.Module | None, drop: nn.Module | None, multiplier: float = 1.0) -> None:
         super().__init__()
         self.tok, self.pos, self.drop, self.multiplier = tok, pos, drop, multiplier
+        self._pos_takes_ids = pos is not None and "position_ids" in inspect.signature(pos.forward).parameters
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tok(ids)
         if self.multiplier != 1.0:
             x = x * self.multiplier
         if self.pos is not None:
-            x = x + self.pos(torch.arange(ids.shape[1], device=ids.device))
+            positions = torch.arange(ids.shape[1], device=ids.device)
+            if self._pos_takes_ids:  # OPT's learned positions: forward(attention_mask, ..., position_ids), offset 2
+                x = x + self.pos(torch.ones_like(ids), position_ids=positions[None].expand_as(ids))
+            else:
+                x = x + self.pos(positions)
         return self.drop(x) if self.drop is not None else x
 
 
@@ -308,7 +314,9 @@ def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
         for p, m in modules.items()
         if outside(p) and any(n.endswith("inv_freq") for n, _ in m.named_buffers(recurse=False))
     ]
-    if not rotary:  # tables under another name (GPT-J's embed_positions): buffers, no weights, run before the blocks
+    layer_takes = inspect.signature(modules[blocks][0].forward).parameters
+    if not rotary and "position_embeddings" in layer_takes:
+        # tables under another name (GPT-J's embed_positions): buffers, no weights, run before the blocks
         rotary = [
             p
             for p in before
