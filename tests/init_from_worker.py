@@ -20,8 +20,9 @@ def main(out_dir: str, pairs: list[str]) -> None:
     device = init_distributed(60.0)
     for pair in pairs:
         path, folder = pair.split("=", 1)
-        args = parse_args(["--plan", path, "--steps", "1", "--init-from", folder])
-        run_plan(load_plan(path), args, device, metrics_path=str(Path(out_dir) / f"{Path(path).stem}.jsonl"))
+        args = parse_args(["--plan", path, "--steps", "1"])
+        metrics = str(Path(out_dir) / f"{Path(path).stem}.jsonl")
+        run_plan(load_plan(path), args, device, metrics_path=metrics, init_from=folder)
         dist.barrier()
     dist.destroy_process_group()
 

@@ -68,7 +68,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir")
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--init-from", help="folder of a safetensors checkpoint to start from (runtime.executor.pretrained)")
+    p.add_argument(
+        "--init-from",
+        action="append",
+        default=[],
+        help="folder of a safetensors checkpoint to start from (runtime.executor.pretrained); one, or one per --plan",
+    )
     p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
     p.add_argument(
         "--compile",
@@ -455,9 +460,11 @@ def run_plan(
     report_dir: str | None = None,
     plan_path: str | None = None,
     profile_tag: str = "",
+    init_from: str | None = None,
 ) -> dict:
     """Train ``plan`` for ``args.steps`` steps on this rank; returns the summary record (rank 0's is real).
-    ``profile_tag``: appended to the operator tables' names (``STRATAGEM_TORCH_PROFILE``)."""
+    ``profile_tag``: appended to the operator tables' names (``STRATAGEM_TORCH_PROFILE``); ``init_from``: the
+    safetensors checkpoint folder to start from when no checkpoint of the run is resumed."""
     if "sd" in plan.mesh.axes:  # a 3D CNN's hybrid data + spatial plan (runtime/executor/spatial_train.py)
         from runtime.executor.spatial_train import run_spatial_plan
 
@@ -472,7 +479,8 @@ def run_plan(
     latest = None
     if args.checkpoint_dir and (args.resume or _restart_count() > 0):
         latest = find_latest_checkpoint(args.checkpoint_dir)
-    init_from = getattr(args, "init_from", None) if latest is None else None  # a checkpoint has the newer weights
+    if latest is not None:
+        init_from = None  # the run's own checkpoint has the newer weights
     job = build_job(
         plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks, init_from=init_from
     )
@@ -562,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in (("--metrics", args.metrics), ("--layout-report", args.layout_report)):
         if values and len(values) != len(args.plan):
             raise SystemExit(f"error: give one {name} per --plan")
+    if len(args.init_from) not in (0, 1, len(args.plan)):
+        raise SystemExit("error: give one --init-from, or one per --plan")
+    init_from = args.init_from * len(args.plan) if len(args.init_from) == 1 else args.init_from
     Preemption.install()
     device = init_distributed(args.timeout_s)
     try:
@@ -574,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                 report_dir=args.layout_report[i] if args.layout_report else None,
                 plan_path=path,
                 profile_tag=f"_plan{i}" if len(args.plan) > 1 else "",
+                init_from=init_from[i] if init_from else None,
             )
             dist.barrier()
     except StratagemError as exc:
