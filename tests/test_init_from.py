@@ -44,6 +44,8 @@ KINDS = {
     "gemma3_text": {},  # local and global rotary tables
     "gptj": {},  # partial rotary, parallel attention and MLP
     "opt": {"dropout": 0.0, "attention_dropout": 0.0},  # learned positions (offset 2), tied head; no dropout
+    "bloom": {},  # ALiBi, embedding LayerNorm (read from word_embeddings_layernorm)
+    "falcon": {},  # its own attention
 }
 LAYOUTS = {
     "dp2": dict(dp=2),

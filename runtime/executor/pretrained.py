@@ -121,6 +121,8 @@ def key_map(spec: ModelSpec) -> Callable[[str], str]:
     prefixes = [("embed.tok.", parts.tok + "."), ("norm.", f"{parts.norm}."), ("head.", parts.head + ".")]
     if parts.pos:
         prefixes.append(("embed.pos.", parts.pos + "."))
+    if parts.emb_norm:
+        prefixes.append(("embed.norm.", parts.emb_norm + "."))
 
     def to_checkpoint(fqn: str) -> str:
         if parts.tied and fqn == "head.weight":

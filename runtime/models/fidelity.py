@@ -23,6 +23,7 @@ from planner.errors import StratagemError
 from planner.modelspec import Fidelity, ModelSpec
 from runtime.models.hf import (
     ATTENTION,
+    build_with_attention,
     experts_kwargs,
     hf_config,
     require_transformers,
@@ -176,7 +177,8 @@ def check_hf_fidelity(spec: ModelSpec) -> Fidelity:
             raise not_causal
         transformers.AttentionInterface.register(ATTENTION, stratagem_attention)
         try:
-            ours = _build(transformers, tiny, ATTENTION)
+            torch.manual_seed(SEED)
+            ours = build_with_attention(transformers, tiny).eval()
         except (KeyError, ValueError):
             raise StratagemError(
                 f"{spec.source}: {name} computes attention in its own forward and refuses an attention function "

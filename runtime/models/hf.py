@@ -34,6 +34,8 @@ import copy
 import functools
 import inspect
 import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -140,9 +142,7 @@ def _build_causal_lm(spec: ModelSpec) -> nn.Module:
     transformers.AttentionInterface.register(ATTENTION, stratagem_attention)
     try:
         with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(
-                config, attn_implementation=ATTENTION, dtype=torch.float32, **experts_kwargs(config)
-            )
+            model = build_with_attention(transformers, config)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise StratagemError(
             f"{spec.source}: AutoModelForCausalLM cannot build model_type {config.model_type!r} "
@@ -156,6 +156,22 @@ def _build_causal_lm(spec: ModelSpec) -> nn.Module:
             type(model).__name__,
         )
     return model
+
+
+def build_with_attention(transformers, config) -> nn.Module:
+    """``AutoModelForCausalLM.from_config`` with Stratagem's attention function, or with the model's own eager
+    attention where the architecture refuses any function from the interface (Falcon: it computes attention in its
+    own forward, as Bloom does after accepting the name); such a model runs its own attention (warned by
+    ``_build_causal_lm``), which the fidelity check compares like any other."""
+    kwargs = dict(dtype=torch.float32, **experts_kwargs(config))
+    try:
+        return transformers.AutoModelForCausalLM.from_config(
+            copy.deepcopy(config), attn_implementation=ATTENTION, **kwargs
+        )
+    except KeyError:  # transformers looked the name up in the model's own table of attention functions
+        return transformers.AutoModelForCausalLM.from_config(
+            copy.deepcopy(config), attn_implementation="eager", **kwargs
+        )
 
 
 def experts_kwargs(config) -> dict:
@@ -172,9 +188,18 @@ class HFEmbedding(nn.Module):
     ``multiplier``: the factor the model's own forward applies to the token embeddings (Granite's
     ``embedding_multiplier``)."""
 
-    def __init__(self, tok: nn.Module, pos: nn.Module | None, drop: nn.Module | None, multiplier: float = 1.0) -> None:
+    def __init__(
+        self,
+        tok: nn.Module,
+        pos: nn.Module | None,
+        drop: nn.Module | None,
+        multiplier: float = 1.0,
+        norm: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.tok, self.pos, self.drop, self.multiplier = tok, pos, drop, multiplier
+        if norm is not None:  # a norm the model applies to the embeddings before the first layer (Bloom)
+            self.norm = norm
         self._pos_takes_ids = pos is not None and "position_ids" in inspect.signature(pos.forward).parameters
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -187,6 +212,8 @@ class HFEmbedding(nn.Module):
                 x = x + self.pos(torch.ones_like(ids), position_ids=positions[None].expand_as(ids))
             else:
                 x = x + self.pos(positions)
+        if hasattr(self, "norm"):
+            x = self.norm(x)
         return self.drop(x) if self.drop is not None else x
 
 
@@ -198,10 +225,20 @@ class HFBlock(nn.Module):
     """
 
     def __init__(
-        self, layer: nn.Module, rotary: nn.Module | None, window: int | None = None, layer_type: str | None = None
+        self,
+        layer: nn.Module,
+        rotary: nn.Module | None,
+        window: int | None = None,
+        layer_type: str | None = None,
+        *,
+        own_attention: bool = False,
+        alibi: Callable | None = None,
     ) -> None:
         super().__init__()
         self.layer, self.window = layer, window
+        # a layer computing attention in its own forward gets the causal mask as a tensor (it adds what it is given)
+        self.own_attention = own_attention
+        object.__setattr__(self, "_alibi", alibi)  # ALiBi biases the model's forward builds for each layer (Bloom)
         object.__setattr__(self, "_rotary", rotary)  # unregistered: fixed tables, never sharded or re-initialised
         # a rotary module holding one table per layer type (Gemma 3) is asked for this layer's
         takes_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
@@ -209,7 +246,7 @@ class HFBlock(nn.Module):
         self.fused_attention = False  # SDPA (the plan's flash_attention) or math (apply_attention)
         self.recompute_scores = False  # selective recompute of the math core (apply_ac marks the submodules)
         params = inspect.signature(layer.forward).parameters
-        self._kwargs = {k for k in ("attention_mask", "position_ids", "position_embeddings") if k in params}
+        self._kwargs = {k for k in ("attention_mask", "position_ids", "position_embeddings", "alibi") if k in params}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = x.shape[1]
@@ -220,7 +257,13 @@ class HFBlock(nn.Module):
             mask = (mask + torch.full((s, s), float("-inf"), device=x.device, dtype=x.dtype).tril(-self.window))[
                 None, None
             ]
+        if self.own_attention:  # the (batch, 1, s, s) mask transformers' mask functions give it
+            mask = (causal_bias(s, device=x.device, dtype=x.dtype)[None, None] if mask is None else mask).expand(
+                x.shape[0], 1, s, s
+            )
         kwargs = {"attention_mask": mask, "position_ids": positions}
+        if "alibi" in self._kwargs:
+            kwargs["alibi"] = self._alibi(x.shape[0], s, x.device, x.dtype) if self._alibi is not None else None
         if self._rotary is not None:
             tables = self._rotary(x, positions, **self._rotary_kwargs)  # a table lookup stays on the table's device
             kwargs["position_embeddings"] = tuple(t.to(x.device) for t in tables)
@@ -234,6 +277,7 @@ class HFParts:
 
     tok: str
     pos: str | None
+    emb_norm: str | None
     drop: str | None
     blocks: str
     norm: str | None
@@ -329,8 +373,18 @@ def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
             f"({', '.join(pos + norms)}); only one of each is supported"
         )
     tied = model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    emb_norms = [
+        p
+        for p in before
+        if isinstance(modules[p], (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(modules[p]).__name__.lower()
+    ]
+    if len(emb_norms) > 1:
+        raise StratagemError(
+            f"{spec.source}: found {len(emb_norms)} norms before the first layer; only one is supported"
+        )
     return HFParts(
         tok=tok,
+        emb_norm=emb_norms[0] if emb_norms else None,
         pos=pos[0] if pos else None,
         drop=drop[0] if drop else None,
         blocks=blocks,
@@ -360,6 +414,27 @@ def sliding_window(config, index: int) -> int | None:
     if types:
         return window if types[index] == "sliding_attention" else None
     return window
+
+
+def _alibi(build: Callable, heads: int, batch: int, seq: int, device: torch.device, dtype: torch.dtype):
+    return build(torch.ones(batch, seq, dtype=torch.long, device=device), heads, dtype)
+
+
+def alibi_builder(model: nn.Module) -> Callable | None:
+    """The ALiBi biases (Press et al. 2022) the model's forward builds for its layers, as ``(batch, seq, device,
+    dtype) -> tensor``: the model module's own ``build_alibi_tensor`` on an all-ones mask (no padding), which is what
+    transformers computes then. None when the config switches ALiBi off (Falcon's ``alibi: false``) or the layers do
+    not take it."""
+    layers = model.get_submodule(_block_list(model))
+    if "alibi" not in inspect.signature(layers[0].forward).parameters or getattr(model.config, "alibi", True) is False:
+        return None
+    build = getattr(sys.modules[type(model).__module__], "build_alibi_tensor", None)
+    if build is None:
+        raise StratagemError(
+            f"{type(model).__name__}'s layers take ALiBi biases but its module has no build_alibi_tensor; "
+            f"this architecture is not supported, plan another model"
+        )
+    return functools.partial(_alibi, build, int(model.config.num_attention_heads))
 
 
 def _layer_type(config, index: int) -> str | None:
@@ -434,16 +509,25 @@ def wrap_causal_lm(model: nn.Module, spec: ModelSpec) -> tuple[LayeredModel, HFP
     rotary = _rotary_on_cpu(model, parts)
     get = model.get_submodule
     multiplier, logit_scale = outside_scales(model.config)
+    alibi = alibi_builder(model)
     layers = {
         "embed": HFEmbedding(
             get(parts.tok),
             get(parts.pos) if parts.pos else None,
             get(parts.drop) if parts.drop else None,
             multiplier,
+            get(parts.emb_norm) if parts.emb_norm else None,
         ),
         "blocks": blocks_dict(
             [
-                HFBlock(layer, rotary, sliding_window(model.config, i), _layer_type(model.config, i))
+                HFBlock(
+                    layer,
+                    rotary,
+                    sliding_window(model.config, i),
+                    _layer_type(model.config, i),
+                    own_attention=not type(model).is_backend_compatible(),
+                    alibi=alibi,
+                )
                 for i, layer in enumerate(get(parts.blocks))
             ]
         ),
