@@ -2,11 +2,11 @@
 
 Tiny instances (``runtime.models.fidelity.tiny_config``: the config's structure, sizes shrunk) of each model type
 are built by transformers with seeded random weights and saved with ``save_pretrained``; one launch of
-``tests/init_from_worker.py`` on 2 ranks trains one step of each under DP2 and under PP2 (1F1B, 2 micro-batches)
-from those folders. Step 1's loss is computed before any update, so it must equal the loss transformers' own model
-computes on the same synthetic batch, within 1e-5 (fp32; dropout off, as in transformers' eval mode): a weight left
-at its random init, read from the wrong tensor or sliced wrongly moves it far more (another seed's weights score
-more than 1e-3 away here, test_the_loss_check_can_fail).
+``tests/init_from_worker.py`` on 2 ranks trains one step of each under DP2 and under PP2 (1F1B, 2 micro-batches),
+Llama and Qwen2 also under TP2, from those folders. Step 1's loss is computed before any update, so it must equal
+the loss transformers' own model computes on the same synthetic batch, within 1e-5 (fp32; dropout off, as in
+transformers' eval mode): a weight left at its random init, read from the wrong tensor or sliced wrongly moves it
+far more (another seed's weights score more than 1e-3 away here, test_the_loss_check_can_fail).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from planner.plan import save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
 from runtime.executor.pretrained import INDEX_FILE, check_init_from, checkpoint_tensors
-from runtime.models import build_model, loss_fn
+from runtime.models import build_model, is_splittable, layer_paths, loss_fn
 from runtime_helpers import REPO, tail
 
 transformers = pytest.importorskip("transformers")
@@ -51,6 +51,7 @@ LAYOUTS = {
     "dp2": dict(dp=2),
     "pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2),
 }
+TP_KINDS = ("llama", "qwen2")  # also under TP2 (embedding, attention, MLP and head split; Qwen2's q/k/v biases)
 
 
 def save_tiny(folder, model_type: str, seed: int = 0, **config):
@@ -79,7 +80,10 @@ def job(tmp_path_factory):
         if kind == "llama":  # read from a sharded checkpoint (5 files and an index), as large models are saved
             folder = root / "llama-sharded"
             model.save_pretrained(folder, max_shard_size="100KB")
-        for layout, cfg in LAYOUTS.items():
+        layouts = dict(LAYOUTS)
+        if kind in TP_KINDS:  # each rank reads only its slice of every split weight
+            layouts["tp2"] = dict(tp=2, split=[p for p in layer_paths(spec) if is_splittable(spec, p)])
+        for layout, cfg in layouts.items():
             plan = make_plan(spec, global_batch=GLOBAL_BATCH, seq_len=SEQ, **cfg)
             check_init_from(folder, plan)  # what launch checks before any process starts
             path = save_plan(plan, root / f"{kind}_{layout}.json")
@@ -94,8 +98,9 @@ def job(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize(
+    ("kind", "layout"), [(k, lay) for k in KINDS for lay in [*LAYOUTS, *(["tp2"] if k in TP_KINDS else [])]]
+)
 def test_first_step_loss_is_transformers_loss_on_the_same_batch(job, kind, layout):
     root, expected = job
     losses = final_step_losses(read_metrics(root / f"{kind}_{layout}.jsonl"))
