@@ -75,6 +75,9 @@ def test_an_attention_difference_is_refused(monkeypatch):
     [
         ("bert", "not a causal language model"),
         ("xglm", "other logits than transformers .* first at the embedding"),  # sinusoidal positions, not handled
+        # xIELU's beta and eps are buffers set in __init__ that the runtime's to_empty leaves uninitialised (a CPU-built
+        # copy passed with 0.0; a launch trained another model, 3.2e-2 off transformers' loss at step 1)
+        ("apertus", "a buffer it does not initialise"),
     ],
 )
 def test_unsupported_models_are_one_line_refusals(model_type, match):

@@ -179,13 +179,16 @@ def check_init_from(folder: str | Path, plan: Plan) -> int:
 
 
 def load_pretrained(folder: str | Path, chunks: list[nn.Module], spec: ModelSpec) -> None:
-    """Collective: fill every parameter of this rank's ``chunks`` (sharded or not) from the checkpoint."""
+    """Collective: fill every parameter of this rank's ``chunks`` (sharded or not), and every persistent buffer the
+    checkpoint holds, from the checkpoint."""
     to_checkpoint = key_map(spec)
     options = StateDictOptions()
+    stored = checkpoint_tensors(folder)
     for chunk in chunks:
         params = {_clean(n) for n, _ in chunk.named_parameters(remove_duplicate=False)}
         full = get_model_state_dict(chunk, options=options)
-        mine = {fqn: t for fqn, t in full.items() if fqn in params}
+        # every parameter, and the persistent buffers the checkpoint holds (constants such as xIELU's beta)
+        mine = {fqn: t for fqn, t in full.items() if fqn in params or to_checkpoint(fqn) in stored}
         state = {to_checkpoint(fqn): t for fqn, t in mine.items()}
         with torch.no_grad():
             dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))

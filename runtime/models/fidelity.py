@@ -21,6 +21,7 @@ from torch import nn
 
 from planner.errors import StratagemError
 from planner.modelspec import Fidelity, ModelSpec
+from runtime.models.init import init_weights
 from runtime.models.hf import (
     ATTENTION,
     build_with_attention,
@@ -141,6 +142,21 @@ def _first_difference(wrapped, ids: torch.Tensor, hidden: tuple[torch.Tensor, ..
     return "the last decoder layer, the final norm or the LM head (its scaling or soft-capping)"
 
 
+def _as_the_runtime_builds(wrapped: nn.Module) -> nn.Module:
+    """A copy of ``wrapped`` allocated empty and initialised as ``build_chunk`` does (``to_empty``, then
+    ``init_weights``: seeded weights, transformers' ``_init_weights`` for buffers and norms), then given
+    ``wrapped``'s parameters, so only what the runtime itself sets (buffers, constants) can differ; a buffer left
+    uninitialised (Apertus' xIELU ``beta``/``eps``) shows here and not in a model built on the CPU."""
+    model = copy.deepcopy(wrapped)
+    model.to_empty(device="cpu")
+    init_weights(model, seed=SEED)
+    source = dict(wrapped.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, param in model.named_parameters(remove_duplicate=False):
+            param.copy_(source[name])
+    return model.eval()
+
+
 def check_hf_fidelity(spec: ModelSpec) -> Fidelity:
     """Build a tiny instance of the ``hf:`` model both ways and compare their logits (see the module docstring);
     the :class:`Fidelity` record, or a one-line :class:`StratagemError` naming the part that differs."""
@@ -191,6 +207,12 @@ def check_hf_fidelity(spec: ModelSpec) -> Fidelity:
             got = wrapped(ids)
             diff = _max_diff(got, expected.logits)
             where = "" if diff <= FIDELITY_TOLERANCE else _first_difference(wrapped, ids, expected.hidden_states)
+            if diff <= FIDELITY_TOLERANCE:  # the same weights in a model materialised as the runtime does it
+                materialised = _as_the_runtime_builds(wrapped)
+                diff = _max_diff(materialised(ids), expected.logits)
+                if not diff <= FIDELITY_TOLERANCE:
+                    part = _first_difference(materialised, ids, expected.hidden_states)
+                    where = f"{part}, after the runtime's to_empty and init: a buffer it does not initialise"
     except StratagemError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of a foreign architecture becomes the one-line refusal
