@@ -3,7 +3,7 @@
 Tiny instances (``runtime.models.fidelity.tiny_config``: the config's structure, sizes shrunk) of each model type
 are built by transformers with seeded random weights and saved with ``save_pretrained``; one launch of
 ``tests/init_from_worker.py`` on 2 ranks trains one step of each under DP2 and under PP2 (1F1B, 2 micro-batches),
-Llama and Qwen2 also under TP2, from those folders. Step 1's loss is computed before any update, so it must equal
+Llama, Qwen2 and OPT also under TP2, from those folders. Step 1's loss is computed before any update, so it must equal
 the loss transformers' own model computes on the same synthetic batch, within 1e-5 (fp32; dropout off, as in
 transformers' eval mode): a weight left at its random init, read from the wrong tensor or sliced wrongly moves it
 far more (another seed's weights score more than 1e-3 away here, test_the_loss_check_can_fail).
@@ -51,7 +51,7 @@ LAYOUTS = {
     "dp2": dict(dp=2),
     "pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2),
 }
-TP_KINDS = ("llama", "qwen2")  # also under TP2 (embedding, attention, MLP and head split; Qwen2's q/k/v biases)
+TP_KINDS = ("llama", "qwen2", "opt")  # also TP2 (Qwen2: q/k/v biases; OPT: a head count kept as an attribute)
 
 
 def save_tiny(folder, model_type: str, seed: int = 0, **config):

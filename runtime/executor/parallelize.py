@@ -31,6 +31,7 @@ from runtime.executor.speed import apply_compile, compile_mode, fsdp_mp_policy, 
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
 from runtime.models.attention import apply_attention
+from runtime.models.external import localise_head_counts
 from runtime.executor.tp import (
     ReplicaGradSync,
     apply_tp,
@@ -121,6 +122,9 @@ def build_chunk(
     attention = apply_attention(model, fused=plan.flash_attention)
     styles = tp_styles(plan.model, plan.layout, stage.module_paths) if mesh["tp"].size() > 1 else {}
     apply_tp(model, mesh["tp"], styles)
+    if plan.model.family == "hf" and styles:  # attention modules holding their head count as an attribute (OPT)
+        for path in {p.split(".layer.")[0] + ".layer" for p in styles if ".layer." in p}:
+            localise_head_counts(model.get_submodule(path), mesh["tp"].size())
     replicas, rows = replica_paths(styles), {}
     record_replica_rows(model, replicas, rows)
     sp_blocks = [p for p, lay in plan.layout.items() if lay.sequence_parallel and mesh["tp"].size() > 1]
