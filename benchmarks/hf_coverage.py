@@ -72,7 +72,8 @@ def plan_tiny(spec: ModelSpec) -> str:
 DROPOUT_KEYS = (
     "dropout", "attention_dropout", "hidden_dropout", "activation_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
     "hidden_dropout_prob", "attention_probs_dropout_prob", "embedding_dropout", "ffn_dropout", "mlp_dropout",
-    "residual_dropout", "emb_pdrop", "summary_first_dropout", "classifier_dropout", "layerdrop",
+    "residual_dropout", "emb_pdrop", "summary_first_dropout", "classifier_dropout", "layerdrop", "router_jitter_noise",
+    "input_jitter_noise",
 )  # fmt: skip
 LAUNCH_TOL = 1e-5
 
