@@ -37,4 +37,4 @@ def main(out_dir: str, first: int, last: int, full: bool, plans: list[str]) -> N
 
 if __name__ == "__main__":
     rest = sys.argv[4:]
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), rest[:1] == ["--full"], rest[rest[:1] == ["--full"] :])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), "--full" in rest, [a for a in rest if a != "--full"])

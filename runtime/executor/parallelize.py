@@ -122,8 +122,8 @@ def build_chunk(
     attention = apply_attention(model, fused=plan.flash_attention)
     styles = tp_styles(plan.model, plan.layout, stage.module_paths) if mesh["tp"].size() > 1 else {}
     apply_tp(model, mesh["tp"], styles)
-    if plan.model.family == "hf" and styles:  # attention modules holding their head count as an attribute (OPT)
-        for path in {p.split(".layer.")[0] + ".layer" for p in styles if ".layer." in p}:
+    if plan.model.is_external and styles:  # as shard_module does: head counts kept as attributes (OPT)
+        for path in (p for p in stage.module_paths if any(s.startswith(p + ".") for s in styles)):
             localise_head_counts(model.get_submodule(path), mesh["tp"].size())
     replicas, rows = replica_paths(styles), {}
     record_replica_rows(model, replicas, rows)
