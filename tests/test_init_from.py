@@ -3,7 +3,7 @@
 Tiny instances (``runtime.models.fidelity.tiny_config``: the config's structure, sizes shrunk) of each model type
 are built by transformers with seeded random weights and saved with ``save_pretrained``; one launch of
 ``tests/init_from_worker.py`` on 2 ranks trains one step of each under DP2 and under PP2 (1F1B, 2 micro-batches),
-Llama, Qwen2 and OPT also under TP2, from those folders. Step 1's loss is computed before any update, so it must equal
+Llama, Qwen2, OPT and NanoChat also under TP2, from those folders. Step 1's loss is computed before any update, so it must equal
 the loss transformers' own model computes on the same synthetic batch, within 1e-5 (fp32; dropout off, as in
 transformers' eval mode): a weight left at its random init, read from the wrong tensor or sliced wrongly moves it
 far more (another seed's weights score more than 1e-3 away here, test_the_loss_check_can_fail).
@@ -46,12 +46,15 @@ KINDS = {
     "opt": {"dropout": 0.0, "attention_dropout": 0.0},  # learned positions (offset 2), tied head; no dropout
     "bloom": {},  # ALiBi, embedding LayerNorm (read from word_embeddings_layernorm)
     "falcon": {},  # its own attention
+    "nanochat": {},  # one parameter-free norm applied before and after the layers; logit soft-capping
 }
 LAYOUTS = {
     "dp2": dict(dp=2),
     "pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2),
 }
-TP_KINDS = ("llama", "qwen2", "opt")  # also TP2 (Qwen2: q/k/v biases; OPT: a head count kept as an attribute)
+# also TP2 (Qwen2: q/k/v biases; OPT: a head count kept as an attribute; NanoChat: its shared norm must not take
+# the final norm's sequence-parallel layout before the layers)
+TP_KINDS = ("llama", "qwen2", "opt", "nanochat")
 
 
 def save_tiny(folder, model_type: str, seed: int = 0, **config):

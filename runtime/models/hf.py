@@ -510,13 +510,24 @@ def wrap_causal_lm(model: nn.Module, spec: ModelSpec) -> tuple[LayeredModel, HFP
     get = model.get_submodule
     multiplier, logit_scale = outside_scales(model.config)
     alibi = alibi_builder(model)
+    emb_norm = get(parts.emb_norm) if parts.emb_norm else None
+    if emb_norm is not None and parts.emb_norm == parts.norm:
+        # one norm module applied before the layers and after them (NanoChat's model.norm): each place gets its
+        # own module, or a layout set on the final norm (sequence parallel's sharding hooks, a pipeline stage)
+        # would also act on the embeddings
+        if any(True for _ in emb_norm.parameters()):
+            raise StratagemError(
+                f"{spec.source}: the norm {parts.emb_norm} has weights and is applied both before the first layer "
+                f"and after the last; a norm shared by two places is supported only without weights, plan another model"
+            )
+        emb_norm = copy.deepcopy(emb_norm)
     layers = {
         "embed": HFEmbedding(
             get(parts.tok),
             get(parts.pos) if parts.pos else None,
             get(parts.drop) if parts.drop else None,
             multiplier,
-            get(parts.emb_norm) if parts.emb_norm else None,
+            emb_norm,
         ),
         "blocks": blocks_dict(
             [
