@@ -5,8 +5,8 @@ are built by transformers with seeded random weights and saved with ``save_pretr
 ``tests/init_from_worker.py`` on 2 ranks trains one step of each under DP2 and under PP2 (1F1B, 2 micro-batches),
 Llama, Qwen2, OPT and NanoChat also under TP2, from those folders. Step 1's loss is computed before any update, so
 it must equal the loss transformers' own model computes on the same synthetic batch, within 1e-5 (fp32; dropout
-off, as in transformers' eval mode): a weight left at its random init, read from the wrong tensor or sliced wrongly moves it
-far more (another seed's weights score more than 1e-3 away here, test_the_loss_check_can_fail).
+off, as in transformers' eval mode): a weight left at its random init, read from the wrong tensor or sliced wrongly
+moves it far more (another seed's weights score more than 1e-3 away here, test_the_loss_check_can_fail).
 """
 
 from __future__ import annotations
