@@ -135,8 +135,19 @@ def _print_summary(metrics: Path, *, keep: bool) -> None:
     print(
         f"trained {s['steps']} steps: final loss {s['final_loss']:.6f}, step time "
         f"{s['measured_step_time_s']:.4f} s (predicted {'n/a' if pred is None else f'{pred:.4f} s'}), "
-        f"peak memory {s['measured_peak_memory_bytes'] / 2**20:.0f} MiB" + (f"; metrics in {metrics}" if keep else "")
+        f"{_tensor_memory(s)}" + (f"; metrics in {metrics}" if keep else "")
     )
+
+
+def _tensor_memory(s: dict) -> str:
+    """Peak tensor memory of the largest rank, measured and predicted (the prediction without its reserve)."""
+    measured, predicted = s.get("measured_peak_tensor_bytes"), s.get("predicted_peak_tensor_bytes")
+    if not measured:
+        return f"peak memory {s['measured_peak_memory_bytes'] / 2**20:.0f} MiB"
+    text = f"peak tensor memory {max(measured) / 2**20:.2f} MiB"
+    if predicted and s.get("tensor_memory_error") is not None:
+        text += f" (predicted {max(predicted) / 2**20:.2f} MiB; largest per-rank error {s['tensor_memory_error']:.1%})"
+    return text
 
 
 def _preempted(metrics: Path) -> tuple[int, str | None] | None:

@@ -13,6 +13,15 @@ it counts what training added (weights, gradients, optimizer state, activations,
 buffers, allocator slack) and not the ~300 MiB of Python/torch runtime. Without /proc it falls back to
 ``getrusage`` ``ru_maxrss`` (the whole process, never reset). ``peak_rss_bytes`` is the whole process's
 peak resident set (runtime included) on either device.
+
+Peak tensor memory per rank, on every device: the first step of each launch (the warm-up that step-time figures
+leave out) runs under ``runtime.executor.tensor_memory.TensorMemory``, which counts the bytes of live tensor
+storages; its step record adds ``peak_tensor_bytes`` (one value per rank) and ``tensor_bytes_by_kind`` (per rank:
+params, grads, optimizer, activations, temporaries at that rank's peak), with the optimizer state the step created
+counted in, as every later step holds it. The summary compares it with the plan's prediction of the same quantity,
+each rank's predicted peak without the ``reserve`` term (allocator fragmentation and the CUDA context, which are
+not tensors): ``predicted_peak_tensor_bytes`` and ``tensor_memory_error`` (the largest |measured / predicted - 1|
+over ranks).
 """
 
 from __future__ import annotations
@@ -78,6 +87,8 @@ class MetricsLog:
         self.pred_mem_bytes = pred.peak_memory_bytes if pred else None
         self.step_times_s: list[float] = []
         self.peak_bytes: list[int] = []
+        self.tensor_peaks: list[int] | None = None
+        self.pred_tensor_bytes = predicted_tensor_bytes(plan)
         self.last_loss: float | None = None
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,11 +112,16 @@ class MetricsLog:
         peak_rss_bytes: list[int] | None = None,
         lr: float | None = None,
         moe_aux_loss: float | None = None,
+        tensor_peaks: list | None = None,
     ) -> None:
         self.step_times_s.append(step_time_s)
         self.peak_bytes.append(max(peak_memory_bytes))
         self.last_loss = loss
-        moe = {} if moe_aux_loss is None else {"moe_aux_loss": moe_aux_loss}  # MoE models only
+        extra = {} if moe_aux_loss is None else {"moe_aux_loss": moe_aux_loss}  # MoE models only
+        if tensor_peaks:  # the step measured under TensorMemory
+            self.tensor_peaks = [p.peak_bytes for p in tensor_peaks]
+            extra["peak_tensor_bytes"] = self.tensor_peaks
+            extra["tensor_bytes_by_kind"] = [p.by_kind for p in tensor_peaks]
         self.write(
             {
                 "event": "step",
@@ -119,7 +135,7 @@ class MetricsLog:
                 "peak_rss_bytes": peak_rss_bytes,
                 "predicted_step_time_s": self.pred_time_s,
                 "predicted_peak_memory_bytes": self.pred_mem_bytes,
-                **moe,
+                **extra,
             }
         )
 
@@ -139,9 +155,40 @@ class MetricsLog:
             "measured_peak_memory_bytes": peak,
             "predicted_peak_memory_bytes": self.pred_mem_bytes,
             "memory_ratio": peak / self.pred_mem_bytes if peak and self.pred_mem_bytes else None,
+            "measured_peak_tensor_bytes": self.tensor_peaks,
+            "predicted_peak_tensor_bytes": self.pred_tensor_bytes,
+            "tensor_memory_error": tensor_memory_error(self.tensor_peaks, self.pred_tensor_bytes),
         }
         self.write(record)
         return record
+
+
+def predicted_tensor_bytes(plan: Plan) -> list[float] | None:
+    """Each rank's predicted peak of live tensor bytes: its stage's predicted peak less the ``reserve`` term;
+    None when the plan has no predictions."""
+    pred = plan.predictions
+    if pred is None or not pred.stages:
+        return None
+    by_stage = {sp.stage: sp for sp in pred.stages}
+    out = []
+    for rank in range(plan.mesh.world_size):
+        stage = next((s.index for s in plan.stages if rank in s.ranks), None)
+        sp = by_stage.get(stage)
+        if sp is None:
+            return None
+        out.append(sp.peak_memory_bytes - sp.memory_breakdown_bytes.get("reserve", 0.0))
+    return out
+
+
+def tensor_memory_error(measured: list[int] | None, predicted: list[float] | None) -> float | None:
+    """The largest |measured / predicted - 1| over ranks.
+
+    >>> tensor_memory_error([110, 95], [100.0, 100.0])
+    0.1
+    """
+    if not measured or not predicted or len(measured) != len(predicted) or min(predicted) <= 0:
+        return None
+    return round(max(abs(m / p - 1.0) for m, p in zip(measured, predicted)), 12)
 
 
 def read_metrics(path: str | Path) -> list[dict]:

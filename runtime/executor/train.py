@@ -42,6 +42,7 @@ from runtime.executor.data import Batch, build_data_source, loss_scale, replica_
 from runtime.executor.mesh import ParallelDims, build_mesh
 from runtime.executor.moe import build_expert_groups, expert_layout, set_aux_loss_scale, take_aux_loss
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
+from runtime.executor.tensor_memory import KINDS, TensorMemory, TensorPeak, steady_peak
 from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.pretrained import load_pretrained
 from runtime.executor.schedule import build_runner, check_replica_schedules
@@ -215,6 +216,8 @@ class StepResult:
     peak_rss_bytes: list[int]
     preempted: bool = False
     moe_aux_loss: float | None = None  # load-balancing loss (1.0 = balanced), mean over MoE layers and ranks
+    # the step's peak of live tensor bytes per rank (runtime.executor.tensor_memory), measured in one step
+    tensor_peaks: list[TensorPeak] | None = None
 
 
 class Preemption:
@@ -234,13 +237,28 @@ class Preemption:
 
 
 def _gather_step(
-    device, loss_part: float, step_time_s: float, peak_bytes: int, lr: float, aux: tuple[float, int] = (0.0, 0)
+    device,
+    loss_part: float,
+    step_time_s: float,
+    peak_bytes: int,
+    lr: float,
+    aux: tuple[float, int] = (0.0, 0),
+    tensor_peak: TensorPeak | None = None,
 ) -> StepResult:
     """All ranks: global loss (sum of parts), max step time, per-rank memory, whether any rank was asked
-    to stop (SIGTERM), and the MoE load-balancing loss (mean over every rank's layers and forwards), in one
-    all_gather."""
+    to stop (SIGTERM), the MoE load-balancing loss (mean over every rank's layers and forwards) and, when
+    measured, each rank's peak of live tensor bytes by kind, in one all_gather."""
+    tensors = [float(tensor_peak.peak_bytes)] + [float(tensor_peak.by_kind[k]) for k in KINDS] if tensor_peak else []
     mine = torch.tensor(
-        [loss_part, step_time_s, float(peak_bytes), float(peak_rss_bytes()), float(Preemption.requested), *aux],
+        [
+            loss_part,
+            step_time_s,
+            float(peak_bytes),
+            float(peak_rss_bytes()),
+            float(Preemption.requested),
+            *aux,
+            *(tensors or [0.0] * (1 + len(KINDS))),
+        ],
         dtype=torch.float64,
         device=device,
     )
@@ -255,6 +273,12 @@ def _gather_step(
         peak_rss_bytes=[int(v) for v in table[:, 3]],
         preempted=bool(table[:, 4].max() > 0),
         moe_aux_loss=float(table[:, 5].sum() / table[:, 6].sum()) if table[:, 6].sum() > 0 else None,
+        tensor_peaks=[
+            TensorPeak(peak_bytes=int(row[7]), by_kind={k: int(v) for k, v in zip(KINDS, row[8:].tolist())})
+            for row in table
+        ]
+        if tensor_peak
+        else None,
     )
 
 
@@ -386,12 +410,19 @@ def apply_lr(job: Job, step: int) -> float:
     return lr
 
 
-def train_step(job: Job, step: int) -> StepResult:
-    """One optimizer step; returns the global-batch mean loss, max step time over ranks, memory per rank."""
+def train_step(job: Job, step: int, tracker: TensorMemory | None = None) -> StepResult:
+    """One optimizer step; returns the global-batch mean loss, max step time over ranks, memory per rank.
+
+    ``tracker`` (entered by the caller): also measure the step's peak of live tensor bytes. In a run's first
+    step the optimizer state is created by its ``step()``; the forward and backward of every later step run
+    with it alive, so the figure reported is the steady state's: max(peak of forward and backward + the
+    optimizer state created in this step, peak of the optimizer step)."""
     batch = job.data(step).rows(*job.rows)
     if job.context is not None:  # this cp rank's two chunks of every sequence, inputs and targets alike
         batch = Batch(inputs=job.context.shard(batch.inputs), targets=job.context.shard(batch.targets))
     batch = batch.to(job.device)
+    if tracker is not None:
+        tracker.reset()
     t0 = time.perf_counter()
     losses = job.runner.step(batch)
     for chunk in job.chunks:
@@ -402,6 +433,9 @@ def train_step(job: Job, step: int) -> StepResult:
     if job.tied is not None:
         job.tied.sync()
     lr = apply_lr(job, step)
+    if tracker is not None:
+        passes = tracker.peak()
+        tracker.reset()
     for opt in job.optimizers:
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -414,7 +448,8 @@ def train_step(job: Job, step: int) -> StepResult:
     counts = job.runner.is_last and job.coords["tp"] == 0 and losses
     part = float(torch.stack(losses).mean()) / (job.dims.dp * job.dims.cp) if counts else 0.0
     peak = peak_memory_bytes(job.device, job.memory_baseline_bytes)
-    return _gather_step(job.device, part, elapsed_s, peak, lr, take_aux_loss(job.modules))
+    tensor_peak = steady_peak(passes, tracker.peak(), tracker.now()) if tracker is not None else None
+    return _gather_step(job.device, part, elapsed_s, peak, lr, take_aux_loss(job.modules), tensor_peak)
 
 
 PROFILE_ENV = "STRATAGEM_TORCH_PROFILE"  # a folder: the third step is traced and its kernel table written there
@@ -513,7 +548,13 @@ def run_plan(
         _maybe_die(step)
         _maybe_sigterm_launcher(step)
         profile_now = step == first + 2 and os.environ.get(PROFILE_ENV)
-        res = profiled_step(job, step, profile_tag) if profile_now else train_step(job, step)
+        if profile_now:
+            res = profiled_step(job, step, profile_tag)
+        elif step == first:  # the first step is the warm-up that step-time figures leave out
+            with TensorMemory(job.modules, job.optimizers) as tracker:
+                res = train_step(job, step, tracker)
+        else:
+            res = train_step(job, step)
         metrics.step(
             step=step,
             loss=res.loss,
@@ -524,6 +565,7 @@ def run_plan(
             peak_rss_bytes=res.peak_rss_bytes,
             lr=res.lr,
             moe_aux_loss=res.moe_aux_loss,
+            tensor_peaks=res.tensor_peaks,
         )
         if rank == 0:
             log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)
