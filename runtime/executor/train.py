@@ -486,6 +486,17 @@ def profiled_step(job: Job, step: int, tag: str = "") -> StepResult:
     return res
 
 
+def _run_step(job: Job, step: int, first: int, profile_tag: str) -> StepResult:
+    """Step ``step``: the launch's first (the warm-up step-time figures leave out) also measures live tensor
+    memory; the third is traced when ``STRATAGEM_TORCH_PROFILE`` is set."""
+    if step == first + 2 and os.environ.get(PROFILE_ENV):
+        return profiled_step(job, step, profile_tag)
+    if step == first:
+        with TensorMemory(job.modules, job.optimizers) as tracker:
+            return train_step(job, step, tracker)
+    return train_step(job, step)
+
+
 def run_plan(
     plan: Plan,
     args: argparse.Namespace,
@@ -547,14 +558,7 @@ def run_plan(
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         _maybe_sigterm_launcher(step)
-        profile_now = step == first + 2 and os.environ.get(PROFILE_ENV)
-        if profile_now:
-            res = profiled_step(job, step, profile_tag)
-        elif step == first:  # the first step is the warm-up that step-time figures leave out
-            with TensorMemory(job.modules, job.optimizers) as tracker:
-                res = train_step(job, step, tracker)
-        else:
-            res = train_step(job, step)
+        res = _run_step(job, step, first, profile_tag)
         metrics.step(
             step=step,
             loss=res.loss,

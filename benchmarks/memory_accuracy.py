@@ -1,0 +1,220 @@
+"""Predicted vs measured peak tensor memory per rank, for every layout the runtime runs, on 2 CPU ranks.
+
+    .venv/bin/python benchmarks/memory_accuracy.py [--models gpt:small,llama:tiny,moe:tiny] [--layouts dp2,tp2]
+        [--json out.json]
+
+Each layout is a hand-made plan (``fixtures.plans.make_plan``, global batch 8 x seq 64, fp32, no search) whose
+prediction is :func:`planner.cost.estimate` on the model's analytic profile (meta device: FLOPs counted, bytes
+saved for backward measured with ``saved_tensors_hooks``) and the shipped ``local-cpu-2core`` cluster, exactly as
+the planner prices a configuration; the predicted figure is each rank's peak less its ``reserve`` term (allocator
+fragmentation and CUDA context, not tensors). Measured: one ``torchrun`` of 2 ranks per model trains one step of
+each plan under ``runtime.executor.tensor_memory.TensorMemory`` (live tensor storages, by kind; the optimizer state
+that step creates counted in, as every later step holds it), the figure ``stratagem launch`` records.
+
+Layouts: dp2 (ZeRO-0, FSDP2 ``replicate``), zero1 / zero2 / zero3 (FSDP2 ``fully_shard``), tp2, tp2-sp (sequence
+parallel), pp2-gpipe / pp2-1f1b (4 micro-batches), pp2-interleaved (2 virtual stages per rank), recompute-selective
+and recompute-full (dp2, every block), cp2 (context parallel, all-gather exchange) and, for ``moe:`` models, ep2.
+Nothing here is fitted: every row is out of sample for the constants it uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+CLUSTER = REPO / "profiles/hardware/local-cpu-2core.json"
+GLOBAL_BATCH, SEQ = 8, 64
+MODELS = ("gpt:small", "llama:tiny", "moe:tiny")
+LAYOUTS = (
+    "dp2",
+    "zero1",
+    "zero2",
+    "zero3",
+    "tp2",
+    "tp2-sp",
+    "pp2-gpipe",
+    "pp2-1f1b",
+    "pp2-interleaved",
+    "recompute-selective",
+    "recompute-full",
+    "cp2",
+    "ep2",
+)
+TOLERANCE = 0.05
+
+
+def layout_kwargs(spec, layout: str) -> dict | None:
+    """``make_plan`` arguments of ``layout`` for ``spec``; None when the model cannot take it."""
+    from runtime.models import is_splittable, layer_paths
+
+    paths = layer_paths(spec)
+    blocks = [p for p in paths if p.startswith("blocks.")]
+    split = [p for p in paths if is_splittable(spec, p)]
+    moe = spec.family == "moe"
+    table = {
+        "dp2": dict(dp=2),
+        "zero1": dict(dp=2, zero_stage=1),
+        "zero2": dict(dp=2, zero_stage=2),
+        "zero3": dict(dp=2, zero_stage=3),
+        "tp2": dict(tp=2, split=split),
+        "tp2-sp": dict(tp=2, split=split, sequence_parallel=split),
+        "pp2-gpipe": dict(pp=2, schedule="gpipe", num_micro_batches=4),
+        "pp2-1f1b": dict(pp=2, schedule="1f1b", num_micro_batches=4),
+        "pp2-interleaved": dict(pp=2, schedule="interleaved_1f1b", num_micro_batches=4, virtual_stages=2),
+        "recompute-selective": dict(dp=2, recompute=dict.fromkeys(blocks, "selective")),
+        "recompute-full": dict(dp=2, recompute=dict.fromkeys(blocks, "full")),
+        "cp2": dict(cp=2),
+        "ep2": dict(dp=2, experts={"ep": 2}) if moe else None,
+    }
+    if layout not in table:
+        raise SystemExit(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    kwargs = table[layout]
+    if kwargs and layout == "pp2-interleaved":
+        if len(blocks) % 4:
+            return None
+        # equal blocks per chunk, the layers before the blocks on the first, after them on the last
+        per = len(blocks) // 4
+        chunks = [blocks[i * per : (i + 1) * per] for i in range(4)]
+        chunks[0] = paths[: paths.index(blocks[0])] + chunks[0]
+        chunks[-1] = chunks[-1] + paths[paths.index(blocks[-1]) + 1 :]
+        kwargs = {**kwargs, "stage_paths": chunks}
+    return kwargs
+
+
+def predicted_plan(model: str, layout: str):
+    """The plan of ``layout`` with the cost model's predictions written in (None: the model cannot take it)."""
+    import dataclasses
+
+    from fixtures.plans import make_plan
+    from planner.export.api import estimate_config, plan_parallel_config
+    from planner.modelspec import parse_model
+    from planner.profiles import load_cluster_profile
+    from runtime.profiling.model import profile_model_analytic
+
+    spec = parse_model(model)
+    kwargs = layout_kwargs(spec, layout)
+    if kwargs is None:
+        return None
+    plan = make_plan(spec, global_batch=GLOBAL_BATCH, seq_len=SEQ, **kwargs)
+    tp = plan.mesh.size("tp")
+    profile = profile_model_analytic(
+        spec,
+        seq_len=SEQ,
+        dtype="fp32",
+        micro_batches=(plan.schedule.micro_batch_size,),
+        tp_degrees=(1, tp) if tp > 1 else (1,),
+    )
+    config = plan_parallel_config(plan)
+    # the hand-made plan names no node type of the cluster; pp = 1 runs one micro-batch at a time whatever the
+    # schedule is called (runtime/executor/schedule.py LocalRunner)
+    config = dataclasses.replace(config, stage_node_types=None, schedule=config.schedule if config.pp > 1 else "1f1b")
+    cluster = load_cluster_profile(CLUSTER)
+    est = estimate_config(config, profile=profile, cluster=cluster, global_batch=GLOBAL_BATCH)
+    return plan.model_copy(update={"predictions": est.to_predictions(), "cluster_name": cluster.name})
+
+
+def measure(paths: list[Path], out: Path) -> None:
+    """torchrun worker: one tracked step of each plan; rank 0 writes ``out`` (plan stem -> per-rank peaks)."""
+    import torch
+    import torch.distributed as dist
+
+    from planner.plan import load_plan
+    from runtime.executor.tensor_memory import TensorMemory
+    from runtime.executor.train import build_job, train_step
+
+    dist.init_process_group("gloo")
+    results = {}
+    for path in paths:
+        plan = load_plan(path)
+        torch.manual_seed(0)
+        job = build_job(plan, torch.device("cpu"), data="synthetic")
+        with TensorMemory(job.modules, job.optimizers) as tracker:
+            res = train_step(job, 1, tracker)
+        results[path.stem] = [{"peak": p.peak_bytes, "by_kind": p.by_kind} for p in res.tensor_peaks or []]
+        del job
+    if dist.get_rank() == 0:
+        out.write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def run(models: list[str], layouts: list[str]) -> list[dict]:
+    from planner.plan import save_plan
+    from runtime.executor.metrics import predicted_tensor_bytes
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mem-acc-") as tmp:
+        folder = Path(tmp)
+        for model in models:
+            plans = {}
+            for layout in layouts:
+                plan = predicted_plan(model, layout)
+                if plan is not None:
+                    plans[layout] = (plan, save_plan(plan, folder / f"{model.replace(':', '-')}_{layout}.json"))
+            out = folder / f"{model.replace(':', '-')}.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+            cmd += [__file__, "--worker", str(out), *[str(p) for _, p in plans.values()]]
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                raise SystemExit(f"{model}: the measuring launch failed:\n{proc.stderr[-3000:]}")
+            measured = json.loads(out.read_text())
+            for layout, (plan, path) in plans.items():
+                predicted = predicted_tensor_bytes(plan) or []
+                stages = {sp.stage: sp for sp in plan.predictions.stages}
+                for rank, (m, p) in enumerate(zip(measured[path.stem], predicted)):
+                    stage = next(s.index for s in plan.stages if rank in s.ranks)
+                    terms = stages[stage].memory_breakdown_bytes
+                    rows.append(
+                        dict(
+                            model=model,
+                            layout=layout,
+                            rank=rank,
+                            predicted_bytes=p,
+                            measured_bytes=m["peak"],
+                            error=m["peak"] / p - 1.0,
+                            measured_by_kind=m["by_kind"],
+                            predicted_by_term={k: v for k, v in terms.items() if k not in ("capacity", "reserve")},
+                        )
+                    )
+    return rows
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        measure([Path(p) for p in sys.argv[3:]], Path(sys.argv[2]))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--layouts", default=",".join(LAYOUTS))
+    p.add_argument("--json", type=Path, help="also write every row (with both breakdowns) here")
+    args = p.parse_args()
+    rows = run(args.models.split(","), args.layouts.split(","))
+    mib = 2**20
+    print(f"{'model':11s} {'layout':20s} {'rank':>4s} {'predicted MiB':>13s} {'measured MiB':>12s} {'error':>8s}")
+    for r in rows:
+        flag = "" if abs(r["error"]) <= TOLERANCE else "  > 5 %"
+        print(
+            f"{r['model']:11s} {r['layout']:20s} {r['rank']:4d} {r['predicted_bytes'] / mib:13.3f} "
+            f"{r['measured_bytes'] / mib:12.3f} {r['error']:+8.1%}{flag}"
+        )
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    within = sum(abs(r["error"]) <= TOLERANCE for r in rows)
+    print(
+        f"\n{len(rows)} rank rows ({len({(r['model'], r['layout']) for r in rows})} plans): mean |error| "
+        f"{sum(abs(r['error']) for r in rows) / len(rows):.1%}, max |error| {abs(worst['error']):.1%} "
+        f"({worst['model']} {worst['layout']} rank {worst['rank']}); {within} within {TOLERANCE:.0%}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
