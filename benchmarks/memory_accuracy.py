@@ -146,7 +146,7 @@ def measure(paths: list[Path], out: Path) -> None:
 
 def run(models: list[str], layouts: list[str]) -> list[dict]:
     from planner.plan import save_plan
-    from runtime.executor.metrics import predicted_tensor_bytes
+    from planner.plan import predicted_tensor_bytes
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="mem-acc-") as tmp:

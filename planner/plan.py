@@ -693,3 +693,20 @@ def migrate_v2(data: dict[str, Any], *, source: str) -> dict[str, Any]:
 def save_plan(plan: Plan, path: str | Path) -> Path:
     """Write a plan atomically with its content hash."""
     return save_document(plan, path)
+
+
+def predicted_tensor_bytes(plan: Plan) -> list[float] | None:
+    """Each rank's predicted peak of live tensor bytes: its stage's predicted peak less the ``reserve`` term;
+    None when the plan has no predictions."""
+    pred = plan.predictions
+    if pred is None or not pred.stages:
+        return None
+    by_stage = {sp.stage: sp for sp in pred.stages}
+    out = []
+    for rank in range(plan.mesh.world_size):
+        stage = next((s.index for s in plan.stages if rank in s.ranks), None)
+        sp = by_stage.get(stage)
+        if sp is None:
+            return None
+        out.append(sp.peak_memory_bytes - sp.memory_breakdown_bytes.get("reserve", 0.0))
+    return out

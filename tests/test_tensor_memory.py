@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.executor.metrics import predicted_tensor_bytes
+from planner.plan import predicted_tensor_bytes
 from runtime.executor.tensor_memory import TensorMemory, TensorPeak, steady_peak
 
 F32 = 4

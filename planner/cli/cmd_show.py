@@ -266,7 +266,12 @@ def _measured_table(plan: Plan, metrics) -> Table:
     table = Table(title=f"predicted vs measured (measured = median of steps {steady[0]}..{steady[-1]})")
     for name in ("quantity", "predicted", "measured", "measured / predicted"):
         table.add_column(name, justify="left" if name == "quantity" else "right")
-    fmt = {"step_time_s": fmt_seconds, "peak_memory_bytes": fmt_bytes, "tokens_per_s": lambda v: f"{v:,.0f}"}
+    fmt = {
+        "step_time_s": fmt_seconds,
+        "peak_memory_bytes": fmt_bytes,
+        "peak_tensor_bytes": fmt_bytes,
+        "tokens_per_s": lambda v: f"{v:,.0f}",
+    }
     for quantity, row in frame.iterrows():
         show = fmt[quantity]
         cells = [show(row[c]) if row[c] == row[c] else "-" for c in ("predicted", "measured")]

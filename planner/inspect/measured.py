@@ -18,9 +18,10 @@ import pandas as pd
 
 from planner.errors import StratagemError
 from planner.fileio import parse_json, read_text
-from planner.plan import Plan
+from planner.plan import Plan, predicted_tensor_bytes
 
 PEAK_KEYS = ("peak_mem_bytes", "peak_memory_bytes", "peak_memory_bytes_per_rank")
+TENSOR_KEY = "peak_tensor_bytes"  # live tensor bytes per rank, measured in the first step of each launch
 
 
 def load_metrics(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -73,7 +74,7 @@ def _check_step_record(record: dict[str, Any], where: str) -> None:
                 f"{where}: {key} {value!r} is not a finite number"
                 f"{'' if key == 'loss' else ' > 0'}; pass the file `stratagem launch` wrote"
             )
-    for key in PEAK_KEYS:
+    for key in (*PEAK_KEYS, TENSOR_KEY):
         value = record.get(key)
         values = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
         bad_keys = isinstance(value, dict) and not all(str(k).isdigit() for k in value)
@@ -92,6 +93,10 @@ def _flatten(record: dict[str, Any]) -> dict[str, Any]:
             per_rank = _per_rank(value)
             row.update({f"peak_mem_bytes_rank{r}": v for r, v in per_rank.items()})
             row["peak_mem_bytes_max"] = max(per_rank.values()) if per_rank else math.nan
+        elif key == TENSOR_KEY:
+            per_rank = _per_rank(value)
+            row.update({f"peak_tensor_bytes_rank{r}": v for r, v in per_rank.items()})
+            row["peak_tensor_bytes_max"] = max(per_rank.values()) if per_rank else math.nan
         elif key == "event":
             continue
         elif isinstance(value, (int, float, str, bool)) or value is None:
@@ -129,6 +134,9 @@ def predicted_vs_measured(
         "tokens_per_s": _median(steady, "tokens_per_s"),
         "peak_memory_bytes": _median(steady, "peak_mem_bytes_max"),
     }
+    if "peak_tensor_bytes_max" in frame and frame["peak_tensor_bytes_max"].notna().any():
+        # measured in each launch's first step (steady state: runtime.executor.tensor_memory), so not skipped
+        measured["peak_tensor_bytes"] = float(frame["peak_tensor_bytes_max"].max())
     rows = []
     for quantity, value in measured.items():
         pred = predicted.get(quantity, math.nan)
@@ -146,7 +154,13 @@ def predicted_vs_measured(
 def _predicted(plan: Plan | None, frame: pd.DataFrame) -> dict[str, float]:
     if plan is not None and plan.predictions is not None:
         p = plan.predictions
-        return {"step_time_s": p.step_time_s, "tokens_per_s": p.tokens_per_s, "peak_memory_bytes": p.peak_memory_bytes}
+        tensors = predicted_tensor_bytes(plan)
+        return {
+            "step_time_s": p.step_time_s,
+            "tokens_per_s": p.tokens_per_s,
+            "peak_memory_bytes": p.peak_memory_bytes,
+            **({"peak_tensor_bytes": max(tensors)} if tensors else {}),
+        }
     out = {}
     for quantity in ("step_time_s", "tokens_per_s", "peak_memory_bytes"):
         for column in (f"predicted_{quantity}", "predicted_peak_mem_bytes" if "memory" in quantity else ""):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from planner.plan import Plan
+from planner.plan import Plan, predicted_tensor_bytes
 
 KIB = 1024  # ru_maxrss unit on Linux (getrusage(2))
 
@@ -161,23 +161,6 @@ class MetricsLog:
         }
         self.write(record)
         return record
-
-
-def predicted_tensor_bytes(plan: Plan) -> list[float] | None:
-    """Each rank's predicted peak of live tensor bytes: its stage's predicted peak less the ``reserve`` term;
-    None when the plan has no predictions."""
-    pred = plan.predictions
-    if pred is None or not pred.stages:
-        return None
-    by_stage = {sp.stage: sp for sp in pred.stages}
-    out = []
-    for rank in range(plan.mesh.world_size):
-        stage = next((s.index for s in plan.stages if rank in s.ranks), None)
-        sp = by_stage.get(stage)
-        if sp is None:
-            return None
-        out.append(sp.peak_memory_bytes - sp.memory_breakdown_bytes.get("reserve", 0.0))
-    return out
 
 
 def tensor_memory_error(measured: list[int] | None, predicted: list[float] | None) -> float | None:
