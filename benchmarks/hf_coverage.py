@@ -142,8 +142,12 @@ def launch_tiny(spec: ModelSpec, root: Path) -> str:
     except subprocess.TimeoutExpired:
         return "LAUNCH FAILED: no result in 300 s"
     if proc.returncode != 0:
-        errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "Error" in ln or "error:" in ln]
-        return f"LAUNCH FAILED: {(errors[-1] if errors else proc.stderr[-150:]).strip()[:150]}"
+        lines = (proc.stdout + proc.stderr).splitlines()
+        # a rank's own error before torchrun's ChildFailedError summary
+        errors = [ln for ln in lines if ln.startswith("[rank") and ("Error" in ln or "error:" in ln)] or [
+            ln for ln in lines if "Error" in ln or "error:" in ln
+        ]
+        return f"LAUNCH FAILED: {(errors[-1] if errors else proc.stderr[-150:]).strip()[:200]}"
     losses = {n: final_step_losses(read_metrics(folder / f"{n}.jsonl"))[1] for n in plans}
     if refused:
         spread = max(losses.values()) - min(losses.values())

@@ -295,6 +295,11 @@ class Alternative(_Strict):
         "(its bound already showed it cannot beat the best plan): a better layout "
         "for the same choices may exist",
     )
+    plan: Plan | None = Field(
+        None,
+        description="this runner-up as a complete plan (no search record of its own): what `stratagem launch` "
+        "moves to when the best plan runs out of memory",
+    )
 
 
 class SearchRecord(_Strict):
@@ -306,6 +311,13 @@ class SearchRecord(_Strict):
     candidates_pruned: int = Field(ge=0)
     top_k: list[Alternative] = Field(default_factory=list)
     notes: str = ""
+    memory_margin: float = Field(
+        0.1,
+        ge=0,
+        lt=0.9,
+        description="share of each device's memory the search kept free (plan --memory-margin): a plan fits when "
+        "its predicted peak is at most (1 - margin) x the device's memory",
+    )
 
 
 class Plan(_Strict):
@@ -415,6 +427,10 @@ class Plan(_Strict):
     @property
     def world_size(self) -> int:
         return self.mesh.world_size
+
+
+Alternative.model_rebuild()
+SearchRecord.model_rebuild()
 
 
 def costed(plan: Plan) -> tuple[Predictions, SearchRecord | None]:

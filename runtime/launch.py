@@ -214,12 +214,43 @@ KEEP_HEAP = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": s
 PREEMPT_GRACE_S = 120.0  # after a forwarded SIGTERM, how long the ranks get to checkpoint and exit
 
 
-def run_command(cmd: list[str], *, timeout_s: float) -> int:
+OOM_DIR_ENV = "STRATAGEM_OOM_DIR"  # where a rank that runs out of memory leaves its note (runtime.executor.train)
+FALLBACK_ENV = "STRATAGEM_FALLBACK"  # set for a runner-up plan run after an out-of-memory error: its number
+
+
+def fullest_share(plan: Plan) -> float:
+    """The largest predicted peak / device memory over the plan's stages (inf when it was not costed)."""
+    if plan.predictions is None or not plan.predictions.stages:
+        return float("inf")
+    return max(sp.peak_memory_bytes / sp.memory_capacity_bytes for sp in plan.predictions.stages)
+
+
+def oom_fallback(plan: Plan, note: dict) -> Plan:
+    """The fastest runner-up in ``plan``'s search record whose fullest device is predicted less full than
+    ``plan``'s, to run after ``plan`` ran out of memory (``note``: the rank's report); a one-line error when the
+    file holds none."""
+    share = fullest_share(plan)
+    options = [
+        alt.plan
+        for alt in (plan.search.top_k if plan.search else [])
+        if alt.plan is not None and fullest_share(alt.plan) < share and alt.plan.world_size == plan.world_size
+    ]
+    where = f"rank {note.get('rank')} ran out of memory in step {note.get('step')} ({note.get('message', '')[:120]})"
+    if not options:
+        raise StratagemError(
+            f"{where} and the plan file holds no runner-up plan with more memory headroom; re-plan with a larger "
+            f"margin, e.g. stratagem plan ... --memory-margin 0.2, and launch that plan"
+        )
+    best = min(options, key=lambda p: p.predictions.step_time_s if p.predictions else float("inf"))
+    return best.model_copy(update={"search": plan.search, "content_hash": None})
+
+
+def run_command(cmd: list[str], *, timeout_s: float, env_extra: dict[str, str] | None = None) -> int:
     """Run torchrun in its own process group; on timeout stop the whole group and raise.
 
     A SIGTERM to this process (a cluster preempting the job) is forwarded to the whole group: the ranks
     checkpoint at their next step boundary and exit (``runtime.executor.train.Preemption``)."""
-    env = dict(os.environ, STRATAGEM_LAUNCHER_PID=str(os.getpid()))
+    env = dict(os.environ, STRATAGEM_LAUNCHER_PID=str(os.getpid()), **(env_extra or {}))
     env.setdefault("OMP_NUM_THREADS", "1")
     for key, value in KEEP_HEAP.items():  # both or neither: one alone turns off glibc's dynamic thresholds
         env.setdefault(key, value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from planner.cli.common import (
     out_path,
 )
 from planner.errors import StratagemError
-from planner.plan import load_plan
+from planner.plan import load_plan, plan_label
 
 
 def register(subparsers) -> None:
@@ -124,6 +125,66 @@ def _options(args: argparse.Namespace, metrics: Path | None):
     )
 
 
+def _run_with_oom_fallback(plan, opts, args: argparse.Namespace, metrics: Path | None) -> int:
+    """Run the job; when a rank runs out of memory, move to the fastest runner-up plan in the plan file with more
+    memory headroom (written beside the plan as ``<plan>.fallback<N>.json``, logged in the metrics and here) and
+    train it from step 1 with the same steps and data order; again while runners-up with more headroom are left."""
+    import dataclasses
+    import json
+
+    from planner.fileio import atomic_write_text
+    from planner.plan import save_plan
+    from runtime.launch import FALLBACK_ENV, OOM_DIR_ENV, build_command, oom_fallback, run_command
+
+    fallbacks = 0
+    with tempfile.TemporaryDirectory(prefix="stratagem-oom-") as notes_dir:
+        while True:
+            env = {OOM_DIR_ENV: notes_dir, **({FALLBACK_ENV: str(fallbacks)} if fallbacks else {})}
+            status = run_command(build_command(plan, opts), timeout_s=args.timeout_s, env_extra=env)
+            notes = sorted(Path(notes_dir).glob("oom-rank*.json"))
+            if status == 0 or not notes:
+                return status
+            note = json.loads(notes[0].read_text(encoding="utf-8"))
+            for path in notes:
+                path.unlink()
+            nxt = oom_fallback(plan, note)
+            fallbacks += 1
+            path = save_plan(nxt, Path(args.plan).with_suffix(f".fallback{fallbacks}.json"))
+            nxt = load_plan(path)
+            message = (
+                f"rank {note['rank']} ran out of memory in step {note['step']}; moving to runner-up plan "
+                f"{plan_label(nxt)} (predicted peak of the fullest device {fullest_text(plan)} -> {fullest_text(nxt)}), "
+                f"written to {path}; training it from step 1"
+            )
+            print(message, file=sys.stderr)
+            if metrics is not None:
+                record = {
+                    "event": "oom_fallback",
+                    "step": note["step"],
+                    "rank": note["rank"],
+                    "message": note.get("message", ""),
+                    "from_plan_hash": plan.content_hash,
+                    "to_plan_hash": nxt.content_hash,
+                    "to_plan_path": str(path.resolve()),
+                    "fallback": fallbacks,
+                }
+                previous = metrics.read_text(encoding="utf-8") if metrics.exists() else ""
+                atomic_write_text(metrics, previous + json.dumps(record) + "\n")
+            checkpoints = opts.checkpoint_dir / f"fallback{fallbacks}" if opts.checkpoint_dir else None
+            plan, opts = nxt, dataclasses.replace(opts, plan_path=path, checkpoint_dir=checkpoints, resume=False)
+
+
+def fullest_text(plan) -> str:
+    """``"4.16 MiB, 0.034% of 12 GiB"``: the fullest stage's predicted peak and its share of its device."""
+    from planner.inspect.units import fmt_bytes
+
+    if plan.predictions is None or not plan.predictions.stages:
+        return "not costed"
+    sp = max(plan.predictions.stages, key=lambda s: s.peak_memory_bytes / s.memory_capacity_bytes)
+    share = sp.peak_memory_bytes / sp.memory_capacity_bytes
+    return f"{fmt_bytes(sp.peak_memory_bytes)}, {share:.2%} of {fmt_bytes(sp.memory_capacity_bytes)}"
+
+
 def _print_summary(metrics: Path, *, keep: bool) -> None:
     from runtime.executor.metrics import read_metrics
 
@@ -191,7 +252,7 @@ def check_cluster(plan, nproc_per_node: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from runtime.executor.describe import describe_ranks
-    from runtime.launch import build_command, build_slurm_script, check_launch, run_command
+    from runtime.launch import build_command, build_slurm_script, check_launch
 
     _check_paths(args)
     if args.node_rank >= args.nnodes:
@@ -232,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
                 f"pipeline rank build the same modules on other rows; --all-ranks lists every rank)"
             )
         return 0
-    status = run_command(cmd, timeout_s=args.timeout_s)
+    status = _run_with_oom_fallback(plan, opts, args, metrics)
     preempted = _preempted(metrics)
     if preempted is not None:
         step, checkpoint = preempted

@@ -100,11 +100,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--precision", default="pure", choices=PRECISIONS, help=PRECISION_HELP)
     p.add_argument(
+        "--memory-margin",
+        type=float_in(0, 0.9, high_open=True),
+        default=None,
+        metavar="FRACTION",
+        help=f"share of each device's memory to keep free, 0 <= m < 0.9 (default {DEFAULT_MEMORY_MARGIN:g}): a plan "
+        "fits when its predicted peak is at most (1 - m) x the device's memory; the plan records it and "
+        "`stratagem show` prints each stage's headroom",
+    )
+    p.add_argument(
         "--memory-fraction",
         type=float_in(0, 1, low_open=True),
-        default=0.9,
+        default=None,
         metavar="FRACTION",
-        help="share of each device's memory a plan may use, 0 < f <= 1",
+        help="the same as --memory-margin 1-f: share of each device's memory a plan may use, 0 < f <= 1",
     )
     p.add_argument(
         "--time-limit-s",
@@ -334,6 +343,20 @@ def _alternatives_table(plan: Plan):
     return table
 
 
+DEFAULT_MEMORY_MARGIN = 0.1
+
+
+def _memory_fraction(args: argparse.Namespace) -> float:
+    """The share of device memory a plan may use, from --memory-margin or --memory-fraction (not both)."""
+    if args.memory_margin is not None and args.memory_fraction is not None:
+        raise StratagemError(
+            "--memory-margin and --memory-fraction say the same thing (margin = 1 - fraction); pass one of them"
+        )
+    if args.memory_fraction is not None:
+        return args.memory_fraction
+    return 1.0 - (DEFAULT_MEMORY_MARGIN if args.memory_margin is None else args.memory_margin)
+
+
 def _add_pins(p: argparse.ArgumentParser) -> None:
     """The degree flags `estimate` takes, each pinning that choice (planner/search/pins.py)."""
     from planner.cli.cmd_estimate import SCHEDULE_ALIASES
@@ -369,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from planner.search.plan_file import build_plan
-    from planner.search.planner import plan_search
+    from planner.search.planner import fallback_candidate, plan_search
 
     cluster_path = resolve_cluster_path(args.cluster)
     check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
@@ -405,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
         exhaustive_top_k=args.prove_top_k,
         jobs=args.jobs,
         allow=allow,
-        memory_fraction=args.memory_fraction,
+        memory_fraction=_memory_fraction(args),
         budget_s=args.budget,
         cp=args.cp,
         cp_min_seq_len=args.cp_min_seq,
@@ -423,10 +446,14 @@ def run(args: argparse.Namespace) -> int:
             config=config,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
+        bar.update(task, description="searching for a fallback with more memory headroom", completed=0, total=None)
+        fallback = fallback_candidate(
+            profile, cluster, result, n_devices=args.gpus, global_batch=args.global_batch, config=config
+        )
     training = TrainingSettings(
         global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype, lr_schedule=lr_schedule
     )
-    plan = build_plan(result, model=spec, profile=profile, cluster=cluster, training=training)
+    plan = build_plan(result, model=spec, profile=profile, cluster=cluster, training=training, fallback=fallback)
     if notes and plan.search is not None:
         plan = plan.model_copy(
             update={

@@ -132,6 +132,12 @@ def _overview(plan: Plan) -> Table:
             f"{sr.solver}: {sr.status}, gap {sr.gap:.2g}, {sr.wall_time_s:.3g} s, "
             f"{sr.candidates_solved} solved / {sr.candidates_pruned} pruned",
         )
+        fallbacks = sum(1 for alt in sr.top_k if alt.plan is not None)
+        table.add_row(
+            "memory margin",
+            f"{sr.memory_margin:.0%} of each device kept free (plan --memory-margin); {fallbacks} runner-up "
+            f"plan{'s' if fallbacks != 1 else ''} in the file for launch to move to on an out-of-memory error",
+        )
         if sr.notes.startswith("cluster calibrated"):
             table.add_row("cluster", sr.notes.split(". ", 1)[0].removeprefix("cluster "))
         if sr.notes:
@@ -189,12 +195,23 @@ def _stage_costs_table(plan: Plan) -> Table:
         title="stages: predicted time per micro-batch and memory per device", box=box.SIMPLE_HEAD, pad_edge=False
     )
     terms = ("forward", "backward", "recompute", "tp_comm", "pp_comm")
-    for name in ("stage", *terms, "peak/capacity"):
-        table.add_column(name, justify="right", no_wrap=name == "peak/capacity")
+    for name in ("stage", *terms, "peak/capacity", "headroom"):
+        table.add_column(name, justify="right", no_wrap=name in ("peak/capacity", "headroom"))
     for index, row in frame.iterrows():
         cells = [fmt_seconds(row[f"{t}_s_per_micro_batch"]) if row[f"{t}_s_per_micro_batch"] else "-" for t in terms]
-        table.add_row(str(index), *cells, _peak_of_capacity(row["peak_memory_bytes"], row["memory_capacity_bytes"]))
+        peak, capacity = row["peak_memory_bytes"], row["memory_capacity_bytes"]
+        table.add_row(str(index), *cells, _peak_of_capacity(peak, capacity), _headroom(peak, capacity))
     return table
+
+
+def _headroom(peak_bytes: float, capacity_bytes: float) -> str:
+    """What each device of a stage has left beyond the predicted peak: ``"71.2 GiB (89 %)"``.
+
+    >>> _headroom(8 * 2**30, 80 * 2**30)
+    '72 GiB (90%)'
+    """
+    left = capacity_bytes - peak_bytes
+    return f"{fmt_bytes(left)} ({left / capacity_bytes:.0%})" if left >= 0 else f"short by {fmt_bytes(-left)}"
 
 
 def _peak_of_capacity(peak_bytes: float, capacity_bytes: float) -> str:

@@ -13,6 +13,8 @@ import math
 
 import pulp
 
+from dataclasses import replace
+
 from planner import __version__
 from planner.cost.placement import with_gpus
 from planner.modelspec import ModelSpec
@@ -90,7 +92,7 @@ def build_layout(candidate: Candidate) -> dict[str, LayerLayout]:
     }
 
 
-def _alternative(c: Candidate, best_s: float) -> Alternative:
+def _alternative(c: Candidate, best_s: float, plan: Plan | None = None) -> Alternative:
     return Alternative(
         summary=c.outer.summary(),
         step_time_s=c.step_s,
@@ -98,6 +100,7 @@ def _alternative(c: Candidate, best_s: float) -> Alternative:
         slowdown=c.step_s / best_s,
         choices=c.outer.choices(),
         proven_optimal=c.solve.status == "optimal",
+        plan=plan,
     )
 
 
@@ -112,7 +115,7 @@ def dropped_note(dropped) -> str:
     )
 
 
-def build_search_record(result: SearchResult) -> SearchRecord:
+def build_search_record(result: SearchResult, runners_up: list[Plan] | None = None) -> SearchRecord:
     best_s = result.best.step_s
     # step times are >= 0, so 0 is always a valid bound: a relative gap never exceeds 1 (JSON has no inf)
     gap = min(result.gap, 1.0)
@@ -131,7 +134,8 @@ def build_search_record(result: SearchResult) -> SearchRecord:
         wall_time_s=result.wall_time_s,
         candidates_solved=result.candidates_solved,
         candidates_pruned=result.candidates_pruned,
-        top_k=[_alternative(c, best_s) for c in result.ranked[1:]],
+        top_k=[_alternative(c, best_s, runners_up[i] if runners_up else None) for i, c in enumerate(result.ranked[1:])],
+        memory_margin=result.memory_margin,
         notes=(
             f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
             f"{result.candidates_dominated} dominated (same time, more memory than a solved one), "
@@ -159,9 +163,31 @@ def build_plan(
     profile: ModelProfile,
     cluster: ClusterProfile,
     training: TrainingSettings,
+    fallback: Candidate | None = None,
 ) -> Plan:
-    """The plan file for the best candidate of ``result`` (predictions from ``Estimate.to_predictions``)."""
-    best = result.best
+    """The plan file for the best candidate of ``result`` (predictions from ``Estimate.to_predictions``), each
+    runner-up in its search record as a complete plan too (what ``stratagem launch`` moves to on an OOM);
+    ``fallback`` (``planner.search.planner.fallback_candidate``) is added after the runners-up."""
+    if fallback is not None:
+        result = replace(result, ranked=(*result.ranked, fallback))
+    runners_up = [
+        candidate_plan(c, model=model, profile=profile, cluster=cluster, training=training) for c in result.ranked[1:]
+    ]
+    best = candidate_plan(result.best, model=model, profile=profile, cluster=cluster, training=training)
+    return best.model_copy(
+        update={"search": _with_calibration(build_search_record(result, runners_up), cluster, best.world_size)}
+    )
+
+
+def candidate_plan(
+    best: Candidate,
+    *,
+    model: ModelSpec,
+    profile: ModelProfile,
+    cluster: ClusterProfile,
+    training: TrainingSettings,
+) -> Plan:
+    """The plan of one solved candidate, without a search record."""
     outer = best.outer
     mesh = (
         Mesh(axes=["dp", "pp", "tp"], sizes=[outer.dp, outer.pp, outer.tp])
@@ -197,7 +223,6 @@ def build_plan(
         replica_node_types=list(outer.replica_node_types) if outer.replica_node_types else None,
         experts=_expert_layout(profile, outer.ep, outer.etp, best.config.moe_load_imbalance),
         predictions=best.estimate.to_predictions(),
-        search=_with_calibration(build_search_record(result), cluster, mesh.world_size),
     )
 
 

@@ -83,6 +83,7 @@ class SearchResult:
     runners_up_proven: bool = False  # exhaustive_top_k and every ranked plan proven (the k best candidates)
     solver_warnings: tuple[str, ...] = ()  # "<CBC log line> (N solves)": each such answer was re-solved
     dropped: tuple[tuple[str, str], ...] = ()  # (candidate, why): the cost model could not price it; not searched
+    memory_margin: float = 0.1  # 1 - SearchConfig.memory_fraction: the share of device memory kept free
 
 
 def check_exact(
@@ -535,4 +536,43 @@ class _BranchAndBound:
             candidates_cut_off=counts["cut_off"],
             runners_up_proven=runners_up_proven,
             solver_warnings=tuple(f"{w} ({k} solves)" for w, k in state.warnings.items()),
+            memory_margin=round(1.0 - config.memory_fraction, 12),
         )
+
+
+FALLBACK_PEAK_SHRINK = 0.8  # a fallback plan's fullest device holds at most this share of the best plan's
+
+
+def _fullest(est) -> float:
+    """The largest predicted peak / device memory over every rank of an estimate."""
+    ranks = [rk for t in est.per_replica_type for rk in t.per_rank] if est.per_replica_type else est.per_rank
+    return max(rk.memory.peak_bytes / rk.memory.capacity for rk in ranks)
+
+
+def fallback_candidate(
+    profile: ModelProfile,
+    cluster: ClusterProfile,
+    result: SearchResult,
+    *,
+    n_devices: int,
+    global_batch: int,
+    config: SearchConfig,
+    shrink: float = FALLBACK_PEAK_SHRINK,
+) -> Candidate | None:
+    """The fastest plan whose fullest device is predicted at most ``shrink`` x as full as the best plan's: what
+    ``stratagem launch`` moves to if the best plan runs out of memory. None when a runner-up of ``result``
+    already has that headroom, or when no plan has it (a second search, with that memory budget)."""
+    limit = shrink * _fullest(result.best.estimate)
+    if any(_fullest(c.estimate) <= limit for c in result.ranked[1:]):
+        return None
+    try:
+        found = plan_search(
+            profile,
+            cluster,
+            n_devices=n_devices,
+            global_batch=global_batch,
+            config=replace(config, memory_fraction=min(limit, config.memory_fraction), top_k=1, exhaustive_top_k=False),
+        )
+    except StratagemError:
+        return None
+    return found.best

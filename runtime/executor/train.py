@@ -56,6 +56,7 @@ from runtime.executor.speed import (
     resolve_compile,
 )
 from runtime.executor.tied import TiedGradSync, build_tied_sync
+from runtime.launch import FALLBACK_ENV, OOM_DIR_ENV
 
 log = logging.getLogger("runtime.executor.train")
 
@@ -160,6 +161,35 @@ def _maybe_sigterm_launcher(step: int) -> None:
         and os.environ.get("STRATAGEM_LAUNCHER_PID")
     ):
         os.kill(int(os.environ["STRATAGEM_LAUNCHER_PID"]), signal.SIGTERM)
+
+
+def _maybe_oom(step: int) -> None:
+    """Test hook: ``STRATAGEM_TEST_OOM_AT_STEP=k`` makes the last rank raise ``torch.OutOfMemoryError`` in step k
+    of the plan ``stratagem launch`` started with (not in a fallback plan it moved to)."""
+    if (
+        os.environ.get("STRATAGEM_TEST_OOM_AT_STEP") == str(step)
+        and not os.environ.get(FALLBACK_ENV)
+        and dist.get_rank() == dist.get_world_size() - 1
+    ):
+        raise torch.OutOfMemoryError(f"test hook: rank {dist.get_rank()} out of memory at step {step}")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """An allocation failure: CUDA's ``torch.OutOfMemoryError``, or the CPU allocator's RuntimeError."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+    )
+
+
+def report_out_of_memory(plan: Plan, step: int, exc: BaseException) -> None:
+    """Leave a note for `stratagem launch` (``STRATAGEM_OOM_DIR``): which rank ran out of memory, where, under
+    which plan; it then moves to a runner-up plan with more headroom."""
+    folder = os.environ.get(OOM_DIR_ENV)
+    rank = dist.get_rank()
+    log.error("rank %d ran out of memory in step %d: %s", rank, step, str(exc).splitlines()[0][:200])
+    if folder:
+        note = {"rank": rank, "step": step, "plan_hash": plan.content_hash, "message": str(exc).splitlines()[0][:300]}
+        atomic_write_text(Path(folder) / f"oom-rank{rank}.json", json.dumps(note) + "\n")
 
 
 def write_layout_report(
@@ -488,13 +518,20 @@ def profiled_step(job: Job, step: int, tag: str = "") -> StepResult:
 
 def _run_step(job: Job, step: int, first: int, profile_tag: str) -> StepResult:
     """Step ``step``: the launch's first (the warm-up step-time figures leave out) also measures live tensor
-    memory; the third is traced when ``STRATAGEM_TORCH_PROFILE`` is set."""
-    if step == first + 2 and os.environ.get(PROFILE_ENV):
-        return profiled_step(job, step, profile_tag)
-    if step == first:
-        with TensorMemory(job.modules, job.optimizers) as tracker:
-            return train_step(job, step, tracker)
-    return train_step(job, step)
+    memory; the third is traced when ``STRATAGEM_TORCH_PROFILE`` is set. Running out of memory is reported to
+    the launcher (:func:`report_out_of_memory`) before the error ends the rank."""
+    try:
+        _maybe_oom(step)
+        if step == first + 2 and os.environ.get(PROFILE_ENV):
+            return profiled_step(job, step, profile_tag)
+        if step == first:
+            with TensorMemory(job.modules, job.optimizers) as tracker:
+                return train_step(job, step, tracker)
+        return train_step(job, step)
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        if is_out_of_memory(exc):
+            report_out_of_memory(job.plan, step, exc)
+        raise
 
 
 def run_plan(

@@ -1,0 +1,113 @@
+"""An out-of-memory error in a launch: `stratagem launch` moves to the fastest runner-up plan in the plan file that
+is predicted to need less memory, and trains it from step 1 with the same data order and step count.
+
+The error is injected (``STRATAGEM_TEST_OOM_AT_STEP``: the last rank raises ``torch.OutOfMemoryError`` in that
+step of the plan the launch started with, as CUDA's allocator would); everything after it is what a real one
+gets: the rank's note to the launcher, torchrun ending the other rank, the choice of plan, the restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fixtures.plans import make_plan
+from planner.cli.main import main
+from planner.modelspec import parse_model
+from planner.plan import load_plan, save_plan
+from runtime.executor.metrics import final_step_losses, read_metrics
+from runtime_helpers import REPO, tail
+
+pytestmark = pytest.mark.slow
+STEPS = 2
+
+
+def _launch(plan_path, metrics, *, oom_at: int | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "planner.cli.main", "launch", str(plan_path), "--steps", str(STEPS)]
+    cmd += ["--metrics", str(metrics), "--timeout-s", "200"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("STRATAGEM_TEST_OOM_AT_STEP", None)
+    if oom_at is not None:
+        env["STRATAGEM_TEST_OOM_AT_STEP"] = str(oom_at)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("oom")
+    path = folder / "plan.json"
+    argv = ["plan", "--model", "gpt:tiny", "--cluster", "local-cpu-2core", "--gpus", "2"]
+    assert main([*argv, "--global-batch", "8", "--seq", "64", "--out", str(path)]) == 0
+    return path
+
+
+def test_an_oom_moves_to_the_runner_up_with_more_headroom_and_trains_as_it_would(searched, tmp_path):
+    plan = load_plan(searched)
+    share = lambda p: max(s.peak_memory_bytes / s.memory_capacity_bytes for s in p.predictions.stages)  # noqa: E731
+    roomier = [a.plan for a in plan.search.top_k if a.plan is not None and share(a.plan) < share(plan)]
+    assert roomier, "the search record must hold a runner-up predicted to need less memory"
+    expected = min(roomier, key=lambda p: p.predictions.step_time_s)
+
+    metrics = tmp_path / "m.jsonl"
+    proc = _launch(searched, metrics, oom_at=1)
+    assert proc.returncode == 0, tail(proc)
+    assert "rank 1 ran out of memory in step 1; moving to runner-up plan" in proc.stderr
+    fallback_path = searched.with_suffix(".fallback1.json")
+    fallback = load_plan(fallback_path)
+    assert fallback.stages == expected.stages and fallback.schedule == expected.schedule
+    records = read_metrics(metrics)
+    events = [r["event"] for r in records]
+    assert events == ["start", "oom_fallback", "start", *["step"] * STEPS, "summary"]
+    starts = [r for r in records if r["event"] == "start"]
+    move = records[1]
+    assert [s["plan_hash"] for s in starts] == [plan.content_hash, fallback.content_hash]
+    assert (move["from_plan_hash"], move["to_plan_hash"], move["step"], move["rank"]) == (
+        plan.content_hash,
+        fallback.content_hash,
+        1,
+        1,
+    )
+
+    direct = tmp_path / "direct.jsonl"
+    alone = _launch(save_plan(expected, tmp_path / "runner_up.json"), direct)
+    assert alone.returncode == 0, tail(alone)
+    assert final_step_losses(records) == pytest.approx(final_step_losses(read_metrics(direct)), rel=1e-6)
+
+
+def test_an_oom_without_a_roomier_runner_up_names_the_margin_flag(tmp_path):
+    plan_path = save_plan(make_plan(parse_model("gpt:tiny"), dp=2, global_batch=8, seq_len=64), tmp_path / "p.json")
+    before = plan_path.read_bytes()
+    proc = _launch(plan_path, tmp_path / "m.jsonl", oom_at=1)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "ran out of memory in step 1" in last and "--memory-margin" in last, last
+    assert plan_path.read_bytes() == before and not list(tmp_path.glob("*.fallback*"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--memory-margin", "0.9"], "--memory-margin"),
+        (["--memory-margin", "-0.1"], "--memory-margin"),
+        (["--memory-margin", "0.2", "--memory-fraction", "0.8"], "pass one of them"),
+    ],
+)
+def test_bad_margins_are_one_line_errors_and_write_nothing(tmp_path, capsys, flags, needle):
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", "gpt:tiny", "--cluster", "local-cpu-2core", "--gpus", "2", "--global-batch", "8"]
+    try:
+        status = main([*argv, "--seq", "64", "--out", str(out), *flags])
+    except SystemExit as exc:  # argparse rejects a value outside its range
+        status = exc.code
+    assert status != 0 and needle in capsys.readouterr().err and not out.exists()
+
+
+def test_the_plan_records_its_margin(tmp_path):
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", "gpt:tiny", "--cluster", "local-cpu-2core", "--gpus", "2", "--global-batch", "8"]
+    assert main([*argv, "--seq", "64", "--out", str(out), "--memory-margin", "0.25"]) == 0
+    assert json.loads(out.read_text())["search"]["memory_margin"] == 0.25
