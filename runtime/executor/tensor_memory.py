@@ -15,6 +15,9 @@ On CPU this is the only figure comparable with the prediction: the process's res
 interpreter, torch's libraries and the allocator's cache. On CUDA it runs beside ``max_memory_allocated``, which
 also counts the caching allocator's 512-byte rounding and blocks allocated outside the dispatcher.
 
+``UntypedStorage.resize_`` (how FSDP2 frees a resharded parameter's storage and re-allocates it) is not an
+operator the mode sees: it is wrapped while the mode is active, as torch's ``MemTracker`` does.
+
 What it cannot see: storages created outside the dispatcher (a collective library's own staging buffers, gloo's
 or NCCL's) and operators' internal scratch space; bytes are the storages' sizes, not rounded to allocator blocks.
 """
@@ -85,21 +88,41 @@ class TensorMemory(TorchDispatchMode):
     # --- bookkeeping -------------------------------------------------------------------------------------------
     def _add(self, t: torch.Tensor, kind: str, *, retag: bool = False) -> None:
         for st in _storages(t):
-            key = st._cdata
-            seen = self._live.get(key)
-            if seen is not None:
-                if retag and seen[1] != kind:
-                    self._now[seen[1]] -= seen[0]
-                    self._now[kind] += seen[0]
-                    self._live[key] = (seen[0], kind, seen[2])
-                continue
-            nbytes = st.nbytes()
-            ref = weakref.ref(st, lambda _ref, key=key: self._free(key))
-            self._live[key] = (nbytes, kind, ref)
-            self._now[kind] += nbytes
-            self._total += nbytes
+            self._add_storage(st, kind, retag=retag)
+        self._note_peak()
+
+    def _add_storage(self, st: torch.UntypedStorage, kind: str, *, retag: bool = False) -> None:
+        key = st._cdata
+        seen = self._live.get(key)
+        if seen is not None:
+            if retag and seen[1] != kind:
+                self._now[seen[1]] -= seen[0]
+                self._now[kind] += seen[0]
+                self._live[key] = (seen[0], kind, seen[2])
+            return
+        nbytes = st.nbytes()
+        ref = weakref.ref(st, lambda _ref, key=key: self._free(key))
+        self._live[key] = (nbytes, kind, ref)
+        self._now[kind] += nbytes
+        self._total += nbytes
+
+    def _note_peak(self) -> None:
         if self._total > self._peak.peak_bytes:
             self._peak = TensorPeak(peak_bytes=self._total, by_kind=dict(self._now))
+
+    def _resized(self, st: torch.UntypedStorage) -> None:
+        """A storage's size changed in place (FSDP2 frees and re-allocates its unsharded parameters by resizing
+        their storage to 0 and back): count its new size, under the kind it had or as an activation."""
+        key = st._cdata
+        entry = self._live.get(key)
+        if entry is None:
+            self._add_storage(st, "temporaries" if torch._C._current_graph_task_id() != -1 else "activations")
+            return
+        change = st.nbytes() - entry[0]
+        self._live[key] = (st.nbytes(), entry[1], entry[2])
+        self._now[entry[1]] += change
+        self._total += change
+        self._note_peak()
 
     def _free(self, key: int) -> None:
         entry = self._live.pop(key, None)
@@ -136,12 +159,22 @@ class TensorMemory(TorchDispatchMode):
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._optimizer_starts))
             self._hooks.append(opt.register_step_post_hook(self._optimizer_ends))
+        # resize_ is a method of the storage, not an operator the mode sees (torch's MemTracker patches it too)
+        self._resize = original = torch.UntypedStorage.resize_
+
+        def resize_(st: torch.UntypedStorage, size: int):
+            out = original(st, size)
+            self._resized(st)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
         return super().__enter__()
 
     def __exit__(self, *exc) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+        torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
         super().__exit__(*exc)
 
     def _optimizer_starts(self, *_args) -> None:
