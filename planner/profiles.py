@@ -185,6 +185,13 @@ class ShardProfile(_Strict):
         description="bytes kept from forward to backward per micro-batch independent of its samples "
         "(the 16-bit weight copies torch.autocast caches and the GEMMs save; planner.autocast_profile)",
     )
+    backward_ws_bytes_per_sample: float = Field(
+        0,
+        ge=0,
+        description="the backward's peak of transient tensors beyond what the forward saved, per sample: the "
+        "gradient it receives, activation gradients, not the weights' gradients (runtime.profiling.measure."
+        "backward_working_set; 0 in profiles that predate it)",
+    )
     timings: list[LayerTiming] = Field(default_factory=list, description="measured times per micro-batch")
     ops: list[OpProfile] = Field(
         default_factory=list,

@@ -296,6 +296,7 @@ def layer_cost(
     # (planner.autocast_profile; 0 for pure 16-bit profiles)
     act_bytes += shard.saved_fixed_bytes
     return LayerCost(
+        backward_ws_bytes=shard.backward_ws_bytes_per_sample * samples,
         forward_s=forward_s,
         backward_s=backward_s,
         recompute_s=recompute_s,
@@ -352,6 +353,27 @@ def full_saved_bytes(
     samples = replica_samples(micro_batch, tp, style)
     replicated, scores, rest = _saved_parts(shard, samples, tp, sequence_parallel and split and tp > 1)
     return replicated + rest + (0.0 if flash_attention else scores)
+
+
+def layer_working_set_bytes(config, layer: LayerProfile, cost: LayerCost) -> float:
+    """Bytes the layer's backward needs beyond what is saved: under full recompute the re-materialised
+    activations (:func:`full_saved_bytes`), an MoE block's dispatch buffers, and the transient gradients its
+    backward creates (``LayerCost.backward_ws_bytes``). ``config``: the ``ParallelConfig``."""
+    from planner.cost.placement import layer_recompute, layer_style
+
+    full = (
+        full_saved_bytes(
+            layer,
+            tp=config.tp,
+            style=layer_style(config, layer),
+            sequence_parallel=config.sequence_parallel,
+            micro_batch=config.micro_batch,
+            flash_attention=config.flash_attention,
+        )
+        if layer_recompute(config, layer) == "full"
+        else 0.0
+    )
+    return full + cost.moe_ws_bytes + cost.backward_ws_bytes
 
 
 def layout_change_cost(

@@ -162,3 +162,6 @@ class LayerCost:
     expert_state_bytes: float = 0.0
     expert_step_s: float = 0.0
     moe_ws_bytes: float = 0.0
+    # the transient gradients of the layer's backward beyond what it saved (``ShardProfile.backward_ws_bytes``
+    # per sample x the micro-batch; 0 where the profile predates it)
+    backward_ws_bytes: float = 0.0

@@ -59,6 +59,8 @@ class MemoryBreakdown:
     reserve: float
     capacity: float
     expert_states: float = 0.0  # MoE: routed experts' weights, gradients, optimizer states (planner.cost.moe)
+    # the data-parallel wrapper's gathered (unsharded) weights: all of them below ZeRO-3, the layers in flight at 3
+    unsharded: float = 0.0
 
     @property
     def peak_bytes(self) -> float:
@@ -67,6 +69,7 @@ class MemoryBreakdown:
             + self.grads
             + self.optimizer
             + self.expert_states
+            + self.unsharded
             + self.activations
             + self.comm_buffers
             + self.reserve
@@ -85,6 +88,8 @@ class MemoryBreakdown:
         }
         if self.expert_states:
             out["expert_states"] = self.expert_states
+        if self.unsharded:
+            out["unsharded_params"] = self.unsharded
         return out
 
 
@@ -135,9 +140,127 @@ def model_states_bytes(params_per_rank: float, zero_stage: int, dp: int, dtype: 
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Moment:
+    """One candidate for the time of a rank's peak: the micro-batches whose activations are alive then
+    (``inflight``) and which gradients exist (``grads``: "none" before the rank's first backward, "accumulating"
+    in a later one, "end" as its last backward ends)."""
+
+    inflight: float
+    grads: str
+
+
+def peak_moments(schedule: str, pp: int, m: int, inflight: float) -> tuple[Moment, ...]:
+    """The candidate peak times of a pp rank holding ``inflight`` micro-batches at most (the runtime's schedules).
+
+    - pp = 1 (one micro-batch at a time, gradients accumulated): each backward starts with one micro-batch's
+      activations; from the second on, the accumulated gradients are alive too.
+    - GPipe: the first backward starts with all ``m`` forwards' activations and no gradient; the second with
+      ``m - 1`` and the gradients.
+    - 1F1B (and interleaved): ``inflight`` at the first backward, and again at a later one when ``m`` exceeds it
+      (steady state; else one fewer), now with gradients.
+    - Always: the end of the last backward, no activations left, the gradients.
+
+    >>> [(x.inflight, x.grads) for x in peak_moments("gpipe", 2, 4, 4.0)]
+    [(4.0, 'none'), (3.0, 'accumulating'), (0.0, 'end')]
+    >>> [(x.inflight, x.grads) for x in peak_moments("1f1b", 1, 1, 1.0)]
+    [(1.0, 'none'), (0.0, 'end')]
+    """
+    out = [Moment(inflight=1.0 if pp == 1 else inflight, grads="none")]
+    if m > 1:
+        if pp == 1:
+            later = 1.0
+        elif schedule == "gpipe":
+            later = float(m - 1)
+        elif schedule == "1f1b":
+            later = inflight if m > inflight else inflight - 1.0
+        else:
+            later = inflight
+        out.append(Moment(inflight=later, grads="accumulating"))
+    out.append(Moment(inflight=0.0, grads="end"))
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeStates:
+    """Per parameter, the bytes one rank holds under the runtime's data parallelism (``runtime.executor.fsdp``:
+    FSDP2 ``replicate`` at ZeRO-0, ``fully_shard`` at ZeRO 1-3), over a data-parallel group of ``dp`` ranks.
+
+    - ``always``: weights at rest (sharded over dp at ZeRO >= 1: FSDP2 shards them between steps at every stage)
+      and AdamW state (sharded at ZeRO >= 1), plus, with dp > 1 below ZeRO-3, the unsharded copy of the weights
+      FSDP2 gathers for the forward and keeps until the backward ends (at ZeRO-3: the layers in flight, priced
+      apart).
+    - ``accumulating``: gradients while micro-batches accumulate (unsharded: the runtime syncs on the last
+      micro-batch only; at ZeRO-3 reduce-scattered each micro-batch, so sharded).
+    - ``end``: gradients as the last backward ends: reduced in place at ZeRO-0 (``replicate``'s one unit),
+      reduce-scattered unit by unit at ZeRO 1-3, so only the shards are left.
+    ZeRO-1 runs as ZeRO-2 (``runtime.executor.fsdp``), so it is priced as ZeRO-2.
+
+    >>> s = runtime_states(0, 2, "fp32")
+    >>> s.always, s.unsharded, s.accumulating, s.end  # fp32 weights 4 + AdamW 8 + the gathered copy 4
+    (16.0, 4.0, 4.0, 4.0)
+    >>> runtime_states(3, 4, "fp32").always
+    3.0
+    """
+
+    always: float
+    unsharded: float
+    accumulating: float
+    end: float
+
+    def grads(self, mode: str) -> float:
+        return {"none": 0.0, "accumulating": self.accumulating, "end": self.end}[mode]
+
+
+def runtime_states(zero_stage: int, dp: int, dtype: str = "bf16") -> RuntimeStates:
+    """:class:`RuntimeStates` of ZeRO ``zero_stage`` over ``dp`` data-parallel ranks."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise StratagemError(f"ZeRO stage {zero_stage} does not exist; use 0, 1, 2 or 3")
+    if dp < 1:
+        raise StratagemError(f"data-parallel degree must be >= 1, got {dp}")
+    per = STATE_BYTES_PER_PARAM[precision_kind(dtype)]
+    shard = dp if zero_stage >= 1 else 1
+    unsharded = float(per["params"]) if dp > 1 and zero_stage < 3 else 0.0
+    accumulating = per["grads"] / dp if zero_stage == 3 else float(per["grads"])
+    end = per["grads"] / shard
+    return RuntimeStates(
+        always=per["params"] / shard + per["optimizer"] / shard + unsharded,
+        unsharded=unsharded,
+        accumulating=accumulating,
+        end=end,
+    )
+
+
 def reserve_bytes(allocated_bytes: float, *, is_gpu: bool) -> float:
     """Framework reserve: CUDA context on GPUs plus allocator fragmentation (see ``constants.py``)."""
     return (CUDA_CONTEXT_BYTES if is_gpu else 0.0) + FRAGMENTATION_FRACTION * allocated_bytes
+
+
+def runtime_breakdown(
+    *,
+    params: float,
+    optimizer: float,
+    unsharded: float,
+    grads: float,
+    activations: float,
+    comm_buffers: float,
+    capacity_bytes: float,
+    is_gpu: bool,
+    expert_state_bytes: float = 0.0,
+) -> MemoryBreakdown:
+    """One rank's peak from the runtime's terms (``planner.cost.estimate``), with the reserve on top."""
+    allocated = params + optimizer + unsharded + grads + activations + comm_buffers + expert_state_bytes
+    return MemoryBreakdown(
+        params=params,
+        grads=grads,
+        optimizer=optimizer,
+        activations=activations,
+        comm_buffers=comm_buffers,
+        reserve=reserve_bytes(allocated, is_gpu=is_gpu),
+        capacity=capacity_bytes,
+        expert_states=expert_state_bytes,
+        unsharded=unsharded,
+    )
 
 
 def build_memory_breakdown(

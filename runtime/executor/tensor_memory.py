@@ -46,13 +46,14 @@ class TensorPeak:
     by_kind: dict[str, int]
 
 
-def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
-    """The storages holding ``t``'s data (a wrapper subclass such as DTensor: its inner tensors')."""
+def _storages(t: torch.Tensor, meta: bool = False) -> list[torch.UntypedStorage]:
+    """The storages holding ``t``'s data (a wrapper subclass such as DTensor: its inner tensors'); meta tensors'
+    only when ``meta`` (the profiler's measurements on the meta device)."""
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
         inner = [getattr(t, name) for name in names]
-        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]
-    if t.device.type == "meta" or type(t).__name__ == "FakeTensor":
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x, meta)]
+    if (t.device.type == "meta" and not meta) or type(t).__name__ == "FakeTensor":
         return []
     try:
         return [t.untyped_storage()]
@@ -75,8 +76,11 @@ class TensorMemory(TorchDispatchMode):
     TensorPeak(peak_bytes=160, by_kind={'params': 80, 'grads': 80, 'optimizer': 0, 'activations': 0, 'temporaries': 0})
     """
 
-    def __init__(self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+    def __init__(
+        self, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer], *, meta: bool = False
+    ) -> None:
         super().__init__()
+        self._meta = meta
         self._live: dict[int, tuple[int, str, weakref.ref]] = {}  # storage id -> (bytes, kind, reference)
         self._now = dict.fromkeys(KINDS, 0)
         self._total = 0
@@ -87,7 +91,7 @@ class TensorMemory(TorchDispatchMode):
 
     # --- bookkeeping -------------------------------------------------------------------------------------------
     def _add(self, t: torch.Tensor, kind: str, *, retag: bool = False) -> None:
-        for st in _storages(t):
+        for st in _storages(t, self._meta):
             self._add_storage(st, kind, retag=retag)
         self._note_peak()
 

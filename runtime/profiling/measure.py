@@ -119,6 +119,24 @@ def saved_bytes(module: nn.Module, x: torch.Tensor, *, seq_len: int) -> SavedByt
     return SavedBytes(total_bytes=total, attention_scores_bytes=scores_total)
 
 
+def backward_working_set(module: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of transient tensors at the peak of one backward of ``module`` on ``x``, beyond what its forward
+    saved: the gradient it receives (``ones_like`` its output, allocated here), activation gradients, its input's
+    gradient; not the parameters' gradients (the memory model holds those apart). Measured with
+    ``runtime.executor.tensor_memory.TensorMemory`` (on the meta device too)."""
+    from runtime.executor.tensor_memory import TensorMemory
+
+    out = module(x)
+    if not out.requires_grad:
+        return 0
+    with TensorMemory([module], [], meta=True) as tracker:
+        tracker.reset()
+        out.backward(_grad_like(out))
+    module.zero_grad(set_to_none=True)
+    peak = tracker.peak()
+    return int(peak.by_kind["temporaries"] + peak.by_kind["activations"])
+
+
 def _stats(times_s: list[float], warmup: int) -> TimingStats:
     return TimingStats(
         median_s=statistics.median(times_s), min_s=min(times_s), max_s=max(times_s), repeats=len(times_s), warmup=warmup

@@ -51,7 +51,14 @@ from runtime.models.dims import resolve_dims
 from runtime.models.external import external
 from runtime.models.zoo import SEQUENCE_FAMILIES
 from runtime.profiling.experts import expert_fields, without_routed_experts
-from runtime.profiling.measure import count_flops, derived_timing, make_input, saved_bytes, time_layer
+from runtime.profiling.measure import (
+    backward_working_set,
+    count_flops,
+    derived_timing,
+    make_input,
+    saved_bytes,
+    time_layer,
+)
 from runtime.profiling.overhead import (
     measure_runtime_overhead,
     reference_matmul_figure,
@@ -186,6 +193,7 @@ def _shard(job: _Layer, tp: int, s: ProfileSettings) -> ShardProfile:
     b0 = s.micro_batches[0]
     flops = count_flops(module, make_input(job.x_full[:b0], needs_grad=not job.first))
     saved = saved_bytes(module, make_input(job.x_full[:b0], needs_grad=not job.first), seq_len=s.seq_len)
+    working = backward_working_set(module, make_input(job.x_full[:b0], needs_grad=not job.first))
     params, param_bytes = (0, 0) if job.tied_head else _params(module)
     fwd_flops, bwd_flops = flops.forward / b0, flops.backward / b0
     return ShardProfile(
@@ -197,6 +205,7 @@ def _shard(job: _Layer, tp: int, s: ProfileSettings) -> ShardProfile:
         attention_scores_flops_per_sample=flops.forward_scores / b0,
         saved_bytes_per_sample=saved.total_bytes / b0,
         saved_attention_scores_bytes_per_sample=saved.attention_scores_bytes / b0,
+        backward_ws_bytes_per_sample=working / b0,
         timings=_timings(module, job.x_full, job.first, fwd_flops, bwd_flops, s),
         time_origin="derived" if s.achieved_flops_per_s else "measured",
     )
