@@ -105,7 +105,7 @@ def test_grad_sync_per_step_holds_unsharded_weights_and_grads(tiny):
     mem = [
         estimate(model, cluster, replace(cfg, zero3_grad_sync=s), global_batch=32, dtype="bf16")
         .per_rank[0]
-        .memory.comm_buffers
+        .memory.unsharded
         for s in ("micro_batch", "step")
     ]
     assert mem[1] - mem[0] == pytest.approx(sum((288768, 789760, 789760, 512)) * 4, rel=1e-12)

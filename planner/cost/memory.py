@@ -1,23 +1,34 @@
-"""Peak memory of one rank: model states sharded per ZeRO stage, activations in flight, buffers, reserve.
+"""Peak memory of one rank as `stratagem launch` holds it: model states, the peak moment's activations and
+gradients, the backward's working set, buffers, reserve.
 
-Assumptions (each term is reported separately; none is dropped):
+Each term is reported separately (``MemoryBreakdown``); the terms follow the runtime (``runtime.executor.fsdp``,
+``schedule``), checked against its measured live tensor bytes by ``benchmarks/memory_accuracy.py``:
 
-- **Model states** — mixed-precision AdamW holds 2 + 2 + 12 bytes per parameter (16-bit weights and
-  gradients; fp32 master, momentum, variance); under torch.autocast 4 + 4 + 8 (fp32 weights and gradients,
-  :func:`state_dtype`). ZeRO (Rajbhandari et al. 2020 §5) shards the optimizer
-  state over the data-parallel group at stage 1, also the gradients at stage 2, also the weights at
-  stage 3. A layer *replicated* inside its TP group (Whale's replicate style) holds its full weights on
-  every TP rank; they are sharded over the DP group like the others.
-- **Activations** — per micro-batch, the bytes the rank's layers keep for backward (``LayerCost.act_bytes``,
-  already reduced by recompute and sequence parallelism; Korthikanti et al. 2022 Table 2), times the
-  micro-batches in flight for the schedule (:func:`planner.cost.pipeline.inflight_microbatches`), plus the
-  *working set* of the backward of one layer: with full recompute, the re-materialised activations of the
-  largest layer for one micro-batch (Korthikanti et al. §4.1 count it as one extra layer's worth).
-- **Communication buffers** — DDP gradient buckets (2 x 25 MiB, torch DDP default ``bucket_cap_mb``),
-  pipeline send and receive buffers (2 x the boundary activation per chunk), and under ZeRO-3 the
-  un-sharded weights of the two largest layers in flight (current + prefetched, FSDP ``limit_all_gathers``).
+- **Model states** (:func:`runtime_states`): 16-bit weights and gradients with fp32 master weights and AdamW
+  moments, 2 + 2 + 12 bytes per parameter (fp32 training: 4 + 4 + 8; under torch.autocast fp32 weights and
+  gradients, :func:`state_dtype`). Data parallelism is FSDP2: ``replicate`` at ZeRO-0, ``fully_shard`` at ZeRO
+  1-3 (ZeRO-1 runs as ZeRO-2, so it is priced as ZeRO-2). From ZeRO-1 on, weights at rest and AdamW state are
+  sharded over the data-parallel group (FSDP2 shards weights between steps at every stage). FSDP2 gathers the
+  weights for the forward into an unsharded copy (``unsharded``): below ZeRO-3 it keeps all of them until the
+  backward ends (``replicate`` too, on one rank's full weights), at ZeRO-3 only the layers in flight (current +
+  prefetched).
+- **The peak moment** (:func:`peak_moments`): a rank peaks as one of its backwards starts or as the last one
+  ends. It then holds the activations of the micro-batches in flight (``LayerCost.act_bytes``, already reduced
+  by recompute and sequence parallelism; :func:`planner.cost.pipeline.inflight_microbatches`) and, from its
+  second backward on, the gradients accumulated so far (unsharded below ZeRO-3: the runtime reduces on the last
+  micro-batch only). The estimate takes the moment that needs most.
+- **Working set**: the largest layer's backward needs beyond what it saved: the gradients it receives and makes
+  (measured per layer: ``ShardProfile.backward_ws_bytes_per_sample``), the activations full recompute
+  re-materialises, an MoE block's dispatch buffers.
+- **Communication buffers**: pipeline send and receive buffers (2 x the boundary activation per chunk). FSDP2
+  reduces gradients in place, so there are no DDP bucket copies.
 - **Reserve** — CUDA context, cuBLAS and NCCL workspaces (``CUDA_CONTEXT_BYTES``, GPUs only) plus
   allocator fragmentation (``FRAGMENTATION_FRACTION`` of everything above). See ``constants.py``.
+
+Not modelled (measured gaps, ``benchmarks/memory_accuracy.py``): the logits each in-flight micro-batch keeps on
+the last pipeline stage (torch.distributed.pipelining holds a stage's outputs until their backward), sequence
+parallelism's all-gathered inputs that torch's tensor-parallel styles save whole, the exchange buffers of context
+parallelism.
 """
 
 from __future__ import annotations

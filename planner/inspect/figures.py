@@ -25,6 +25,7 @@ MEMORY_COLORS = {
     "grads": "#9ecae1",
     "optimizer": "#31a354",
     "expert_states": "#756bb1",
+    "unsharded_params": "#6baed6",
     "activations": "#fd8d3c",
 }
 TERM_COLORS = {

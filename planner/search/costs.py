@@ -21,7 +21,6 @@ from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.context import KVExchange, check_context, context_view, kv_exchange, unfold
 from planner.cost.constants import (
     CUDA_CONTEXT_BYTES,
-    DDP_BUCKETS_IN_FLIGHT,
     FRAGMENTATION_FRACTION,
     MEMORY_BW_EFFICIENCY,
     OPTIMIZER_FLOPS_PER_PARAM,
@@ -33,7 +32,13 @@ from planner.cost.estimate import _timings_apply, dp_collective_time  # the rule
 from planner.cost.zero3 import fsdp_call_latency_s, root_unit_layers
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
-from planner.cost.memory import model_states_bytes, optimizer_bytes_per_param, precision_kind, state_dtype
+from planner.cost.memory import (
+    optimizer_bytes_per_param,
+    peak_moments,
+    precision_kind,
+    runtime_states,
+    state_dtype,
+)
 from planner.cost.moe import combine_expert_costs, expert_split, expert_states, expert_time
 from planner.cost.pipeline import inflight_microbatches
 from planner.cost.placement import (
@@ -366,7 +371,7 @@ class CandidateCosts:
             )
             if opt.recompute == "full"
             else 0.0
-        )
+        ) + k.backward_ws_bytes
         return OptionCost(
             time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s + k.ep_comm_s,
             fwd_s=k.forward_s,
@@ -495,18 +500,20 @@ class CandidateCosts:
             opt_per_param = self.optimizer_bytes / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
         else:
             opt_per_param = OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
-        ddp = "always" if zero < 3 and dp > 1 else ("if_replicated" if zero < 3 and tp > 1 else "never")
         # ZeRO-3 accumulating over m > 1 micro-batches holds unsharded weights + gradients (zero3_accumulation_bytes)
         held = per["params"] + per["grads"] if zero == 3 and outer.pp > 1 and outer.num_micro_batches > 1 else 0.0
+        rs = runtime_states(zero, dp, self.state_dtype)  # the runtime's FSDP2 data parallelism (estimate._memory)
         return RankModel(
             capacity_bytes=node.device_memory_bytes * self.search.memory_fraction,
-            state_bytes_per_param_dp=model_states_bytes(1.0, zero, dp, self.state_dtype).total_bytes + held,
-            state_bytes_per_param_dpt=model_states_bytes(1.0, zero, dp * tp, self.state_dtype).total_bytes + held,
+            state_bytes_per_param_dp=rs.always + held,
+            state_bytes_per_param_dpt=rs.always + held,
             reserve_factor=1.0 + FRAGMENTATION_FRACTION,
             reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
-            ddp_buffer=ddp,
-            ddp_buffer_cap_bytes=DDP_BUCKETS_IN_FLIGHT * bucket if bucket else math.inf,
+            ddp_buffer="never",  # FSDP2's replicate and fully_shard reduce in place: no DDP bucket copies
+            ddp_buffer_cap_bytes=math.inf,
             grad_bytes_per_param=per["grads"],
+            grads_accumulating_per_param=rs.accumulating,
+            grads_end_per_param=rs.end,
             zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0,
             pp_buffers=outer.pp > 1,
             sync_dp=coll(op, dp_g, per["grads"]),
@@ -666,7 +673,13 @@ class CandidateCosts:
             reps = outer.replica_types()
             first = self._tables(outer, [t for t, _, _ in reps], (reps[0][0],) * outer.pp, reps[0][2])
             lanes = tuple(
-                replace(first, rank_node_types=(t,) * outer.pp, m=m, inflight=self._inflight(outer, m))
+                replace(
+                    first,
+                    rank_node_types=(t,) * outer.pp,
+                    m=m,
+                    inflight=self._inflight(outer, m),
+                    moments=self._moments(outer, m),
+                )
                 for t, _, m in reps
             )
             return replace(lanes[0], replica_lanes=lanes)
@@ -675,6 +688,13 @@ class CandidateCosts:
     def _inflight(self, outer: OuterChoice, m: int) -> tuple[float, ...]:
         return tuple(
             inflight_microbatches(outer.schedule, outer.pp, r, m, outer.virtual_stages) for r in range(outer.pp)
+        )
+
+    def _moments(self, outer: OuterChoice, m: int) -> tuple[tuple[tuple[float, str], ...], ...]:
+        """Each pp rank's candidate peak moments (``planner.cost.memory.peak_moments``, as the estimate)."""
+        return tuple(
+            tuple((mo.inflight, mo.grads) for mo in peak_moments(outer.schedule, outer.pp, m, k))
+            for k in self._inflight(outer, m)
         )
 
     def _tables(self, outer: OuterChoice, types: list[str], rank_types: tuple[str, ...], m: int) -> Tables:
@@ -704,6 +724,7 @@ class CandidateCosts:
             zero_stage=outer.zero_stage,
             rank_node_types=rank_types,
             inflight=self._inflight(outer, m),
+            moments=self._moments(outer, m),
             ranks={nt: self._rank_model(nt, outer) for nt in types},
             change_s=changes,
             tied_params=self._tied(outer),

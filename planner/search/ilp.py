@@ -26,7 +26,7 @@ from planner.search.ilp_terms import (
     conjunction,
     indicator,
 )
-from planner.search.tables import Assignment, Tables
+from planner.search.tables import Assignment, Tables, moment_grad_bytes, rank_moments
 
 OBJECTIVE_RESOLUTION = 1e4
 
@@ -262,7 +262,6 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
     parts = [
         (rm.state_bytes_per_param_dp * k) * x["P"],
         (rm.state_bytes_per_param_dpt * k) * x["Q"],
-        (tables.inflight[r] * k) * x["act"],
         k * x["st"],
     ]
     groups = tables.groups
@@ -306,7 +305,12 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
             )
     if rm.pp_buffers:
         parts.append((2 * k) * x["out"])
-    prob += (pulp.lpSum(parts) * rm.reserve_factor <= 1 - rm.reserve_const_bytes * k, f"h_mem[{r}]")
+    # the peak is the largest of the rank's moments (activations in flight, gradients alive): each must fit
+    for j, (inflight, mode) in enumerate(rank_moments(tables, r)):
+        grads = moment_grad_bytes(rm, mode) * k
+        moment = [(inflight * k) * x["act"]] + ([grads * (x["P"] + x["Q"])] if grads else [])
+        name = f"h_mem[{r}]" if j == 0 else f"h_mem[{r},{j}]"
+        prob += (pulp.lpSum(parts + moment) * rm.reserve_factor <= 1 - rm.reserve_const_bytes * k, name)
 
 
 def _limits(tables: Tables) -> dict[str, float]:

@@ -92,6 +92,10 @@ class RankModel:
     ddp_buffer_cap_bytes: float  # math.inf: the buffer is all the gradients
     grad_bytes_per_param: float
     zero3_buffer_layers: int
+    # gradient bytes per parameter at a peak moment (planner.cost.memory.RuntimeStates): while micro-batches
+    # accumulate, and as the last backward ends (Tables.moments says which moments a rank has)
+    grads_accumulating_per_param: float = 0.0
+    grads_end_per_param: float = 0.0
     pp_buffers: bool
     sync_dp: Concave
     sync_dpt: Concave
@@ -146,6 +150,9 @@ class Tables:
     rank_node_types: tuple[str, ...]
     inflight: tuple[float, ...]
     ranks: Mapping[str, RankModel]
+    # per pp rank, the candidate times of its peak: (micro-batches of activations alive, gradients "none" |
+    # "accumulating" | "end"), planner.cost.memory.peak_moments; empty = one moment (inflight[r], "none")
+    moments: tuple[tuple[tuple[float, str], ...], ...] = ()
     change_s: Mapping[tuple[int, str, str, str], float]
     tied_params: Mapping[str, float]
     tied_group: int = 0
@@ -272,10 +279,23 @@ def rank_tail_s(tables: Tables, rm: RankModel, x: dict[str, float]) -> float:
     return exposed + zero_s + opt
 
 
+def rank_moments(tables: Tables, r: int) -> tuple[tuple[float, str], ...]:
+    """The candidate peak moments of pp rank ``r`` (:attr:`Tables.moments`)."""
+    return tables.moments[r] if tables.moments else ((tables.inflight[r], "none"),)
+
+
+def moment_grad_bytes(rm: RankModel, mode: str) -> float:
+    """Gradient bytes per parameter at a moment whose gradients are ``mode``."""
+    return {"none": 0.0, "accumulating": rm.grads_accumulating_per_param, "end": rm.grads_end_per_param}[mode]
+
+
 def rank_memory_bytes(tables: Tables, rm: RankModel, x: dict[str, float], r: int) -> float:
     """Peak bytes of pp rank ``r`` (``estimate._Assembler._memory`` and ``memory.build_memory_breakdown``)."""
     states = rm.state_bytes_per_param_dp * x["P"] + rm.state_bytes_per_param_dpt * x["Q"] + x["st"]
-    activations = x["act"] * tables.inflight[r] + x["ws"]
+    activations = (
+        max(k * x["act"] + moment_grad_bytes(rm, mode) * (x["P"] + x["Q"]) for k, mode in rank_moments(tables, r))
+        + x["ws"]
+    )
     buffers = 0.0
     if rm.ddp_buffer == "always" or (rm.ddp_buffer == "if_replicated" and x["Q"] > 0):
         buffers += min(rm.ddp_buffer_cap_bytes, rm.grad_bytes_per_param * (x["P"] + x["Q"]))
@@ -368,7 +388,7 @@ def dominates(a: Tables, b: Tables) -> bool:
         b.zero_stage == 3,
         b.chunk_unit_s,
     )
-    if not same or any(x > y for x, y in zip(a.inflight, b.inflight)):
+    if not same or a.moments != b.moments or any(x > y for x, y in zip(a.inflight, b.inflight)):
         return False
     for ga, gb in zip(a.groups, b.groups):
         if (ga.paths, ga.options, ga.boundary_s) != (

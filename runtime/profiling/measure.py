@@ -120,21 +120,24 @@ def saved_bytes(module: nn.Module, x: torch.Tensor, *, seq_len: int) -> SavedByt
 
 
 def backward_working_set(module: nn.Module, x: torch.Tensor) -> int:
-    """Bytes of transient tensors at the peak of one backward of ``module`` on ``x``, beyond what its forward
-    saved: the gradient it receives (``ones_like`` its output, allocated here), activation gradients, its input's
-    gradient; not the parameters' gradients (the memory model holds those apart). Measured with
-    ``runtime.executor.tensor_memory.TensorMemory`` (on the meta device too)."""
+    """How far one backward of ``module`` on ``x`` grows the live tensor bytes above what its forward left (its
+    saved tensors, its output): the gradient it receives (allocated here, ``ones_like`` its output), activation
+    gradients and its input's gradient, less the saved tensors it frees on the way; the parameters' gradients
+    are left out (the memory model holds those apart). Measured with ``runtime.executor.tensor_memory.
+    TensorMemory``, on the meta device too."""
     from runtime.executor.tensor_memory import TensorMemory
 
-    out = module(x)
-    if not out.requires_grad:
-        return 0
     with TensorMemory([module], [], meta=True) as tracker:
+        out = module(x)
+        if not out.requires_grad:
+            return 0
         tracker.reset()
+        start = tracker.now()
         out.backward(_grad_like(out))
     module.zero_grad(set_to_none=True)
     peak = tracker.peak()
-    return int(peak.by_kind["temporaries"] + peak.by_kind["activations"])
+    growth = peak.peak_bytes - start.peak_bytes - (peak.by_kind["grads"] - start.by_kind["grads"])
+    return max(0, int(growth))
 
 
 def _stats(times_s: list[float], warmup: int) -> TimingStats:
