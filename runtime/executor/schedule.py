@@ -67,7 +67,9 @@ class PipelineRunner:
         args = (batch.inputs,) if self.is_first else ()
         kwargs = {"target": batch.targets, "losses": losses} if self.is_last else {}
         with _step_context(self.loss_parallel, self.autocast_dtype, self.device_type):
-            self.schedule.step(*args, **kwargs)
+            # return_outputs=False: the last stage would otherwise keep every micro-batch's logits until the step
+            # ends, to return them merged; the step needs only the losses
+            self.schedule.step(*args, return_outputs=False, **kwargs)
         # the schedule saw each micro-batch loss divided by the count (build_runner); report the loss itself
         return [_scalar(loss) * self.num_micro_batches for loss in losses]
 
