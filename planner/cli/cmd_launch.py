@@ -153,7 +153,8 @@ def _run_with_oom_fallback(plan, opts, args: argparse.Namespace, metrics: Path |
             nxt = load_plan(path)
             message = (
                 f"rank {note['rank']} ran out of memory in step {note['step']}; moving to runner-up plan "
-                f"{plan_label(nxt)} (predicted peak of the fullest device {fullest_text(plan)} -> {fullest_text(nxt)}), "
+                f"{plan_label(nxt)} (predicted peak of the fullest device {fullest_text(plan)} -> "
+                f"{fullest_text(nxt)}), "
                 f"written to {path}; training it from step 1"
             )
             print(message, file=sys.stderr)
