@@ -121,7 +121,7 @@ def run_estimate_from(args: argparse.Namespace) -> int:
     settings = settings_from_source(framework, source, gpus=args.gpus, layers=layers)
     profile = model_profile_for(settings, args.model, seq=args.seq, dtype=args.dtype)
     cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
-    config = to_parallel_config(settings, layer_kinds(profile))
+    config = to_parallel_config(settings, layer_kinds(profile), framework)
     est = estimate_config(config, profile=profile, cluster=cluster, global_batch=settings.global_batch)
     if args.json:
         json.dump({"source": framework, **estimate_to_json(est, config)}, sys.stdout, indent=1)

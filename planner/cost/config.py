@@ -48,6 +48,11 @@ class ParallelConfig:
     # Context parallelism (``planner.cost.context``): the sequence split over ``cp`` ranks, K/V exchanged by
     # all-gather or ring (None when cp == 1). ``kv_exchange`` is set only on the folded configuration
     # ``context.fold`` builds (dp * cp ranks on the per-rank view of the model); leave it None.
+    # whose memory the estimate prices (planner.cost.memory): "fsdp2", what `stratagem launch` and torchtitan
+    # hold (FSDP2's gathered weights, gradients as they exist at the peak); "textbook", what Megatron-LM and
+    # DeepSpeed hold (ZeRO's model states with gradients through the step, DDP gradient buckets). The search
+    # plans with the default; exports and --compare-to price a framework's config with its own.
+    memory_semantics: Literal["fsdp2", "textbook"] = "fsdp2"
     cp: int = 1
     context_parallel: Literal["allgather", "ring"] | None = None
     kv_exchange: KVExchange | None = None

@@ -47,12 +47,13 @@ gradient all-reduce between the two ranks (one message per step) is not modelled
 from __future__ import annotations
 
 from planner.cost.collectives import collective_time, group_collective_s
-from planner.cost.compute import layer_cost, layer_working_set_bytes, layout_change_cost
+from planner.cost.compute import full_saved_bytes, layer_cost, layer_working_set_bytes, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.context import estimate_context_parallel
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
 from planner.cost.constants import (
+    DDP_BUCKETS_IN_FLIGHT,
     MEMORY_BW_EFFICIENCY,
     OPTIMIZER_FLOPS_PER_PARAM,
     STATE_BYTES_PER_PARAM,
@@ -60,6 +61,8 @@ from planner.cost.constants import (
     is_gpu,
 )
 from planner.cost.memory import (
+    build_memory_breakdown,
+    model_states_bytes,
     optimizer_bytes_per_param,
     peak_moments,
     precision_kind,
@@ -402,12 +405,73 @@ class _Assembler:
             return params * self.optimizer_bytes / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
         return params * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
 
+    def _memory_textbook(
+        self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]
+    ):
+        """Peak bytes of pp rank ``r`` as Megatron-LM and DeepSpeed hold them (``ParallelConfig.memory_semantics``
+        "textbook"): ZeRO's model states (Rajbhandari et al. 2020 §5), gradients through the whole step, the
+        peak's activations (Korthikanti et al. 2022), DDP gradient buckets."""
+        cfg = self.cfg
+        states = [
+            model_states_bytes(params, cfg.zero_stage, cfg.dp, self.state_dtype),
+            model_states_bytes(wide, cfg.zero_stage, cfg.dp * cfg.tp, self.state_dtype),
+        ]
+        act = sum(k.act_bytes for _, k in pairs)
+        working = max(
+            [
+                (
+                    full_saved_bytes(
+                        layer,
+                        tp=cfg.tp,
+                        style=layer_style(cfg, layer),
+                        sequence_parallel=cfg.sequence_parallel,
+                        micro_batch=cfg.micro_batch,
+                        flash_attention=cfg.flash_attention,
+                    )
+                    if layer_recompute(cfg, layer) == "full"
+                    else 0.0
+                )
+                + k.moe_ws_bytes
+                for layer, k in pairs
+            ],
+            default=0.0,
+        )
+        buffers = 0.0
+        grad_bytes = (params + wide) * STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
+        if cfg.zero_stage < 3 and (cfg.dp > 1 or wide > 0):
+            buffers += min(DDP_BUCKETS_IN_FLIGHT * (cfg.grad_bucket_bytes or grad_bytes), grad_bytes)
+        if cfg.zero_stage == 3:
+            buffers += ZERO3_LAYERS_IN_FLIGHT * max((k.param_bytes for _, k in pairs), default=0.0)
+            per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
+            buffers += zero3_accumulation_bytes(
+                cfg, micro_batches=self.m, params=params + wide, weight_bytes=per["params"], grad_bytes=per["grads"]
+            )
+        if cfg.pp > 1:
+            buffers += 2 * sum(
+                self.chunks[c][-1].output_bytes_per_sample * cfg.micro_batch / cfg.tp
+                for c in range(r, len(self.chunks), cfg.pp)
+            )
+        inflight = inflight_microbatches(cfg.schedule, cfg.pp, r, self.m, cfg.virtual_stages)
+        return build_memory_breakdown(
+            states=states,
+            act_bytes_per_microbatch=act,
+            inflight_microbatches=inflight,
+            working_set_bytes=working,
+            comm_buffer_bytes=buffers,
+            capacity_bytes=float(node.device_memory_bytes),
+            is_gpu=is_gpu(node.device),
+            expert_state_bytes=sum(k.expert_state_bytes for _, k in pairs),
+        )
+
     def _memory(self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]):
         """Peak bytes of pp rank ``r`` as the runtime holds them (``planner.cost.memory``: ``runtime_states``,
         ``peak_moments``): weights, AdamW state and the data-parallel wrapper's gathered weights always; the
         activations and gradients of the moment that needs most; the largest layer's backward working set; the
-        pipeline's boundary buffers."""
+        pipeline's boundary buffers. A configuration priced for Megatron-LM or DeepSpeed
+        (``memory_semantics="textbook"``) is priced as they hold it (:meth:`_memory_textbook`)."""
         cfg = self.cfg
+        if cfg.memory_semantics == "textbook":
+            return self._memory_textbook(r, node, params, wide, pairs)
         n = params + wide
         per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
         rs = runtime_states(cfg.zero_stage, cfg.dp, self.state_dtype)

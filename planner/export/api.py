@@ -77,9 +77,12 @@ def estimate_config(
     return estimate(profile, sized, config, global_batch=global_batch, dtype=profile.dtype)
 
 
-def estimate_settings(settings: FrameworkSettings, *, profile: ModelProfile, cluster: ClusterProfile) -> Estimate:
+def estimate_settings(
+    settings: FrameworkSettings, *, profile: ModelProfile, cluster: ClusterProfile, framework: str | None = None
+) -> Estimate:
+    """The cost model's estimate of a framework's config, its memory as ``framework`` holds it."""
     return estimate_config(
-        to_parallel_config(settings, layer_kinds(profile)),
+        to_parallel_config(settings, layer_kinds(profile), framework),
         profile=profile,
         cluster=cluster,
         global_batch=settings.global_batch,
@@ -120,10 +123,13 @@ def _within_budget(est: Estimate, memory_fraction: float) -> bool:
     return all(r.memory.peak_bytes <= memory_fraction * r.memory.capacity for r in est.per_rank)
 
 
-def _fastest_that_fits(candidates, *, profile: ModelProfile, cluster: ClusterProfile):
+def _fastest_that_fits(candidates, *, profile: ModelProfile, cluster: ClusterProfile, framework: str | None = None):
     """The candidate with the least step time among those within the search's default memory budget
     (``SearchConfig.memory_fraction``), else among those that fit at all, else the one with the least memory."""
-    scored = [(s, changes, estimate_settings(s, profile=profile, cluster=cluster)) for s, changes in candidates]
+    scored = [
+        (s, changes, estimate_settings(s, profile=profile, cluster=cluster, framework=framework))
+        for s, changes in candidates
+    ]
     for keep in (lambda e: _within_budget(e, SearchConfig().memory_fraction), lambda e: e.fits_in_memory):
         chosen = [c for c in scored if keep(c[2])]
         if chosen:
@@ -139,7 +145,7 @@ def export_plan(plan: Plan, framework: str, *, profile: ModelProfile, cluster: C
         plan_parallel_config(plan), profile=profile, cluster=cluster, global_batch=plan.training.global_batch
     )
     settings, changes, exported_est = _fastest_that_fits(
-        nearest_candidates(plan, profile, framework), profile=profile, cluster=cluster
+        nearest_candidates(plan, profile, framework), profile=profile, cluster=cluster, framework=framework
     )
     export = Export(
         framework=framework,
@@ -232,7 +238,7 @@ def compare(
     plan: Plan, current: FrameworkSettings, framework: str, *, profile: ModelProfile, cluster: ClusterProfile
 ) -> Comparison:
     """Estimate the user's ``current`` config and the plan (and its nearest ``framework`` config)."""
-    current_est = estimate_settings(current, profile=profile, cluster=cluster)
+    current_est = estimate_settings(current, profile=profile, cluster=cluster, framework=framework)
     exported = export_plan(plan, framework, profile=profile, cluster=cluster)
     # the planner chooses neither the weight decay nor, without a recipe in the plan, the learning rate: keep the
     # user's so that the flag changes are only what the plan changes

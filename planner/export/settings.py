@@ -153,8 +153,17 @@ def chunk_paths(layers: list[tuple[str, str]], s: FrameworkSettings) -> list[lis
     return out
 
 
-def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> ParallelConfig:
-    """The cost model's configuration for ``s`` (``layers``: ``[(path, kind), ...]`` in model order).
+# whose memory the cost model prices for each framework's config (ParallelConfig.memory_semantics): Megatron-LM
+# and DeepSpeed keep gradients through the step in buckets (textbook ZeRO); torchtitan and Accelerate's FSDP2 are
+# FSDP2, as `stratagem launch` is
+FRAMEWORK_MEMORY = {"megatron": "textbook", "deepspeed": "textbook", "torchtitan": "fsdp2", "accelerate": "fsdp2"}
+
+
+def to_parallel_config(
+    s: FrameworkSettings, layers: list[tuple[str, str]], framework: str | None = None
+) -> ParallelConfig:
+    """The cost model's configuration for ``s`` (``layers``: ``[(path, kind), ...]`` in model order), priced as
+    ``framework`` holds memory (:data:`FRAMEWORK_MEMORY`; None: as `stratagem launch` does).
 
     Every TP-capable layer is split (Megatron's vocab-parallel embedding and head; the cost model's default
     layout); explicit chunk boundaries only where the split is uneven or the recompute is per-layer.
@@ -175,6 +184,7 @@ def to_parallel_config(s: FrameworkSettings, layers: list[tuple[str, str]]) -> P
             for p in [q for q in chunk if kinds[q] == "block"][: s.recompute_blocks_per_chunk]
         }
     return ParallelConfig(
+        memory_semantics=FRAMEWORK_MEMORY.get(framework or "", "fsdp2"),  # type: ignore[arg-type]
         tp=s.tp,
         pp=s.pp,
         dp=s.dp,
