@@ -1,0 +1,59 @@
+"""The memory model against the runtime's measured live tensor bytes (``benchmarks/memory_accuracy.py``): each
+layout here must stay within 5 % on every rank, or this test fails.
+
+llama:tiny was not used to choose the memory model's terms (gpt:small's rows were), so these rows are out of
+sample. Layouts whose error is still above 5 % (the last pipeline stage, sequence parallelism, context
+parallelism, MoE models) are listed by the benchmark, not guarded here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import memory_accuracy  # noqa: E402
+
+pytestmark = pytest.mark.slow
+LAYOUTS = ("dp2", "zero1", "zero2", "zero3", "tp2", "recompute-selective", "recompute-full")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return memory_accuracy.run(["llama:tiny"], list(LAYOUTS))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_predicted_peak_tensor_bytes_within_5_percent(rows, layout):
+    mine = [r for r in rows if r["layout"] == layout]
+    assert len(mine) == 2  # both ranks measured
+    for r in mine:
+        assert abs(r["error"]) <= memory_accuracy.TOLERANCE, (
+            f"{layout} rank {r['rank']}: predicted {r['predicted_bytes']:.0f} B, measured {r['measured_bytes']:.0f} B "
+            f"({r['error']:+.1%}); measured by kind {r['measured_by_kind']}, predicted {r['predicted_by_term']}"
+        )
+
+
+def test_the_check_can_fail(rows):
+    """The ZeRO-3 row against the memory model Megatron-LM's configs are priced with (gradients through the step,
+    no gathered layers in flight but DDP-style buffers) is off by more than 5 %: the tolerance separates models."""
+    import dataclasses
+
+    from planner.export.api import estimate_config, plan_parallel_config
+    from planner.profiles import load_cluster_profile
+    from runtime.profiling.model import profile_model_analytic
+
+    plan = memory_accuracy.predicted_plan("llama:tiny", "zero3")
+    profile = profile_model_analytic(plan.model, seq_len=memory_accuracy.SEQ, dtype="fp32", micro_batches=(4,))
+    config = dataclasses.replace(
+        plan_parallel_config(plan), stage_node_types=None, schedule="1f1b", memory_semantics="textbook"
+    )
+    cluster = load_cluster_profile(memory_accuracy.CLUSTER)
+    est = estimate_config(config, profile=profile, cluster=cluster, global_batch=memory_accuracy.GLOBAL_BATCH)
+    textbook = est.per_rank[0].memory.peak_bytes - est.per_rank[0].memory.reserve
+    measured = next(r["measured_bytes"] for r in rows if r["layout"] == "zero3")
+    assert abs(measured / textbook - 1) > memory_accuracy.TOLERANCE
