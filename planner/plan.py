@@ -721,7 +721,7 @@ def predicted_tensor_bytes(plan: Plan) -> list[float] | None:
     out = []
     for rank in range(plan.mesh.world_size):
         stage = next((s.index for s in plan.stages if rank in s.ranks), None)
-        sp = by_stage.get(stage)
+        sp = by_stage.get(stage) if stage is not None else None
         if sp is None:
             return None
         out.append(sp.peak_memory_bytes - sp.memory_breakdown_bytes.get("reserve", 0.0))

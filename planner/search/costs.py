@@ -502,18 +502,18 @@ class CandidateCosts:
             opt_per_param = OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
         # ZeRO-3 accumulating over m > 1 micro-batches holds unsharded weights + gradients (zero3_accumulation_bytes)
         held = per["params"] + per["grads"] if zero == 3 and outer.pp > 1 and outer.num_micro_batches > 1 else 0.0
-        rs = runtime_states(zero, dp, self.state_dtype)  # the runtime's FSDP2 data parallelism (estimate._memory)
+        held_states = runtime_states(zero, dp, self.state_dtype)  # the runtime's FSDP2 data parallelism
         return RankModel(
             capacity_bytes=node.device_memory_bytes * self.search.memory_fraction,
-            state_bytes_per_param_dp=rs.always + held,
-            state_bytes_per_param_dpt=rs.always + held,
+            state_bytes_per_param_dp=held_states.always + held,
+            state_bytes_per_param_dpt=held_states.always + held,
             reserve_factor=1.0 + FRAGMENTATION_FRACTION,
             reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
             ddp_buffer="never",  # FSDP2's replicate and fully_shard reduce in place: no DDP bucket copies
             ddp_buffer_cap_bytes=math.inf,
             grad_bytes_per_param=per["grads"],
-            grads_accumulating_per_param=rs.accumulating,
-            grads_end_per_param=rs.end,
+            grads_accumulating_per_param=held_states.accumulating,
+            grads_end_per_param=held_states.end,
             zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0,
             pp_buffers=outer.pp > 1,
             sync_dp=coll(op, dp_g, per["grads"]),
