@@ -268,10 +268,12 @@ def test_autocast_states_are_fp32(h100):
         profile = build_gpt_profile(spec, seq_len=1024, precision=p)
         est = estimate(profile, cluster, ParallelConfig(dp=2, zero_stage=1), global_batch=2, dtype="bf16")
         memory[p] = est.per_rank[0].memory
-    params = memory["pure"].params / 2
-    assert (memory["autocast"].params, memory["autocast"].grads) == (4 * params, 4 * params)
-    assert memory["autocast"].optimizer == pytest.approx(8 * params / 2)
-    assert memory["pure"].optimizer == pytest.approx(12 * params / 2)
+    n = memory["pure"].params  # 2-byte weights sharded over dp 2 at rest (FSDP2 at ZeRO-1): n = the parameters
+    assert memory["autocast"].params == pytest.approx(4 * n / 2)
+    # the weights FSDP2 gathers for the step: fp32 under autocast, 16-bit in pure
+    assert (memory["autocast"].unsharded, memory["pure"].unsharded) == pytest.approx((4 * n, 2 * n))
+    assert memory["autocast"].optimizer == pytest.approx(8 * n / 2)
+    assert memory["pure"].optimizer == pytest.approx(12 * n / 2)
 
 
 def test_autocast_prices_torch_foreach_adamw(h100):

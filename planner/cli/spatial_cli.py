@@ -29,6 +29,8 @@ def run_spatial(
     args: argparse.Namespace, *, spec: ModelSpec, profile: ModelProfile, cluster: ClusterProfile, lr_schedule
 ) -> int:
     """Search, write the plan, print the summary and the per-layer memory table (which layers split, why)."""
+    from planner.cli.cmd_plan import memory_fraction_of  # cmd_plan imports this module
+
     from rich.console import Console
     from rich.table import Table
 
@@ -51,7 +53,7 @@ def run_spatial(
         global_batch=args.global_batch,
         time_limit_s=args.time_limit,
         keep=args.top_k,
-        memory_fraction=args.memory_fraction,
+        memory_fraction=memory_fraction_of(args),
     )
     training = TrainingSettings(
         global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype, lr_schedule=lr_schedule
