@@ -135,3 +135,22 @@ def test_a_layer_that_cannot_run_on_meta_is_a_one_line_error_naming_the_measured
     err = capsys.readouterr().err.strip()
     assert "cannot run on the meta device" in err and "--model-profile" in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("model_type", ["cohere2_moe", "gpt_neo", "laguna", "mellum"])
+def test_the_tiny_config_keeps_its_per_layer_settings_consistent(model_type):
+    """Per-layer lists (Cohere2-MoE's mlp_layer_types, GPT-Neo's attention pattern, Laguna's heads per layer)
+    are cut to the tiny layer count: transformers rebuilds the tiny config from its dict (its validators reject
+    a list longer than the layers), and one of each layer kind is kept."""
+    from runtime.models.fidelity import tiny_config
+
+    config = transformers.AutoConfig.for_model(model_type)
+    tiny = tiny_config(config)
+    rebuilt = transformers.AutoConfig.for_model(
+        model_type, **{k: v for k, v in tiny.to_dict().items() if k != "model_type"}
+    )
+    assert rebuilt.num_hidden_layers == tiny.num_hidden_layers <= 8
+    for name in ("mlp_layer_types", "layer_types", "attention_layers"):
+        full, small = getattr(config, name, None), getattr(rebuilt, name, None)
+        if isinstance(full, list) and isinstance(small, list):
+            assert len(small) == rebuilt.num_hidden_layers and set(small) == set(full)

@@ -90,17 +90,55 @@ def tiny_config(config):
             setattr(tiny, name, min(getattr(tiny, name), 4))
     if getattr(tiny, "num_experts_per_tok", None):
         tiny.num_experts_per_tok = min(tiny.num_experts_per_tok, 2)
-    types = list(getattr(config, "layer_types", None) or [])
-    layers = max([2] + [types.index(t) + 1 for t in set(types)])
-    layers = min(layers, 8, getattr(config, "num_hidden_layers", None) or layers)
-    _set(tiny, "num_hidden_layers", layers)
-    if types:
-        _set(tiny, "layer_types", types[:layers])
+    _shrink_layers(config, tiny)
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         value = getattr(tiny, name, None)
         if isinstance(value, int) and value >= TINY["vocab_size"]:
             setattr(tiny, name, TINY["vocab_size"] - 1)
     return tiny
+
+
+def _shrink_layers(config, tiny) -> None:
+    """As many layers as it takes to hold one of each layer kind (at least 2, at most 8), and every per-layer
+    setting cut to them."""
+    per_layer = _per_layer_lists(config)  # layer_types, mlp_layer_types, ...: one entry per layer
+    layers = max([2] + [values.index(t) + 1 for values in per_layer.values() for t in set(values)])
+    layers = min(layers, 8, getattr(config, "num_hidden_layers", None) or layers)
+    _set(tiny, "num_hidden_layers", layers)
+    for name, values in per_layer.items():  # cut to the layers kept, or transformers rejects the config's dict
+        _set(tiny, name, values[:layers])
+    n = getattr(config, "num_hidden_layers", None)
+    for name, value in vars(config).items():
+        if name.endswith("heads_per_layer") and isinstance(value, list) and len(value) == n:
+            _set(tiny, name, [getattr(tiny, "num_attention_heads", 4)] * layers)  # Laguna: heads of each layer
+    pattern = getattr(config, "attention_types", None)
+    if (  # GPT-Neo's [[kinds, repeats]]: one repeat of the kinds, as many layers as the kinds
+        isinstance(pattern, list)
+        and len(pattern) == 1
+        and isinstance(pattern[0], list)
+        and len(pattern[0]) == 2
+        and isinstance(pattern[0][0], list)
+    ):
+        _set(tiny, "num_hidden_layers", len(pattern[0][0]))
+        _set(tiny, "attention_types", [[list(pattern[0][0]), 1]])
+        _set(tiny, "attention_layers", list(pattern[0][0]))
+
+
+def _per_layer_lists(config) -> dict[str, list]:
+    """The config's per-layer lists of layer kinds (strings), one entry per hidden layer: ``layer_types`` and the
+    like (Cohere2-MoE's ``mlp_layer_types``)."""
+    n = getattr(config, "num_hidden_layers", None)
+    out = {}
+    for name, value in vars(config).items():
+        if (
+            name.endswith(("_types", "_layers"))
+            and isinstance(value, list)
+            and value
+            and (n is None or len(value) == n)
+            and all(isinstance(v, str) for v in value)
+        ):
+            out[name] = list(value)
+    return out
 
 
 def _tiny_params(transformers, config) -> int:
