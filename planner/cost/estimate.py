@@ -47,7 +47,7 @@ gradient all-reduce between the two ranks (one message per step) is not modelled
 from __future__ import annotations
 
 from planner.cost.collectives import collective_time, group_collective_s
-from planner.cost.compute import full_saved_bytes, layer_cost, layer_working_set_bytes, layout_change_cost
+from planner.cost.compute import layer_cost, layer_working_set_bytes, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.context import estimate_context_parallel
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
@@ -417,25 +417,9 @@ class _Assembler:
             model_states_bytes(wide, cfg.zero_stage, cfg.dp * cfg.tp, self.state_dtype),
         ]
         act = sum(k.act_bytes for _, k in pairs)
-        working = max(
-            [
-                (
-                    full_saved_bytes(
-                        layer,
-                        tp=cfg.tp,
-                        style=layer_style(cfg, layer),
-                        sequence_parallel=cfg.sequence_parallel,
-                        micro_batch=cfg.micro_batch,
-                        flash_attention=cfg.flash_attention,
-                    )
-                    if layer_recompute(cfg, layer) == "full"
-                    else 0.0
-                )
-                + k.moe_ws_bytes
-                for layer, k in pairs
-            ],
-            default=0.0,
-        )
+        # the textbook working set has no measured backward growth (Korthikanti et al. count the re-materialised
+        # layer of full recompute only)
+        working = max((layer_working_set_bytes(cfg, layer, k) - k.backward_ws_bytes for layer, k in pairs), default=0.0)
         buffers = 0.0
         grad_bytes = (params + wide) * STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
         if cfg.zero_stage < 3 and (cfg.dp > 1 or wide > 0):
