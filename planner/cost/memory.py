@@ -286,18 +286,14 @@ def build_memory_breakdown(
     expert_state_bytes: float = 0.0,
 ) -> MemoryBreakdown:
     """Assemble one rank's peak memory from its parts (formulae in the module docstring)."""
-    params = sum(s.params_bytes for s in states)
-    grads = sum(s.grads_bytes for s in states)
-    optimizer = sum(s.optimizer_bytes for s in states)
-    activations = act_bytes_per_microbatch * inflight_microbatches + working_set_bytes
-    allocated = params + grads + optimizer + expert_state_bytes + activations + comm_buffer_bytes
-    return MemoryBreakdown(
-        expert_states=expert_state_bytes,
-        params=params,
-        grads=grads,
-        optimizer=optimizer,
-        activations=activations,
+    return runtime_breakdown(
+        params=sum(s.params_bytes for s in states),
+        optimizer=sum(s.optimizer_bytes for s in states),
+        unsharded=0.0,
+        grads=sum(s.grads_bytes for s in states),
+        activations=act_bytes_per_microbatch * inflight_microbatches + working_set_bytes,
         comm_buffers=comm_buffer_bytes,
-        reserve=reserve_bytes(allocated, is_gpu=is_gpu),
-        capacity=capacity_bytes,
+        capacity_bytes=capacity_bytes,
+        is_gpu=is_gpu,
+        expert_state_bytes=expert_state_bytes,
     )
