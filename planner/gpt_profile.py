@@ -279,6 +279,7 @@ def _head_layer(d: _Dims, tps: list[int]) -> LayerProfile:
                 bwd_flops_per_sample=4 * s * h * v / t,
                 saved_bytes_per_sample=e * s * h + logits,
                 saved_replicated_bytes_per_sample=e * s * h,
+                logits_bytes_per_sample=e * s * v / t,  # the head's output, before the fp32 loss
                 ops=_head_ops(d, t),
                 flops_origin="derived",
                 memory_origin="derived",

@@ -192,6 +192,13 @@ class ShardProfile(_Strict):
         "gradient it receives, activation gradients, not the weights' gradients (runtime.profiling.measure."
         "backward_working_set; 0 in profiles that predate it)",
     )
+    logits_bytes_per_sample: float = Field(
+        0,
+        ge=0,
+        description="the model's last layer only: its output before the loss, per sample on one rank (the logits; "
+        "vocab-parallel at tp > 1). torch.distributed.pipelining computes the loss outside the last stage, so "
+        "that stage keeps it for every micro-batch in flight (0 for other layers and in profiles that predate it)",
+    )
     timings: list[LayerTiming] = Field(default_factory=list, description="measured times per micro-batch")
     ops: list[OpProfile] = Field(
         default_factory=list,

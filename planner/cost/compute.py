@@ -70,6 +70,17 @@ def _shard_for(layer: LayerProfile, tp: int, style: TPStyle) -> tuple[ShardProfi
         ) from None
 
 
+def sp_gathered_bytes(layer: LayerProfile, tp: int) -> float:
+    """Per sample, what saving the forward all-gathers' whole-sequence outputs adds under sequence parallelism
+    to the ``1/tp`` of them the replicated part already counts."""
+    gathered = sum(
+        c.bytes_per_sample * c.count
+        for c in layer.collectives
+        if c.op == "all_gather" and c.phase == "forward" and c.with_sequence_parallel
+    )
+    return gathered * (1 - 1 / tp)
+
+
 def replica_samples(micro_batch: int, tp: int, style: TPStyle) -> int:
     """Samples one rank computes: a batch slice of a replicated layer under ``tp > 1`` (Whale), else all."""
     return -(-micro_batch // tp) if style == "replicate" and tp > 1 else micro_batch
@@ -204,8 +215,13 @@ def layer_cost(
     timings_scale: float = 1.0,
     context: KVExchange | None = None,
     causal_skip: bool = False,
+    sp_saves_gathered: bool = False,
 ) -> LayerCost:
     """Per-micro-batch cost of ``layer`` on one rank of a TP group of ``tp`` (see the module docstring).
+
+    ``sp_saves_gathered`` (memory semantics "fsdp2"): under sequence parallelism the GEMM after each forward
+    all-gather saves the gathered, whole-sequence input for its backward, as torch's sequence parallelism
+    (DTensor) does; Megatron-LM saves the shard and gathers again in the backward (Korthikanti et al. 2022).
 
     ``use_timings=False`` ignores measured timings (e.g. timings from another device than ``node``).
     ``overlap_tp_comm``: TP collectives run under the layer's GEMMs (Transformer Engine userbuffers,
@@ -292,11 +308,14 @@ def layer_cost(
         act_bytes = replicated + rest + cp.saved_bytes
     else:
         act_bytes = replicated + scores + rest + cp.saved_bytes
+    if sp and sp_saves_gathered and recompute != "full":
+        act_bytes += sp_gathered_bytes(layer, tp) * samples
     # torch.autocast's cached 16-bit weight copies live until the region ends, whatever is recomputed
     # (planner.autocast_profile; 0 for pure 16-bit profiles)
     act_bytes += shard.saved_fixed_bytes
     return LayerCost(
         backward_ws_bytes=shard.backward_ws_bytes_per_sample * samples,
+        logits_bytes=shard.logits_bytes_per_sample * samples,
         forward_s=forward_s,
         backward_s=backward_s,
         recompute_s=recompute_s,

@@ -165,8 +165,15 @@ class LayerCost:
     # the expert activations a full recompute re-materialises), part of the backward working set.
     ep_comm_s: float = 0.0
     expert_state_bytes: float = 0.0
+    # the routed experts' gradients while micro-batches accumulate and as the last backward ends (memory
+    # semantics "fsdp2", ``planner.cost.memory.expert_runtime_states``; "textbook" counts them in the states)
+    expert_grads_accumulating_bytes: float = 0.0
+    expert_grads_end_bytes: float = 0.0
     expert_step_s: float = 0.0
     moe_ws_bytes: float = 0.0
     # the transient gradients of the layer's backward beyond what it saved (``ShardProfile.backward_ws_bytes``
     # per sample x the micro-batch; 0 where the profile predates it)
     backward_ws_bytes: float = 0.0
+    # the model's last layer: its output before the loss per micro-batch (``ShardProfile.logits_bytes``), which
+    # a pipeline's last stage keeps per micro-batch in flight; 0 for other layers
+    logits_bytes: float = 0.0

@@ -149,6 +149,8 @@ def _view_shard(shard: ShardProfile, cp: int) -> ShardProfile:
         "saved_replicated_bytes_per_sample",
         "saved_attention_scores_bytes_per_sample",
         "attention_scores_flops_per_sample",
+        "backward_ws_bytes_per_sample",
+        "logits_bytes_per_sample",
     )
     update: dict = {k: getattr(shard, k) / cp for k in per_sample}
     update["ops"] = [_view_op(op, cp) for op in shard.ops]

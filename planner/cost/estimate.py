@@ -71,7 +71,7 @@ from planner.cost.memory import (
     state_dtype,
 )
 from planner.cost.moe import add_expert_costs, expert_split
-from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
+from planner.cost.pipeline import inflight_microbatches, pipeline_aliases_input, pipeline_step_time
 from planner.cost.placement import (
     GroupShape,
     ReplicaSet,
@@ -183,6 +183,7 @@ class _Assembler:
             timings_scale=timings_scale(self.model, node),
             context=cfg.kv_exchange,
             causal_skip=cfg.causal_skip,
+            sp_saves_gathered=cfg.memory_semantics == "fsdp2",
         )
 
     def _layout_s(self, prev: LayerProfile, nxt: LayerProfile, node: NodeType) -> float:
@@ -447,6 +448,31 @@ class _Assembler:
             expert_state_bytes=sum(k.expert_state_bytes for _, k in pairs),
         )
 
+    def _pipeline_bytes(self, r: int) -> tuple[float, float]:
+        """What ``torch.distributed.pipelining`` adds to pp rank ``r``'s memory: (receive buffers, bytes held per
+        micro-batch in flight).
+
+        - Each stage allocates one receive buffer per micro-batch at its first step and keeps them: the
+          activations a chunk receives (all chunks but the first) and the gradients it receives (all but the
+          last), ``m`` of each.
+        - A chunk keeps its output for each micro-batch in flight until that micro-batch's backward: the
+          boundary activation it sent or, on the last chunk, the logits (the schedule computes the loss
+          outside the stage, :attr:`ShardProfile.logits_bytes_per_sample`).
+        - A received activation is its chunk's input: where the first layer saves it for backward
+          (``pipeline_aliases_input``), that much of the chunk's activations is the buffer already counted.
+        """
+        cfg = self.cfg
+        last = len(self.chunks) - 1
+
+        def out(c: int) -> float:
+            return self.chunks[c][-1].output_bytes_per_sample * cfg.micro_batch / cfg.tp
+
+        sent = sum(out(c) for c in range(r, last, cfg.pp))
+        received = sum(out(c - 1) for c in range(r, last + 1, cfg.pp) if c > 0)
+        logits = self.costs[last][-1].logits_bytes if last % cfg.pp == r else 0.0
+        aliased = received if pipeline_aliases_input(self.model) else 0.0
+        return self.m * (sent + received), sent + logits - aliased
+
     def _memory(self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]):
         """Peak bytes of pp rank ``r`` as the runtime holds them (``planner.cost.memory``: ``runtime_states``,
         ``peak_moments``): weights, AdamW state and the data-parallel wrapper's gathered weights always; the
@@ -461,29 +487,38 @@ class _Assembler:
         rs = runtime_states(cfg.zero_stage, cfg.dp, self.state_dtype)
         act = sum(k.act_bytes for _, k in pairs)
         working = max((layer_working_set_bytes(cfg, layer, k) for layer, k in pairs), default=0.0)
-        unsharded = rs.unsharded * n
+        unsharded = rs.unsharded * n  # less what the peak's moment has freed (below)
         if cfg.zero_stage == 3:
             unsharded += ZERO3_LAYERS_IN_FLIGHT * max((k.param_bytes for _, k in pairs), default=0.0)
             unsharded += zero3_accumulation_bytes(
                 cfg, micro_batches=self.m, params=n, weight_bytes=per["params"], grad_bytes=per["grads"]
             )
-        buffers = 0.0
-        if cfg.pp > 1:
-            buffers += 2 * sum(
-                self.chunks[c][-1].output_bytes_per_sample * cfg.micro_batch / cfg.tp
-                for c in range(r, len(self.chunks), cfg.pp)
-            )
+        buffers, held = self._pipeline_bytes(r) if cfg.pp > 1 else (0.0, 0.0)
+        act += held
         inflight = inflight_microbatches(cfg.schedule, cfg.pp, r, self.m, cfg.virtual_stages)
+        expert_grads = {
+            "none": 0.0,
+            "accumulating": sum(k.expert_grads_accumulating_bytes for _, k in pairs),
+            "end": sum(k.expert_grads_end_bytes for _, k in pairs),
+        }
+        # ZeRO-1/2: as the last backward ends, every FSDP2 unit but the root (the layers other than blocks) has
+        # resharded (runtime.executor.fsdp: each block its own unit; ZeRO-0's replicate is one unit)
+        root = sum(k.params for layer, k in pairs if layer.kind != "block")
+        freed = {
+            "none": 0.0,
+            "accumulating": 0.0,
+            "end": rs.unsharded * (n - root) if cfg.zero_stage in (1, 2) else 0.0,
+        }
         moment = max(
             peak_moments(cfg.schedule, cfg.pp, self.m, inflight),
-            key=lambda mo: mo.inflight * act + rs.grads(mo.grads) * n,
+            key=lambda mo: mo.inflight * act + rs.grads(mo.grads) * n + expert_grads[mo.grads] - freed[mo.grads],
         )
         shard = cfg.dp if cfg.zero_stage >= 1 else 1
         return runtime_breakdown(
             params=per["params"] * n / shard,
             optimizer=per["optimizer"] * n / shard,
-            unsharded=unsharded,
-            grads=rs.grads(moment.grads) * n,
+            unsharded=unsharded - freed[moment.grads],
+            grads=rs.grads(moment.grads) * n + expert_grads[moment.grads],
             activations=moment.inflight * act + working,
             comm_buffers=buffers,
             capacity_bytes=float(node.device_memory_bytes),

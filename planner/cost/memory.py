@@ -242,6 +242,40 @@ def runtime_states(zero_stage: int, dp: int, dtype: str = "bf16") -> RuntimeStat
     )
 
 
+def expert_runtime_states(zero_stage: int, edp: int, dtype: str = "bf16") -> RuntimeStates:
+    """:class:`RuntimeStates` of the routed experts over their ``edp`` expert-data-parallel ranks as the runtime
+    holds them (``runtime.executor.moe.apply_expert_dp``).
+
+    - ZeRO-0, or one edp rank: plain parameters outside any wrapper (their gradients all-reduced after the
+      backward): whole weights, AdamW state and gradients, no gathered copy.
+    - ZeRO >= 1: each expert a ``fully_shard`` unit over edp with ``reshard_after_forward=False``: sharded at
+      rest, the gathered copy alive from the forward to the end of the backward at every stage (ZeRO-3 too);
+      gradients as the dense ones (:func:`runtime_states`).
+
+    >>> e = expert_runtime_states(3, 2, "fp32")
+    >>> e.always, e.unsharded, e.accumulating, e.end  # 4/2 + 8/2 + the gathered copy 4; grads 4/2
+    (10.0, 4.0, 2.0, 2.0)
+    >>> expert_runtime_states(1, 1, "fp32").always
+    12.0
+    """
+    per = STATE_BYTES_PER_PARAM[precision_kind(dtype)]
+    if zero_stage == 0 or edp == 1:
+        return RuntimeStates(
+            always=float(per["params"] + per["optimizer"]),
+            unsharded=0.0,
+            accumulating=float(per["grads"]),
+            end=float(per["grads"]),
+        )
+    dense = runtime_states(zero_stage, edp, dtype)
+    gathered = float(per["params"])
+    return RuntimeStates(
+        always=dense.always - dense.unsharded + gathered,
+        unsharded=gathered,
+        accumulating=dense.accumulating,
+        end=dense.end,
+    )
+
+
 def reserve_bytes(allocated_bytes: float, *, is_gpu: bool) -> float:
     """Framework reserve: CUDA context on GPUs plus allocator fragmentation (see ``constants.py``)."""
     return (CUDA_CONTEXT_BYTES if is_gpu else 0.0) + FRAGMENTATION_FRACTION * allocated_bytes

@@ -71,7 +71,7 @@ from planner.cost.constants import (
     STATE_BYTES_PER_PARAM,
 )
 from planner.cost.kernels import Device, PassTime, contention, gemm_s
-from planner.cost.memory import model_states_bytes, precision_kind
+from planner.cost.memory import expert_runtime_states, model_states_bytes, precision_kind
 from planner.cost.placement import GroupShape, dp_group, tp_group
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, CollectiveFit, ExpertProfile, LayerProfile, NodeType
@@ -97,6 +97,7 @@ class ExpertSplit:
     grad_bucket_bytes: float | None
     dispatcher: Dispatcher = "alltoall"
     overlap_grad_reduce: bool = True
+    memory_semantics: Literal["fsdp2", "textbook"] = "fsdp2"  # ParallelConfig.memory_semantics
 
     @property
     def edp(self) -> int:
@@ -225,7 +226,8 @@ class _Shape:
 
 def _shape(ex: ExpertProfile, split: ExpertSplit, dtype: str) -> _Shape:
     tokens = split.micro_batch * ex.tokens_per_sample / split.tp
-    lam = ex.capacity_factor or split.load_imbalance
+    # dropless with every expert on the rank (ep = 1): the rank's rows are exactly k T, whatever the routing
+    lam = ex.capacity_factor or (split.load_imbalance if split.ep > 1 else 1.0)
     e = DTYPE_BYTES[dtype]
     return _Shape(
         tokens=tokens,
@@ -333,6 +335,8 @@ class ExpertStates:
     optimizer step."""
 
     state_bytes: float
+    grads_accumulating_bytes: float = 0.0  # held apart from state_bytes (memory_semantics "fsdp2")
+    grads_end_bytes: float = 0.0
     sync_s: float = 0.0
     gather_s: float = 0.0
     optimizer_s: float = 0.0
@@ -390,10 +394,17 @@ def expert_states(
         raise StratagemError(f"layer {layer.path} has no routed experts")
     width = math.ceil(ex.expert_ffn / split.etp)
     params = ex.experts // split.ep * 3 * ex.hidden * width
-    states = model_states_bytes(params, min(split.zero_stage, 2), split.edp, dtype)
     sync, gather, opt = _step_terms(cluster, node, params, split, dtype)
+    if split.memory_semantics == "fsdp2":  # as the runtime holds them: gradients by the peak's moment
+        rs = expert_runtime_states(split.zero_stage, split.edp, dtype)
+        state_bytes, grads_acc, grads_end = rs.always * params, rs.accumulating * params, rs.end * params
+    else:
+        state_bytes = model_states_bytes(params, min(split.zero_stage, 2), split.edp, dtype).total_bytes
+        grads_acc = grads_end = 0.0
     return ExpertStates(
-        state_bytes=states.total_bytes,
+        state_bytes=state_bytes,
+        grads_accumulating_bytes=grads_acc,
+        grads_end_bytes=grads_end,
         sync_s=sync,
         gather_s=gather,
         optimizer_s=opt,
@@ -441,6 +452,8 @@ def combine_expert_costs(
         model_flops=base.model_flops + 3 * t.flops,
         hardware_flops=base.hardware_flops + (4 if full else 3) * t.flops,
         expert_state_bytes=st.state_bytes,
+        expert_grads_accumulating_bytes=st.grads_accumulating_bytes,
+        expert_grads_end_bytes=st.grads_end_bytes,
         expert_step_s=st.exposed_s(backward_s + recompute_s, forward_s),
         moe_ws_bytes=t.dispatch_bytes + (t.saved_bytes if full else 0.0),
     )
@@ -460,6 +473,7 @@ def expert_split(config, micro_batch: int | None = None) -> ExpertSplit:
         grad_bucket_bytes=config.grad_bucket_bytes,
         dispatcher=config.moe_dispatcher,
         overlap_grad_reduce=config.overlap_grad_reduce,
+        memory_semantics=config.memory_semantics,
     )
 
 

@@ -84,3 +84,11 @@ def inflight_microbatches(
         return float(min(pp - pp_rank, m))
     chunk_forwards = 2 * (pp - pp_rank - 1) + (v - 1) * pp + 1
     return min(chunk_forwards, m * v) / v
+
+
+def pipeline_aliases_input(model) -> bool:
+    """Whether every layer a pipeline chunk can start with saves its whole input for its backward (its saved
+    bytes at least its input's, as norms, linears and checkpointed blocks do), so that the activation a chunk
+    receives is the input its first layer saves (``estimate._Assembler._pipeline_bytes``). ``model``: the
+    :class:`planner.profiles.ModelProfile`."""
+    return all(layer.shards[0].saved_bytes_per_sample >= layer.input_bytes_per_sample for layer in model.layers[1:])

@@ -40,7 +40,7 @@ from planner.cost.memory import (
     state_dtype,
 )
 from planner.cost.moe import combine_expert_costs, expert_split, expert_states, expert_time
-from planner.cost.pipeline import inflight_microbatches
+from planner.cost.pipeline import inflight_microbatches, pipeline_aliases_input
 from planner.cost.placement import (
     GroupShape,
     dp_group,
@@ -326,6 +326,7 @@ class CandidateCosts:
             timings_scale=timings_scale(self.profile, node),
             context=self.exchange,
             causal_skip=self.search.flash_attention,
+            sp_saves_gathered=True,  # the search prices the runtime's memory (ParallelConfig.memory_semantics)
         )
 
     def _option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
@@ -385,6 +386,10 @@ class CandidateCosts:
             z3_gather_s=z3_gather,
             opt_s=k.optimizer_s + k.expert_step_s,
             state_bytes=k.expert_state_bytes,
+            expert_grads_accumulating_bytes=k.expert_grads_accumulating_bytes,
+            expert_grads_end_bytes=k.expert_grads_end_bytes,
+            logits_bytes=k.logits_bytes,
+            root_params=0.0 if layer.kind == "block" else k.params,
         )
 
     def _group(self, layers: list[LayerProfile], outer: OuterChoice, types: list[str]) -> Group:
@@ -513,7 +518,10 @@ class CandidateCosts:
             ddp_buffer_cap_bytes=math.inf,
             grad_bytes_per_param=per["grads"],
             grads_accumulating_per_param=held_states.accumulating,
-            grads_end_per_param=held_states.end,
+            # ZeRO-1/2: as the last backward ends, every unit but the root has freed its gathered copy
+            # (estimate._memory; ZeRO-0's replicate is one unit)
+            grads_end_per_param=held_states.end - (held_states.unsharded if zero in (1, 2) else 0.0),
+            root_unsharded_per_param=held_states.unsharded if zero in (1, 2) else 0.0,
             zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0,
             pp_buffers=outer.pp > 1,
             sync_dp=coll(op, dp_g, per["grads"]),
@@ -731,6 +739,7 @@ class CandidateCosts:
             tied_group=0,
             chunk_unit_s={nt: self._chunk_unit_s(nt, outer) for nt in types},
             chunk_sizes=interleaved_chunk_sizes(self.profile, self.base_config(outer)),
+            aliases_input=pipeline_aliases_input(self.profile),
         )
 
     def _chunk_unit_s(self, nt: str, outer: OuterChoice) -> tuple[float, float]:

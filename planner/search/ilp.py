@@ -26,7 +26,7 @@ from planner.search.ilp_terms import (
     conjunction,
     indicator,
 )
-from planner.search.tables import Assignment, Tables, moment_grad_bytes, rank_moments
+from planner.search.tables import Assignment, Tables, moment_grads, pipeline_bytes, rank_moments
 
 OBJECTIVE_RESOLUTION = 1e4
 
@@ -190,6 +190,10 @@ def _rank_sums(tables: Tables, n: dict, u: dict, st: dict, r: int) -> dict[str, 
             ("z3", "z3_mb_s"),
             ("opt", "opt_s"),
             ("st", "state_bytes"),
+            ("lg", "logits_bytes"),
+            ("ega", "expert_grads_accumulating_bytes"),
+            ("ege", "expert_grads_end_bytes"),
+            ("R", "root_params"),
         )
     }
     if tables.chunk_unit_s:  # every chunk is non-empty: its root unit's host cost is a constant
@@ -198,11 +202,15 @@ def _rank_sums(tables: Tables, n: dict, u: dict, st: dict, r: int) -> dict[str, 
         sums["Wf"] += tables.v * unit_f
         sums["Wb"] += tables.v * unit_b
     groups = tables.groups
-    sums["out"] = pulp.lpSum(
-        (st[g, s] - (st[g + 1, s] if g + 1 < len(groups) else 0)) * grp.out_buffer_bytes
-        for s in range(r, tables.chunks, tables.pp)
-        for g, grp in enumerate(groups)
-    )
+
+    def boundary(s: int) -> Any:  # the activation crossing the boundary after chunk s: its last group's output
+        return pulp.lpSum(
+            (st[g, s] - (st[g + 1, s] if g + 1 < len(groups) else 0)) * grp.out_buffer_bytes
+            for g, grp in enumerate(groups)
+        )
+
+    sums["out"] = pulp.lpSum(boundary(s) for s in range(r, tables.chunks - 1, tables.pp))
+    sums["in"] = pulp.lpSum(boundary(s - 1) for s in range(r, tables.chunks, tables.pp) if s > 0)
     if r == tables.pp - 1 and tables.pp > 1 and tables.tied_params:
         sums["P"] += pulp.lpSum(p * _style(u, tables.tied_group, sty) for sty, p in tables.tied_params.items())
     return sums
@@ -303,12 +311,12 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
             parts.append(
                 at_least(prob, f"DDP[{r}]", "h_ddp", [bucket * (1 - sel) - off, grads - big * (1 - sel) - off])
             )
+    buffers, held = pipeline_bytes(tables, rm, x)
     if rm.pp_buffers:
-        parts.append((2 * k) * x["out"])
+        parts.append(k * buffers)
     # the peak is the largest of the rank's moments (activations in flight, gradients alive): each must fit
     for j, (inflight, mode) in enumerate(rank_moments(tables, r)):
-        grads = moment_grad_bytes(rm, mode) * k
-        moment = [(inflight * k) * x["act"]] + ([grads * (x["P"] + x["Q"])] if grads else [])
+        moment = [(inflight * k) * (x["act"] + held), k * moment_grads(rm, mode, x)]
         name = f"h_mem[{r}]" if j == 0 else f"h_mem[{r},{j}]"
         prob += (pulp.lpSum(parts + moment) * rm.reserve_factor <= 1 - rm.reserve_const_bytes * k, name)
 

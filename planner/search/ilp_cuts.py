@@ -56,7 +56,7 @@ def block_time_floor(
     ws = np.array([c.ws_bytes for c in costs])
     pbytes = np.array([c.param_bytes for c in costs])
     params = np.array([c.params_dp + c.params_dpt for c in costs])
-    fixed = extra_bytes + (2 * tables.v * min(grp.out_buffer_bytes for grp in tables.groups) if rm.pp_buffers else 0.0)
+    fixed = extra_bytes + (pipeline_floor(tables, r, tables.inflight[r] if inflight is None else inflight))
     limit = (rm.capacity_bytes - rm.reserve_const_bytes) / rm.reserve_factor
 
     def largest_present(n: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -93,6 +93,21 @@ def block_time_floor(
     floor = np.full(size + 1, np.inf)
     np.minimum.at(floor, k.ravel(), best.ravel())
     return floor
+
+
+def pipeline_floor(tables: Tables, r: int, inflight: float) -> float:
+    """A lower bound of pp rank ``r``'s pipeline bytes with ``inflight`` micro-batches in flight, at most the
+    rank's own (``tables.pipeline_bytes``: (m + inflight) out + (m - inflight) in + inflight logits), whatever
+    the chunks end with: every boundary at its smallest, the received ones as if the rank's most micro-batches
+    were in flight, no logits (the last layer's options hold them)."""
+    rm = tables.ranks[tables.rank_node_types[r]]
+    if not rm.pp_buffers:
+        return 0.0
+    smallest = min(grp.out_buffer_bytes for grp in tables.groups)
+    sent = sum(1 for _ in range(r, tables.chunks - 1, tables.pp))
+    received = sum(1 for c in range(r, tables.chunks, tables.pp) if c > 0)
+    per_received = max(0.0, tables.m - tables.inflight[r]) if tables.aliases_input else tables.m
+    return ((tables.m + inflight) * sent + per_received * received) * smallest
 
 
 def blocks_worth_cutting(tables: Tables) -> list[int]:

@@ -531,7 +531,7 @@ def _floor_inflight(tables: Tables) -> list[float]:
 
 def _refined_lower_bound_s_lane(tables: Tables) -> float:
     """One lane's refined bound (:func:`refined_lower_bound_s`)."""
-    from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting
+    from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting, pipeline_floor
 
     base = _lower_bound_s_lane(tables)
     cut = blocks_worth_cutting(tables)
@@ -542,7 +542,7 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
     floors, memo = [], {}
     for r, inflight in enumerate(_floor_inflight(tables)):
         extra_t, extra_b = ends.get(r, (0.0, 0.0))
-        key = (tables.rank_node_types[r], inflight, extra_b)
+        key = (tables.rank_node_types[r], inflight, extra_b, pipeline_floor(tables, r, inflight))
         if key not in memo:
             memo[key] = block_time_floor(tables, g, r, extra_b, inflight=inflight)
         floor = memo[key]

@@ -27,7 +27,7 @@ rank on ``t`` and the type's own micro-batch count ``m_t``; the same layer place
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from planner.cost.config import Recompute, TPStyle
 
@@ -63,6 +63,11 @@ class OptionCost:
     z3_gather_s: float = 0.0
     opt_s: float = 0.0  # per step: measured optimizer host time + MoE expert sync/step (planner.cost.moe)
     state_bytes: float = 0.0  # bytes held whatever the micro-batches: MoE routed-expert states (planner.cost.moe)
+    logits_bytes: float = 0.0  # the model's last layer: logits a pipeline's last stage keeps per micro-batch
+    # MoE routed experts' gradients at the moments that have them (LayerCost.expert_grads_*_bytes)
+    expert_grads_accumulating_bytes: float = 0.0
+    expert_grads_end_bytes: float = 0.0
+    root_params: float = 0.0  # parameters in FSDP2's root unit (every layer but the blocks)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,6 +101,7 @@ class RankModel:
     # accumulate, and as the last backward ends (Tables.moments says which moments a rank has)
     grads_accumulating_per_param: float = 0.0
     grads_end_per_param: float = 0.0
+    root_unsharded_per_param: float = 0.0  # the root unit's gathered copy, still alive as the backward ends
     pp_buffers: bool
     sync_dp: Concave
     sync_dpt: Concave
@@ -163,6 +169,8 @@ class Tables:
     # layers per chunk when they are fixed (interleaved schedules run equal chunks:
     # planner.cost.placement.interleaved_chunk_sizes); None = the ILP chooses the boundaries
     chunk_sizes: tuple[int, ...] | None = None
+    # a chunk's first layer saves the activation it receives (planner.cost.pipeline.pipeline_aliases_input)
+    aliases_input: bool = False
 
     @property
     def chunks(self) -> int:
@@ -236,7 +244,8 @@ def chunk_times(tables: Tables, assignment: Assignment, styles: list[str]) -> li
 
 def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]) -> dict[str, float]:
     nt = tables.rank_node_types[r]
-    out = dict(P=0.0, Q=0.0, Wf=0.0, Wb=0.0, act=0.0, ws=0.0, mx=0.0, z3=0.0, out=0.0, opt=0.0, st=0.0)
+    out = dict(P=0.0, Q=0.0, Wf=0.0, Wb=0.0, act=0.0, ws=0.0, mx=0.0, z3=0.0, out=0.0, opt=0.0, st=0.0, lg=0.0)
+    out.update({"in": 0.0, "ega": 0.0, "ege": 0.0, "R": 0.0})
     for c in range(r, tables.chunks, tables.pp):
         if tables.chunk_unit_s:
             out["Wf"] += tables.chunk_unit_s[nt][0]
@@ -252,10 +261,17 @@ def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]
                 out["z3"] += n * k.z3_mb_s
                 out["opt"] += n * k.opt_s
                 out["st"] += n * k.state_bytes
+                out["lg"] += n * k.logits_bytes
+                out["ega"] += n * k.expert_grads_accumulating_bytes
+                out["ege"] += n * k.expert_grads_end_bytes
+                out["R"] += n * k.root_params
                 if n:
                     out["ws"] = max(out["ws"], k.ws_bytes)
                     out["mx"] = max(out["mx"], k.param_bytes)
-        out["out"] += tables.groups[_present(assignment, c)[-1]].out_buffer_bytes
+        if c < tables.chunks - 1:  # the boundary after chunk c (pipeline_bytes)
+            out["out"] += tables.groups[_present(assignment, c)[-1]].out_buffer_bytes
+        if c > 0:
+            out["in"] += tables.groups[_present(assignment, c - 1)[-1]].out_buffer_bytes
     if r == tables.pp - 1 and tables.pp > 1 and tables.tied_params:
         out["P"] += tables.tied_params[styles[tables.tied_group]]
     first_g = _present(assignment, r)[0]
@@ -289,19 +305,38 @@ def moment_grad_bytes(rm: RankModel, mode: str) -> float:
     return {"none": 0.0, "accumulating": rm.grads_accumulating_per_param, "end": rm.grads_end_per_param}[mode]
 
 
+def moment_grads(rm: RankModel, mode: str, x: dict) -> Any:
+    """What a moment whose gradients are ``mode`` adds to a rank whose sums are ``x``: the layers' gradients
+    (per parameter) and the routed experts' (``ega`` / ``ege``); as the last backward ends, less the gathered
+    weights every unit but the root (``R`` its parameters) has freed. Linear in ``x``."""
+    per = moment_grad_bytes(rm, mode)
+    dense = per * (x["P"] + x["Q"]) if per else 0.0
+    experts = {"none": 0.0, "accumulating": x["ega"], "end": x["ege"]}[mode]
+    root = rm.root_unsharded_per_param * x["R"] if mode == "end" and rm.root_unsharded_per_param else 0.0
+    return dense + experts + root
+
+
+def pipeline_bytes(tables: Tables, rm: RankModel, x: dict) -> tuple[Any, Any]:
+    """(receive buffers, bytes held per micro-batch in flight) of a pp rank whose sums are ``x``: ``out`` the
+    boundary activations its chunks send, ``in`` those they receive (the first layers' saved inputs where
+    :attr:`Tables.aliases_input`), ``lg`` the logits of the last chunk (``estimate._Assembler._pipeline_bytes``).
+    Linear in ``x``, so the ILP uses it too."""
+    if not rm.pp_buffers:
+        return 0.0, 0.0
+    held = x["out"] + x["lg"] - (x["in"] if tables.aliases_input else 0.0)
+    return tables.m * (x["out"] + x["in"]), held
+
+
 def rank_memory_bytes(tables: Tables, rm: RankModel, x: dict[str, float], r: int) -> float:
     """Peak bytes of pp rank ``r`` (``estimate._Assembler._memory`` and ``memory.build_memory_breakdown``)."""
     states = rm.state_bytes_per_param_dp * x["P"] + rm.state_bytes_per_param_dpt * x["Q"] + x["st"]
+    buffers, held = pipeline_bytes(tables, rm, x)
     activations = (
-        max(k * x["act"] + moment_grad_bytes(rm, mode) * (x["P"] + x["Q"]) for k, mode in rank_moments(tables, r))
-        + x["ws"]
+        max(k * (x["act"] + held) + moment_grads(rm, mode, x) for k, mode in rank_moments(tables, r)) + x["ws"]
     )
-    buffers = 0.0
     if rm.ddp_buffer == "always" or (rm.ddp_buffer == "if_replicated" and x["Q"] > 0):
         buffers += min(rm.ddp_buffer_cap_bytes, rm.grad_bytes_per_param * (x["P"] + x["Q"]))
     buffers += rm.zero3_buffer_layers * x["mx"]
-    if rm.pp_buffers:
-        buffers += 2 * x["out"]
     return rm.reserve_factor * (states + activations + buffers) + rm.reserve_const_bytes
 
 

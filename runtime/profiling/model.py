@@ -206,9 +206,19 @@ def _shard(job: _Layer, tp: int, s: ProfileSettings) -> ShardProfile:
         saved_bytes_per_sample=saved.total_bytes / b0,
         saved_attention_scores_bytes_per_sample=saved.attention_scores_bytes / b0,
         backward_ws_bytes_per_sample=working / b0,
+        logits_bytes_per_sample=_logits_bytes(module, make_input(job.x_full[:b0], needs_grad=False)) / b0,
         timings=_timings(module, job.x_full, job.first, fwd_flops, bwd_flops, s),
         time_origin="derived" if s.achieved_flops_per_s else "measured",
     )
+
+
+def _logits_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the last layer's output before the loss (0 for a layer profiled without one)."""
+    if not isinstance(module, WithLoss):
+        return 0
+    with torch.no_grad():
+        out = module.layer(x)
+    return out.numel() * out.element_size()
 
 
 def _fit_replicated(full: ShardProfile, shard: ShardProfile | None) -> float:
