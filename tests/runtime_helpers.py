@@ -1,23 +1,98 @@
-"""Shared by the runtime tests: run ``runtime.executor.train`` under torchrun with a bounded wait."""
+"""Shared by the runtime tests: ``runtime.executor.train`` (or a test worker) on several ranks, every wait bounded."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+RANK_GRACE_S = 10.0  # after one rank fails, how long the others get to fail or finish on their own
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(
+    nproc: int, argv: list[str], *, timeout_s: float, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``python argv`` as ``nproc`` ranks on this machine with the environment torchrun gives its workers (rank,
+    world size, a free rendezvous port on 127.0.0.1, restart count 0), without torchrun's agent: its start-up and
+    rendezvous cost about 3 s per launch, which the tests of what runs inside the ranks need not pay (the tests
+    of ``stratagem launch`` run the real torchrun). One thread each; at most ``timeout_s`` in all, then every
+    rank is killed and ``subprocess.TimeoutExpired`` raised; when a rank fails, the others get ``RANK_GRACE_S``
+    (a rank left waiting on a collective would wait for its timeout). The result's stdout and stderr are the
+    ranks' in rank order; its return code the first non-zero one."""
+    port = _free_port()
+    base = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    base.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    procs, logs = [], []
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        for rank in range(nproc):
+            rank_env = {
+                **base,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "0",
+            }
+            out = open(Path(tmp) / f"{rank}.out", "w+")
+            err = open(Path(tmp) / f"{rank}.err", "w+")
+            logs.append((out, err))
+            procs.append(
+                subprocess.Popen([sys.executable, *argv], cwd=REPO, env=rank_env, stdout=out, stderr=err, text=True)
+            )
+        deadline = time.monotonic() + timeout_s
+        failed_at = None
+        try:
+            while any(p.poll() is None for p in procs):
+                now = time.monotonic()
+                if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+                    failed_at = now
+                if now > deadline or (failed_at is not None and now > failed_at + RANK_GRACE_S):
+                    break
+                time.sleep(0.05)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        texts = []
+        for out, err in logs:
+            out.seek(0), err.seek(0)
+            texts.append((out.read(), err.read()))
+            out.close(), err.close()
+    stdout = "".join(o for o, _ in texts)
+    stderr = "".join(e for _, e in texts)
+    if time.monotonic() > deadline:
+        raise subprocess.TimeoutExpired([sys.executable, *argv], timeout_s, output=stdout, stderr=stderr)
+    code = next((p.returncode for p in procs if p.returncode != 0), 0)
+    return subprocess.CompletedProcess([sys.executable, *argv], code, stdout, stderr)
+
+
 def torchrun(
     nproc: int, train_args: list[str], *, timeout_s: float, env: dict | None = None, max_restarts: int = 0
 ) -> subprocess.CompletedProcess:
-    """Start ``nproc`` ranks on this machine (gloo, one thread each) and wait at most ``timeout_s``."""
+    """``runtime.executor.train`` on ``nproc`` ranks on this machine (gloo, one thread each), waiting at most
+    ``timeout_s``: under torchrun with ``max_restarts``, else started directly (:func:`spawn_ranks`)."""
+    if not max_restarts:
+        return spawn_ranks(nproc, ["-m", "runtime.executor.train", *train_args], timeout_s=timeout_s, env=env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    if max_restarts:
-        cmd += ["--max-restarts", str(max_restarts)]
-    cmd += ["-m", "runtime.executor.train", *train_args]
+    cmd += ["--max-restarts", str(max_restarts), "-m", "runtime.executor.train", *train_args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout_s)
 
@@ -31,9 +106,7 @@ def resume_runs(
 ) -> None:
     """``tests/resume_worker.py`` on ``nproc`` ranks: each plan trained to ``first`` with checkpoints, then resumed
     in a fresh job to ``last`` (``full``: an uninterrupted run to ``last`` first); metrics beside the plans."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    cmd += [str(REPO / "tests" / "resume_worker.py"), str(out_dir), str(first), str(last)]
-    cmd += [*(["--full"] if full else []), *plans]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    argv = [str(REPO / "tests" / "resume_worker.py"), str(out_dir), str(first), str(last)]
+    argv += [*(["--full"] if full else []), *plans]
+    proc = spawn_ranks(nproc, argv, timeout_s=timeout_s, env={"PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, tail(proc)

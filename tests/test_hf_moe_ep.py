@@ -13,9 +13,6 @@ fused one; under expert tensor parallelism the etp peers' slices are put back to
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,7 +24,7 @@ from planner.modelspec import parse_model
 from planner.plan import Plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
-from runtime_helpers import REPO, resume_runs
+from runtime_helpers import REPO, resume_runs, spawn_ranks
 
 STEPS = 3
 REL_TOL = 1e-5  # fp32
@@ -88,11 +85,9 @@ def _run(tmp_path_factory, plans: dict, nproc: int, broken: str = "") -> dict:
         plan = make_plan(_spec(root, cfg.pop("kind"), cfg.pop("config", None)), global_batch=8, seq_len=16, **cfg)
         paths.append(str(save_plan(plan, root / f"{name}.json")))
         out[name] = (plan, root, name)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     worker = ["hf_moe_broken_worker.py", broken] if broken else ["moe_grad_worker.py"]
-    cmd += [str(REPO / "tests" / worker[0]), *worker[1:], str(root), str(STEPS), *paths]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    argv = [str(REPO / "tests" / worker[0]), *worker[1:], str(root), str(STEPS), *paths]
+    proc = spawn_ranks(nproc, argv, timeout_s=240, env={"PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return out
 

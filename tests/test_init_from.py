@@ -11,10 +11,7 @@ moves it far more (another seed's weights score more than 1e-3 away here, test_t
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,7 +24,7 @@ from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
 from runtime.executor.pretrained import INDEX_FILE, check_init_from, checkpoint_tensors
 from runtime.models import build_model, is_splittable, layer_paths, loss_fn
-from runtime_helpers import REPO, tail
+from runtime_helpers import REPO, spawn_ranks, tail
 
 transformers = pytest.importorskip("transformers")
 from runtime.models.fidelity import tiny_config  # noqa: E402
@@ -92,10 +89,8 @@ def job(tmp_path_factory):
             path = save_plan(plan, root / f"{kind}_{layout}.json")
             pairs.append(f"{path}={folder}")
             expected[f"{kind}_{layout}"] = _batch_loss(model, spec, plan.training.seed)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += [str(REPO / "tests" / "init_from_worker.py"), str(root), *pairs]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    argv = [str(REPO / "tests" / "init_from_worker.py"), str(root), *pairs]
+    proc = spawn_ranks(2, argv, timeout_s=400, env={"PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, tail(proc)
     return root, expected
 

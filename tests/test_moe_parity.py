@@ -12,8 +12,6 @@ divided by dp) leaves the losses unchanged.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,7 +23,7 @@ from planner.plan import Plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
 from runtime.executor.moe import apply_capacity, expert_layout, take_aux_loss
-from runtime_helpers import REPO
+from runtime_helpers import REPO, spawn_ranks
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -80,18 +78,10 @@ def _run(tmp_path_factory, plans: dict, nproc: int) -> dict:
         plan = make_plan(spec, global_batch=8, seq_len=16, **cfg)
         paths.append(str(save_plan(plan, root / f"{name}.json")))
         out[name] = (plan, root, name)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    cmd += [str(REPO / "tests" / "moe_grad_worker.py"), str(root), str(STEPS), *paths]
-    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env={**_base_env(), **env}, capture_output=True, text=True, timeout=240)
+    argv = [str(REPO / "tests" / "moe_grad_worker.py"), str(root), str(STEPS), *paths]
+    proc = spawn_ranks(nproc, argv, timeout_s=240, env={"PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return out
-
-
-def _base_env() -> dict:
-    import os
-
-    return dict(os.environ)
 
 
 @pytest.fixture(scope="module")

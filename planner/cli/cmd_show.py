@@ -12,8 +12,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from planner.inspect.frames import plan_label, stage_frame
-from planner.inspect.measured import metrics_frame, predicted_vs_measured
 from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
 from planner.cli.common import check_layer_paths, check_out_path, no_ellipsis, nonempty_path, out_path, throughput_text
 from planner.fileio import check_output_folder
@@ -54,6 +52,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.inspect.measured import metrics_frame  # pandas: imported when a command draws a table
+
     _check_outputs(args)
     plan = load_plan(args.plan)
     validate(plan, plan.world_size)  # what `launch` would refuse is not shown as a plan either
@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _overview(plan: Plan) -> Table:
+    from planner.inspect.frames import plan_label  # pandas: imported when a command draws a table
+
     table = Table(title=f"plan: {plan.model.name} on {plan.cluster_name}", show_header=False)
     table.add_column(style="bold")
     table.add_column()
@@ -168,6 +170,8 @@ def _peak_memory_text(plan: Plan) -> str:
 
 def _stages_table(plan: Plan) -> Table:
     """Where each stage runs: modules, ranks, node type, recompute, tensor-parallel split modules."""
+    from planner.inspect.frames import stage_frame  # pandas: imported when a command draws a table
+
     frame = stage_frame(plan, simulated=False)
     table = Table(title="stages: placement", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("stage", "pp", "modules", "n", "ranks", "node type", "recompute", "tp split"):
@@ -190,6 +194,8 @@ def _stages_table(plan: Plan) -> Table:
 
 def _stage_costs_table(plan: Plan) -> Table:
     """Predicted seconds per micro-batch by term and memory per device of each stage."""
+    from planner.inspect.frames import stage_frame  # pandas: imported when a command draws a table
+
     frame = stage_frame(plan, simulated=False)
     table = Table(
         title="stages: predicted time per micro-batch and memory per device", box=box.SIMPLE_HEAD, pad_edge=False
@@ -251,6 +257,8 @@ def _alternatives_table(plan: Plan) -> Table:
 
 def _gap_explanation(plan: Plan, metrics) -> str:
     """One paragraph on why measured and predicted step times differ, with the size of the gap."""
+    from planner.inspect.measured import predicted_vs_measured  # pandas: imported when a command draws a table
+
     frame = predicted_vs_measured(plan, metrics)
     ratio = frame.loc["step_time_s", "measured_over_predicted"]
     memory = frame.loc["peak_memory_bytes", "measured_over_predicted"]
@@ -278,6 +286,8 @@ def _gap_explanation(plan: Plan, metrics) -> str:
 
 
 def _measured_table(plan: Plan, metrics) -> Table:
+    from planner.inspect.measured import predicted_vs_measured  # pandas: imported when a command draws a table
+
     frame = predicted_vs_measured(plan, metrics)
     steady = metrics.index[1:] if len(metrics) > 1 else metrics.index
     table = Table(title=f"predicted vs measured (measured = median of steps {steady[0]}..{steady[-1]})")

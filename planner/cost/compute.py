@@ -364,14 +364,26 @@ def _context_cost(
 
 
 def full_saved_bytes(
-    layer: LayerProfile, *, tp: int, style: TPStyle, sequence_parallel: bool, micro_batch: int, flash_attention: bool
+    layer: LayerProfile,
+    *,
+    tp: int,
+    style: TPStyle,
+    sequence_parallel: bool,
+    micro_batch: int,
+    flash_attention: bool,
+    less_input: bool = False,
 ) -> float:
     """Bytes the layer saves for one micro-batch with no recompute (the backward working set of full
-    recompute, which re-materialises them)."""
+    recompute, which re-materialises them). ``less_input``: without the layer's input, which the recompute
+    does not allocate again (the checkpoint keeps it; memory semantics "fsdp2")."""
     shard, split = _shard_for(layer, tp, style)
     samples = replica_samples(micro_batch, tp, style)
-    replicated, scores, rest = _saved_parts(shard, samples, tp, sequence_parallel and split and tp > 1)
-    return replicated + rest + (0.0 if flash_attention else scores)
+    sp = sequence_parallel and split and tp > 1
+    replicated, scores, rest = _saved_parts(shard, samples, tp, sp)
+    saved = replicated + rest + (0.0 if flash_attention else scores)
+    if less_input:
+        saved = max(0.0, saved - layer.input_bytes_per_sample * samples / (tp if sp else 1))
+    return saved
 
 
 def layer_working_set_bytes(config, layer: LayerProfile, cost: LayerCost) -> float:
@@ -388,6 +400,7 @@ def layer_working_set_bytes(config, layer: LayerProfile, cost: LayerCost) -> flo
             sequence_parallel=config.sequence_parallel,
             micro_batch=config.micro_batch,
             flash_attention=config.flash_attention,
+            less_input=config.memory_semantics == "fsdp2",
         )
         if layer_recompute(config, layer) == "full"
         else 0.0

@@ -8,20 +8,61 @@ Tables: :func:`stage_frame`, :func:`rank_frame`, :func:`layer_frame`, :func:`sum
 The schedule simulation behind the timeline is :func:`simulate_plan`.
 """
 
-from planner.inspect.compare import compare_plans, diff_plans
-from planner.inspect.examples import build_example_plan
-from planner.inspect.fig_timeline import plot_timeline
-from planner.inspect.figures import (
-    plot_layer_placement,
-    plot_memory_per_rank,
-    plot_metrics,
-    plot_plan_comparison,
-    plot_step_breakdown,
-)
-from planner.inspect.frames import layer_frame, rank_frame, stage_frame, summary_frame
-from planner.inspect.measured import load_metrics, metrics_frame, predicted_vs_measured
-from planner.inspect.report import build_figures, build_html, save_html, save_pngs
-from planner.inspect.timeline import simulate, simulate_plan
+from typing import TYPE_CHECKING
+
+# name -> submodule: loaded on first use (PEP 562), so that `stratagem` commands which never draw anything do not
+# pay for pandas and matplotlib at start-up
+_WHERE = {
+    "compare_plans": "compare",
+    "diff_plans": "compare",
+    "build_example_plan": "examples",
+    "plot_timeline": "fig_timeline",
+    "plot_layer_placement": "figures",
+    "plot_memory_per_rank": "figures",
+    "plot_metrics": "figures",
+    "plot_plan_comparison": "figures",
+    "plot_step_breakdown": "figures",
+    "layer_frame": "frames",
+    "rank_frame": "frames",
+    "stage_frame": "frames",
+    "summary_frame": "frames",
+    "load_metrics": "measured",
+    "metrics_frame": "measured",
+    "predicted_vs_measured": "measured",
+    "build_figures": "report",
+    "build_html": "report",
+    "save_html": "report",
+    "save_pngs": "report",
+    "simulate": "timeline",
+    "simulate_plan": "timeline",
+}
+
+if TYPE_CHECKING:
+    from planner.inspect.compare import compare_plans, diff_plans
+    from planner.inspect.examples import build_example_plan
+    from planner.inspect.fig_timeline import plot_timeline
+    from planner.inspect.figures import (
+        plot_layer_placement,
+        plot_memory_per_rank,
+        plot_metrics,
+        plot_plan_comparison,
+        plot_step_breakdown,
+    )
+    from planner.inspect.frames import layer_frame, rank_frame, stage_frame, summary_frame
+    from planner.inspect.measured import load_metrics, metrics_frame, predicted_vs_measured
+    from planner.inspect.report import build_figures, build_html, save_html, save_pngs
+    from planner.inspect.timeline import simulate, simulate_plan
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'planner.inspect' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"planner.inspect.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "build_example_plan",

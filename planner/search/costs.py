@@ -369,6 +369,7 @@ class CandidateCosts:
                 sequence_parallel=outer.sequence_parallel,
                 micro_batch=outer.micro_batch,
                 flash_attention=self.search.flash_attention,
+                less_input=True,  # the runtime's memory (estimate: ParallelConfig.memory_semantics "fsdp2")
             )
             if opt.recompute == "full"
             else 0.0

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -32,7 +31,7 @@ from runtime.executor.moe import exclude_shape_probes
 from runtime.executor.parallelize import Chunk
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}  # torch.distributed.pipelining's classes
 
 
 def _scalar(loss: torch.Tensor) -> torch.Tensor:
@@ -224,7 +223,11 @@ def build_runner(
             **common,
         )
     check_schedule(kind, pp=num_stages // len(chunks), virtual_stages=len(chunks), num_micro_batches=num_micro_batches)
-    stages = [PipelineStage(c.module, c.stage.index, num_stages, device, group=pp_group) for c in chunks]
+    # imported here: torch.distributed.pipelining loads torch._dynamo (about a second per rank), which plans
+    # without a pipeline never need
+    import torch.distributed.pipelining as pipelining
+
+    stages = [pipelining.PipelineStage(c.module, c.stage.index, num_stages, device, group=pp_group) for c in chunks]
     for stage in stages:
         exclude_shape_probes(stage)  # an MoE's load-balancing metric counts training forwards only
     indices = [c.stage.index for c in chunks]
@@ -234,11 +237,13 @@ def build_runner(
     # the step-2 loss). Dividing each loss by this replica's own count before backward is exact for any counts.
     mean_loss = functools.partial(_share_of_mean, loss_fn=loss_fn, num_micro_batches=num_micro_batches)
     if kind == "interleaved_1f1b":
-        schedule = ScheduleInterleaved1F1B(
+        schedule = pipelining.ScheduleInterleaved1F1B(
             stages, n_microbatches=num_micro_batches, loss_fn=mean_loss, scale_grads=False
         )
     else:
-        schedule = _SCHEDULES[kind](stages[0], n_microbatches=num_micro_batches, loss_fn=mean_loss, scale_grads=False)
+        schedule = getattr(pipelining, _SCHEDULES[kind])(
+            stages[0], n_microbatches=num_micro_batches, loss_fn=mean_loss, scale_grads=False
+        )
     return PipelineRunner(
         schedule=schedule,
         num_micro_batches=num_micro_batches,
