@@ -38,6 +38,9 @@ def block_time_floor(
     group: Group = tables.groups[g]
     nt = tables.rank_node_types[r]
     rm: RankModel = tables.ranks[nt]
+    if inflight is None:
+        inflight = tables.inflight[r]
+    fixed = extra_bytes + pipeline_floor(tables, r, inflight)
     costs = sorted(group.costs[nt], key=lambda c: c.time_s)
     if len(costs) > MAX_OPTIONS or group.size < 2:
         return None
@@ -48,7 +51,7 @@ def block_time_floor(
         [
             rm.state_bytes_per_param_dp * c.params_dp
             + rm.state_bytes_per_param_dpt * c.params_dpt
-            + (tables.inflight[r] if inflight is None else inflight) * c.act_bytes
+            + inflight * c.act_bytes
             + c.state_bytes
             for c in costs
         ]
@@ -56,7 +59,6 @@ def block_time_floor(
     ws = np.array([c.ws_bytes for c in costs])
     pbytes = np.array([c.param_bytes for c in costs])
     params = np.array([c.params_dp + c.params_dpt for c in costs])
-    fixed = extra_bytes + (pipeline_floor(tables, r, tables.inflight[r] if inflight is None else inflight))
     limit = (rm.capacity_bytes - rm.reserve_const_bytes) / rm.reserve_factor
 
     def largest_present(n: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -96,18 +98,15 @@ def block_time_floor(
 
 
 def pipeline_floor(tables: Tables, r: int, inflight: float) -> float:
-    """A lower bound of pp rank ``r``'s pipeline bytes with ``inflight`` micro-batches in flight, at most the
-    rank's own (``tables.pipeline_bytes``: (m + inflight) out + (m - inflight) in + inflight logits), whatever
-    the chunks end with: every boundary at its smallest, the received ones as if the rank's most micro-batches
-    were in flight, no logits (the last layer's options hold them)."""
+    """A lower bound of pp rank ``r``'s pipeline bytes with ``inflight`` micro-batches in flight
+    (``tables.pipeline_bytes``: (m + inflight) out + m in - inflight in or m in + inflight logits), whatever the
+    chunks end with: the boundaries it sends at their smallest; nothing for those it receives and the logits (so
+    that the bound depends on the rank only through how many chunks send, and ranks share their block floors)."""
     rm = tables.ranks[tables.rank_node_types[r]]
     if not rm.pp_buffers:
         return 0.0
-    smallest = min(grp.out_buffer_bytes for grp in tables.groups)
     sent = sum(1 for _ in range(r, tables.chunks - 1, tables.pp))
-    received = sum(1 for c in range(r, tables.chunks, tables.pp) if c > 0)
-    per_received = max(0.0, tables.m - tables.inflight[r]) if tables.aliases_input else tables.m
-    return ((tables.m + inflight) * sent + per_received * received) * smallest
+    return (tables.m + inflight) * sent * min(grp.out_buffer_bytes for grp in tables.groups)
 
 
 def blocks_worth_cutting(tables: Tables) -> list[int]:

@@ -541,6 +541,7 @@ class _BranchAndBound:
 
 
 FALLBACK_PEAK_SHRINK = 0.8  # a fallback plan's fullest device holds at most this share of the best plan's
+FALLBACK_MIN_BUDGET_S = 2.0  # the fallback search's budget: half the main search's time, at least this
 
 
 def _fullest(est) -> float:
@@ -561,7 +562,8 @@ def fallback_candidate(
 ) -> Candidate | None:
     """The fastest plan whose fullest device is predicted at most ``shrink`` x as full as the best plan's: what
     ``stratagem launch`` moves to if the best plan runs out of memory. None when a runner-up of ``result``
-    already has that headroom, or when no plan has it (a second search, with that memory budget)."""
+    already has that headroom, or when no plan has it (a second search, with that memory budget, given half as long
+    as the main search took and at least ``FALLBACK_MIN_BUDGET_S``: past it, the fastest found so far)."""
     limit = shrink * _fullest(result.best.estimate)
     if any(_fullest(c.estimate) <= limit for c in result.ranked[1:]):
         return None
@@ -571,7 +573,13 @@ def fallback_candidate(
             cluster,
             n_devices=n_devices,
             global_batch=global_batch,
-            config=replace(config, memory_fraction=min(limit, config.memory_fraction), top_k=1, exhaustive_top_k=False),
+            config=replace(
+                config,
+                memory_fraction=min(limit, config.memory_fraction),
+                top_k=1,
+                exhaustive_top_k=False,
+                budget_s=min(config.budget_s, max(FALLBACK_MIN_BUDGET_S, result.wall_time_s / 2)),
+            ),
         )
     except StratagemError:
         return None
