@@ -5,7 +5,8 @@
 For each row of Narayanan et al. SC21 Table 1 (benchmarks/data/published_cases.csv, read as
 benchmarks/cost_accuracy.py reads it: tp/pp/dp, micro-batch, interleaving and DDP overlap of
 examples/sc21/run_table_1.sh) this writes the published run as Megatron-LM arguments, searches the plan for
-the same model, GPUs, global batch and precision (fp16) on the shipped DGX A100 cluster profile, and
+the same model, GPUs, global batch and precision (fp16) on the shipped DGX A100 cluster profile, its memory
+priced as Megatron-LM holds it (``plan --compare-to megatron`` implies ``--for megatron``), and
 prints what ``stratagem plan --compare-to megatron "<args>"`` reports: the cost model's step time of the
 published configuration, of the plan, and of the plan as Megatron can run it (its nearest Megatron
 arguments), the predicted speed-up, peak memory, and how many Megatron flags change. ``meas s`` is the step
@@ -109,7 +110,8 @@ def format_row(row: dict) -> str:
 
 
 def default_search(budget_s: float = 120.0, jobs: int = 1) -> SearchConfig:
-    return SearchConfig(budget_s=budget_s, jobs=jobs)
+    """The search ``plan --compare-to megatron`` runs: memory priced as Megatron-LM holds it (``plan --for``)."""
+    return SearchConfig(budget_s=budget_s, jobs=jobs, memory_semantics="textbook")
 
 
 def dgx_a100():

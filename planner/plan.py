@@ -318,6 +318,12 @@ class SearchRecord(_Strict):
         description="share of each device's memory the search kept free (plan --memory-margin): a plan fits when "
         "its predicted peak is at most (1 - margin) x the device's memory",
     )
+    memory_semantics: Literal["fsdp2", "textbook"] = Field(
+        "fsdp2",
+        description="whose memory the search priced (plan --for): 'fsdp2' as `stratagem launch`, torchtitan and "
+        "Accelerate hold it (FSDP2, torch pipelining); 'textbook' as Megatron-LM and DeepSpeed do (ZeRO's states, "
+        "gradients through the step, DDP buckets)",
+    )
 
 
 class Plan(_Strict):

@@ -123,3 +123,32 @@ def test_the_plan_records_its_margin(tmp_path):
     argv = ["plan", "--model", "gpt:tiny", "--cluster", "local-cpu-2core", "--gpus", "2", "--global-batch", "8"]
     assert main([*argv, "--seq", "64", "--out", str(out), "--memory-margin", "0.25"]) == 0
     assert json.loads(out.read_text())["search"]["memory_margin"] == 0.25
+
+
+def test_plan_for_megatron_prices_megatron_memory_and_says_so(tmp_path, capsys):
+    """``plan --for megatron`` (or ``--compare-to megatron``) searches with memory as Megatron-LM holds it: the plan
+    records it, its prediction is the estimate of its config under that semantics, and show prints it."""
+    import dataclasses
+
+    from planner.cost import estimate
+    from planner.export.api import plan_parallel_config
+    from planner.gpt_profile import build_gpt_profile
+    from planner.plan import load_plan
+    from planner.profiles import load_cluster_profile, resolve_cluster_path
+
+    argv = ["plan", "--model", "gpt:gpt2", "--cluster", "dgx-a100-80g", "--gpus", "16", "--global-batch", "64"]
+    out = {}
+    for target in ("launch", "megatron"):
+        out[target] = tmp_path / f"{target}.json"
+        assert main([*argv, "--seq", "1024", "--for", target, "--out", str(out[target])]) == 0
+    runtime, megatron = load_plan(out["launch"]), load_plan(out["megatron"])
+    assert (runtime.search.memory_semantics, megatron.search.memory_semantics) == ("fsdp2", "textbook")
+    profile = build_gpt_profile(megatron.model, seq_len=1024, dtype=megatron.training.dtype)
+    config = dataclasses.replace(plan_parallel_config(megatron), memory_semantics="textbook")
+    est = estimate(profile, load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), config, global_batch=64)
+    assert megatron.predictions.peak_memory_bytes == pytest.approx(est.peak_mem_bytes, rel=1e-9)
+    capsys.readouterr()
+    assert main(["show", str(out["megatron"])]) == 0
+    assert "Megatron-LM / DeepSpeed" in capsys.readouterr().out
+    assert main([*argv, "--seq", "1024", "--for", "jax", "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()

@@ -55,7 +55,14 @@ def _instance(rng: random.Random):
     allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "layout", "mixed", "recompute", "cp"}
     if rng.random() < 0.3:
         allow.discard("recompute")
-    config = SearchConfig(time_limit_s=30, allow=frozenset(allow), flash_attention=rng.random() < 0.5, cp_min_seq_len=0)
+    config = SearchConfig(
+        time_limit_s=30,
+        allow=frozenset(allow),
+        flash_attention=rng.random() < 0.5,
+        cp_min_seq_len=0,
+        # a third of the instances priced as Megatron-LM holds memory (plan --for megatron)
+        memory_semantics="textbook" if rng.random() < 1 / 3 else "fsdp2",
+    )
     outers = list(
         enumerate_outer(
             cluster=cluster,
@@ -90,7 +97,7 @@ def _brute(costs: CandidateCosts, outer, tables, capacity: dict[str, float]):
 
 def test_ilp_equals_brute_force_under_estimate():
     rng = random.Random(4)
-    checked = feasible = infeasible = binding = replica_types = context = 0
+    checked = feasible = infeasible = binding = replica_types = context = textbook = 0
     while checked < N_INSTANCES:
         profile, cluster, config, outer, global_batch = _instance(rng)
         costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
@@ -112,6 +119,7 @@ def test_ilp_equals_brute_force_under_estimate():
             allow=config.allow,
             memory_fraction=min(fraction, 1.0),
             flash_attention=config.flash_attention,
+            memory_semantics=config.memory_semantics,
         )
         tables = costs.tables(outer)
         best, _ = _brute(costs, outer, tables, capacity)
@@ -119,6 +127,7 @@ def test_ilp_equals_brute_force_under_estimate():
         checked += 1
         replica_types += outer.replica_node_types is not None
         context += outer.cp > 1
+        textbook += config.memory_semantics == "textbook"
         if est is None:
             infeasible += 1
             continue
@@ -129,6 +138,7 @@ def test_ilp_equals_brute_force_under_estimate():
         ) * (1 + 1e-12)
     assert feasible >= 30 and infeasible >= 3 and binding >= 5, (feasible, infeasible, binding)
     assert replica_types >= 5, replica_types  # dp replicas on A100 and V100 with their own m_t (lanes)
+    assert textbook >= 10, textbook  # priced as Megatron-LM holds memory
     assert context >= 10, context  # context-parallel candidates (cp > 1, all-gather or ring)
 
 

@@ -277,6 +277,13 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(args.slurm, build_slurm_script(plan, opts), flag="--slurm")
         print(f"wrote {args.slurm}; submit it with: sbatch {args.slurm}")
         return 0
+    if plan.search is not None and plan.search.memory_semantics == "textbook":
+        print(
+            "note: this plan's memory was priced as Megatron-LM / DeepSpeed hold it (plan --for); `stratagem launch` "
+            "holds memory as FSDP2 and torch pipelining do, so re-plan with --for launch for a prediction of this "
+            "run's memory",
+            file=sys.stderr,
+        )
     cmd = build_command(plan, opts)
     if args.dry_run:
         print(shlex.join(cmd))

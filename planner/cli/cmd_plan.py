@@ -27,6 +27,7 @@ from planner.profiles import (
     default_dtype,
     load_cluster_profile,
 )
+from planner.export.settings import FRAMEWORK_MEMORY
 from planner.search.pins import PIN_FLAGS, pins_note
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
@@ -193,6 +194,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also print the best plan at every context-parallel degree (why the plan's cp; one search per cp)",
     )
+    p.add_argument(
+        "--for",
+        dest="priced_for",
+        choices=("launch", *FRAMEWORK_MEMORY),
+        default=None,
+        help="the trainer the plan is for, whose way of holding memory the search prices: launch (stratagem "
+        "launch), torchtitan and accelerate hold it as FSDP2 and torch pipelining do; megatron and deepspeed as "
+        "ZeRO's textbook states with DDP buckets. Default: the framework of --compare-to, else launch",
+    )
     p.add_argument("--out", type=out_path, required=True, metavar="FILE", help="plan JSON to write")
     add_recipe_arguments(p)
     add_source_argument(p, "--compare-to", "compare the plan with your current config (speed-up, memory, flags)")
@@ -346,6 +356,12 @@ def _alternatives_table(plan: Plan):
 DEFAULT_MEMORY_MARGIN = 0.1
 
 
+def memory_semantics_of(args: argparse.Namespace) -> str:
+    """Whose memory the search prices (``plan --for``; default the ``--compare-to`` framework's, else launch's)."""
+    target = args.priced_for or (args.compare_to[0] if getattr(args, "compare_to", None) else "launch")
+    return FRAMEWORK_MEMORY.get(target, "fsdp2")
+
+
 def memory_fraction_of(args: argparse.Namespace) -> float:
     """The share of device memory a plan may use, from --memory-margin or --memory-fraction (not both)."""
     if args.memory_margin is not None and args.memory_fraction is not None:
@@ -434,6 +450,7 @@ def run(args: argparse.Namespace) -> int:
         cp_min_seq_len=args.cp_min_seq,
         flash_attention=flash_attention_default(args.flash_attention, cluster),
         moe_load_imbalance=imbalance,
+        memory_semantics=memory_semantics_of(args),
     )
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:

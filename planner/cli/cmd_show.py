@@ -140,6 +140,12 @@ def _overview(plan: Plan) -> Table:
             f"{sr.memory_margin:.0%} of each device kept free (plan --memory-margin); {fallbacks} runner-up "
             f"plan{'s' if fallbacks != 1 else ''} in the file for launch to move to on an out-of-memory error",
         )
+        table.add_row(
+            "memory priced for",
+            "Megatron-LM / DeepSpeed (ZeRO's states, gradients through the step, DDP buckets; plan --for)"
+            if sr.memory_semantics == "textbook"
+            else "stratagem launch, torchtitan, Accelerate (FSDP2 and torch pipelining; plan --for)",
+        )
         if sr.notes.startswith("cluster calibrated"):
             table.add_row("cluster", sr.notes.split(". ", 1)[0].removeprefix("cluster "))
         if sr.notes:

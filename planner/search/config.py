@@ -68,6 +68,9 @@ class SearchConfig:
     pins: tuple[tuple[str, object], ...] = ()
     # Dropless MoE routing's load imbalance (ParallelConfig.moe_load_imbalance; plan --moe-imbalance)
     moe_load_imbalance: float = MOE_LOAD_IMBALANCE
+    # how the plan's framework holds memory (ParallelConfig.memory_semantics): "fsdp2" as `stratagem launch`,
+    # torchtitan and Accelerate do; "textbook" as Megatron-LM and DeepSpeed do (plan --for)
+    memory_semantics: str = "fsdp2"
 
     def __post_init__(self) -> None:
         unknown = set(self.allow) - set(ALL_DIMENSIONS)
@@ -85,6 +88,8 @@ class SearchConfig:
             raise SettingError("cp", self.cp, "must be >= 1, e.g. 2, 4 or 8 (a divisor of the sequence / 2)")
         if not self.budget_s > 0:
             raise SettingError("budget_s", self.budget_s, "must be positive seconds, e.g. 600")
+        if self.memory_semantics not in ("fsdp2", "textbook"):
+            raise SettingError("memory_semantics", self.memory_semantics, "must be 'fsdp2' or 'textbook'")
 
     def allows(self, dimension: str) -> bool:
         return dimension in self.allow

@@ -21,6 +21,7 @@ from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.context import KVExchange, check_context, context_view, kv_exchange, unfold
 from planner.cost.constants import (
     CUDA_CONTEXT_BYTES,
+    DDP_BUCKETS_IN_FLIGHT,
     FRAGMENTATION_FRACTION,
     MEMORY_BW_EFFICIENCY,
     OPTIMIZER_FLOPS_PER_PARAM,
@@ -33,6 +34,7 @@ from planner.cost.zero3 import fsdp_call_latency_s, root_unit_layers
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
 from planner.cost.memory import (
+    model_states_bytes,
     optimizer_bytes_per_param,
     peak_moments,
     precision_kind,
@@ -190,6 +192,11 @@ class CandidateCosts:
         return sub, self._folded_outer[outer]
 
     # -- configuration ------------------------------------------------------------------------
+    @property
+    def runtime_memory(self) -> bool:
+        """Memory priced as the runtime holds it, else as Megatron-LM and DeepSpeed do (``SearchConfig``)."""
+        return self.search.memory_semantics == "fsdp2"
+
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
         if outer.replica_node_types:  # batch share of replica j: its micro-batches x micro-batch size
             extra.update(
@@ -215,6 +222,7 @@ class CandidateCosts:
             ep=outer.ep,
             etp=outer.etp,
             moe_load_imbalance=self.search.moe_load_imbalance,
+            memory_semantics=self.search.memory_semantics,  # type: ignore[arg-type]
             **extra,
         )
 
@@ -283,6 +291,7 @@ class CandidateCosts:
                     ep=ep,
                     etp=etp,
                     moe_load_imbalance=self.search.moe_load_imbalance,
+                    memory_semantics=self.search.memory_semantics,  # type: ignore[arg-type]
                 ),
                 micro_batch=mb,
             )
@@ -326,7 +335,7 @@ class CandidateCosts:
             timings_scale=timings_scale(self.profile, node),
             context=self.exchange,
             causal_skip=self.search.flash_attention,
-            sp_saves_gathered=True,  # the search prices the runtime's memory (ParallelConfig.memory_semantics)
+            sp_saves_gathered=self.runtime_memory,  # ParallelConfig.memory_semantics, as the estimate
         )
 
     def _option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
@@ -369,11 +378,11 @@ class CandidateCosts:
                 sequence_parallel=outer.sequence_parallel,
                 micro_batch=outer.micro_batch,
                 flash_attention=self.search.flash_attention,
-                less_input=True,  # the runtime's memory (estimate: ParallelConfig.memory_semantics "fsdp2")
+                less_input=self.runtime_memory,  # compute.layer_working_set_bytes
             )
             if opt.recompute == "full"
             else 0.0
-        ) + k.backward_ws_bytes
+        ) + (k.backward_ws_bytes if self.runtime_memory else 0.0)  # the textbook: no measured backward growth
         return OptionCost(
             time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s + k.ep_comm_s,
             fwd_s=k.forward_s,
@@ -389,7 +398,7 @@ class CandidateCosts:
             state_bytes=k.expert_state_bytes,
             expert_grads_accumulating_bytes=k.expert_grads_accumulating_bytes,
             expert_grads_end_bytes=k.expert_grads_end_bytes,
-            logits_bytes=k.logits_bytes,
+            logits_bytes=k.logits_bytes if self.runtime_memory else 0.0,
             root_params=0.0 if layer.kind == "block" else k.params,
         )
 
@@ -508,23 +517,37 @@ class CandidateCosts:
             opt_per_param = OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
         # ZeRO-3 accumulating over m > 1 micro-batches holds unsharded weights + gradients (zero3_accumulation_bytes)
         held = per["params"] + per["grads"] if zero == 3 and outer.pp > 1 and outer.num_micro_batches > 1 else 0.0
-        held_states = runtime_states(zero, dp, self.state_dtype)  # the runtime's FSDP2 data parallelism
+        memory: dict[str, Any]
+        if self.runtime_memory:  # the runtime's FSDP2 data parallelism (estimate._memory)
+            held_states = runtime_states(zero, dp, self.state_dtype)
+            memory = dict(
+                state_bytes_per_param_dp=held_states.always + held,
+                state_bytes_per_param_dpt=held_states.always + held,
+                ddp_buffer="never",  # FSDP2's replicate and fully_shard reduce in place: no DDP bucket copies
+                ddp_buffer_cap_bytes=math.inf,
+                grads_accumulating_per_param=held_states.accumulating,
+                # ZeRO-1/2: as the last backward ends, every unit but the root has freed its gathered copy
+                # (ZeRO-0's replicate is one unit)
+                grads_end_per_param=held_states.end - (held_states.unsharded if zero in (1, 2) else 0.0),
+                root_unsharded_per_param=held_states.unsharded if zero in (1, 2) else 0.0,
+            )
+        else:  # Megatron-LM's and DeepSpeed's (estimate._memory_textbook): ZeRO's states, gradients through the
+            # step, DDP bucket copies of the gradients when they are reduced
+            memory = dict(
+                state_bytes_per_param_dp=model_states_bytes(1.0, zero, dp, self.state_dtype).total_bytes + held,
+                state_bytes_per_param_dpt=model_states_bytes(1.0, zero, dp * tp, self.state_dtype).total_bytes + held,
+                ddp_buffer="always" if zero < 3 and dp > 1 else ("if_replicated" if zero < 3 and tp > 1 else "never"),
+                ddp_buffer_cap_bytes=DDP_BUCKETS_IN_FLIGHT * bucket if bucket else math.inf,
+                pp_textbook=True,
+            )
         return RankModel(
             capacity_bytes=node.device_memory_bytes * self.search.memory_fraction,
-            state_bytes_per_param_dp=held_states.always + held,
-            state_bytes_per_param_dpt=held_states.always + held,
             reserve_factor=1.0 + FRAGMENTATION_FRACTION,
             reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
-            ddp_buffer="never",  # FSDP2's replicate and fully_shard reduce in place: no DDP bucket copies
-            ddp_buffer_cap_bytes=math.inf,
             grad_bytes_per_param=per["grads"],
-            grads_accumulating_per_param=held_states.accumulating,
-            # ZeRO-1/2: as the last backward ends, every unit but the root has freed its gathered copy
-            # (estimate._memory; ZeRO-0's replicate is one unit)
-            grads_end_per_param=held_states.end - (held_states.unsharded if zero in (1, 2) else 0.0),
-            root_unsharded_per_param=held_states.unsharded if zero in (1, 2) else 0.0,
             zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0,
             pp_buffers=outer.pp > 1,
+            **memory,
             sync_dp=coll(op, dp_g, per["grads"]),
             sync_dpt=coll(op, dpt_g, per["grads"]),
             last_bucket_s=last_bucket_s,
@@ -687,7 +710,7 @@ class CandidateCosts:
                     rank_node_types=(t,) * outer.pp,
                     m=m,
                     inflight=self._inflight(outer, m),
-                    moments=self._moments(outer, m),
+                    moments=self._moments(outer, m) if self.runtime_memory else (),
                 )
                 for t, _, m in reps
             )
@@ -733,7 +756,7 @@ class CandidateCosts:
             zero_stage=outer.zero_stage,
             rank_node_types=rank_types,
             inflight=self._inflight(outer, m),
-            moments=self._moments(outer, m),
+            moments=self._moments(outer, m) if self.runtime_memory else (),
             ranks={nt: self._rank_model(nt, outer) for nt in types},
             change_s=changes,
             tied_params=self._tied(outer),

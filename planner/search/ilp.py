@@ -211,6 +211,7 @@ def _rank_sums(tables: Tables, n: dict, u: dict, st: dict, r: int) -> dict[str, 
 
     sums["out"] = pulp.lpSum(boundary(s) for s in range(r, tables.chunks - 1, tables.pp))
     sums["in"] = pulp.lpSum(boundary(s - 1) for s in range(r, tables.chunks, tables.pp) if s > 0)
+    sums["last_out"] = groups[-1].out_buffer_bytes if (tables.chunks - 1) % tables.pp == r else 0.0
     if r == tables.pp - 1 and tables.pp > 1 and tables.tied_params:
         sums["P"] += pulp.lpSum(p * _style(u, tables.tied_group, sty) for sty, p in tables.tied_params.items())
     return sums

@@ -136,6 +136,7 @@ def build_search_record(result: SearchResult, runners_up: list[Plan] | None = No
         candidates_pruned=result.candidates_pruned,
         top_k=[_alternative(c, best_s, runners_up[i] if runners_up else None) for i, c in enumerate(result.ranked[1:])],
         memory_margin=result.memory_margin,
+        memory_semantics=result.memory_semantics,
         notes=(
             f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
             f"{result.candidates_dominated} dominated (same time, more memory than a solved one), "

@@ -84,6 +84,7 @@ class SearchResult:
     solver_warnings: tuple[str, ...] = ()  # "<CBC log line> (N solves)": each such answer was re-solved
     dropped: tuple[tuple[str, str], ...] = ()  # (candidate, why): the cost model could not price it; not searched
     memory_margin: float = 0.1  # 1 - SearchConfig.memory_fraction: the share of device memory kept free
+    memory_semantics: str = "fsdp2"  # SearchConfig.memory_semantics: whose memory the plan is priced for
 
 
 def check_exact(
@@ -537,6 +538,7 @@ class _BranchAndBound:
             runners_up_proven=runners_up_proven,
             solver_warnings=tuple(f"{w} ({k} solves)" for w, k in state.warnings.items()),
             memory_margin=round(1.0 - config.memory_fraction, 12),
+            memory_semantics=config.memory_semantics,
         )
 
 

@@ -461,6 +461,12 @@ def _memory_shortfall_bytes_lane(tables: Tables) -> float:
             )
             for nt in types
         )
+    # torch pipelining's receive buffers, at their least (ilp_cuts.pipeline_floor with nothing in flight)
+    from planner.search.ilp_cuts import pipeline_floor
+
+    need += sum(
+        tables.ranks[nt].reserve_factor * pipeline_floor(tables, r, 0.0) for r, nt in enumerate(tables.rank_node_types)
+    )
     free = sum(tables.ranks[nt].capacity_bytes - tables.ranks[nt].reserve_const_bytes for nt in tables.rank_node_types)
     return need - free
 

@@ -103,6 +103,8 @@ class RankModel:
     grads_end_per_param: float = 0.0
     root_unsharded_per_param: float = 0.0  # the root unit's gathered copy, still alive as the backward ends
     pp_buffers: bool
+    # Megatron-LM's pipeline buffers (estimate._memory_textbook): two of each chunk's output, nothing held
+    pp_textbook: bool = False
     sync_dp: Concave
     sync_dpt: Concave
     last_bucket_s: float  # the last gradient bucket, exposed whatever the overlap
@@ -245,7 +247,7 @@ def chunk_times(tables: Tables, assignment: Assignment, styles: list[str]) -> li
 def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]) -> dict[str, float]:
     nt = tables.rank_node_types[r]
     out = dict(P=0.0, Q=0.0, Wf=0.0, Wb=0.0, act=0.0, ws=0.0, mx=0.0, z3=0.0, out=0.0, opt=0.0, st=0.0, lg=0.0)
-    out.update({"in": 0.0, "ega": 0.0, "ege": 0.0, "R": 0.0})
+    out.update({"in": 0.0, "ega": 0.0, "ege": 0.0, "R": 0.0, "last_out": 0.0})
     for c in range(r, tables.chunks, tables.pp):
         if tables.chunk_unit_s:
             out["Wf"] += tables.chunk_unit_s[nt][0]
@@ -270,6 +272,8 @@ def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]
                     out["mx"] = max(out["mx"], k.param_bytes)
         if c < tables.chunks - 1:  # the boundary after chunk c (pipeline_bytes)
             out["out"] += tables.groups[_present(assignment, c)[-1]].out_buffer_bytes
+        else:
+            out["last_out"] = tables.groups[-1].out_buffer_bytes
         if c > 0:
             out["in"] += tables.groups[_present(assignment, c - 1)[-1]].out_buffer_bytes
     if r == tables.pp - 1 and tables.pp > 1 and tables.tied_params:
@@ -323,6 +327,8 @@ def pipeline_bytes(tables: Tables, rm: RankModel, x: dict) -> tuple[Any, Any]:
     Linear in ``x``, so the ILP uses it too."""
     if not rm.pp_buffers:
         return 0.0, 0.0
+    if rm.pp_textbook:
+        return 2 * (x["out"] + x["last_out"]), 0.0
     held = x["out"] + x["lg"] - (x["in"] if tables.aliases_input else 0.0)
     return tables.m * (x["out"] + x["in"]), held
 

@@ -120,6 +120,10 @@ def build_chunk(
     init_weights(model, seed=plan.training.seed)
     model.to(device=device, dtype=weight_dtype(plan))  # bf16 under bf16-master (fp32 copies in the optimizer)
     attention = apply_attention(model, fused=plan.flash_attention)
+    if plan.model.family == "hf":  # transformers' fused experts: the per-expert loop, not per-row weight copies
+        from runtime.models.hf import use_loop_experts
+
+        use_loop_experts(model)
     styles = tp_styles(plan.model, plan.layout, stage.module_paths) if mesh["tp"].size() > 1 else {}
     apply_tp(model, mesh["tp"], styles)
     if plan.model.is_external and styles:  # as shard_module does: head counts kept as attributes (OPT)

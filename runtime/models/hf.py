@@ -183,6 +183,23 @@ def experts_kwargs(config) -> dict:
     return {"experts_implementation": "batched_mm"} if hasattr(config, "_experts_implementation") else {}
 
 
+def use_loop_experts(model: nn.Module) -> int:
+    """Run every transformers fused-experts module of ``model`` with transformers' ``eager`` implementation (a loop
+    over the experts that have tokens) instead of ``batched_mm``, which the model is built with for the meta
+    device (:func:`experts_kwargs`): ``batched_mm`` gathers each (token, choice)'s expert weights, ``2 I x H`` and
+    ``H x I`` per row, and saves them for the backward (measured on a tiny Mixtral, 4 experts: a step held 120 MiB
+    of live tensors against 8 MiB under the loop, ``benchmarks/memory_accuracy.py``). The choice is read from the
+    module's config at each forward (transformers' ``use_experts_implementation``); returns how many configs
+    changed. Call it on a model materialised on a real device."""
+    changed = 0
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "_experts_implementation", None) == "batched_mm":
+            config._experts_implementation = "eager"
+            changed += 1
+    return changed
+
+
 class HFEmbedding(nn.Module):
     """Token embedding (``tok``), plus learned positions (``pos``) and dropout when the model has them;
     ``multiplier``: the factor the model's own forward applies to the token embeddings (Granite's
