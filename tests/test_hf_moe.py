@@ -108,3 +108,29 @@ def test_hf_moe_mapping_refuses_what_the_zoo_cannot_hold():
     qwen = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "num_hidden_layers": 4}
     with pytest.raises(StratagemError, match="not the leading blocks"):
         moe_dims_from_hf({**qwen, "mlp_only_layers": [1], "hidden_size": 64, "num_attention_heads": 4})
+
+
+def test_the_runtime_runs_fused_experts_as_a_loop_not_per_row_weight_copies(tmp_path):
+    """Built for the meta device, an hf: MoE model's fused experts use transformers' ``batched_mm``, which copies
+    each (token, choice)'s expert weights and saves them for the backward; the runtime switches them to the
+    per-expert loop (``runtime.models.hf.use_loop_experts``, called by ``build_chunk``): the same loss and
+    gradients, a fraction of the live tensor bytes."""
+    from runtime.executor.tensor_memory import TensorMemory
+    from runtime.models.hf import use_loop_experts
+
+    spec = parse_model("hf:" + str(write_moe_config(tmp_path / "mixtral", "mixtral")))
+    ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+    runs = {}
+    for loop in (False, True):
+        model = build_model(spec, device="meta").to_empty(device="cpu")
+        init_weights(model, seed=0)
+        if loop:
+            assert use_loop_experts(model) >= 1
+        with TensorMemory([model], []) as tracker:
+            loss = loss_fn(spec)(model(ids), ids)
+            loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        runs[loop] = (loss.item(), grads, tracker.peak().peak_bytes)
+    (loss_b, grads_b, peak_b), (loss_l, grads_l, peak_l) = runs[False], runs[True]
+    assert loss_l == pytest.approx(loss_b, abs=1e-6) and torch.allclose(grads_l, grads_b, atol=1e-6)
+    assert peak_l < peak_b / 3, (peak_l, peak_b)

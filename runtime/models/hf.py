@@ -179,7 +179,8 @@ def experts_kwargs(config) -> dict:
     whose CPU and meta kernels take bf16 only, and ``eager`` selects tokens with ``nonzero`` (no meta shape);
     ``batched_mm`` gathers each token's expert weights and runs one ``bmm`` per projection, which works on CPU
     and meta with the top-k FLOPs (its saved tensors include the gathered weights, so activation memory
-    measured on meta overstates a grouped-GEMM kernel's)."""
+    measured on meta overstates a grouped-GEMM kernel's). The runtime trains with the per-expert loop instead
+    (:func:`use_loop_experts`)."""
     return {"experts_implementation": "batched_mm"} if hasattr(config, "_experts_implementation") else {}
 
 
