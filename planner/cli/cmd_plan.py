@@ -12,6 +12,7 @@ import argparse
 import sys
 import logging
 
+from planner.cost.config import MemorySemantics
 from planner.cost.context import check_context_family
 from planner.errors import StratagemError
 from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
@@ -356,7 +357,7 @@ def _alternatives_table(plan: Plan):
 DEFAULT_MEMORY_MARGIN = 0.1
 
 
-def memory_semantics_of(args: argparse.Namespace) -> str:
+def memory_semantics_of(args: argparse.Namespace) -> MemorySemantics:
     """Whose memory the search prices (``plan --for``; default the ``--compare-to`` framework's, else launch's)."""
     target = args.priced_for or (args.compare_to[0] if getattr(args, "compare_to", None) else "launch")
     return FRAMEWORK_MEMORY.get(target, "fsdp2")

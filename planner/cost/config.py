@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from planner.cost.context import KVExchange
 
 Recompute = Literal["none", "selective", "full"]
+# how a trainer holds memory (ParallelConfig.memory_semantics)
+MemorySemantics = Literal["fsdp2", "textbook"]
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 TPStyle = Literal["replicate", "split"]
 
@@ -52,7 +54,7 @@ class ParallelConfig:
     # hold (FSDP2's gathered weights, gradients as they exist at the peak); "textbook", what Megatron-LM and
     # DeepSpeed hold (ZeRO's model states with gradients through the step, DDP gradient buckets). The search
     # plans with the default; exports and --compare-to price a framework's config with its own.
-    memory_semantics: Literal["fsdp2", "textbook"] = "fsdp2"
+    memory_semantics: MemorySemantics = "fsdp2"
     cp: int = 1
     context_parallel: Literal["allgather", "ring"] | None = None
     kv_exchange: KVExchange | None = None

@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.cost.collectives import group_collective_s, inter_node_bw
-from planner.cost.config import LayerCost, Recompute
+from planner.cost.config import LayerCost, MemorySemantics, Recompute
 from planner.cost.constants import (
     DTYPE_BYTES,
     MEMORY_BW_EFFICIENCY,
@@ -97,7 +97,7 @@ class ExpertSplit:
     grad_bucket_bytes: float | None
     dispatcher: Dispatcher = "alltoall"
     overlap_grad_reduce: bool = True
-    memory_semantics: Literal["fsdp2", "textbook"] = "fsdp2"  # ParallelConfig.memory_semantics
+    memory_semantics: MemorySemantics = "fsdp2"  # ParallelConfig.memory_semantics
 
     @property
     def edp(self) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.config import ParallelConfig, Recompute, ScheduleKind
+from planner.cost.config import MemorySemantics, ParallelConfig, Recompute, ScheduleKind
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
 from planner.recipe import LRSchedule
@@ -156,7 +156,12 @@ def chunk_paths(layers: list[tuple[str, str]], s: FrameworkSettings) -> list[lis
 # whose memory the cost model prices for each framework's config (ParallelConfig.memory_semantics): Megatron-LM
 # and DeepSpeed keep gradients through the step in buckets (textbook ZeRO); torchtitan and Accelerate's FSDP2 are
 # FSDP2, as `stratagem launch` is
-FRAMEWORK_MEMORY = {"megatron": "textbook", "deepspeed": "textbook", "torchtitan": "fsdp2", "accelerate": "fsdp2"}
+FRAMEWORK_MEMORY: dict[str, MemorySemantics] = {
+    "megatron": "textbook",
+    "deepspeed": "textbook",
+    "torchtitan": "fsdp2",
+    "accelerate": "fsdp2",
+}
 
 
 def to_parallel_config(
@@ -184,7 +189,7 @@ def to_parallel_config(
             for p in [q for q in chunk if kinds[q] == "block"][: s.recompute_blocks_per_chunk]
         }
     return ParallelConfig(
-        memory_semantics=FRAMEWORK_MEMORY.get(framework or "", "fsdp2"),  # type: ignore[arg-type]
+        memory_semantics=FRAMEWORK_MEMORY.get(framework or "", "fsdp2"),
         tp=s.tp,
         pp=s.pp,
         dp=s.dp,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.cost.config import MemorySemantics
 from planner.cost.constants import MOE_LOAD_IMBALANCE
 from planner.errors import SettingError
 
@@ -70,7 +71,7 @@ class SearchConfig:
     moe_load_imbalance: float = MOE_LOAD_IMBALANCE
     # how the plan's framework holds memory (ParallelConfig.memory_semantics): "fsdp2" as `stratagem launch`,
     # torchtitan and Accelerate do; "textbook" as Megatron-LM and DeepSpeed do (plan --for)
-    memory_semantics: str = "fsdp2"
+    memory_semantics: MemorySemantics = "fsdp2"
 
     def __post_init__(self) -> None:
         unknown = set(self.allow) - set(ALL_DIMENSIONS)

@@ -222,7 +222,7 @@ class CandidateCosts:
             ep=outer.ep,
             etp=outer.etp,
             moe_load_imbalance=self.search.moe_load_imbalance,
-            memory_semantics=self.search.memory_semantics,  # type: ignore[arg-type]
+            memory_semantics=self.search.memory_semantics,
             **extra,
         )
 
@@ -291,7 +291,7 @@ class CandidateCosts:
                     ep=ep,
                     etp=etp,
                     moe_load_imbalance=self.search.moe_load_imbalance,
-                    memory_semantics=self.search.memory_semantics,  # type: ignore[arg-type]
+                    memory_semantics=self.search.memory_semantics,
                 ),
                 micro_batch=mb,
             )

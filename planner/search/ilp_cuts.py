@@ -99,9 +99,10 @@ def block_time_floor(
 
 def pipeline_floor(tables: Tables, r: int, inflight: float) -> float:
     """A lower bound of pp rank ``r``'s pipeline bytes with ``inflight`` micro-batches in flight
-    (``tables.pipeline_bytes``: (m + inflight) out + m in - inflight in or m in + inflight logits), whatever the
-    chunks end with: the boundaries it sends at their smallest; nothing for those it receives and the logits (so
-    that the bound depends on the rank only through how many chunks send, and ranks share their block floors)."""
+    (``tables.pipeline_bytes``): the boundaries its chunks send, at their smallest, once per micro-batch as receive
+    buffers and once per micro-batch in flight as held outputs; nothing for the received boundaries or the logits
+    (so the bound depends on the rank only through how many of its chunks send, and ranks share block floors).
+    Textbook pipelines: two buffers of each of its chunks' outputs."""
     rm = tables.ranks[tables.rank_node_types[r]]
     if not rm.pp_buffers:
         return 0.0

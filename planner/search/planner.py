@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
-from planner.cost.config import ParallelConfig
+from planner.cost.config import MemorySemantics, ParallelConfig
 from planner.cost.context import check_context, cp_degrees
 from planner.cost.moe import require_all_to_all
 from planner.cost.placement import block_count, with_gpus
@@ -84,7 +84,7 @@ class SearchResult:
     solver_warnings: tuple[str, ...] = ()  # "<CBC log line> (N solves)": each such answer was re-solved
     dropped: tuple[tuple[str, str], ...] = ()  # (candidate, why): the cost model could not price it; not searched
     memory_margin: float = 0.1  # 1 - SearchConfig.memory_fraction: the share of device memory kept free
-    memory_semantics: str = "fsdp2"  # SearchConfig.memory_semantics: whose memory the plan is priced for
+    memory_semantics: MemorySemantics = "fsdp2"  # SearchConfig.memory_semantics: whose memory the plan is priced for
 
 
 def check_exact(
