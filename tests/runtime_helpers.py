@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import random
+import signal
 import socket
 import subprocess
 import sys
@@ -22,13 +26,90 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Zygote:
+    """Client of one ``tests/rank_zygote.py`` server (a process that imported torch once and forks ranks)."""
+
+    def __init__(self, hash_seed: int):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONHASHSEED": str(hash_seed)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "rank_zygote.py")],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.ready = False
+
+    def ask(self, request: dict) -> dict:
+        if not self.ready:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"tests/rank_zygote.py did not start (exit {self.proc.wait()})")
+            self.ready = True
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"tests/rank_zygote.py ended (exit {self.proc.wait()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"tests/rank_zygote.py: {reply['error']}")
+        return reply
+
+
+_ZYGOTES: list[_Zygote] = []
+
+
+def _zygotes() -> list[_Zygote]:
+    """Two servers with different hash seeds, started on first use and ended with the test session."""
+    if not _ZYGOTES:
+        seeds = random.Random().sample(range(1, 2**31), 2)
+        _ZYGOTES.extend(_Zygote(seed) for seed in seeds)
+        atexit.register(lambda: [z.proc.stdin.close() for z in _ZYGOTES])
+    return _ZYGOTES
+
+
+class _ForkedRank:
+    """One rank forked by a zygote, with the part of ``subprocess.Popen`` that :func:`spawn_ranks` uses."""
+
+    def __init__(self, zygote: _Zygote, pid: int):
+        self.zygote, self.pid, self.returncode = zygote, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.ask({"poll": self.pid})["code"]
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.02)
+        return self.returncode
+
+
+def _start_rank(rank: int, argv: list[str], env: dict, out_path: str, err_path: str, out, err):
+    """Rank ``rank`` as ``python argv``: forked from a zygote (``tests/rank_zygote.py``), or a fresh interpreter
+    where ``STRATAGEM_TEST_FRESH_RANKS=1``."""
+    if os.environ.get("STRATAGEM_TEST_FRESH_RANKS") == "1":
+        return subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+    zygote = _zygotes()[rank % 2]
+    request = {"argv": argv, "env": env, "cwd": str(REPO), "stdout": out_path, "stderr": err_path}
+    return _ForkedRank(zygote, zygote.ask({"spawn": request})["pid"])
+
+
 def spawn_ranks(
     nproc: int, argv: list[str], *, timeout_s: float, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """``python argv`` as ``nproc`` ranks on this machine with the environment torchrun gives its workers (rank,
     world size, a free rendezvous port on 127.0.0.1, restart count 0), without torchrun's agent: its start-up and
     rendezvous cost about 3 s per launch, which the tests of what runs inside the ranks need not pay (the tests
-    of ``stratagem launch`` run the real torchrun). One thread each; at most ``timeout_s`` in all, then every
+    of ``stratagem launch`` run the real torchrun). Each rank is forked from a process that has imported torch
+    and the runtime already (``tests/rank_zygote.py``: 3.5 s of CPU per rank saved; ``STRATAGEM_TEST_FRESH_RANKS=1``
+    starts fresh interpreters instead). One thread each; at most ``timeout_s`` in all, then every
     rank is killed and ``subprocess.TimeoutExpired`` raised; when a rank fails, the others get ``RANK_GRACE_S``
     (a rank left waiting on a collective would wait for its timeout). The result's stdout and stderr are the
     ranks' in rank order; its return code the first non-zero one."""
@@ -53,9 +134,7 @@ def spawn_ranks(
             out = open(Path(tmp) / f"{rank}.out", "w+")
             err = open(Path(tmp) / f"{rank}.err", "w+")
             logs.append((out, err))
-            procs.append(
-                subprocess.Popen([sys.executable, *argv], cwd=REPO, env=rank_env, stdout=out, stderr=err, text=True)
-            )
+            procs.append(_start_rank(rank, argv, rank_env, out.name, err.name, out, err))
         deadline = time.monotonic() + timeout_s
         failed_at = None
         try:
