@@ -22,7 +22,6 @@ from pathlib import Path
 
 from planner.errors import StratagemError
 from planner.plan import Plan, validate
-from runtime.executor.pretrained import check_init_from
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = 10.0  # after SIGTERM on timeout, how long torchrun gets to stop its workers
@@ -102,6 +101,8 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     if opts.init_from is not None:
         if "sd" in plan.mesh.axes:
             raise StratagemError("--init-from is not supported for spatial (3D CNN) plans yet; launch without it")
+        from runtime.executor.pretrained import check_init_from  # torch and DCP: 3 s of imports, only here
+
         check_init_from(opts.init_from, plan)
     if opts.max_restarts and not (opts.checkpoint_dir and opts.checkpoint_every):
         log.warning("--max-restarts without --checkpoint-dir/--checkpoint-every restarts from step 1")

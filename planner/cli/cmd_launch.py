@@ -252,7 +252,6 @@ def check_cluster(plan, nproc_per_node: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.executor.describe import describe_ranks
     from runtime.launch import build_command, build_slurm_script, check_launch
 
     _check_paths(args)
@@ -286,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
         )
     cmd = build_command(plan, opts)
     if args.dry_run:
+        from runtime.executor.describe import describe_ranks  # torch's FSDP and DTensor: 4 s of imports
+
         print(shlex.join(cmd))
         every = args.all_ranks or plan.world_size <= DRY_RUN_ALL_RANKS
         shown = (
