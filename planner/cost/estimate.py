@@ -188,11 +188,14 @@ class _Assembler:
 
     def _layout_s(self, prev: LayerProfile, nxt: LayerProfile, node: NodeType) -> float:
         cfg = self.cfg
+        prev_style, next_style = layer_style(cfg, prev), layer_style(cfg, nxt)
+        if cfg.tp == 1 or prev_style == next_style:  # no re-layout (layout_change_cost's own first case)
+            return 0.0
         return layout_change_cost(
             prev,
             nxt,
-            layer_style(cfg, prev),
-            layer_style(cfg, nxt),
+            prev_style,
+            next_style,
             node=node,
             cluster=self.cluster,
             tp=cfg.tp,
@@ -473,6 +476,15 @@ class _Assembler:
         aliased = received if pipeline_aliases_input(self.model) else 0.0
         return self.m * (sent + received), sent + logits - aliased
 
+    def _working_set(self, pairs: list[tuple[LayerProfile, LayerCost]]) -> float:
+        """The largest :func:`layer_working_set_bytes` of ``pairs``, once per distinct (signature, cost)."""
+        seen: dict[tuple[str, int], float] = {}
+        for layer, k in pairs:
+            key = (layer.signature, id(k))
+            if key not in seen:
+                seen[key] = layer_working_set_bytes(self.cfg, layer, k)
+        return max(seen.values(), default=0.0)
+
     def _memory(self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]):
         """Peak bytes of pp rank ``r`` as the runtime holds them (``planner.cost.memory``: ``runtime_states``,
         ``peak_moments``): weights, AdamW state and the data-parallel wrapper's gathered weights always; the
@@ -486,7 +498,7 @@ class _Assembler:
         per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
         rs = runtime_states(cfg.zero_stage, cfg.dp, self.state_dtype)
         act = sum(k.act_bytes for _, k in pairs)
-        working = max((layer_working_set_bytes(cfg, layer, k) for layer, k in pairs), default=0.0)
+        working = self._working_set(pairs)
         unsharded = rs.unsharded * n  # less what the peak's moment has freed (below)
         if cfg.zero_stage == 3:
             unsharded += ZERO3_LAYERS_IN_FLIGHT * max((k.param_bytes for _, k in pairs), default=0.0)
