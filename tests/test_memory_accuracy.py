@@ -24,7 +24,7 @@ LAYOUTS = {
     "zero1": "llama:tiny",
     "zero2": "llama:tiny",
     "zero3": "llama:tiny",
-    "tp2": "llama:tiny",
+    "tp2": "gpt:tiny",  # its head is split: the loss runs under loss_parallel
     "tp2-sp": "llama:tiny",
     "pp2-gpipe": "llama:tiny",
     "pp2-1f1b": "llama:tiny",

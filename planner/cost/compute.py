@@ -215,13 +215,17 @@ def layer_cost(
     timings_scale: float = 1.0,
     context: KVExchange | None = None,
     causal_skip: bool = False,
-    sp_saves_gathered: bool = False,
+    torch_tp_memory: bool = False,
 ) -> LayerCost:
     """Per-micro-batch cost of ``layer`` on one rank of a TP group of ``tp`` (see the module docstring).
 
-    ``sp_saves_gathered`` (memory semantics "fsdp2"): under sequence parallelism the GEMM after each forward
-    all-gather saves the gathered, whole-sequence input for its backward, as torch's sequence parallelism
-    (DTensor) does; Megatron-LM saves the shard and gathers again in the backward (Korthikanti et al. 2022).
+    ``torch_tp_memory`` (memory semantics "fsdp2"): memory as torch's tensor parallelism (DTensor) holds it.
+    Under sequence parallelism the GEMM after each forward all-gather saves the gathered, whole-sequence input
+    for its backward; Megatron-LM saves the shard and gathers again in the backward (Korthikanti et al. 2022).
+    A split classifier's loss runs under ``loss_parallel``, whose backward holds one logits shard more than
+    plain cross-entropy's (``zeros_like``, ``exp`` and their sum alive together:
+    ``torch.distributed.tensor.parallel.loss._nll_loss_and_log_softmax_backward``); Megatron-LM's vocab-parallel
+    cross-entropy works in place.
 
     ``use_timings=False`` ignores measured timings (e.g. timings from another device than ``node``).
     ``overlap_tp_comm``: TP collectives run under the layer's GEMMs (Transformer Engine userbuffers,
@@ -308,13 +312,16 @@ def layer_cost(
         act_bytes = replicated + rest + cp.saved_bytes
     else:
         act_bytes = replicated + scores + rest + cp.saved_bytes
-    if sp and sp_saves_gathered and recompute != "full":
+    if sp and torch_tp_memory and recompute != "full":
         act_bytes += sp_gathered_bytes(layer, tp) * samples
     # torch.autocast's cached 16-bit weight copies live until the region ends, whatever is recomputed
     # (planner.autocast_profile; 0 for pure 16-bit profiles)
     act_bytes += shard.saved_fixed_bytes
+    backward_ws = shard.backward_ws_bytes_per_sample * samples
+    if torch_tp_memory and split and tp > 1:  # loss_parallel's extra logits shard (docstring)
+        backward_ws += shard.logits_bytes_per_sample * samples
     return LayerCost(
-        backward_ws_bytes=shard.backward_ws_bytes_per_sample * samples,
+        backward_ws_bytes=backward_ws,
         logits_bytes=shard.logits_bytes_per_sample * samples,
         forward_s=forward_s,
         backward_s=backward_s,

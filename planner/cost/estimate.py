@@ -183,7 +183,7 @@ class _Assembler:
             timings_scale=timings_scale(self.model, node),
             context=cfg.kv_exchange,
             causal_skip=cfg.causal_skip,
-            sp_saves_gathered=cfg.memory_semantics == "fsdp2",
+            torch_tp_memory=cfg.memory_semantics == "fsdp2",
         )
 
     def _layout_s(self, prev: LayerProfile, nxt: LayerProfile, node: NodeType) -> float:

@@ -20,15 +20,14 @@ Each term is reported separately (``MemoryBreakdown``); the terms follow the run
 - **Working set**: the largest layer's backward needs beyond what it saved: the gradients it receives and makes
   (measured per layer: ``ShardProfile.backward_ws_bytes_per_sample``), the activations full recompute
   re-materialises, an MoE block's dispatch buffers.
-- **Communication buffers**: pipeline send and receive buffers (2 x the boundary activation per chunk). FSDP2
-  reduces gradients in place, so there are no DDP bucket copies.
+- **Communication buffers**: torch pipelining's receive buffers, one per micro-batch and direction
+  (``estimate._Assembler._pipeline_bytes``). FSDP2 reduces gradients in place, so there are no DDP bucket copies.
 - **Reserve** — CUDA context, cuBLAS and NCCL workspaces (``CUDA_CONTEXT_BYTES``, GPUs only) plus
   allocator fragmentation (``FRAGMENTATION_FRACTION`` of everything above). See ``constants.py``.
 
-Not modelled (measured gaps, ``benchmarks/memory_accuracy.py``): the logits each in-flight micro-batch keeps on
-the last pipeline stage (torch.distributed.pipelining holds a stage's outputs until their backward), sequence
-parallelism's all-gathered inputs that torch's tensor-parallel styles save whole, the exchange buffers of context
-parallelism.
+Not modelled (measured gaps, ``benchmarks/memory_accuracy.py``): the order of the backward (the largest working
+set is charged together with every gradient and, at ZeRO-3, with the largest layers gathered, while in a run they
+peak at different layers), the exchange buffers of context parallelism, routing imbalance at ep = 1.
 """
 
 from __future__ import annotations

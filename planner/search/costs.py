@@ -335,7 +335,7 @@ class CandidateCosts:
             timings_scale=timings_scale(self.profile, node),
             context=self.exchange,
             causal_skip=self.search.flash_attention,
-            sp_saves_gathered=self.runtime_memory,  # ParallelConfig.memory_semantics, as the estimate
+            torch_tp_memory=self.runtime_memory,  # ParallelConfig.memory_semantics, as the estimate
         )
 
     def _option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
