@@ -253,6 +253,14 @@ class ExpertProfile(_Strict):
     capacity_factor: float | None = Field(
         None, gt=0, description="tokens per expert capped at cf * tokens * top_k / experts; None = dropless"
     )
+    wrapped_at_ep1: bool = Field(
+        False,
+        description=(
+            "true: without an expert layout (ep = etp = 1) the runtime keeps these experts as their block's own "
+            "parameters, inside the data-parallel wrapper (transformers' fused experts); false: plain parameters "
+            "outside it, as at any ep (the zoo's MoE)"
+        ),
+    )
 
     @property
     def params(self) -> int:

@@ -71,7 +71,7 @@ from planner.cost.constants import (
     STATE_BYTES_PER_PARAM,
 )
 from planner.cost.kernels import Device, PassTime, contention, gemm_s
-from planner.cost.memory import expert_runtime_states, model_states_bytes, precision_kind
+from planner.cost.memory import expert_runtime_states, model_states_bytes, precision_kind, runtime_states
 from planner.cost.placement import GroupShape, dp_group, tp_group
 from planner.errors import StratagemError
 from planner.profiles import ClusterProfile, CollectiveFit, ExpertProfile, LayerProfile, NodeType
@@ -397,6 +397,10 @@ def expert_states(
     sync, gather, opt = _step_terms(cluster, node, params, split, dtype)
     if split.memory_semantics == "fsdp2":  # as the runtime holds them: gradients by the peak's moment
         rs = expert_runtime_states(split.zero_stage, split.edp, dtype)
+        if ex.wrapped_at_ep1 and split.ep * split.etp == 1 and split.zero_stage < 3:
+            # in the block's data-parallel unit like its dense weights (at ZeRO-3 the expert units' gathered copy
+            # stays priced: the layers-in-flight term counts dense weights only)
+            rs = runtime_states(split.zero_stage, split.dp, dtype)
         state_bytes, grads_acc, grads_end = rs.always * params, rs.accumulating * params, rs.end * params
     else:
         state_bytes = model_states_bytes(params, min(split.zero_stage, 2), split.edp, dtype).total_bytes

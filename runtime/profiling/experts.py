@@ -79,6 +79,7 @@ def _hf_expert_profile(block: nn.Module, seq_len: int):
         expert_ffn=int(two_f) // 2,
         tokens_per_sample=seq_len,
         capacity_factor=None,
+        wrapped_at_ep1=True,  # runtime.executor.moe: an hf: plan without an expert layout wraps them as dense
     )
 
 
