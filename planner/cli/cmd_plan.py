@@ -464,10 +464,14 @@ def run(args: argparse.Namespace) -> int:
             config=config,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
-        bar.update(task, description="searching for a fallback with more memory headroom", completed=0, total=None)
-        fallback = fallback_candidate(
-            profile, cluster, result, n_devices=args.gpus, global_batch=args.global_batch, config=config
-        )
+        fallback = None
+        # the fallback is what `stratagem launch` moves to on an out-of-memory step; a plan priced for another
+        # trainer (plan --for megatron, ...) is not priced as launch holds memory, so it gets none
+        if config.memory_semantics == "fsdp2":
+            bar.update(task, description="searching for a fallback with more memory headroom", completed=0, total=None)
+            fallback = fallback_candidate(
+                profile, cluster, result, n_devices=args.gpus, global_batch=args.global_batch, config=config
+            )
     training = TrainingSettings(
         global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype, lr_schedule=lr_schedule
     )
