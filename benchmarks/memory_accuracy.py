@@ -13,7 +13,9 @@ that step creates counted in, as every later step holds it), the figure ``strata
 
 Layouts: dp2 (ZeRO-0, FSDP2 ``replicate``), zero1 / zero2 / zero3 (FSDP2 ``fully_shard``), tp2, tp2-sp (sequence
 parallel), pp2-gpipe / pp2-1f1b (4 micro-batches), pp2-interleaved (2 virtual stages per rank), recompute-selective
-and recompute-full (dp2, every block), cp2 (context parallel, all-gather exchange) and, for MoE models, ep2.
+and recompute-full (dp2, every block), cp2 (context parallel, all-gather exchange), for MoE models ep2, and
+mixed-dp2: two replicas on two node types (the same CPU under two names, ``mixed_cluster``) with batch shares 3/4
+and 1/4, priced through the planner's mixed-type path.
 
 Which rows are in sample: the memory model's mechanisms (which gradients a peak moment holds, FSDP2's gathered
 copies, torch.distributed.pipelining's receive buffers and held outputs, sequence parallelism's gathered inputs,
@@ -59,7 +61,9 @@ LAYOUTS = (
     "recompute-full",
     "cp2",
     "ep2",
+    "mixed-dp2",
 )
+MIXED_TYPES = ("cpu-a", "cpu-b")  # the two node types of mixed_cluster()
 TOLERANCE = 0.05
 
 
@@ -87,6 +91,9 @@ def layout_kwargs(spec, layout: str) -> dict | None:
         "recompute-full": dict(dp=2, recompute=dict.fromkeys(blocks, "full")),
         "cp2": dict(cp=2),
         "ep2": dict(dp=2, experts={"ep": 2}) if moe else None,
+        # replicas on two node types, the faster one given 3/4 of the batch (3 micro-batches against 1), laid out
+        # dp-outermost as the planner lays out replicas of different types
+        "mixed-dp2": dict(dp=2, batch_shares=[0.75, 0.25], axes=("dp", "pp", "tp")),
     }
     if layout not in table:
         raise SystemExit(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
@@ -119,6 +126,10 @@ def predicted_plan(model: str, layout: str):
     if kwargs is None:
         return None
     plan = make_plan(spec, global_batch=GLOBAL_BATCH, seq_len=SEQ, **kwargs)
+    cluster = load_cluster_profile(CLUSTER)
+    if layout == "mixed-dp2":
+        cluster = mixed_cluster(cluster)
+        plan = plan.model_copy(update={"replica_node_types": list(MIXED_TYPES)})
     tp = plan.mesh.size("tp")
     profile = profile_model_analytic(
         spec,
@@ -131,13 +142,25 @@ def predicted_plan(model: str, layout: str):
     # the hand-made plan names no node type of the cluster; pp = 1 runs one micro-batch at a time whatever the
     # schedule is called (runtime/executor/schedule.py LocalRunner)
     config = dataclasses.replace(config, stage_node_types=None, schedule=config.schedule if config.pp > 1 else "1f1b")
-    cluster = load_cluster_profile(CLUSTER)
     try:
         est = estimate_config(config, profile=profile, cluster=cluster, global_batch=GLOBAL_BATCH)
     except StratagemError as exc:  # a layout the model cannot take (context parallelism of an MoE model)
         print(f"{model} {layout}: skipped ({str(exc)[:120]})", file=sys.stderr)
         return None
     return plan.model_copy(update={"predictions": est.to_predictions(), "cluster_name": cluster.name})
+
+
+def mixed_cluster(base):
+    """``base`` (one CPU node of 2 ranks) as two one-rank nodes of two node types (``MIXED_TYPES``): the same CPU
+    under two names, so the prediction goes through the planner's mixed-type path (per-type replicas, batch shares);
+    the links between them are the measured ones between the two ranks."""
+    node = base.node_types[0]
+    types = [node.model_copy(update={"name": name, "devices_per_node": 1}) for name in MIXED_TYPES]
+    nodes = [base.nodes[0].model_copy(update={"node_type": name, "count": 1}) for name in MIXED_TYPES]
+    inter = [fit.model_copy(update={"level": "inter_node"}) for fit in node.intra_node]
+    return base.model_copy(
+        update={"name": f"{base.name}-mixed", "node_types": types, "nodes": nodes, "inter_node": inter}
+    )
 
 
 def measure(paths: list[Path], out: Path) -> None:

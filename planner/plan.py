@@ -724,11 +724,34 @@ def predicted_tensor_bytes(plan: Plan) -> list[float] | None:
     if pred is None or not pred.stages:
         return None
     by_stage = {sp.stage: sp for sp in pred.stages}
+    # replicas on several node types: each replica's own type's prediction (``stages`` is the critical type's)
+    by_replica = {d: {sp.stage: sp for sp in t.stages} for t in pred.per_replica_type or [] for d in t.replicas}
     out = []
     for rank in range(plan.mesh.world_size):
         stage = next((s.index for s in plan.stages if rank in s.ranks), None)
-        sp = by_stage.get(stage) if stage is not None else None
+        sp = by_replica.get(mesh_coords(plan.mesh, rank)["dp"], by_stage).get(stage) if stage is not None else None
         if sp is None:
             return None
         out.append(sp.peak_memory_bytes - sp.memory_breakdown_bytes.get("reserve", 0.0))
+    return out
+
+
+def stage_memory_predictions(pred: Predictions, plan: Plan) -> list[tuple[StagePrediction, str | None]]:
+    """Every (stage prediction, node type) of ``pred``: the stages' and, for replicas on several node types, each
+    type's own (``pred.stages`` holds the critical type's only; another type may be the fuller one)."""
+    if pred.per_replica_type:
+        return [(sp, t.node_type) for t in pred.per_replica_type for sp in t.stages]
+    types = {st.index: st.node_type for st in plan.stages}
+    return [(sp, types.get(sp.stage)) for sp in pred.stages]
+
+
+def mesh_coords(mesh: Mesh, rank: int) -> dict[str, int]:
+    """``rank``'s index along each axis of ``mesh`` (row-major, the first axis outermost; 0 on an absent axis).
+
+    >>> mesh_coords(Mesh(axes=["dp", "pp", "tp"], sizes=[2, 2, 2]), 5)
+    {'pp': 0, 'dp': 1, 'sd': 0, 'cp': 0, 'tp': 1}
+    """
+    out = dict.fromkeys(("pp", "dp", "sd", "cp", "tp"), 0)
+    for axis, size in zip(reversed(mesh.axes), reversed(mesh.sizes)):
+        out[axis], rank = rank % size, rank // size
     return out

@@ -33,6 +33,7 @@ LAYOUTS = {
     "recompute-full": "llama:tiny",
     "cp2": "llama:tiny",
     "ep2": "moe:tiny",
+    "mixed-dp2": "llama:tiny",  # replicas on two node types: each rank against its own type's prediction
 }
 
 

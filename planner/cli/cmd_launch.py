@@ -18,7 +18,7 @@ from planner.cli.common import (
     out_path,
 )
 from planner.errors import StratagemError
-from planner.plan import load_plan, plan_label
+from planner.plan import load_plan, plan_label, stage_memory_predictions
 
 
 def register(subparsers) -> None:
@@ -181,7 +181,10 @@ def fullest_text(plan) -> str:
 
     if plan.predictions is None or not plan.predictions.stages:
         return "not costed"
-    sp = max(plan.predictions.stages, key=lambda s: s.peak_memory_bytes / s.memory_capacity_bytes)
+    sp, _ = max(
+        stage_memory_predictions(plan.predictions, plan),
+        key=lambda x: x[0].peak_memory_bytes / x[0].memory_capacity_bytes,
+    )
     share = sp.peak_memory_bytes / sp.memory_capacity_bytes
     return f"{fmt_bytes(sp.peak_memory_bytes)}, {share:.2%} of {fmt_bytes(sp.memory_capacity_bytes)}"
 

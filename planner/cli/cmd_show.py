@@ -15,7 +15,7 @@ from rich.table import Table
 from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
 from planner.cli.common import check_layer_paths, check_out_path, no_ellipsis, nonempty_path, out_path, throughput_text
 from planner.fileio import check_output_folder
-from planner.plan import Plan, costed, load_plan, validate
+from planner.plan import Plan, costed, load_plan, stage_memory_predictions, validate
 
 from .compare_cli import add_compare_argument, print_comparison
 
@@ -165,8 +165,10 @@ def _peak_memory_text(plan: Plan) -> str:
     p, _ = costed(plan)
     if not p.stages:
         return f"{fmt_bytes(p.peak_memory_bytes)} (no per-stage figures)"
-    full = max(p.stages, key=lambda sp: sp.peak_memory_bytes / sp.memory_capacity_bytes)
-    node = next((st.node_type for st in plan.stages if st.index == full.stage), "?")
+    full, node = max(
+        stage_memory_predictions(p, plan), key=lambda x: x[0].peak_memory_bytes / x[0].memory_capacity_bytes
+    )
+    node = node or "?"
     return (
         f"{fmt_bytes(full.peak_memory_bytes)} of {fmt_bytes(full.memory_capacity_bytes)} "
         f"({full.peak_memory_bytes / full.memory_capacity_bytes:.0%}, stage {full.stage} on {node}); "
