@@ -225,7 +225,10 @@ def layer_cost(
     A split classifier's loss runs under ``loss_parallel``, whose backward holds one logits shard more than
     plain cross-entropy's (``zeros_like``, ``exp`` and their sum alive together:
     ``torch.distributed.tensor.parallel.loss._nll_loss_and_log_softmax_backward``); Megatron-LM's vocab-parallel
-    cross-entropy works in place.
+    cross-entropy works in place. A replicated classifier under ``tp > 1`` (Whale's replica, a batch slice each)
+    has its output gathered to the whole micro-batch, so the loss runs on every row on every TP rank: the
+    log-probabilities it saves and the two logits-sized gradients of its backward (``nll_loss`` and
+    ``log_softmax``) count the other ranks' rows too.
 
     ``use_timings=False`` ignores measured timings (e.g. timings from another device than ``node``).
     ``overlap_tp_comm``: TP collectives run under the layer's GEMMs (Transformer Engine userbuffers,
@@ -320,6 +323,13 @@ def layer_cost(
     backward_ws = shard.backward_ws_bytes_per_sample * samples
     if torch_tp_memory and split and tp > 1:  # loss_parallel's extra logits shard (docstring)
         backward_ws += shard.logits_bytes_per_sample * samples
+    if torch_tp_memory and not split and tp > 1 and shard.logits_bytes_per_sample:
+        # a replicated classifier's output is gathered to the whole micro-batch for the loss (the runtime's
+        # gather_batch_output): the loss saves log-probabilities and its backward makes two logits-sized
+        # gradients for the other TP ranks' rows too (docstring)
+        whole = shard.logits_bytes_per_sample * (micro_batch - samples)
+        act_bytes += whole
+        backward_ws += 2 * whole
     return LayerCost(
         backward_ws_bytes=backward_ws,
         logits_bytes=shard.logits_bytes_per_sample * samples,
