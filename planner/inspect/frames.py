@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from planner.inspect.timeline import Timeline, simulate_plan
-from planner.plan import plan_label, Plan
+from planner.plan import plan_label, Plan, mesh_coords
 
 MICRO_BATCH_TERMS = ("forward", "backward", "recompute", "tp_comm", "layout", "pp_comm", "ep_comm")
 
@@ -82,10 +82,8 @@ def stage_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool
 def rank_coordinates(plan: Plan, rank: int) -> dict[str, int]:
     """Mesh coordinates of a global rank: axes row-major, last axis fastest (planner/plan.py); pp, dp and tp
     always present (0 on a plan without that axis, e.g. a 3D CNN's dp x sd plan)."""
-    coords = {}
-    for axis, size in zip(reversed(plan.mesh.axes), reversed(plan.mesh.sizes)):
-        rank, coords[axis] = divmod(rank, size)
-    base = {axis: 0 for axis in ("pp", "dp", "tp") if axis not in coords}
+    coords = mesh_coords(plan.mesh, rank)
+    base = {axis: 0 for axis in ("pp", "dp", "tp") if axis not in plan.mesh.axes}
     return {**{axis: coords[axis] for axis in plan.mesh.axes}, **base}
 
 
