@@ -27,7 +27,11 @@ One of them, Mixtral, then changed the runtime (its fused experts measured 15x t
 ``batched_mm`` copies each token's expert weights; ``runtime.models.hf.use_loop_experts``), so its rows are in
 sample too. gpt:tiny's tensor-parallel rows then chose a mechanism (``loss_parallel``'s backward holds one logits
 shard more than plain cross-entropy: ``planner.cost.compute.layer_cost``'s ``torch_tp_memory``), so gpt:tiny is in
-sample too. Nothing was changed because of the others (``HELD_OUT``). The summary gives both groups apart.
+sample too. The backward sweep (``planner.cost.memory``: each layer's working set with only the earlier layers'
+activations and the later layers' gradients; a block's reduce-scatter copy and ZeRO-3 gathered weights; the
+root unit gathered at ZeRO-3) was chosen from the ZeRO-3 and full-recompute rows of gpt:tiny, gpt:small and
+llama:tiny, traced op by op. Nothing was changed because of the others (``HELD_OUT``). The summary gives both
+groups apart.
 """
 
 from __future__ import annotations

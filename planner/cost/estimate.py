@@ -61,6 +61,8 @@ from planner.cost.constants import (
     is_gpu,
 )
 from planner.cost.memory import (
+    Moment,
+    block_unit_bytes,
     build_memory_breakdown,
     model_states_bytes,
     optimizer_bytes_per_param,
@@ -485,6 +487,52 @@ class _Assembler:
                 seen[key] = layer_working_set_bytes(self.cfg, layer, k)
         return max(seen.values(), default=0.0)
 
+    def _backward_sweep(self, pairs: list[tuple[LayerProfile, LayerCost]], later: float) -> tuple[float, float, float]:
+        """One micro-batch's activations, working set and gradients at the worst point of its backward
+        (``planner.cost.memory``, "The backward sweep"), as (bytes, of which gathered weights, of which
+        gradients); ``later``: bytes per parameter of the gradients the layers after that point have made (0
+        where the moment counts every gradient apart). Mirrored by ``planner.search.tables.backward_sweep_bytes``."""
+        cfg = self.cfg
+        grad_bytes = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
+        seen: dict[int, tuple[float, float, float]] = {}
+
+        def ws(layer: LayerProfile, k: LayerCost) -> tuple[float, float, float]:  # (total, weights, gradients)
+            if id(k) not in seen:
+                weights, copy = block_unit_bytes(
+                    cfg.zero_stage, cfg.dp, layer.kind, k.params, k.param_bytes, grad_bytes
+                )
+                seen[id(k)] = (layer_working_set_bytes(cfg, layer, k) + weights + copy, weights, copy)
+            return seen[id(k)]
+
+        act_all = sum(k.act_bytes for _, k in pairs)
+        if cfg.virtual_stages > 1:  # several chunks per rank: every activation alive at the largest working set
+            top = max((ws(layer, k) for layer, k in pairs), default=(0.0, 0.0, 0.0))
+            return act_all + top[0], top[1], top[2]
+        runs = [[pairs[0]]] if pairs else []
+        for layer, k in pairs[1:]:
+            if layer.signature == runs[-1][-1][0].signature:
+                runs[-1].append((layer, k))
+            else:
+                runs.append([(layer, k)])
+
+        def grads(k: LayerCost) -> float:
+            return later * k.params + (k.expert_grads_accumulating_bytes if later else 0.0)
+
+        after = sum(grads(k) for _, k in pairs)
+        before = 0.0
+        best = (0.0, 0.0, 0.0)
+        for run in runs:
+            act = sum(k.act_bytes for _, k in run)
+            own = sum(grads(k) for _, k in run)
+            top = max((ws(layer, k) for layer, k in run), key=lambda w: w[0])
+            first = max(0.0, max(k.act_bytes - grads(k) for _, k in run))
+            after -= own
+            last_point = (before + act + top[0] + after, top[1], top[2] + after)
+            first_point = (before + first + top[0] + after + own, top[1], top[2] + after + own)
+            best = max(best, last_point, first_point, key=lambda p: p[0])
+            before += act
+        return best
+
     def _memory(self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]):
         """Peak bytes of pp rank ``r`` as the runtime holds them (``planner.cost.memory``: ``runtime_states``,
         ``peak_moments``): weights, AdamW state and the data-parallel wrapper's gathered weights always; the
@@ -498,15 +546,13 @@ class _Assembler:
         per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
         rs = runtime_states(cfg.zero_stage, cfg.dp, self.state_dtype)
         act = sum(k.act_bytes for _, k in pairs)
-        working = self._working_set(pairs)
         unsharded = rs.unsharded * n  # less what the peak's moment has freed (below)
-        if cfg.zero_stage == 3:
-            unsharded += ZERO3_LAYERS_IN_FLIGHT * max((k.param_bytes for _, k in pairs), default=0.0)
+        if cfg.zero_stage == 3:  # the root unit, gathered from the forward to the end of the backward
+            unsharded += sum(k.param_bytes for layer, k in pairs if layer.kind != "block")
             unsharded += zero3_accumulation_bytes(
                 cfg, micro_batches=self.m, params=n, weight_bytes=per["params"], grad_bytes=per["grads"]
             )
         buffers, held = self._pipeline_bytes(r) if cfg.pp > 1 else (0.0, 0.0)
-        act += held
         inflight = inflight_microbatches(cfg.schedule, cfg.pp, r, self.m, cfg.virtual_stages)
         expert_grads = {
             "none": 0.0,
@@ -521,17 +567,34 @@ class _Assembler:
             "accumulating": 0.0,
             "end": rs.unsharded * (n - root) if cfg.zero_stage in (1, 2) else 0.0,
         }
+
+        sweeps = {
+            "none": self._backward_sweep(pairs, 0.0 if cfg.virtual_stages > 1 else rs.accumulating),
+            "accumulating": self._backward_sweep(pairs, 0.0),
+        }
+
+        def live(mo: Moment) -> tuple[float, float, float]:  # the moment's backward sweep (bytes, weights, grads)
+            if mo.grads == "end":
+                return 0.0, 0.0, 0.0
+            total, weights, grads = sweeps[mo.grads]
+            return mo.inflight * held + (mo.inflight - 1) * act + total, weights, grads
+
         moment = max(
             peak_moments(cfg.schedule, cfg.pp, self.m, inflight),
-            key=lambda mo: mo.inflight * act + rs.grads(mo.grads) * n + expert_grads[mo.grads] - freed[mo.grads],
+            key=lambda mo: live(mo)[0] + rs.grads(mo.grads) * n + expert_grads[mo.grads] - freed[mo.grads],
         )
+        total, weights, grads = live(moment)
+        # by term: a pipeline chunk's received input counted with its buffers (_pipeline_bytes) can leave the
+        # sweep's first point, which counts that layer's gradients for part of its activations, below 0
+        activations = max(0.0, total - weights - grads)
+        grads = total - weights - activations
         shard = cfg.dp if cfg.zero_stage >= 1 else 1
         return runtime_breakdown(
             params=per["params"] * n / shard,
             optimizer=per["optimizer"] * n / shard,
-            unsharded=unsharded - freed[moment.grads],
-            grads=rs.grads(moment.grads) * n + expert_grads[moment.grads],
-            activations=moment.inflight * act + working,
+            unsharded=unsharded - freed[moment.grads] + weights,
+            grads=rs.grads(moment.grads) * n + expert_grads[moment.grads] + grads,
+            activations=activations,
             comm_buffers=buffers,
             capacity_bytes=float(node.device_memory_bytes),
             is_gpu=is_gpu(node.device),

@@ -10,24 +10,34 @@ Each term is reported separately (``MemoryBreakdown``); the terms follow the run
   1-3 (ZeRO-1 runs as ZeRO-2, so it is priced as ZeRO-2). From ZeRO-1 on, weights at rest and AdamW state are
   sharded over the data-parallel group (FSDP2 shards weights between steps at every stage). FSDP2 gathers the
   weights for the forward into an unsharded copy (``unsharded``): below ZeRO-3 it keeps all of them until the
-  backward ends (``replicate`` too, on one rank's full weights), at ZeRO-3 only the layers in flight (current +
-  prefetched).
-- **The peak moment** (:func:`peak_moments`): a rank peaks as one of its backwards starts or as the last one
-  ends. It then holds the activations of the micro-batches in flight (``LayerCost.act_bytes``, already reduced
-  by recompute and sequence parallelism; :func:`planner.cost.pipeline.inflight_microbatches`) and, from its
-  second backward on, the gradients accumulated so far (unsharded below ZeRO-3: the runtime reduces on the last
-  micro-batch only). The estimate takes the moment that needs most.
-- **Working set**: the largest layer's backward needs beyond what it saved: the gradients it receives and makes
+  backward ends (``replicate`` too, on one rank's full weights), at ZeRO-3 the root unit and the block whose
+  backward runs (the backward sweep below).
+- **The peak moment** (:func:`peak_moments`): a rank peaks during one of its backwards or as the last one
+  ends. During a backward it holds the activations of the other micro-batches in flight (``LayerCost.act_bytes``,
+  already reduced by recompute and sequence parallelism; :func:`planner.cost.pipeline.inflight_microbatches`),
+  the outputs torch pipelining keeps per micro-batch, and the backward sweep below; from its second backward on,
+  the gradients accumulated so far (unsharded below ZeRO-3: the runtime reduces on the last micro-batch only).
+  As the last backward ends: the gradients alone. The estimate takes the moment that needs most.
+- **The backward sweep** (``estimate._Assembler._backward_sweep``): the backward runs the rank's layers last to
+  first and frees each layer's saved activations as it ends, so as it reaches a layer, that layer's and the
+  earlier layers' activations are alive, with the layer's working set — the gradients it receives and makes
   (measured per layer: ``ShardProfile.backward_ws_bytes_per_sample``), the activations full recompute
-  re-materialises, an MoE block's dispatch buffers.
+  re-materialises, an MoE block's dispatch buffers — and, in the first backward, the gradients the later layers
+  have made. A block is its own FSDP2 unit (ZeRO 1-3, :func:`block_unit_bytes`): as its backward ends it also
+  holds the copy of its gradients it reduce-scatters from and, at ZeRO-3, its gathered weights; the other
+  layers form the root unit, which at ZeRO-3 stays gathered from the forward to the end of the backward (FSDP2
+  does not reshard the root after the forward). The sweep is taken per run of identical consecutive layers
+  (the search's groups): at the run's last layer (all its activations) and at its first (one layer's
+  activations, the run's gradients), each with the run's largest working set, so the exact search prices the
+  same figure with linear rows (``planner.search.ilp``). A rank of several chunks (interleaved schedules) is
+  priced with all its activations alive at its largest working set.
 - **Communication buffers**: torch pipelining's receive buffers, one per micro-batch and direction
   (``estimate._Assembler._pipeline_bytes``). FSDP2 reduces gradients in place, so there are no DDP bucket copies.
 - **Reserve** — CUDA context, cuBLAS and NCCL workspaces (``CUDA_CONTEXT_BYTES``, GPUs only) plus
   allocator fragmentation (``FRAGMENTATION_FRACTION`` of everything above). See ``constants.py``.
 
-Not modelled (measured gaps, ``benchmarks/memory_accuracy.py``): the order of the backward (the largest working
-set is charged together with every gradient and, at ZeRO-3, with the largest layers gathered, while in a run they
-peak at different layers), the exchange buffers of context parallelism, routing imbalance at ep = 1.
+Not modelled (measured gaps, ``benchmarks/memory_accuracy.py``): the order of layers inside a run and across
+the chunks of an interleaved rank, the exchange buffers of context parallelism, routing imbalance at ep = 1.
 """
 
 from __future__ import annotations
@@ -273,6 +283,24 @@ def expert_runtime_states(zero_stage: int, edp: int, dtype: str = "bf16") -> Run
         accumulating=dense.accumulating,
         end=dense.end,
     )
+
+
+def block_unit_bytes(
+    zero_stage: int, dp: int, kind: str, params: float, param_bytes: float, grad_bytes: float
+) -> tuple[float, float]:
+    """(weights, gradients) a block, its own FSDP2 unit (``fully_shard``, ZeRO 1-3 over dp > 1 ranks), adds to
+    the backward sweep as its backward ends: at ZeRO-3 its gathered weights (``param_bytes``), and the copy of
+    its gradients it reduce-scatters from (``params`` x ``grad_bytes``, kept until the next unit's
+    reduce-scatter). Nothing for a layer of the root unit (``kind`` not ``"block"``) or below ZeRO-1.
+
+    >>> block_unit_bytes(3, 2, "block", 100, 400, 4), block_unit_bytes(2, 2, "block", 100, 400, 4)
+    ((400, 400), (0.0, 400))
+    >>> block_unit_bytes(3, 2, "head", 100, 400, 4), block_unit_bytes(0, 2, "block", 100, 400, 4)
+    ((0.0, 0.0), (0.0, 0.0))
+    """
+    if kind != "block" or zero_stage == 0 or dp == 1:
+        return 0.0, 0.0
+    return (param_bytes if zero_stage == 3 else 0.0), params * grad_bytes
 
 
 def reserve_bytes(allocated_bytes: float, *, is_gpu: bool) -> float:

@@ -34,6 +34,7 @@ from planner.cost.zero3 import fsdp_call_latency_s, root_unit_layers
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
 from planner.cost.memory import (
+    block_unit_bytes,
     model_states_bytes,
     optimizer_bytes_per_param,
     peak_moments,
@@ -383,6 +384,12 @@ class CandidateCosts:
             if opt.recompute == "full"
             else 0.0
         ) + (k.backward_ws_bytes if self.runtime_memory else 0.0)  # the textbook: no measured backward growth
+        unit = 0.0
+        if self.runtime_memory:  # the backward sweep's block unit (estimate._Assembler._backward_sweep)
+            grad_bytes = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
+            unit = sum(block_unit_bytes(outer.zero_stage, outer.dp, layer.kind, k.params, k.param_bytes, grad_bytes))
+        # ZeRO-3 in the runtime: FSDP2's root unit (every layer but the blocks) stays gathered (estimate._memory)
+        root_gathered = self.runtime_memory and outer.zero_stage == 3 and layer.kind != "block"
         return OptionCost(
             time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s + k.ep_comm_s,
             fwd_s=k.forward_s,
@@ -391,7 +398,7 @@ class CandidateCosts:
             params_dp=0.0 if wide else k.params,
             params_dpt=k.params if wide else 0.0,
             param_bytes=k.param_bytes,
-            ws_bytes=ws + k.moe_ws_bytes,
+            ws_bytes=ws + k.moe_ws_bytes + unit,
             z3_mb_s=z3_mb,
             z3_gather_s=z3_gather,
             opt_s=k.optimizer_s + k.expert_step_s,
@@ -400,6 +407,7 @@ class CandidateCosts:
             expert_grads_end_bytes=k.expert_grads_end_bytes,
             logits_bytes=k.logits_bytes if self.runtime_memory else 0.0,
             root_params=0.0 if layer.kind == "block" else k.params,
+            root_gathered_bytes=k.param_bytes if root_gathered else 0.0,
         )
 
     def _group(self, layers: list[LayerProfile], outer: OuterChoice, types: list[str]) -> Group:
@@ -545,7 +553,9 @@ class CandidateCosts:
             reserve_factor=1.0 + FRAGMENTATION_FRACTION,
             reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
             grad_bytes_per_param=per["grads"],
-            zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 else 0,
+            # the runtime's ZeRO-3 weights in flight are the root unit and the sweep's block unit (OptionCost)
+            zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 and not self.runtime_memory else 0,
+            backward_sweep=self.runtime_memory,
             pp_buffers=outer.pp > 1,
             **memory,
             sync_dp=coll(op, dp_g, per["grads"]),

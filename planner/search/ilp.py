@@ -26,7 +26,7 @@ from planner.search.ilp_terms import (
     conjunction,
     indicator,
 )
-from planner.search.tables import Assignment, Tables, moment_grads, pipeline_bytes, rank_moments
+from planner.search.tables import Assignment, Tables, moment_grads, pipeline_bytes, rank_moments, sweep_grad_bytes
 
 OBJECTIVE_RESOLUTION = 1e4
 
@@ -194,6 +194,7 @@ def _rank_sums(tables: Tables, n: dict, u: dict, st: dict, r: int) -> dict[str, 
             ("ega", "expert_grads_accumulating_bytes"),
             ("ege", "expert_grads_end_bytes"),
             ("R", "root_params"),
+            ("rg", "root_gathered_bytes"),
         )
     }
     if tables.chunk_unit_s:  # every chunk is non-empty: its root unit's host cost is a constant
@@ -281,6 +282,9 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
             flags[g, i] = _presence(prob, tables, n, r, g, i)
         return flags[g, i]
 
+    if rm.backward_sweep:
+        _memory_sweep(prob, tables, n, r, x, parts, present)
+        return
     ws = [
         _fraction(c.ws_bytes, cap) * present(g, i)
         for g, grp in enumerate(groups)
@@ -320,6 +324,72 @@ def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> Non
         moment = [(inflight * k) * (x["act"] + held), k * moment_grads(rm, mode, x)]
         name = f"h_mem[{r}]" if j == 0 else f"h_mem[{r},{j}]"
         prob += (pulp.lpSum(parts + moment) * rm.reserve_factor <= 1 - rm.reserve_const_bytes * k, name)
+
+
+def _memory_sweep(prob, tables: Tables, n: dict, r: int, x: dict, parts: list, present) -> None:
+    """(h) memory of rank r as the runtime holds it (``tables.rank_memory_bytes`` with ``backward_sweep``): for
+    each moment, states + buffers + the moment's gradients + its backward sweep <= cap, the sweep one row per
+    group and point (``tables.backward_sweep_bytes``; with several chunks per rank, all activations and the
+    largest working set). Units of the rank's capacity."""
+    nt = tables.rank_node_types[r]
+    rm = tables.ranks[nt]
+    cap = rm.capacity_bytes
+    k = 1 / cap
+    groups = tables.groups
+    parts = parts + [k * x["rg"]]
+    buffers, held = pipeline_bytes(tables, rm, x)
+    if rm.pp_buffers:
+        parts.append(k * buffers)
+    widest = {}  # per group: its largest present working set (with the block unit), a variable
+
+    def ws_of(g: int) -> Any:
+        if g not in widest:
+            terms = [
+                _fraction(c.ws_bytes, cap) * present(g, i) for i, c in enumerate(groups[g].costs[nt]) if c.ws_bytes > 0
+            ]
+            widest[g] = at_least(prob, f"SW[{r},{g}]", "h_sweep_ws", terms) if terms else 0
+        return widest[g]
+
+    def sweep_rows(mode: str) -> list:
+        if tables.v > 1:
+            ws = [ws_of(g) for g in range(len(groups))]
+            top = at_least(prob, f"WS[{r}]", "h_working_set", ws) if any(not isinstance(w, int) for w in ws) else 0
+            return [k * x["act"] + top]
+        acts = [
+            pulp.lpSum(n[r, g, i] * c.act_bytes for i, c in enumerate(grp.costs[nt])) for g, grp in enumerate(groups)
+        ]
+        grads = [
+            pulp.lpSum(n[r, g, i] * sweep_grad_bytes(rm, c, mode) for i, c in enumerate(grp.costs[nt]))
+            for g, grp in enumerate(groups)
+        ]
+        rows = []
+        for g, grp in enumerate(groups):
+            before = k * pulp.lpSum(acts[:g])
+            after = k * pulp.lpSum(grads[g + 1 :])
+            rows.append(before + k * acts[g] + ws_of(g) + after)
+            if mode == "none":
+                first = [
+                    _fraction(c.act_bytes - sweep_grad_bytes(rm, c, mode), cap) * present(g, i)
+                    for i, c in enumerate(grp.costs[nt])
+                    if c.act_bytes - sweep_grad_bytes(rm, c, mode) > 0
+                ]
+                lead = at_least(prob, f"SD[{r},{g}]", "h_sweep_first", first) if first else 0
+                rows.append(before + lead + ws_of(g) + after + k * grads[g])
+        return rows
+
+    rows_of = {}
+    for j, (inflight, mode) in enumerate(rank_moments(tables, r)):
+        grads = k * moment_grads(rm, mode, x)
+        if mode == "end":
+            rows = [0]
+        else:
+            key = mode if tables.v == 1 else "whole"  # several chunks: one row for both modes
+            if key not in rows_of:
+                rows_of[key] = sweep_rows(mode)
+            rows = [(inflight * k) * held + ((inflight - 1) * k) * x["act"] + row for row in rows_of[key]]
+        for q, row in enumerate(rows):
+            name = f"h_mem[{r},{j},{q}]"
+            prob += (pulp.lpSum(parts + [grads, row]) * rm.reserve_factor <= 1 - rm.reserve_const_bytes * k, name)
 
 
 def _limits(tables: Tables) -> dict[str, float]:

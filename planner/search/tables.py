@@ -68,6 +68,7 @@ class OptionCost:
     expert_grads_accumulating_bytes: float = 0.0
     expert_grads_end_bytes: float = 0.0
     root_params: float = 0.0  # parameters in FSDP2's root unit (every layer but the blocks)
+    root_gathered_bytes: float = 0.0  # ZeRO-3 in the runtime: the root unit's gathered weights, always alive
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,6 +103,9 @@ class RankModel:
     grads_accumulating_per_param: float = 0.0
     grads_end_per_param: float = 0.0
     root_unsharded_per_param: float = 0.0  # the root unit's gathered copy, still alive as the backward ends
+    # the runtime's memory: activations, working set and gradients by the backward sweep
+    # (planner.cost.memory, "The backward sweep"); False: every activation with the largest working set
+    backward_sweep: bool = False
     pp_buffers: bool
     # Megatron-LM's pipeline buffers (estimate._memory_textbook): two of each chunk's output, nothing held
     pp_textbook: bool = False
@@ -247,7 +251,7 @@ def chunk_times(tables: Tables, assignment: Assignment, styles: list[str]) -> li
 def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]) -> dict[str, float]:
     nt = tables.rank_node_types[r]
     out = dict(P=0.0, Q=0.0, Wf=0.0, Wb=0.0, act=0.0, ws=0.0, mx=0.0, z3=0.0, out=0.0, opt=0.0, st=0.0, lg=0.0)
-    out.update({"in": 0.0, "ega": 0.0, "ege": 0.0, "R": 0.0, "last_out": 0.0})
+    out.update({"in": 0.0, "ega": 0.0, "ege": 0.0, "R": 0.0, "rg": 0.0, "last_out": 0.0})
     for c in range(r, tables.chunks, tables.pp):
         if tables.chunk_unit_s:
             out["Wf"] += tables.chunk_unit_s[nt][0]
@@ -267,6 +271,7 @@ def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]
                 out["ega"] += n * k.expert_grads_accumulating_bytes
                 out["ege"] += n * k.expert_grads_end_bytes
                 out["R"] += n * k.root_params
+                out["rg"] += n * k.root_gathered_bytes
                 if n:
                     out["ws"] = max(out["ws"], k.ws_bytes)
                     out["mx"] = max(out["mx"], k.param_bytes)
@@ -278,6 +283,14 @@ def _rank_sums(tables: Tables, assignment: Assignment, r: int, styles: list[str]
             out["in"] += tables.groups[_present(assignment, c - 1)[-1]].out_buffer_bytes
     if r == tables.pp - 1 and tables.pp > 1 and tables.tied_params:
         out["P"] += tables.tied_params[styles[tables.tied_group]]
+    rm = tables.ranks[nt]
+    if rm.backward_sweep:
+        for mode in ("none", "accumulating"):
+            out["sweep_" + mode] = (
+                backward_sweep_bytes(tables, rm, assignment.counts[r], nt, mode)
+                if tables.v == 1
+                else out["act"] + out["ws"]
+            )
     first_g = _present(assignment, r)[0]
     first_i = next(i for i, n in enumerate(assignment.counts[r][first_g]) if n)
     out["first"] = tables.groups[first_g].costs[nt][first_i].z3_gather_s
@@ -333,8 +346,51 @@ def pipeline_bytes(tables: Tables, rm: RankModel, x: dict) -> tuple[Any, Any]:
     return tables.m * (x["out"] + x["in"]), held
 
 
+def sweep_grad_bytes(rm: RankModel, k: OptionCost, mode: str) -> float:
+    """The gradients one layer has made once its backward has run, as the backward sweep of a moment whose
+    gradients are ``mode`` counts them (the later layers' during the first backward; none at a later one,
+    whose moment counts every gradient apart)."""
+    if mode != "none":
+        return 0.0
+    return rm.grads_accumulating_per_param * (k.params_dp + k.params_dpt) + k.expert_grads_accumulating_bytes
+
+
+def backward_sweep_bytes(tables: Tables, rm: RankModel, row: tuple[tuple[int, ...], ...], nt: str, mode: str) -> float:
+    """One micro-batch's activations, working set (with the block unit) and later layers' gradients at the worst
+    point of its backward, for a rank of one chunk whose counts are ``row``
+    (``estimate._Assembler._backward_sweep``): per group, as the backward reaches its last layer (``before +
+    act + ws + after``) and its first (``before + max(0, act - grads of one layer) + ws + after + own``)."""
+    parts = []
+    for grp, opts in zip(tables.groups, row):
+        here = [(n, grp.costs[nt][i]) for i, n in enumerate(opts) if n]
+        if here:
+            parts.append(
+                (
+                    sum(n * k.act_bytes for n, k in here),
+                    sum(n * sweep_grad_bytes(rm, k, mode) for n, k in here),
+                    max(k.ws_bytes for _, k in here),
+                    max(0.0, max(k.act_bytes - sweep_grad_bytes(rm, k, mode) for _, k in here)),
+                )
+            )
+    after = sum(own for _, own, _, _ in parts)
+    before = best = 0.0
+    for act, own, ws, first in parts:
+        after -= own
+        best = max(best, before + act + ws + after, before + first + ws + after + own)
+        before += act
+    return best
+
+
 def rank_memory_bytes(tables: Tables, rm: RankModel, x: dict[str, float], r: int) -> float:
     """Peak bytes of pp rank ``r`` (``estimate._Assembler._memory`` and ``memory.build_memory_breakdown``)."""
+    if rm.backward_sweep:  # the runtime's memory: the moments' backward sweeps
+        states = rm.state_bytes_per_param_dp * x["P"] + rm.state_bytes_per_param_dpt * x["Q"] + x["st"] + x["rg"]
+        buffers, held = pipeline_bytes(tables, rm, x)
+        live = max(
+            (k * held + (k - 1) * x["act"] + x["sweep_" + mode] if mode != "end" else 0.0) + moment_grads(rm, mode, x)
+            for k, mode in rank_moments(tables, r)
+        )
+        return rm.reserve_factor * (states + live + buffers) + rm.reserve_const_bytes
     states = rm.state_bytes_per_param_dp * x["P"] + rm.state_bytes_per_param_dpt * x["Q"] + x["st"]
     buffers, held = pipeline_bytes(tables, rm, x)
     activations = (
@@ -382,7 +438,14 @@ def evaluate(tables: Tables, assignment: Assignment) -> Evaluation:
 
 
 _TIME_FIELDS = ("time_s", "fwd_s", "bwd_s", "params_dp", "params_dpt", "z3_mb_s", "z3_gather_s", "opt_s")
-_MEMORY_FIELDS = ("act_bytes", "param_bytes", "ws_bytes", "state_bytes")
+_MEMORY_FIELDS = (
+    "act_bytes",
+    "param_bytes",
+    "ws_bytes",
+    "state_bytes",
+    "root_gathered_bytes",
+    "expert_grads_accumulating_bytes",
+)
 _RANK_TIME_FIELDS = (
     "contention",
     "sync_dp",
@@ -400,6 +463,7 @@ _RANK_MEMORY_FIELDS = (
     "ddp_buffer_cap_bytes",
     "grad_bytes_per_param",
     "zero3_buffer_layers",
+    "grads_accumulating_per_param",
 )
 
 
@@ -449,8 +513,8 @@ def dominates(a: Tables, b: Tables) -> bool:
         if (
             any(getattr(ra, f) != getattr(rb, f) for f in _RANK_TIME_FIELDS)
             or any(getattr(ra, f) > getattr(rb, f) for f in _RANK_MEMORY_FIELDS)
-            or (ra.capacity_bytes, ra.reserve_factor, ra.pp_buffers)
-            != (rb.capacity_bytes, rb.reserve_factor, rb.pp_buffers)
+            or (ra.capacity_bytes, ra.reserve_factor, ra.pp_buffers, ra.backward_sweep)
+            != (rb.capacity_bytes, rb.reserve_factor, rb.pp_buffers, rb.backward_sweep)
         ):
             return False
         if ra.ddp_buffer != rb.ddp_buffer and ra.ddp_buffer != "never":
