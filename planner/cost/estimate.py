@@ -62,6 +62,8 @@ from planner.cost.constants import (
 )
 from planner.cost.memory import (
     Moment,
+    SweepRun,
+    backward_sweep,
     block_unit_bytes,
     build_memory_breakdown,
     model_states_bytes,
@@ -478,15 +480,6 @@ class _Assembler:
         aliased = received if pipeline_aliases_input(self.model) else 0.0
         return self.m * (sent + received), sent + logits - aliased
 
-    def _working_set(self, pairs: list[tuple[LayerProfile, LayerCost]]) -> float:
-        """The largest :func:`layer_working_set_bytes` of ``pairs``, once per distinct (signature, cost)."""
-        seen: dict[tuple[str, int], float] = {}
-        for layer, k in pairs:
-            key = (layer.signature, id(k))
-            if key not in seen:
-                seen[key] = layer_working_set_bytes(self.cfg, layer, k)
-        return max(seen.values(), default=0.0)
-
     def _backward_sweep(self, pairs: list[tuple[LayerProfile, LayerCost]], later: float) -> tuple[float, float, float]:
         """One micro-batch's activations, working set and gradients at the worst point of its backward
         (``planner.cost.memory``, "The backward sweep"), as (bytes, of which gathered weights, of which
@@ -504,10 +497,9 @@ class _Assembler:
                 seen[id(k)] = (layer_working_set_bytes(cfg, layer, k) + weights + copy, weights, copy)
             return seen[id(k)]
 
-        act_all = sum(k.act_bytes for _, k in pairs)
         if cfg.virtual_stages > 1:  # several chunks per rank: every activation alive at the largest working set
             top = max((ws(layer, k) for layer, k in pairs), default=(0.0, 0.0, 0.0))
-            return act_all + top[0], top[1], top[2]
+            return sum(k.act_bytes for _, k in pairs) + top[0], top[1], top[2]
         runs = [[pairs[0]]] if pairs else []
         for layer, k in pairs[1:]:
             if layer.signature == runs[-1][-1][0].signature:
@@ -518,20 +510,20 @@ class _Assembler:
         def grads(k: LayerCost) -> float:
             return later * k.params + (k.expert_grads_accumulating_bytes if later else 0.0)
 
-        after = sum(grads(k) for _, k in pairs)
-        before = 0.0
-        best = (0.0, 0.0, 0.0)
-        for run in runs:
-            act = sum(k.act_bytes for _, k in run)
-            own = sum(grads(k) for _, k in run)
-            top = max((ws(layer, k) for layer, k in run), key=lambda w: w[0])
-            first = max(0.0, max(k.act_bytes - grads(k) for _, k in run))
-            after -= own
-            last_point = (before + act + top[0] + after, top[1], top[2] + after)
-            first_point = (before + first + top[0] + after + own, top[1], top[2] + after + own)
-            best = max(best, last_point, first_point, key=lambda p: p[0])
-            before += act
-        return best
+        tops = [max((ws(layer, k) for layer, k in run), key=lambda w: w[0]) for run in runs]
+        total, i, later_grads = backward_sweep(
+            [
+                SweepRun(
+                    act=sum(k.act_bytes for _, k in run),
+                    grads=sum(grads(k) for _, k in run),
+                    ws=top[0],
+                    first=max(0.0, max(k.act_bytes - grads(k) for _, k in run)),
+                )
+                for run, top in zip(runs, tops)
+            ]
+        )
+        weights, copy = (tops[i][1], tops[i][2]) if i >= 0 else (0.0, 0.0)
+        return total, weights, copy + later_grads
 
     def _memory(self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]):
         """Peak bytes of pp rank ``r`` as the runtime holds them (``planner.cost.memory``: ``runtime_states``,

@@ -303,6 +303,41 @@ def block_unit_bytes(
     return (param_bytes if zero_stage == 3 else 0.0), params * grad_bytes
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepRun:
+    """One run of identical consecutive layers on a rank, for :func:`backward_sweep`: its activations, the
+    gradients its layers make (as the moment counts them), its largest working set (with the block unit), and
+    one layer's activations less its gradients at the most, not below 0 (``first``)."""
+
+    act: float
+    grads: float
+    ws: float
+    first: float
+
+
+def backward_sweep(runs: list[SweepRun]) -> tuple[float, int, float]:
+    """The worst point of the backward sweep over ``runs`` (in model order): (bytes, index of its run or -1,
+    the later layers' gradients counted there). At a run's last layer: the activations before and of the run,
+    its working set, the later runs' gradients; at its first layer: ``first``, the working set, the run's and
+    the later runs' gradients. One rule for the estimate and the search's tables.
+
+    >>> backward_sweep([SweepRun(act=10, grads=4, ws=3, first=6), SweepRun(act=2, grads=1, ws=20, first=1)])
+    (32.0, 1, 0.0)
+    """
+    after = sum((run.grads for run in runs), 0.0)
+    before = 0.0
+    best = (0.0, -1, 0.0)
+    for i, run in enumerate(runs):
+        after -= run.grads
+        last_point = (before + run.act + run.ws + after, after)
+        first_point = (before + run.first + run.ws + after + run.grads, after + run.grads)
+        for total, grads in (last_point, first_point):
+            if total > best[0]:
+                best = (total, i, grads)
+        before += run.act
+    return best
+
+
 def reserve_bytes(allocated_bytes: float, *, is_gpu: bool) -> float:
     """Framework reserve: CUDA context on GPUs plus allocator fragmentation (see ``constants.py``)."""
     return (CUDA_CONTEXT_BYTES if is_gpu else 0.0) + FRAGMENTATION_FRACTION * allocated_bytes

@@ -351,10 +351,8 @@ def _memory_sweep(prob, tables: Tables, n: dict, r: int, x: dict, parts: list, p
         return widest[g]
 
     def sweep_rows(mode: str) -> list:
-        if tables.v > 1:
-            ws = [ws_of(g) for g in range(len(groups))]
-            top = at_least(prob, f"WS[{r}]", "h_working_set", ws) if any(not isinstance(w, int) for w in ws) else 0
-            return [k * x["act"] + top]
+        if tables.v > 1:  # every activation with the largest working set
+            return [k * x["act"] + at_least(prob, f"WS[{r}]", "h_working_set", [ws_of(g) for g in range(len(groups))])]
         acts = [
             pulp.lpSum(n[r, g, i] * c.act_bytes for i, c in enumerate(grp.costs[nt])) for g, grp in enumerate(groups)
         ]

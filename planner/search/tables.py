@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from planner.cost.config import Recompute, TPStyle
+from planner.cost.memory import SweepRun, backward_sweep
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -357,28 +358,21 @@ def sweep_grad_bytes(rm: RankModel, k: OptionCost, mode: str) -> float:
 
 def backward_sweep_bytes(tables: Tables, rm: RankModel, row: tuple[tuple[int, ...], ...], nt: str, mode: str) -> float:
     """One micro-batch's activations, working set (with the block unit) and later layers' gradients at the worst
-    point of its backward, for a rank of one chunk whose counts are ``row``
-    (``estimate._Assembler._backward_sweep``): per group, as the backward reaches its last layer (``before +
-    act + ws + after``) and its first (``before + max(0, act - grads of one layer) + ws + after + own``)."""
-    parts = []
+    point of its backward (:func:`planner.cost.memory.backward_sweep` over the groups), for a rank of one chunk
+    whose counts are ``row``; ``estimate._Assembler._backward_sweep`` over the same runs."""
+    runs = []
     for grp, opts in zip(tables.groups, row):
         here = [(n, grp.costs[nt][i]) for i, n in enumerate(opts) if n]
         if here:
-            parts.append(
-                (
-                    sum(n * k.act_bytes for n, k in here),
-                    sum(n * sweep_grad_bytes(rm, k, mode) for n, k in here),
-                    max(k.ws_bytes for _, k in here),
-                    max(0.0, max(k.act_bytes - sweep_grad_bytes(rm, k, mode) for _, k in here)),
+            runs.append(
+                SweepRun(
+                    act=sum(n * k.act_bytes for n, k in here),
+                    grads=sum(n * sweep_grad_bytes(rm, k, mode) for n, k in here),
+                    ws=max(k.ws_bytes for _, k in here),
+                    first=max(0.0, max(k.act_bytes - sweep_grad_bytes(rm, k, mode) for _, k in here)),
                 )
             )
-    after = sum(own for _, own, _, _ in parts)
-    before = best = 0.0
-    for act, own, ws, first in parts:
-        after -= own
-        best = max(best, before + act + ws + after, before + first + ws + after + own)
-        before += act
-    return best
+    return backward_sweep(runs)[0]
 
 
 def rank_memory_bytes(tables: Tables, rm: RankModel, x: dict[str, float], r: int) -> float:
