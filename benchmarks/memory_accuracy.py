@@ -30,8 +30,11 @@ shard more than plain cross-entropy: ``planner.cost.compute.layer_cost``'s ``tor
 sample too. The backward sweep (``planner.cost.memory``: each layer's working set with only the earlier layers'
 activations and the later layers' gradients; a block's reduce-scatter copy and ZeRO-3 gathered weights; the
 root unit gathered at ZeRO-3) was chosen from the ZeRO-3 and full-recompute rows of gpt:tiny, gpt:small and
-llama:tiny, traced op by op. Nothing was changed because of the others (``HELD_OUT``). The summary gives both
-groups apart.
+llama:tiny, traced op by op. Mixtral's rows then chose three more (traced the same way): a block whose attention
+tp cannot split counts its attention scores once (``runtime.profiling.model._fit_replicated``), transformers'
+fused experts are priced by what their own forward saves, measured (``ExpertProfile.fused_saved_bytes_per_token``),
+and the runtime's expert exchange for hf: models recomputes ``act(gate) * up`` as the zoo's SwiGLU does.
+Nothing was changed because of the others (``HELD_OUT``). The summary gives both groups apart.
 """
 
 from __future__ import annotations

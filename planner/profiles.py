@@ -261,6 +261,15 @@ class ExpertProfile(_Strict):
             "outside it, as at any ep (the zoo's MoE)"
         ),
     )
+    fused_saved_bytes_per_token: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "bytes the fused experts module saves for backward per token (its top_k rows together), measured on "
+            "the module's own forward (runtime.profiling.experts); used where the runtime runs that module "
+            "(wrapped_at_ep1, ep = etp = 1). None: the analytic SwiGLU count of planner.cost.moe"
+        ),
+    )
 
     @property
     def params(self) -> int:

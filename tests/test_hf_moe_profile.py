@@ -38,7 +38,12 @@ MIXTRAL_8X7B = dict(
 def _expert_figures(profile):
     """Each block's experts, less where the runtime keeps them without an expert layout (hf: in the dense wrapper)."""
     return [
-        (layer.path, layer.experts.model_copy(update={"wrapped_at_ep1": False}) if layer.experts else None)
+        (
+            layer.path,
+            layer.experts.model_copy(update={"wrapped_at_ep1": False, "fused_saved_bytes_per_token": None})
+            if layer.experts
+            else None,
+        )
         for layer in profile.layers
         if layer.kind == "block"
     ]
@@ -174,3 +179,32 @@ def test_hf_qwen3_30b_a3b_profile_matches_the_closed_form_with_its_head_dim(tmp_
     zoo = build_moe_profile(parse_model("moe:qwen3-30b-a3b"), seq_len=4096, head_dim=128)
     assert _expert_figures(hf) == _expert_figures(zoo)
     assert hf.total_params == zoo.total_params + 48 * 2 * 128
+
+
+def test_fused_experts_saved_bytes_are_measured_and_exact_at_a_fourth_width():
+    """The bytes transformers' fused Mixtral experts save per token, taken as a h + b f + c through three small
+    CPU copies, equal a direct run at another width (rows of width h, f or 1 only)."""
+    import torch
+
+    from runtime.profiling.experts import _saved_by_small_copy, fused_saved_bytes_per_token
+
+    config = MixtralConfig(hidden_size=48, intermediate_size=40, num_local_experts=4, num_experts_per_tok=2)
+    experts = AutoModelForCausalLM.from_config(config).model.layers[0].mlp.experts.to(torch.float32)
+    measured = fused_saved_bytes_per_token(experts, top_k=2)
+    assert measured == pytest.approx(_saved_by_small_copy(experts, 2, 48, 40), rel=1e-12)
+    # per token, two rows, fp32: each row's input, gate_up, act(gate), product, down output (3h + 4f elements)
+    assert measured >= 2 * 4 * (3 * 48 + 4 * 40)
+
+
+def test_a_block_tp_cannot_split_counts_its_attention_scores_once(tmp_path):
+    """No tp > 1 shard to fit R against (one key/value head): every saved byte but the attention scores is
+    replicated, and the scores stay their own term (R + scores counted them twice before)."""
+    MixtralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=1,
+        vocab_size=256, num_local_experts=4, num_experts_per_tok=2,
+    ).save_pretrained(tmp_path)
+    shard = profile_model_analytic(parse_model(f"hf:{tmp_path}/config.json"), seq_len=64).layer("blocks.0").shards[0]
+    assert shard.saved_attention_scores_bytes_per_sample > 0
+    assert shard.saved_replicated_bytes_per_sample == pytest.approx(
+        shard.saved_bytes_per_sample - shard.saved_attention_scores_bytes_per_sample
+    )

@@ -359,6 +359,13 @@ class ExpertStates:
         return sync + gather + self.optimizer_s
 
 
+def runs_fused(ex: ExpertProfile, split: ExpertSplit) -> bool:
+    """True where the runtime runs the model's own fused experts module (an ``hf:`` block without an expert
+    layout) and the profile measured what that module saves: its activations are the measured bytes per token,
+    not the SwiGLU count of the runtime's expert exchange (``runtime.executor.hf_moe``, the zoo's MoE)."""
+    return ex.wrapped_at_ep1 and split.ep * split.etp == 1 and ex.fused_saved_bytes_per_token is not None
+
+
 def expert_time(
     layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, split: ExpertSplit, dtype: str
 ) -> ExpertTime:
@@ -369,12 +376,15 @@ def expert_time(
     sh = _shape(ex, split, dtype)
     fwd_s, bwd_s = _compute_s(ex, sh, node, dtype)
     full_bytes = layer.output_bytes_per_sample * split.micro_batch
-    saved = (
-        ROUTER_SAVED_BYTES_PER_TOKEN_EXPERT * sh.tokens * ex.experts
-        + TOPK_SAVED_BYTES_PER_PAIR * ex.top_k * sh.tokens
-        + sh.e * sh.rows * (ex.hidden + 3 * sh.width)
-        + sh.e * ex.top_k * sh.tokens * ex.hidden
-    )
+    if runs_fused(ex, split):  # transformers' own fused module runs: what it saves, measured by the profile
+        saved = ex.fused_saved_bytes_per_token * sh.tokens
+    else:
+        saved = (
+            ROUTER_SAVED_BYTES_PER_TOKEN_EXPERT * sh.tokens * ex.experts
+            + TOPK_SAVED_BYTES_PER_PAIR * ex.top_k * sh.tokens
+            + sh.e * sh.rows * (ex.hidden + 3 * sh.width)
+            + sh.e * ex.top_k * sh.tokens * ex.hidden
+        )
     return ExpertTime(
         forward_s=fwd_s,
         backward_s=bwd_s,

@@ -38,6 +38,7 @@ from torch import nn
 from planner.errors import StratagemError
 from planner.plan import Plan
 from runtime.executor.etp_keys import mark_etp_slice
+from runtime.models.llama import recompute_in_backward
 from runtime.models.moe import Routing, sort_by_expert
 
 # transformers' ``use_experts_implementation`` flags (integrations/moe.py) of the one layout run here
@@ -154,12 +155,17 @@ class HFLocalExperts(nn.Module):
 
     def run_grouped(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows grouped by local expert (``counts[j]`` for the j-th held) through their experts, in order
-        (transformers' fused-experts math, ``_default_apply_gate``)."""
+        (transformers' fused-experts math, ``_default_apply_gate``). ``act(gate) * up`` is recomputed in the
+        backward, as the zoo's SwiGLU is (``runtime.models.llama.recompute_in_backward``): the same values, one
+        ``rows x f`` tensor fewer saved per expert (what ``planner.cost.moe`` prices)."""
         outs = []
         for key, chunk in zip(self.gate_up_proj.keys(), rows.split(counts.tolist())):
             gate, up = F.linear(chunk, self.gate_up_proj[key]).chunk(2, dim=-1)
-            outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[key]))
+            outs.append(F.linear(recompute_in_backward(self._gated, gate, up), self.down_proj[key]))
         return torch.cat(outs)
+
+    def _gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self.act_fn(gate) * up
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         n, k = top_k_index.shape

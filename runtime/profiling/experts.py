@@ -17,6 +17,8 @@ tests/test_hf_moe_profile.py checks both against each other and Mixtral-8x7B aga
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -68,19 +70,74 @@ def without_routed_experts(module: nn.Module) -> nn.Module:
 
 def _hf_expert_profile(block: nn.Module, seq_len: int):
     """The :class:`ExpertProfile` of a transformers sparse-MoE block: E, h and f from the fused weights
-    (``gate_up_proj`` is ``E x 2f x h``), top-k from its router; dropless (transformers drops no tokens)."""
+    (``gate_up_proj`` is ``E x 2f x h``), top-k from its router; dropless (transformers drops no tokens); the
+    bytes its fused module saves per token (:func:`fused_saved_bytes_per_token`)."""
     from planner.profiles import ExpertProfile
 
     n_experts, two_f, hidden = block.experts.gate_up_proj.shape
+    top_k = int(block.gate.top_k)
     return ExpertProfile(
         experts=int(n_experts),
-        top_k=int(block.gate.top_k),
+        top_k=top_k,
         hidden=int(hidden),
         expert_ffn=int(two_f) // 2,
         tokens_per_sample=seq_len,
         capacity_factor=None,
         wrapped_at_ep1=True,  # runtime.executor.moe: an hf: plan without an expert layout wraps them as dense
+        fused_saved_bytes_per_token=fused_saved_bytes_per_token(block.experts, top_k),
     )
+
+
+# (h, f) of the three small copies fused_saved_bytes_per_token runs; tokens per copy: _TOKENS_PER_EXPERT x E
+_FIT_WIDTHS = ((8, 8), (16, 8), (8, 16))
+_TOKENS_PER_EXPERT = 4
+
+
+def _saved_by_small_copy(experts: nn.Module, top_k: int, hidden: int, ffn: int) -> float:
+    """Bytes per token that ``experts``'s own forward saves for backward when its weights are ``hidden x ffn``:
+    run on the CPU on a shallow copy holding small random weights, every expert taking the same number of rows
+    (the weights, the input and the routing weights are not counted: the memory model holds them apart)."""
+    n_experts = int(experts.gate_up_proj.shape[0])
+    dtype = experts.gate_up_proj.dtype
+    copy_ = copy.copy(experts)  # the same class and forward; its own parameter table, config and weights
+    copy_._parameters = dict(experts._parameters)
+    if hasattr(experts, "config"):  # run transformers' per-expert loop, as the runtime does (hf.use_loop_experts)
+        copy_.config = copy.copy(experts.config)
+        copy_.config._experts_implementation = "eager"
+    gen = torch.Generator().manual_seed(0)
+    copy_.gate_up_proj = nn.Parameter(torch.randn(n_experts, 2 * ffn, hidden, generator=gen).to(dtype))
+    copy_.down_proj = nn.Parameter(torch.randn(n_experts, hidden, ffn, generator=gen).to(dtype))
+    tokens = _TOKENS_PER_EXPERT * n_experts
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype).requires_grad_()
+    index = (torch.arange(tokens)[:, None] + torch.arange(top_k)[None]) % n_experts  # balanced, distinct choices
+    weights = torch.rand(tokens, top_k, generator=gen).to(dtype).requires_grad_()
+    skip = {t.untyped_storage()._cdata for t in (copy_.gate_up_proj, copy_.down_proj, x, weights)}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata not in skip:
+            saved[storage._cdata] = max(saved.get(storage._cdata, 0), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = copy_(x, index, weights)
+    del out
+    return sum(saved.values()) / tokens
+
+
+def fused_saved_bytes_per_token(experts: nn.Module, top_k: int) -> float:
+    """Bytes a transformers fused-experts module saves for backward per token of its input (its ``top_k``
+    rows: their inputs, the expert FFN's intermediates, indices), at its own hidden and FFN widths. The module
+    cannot run on the meta device (its loop picks the experts that received tokens), so it runs on three small
+    CPU copies and the bytes are taken as ``a h + b f + c`` through them (exact for a module whose saved tensors
+    are rows of width h, f or 1; tests/test_hf_moe_profile.py checks a fourth width)."""
+    (h0, f0), (h1, _), (_, f2) = _FIT_WIDTHS
+    y0, y1, y2 = (_saved_by_small_copy(experts, top_k, h, f) for h, f in _FIT_WIDTHS)
+    per_h, per_f = (y1 - y0) / (h1 - h0), (y2 - y0) / (f2 - f0)
+    fixed = y0 - per_h * h0 - per_f * f0
+    _, two_f, hidden = experts.gate_up_proj.shape
+    return max(0.0, per_h * int(hidden) + per_f * (int(two_f) // 2) + fixed)
 
 
 def expert_fields(module: nn.Module, seq_len: int) -> dict:

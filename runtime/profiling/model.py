@@ -222,12 +222,15 @@ def _logits_bytes(module: nn.Module, x: torch.Tensor) -> int:
 
 
 def _fit_replicated(full: ShardProfile, shard: ShardProfile | None) -> float:
-    """R in saved(t) = R + S/t from saved(1) and saved(t); no shard => everything is replicated."""
+    """R in saved(t) = R + S/t from saved(1) and saved(t); no shard => everything but the attention scores is
+    replicated. The scores are never part of R: they are their own term (``saved_attention_scores_bytes``), split by
+    heads, and R + scores must not exceed what was saved (counted twice otherwise)."""
+    not_scores = full.saved_bytes_per_sample - full.saved_attention_scores_bytes_per_sample
     if shard is None:
-        return full.saved_bytes_per_sample
+        return not_scores
     t = shard.tp
     replicated = (t * shard.saved_bytes_per_sample - full.saved_bytes_per_sample) / (t - 1)
-    return min(max(replicated, 0.0), full.saved_bytes_per_sample, shard.saved_bytes_per_sample)
+    return min(max(replicated, 0.0), not_scores, shard.saved_bytes_per_sample)
 
 
 def _fit_degree(spec: ModelSpec, path: str, degrees: tuple[int, ...]) -> int | None:
@@ -243,7 +246,7 @@ def _shards(job: _Layer, s: ProfileSettings) -> list[ShardProfile]:
     """tp=1 plus one shard per usable requested tp>1; replicated bytes fitted per Korthikanti Table 2."""
     full = _shard(job, 1, s)
     if not is_splittable(job.spec, job.path):
-        return [full.model_copy(update={"saved_replicated_bytes_per_sample": full.saved_bytes_per_sample})]
+        return [full.model_copy(update={"saved_replicated_bytes_per_sample": _fit_replicated(full, None)})]
     shards: dict[int, ShardProfile] = {}
     wanted = [t for t in s.tp_degrees if t > 1]
     fit_tp = _fit_degree(job.spec, job.path, s.tp_degrees)
