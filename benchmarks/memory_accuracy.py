@@ -117,8 +117,9 @@ def layout_kwargs(spec, layout: str) -> dict | None:
     return kwargs
 
 
-def predicted_plan(model: str, layout: str):
-    """The plan of ``layout`` with the cost model's predictions written in (None: the model cannot take it)."""
+def predicted_plan(model: str, layout: str, load_imbalance: float | None = None):
+    """The plan of ``layout`` with the cost model's predictions written in (None: the model cannot take it);
+    ``load_imbalance``: the expert-parallel routing load it is priced at (default: the plan's forecast)."""
     import dataclasses
 
     from fixtures.plans import make_plan
@@ -134,6 +135,9 @@ def predicted_plan(model: str, layout: str):
         return None
     plan = make_plan(spec, global_batch=GLOBAL_BATCH, seq_len=SEQ, **kwargs)
     cluster = load_cluster_profile(CLUSTER)
+    if load_imbalance is not None and plan.experts is not None:
+        experts = plan.experts.model_copy(update={"load_imbalance": load_imbalance})
+        plan = plan.model_copy(update={"experts": experts})
     if layout == "mixed-dp2":
         cluster = mixed_cluster(cluster)
         plan = plan.model_copy(update={"replica_node_types": list(MIXED_TYPES)})
@@ -170,8 +174,42 @@ def mixed_cluster(base):
     )
 
 
+def _count_routed_rows() -> list[int]:
+    """From now on, append to the returned list the rows each call of this rank's routed experts receives in a
+    forward (not in a recomputation): ``runtime.executor.moe_dispatch._run_experts`` wrapped."""
+    import torch
+
+    from runtime.executor import moe_dispatch
+
+    rows: list[int] = []
+    run = moe_dispatch._run_experts
+
+    def counting(routed, counts, experts):
+        if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+            rows.append(int(routed.shape[0]))
+        return run(routed, counts, experts)
+
+    moe_dispatch._run_experts = counting
+    return rows
+
+
+def _realized_imbalance(rows: list[int]) -> float | None:
+    """The step's routed load: the busiest rank's rows (every layer and micro-batch) over the ranks' mean; None
+    when nothing was dispatched (no expert parallelism)."""
+    import torch
+    import torch.distributed as dist
+
+    totals = torch.tensor([float(sum(rows))])
+    gathered = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, totals)
+    values = [float(t) for t in gathered]
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean > 0 else None
+
+
 def measure(paths: list[Path], out: Path) -> None:
-    """torchrun worker: one tracked step of each plan; rank 0 writes ``out`` (plan stem -> per-rank peaks)."""
+    """torchrun worker: one tracked step of each plan; rank 0 writes ``out`` (plan stem -> per-rank peaks and
+    the step's realized expert-parallel load, :func:`_realized_imbalance`)."""
     import torch
     import torch.distributed as dist
 
@@ -182,6 +220,7 @@ def measure(paths: list[Path], out: Path) -> None:
 
     dist.init_process_group("gloo")
     results = {}
+    routed = _count_routed_rows()
     for path in paths:
         plan = load_plan(path)
         torch.manual_seed(0)
@@ -190,9 +229,14 @@ def measure(paths: list[Path], out: Path) -> None:
         except StratagemError as exc:
             results[path.stem] = {"refused": str(exc)}
             continue
+        routed.clear()
         with TensorMemory(job.modules, job.optimizers) as tracker:
             res = train_step(job, 1, tracker)
-        results[path.stem] = [{"peak": p.peak_bytes, "by_kind": p.by_kind} for p in res.tensor_peaks or []]
+        load = _realized_imbalance(routed) if plan.experts is not None and plan.experts.ep > 1 else None
+        results[path.stem] = {
+            "ranks": [{"peak": p.peak_bytes, "by_kind": p.by_kind} for p in res.tensor_peaks or []],
+            "load_imbalance": load,
+        }
         del job
     if dist.get_rank() == 0:
         out.write_text(json.dumps(results))
@@ -252,9 +296,13 @@ def run_pairs(pairs: list[tuple[str, str]]) -> list[dict]:
                     file=sys.stderr,
                 )
                 continue
+            load = measured[path.stem]["load_imbalance"]
+            forecast = predicted_tensor_bytes(plan) or []
+            if load is not None:  # priced at the load the step routed (module docstring)
+                plan = predicted_plan(specs[model], layout, load_imbalance=load)
             predicted = predicted_tensor_bytes(plan) or []
             stages = {sp.stage: sp for sp in plan.predictions.stages}
-            for rank, (m, p) in enumerate(zip(measured[path.stem], predicted)):
+            for rank, (m, p) in enumerate(zip(measured[path.stem]["ranks"], predicted)):
                 stage = next(s.index for s in plan.stages if rank in s.ranks)
                 terms = stages[stage].memory_breakdown_bytes
                 rows.append(
@@ -268,6 +316,8 @@ def run_pairs(pairs: list[tuple[str, str]]) -> list[dict]:
                         error=m["peak"] / p - 1.0,
                         measured_by_kind=m["by_kind"],
                         predicted_by_term={k: v for k, v in terms.items() if k not in ("capacity", "reserve")},
+                        load_imbalance=load,
+                        error_at_forecast=m["peak"] / forecast[rank] - 1.0 if load is not None else None,
                     )
                 )
     return rows
@@ -304,6 +354,12 @@ def main() -> int:
             f"{r['model']:15s} {r['layout']:20s} {r['rank']:4d} {r['predicted_bytes'] / mib:13.3f} "
             f"{r['measured_bytes'] / mib:12.3f} {r['error']:+8.1%}{flag}"
         )
+    for r in rows:
+        if r["load_imbalance"] is not None:
+            print(
+                f"{r['model']} {r['layout']} rank {r['rank']}: priced at the step's routed load "
+                f"x{r['load_imbalance']:.3f}; at the plan's forecast {r['error_at_forecast']:+.1%}"
+            )
     held = [r for r in rows if not r["in_sample"]]
     print(f"\nheld out ({', '.join(sorted({r['model'] for r in held}))}): {summary(held)}")
     print(

@@ -403,10 +403,21 @@ def full_saved_bytes(
     return saved
 
 
+def working_set_bytes(recomputed: float, moe_ws: float, backward_ws: float) -> float:
+    """A layer's backward working set from its parts: ``recomputed`` (full recompute's re-made activations of the
+    layer's shard), ``moe_ws`` (an MoE block's routed experts: the exchange's buffers and, under full recompute,
+    their re-made activations; ``LayerCost.moe_ws_bytes``) and ``backward_ws`` (the transient gradients the
+    shard's backward makes, ``LayerCost.backward_ws_bytes``). The routed experts come last in a block's forward, so
+    their backward runs first and has freed its part before the rest of the block's backward grows: the larger of
+    the two is alive, not both (traced on moe:tiny and transformers' Mixtral with full recompute,
+    benchmarks/memory_accuracy.py)."""
+    return recomputed + max(moe_ws, backward_ws)
+
+
 def layer_working_set_bytes(config, layer: LayerProfile, cost: LayerCost) -> float:
-    """Bytes the layer's backward needs beyond what is saved: under full recompute the re-materialised
-    activations (:func:`full_saved_bytes`), an MoE block's dispatch buffers, and the transient gradients its
-    backward creates (``LayerCost.backward_ws_bytes``). ``config``: the ``ParallelConfig``."""
+    """Bytes the layer's backward needs beyond what is saved (:func:`working_set_bytes`): under full recompute
+    the re-materialised activations (:func:`full_saved_bytes`), an MoE block's dispatch buffers, and the transient
+    gradients its backward creates (``LayerCost.backward_ws_bytes``). ``config``: the ``ParallelConfig``."""
     from planner.cost.placement import layer_recompute, layer_style
 
     full = (
@@ -422,7 +433,7 @@ def layer_working_set_bytes(config, layer: LayerProfile, cost: LayerCost) -> flo
         if layer_recompute(config, layer) == "full"
         else 0.0
     )
-    return full + cost.moe_ws_bytes + cost.backward_ws_bytes
+    return working_set_bytes(full, cost.moe_ws_bytes, cost.backward_ws_bytes)
 
 
 def layout_change_cost(

@@ -385,6 +385,16 @@ def expert_time(
             + sh.e * sh.rows * (ex.hidden + 3 * sh.width)
             + sh.e * ex.top_k * sh.tokens * ex.hidden
         )
+        # the exchange's reorderings (runtime.executor.moe_dispatch) keep their sources for the backward: under
+        # etp the peers' partial outputs of every gathered row, under ep this rank's expert outputs
+        if split.etp > 1:
+            saved += sh.e * sh.rows * ex.hidden
+        if split.ep > 1:
+            saved += sh.e * sh.rows / split.etp * ex.hidden
+        if ex.wrapped_at_ep1 and split.ep * split.etp > 1:
+            # an hf: block run through the exchange (runtime.executor.hf_moe) also saves its weighted slots, which
+            # its profile's shard lacks (transformers combines inside the fused module the profile removed)
+            saved += sh.e * ex.top_k * sh.tokens * ex.hidden
     return ExpertTime(
         forward_s=fwd_s,
         backward_s=bwd_s,

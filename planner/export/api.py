@@ -64,6 +64,7 @@ def plan_parallel_config(plan: Plan) -> ParallelConfig:
         **plan_context_fields(plan),
         ep=plan.experts.ep if plan.experts else 1,
         etp=plan.experts.etp if plan.experts else 1,
+        **({"moe_load_imbalance": plan.experts.load_imbalance} if plan.experts else {}),
     )
 
 

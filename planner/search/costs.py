@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from planner.cost import estimate as estimate_fn
 from planner.cost.collectives import Algorithm, collective_time
-from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
+from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost, working_set_bytes
 from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.context import KVExchange, check_context, context_view, kv_exchange, unfold
 from planner.cost.constants import (
@@ -371,7 +371,7 @@ class CandidateCosts:
             z3_mb, z3_gather = 2 * gather + scatter, gather + scatter  # z3_gather_s: never hidden (zero3.py)
             if outer.pp > 1:  # zero3_grad_sync "step" (zero3.py, "Accumulation"): m * z3_mb = (m + 1) g + s
                 z3_mb = gather + (gather + scatter) / outer.num_micro_batches
-        ws = (
+        recomputed = (
             full_saved_bytes(
                 layer,
                 tp=outer.tp,
@@ -383,7 +383,9 @@ class CandidateCosts:
             )
             if opt.recompute == "full"
             else 0.0
-        ) + (k.backward_ws_bytes if self.runtime_memory else 0.0)  # the textbook: no measured backward growth
+        )
+        # compute.layer_working_set_bytes; the textbook has no measured backward growth
+        ws = working_set_bytes(recomputed, k.moe_ws_bytes, k.backward_ws_bytes if self.runtime_memory else 0.0)
         unit = 0.0
         if self.runtime_memory:  # the backward sweep's block unit (estimate._Assembler._backward_sweep)
             grad_bytes = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
@@ -398,7 +400,7 @@ class CandidateCosts:
             params_dp=0.0 if wide else k.params,
             params_dpt=k.params if wide else 0.0,
             param_bytes=k.param_bytes,
-            ws_bytes=ws + k.moe_ws_bytes + unit,
+            ws_bytes=ws + unit,
             z3_mb_s=z3_mb,
             z3_gather_s=z3_gather,
             opt_s=k.optimizer_s + k.expert_step_s,
