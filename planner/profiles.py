@@ -270,6 +270,15 @@ class ExpertProfile(_Strict):
             "(wrapped_at_ep1, ep = etp = 1). None: the analytic SwiGLU count of planner.cost.moe"
         ),
     )
+    fused_backward_bytes_per_weight_byte: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "how far the fused experts module's backward grows the live bytes (its weights' gradients left out), "
+            "per byte of its weights, measured (runtime.profiling.experts); priced where that module runs. None: "
+            "the exchange's buffers of planner.cost.moe"
+        ),
+    )
 
     @property
     def params(self) -> int:

@@ -200,8 +200,14 @@ def test_a_block_tp_cannot_split_counts_its_attention_scores_once(tmp_path):
     """No tp > 1 shard to fit R against (one key/value head): every saved byte but the attention scores is
     replicated, and the scores stay their own term (R + scores counted them twice before)."""
     MixtralConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=1,
-        vocab_size=256, num_local_experts=4, num_experts_per_tok=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        vocab_size=256,
+        num_local_experts=4,
+        num_experts_per_tok=2,
     ).save_pretrained(tmp_path)
     shard = profile_model_analytic(parse_model(f"hf:{tmp_path}/config.json"), seq_len=64).layer("blocks.0").shards[0]
     assert shard.saved_attention_scores_bytes_per_sample > 0

@@ -517,7 +517,7 @@ class _Assembler:
                     act=sum(k.act_bytes for _, k in run),
                     grads=sum(grads(k) for _, k in run),
                     ws=top[0],
-                    first=max(0.0, max(k.act_bytes - grads(k) for _, k in run)),
+                    first=max(k.act_bytes - grads(k) for _, k in run),
                 )
                 for run, top in zip(runs, tops)
             ]

@@ -307,7 +307,8 @@ def block_unit_bytes(
 class SweepRun:
     """One run of identical consecutive layers on a rank, for :func:`backward_sweep`: its activations, the
     gradients its layers make (as the moment counts them), its largest working set (with the block unit), and
-    one layer's activations less its gradients at the most, not below 0 (``first``)."""
+    one layer's activations less its gradients at the most (``first``; below 0 where a layer's gradients outweigh
+    its activations, as under full recompute: the run's first layer has not made its own gradients yet)."""
 
     act: float
     grads: float

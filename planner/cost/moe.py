@@ -366,6 +366,18 @@ def runs_fused(ex: ExpertProfile, split: ExpertSplit) -> bool:
     return ex.wrapped_at_ep1 and split.ep * split.etp == 1 and ex.fused_saved_bytes_per_token is not None
 
 
+def _transient_bytes(ex: ExpertProfile, split: ExpertSplit, sh: _Shape, saved: float) -> float:
+    """What the routed experts' pass holds beyond their ``saved`` activations: the exchange's send and receive
+    buffers (at ep = etp = 1 the rows' and outputs' gradients of the same size), or, where transformers' fused
+    module runs, the whole-weight gradients its loop's backward makes (measured per byte of its weights), less the
+    one expert's share of the saved rows that loop has freed when they peak (traced on a tiny Mixtral: the sum of
+    the whole-weight gradients is formed in the second expert's backward, benchmarks/memory_accuracy.py)."""
+    ratio = ex.fused_backward_bytes_per_weight_byte
+    if runs_fused(ex, split) and ratio is not None:
+        return max(0.0, ratio * ex.params * sh.e - saved / ex.experts)
+    return (2 + (split.etp if split.etp > 1 else 0)) * sh.send_bytes
+
+
 def expert_time(
     layer: LayerProfile, *, node: NodeType, cluster: ClusterProfile, split: ExpertSplit, dtype: str
 ) -> ExpertTime:
@@ -400,7 +412,7 @@ def expert_time(
         backward_s=bwd_s,
         comm_s=_comm_s(cluster, node, ex, sh, split, full_bytes),
         saved_bytes=saved,
-        dispatch_bytes=(2 + (split.etp if split.etp > 1 else 0)) * sh.send_bytes,
+        dispatch_bytes=_transient_bytes(ex, split, sh, saved),
         flops=6 * ex.hidden * ex.expert_ffn * ex.top_k * sh.tokens + 2 * ex.hidden * ex.experts * sh.tokens,
     )
 

@@ -262,6 +262,21 @@ def _fraction(nbytes: float, cap: float) -> float:
     return max(nbytes / cap, COEF_MIN)
 
 
+def _sweep_first(prob, name: str, grp, nt: str, rm, cap: float, present, g: int) -> Any:
+    """The backward sweep's ``first`` (``planner.cost.memory.SweepRun``) of group g, in units of ``cap``: the
+    largest (activations less gradients) of one layer among the options present, which is below 0 where a layer's
+    gradients outweigh its activations (full recompute). y >= L + (v_i - L) present_i with L the least v_i (and at
+    most 0): v_i where option i is present, the non-binding L where it is not."""
+    values = [c.act_bytes - sweep_grad_bytes(rm, c, "none") for c in grp.costs[nt]]
+    if not values:
+        return 0
+    least = min(0.0, min(values))
+    y = prob.add_variable(name, lowBound=least / cap)
+    for i, v in enumerate(values):
+        prob += (y >= least / cap + _fraction(v - least, cap) * present(g, i), f"h_sweep_first[{name},{i}]")
+    return y
+
+
 def _memory(prob, tables: Tables, n: dict, r: int, x: dict, limits: dict) -> None:
     """(h) memory of rank r: reserve * (states + act * inflight + working set + buffers) + const <= cap,
     every term in units of the rank's capacity (so coefficients are fractions of the device)."""
@@ -366,13 +381,13 @@ def _memory_sweep(prob, tables: Tables, n: dict, r: int, x: dict, parts: list, p
             after = k * pulp.lpSum(grads[g + 1 :])
             rows.append(before + k * acts[g] + ws_of(g) + after)
             if mode == "none":
-                first = [
-                    _fraction(c.act_bytes - sweep_grad_bytes(rm, c, mode), cap) * present(g, i)
-                    for i, c in enumerate(grp.costs[nt])
-                    if c.act_bytes - sweep_grad_bytes(rm, c, mode) > 0
-                ]
-                lead = at_least(prob, f"SD[{r},{g}]", "h_sweep_first", first) if first else 0
-                rows.append(before + lead + ws_of(g) + after + k * grads[g])
+                rows.append(
+                    before
+                    + _sweep_first(prob, f"SD[{r},{g}]", grp, nt, rm, cap, present, g)
+                    + ws_of(g)
+                    + after
+                    + k * grads[g]
+                )
         return rows
 
     rows_of = {}

@@ -369,7 +369,7 @@ def backward_sweep_bytes(tables: Tables, rm: RankModel, row: tuple[tuple[int, ..
                     act=sum(n * k.act_bytes for n, k in here),
                     grads=sum(n * sweep_grad_bytes(rm, k, mode) for n, k in here),
                     ws=max(k.ws_bytes for _, k in here),
-                    first=max(0.0, max(k.act_bytes - sweep_grad_bytes(rm, k, mode) for _, k in here)),
+                    first=max(k.act_bytes - sweep_grad_bytes(rm, k, mode) for _, k in here),
                 )
             )
     return backward_sweep(runs)[0]

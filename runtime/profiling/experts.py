@@ -85,6 +85,7 @@ def _hf_expert_profile(block: nn.Module, seq_len: int):
         capacity_factor=None,
         wrapped_at_ep1=True,  # runtime.executor.moe: an hf: plan without an expert layout wraps them as dense
         fused_saved_bytes_per_token=fused_saved_bytes_per_token(block.experts, top_k),
+        fused_backward_bytes_per_weight_byte=fused_backward_bytes_per_weight_byte(block.experts, top_k),
     )
 
 
@@ -93,13 +94,13 @@ _FIT_WIDTHS = ((8, 8), (16, 8), (8, 16))
 _TOKENS_PER_EXPERT = 4
 
 
-def _saved_by_small_copy(experts: nn.Module, top_k: int, hidden: int, ffn: int) -> float:
-    """Bytes per token that ``experts``'s own forward saves for backward when its weights are ``hidden x ffn``:
-    run on the CPU on a shallow copy holding small random weights, every expert taking the same number of rows
-    (the weights, the input and the routing weights are not counted: the memory model holds them apart)."""
+def _small_copy(experts: nn.Module, top_k: int, hidden: int, ffn: int, tokens_per_expert: int = _TOKENS_PER_EXPERT):
+    """A shallow copy of ``experts`` (the same class and forward; its own parameter table, config and weights)
+    holding small random ``hidden x ffn`` weights on the CPU, and a call's arguments in which every expert takes
+    the same number of rows: ``(module, hidden_states, top_k_index, top_k_weights)``."""
     n_experts = int(experts.gate_up_proj.shape[0])
     dtype = experts.gate_up_proj.dtype
-    copy_ = copy.copy(experts)  # the same class and forward; its own parameter table, config and weights
+    copy_ = copy.copy(experts)
     copy_._parameters = dict(experts._parameters)
     if hasattr(experts, "config"):  # run transformers' per-expert loop, as the runtime does (hf.use_loop_experts)
         copy_.config = copy.copy(experts.config)
@@ -107,10 +108,18 @@ def _saved_by_small_copy(experts: nn.Module, top_k: int, hidden: int, ffn: int) 
     gen = torch.Generator().manual_seed(0)
     copy_.gate_up_proj = nn.Parameter(torch.randn(n_experts, 2 * ffn, hidden, generator=gen).to(dtype))
     copy_.down_proj = nn.Parameter(torch.randn(n_experts, hidden, ffn, generator=gen).to(dtype))
-    tokens = _TOKENS_PER_EXPERT * n_experts
+    tokens = tokens_per_expert * n_experts
     x = torch.randn(tokens, hidden, generator=gen).to(dtype).requires_grad_()
     index = (torch.arange(tokens)[:, None] + torch.arange(top_k)[None]) % n_experts  # balanced, distinct choices
     weights = torch.rand(tokens, top_k, generator=gen).to(dtype).requires_grad_()
+    return copy_, x, index, weights
+
+
+def _saved_by_small_copy(experts: nn.Module, top_k: int, hidden: int, ffn: int) -> float:
+    """Bytes per token that ``experts``'s own forward saves for backward when its weights are ``hidden x ffn``
+    (:func:`_small_copy`; the weights, the input and the routing weights are not counted: the memory model holds
+    them apart)."""
+    copy_, x, index, weights = _small_copy(experts, top_k, hidden, ffn)
     skip = {t.untyped_storage()._cdata for t in (copy_.gate_up_proj, copy_.down_proj, x, weights)}
     saved: dict[int, int] = {}
 
@@ -123,7 +132,30 @@ def _saved_by_small_copy(experts: nn.Module, top_k: int, hidden: int, ffn: int) 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = copy_(x, index, weights)
     del out
-    return sum(saved.values()) / tokens
+    return sum(saved.values()) / x.shape[0]
+
+
+def fused_backward_bytes_per_weight_byte(experts: nn.Module, top_k: int) -> float:
+    """How far a backward of a transformers fused-experts module grows the live tensor bytes (its parameters'
+    gradients left out), per byte of its weights: the eager loop takes each expert's slice of the fused
+    ``E x ...`` weights, and each slice's backward makes a zero-filled gradient of the whole fused tensor that
+    autograd sums (measured on a small CPU copy, :func:`_small_copy`, with few tokens, so the rows' own gradients
+    hardly count; the second of two backwards, which adds into the gradients the first left, as every later
+    micro-batch does)."""
+    from runtime.executor.tensor_memory import TensorMemory
+
+    copy_, x, index, weights = _small_copy(experts, top_k, hidden=32, ffn=32, tokens_per_expert=1)
+    with TensorMemory([copy_], []) as tracker:
+        for _ in range(2):
+            out = copy_(x, index, weights)
+            tracker.reset()
+            start = tracker.now()
+            out.backward(torch.ones_like(out))
+            del out
+        peak = tracker.peak()
+    growth = peak.peak_bytes - start.peak_bytes - (peak.by_kind["grads"] - start.by_kind["grads"])
+    weight_bytes = sum(p.numel() * p.element_size() for p in (copy_.gate_up_proj, copy_.down_proj))
+    return max(0.0, growth / weight_bytes)
 
 
 def fused_saved_bytes_per_token(experts: nn.Module, top_k: int) -> float:
