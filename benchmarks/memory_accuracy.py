@@ -30,11 +30,21 @@ shard more than plain cross-entropy: ``planner.cost.compute.layer_cost``'s ``tor
 sample too. The backward sweep (``planner.cost.memory``: each layer's working set with only the earlier layers'
 activations and the later layers' gradients; a block's reduce-scatter copy and ZeRO-3 gathered weights; the
 root unit gathered at ZeRO-3) was chosen from the ZeRO-3 and full-recompute rows of gpt:tiny, gpt:small and
-llama:tiny, traced op by op. Mixtral's rows then chose three more (traced the same way): a block whose attention
-tp cannot split counts its attention scores once (``runtime.profiling.model._fit_replicated``), transformers'
-fused experts are priced by what their own forward saves, measured (``ExpertProfile.fused_saved_bytes_per_token``),
-and the runtime's expert exchange for hf: models recomputes ``act(gate) * up`` as the zoo's SwiGLU does.
+llama:tiny, traced op by op. Mixtral's and moe:tiny's rows then chose more (traced the same way): a block whose
+attention tp cannot split counts its attention scores once (``runtime.profiling.model._fit_replicated``);
+transformers' fused experts are priced by what their own forward saves and their backward's whole-weight gradients
+make, both measured on small CPU copies (``ExpertProfile.fused_saved_bytes_per_token``,
+``fused_backward_bytes_per_weight_byte``), and at ZeRO-3 are gathered with their block's unit; the runtime's expert
+exchange for hf: models recomputes ``act(gate) * up`` as the zoo's SwiGLU does; the exchange's reorderings keep
+their sources for the backward; a block's routed experts are backed through before the rest of its backward
+(``planner.cost.compute.working_set_bytes``); and the backward sweep's first point no longer counts a layer's own
+gradients under full recompute (which moved the held-out recompute-full rows from -1.5 % to +1.0 %).
 Nothing was changed because of the others (``HELD_OUT``). The summary gives both groups apart.
+
+Expert-parallel rows are priced at the routing load the measured step had (``_realized_imbalance``: the busiest
+rank's routed rows over the ranks' mean), since the memory model is under test here, not the forecast of how a
+router spreads its tokens (the plan's ``load_imbalance``, 1.5 by default, which a randomly initialised router
+on 512 rows does not reach); the error at the forecast is printed beside them.
 """
 
 from __future__ import annotations

@@ -131,3 +131,28 @@ def test_first_rank_activation_memory_matches_korthikanti(preset, tp, pp, v, gb,
         expected += _paper_bytes(s, mb, h, a, tp, "tp")
     assert est.per_rank[0].memory.activations == pytest.approx(expected, rel=0.05)
     assert est.fits_in_memory
+
+
+def test_backward_sweep_first_layer_point_may_hold_less_than_its_activations():
+    """Under full recompute a layer saves only its input but makes gradients bigger than that: at a run's first
+    layer its own gradients do not exist yet, so ``first`` (activations less gradients) is below 0 and the point
+    is the run's other layers' gradients plus one layer's activations, not all the run's gradients."""
+    from planner.cost.memory import SweepRun, backward_sweep
+
+    # two identical layers: 10 B saved, 40 B of gradients, 5 B working set each
+    run = SweepRun(act=20, grads=80, ws=5, first=10 - 40)
+    total, index, later = backward_sweep([run])
+    assert (total, index) == (10 + 40 + 5, 0)  # first layer: its 10 B, the second layer's 40 B, the working set
+    assert later == 80 - 40 + 40  # counted as the run's and later gradients (the breakdown's grads term)
+
+
+def test_plan_parallel_config_keeps_the_plans_load_imbalance():
+    """The routing load a plan was priced at reaches the cost model when the plan is re-priced."""
+    from fixtures.plans import make_plan
+    from planner.export.api import plan_parallel_config
+    from planner.modelspec import parse_model
+
+    plan = make_plan(
+        parse_model("moe:tiny"), global_batch=8, seq_len=64, dp=2, experts={"ep": 2, "load_imbalance": 1.2}
+    )
+    assert plan_parallel_config(plan).moe_load_imbalance == 1.2

@@ -171,6 +171,11 @@ class LayerCost:
     # semantics "fsdp2", ``planner.cost.memory.expert_runtime_states``; "textbook" counts them in the states)
     expert_grads_accumulating_bytes: float = 0.0
     expert_grads_end_bytes: float = 0.0
+    # routed experts held in the block's own data-parallel unit (an hf: block without an expert layout, memory
+    # semantics "fsdp2"): their parameters and weight bytes, gathered and reduce-scattered with the block's
+    # (``planner.cost.memory.block_unit_bytes``); 0 where the experts are their own units or plain parameters
+    expert_unit_params: float = 0.0
+    expert_unit_param_bytes: float = 0.0
     expert_step_s: float = 0.0
     moe_ws_bytes: float = 0.0
     # the transient gradients of the layer's backward beyond what it saved (``ShardProfile.backward_ws_bytes``

@@ -492,7 +492,12 @@ class _Assembler:
         def ws(layer: LayerProfile, k: LayerCost) -> tuple[float, float, float]:  # (total, weights, gradients)
             if id(k) not in seen:
                 weights, copy = block_unit_bytes(
-                    cfg.zero_stage, cfg.dp, layer.kind, k.params, k.param_bytes, grad_bytes
+                    cfg.zero_stage,
+                    cfg.dp,
+                    layer.kind,
+                    k.params + k.expert_unit_params,
+                    k.param_bytes + k.expert_unit_param_bytes,
+                    grad_bytes,
                 )
                 seen[id(k)] = (layer_working_set_bytes(cfg, layer, k) + weights + copy, weights, copy)
             return seen[id(k)]

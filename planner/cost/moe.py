@@ -337,6 +337,8 @@ class ExpertStates:
     state_bytes: float
     grads_accumulating_bytes: float = 0.0  # held apart from state_bytes (memory_semantics "fsdp2")
     grads_end_bytes: float = 0.0
+    unit_params: float = 0.0  # in the block's own data-parallel unit (LayerCost.expert_unit_params)
+    unit_param_bytes: float = 0.0
     sync_s: float = 0.0
     gather_s: float = 0.0
     optimizer_s: float = 0.0
@@ -427,12 +429,14 @@ def expert_states(
     width = math.ceil(ex.expert_ffn / split.etp)
     params = ex.experts // split.ep * 3 * ex.hidden * width
     sync, gather, opt = _step_terms(cluster, node, params, split, dtype)
+    unit_params = 0.0
     if split.memory_semantics == "fsdp2":  # as the runtime holds them: gradients by the peak's moment
         rs = expert_runtime_states(split.zero_stage, split.edp, dtype)
-        if ex.wrapped_at_ep1 and split.ep * split.etp == 1 and split.zero_stage < 3:
-            # in the block's data-parallel unit like its dense weights (at ZeRO-3 the expert units' gathered copy
-            # stays priced: the layers-in-flight term counts dense weights only)
+        if ex.wrapped_at_ep1 and split.ep * split.etp == 1:
+            # in the block's data-parallel unit like its dense weights: at ZeRO-3 gathered with the block in its
+            # forward and backward (the backward sweep's block unit), not from the forward to the step
             rs = runtime_states(split.zero_stage, split.dp, dtype)
+            unit_params = float(params)
         state_bytes, grads_acc, grads_end = rs.always * params, rs.accumulating * params, rs.end * params
     else:
         state_bytes = model_states_bytes(params, min(split.zero_stage, 2), split.edp, dtype).total_bytes
@@ -441,6 +445,8 @@ def expert_states(
         state_bytes=state_bytes,
         grads_accumulating_bytes=grads_acc,
         grads_end_bytes=grads_end,
+        unit_params=unit_params,
+        unit_param_bytes=unit_params * STATE_BYTES_PER_PARAM[precision_kind(dtype)]["params"],
         sync_s=sync,
         gather_s=gather,
         optimizer_s=opt,
@@ -490,6 +496,8 @@ def combine_expert_costs(
         expert_state_bytes=st.state_bytes,
         expert_grads_accumulating_bytes=st.grads_accumulating_bytes,
         expert_grads_end_bytes=st.grads_end_bytes,
+        expert_unit_params=st.unit_params,
+        expert_unit_param_bytes=st.unit_param_bytes,
         expert_step_s=st.exposed_s(backward_s + recompute_s, forward_s),
         moe_ws_bytes=t.dispatch_bytes + (t.saved_bytes if full else 0.0),
     )

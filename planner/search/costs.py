@@ -389,7 +389,8 @@ class CandidateCosts:
         unit = 0.0
         if self.runtime_memory:  # the backward sweep's block unit (estimate._Assembler._backward_sweep)
             grad_bytes = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
-            unit = sum(block_unit_bytes(outer.zero_stage, outer.dp, layer.kind, k.params, k.param_bytes, grad_bytes))
+            params, param_bytes = k.params + k.expert_unit_params, k.param_bytes + k.expert_unit_param_bytes
+            unit = sum(block_unit_bytes(outer.zero_stage, outer.dp, layer.kind, params, param_bytes, grad_bytes))
         # ZeRO-3 in the runtime: FSDP2's root unit (every layer but the blocks) stays gathered (estimate._memory)
         root_gathered = self.runtime_memory and outer.zero_stage == 3 and layer.kind != "block"
         return OptionCost(
