@@ -95,6 +95,8 @@ def test_launch_on_cuda_reports_gpu_memory_and_prediction(tmp_path):
     assert start.get("device", "cuda") != "cpu", json.dumps(start)[:500]
     assert summary["measured_peak_memory_bytes"] > 124e6 * 2  # at least the bf16 weights
     assert 0.25 < summary["step_time_ratio"] < 4.0, summary
+    step = next(r for r in records if r.get("event") == "step")  # the allocator's reserved blocks beside it
+    assert step["peak_reserved_bytes"][0] >= step["peak_memory_bytes"][0] > 0, step
 
 
 def test_profile_model_on_cuda_is_near_the_kernel_model(tmp_path):

@@ -398,6 +398,19 @@ def test_metrics_summary_compares_with_the_prediction(tmp_path):
     assert summary["step_time_ratio"] == pytest.approx(2.0) and summary["memory_ratio"] == pytest.approx(2.0)
     records = read_metrics(tmp_path / "m.jsonl")
     assert records[1]["tokens_per_s"] == pytest.approx(640.0) and records[-1]["summary"] is True
+    assert "peak_reserved_bytes" not in records[1]  # CPU ranks: no caching allocator, no field
+
+
+def test_reserved_bytes_are_recorded_where_the_device_has_them(tmp_path):
+    """CUDA ranks record ``max_memory_reserved`` beside ``max_memory_allocated``; a CPU has no such figure."""
+    import torch
+
+    from runtime.executor.metrics import MetricsLog, peak_reserved_bytes, read_metrics
+
+    assert peak_reserved_bytes(torch.device("cpu")) is None
+    log = MetricsLog(tmp_path / "m.jsonl", make_plan(GPT), attempt=0)
+    log.step(step=1, loss=1.0, step_time_s=0.1, tokens=8, samples=1, peak_memory_bytes=[5], peak_reserved_bytes=[8])
+    assert read_metrics(tmp_path / "m.jsonl")[-1]["peak_reserved_bytes"] == [8]
 
 
 def test_dry_run_prints_command_and_starts_nothing(tmp_path, capsys, no_processes):

@@ -6,7 +6,8 @@ loss of ``runtime.models.moe`` averaged over layers, micro-batches and ranks: 1.
 and a final ``{"event": "summary", "summary": true, ...}`` comparing
 predicted and measured step time and peak memory — the format ``planner.inspect.measured`` reads. A
 restarted job appends (``attempt`` tells the runs apart); a reader takes the last line of each step.
-Peak memory per rank: on CUDA ``torch.cuda.max_memory_allocated`` (reset when a plan starts); on CPU the
+Peak memory per rank: on CUDA ``torch.cuda.max_memory_allocated`` (reset when a plan starts), with
+``peak_reserved_bytes`` beside it (``max_memory_reserved``: the caching allocator's blocks); on CPU the
 growth of the resident set over its size when the plan started: the peak (``VmHWM`` in /proc/self/status,
 reset by writing 5 to /proc/self/clear_refs, proc(5)) minus the ``VmRSS`` before the model was built. So
 it counts what training added (weights, gradients, optimizer state, activations, communication
@@ -66,6 +67,13 @@ def peak_rss_bytes() -> int:
     return hwm if hwm is not None else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * KIB
 
 
+def peak_reserved_bytes(device: torch.device) -> int | None:
+    """On CUDA the caching allocator's peak of reserved bytes since :func:`reset_peak_memory`
+    (``torch.cuda.max_memory_reserved``: what ``max_memory_allocated`` counts plus the blocks it keeps cached and
+    the rounding); None on other devices, which have no such allocator."""
+    return int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else None
+
+
 def peak_memory_bytes(device: torch.device, baseline_bytes: int = 0) -> int:
     """Peak bytes this rank used since :func:`reset_peak_memory` returned ``baseline_bytes``."""
     if device.type == "cuda":
@@ -113,11 +121,14 @@ class MetricsLog:
         lr: float | None = None,
         moe_aux_loss: float | None = None,
         tensor_peaks: list | None = None,
+        peak_reserved_bytes: list[int] | None = None,
     ) -> None:
         self.step_times_s.append(step_time_s)
         self.peak_bytes.append(max(peak_memory_bytes))
         self.last_loss = loss
         extra = {} if moe_aux_loss is None else {"moe_aux_loss": moe_aux_loss}  # MoE models only
+        if peak_reserved_bytes is not None:  # CUDA only
+            extra["peak_reserved_bytes"] = peak_reserved_bytes
         if tensor_peaks:  # the step measured under TensorMemory
             self.tensor_peaks = [p.peak_bytes for p in tensor_peaks]
             extra["peak_tensor_bytes"] = self.tensor_peaks

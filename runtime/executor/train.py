@@ -41,7 +41,13 @@ from runtime.executor.checkpoint import (
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import ParallelDims, build_mesh
 from runtime.executor.moe import build_expert_groups, expert_layout, set_aux_loss_scale, take_aux_loss
-from runtime.executor.metrics import MetricsLog, peak_memory_bytes, peak_rss_bytes, reset_peak_memory
+from runtime.executor.metrics import (
+    MetricsLog,
+    peak_memory_bytes,
+    peak_reserved_bytes,
+    peak_rss_bytes,
+    reset_peak_memory,
+)
 from runtime.executor.tensor_memory import KINDS, TensorMemory, TensorPeak, steady_peak
 from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.pretrained import load_pretrained
@@ -248,6 +254,8 @@ class StepResult:
     moe_aux_loss: float | None = None  # load-balancing loss (1.0 = balanced), mean over MoE layers and ranks
     # the step's peak of live tensor bytes per rank (runtime.executor.tensor_memory), measured in one step
     tensor_peaks: list[TensorPeak] | None = None
+    # CUDA: each rank's torch.cuda.max_memory_reserved (the caching allocator's blocks); None on other devices
+    peak_reserved_bytes: list[int] | None = None
 
 
 class Preemption:
@@ -279,6 +287,7 @@ def _gather_step(
     to stop (SIGTERM), the MoE load-balancing loss (mean over every rank's layers and forwards) and, when
     measured, each rank's peak of live tensor bytes by kind, in one all_gather."""
     tensors = [float(tensor_peak.peak_bytes)] + [float(tensor_peak.by_kind[k]) for k in KINDS] if tensor_peak else []
+    reserved = peak_reserved_bytes(device)
     mine = torch.tensor(
         [
             loss_part,
@@ -288,6 +297,7 @@ def _gather_step(
             float(Preemption.requested),
             *aux,
             *(tensors or [0.0] * (1 + len(KINDS))),
+            -1.0 if reserved is None else float(reserved),
         ],
         dtype=torch.float64,
         device=device,
@@ -304,11 +314,12 @@ def _gather_step(
         preempted=bool(table[:, 4].max() > 0),
         moe_aux_loss=float(table[:, 5].sum() / table[:, 6].sum()) if table[:, 6].sum() > 0 else None,
         tensor_peaks=[
-            TensorPeak(peak_bytes=int(row[7]), by_kind={k: int(v) for k, v in zip(KINDS, row[8:].tolist())})
+            TensorPeak(peak_bytes=int(row[7]), by_kind={k: int(v) for k, v in zip(KINDS, row[8:-1].tolist())})
             for row in table
         ]
         if tensor_peak
         else None,
+        peak_reserved_bytes=[int(v) for v in table[:, -1]] if bool((table[:, -1] >= 0).all()) else None,
     )
 
 
@@ -607,6 +618,7 @@ def run_plan(
             lr=res.lr,
             moe_aux_loss=res.moe_aux_loss,
             tensor_peaks=res.tensor_peaks,
+            peak_reserved_bytes=res.peak_reserved_bytes,
         )
         if rank == 0:
             log.info("step %d loss %.6f step_time %.3fs", step, res.loss, res.step_time_s)
