@@ -390,8 +390,9 @@ def expert_time(
     sh = _shape(ex, split, dtype)
     fwd_s, bwd_s = _compute_s(ex, sh, node, dtype)
     full_bytes = layer.output_bytes_per_sample * split.micro_batch
-    if runs_fused(ex, split):  # transformers' own fused module runs: what it saves, measured by the profile
-        saved = ex.fused_saved_bytes_per_token * sh.tokens
+    fused = ex.fused_saved_bytes_per_token
+    if fused is not None and runs_fused(ex, split):  # transformers' fused module runs: what it saves, measured
+        saved = fused * sh.tokens
     else:
         saved = (
             ROUTER_SAVED_BYTES_PER_TOKEN_EXPERT * sh.tokens * ex.experts

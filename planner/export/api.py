@@ -12,6 +12,7 @@ from types import ModuleType
 
 from planner.cost.context import plan_context_fields
 from planner.cost import ParallelConfig, estimate, with_gpus
+from planner.cost.constants import MOE_LOAD_IMBALANCE
 from planner.cost.placement import fill_stage_node_types
 from planner.cost.records import Estimate
 from planner.errors import StratagemError
@@ -64,7 +65,7 @@ def plan_parallel_config(plan: Plan) -> ParallelConfig:
         **plan_context_fields(plan),
         ep=plan.experts.ep if plan.experts else 1,
         etp=plan.experts.etp if plan.experts else 1,
-        **({"moe_load_imbalance": plan.experts.load_imbalance} if plan.experts else {}),
+        moe_load_imbalance=plan.experts.load_imbalance if plan.experts else MOE_LOAD_IMBALANCE,
     )
 
 
