@@ -73,10 +73,10 @@ import math
 from typing import TYPE_CHECKING
 
 from planner.errors import StratagemError
-from planner.profiles import LayerProfile, OpProfile, ShardProfile
+from planner.profile_schema import LayerProfile, OpProfile, ShardProfile
 
 if TYPE_CHECKING:
-    from planner.gpt_profile import _Dims
+    from planner.transformer_layers import Dims
 
 E, F = 2, 4  # bytes of a bf16/fp16 and of an fp32 element
 CAST = E + F  # a cast reads one width and writes the other
@@ -97,7 +97,7 @@ def _gemm(name: str, rows: int, n: int, k: int, **kw) -> OpProfile:
     return OpProfile(name=name, kind="gemm", rows_per_sample=rows, n=n, k=k, **kw)
 
 
-def _layernorm(name: str, d: "_Dims") -> list[OpProfile]:
+def _layernorm(name: str, d: "Dims") -> list[OpProfile]:
     """An fp32 LayerNorm and the cast of its output to 16 bits for the next GEMM (both on every TP rank)."""
     sh = d.s * d.h
     return [
@@ -106,7 +106,7 @@ def _layernorm(name: str, d: "_Dims") -> list[OpProfile]:
     ]
 
 
-def _residual_add(name: str, d: "_Dims") -> OpProfile:
+def _residual_add(name: str, d: "Dims") -> OpProfile:
     """fp32 stream + 16-bit branch (after its 16-bit dropout): the add, and backward the cast of the gradient
     to the branch plus the accumulation of the stream's two gradients (the LayerNorm's and the add's)."""
     sh, drop = d.s * d.h, int(d.dropout)
@@ -120,7 +120,7 @@ def _residual_add(name: str, d: "_Dims") -> OpProfile:
     )
 
 
-def _weight_cast(params: int, bias_outputs: int, tensors: int, d: "_Dims") -> OpProfile:
+def _weight_cast(params: int, bias_outputs: int, tensors: int, d: "Dims") -> OpProfile:
     """Per micro-batch: ``tensors`` fp32 weights cast to 16 bits (``cached_cast``) and, backward, their 16-bit
     gradients cast back to fp32, plus one token reduction per bias gradient (``bias_outputs`` output widths)."""
     biases = tensors // 2
@@ -135,7 +135,7 @@ def _weight_cast(params: int, bias_outputs: int, tensors: int, d: "_Dims") -> Op
     )
 
 
-def block_ops(d: "_Dims", t: int, linear_params: int) -> list[OpProfile]:
+def block_ops(d: "Dims", t: int, linear_params: int) -> list[OpProfile]:
     """A GPT block's kernels on one of ``t`` TP ranks under autocast (module docstring)."""
     s, h, f = d.s, d.h, d.f
     hp, ap, dh, fp = d.q // t, d.a // t, d.q // d.a, f // t
@@ -169,7 +169,7 @@ def block_ops(d: "_Dims", t: int, linear_params: int) -> list[OpProfile]:
     return ops
 
 
-def block_shard(pure: ShardProfile, d: "_Dims", t: int, linear_params: int) -> ShardProfile:
+def block_shard(pure: ShardProfile, d: "Dims", t: int, linear_params: int) -> ShardProfile:
     """``pure``'s FLOPs and parameters with autocast's kernels and saved bytes (module docstring)."""
     s, h = d.s, d.h
     drop = int(d.dropout)
@@ -187,7 +187,7 @@ def block_shard(pure: ShardProfile, d: "_Dims", t: int, linear_params: int) -> S
     )
 
 
-def embed_shard(pure: ShardProfile, d: "_Dims", t: int) -> ShardProfile:
+def embed_shard(pure: ShardProfile, d: "Dims", t: int) -> ShardProfile:
     """fp32 token and position lookups and their add (and fp32 dropout); backward each table's dense fp32
     gradient (zero-filled, then scattered) and, with tied weights, the add of the head's gradient of the
     word table (``AccumulateGrad``: read two, write one)."""
@@ -207,7 +207,7 @@ def embed_shard(pure: ShardProfile, d: "_Dims", t: int) -> ShardProfile:
     return pure.model_copy(update=dict(ops=[op], saved_bytes_per_sample=saved, saved_replicated_bytes_per_sample=saved))
 
 
-def norm_shard(pure: ShardProfile, d: "_Dims") -> ShardProfile:
+def norm_shard(pure: ShardProfile, d: "Dims") -> ShardProfile:
     """The final fp32 LayerNorm (its 16-bit cast belongs to the head's input)."""
     sh = d.s * d.h
     saved = F * sh + NORM_STATS * d.s
@@ -215,7 +215,7 @@ def norm_shard(pure: ShardProfile, d: "_Dims") -> ShardProfile:
     return pure.model_copy(update=dict(ops=[op], saved_bytes_per_sample=saved, saved_replicated_bytes_per_sample=saved))
 
 
-def head_shard(pure: ShardProfile, d: "_Dims", t: int) -> ShardProfile:
+def head_shard(pure: ShardProfile, d: "Dims", t: int) -> ShardProfile:
     """Cast of the normed input and of the (tied) fp32 weight, the LM head GEMM, ``logits.float()`` and the
     fp32 cross-entropy (``log_softmax`` 3 reads + 1 write, ``nll_loss``; backward ``nll_loss``'s zero-filled
     gradient, then ``log_softmax``'s)."""
@@ -240,7 +240,7 @@ def head_shard(pure: ShardProfile, d: "_Dims", t: int) -> ShardProfile:
     )
 
 
-def autocast_layers(d: "_Dims", layers: list[LayerProfile], linear_params: dict[int, int]) -> list[LayerProfile]:
+def autocast_layers(d: "Dims", layers: list[LayerProfile], linear_params: dict[int, int]) -> list[LayerProfile]:
     """``layers`` (a pure GPT profile's) re-described as torch.autocast runs them; ``linear_params[t]`` are
     the linear weights and biases of one block's shard at TP degree ``t`` (what autocast casts)."""
     if not d.learned_positions or d.swiglu:

@@ -27,10 +27,12 @@ them (``planner/cost/spatial.py``). Volumes are cubic (``volume`` voxels per sid
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
+
+if TYPE_CHECKING:  # annotations only: planner.modelspec checks a volume model through check_volume below
+    from planner.modelspec import ModelSpec
 
 VolumeOp = Literal["conv", "pool", "upconv", "dense"]
 SPATIAL_FAMILIES = ("unet3d", "cosmoflow")

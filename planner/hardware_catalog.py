@@ -23,7 +23,7 @@ from pathlib import Path
 
 from planner import __version__
 from planner.cost.constants import GEMM_EFFICIENCY, gpu_family
-from planner.profiles import (
+from planner.profile_schema import (
     ClusterProfile,
     CollectiveFit,
     ComputeFigure,

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from planner.cnn3d import check_volume
 from planner.errors import StratagemError
 
 Family = Literal["gpt", "llama", "moe", "resnet", "mlp", "unet3d", "cosmoflow", "hf", "custom"]
@@ -541,8 +542,6 @@ def check_dims(spec: ModelSpec) -> None:
     if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
         raise StratagemError(f"dropout {dropout!r} must be a probability 0 <= p < 1")
     if spec.family in ("unet3d", "cosmoflow"):
-        from planner.cnn3d import check_volume  # cnn3d reads ModelSpec
-
         check_volume(spec)
     if spec.family in ("gpt", "llama", "moe"):
         hidden, heads = int(spec.dim("hidden")), int(spec.dim("heads"))

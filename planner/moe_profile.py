@@ -25,20 +25,20 @@ from dataclasses import replace
 
 from planner.cost.constants import DTYPE_BYTES
 from planner.errors import StratagemError
-from planner.gpt_profile import (
+from planner.transformer_layers import (
     SOURCES as DENSE_SOURCES,
-    _block_collectives,
-    _block_shard,
-    _Dims,
-    _dims,
-    _embed_layer,
-    _head_layer,
-    _norm_layer,
+    Dims,
     analytic_profile,
+    block_collectives,
+    block_shard,
     default_tp_degrees,
+    dims_of,
+    embed_layer,
+    head_layer,
+    norm_layer,
 )
 from planner.modelspec import ModelSpec
-from planner.profiles import CollectiveNeed, ExpertProfile, LayerProfile, ModelProfile, ShardProfile
+from planner.profile_schema import CollectiveNeed, ExpertProfile, LayerProfile, ModelProfile, ShardProfile
 
 SOURCES = [
     *DENSE_SOURCES,
@@ -48,19 +48,19 @@ SOURCES = [
 _MLP_OPS = ("mlp_in", "activation", "mlp_out")
 
 
-def _moe_block_shard(d: _Dims, t: int, router_params: int) -> ShardProfile:
+def _moe_block_shard(d: Dims, t: int, router_params: int) -> ShardProfile:
     """The non-routed part of an MoE block on one of ``t`` TP ranks: attention, shared experts (``d.f``
     wide, 0 = none) and the replicated router weights."""
-    shard = _block_shard(d, t)
+    shard = block_shard(d, t)
     ops = shard.ops if d.f else [op for op in shard.ops if op.name not in _MLP_OPS]
     params = shard.params + router_params
     return shard.model_copy(update=dict(params=params, param_bytes=params * d.e, ops=ops))
 
 
-def _moe_collectives(d: _Dims, shared: bool) -> list[CollectiveNeed]:
+def _moe_collectives(d: Dims, shared: bool) -> list[CollectiveNeed]:
     """Attention's TP collectives, plus the shared experts' (Megatron-LM layout: one each way per TP block)."""
     count = 2 if shared else 1
-    return [need.model_copy(update=dict(count=count)) for need in _block_collectives(d)]
+    return [need.model_copy(update=dict(count=count)) for need in block_collectives(d)]
 
 
 def build_moe_profile(
@@ -88,7 +88,7 @@ def build_moe_profile(
     if dtype not in DTYPE_BYTES:
         raise StratagemError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     seq = int(seq_len or spec.dim("max_seq"))
-    dense = _dims(spec, seq, dtype)
+    dense = dims_of(spec, seq, dtype)
     if head_dim is not None:
         kv_heads = dense.h_kv * dense.a // dense.h
         dense = replace(dense, q=dense.a * head_dim, h_kv=kv_heads * head_dim)
@@ -111,7 +111,7 @@ def build_moe_profile(
     attn = f"h{dense.h}-q{dense.q}-a{dense.a}-kv{dense.h_kv}"
     dense_sig = f"moe-dense-block-{attn}-f{dense.f}-s{seq}"
     moe_sig = f"moe-block-{attn}-E{n_experts}-k{experts.top_k}-fe{f_e}-sh{shared}-s{seq}"
-    dense_shards = [_block_shard(dense, t) for t in tps]
+    dense_shards = [block_shard(dense, t) for t in tps]
     moe_shards = [_moe_block_shard(moe, t, dense.h * n_experts) for t in tps]
     blocks = []
     for i in range(int(spec.dim("layers"))):
@@ -125,11 +125,11 @@ def build_moe_profile(
                 input_bytes_per_sample=act,
                 output_bytes_per_sample=act,
                 shards=dense_shards if is_dense else moe_shards,
-                collectives=_block_collectives(dense) if is_dense else _moe_collectives(dense, shared > 0),
+                collectives=block_collectives(dense) if is_dense else _moe_collectives(dense, shared > 0),
                 experts=None if is_dense else experts,
             )
         )
-    layers = [_embed_layer(dense, tps), *blocks, _norm_layer(dense), _head_layer(dense, tps)]
+    layers = [embed_layer(dense, tps), *blocks, norm_layer(dense), head_layer(dense, tps)]
     return analytic_profile(
         spec,
         seq=seq,

@@ -18,7 +18,7 @@ from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
 from planner.fileio import content_hash, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
-from planner.profiles import Dtype, _Strict  # one strictness rule for every file the project reads
+from planner.profile_schema import Dtype, _Strict  # one strictness rule for every file the project reads
 from planner.recipe import LRSchedule
 
 PLAN_SCHEMA_VERSION: Final = 3

@@ -21,7 +21,7 @@ from planner.cost.config import ParallelConfig, Recompute, ScheduleKind
 from planner.errors import StratagemError
 from planner.fileio import read_text
 from planner.modelspec import DimValue, parse_model
-from planner.profiles import ModelProfile
+from planner.profile_schema import ModelProfile
 
 REQUIRED = ("model", "gpus", "global_batch", "micro_batch", "tp", "pp", "dp", "step_time_s")
 DIMS = ("layers", "hidden", "heads", "seq", "vocab")

@@ -33,6 +33,9 @@ from planner.search.pins import PIN_FLAGS, pins_note
 from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
 
 from .common import (
+    DEFAULT_MEMORY_MARGIN,
+    SCHEDULE_ALIASES,
+    memory_fraction_of,
     MAX_BATCH,
     MAX_DEVICES,
     MAX_SECONDS,
@@ -354,30 +357,14 @@ def _alternatives_table(plan: Plan):
     return table
 
 
-DEFAULT_MEMORY_MARGIN = 0.1
-
-
 def memory_semantics_of(args: argparse.Namespace) -> MemorySemantics:
     """Whose memory the search prices (``plan --for``; default the ``--compare-to`` framework's, else launch's)."""
     target = args.priced_for or (args.compare_to[0] if getattr(args, "compare_to", None) else "launch")
     return FRAMEWORK_MEMORY.get(target, "fsdp2")
 
 
-def memory_fraction_of(args: argparse.Namespace) -> float:
-    """The share of device memory a plan may use, from --memory-margin or --memory-fraction (not both)."""
-    if args.memory_margin is not None and args.memory_fraction is not None:
-        raise StratagemError(
-            "--memory-margin and --memory-fraction say the same thing (margin = 1 - fraction); pass one of them"
-        )
-    if args.memory_fraction is not None:
-        return args.memory_fraction
-    return 1.0 - (DEFAULT_MEMORY_MARGIN if args.memory_margin is None else args.memory_margin)
-
-
 def _add_pins(p: argparse.ArgumentParser) -> None:
     """The degree flags `estimate` takes, each pinning that choice (planner/search/pins.py)."""
-    from planner.cli.cmd_estimate import SCHEDULE_ALIASES
-
     g = p.add_argument_group("pin a choice (the search proves the best plan under the pins)")
     for flag, what in (("tp", "tensor-parallel"), ("pp", "pipeline-parallel"), ("dp", "data-parallel")):
         g.add_argument(f"--{flag}", type=int_in(1, MAX_DEVICES), default=None, help=f"{what} degree")
@@ -394,8 +381,6 @@ def _add_pins(p: argparse.ArgumentParser) -> None:
 
 
 def _pins(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
-    from planner.cli.cmd_estimate import SCHEDULE_ALIASES
-
     pins: list[tuple[str, object]] = []
     for key in PIN_FLAGS:
         value = getattr(args, key, None)

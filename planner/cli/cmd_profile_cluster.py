@@ -14,7 +14,7 @@ from pathlib import Path
 
 from planner.errors import StratagemError
 from planner.fileio import save_document
-from planner.profiles import ClusterProfile, CollectiveFit
+from planner.profile_schema import ClusterProfile, CollectiveFit
 
 from planner.cli.common import (
     MAX_SECONDS,

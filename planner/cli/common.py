@@ -238,3 +238,26 @@ def analytic_on_cpu_note(profile: ModelProfile, cluster: ClusterProfile) -> str 
         f"per-op framework overhead, which dominates small models on CPUs (10-100x here); measure the model with "
         f"`stratagem profile model` and pass --model-profile for step times to trust"
     )
+
+
+SCHEDULE_ALIASES = {
+    "gpipe": "gpipe",
+    "1f1b": "1f1b",
+    "interleaved": "interleaved_1f1b",
+    "interleaved_1f1b": "interleaved_1f1b",
+    "interleaved-1f1b": "interleaved_1f1b",
+}
+
+
+DEFAULT_MEMORY_MARGIN = 0.1
+
+
+def memory_fraction_of(args: argparse.Namespace) -> float:
+    """The share of device memory a plan may use, from --memory-margin or --memory-fraction (not both)."""
+    if args.memory_margin is not None and args.memory_fraction is not None:
+        raise StratagemError(
+            "--memory-margin and --memory-fraction say the same thing (margin = 1 - fraction); pass one of them"
+        )
+    if args.memory_fraction is not None:
+        return args.memory_fraction
+    return 1.0 - (DEFAULT_MEMORY_MARGIN if args.memory_margin is None else args.memory_margin)

@@ -15,7 +15,7 @@ from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
 from planner.export.settings import FrameworkSettings
 from planner.plan import Plan
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.profile_schema import ClusterProfile, ModelProfile
 
 IMPORT_FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 
@@ -103,7 +103,7 @@ def run_estimate_from(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from planner.cli.cmd_estimate import _print_table, estimate_to_json
+    from planner.cli.estimate_report import estimate_to_json, print_estimate_table
     from planner.cli.common import resolve_cluster_path
     from planner.cost import with_gpus
     from planner.export.api import estimate_config, layer_kinds
@@ -132,7 +132,7 @@ def run_estimate_from(args: argparse.Namespace) -> int:
         Console().print(
             f"read from {framework}: {describe(settings)}, global batch {settings.global_batch}", markup=False
         )
-        _print_table(est, config, profile, with_gpus(cluster, config.world_size), config.world_size)
+        print_estimate_table(est, config, profile, with_gpus(cluster, config.world_size), config.world_size)
     return 0
 
 

@@ -12,7 +12,7 @@ from planner.cost.placement import with_gpus
 from planner.errors import StratagemError
 from planner.modelspec import ModelSpec
 from planner.plan import TrainingSettings, costed, validate
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.profile_schema import ClusterProfile, ModelProfile
 
 # plan flags of the transformer search that the spatial search has no use for: (attribute, default, flag)
 _NOT_APPLICABLE = (
@@ -29,7 +29,7 @@ def run_spatial(
     args: argparse.Namespace, *, spec: ModelSpec, profile: ModelProfile, cluster: ClusterProfile, lr_schedule
 ) -> int:
     """Search, write the plan, print the summary and the per-layer memory table (which layers split, why)."""
-    from planner.cli.cmd_plan import memory_fraction_of  # cmd_plan imports this module
+    from planner.cli.common import memory_fraction_of
 
     from rich.console import Console
     from rich.table import Table

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Literal
 
 from planner.alphabeta import bus_factor
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, CollectiveFit, NodeType
+from planner.profile_schema import ClusterProfile, CollectiveFit, NodeType
 
 if TYPE_CHECKING:
     from planner.cost.placement import GroupShape

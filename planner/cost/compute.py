@@ -45,8 +45,9 @@ from planner.cost.constants import (
 from planner.cost.context import ExchangeCost, KVExchange, exchange_cost
 from planner.cost.framework import DPWrapper, layer_overhead_s
 from planner.cost.kernels import FLASH_BACKWARD_FLOPS_FACTOR, Device, contention, layer_kernels
+from planner.cost.placement import layer_recompute, layer_style
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, ComputeFigure, LayerProfile, LayerTiming, NodeType, ShardProfile
+from planner.profile_schema import ClusterProfile, ComputeFigure, LayerProfile, LayerTiming, NodeType, ShardProfile
 
 # message size of the after-compute latency probe (runtime/profiling/sync_latency.py: 256 fp32 elements)
 SYNC_PROBE_BYTES = 1024.0
@@ -418,8 +419,6 @@ def layer_working_set_bytes(config, layer: LayerProfile, cost: LayerCost) -> flo
     """Bytes the layer's backward needs beyond what is saved (:func:`working_set_bytes`): under full recompute
     the re-materialised activations (:func:`full_saved_bytes`), an MoE block's dispatch buffers, and the transient
     gradients its backward creates (``LayerCost.backward_ws_bytes``). ``config``: the ``ParallelConfig``."""
-    from planner.cost.placement import layer_recompute, layer_style
-
     full = (
         full_saved_bytes(
             layer,

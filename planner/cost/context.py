@@ -45,12 +45,20 @@ from typing import TYPE_CHECKING
 
 from planner.cost.collectives import collective_time
 from planner.cost.config import ParallelConfig
+from planner.cost.constants import ATTENTION_DTYPE, DTYPE_BYTES
 from planner.cost.placement import dp_group
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, LayerProfile, LayerTiming, ModelProfile, NodeType, OpProfile, ShardProfile
+from planner.profile_schema import (
+    ClusterProfile,
+    LayerProfile,
+    LayerTiming,
+    ModelProfile,
+    NodeType,
+    OpProfile,
+    ShardProfile,
+)
 
 if TYPE_CHECKING:
-    from planner.cost.records import Estimate
     from planner.modelspec import ModelSpec
 
 ContextMode = Literal["allgather", "ring"]
@@ -108,8 +116,6 @@ def check_context(model: ModelProfile, cp: int, mode: str | None) -> None:
 def kv_bytes_per_sample(model: ModelProfile) -> float:
     """K and V of one full sequence at tp=1, in attention's dtype (``constants.ATTENTION_DTYPE``: BF16 under an
     FP8 recipe): ``2 s h_kv e`` (GQA: ``h_kv = h kv/a``)."""
-    from planner.cost.constants import ATTENTION_DTYPE, DTYPE_BYTES
-
     dims = model.model.dims
     h, a = int(dims.get("hidden", 0) or 0), int(dims.get("heads", 0) or 0)
     kv = int(dims.get("kv_heads", 0) or 0) if model.model.family == "llama" else 0
@@ -261,22 +267,6 @@ def fold(config: ParallelConfig, model: ModelProfile, global_batch: int) -> tupl
         kv_exchange=kv_exchange(model, config.cp, mode),
     )
     return context_view(model, config.cp), folded, global_batch * config.cp
-
-
-def estimate_context_parallel(
-    model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int, dtype: str
-) -> Estimate:
-    """``planner.cost.estimate`` of a ``cp > 1`` configuration (module docstring): the folded estimate, with
-    samples per second counted in whole sequences."""
-    from planner.cost.estimate import estimate
-
-    view, folded, folded_batch = fold(config, model, global_batch)
-    est = estimate(view, cluster, folded, global_batch=folded_batch, dtype=dtype)
-    note = (
-        f"context parallel cp={config.cp} ({config.context_parallel or 'allgather'} K/V exchange): "
-        f"costed as dp x cp = {folded.dp} ranks on {view.seq_len}-token sequence shares"
-    )
-    return replace(est, samples_per_s=global_batch / est.step_time_s, notes=(*est.notes, note))
 
 
 def cp_degrees(model: ModelProfile, n_devices: int) -> tuple[int, ...]:

@@ -46,10 +46,12 @@ gradient all-reduce between the two ranks (one message per step) is not modelled
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.cost.collectives import collective_time, group_collective_s
 from planner.cost.compute import layer_cost, layer_working_set_bytes, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
-from planner.cost.context import estimate_context_parallel
+from planner.cost.context import fold
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention
 from planner.cost.constants import (
@@ -91,7 +93,7 @@ from planner.cost.placement import (
 from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
 from planner.cost.validate import check_config, micro_batches_per_replica, replica_micro_batches
 from planner.cost.zero3 import Zero3Comm, root_unit_layers, zero3_accumulation_bytes
-from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
+from planner.profile_schema import ClusterProfile, LayerProfile, ModelProfile, NodeType
 
 
 def dp_collective_time(
@@ -764,3 +766,17 @@ def estimate(
 
 
 __all__ = ["estimate", "Estimate"]
+
+
+def estimate_context_parallel(
+    model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int, dtype: str
+) -> Estimate:
+    """``planner.cost.estimate`` of a ``cp > 1`` configuration (module docstring): the folded estimate, with
+    samples per second counted in whole sequences."""
+    view, folded, folded_batch = fold(config, model, global_batch)
+    est = estimate(view, cluster, folded, global_batch=folded_batch, dtype=dtype)
+    note = (
+        f"context parallel cp={config.cp} ({config.context_parallel or 'allgather'} K/V exchange): "
+        f"costed as dp x cp = {folded.dp} ranks on {view.seq_len}-token sequence shares"
+    )
+    return replace(est, samples_per_s=global_batch / est.step_time_s, notes=(*est.notes, note))

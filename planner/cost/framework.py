@@ -32,7 +32,7 @@ from __future__ import annotations
 import statistics
 from typing import Literal
 
-from planner.profiles import LayerProfile, ModelProfile, NodeType, RuntimeOverhead
+from planner.profile_schema import LayerProfile, ModelProfile, NodeType, RuntimeOverhead
 
 DPWrapper = Literal["none", "replicate", "fully_shard"]
 

@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 
 from planner.cost.constants import DTYPE_BYTES
-from planner.profiles import KernelModel, NodeType, OpProfile
+from planner.profile_schema import KernelModel, NodeType, OpProfile
 
 SPLIT_K = (1, 2, 4)  # split-K factors the model lets the library choose from (CUTLASS split-K parallel)
 FP32_BYTES = 4  # split-K partial outputs are fp32 (CUTLASS accumulates in fp32)

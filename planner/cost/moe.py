@@ -74,7 +74,7 @@ from planner.cost.kernels import Device, PassTime, contention, gemm_s
 from planner.cost.memory import expert_runtime_states, model_states_bytes, precision_kind, runtime_states
 from planner.cost.placement import GroupShape, dp_group, tp_group
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, CollectiveFit, ExpertProfile, LayerProfile, NodeType
+from planner.profile_schema import ClusterProfile, CollectiveFit, ExpertProfile, LayerProfile, NodeType
 
 Dispatcher = Literal["alltoall", "deepep"]
 DISPATCHERS: tuple[Dispatcher, ...] = ("alltoall", "deepep")

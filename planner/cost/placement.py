@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from planner.cost.config import ParallelConfig, Recompute, TPStyle
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeGroup
+from planner.profile_schema import ClusterProfile, LayerProfile, ModelProfile, NodeGroup
 
 log = logging.getLogger(__name__)
 

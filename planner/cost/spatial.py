@@ -48,7 +48,7 @@ from planner.cost.collectives import collective_time
 from planner.cost.compute import layer_cost
 from planner.cost.constants import DTYPE_BYTES
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, LayerProfile, NodeType
+from planner.profile_schema import ClusterProfile, LayerProfile, NodeType
 
 SPATIAL_DIMS = ("d", "h", "w")
 NORM_STAT_BYTES = 4  # one fp32 sum per group and sample per all-reduce

@@ -30,7 +30,7 @@ from planner.cost.constants import DTYPE_BYTES, is_gpu
 from planner.cost.memory import model_states_bytes, reserve_bytes
 from planner.cost.spatial import UNSPLIT, SpatialLayerCost, SpatialOption, spatial_layer_cost
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, ModelProfile, NodeType
+from planner.profile_schema import ClusterProfile, ModelProfile, NodeType
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

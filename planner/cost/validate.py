@@ -7,8 +7,8 @@ from planner.cost.config import ParallelConfig
 from planner.cost.pipeline import SCHEDULES
 from planner.cost.placement import block_count, interleaved_chunk_sizes
 from planner.errors import StratagemError
-from planner.plan import split_counts
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.plan import check_expert_layout, split_counts
+from planner.profile_schema import ClusterProfile, ModelProfile
 
 
 def micro_batches_per_replica(config: ParallelConfig, global_batch: int) -> int:
@@ -221,7 +221,6 @@ def _check_zero3(config: ParallelConfig) -> None:
 
 def _check_experts(model: ModelProfile, config: ParallelConfig) -> None:
     """Expert parallelism (``planner.cost.moe``): an MoE model, experts % ep == 0, ep * etp | dp * tp."""
-    from planner.plan import check_expert_layout  # the one statement of the folding rules, beside the schema
 
     experts = next((layer.experts for layer in model.layers if layer.experts is not None), None)
     if experts is None:

@@ -105,7 +105,7 @@ from planner.cost.constants import (
 )
 from planner.cost.kernels import contention
 from planner.cost.placement import GroupShape
-from planner.profiles import ClusterProfile, LayerProfile, NodeType
+from planner.profile_schema import ClusterProfile, LayerProfile, NodeType
 
 
 def parameter_tensors(layer: LayerProfile, family: str, hidden: int, ffn_hidden: int) -> list[int]:

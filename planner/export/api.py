@@ -20,7 +20,7 @@ from planner.export import accelerate, deepspeed, megatron, torchtitan
 from planner.export.nearest import Change, nearest_candidates
 from planner.export.settings import FRAMEWORKS, FrameworkSettings, to_parallel_config
 from planner.plan import Plan
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.profile_schema import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 
 FORMATS: dict[str, ModuleType] = {

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from planner.errors import StratagemError
 from planner.export.settings import FrameworkSettings
 from planner.plan import Plan, ScheduleKind
-from planner.profiles import ModelProfile
+from planner.profile_schema import ModelProfile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,6 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from planner.inspect.fig_spatial import is_spatial, plot_spatial_placement
 from planner.errors import StratagemError
 from planner.inspect.frames import plan_label, rank_frame, stage_frame
 from planner.inspect.units import bytes_unit, fmt_bytes, time_unit
@@ -116,8 +117,6 @@ def plot_layer_placement(plan: Plan) -> Figure:
     """Which pp rank and stage holds each module (model order), hatched where tensor-parallel split,
     with a marker where recomputed and one on Mixture-of-Experts blocks (experts sharded over ep); for a 3D
     CNN's spatial plan, each layer's spatial split instead."""
-    from planner.inspect.fig_spatial import is_spatial, plot_spatial_placement
-
     if is_spatial(plan):
         return plot_spatial_placement(plan)
     modules = [(p, st) for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]

@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from planner.cost.context import cp_degrees
+from planner.search.planner import plan_search
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.profile_schema import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 
 
@@ -35,9 +37,6 @@ def best_per_cp(
     profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int, config: SearchConfig
 ) -> list[CpRow]:
     """One :class:`CpRow` per cp degree the model, sequence and devices allow (``cp_degrees``)."""
-    from planner.cost.context import cp_degrees
-    from planner.search.planner import plan_search
-
     rows = []
     for cp in cp_degrees(profile, n_devices):
         try:

@@ -54,7 +54,7 @@ from planner.cost.placement import (
 )
 from planner.cost.validate import check_config, replica_micro_batches
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, LayerProfile, ModelProfile, NodeType
+from planner.profile_schema import ClusterProfile, LayerProfile, ModelProfile, NodeType
 from planner.search.config import SearchConfig
 from planner.search.space import OuterChoice, expand_experts, typed_slowest_floor
 from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables

@@ -14,7 +14,7 @@ from planner.cost import estimate
 from planner.cost.config import ParallelConfig
 from planner.cost.placement import fill_stage_node_types, with_gpus
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.profile_schema import ClusterProfile, ModelProfile
 from planner.search.space import divisors
 
 GRID_TP = (1, 2, 4, 8)

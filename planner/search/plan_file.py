@@ -29,7 +29,7 @@ from planner.plan import (
     TrainingSettings,
     make_schedule,
 )
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.profile_schema import ClusterProfile, ModelProfile
 from planner.search.planner import Candidate, SearchResult
 
 

@@ -27,7 +27,7 @@ from planner.cost.moe import require_all_to_all
 from planner.cost.placement import block_count, with_gpus
 from planner.cost.records import Estimate
 from planner.errors import StratagemError
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.profile_schema import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 from planner.search.costs import CandidateCosts
 from planner.search.ilp import SolveResult, build_problem, extract_assignment, solve

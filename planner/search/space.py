@@ -15,8 +15,9 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting, pipeline_floor
 from planner.cost.config import ScheduleKind
-from planner.profiles import ClusterProfile
+from planner.profile_schema import ClusterProfile
 from planner.search.config import SearchConfig
 from planner.search.tables import Tables
 
@@ -462,8 +463,6 @@ def _memory_shortfall_bytes_lane(tables: Tables) -> float:
             for nt in types
         )
     # torch pipelining's receive buffers, at their least (ilp_cuts.pipeline_floor with nothing in flight)
-    from planner.search.ilp_cuts import pipeline_floor
-
     need += sum(
         tables.ranks[nt].reserve_factor * pipeline_floor(tables, r, 0.0) for r, nt in enumerate(tables.rank_node_types)
     )
@@ -537,8 +536,6 @@ def _floor_inflight(tables: Tables) -> list[float]:
 
 def _refined_lower_bound_s_lane(tables: Tables) -> float:
     """One lane's refined bound (:func:`refined_lower_bound_s`)."""
-    from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting, pipeline_floor
-
     base = _lower_bound_s_lane(tables)
     cut = blocks_worth_cutting(tables)
     if not cut:

@@ -13,6 +13,9 @@ from dataclasses import replace
 
 import pulp
 
+from planner.cnn3d import SPATIAL_FAMILIES, volume_layers
+from planner.cost.spatial import SpatialOption, check_split
+from planner.errors import StratagemError
 from planner import __version__
 from planner.cost.constants import is_gpu
 from planner.cost.spatial import UNSPLIT
@@ -31,7 +34,7 @@ from planner.plan import (
     TrainingSettings,
     make_schedule,
 )
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.profile_schema import ClusterProfile, ModelProfile
 from planner.search.spatial import SpatialSearchResult
 
 GIB = 2**30
@@ -158,8 +161,6 @@ def build_spatial_plan(
 
 def spatial_config_of(plan: Plan) -> SpatialConfig:
     """The :class:`SpatialConfig` a spatial plan file describes (for re-estimating and the runtime)."""
-    from planner.cost.spatial import SpatialOption
-
     layout = {
         path: SpatialOption(grid=tuple(lay.spatial.grid))  # type: ignore[arg-type]
         for path, lay in plan.layout.items()
@@ -197,10 +198,6 @@ def memory_table(profile: ModelProfile, cluster: ClusterProfile, plan: Plan) -> 
 def check_spatial_plan(plan: Plan) -> None:
     """Reject a spatial plan the runtime cannot run, in one line (degree not dividing the volume, halo wider
     than the shard, a split over a different group size, a dense layer split)."""
-    from planner.cnn3d import SPATIAL_FAMILIES, volume_layers
-    from planner.cost.spatial import SpatialOption, check_split
-    from planner.errors import StratagemError
-
     if plan.model.family not in SPATIAL_FAMILIES:
         raise StratagemError(f"mesh axis sd splits 3D CNN volumes; {plan.model.name} is not one, re-plan it")
     if plan.mesh.axes != ["dp", "sd"]:

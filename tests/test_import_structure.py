@@ -1,0 +1,117 @@
+"""The planner's import structure (issue 26): no import circles between its modules, and no in-function import of
+another planner module outside ``planner/cli`` (the CLI defers imports for start-up time). A circle hidden behind
+an in-function import is still a circle: both are read from the source with ``ast``. Imports under
+``if TYPE_CHECKING:`` are annotations only and are not edges; importing ``planner.a.b`` runs ``planner/a/__init__``
+first, so it is an edge to both."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANNER = ROOT / "planner"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PLANNER.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for n in ast.walk(node))
+    return skip
+
+
+def _imports(modules: dict[str, Path]):
+    """(importer, imported module, line, in a function) for every planner import of every planner module."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_nodes(tree)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                targets = [f"{base}.{a.name}" for a in node.names]
+            for target in targets:
+                if not target.startswith("planner"):
+                    continue
+                found = resolve(target)
+                while found and found != "planner":  # the packages above run first
+                    if found != name and not name.startswith(found + "."):
+                        yield name, found, node.lineno, node.col_offset > 0
+                    found = found.rpartition(".")[0]
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_planner_has_no_import_cycles():
+    edges: dict[str, set[str]] = {}
+    for importer, imported, _, _ in _imports(_modules()):
+        edges.setdefault(importer, set()).add(imported)
+    assert _cycles(edges) == []
+
+
+def test_no_in_function_planner_imports_outside_the_cli():
+    deferred = [
+        f"{importer} line {line} imports {imported}"
+        for importer, imported, line, inner in _imports(_modules())
+        if inner and not importer.startswith("planner.cli")
+    ]
+    assert deferred == []
+
+
+def test_the_check_sees_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
