@@ -134,7 +134,8 @@ def predicted_plan(model: str, layout: str, load_imbalance: float | None = None)
 
     from fixtures.plans import make_plan
     from planner.errors import StratagemError
-    from planner.export.api import estimate_config, plan_parallel_config
+    from planner.cost.plan_config import plan_config
+    from planner.export.api import estimate_config
     from planner.modelspec import parse_model
     from planner.profiles import load_cluster_profile
     from runtime.profiling.model import profile_model_analytic
@@ -159,7 +160,7 @@ def predicted_plan(model: str, layout: str, load_imbalance: float | None = None)
         micro_batches=(plan.schedule.micro_batch_size,),
         tp_degrees=(1, tp) if tp > 1 else (1,),
     )
-    config = plan_parallel_config(plan)
+    config = plan_config(plan)
     # the hand-made plan names no node type of the cluster; pp = 1 runs one micro-batch at a time whatever the
     # schedule is called (runtime/executor/schedule.py LocalRunner)
     config = dataclasses.replace(config, stage_node_types=None, schedule=config.schedule if config.pp > 1 else "1f1b")

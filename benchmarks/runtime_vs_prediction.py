@@ -73,16 +73,16 @@ def build_plan(model: str, layout: str):
 
 
 def config_for_plan(plan):
-    """The cost model's ParallelConfig for ``plan`` (``planner.calibrate.metrics_runs.config_from_plan``).
+    """The cost model's ParallelConfig for ``plan`` (``planner.calibrate.metrics_runs.plan_config``).
 
     ``overlap_grad_reduce=False``: how the runtime runs on CPU. FSDP2 has no side stream there and its
     gloo all-gathers and reduce-scatters block the rank (torch.profiler, 2 gloo ranks, gpt:tiny ZeRO-3:
     the collectives' time is spent inside FSDP::all_gather / post_backward_reduce), and ``replicate``
     reduces its single unit after the whole backward.
     """
-    from planner.calibrate.metrics_runs import config_from_plan
+    from planner.cost.plan_config import plan_config
 
-    return config_from_plan(plan, overlap_grad_reduce=False)
+    return plan_config(plan, overlap_grad_reduce=False)
 
 
 def _bare(profile):

@@ -146,13 +146,13 @@ def test_backward_sweep_first_layer_point_may_hold_less_than_its_activations():
     assert later == 80 - 40 + 40  # counted as the run's and later gradients (the breakdown's grads term)
 
 
-def test_plan_parallel_config_keeps_the_plans_load_imbalance():
+def test_plan_config_keeps_the_plans_load_imbalance():
     """The routing load a plan was priced at reaches the cost model when the plan is re-priced."""
     from fixtures.plans import make_plan
-    from planner.export.api import plan_parallel_config
+    from planner.cost.plan_config import plan_config
     from planner.modelspec import parse_model
 
     plan = make_plan(
         parse_model("moe:tiny"), global_batch=8, seq_len=64, dp=2, experts={"ep": 2, "load_imbalance": 1.2}
     )
-    assert plan_parallel_config(plan).moe_load_imbalance == 1.2
+    assert plan_config(plan).moe_load_imbalance == 1.2

@@ -59,15 +59,14 @@ def test_the_check_can_fail(rows):
     no gathered layers in flight but DDP-style buffers) is off by more than 5 %: the tolerance separates models."""
     import dataclasses
 
-    from planner.export.api import estimate_config, plan_parallel_config
+    from planner.cost.plan_config import plan_config
+    from planner.export.api import estimate_config
     from planner.profiles import load_cluster_profile
     from runtime.profiling.model import profile_model_analytic
 
     plan = memory_accuracy.predicted_plan("llama:tiny", "zero3")
     profile = profile_model_analytic(plan.model, seq_len=memory_accuracy.SEQ, dtype="fp32", micro_batches=(4,))
-    config = dataclasses.replace(
-        plan_parallel_config(plan), stage_node_types=None, schedule="1f1b", memory_semantics="textbook"
-    )
+    config = dataclasses.replace(plan_config(plan), stage_node_types=None, schedule="1f1b", memory_semantics="textbook")
     cluster = load_cluster_profile(memory_accuracy.CLUSTER)
     est = estimate_config(config, profile=profile, cluster=cluster, global_batch=memory_accuracy.GLOBAL_BATCH)
     textbook = est.per_rank[0].memory.peak_bytes - est.per_rank[0].memory.reserve

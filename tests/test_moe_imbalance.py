@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from planner.calibrate.metrics_runs import config_from_plan
+from planner.cost.plan_config import plan_config
 from planner.cli.main import main
 from planner.cost.moe import default_load_imbalance
 from planner.plan import load_plan
@@ -32,7 +32,7 @@ def test_router_defaults_name_their_source():
 def test_plan_records_the_routers_imbalance_or_the_flag_and_show_prints_it(tmp_path, capsys):
     doc, path = _plan(tmp_path, "moe:mixtral-8x7b", "--layers", "4")
     assert doc["experts"]["load_imbalance"] == 1.031 and "MoE load imbalance 1.031" in doc["search"]["notes"]
-    assert config_from_plan(load_plan(path)).moe_load_imbalance == 1.031
+    assert plan_config(load_plan(path)).moe_load_imbalance == 1.031
     flagged, _ = _plan(tmp_path, "moe:mixtral-8x7b", "--layers", "4", "--moe-imbalance", "1.2")
     assert flagged["experts"]["load_imbalance"] == 1.2 and "(--moe-imbalance)" in flagged["search"]["notes"]
     capsys.readouterr()

@@ -131,7 +131,7 @@ def test_plan_for_megatron_prices_megatron_memory_and_says_so(tmp_path, capsys):
     import dataclasses
 
     from planner.cost import estimate
-    from planner.export.api import plan_parallel_config
+    from planner.cost.plan_config import plan_config
     from planner.gpt_profile import build_gpt_profile
     from planner.plan import load_plan
     from planner.profiles import load_cluster_profile, resolve_cluster_path
@@ -144,7 +144,7 @@ def test_plan_for_megatron_prices_megatron_memory_and_says_so(tmp_path, capsys):
     runtime, megatron = load_plan(out["launch"]), load_plan(out["megatron"])
     assert (runtime.search.memory_semantics, megatron.search.memory_semantics) == ("fsdp2", "textbook")
     profile = build_gpt_profile(megatron.model, seq_len=1024, dtype=megatron.training.dtype)
-    config = dataclasses.replace(plan_parallel_config(megatron), memory_semantics="textbook")
+    config = dataclasses.replace(plan_config(megatron), memory_semantics="textbook")
     est = estimate(profile, load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), config, global_batch=64)
     assert megatron.predictions.peak_memory_bytes == pytest.approx(est.peak_mem_bytes, rel=1e-9)
     capsys.readouterr()

@@ -20,44 +20,16 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from planner.cost.context import plan_context_fields
+from planner.cost.plan_config import plan_config
 from planner.calibrate.runs import MeasuredRun
-from planner.cost.config import ParallelConfig
 from planner.cost.constants import DTYPE_BYTES
 from planner.gpt_profile import build_gpt_profile
 from planner.errors import StratagemError
 from planner.fileio import parse_json, read_text
-from planner.cost.constants import MOE_LOAD_IMBALANCE
 from planner.plan import Plan, load_plan
 from planner.profiles import ModelProfile, Precision, load_model_profile
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
-
-
-def config_from_plan(plan: Plan, *, overlap_grad_reduce: bool = True) -> ParallelConfig:
-    """The cost model's :class:`ParallelConfig` for ``plan`` (mesh, schedule, stages, layout, recompute, ZeRO)."""
-    stages = sorted(plan.stages, key=lambda s: s.index)
-    recompute = {p: m for s in stages for p, m in s.recompute.items()}
-    pp = plan.mesh.size("pp")
-    return ParallelConfig(
-        tp=plan.mesh.size("tp"),
-        pp=pp,
-        dp=plan.mesh.size("dp"),
-        micro_batch=plan.schedule.micro_batch_size,
-        num_micro_batches=plan.schedule.max_micro_batches,
-        # pp = 1: LocalRunner (runtime/executor/schedule.py) runs each micro-batch's forward and backward before
-        # the next one's forward, one micro-batch in flight, whatever the plan calls the schedule ("gpipe")
-        schedule=plan.schedule.kind if pp > 1 else "1f1b",
-        virtual_stages=plan.schedule.virtual_stages,
-        zero_stage=plan.zero_stage,
-        recompute=recompute,
-        stage_layers=tuple(tuple(s.module_paths) for s in stages),
-        layout={p: lay.style for p, lay in plan.layout.items()},
-        sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
-        overlap_grad_reduce=overlap_grad_reduce,
-        moe_load_imbalance=plan.experts.load_imbalance if plan.experts is not None else MOE_LOAD_IMBALANCE,
-        **plan_context_fields(plan),
-    )
 
 
 def _records(path: Path) -> list[dict]:
@@ -148,7 +120,7 @@ def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, ro
         )
     device = str(start.get("device", "cuda"))
     cpu = device == "cpu"
-    config = config_from_plan(plan, overlap_grad_reduce=not cpu)
+    config = plan_config(plan, overlap_grad_reduce=not cpu)
     tr = plan.training
     return MeasuredRun(
         row=row,

@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from types import ModuleType
 
-from planner.cost.context import plan_context_fields
+from planner.cost.plan_config import plan_config
 from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost.constants import MOE_LOAD_IMBALANCE
 from planner.cost.placement import fill_stage_node_types
 from planner.cost.records import Estimate
 from planner.errors import StratagemError
@@ -35,38 +34,6 @@ IMPORTERS = ("megatron", "deepspeed", "torchtitan")
 def layer_kinds(profile: ModelProfile) -> list[tuple[str, str]]:
     """``[(module path, kind), ...]`` in model order: what chunking and recompute mappings need."""
     return [(layer.path, layer.kind) for layer in profile.layers]
-
-
-def plan_parallel_config(plan: Plan) -> ParallelConfig:
-    """The plan exactly as the cost model sees it (stages, per-layer recompute and layout, node types)."""
-    stages = sorted(plan.stages, key=lambda s: s.index)
-    pp = plan.mesh.size("pp")
-    node_types = (
-        None
-        if plan.replica_node_types
-        else tuple(next(s.node_type for s in stages if s.pp_rank == r) for r in range(pp))
-    )
-    return ParallelConfig(
-        tp=plan.mesh.size("tp"),
-        pp=pp,
-        dp=plan.mesh.size("dp"),
-        micro_batch=plan.schedule.micro_batch_size,
-        num_micro_batches=plan.schedule.max_micro_batches,
-        schedule=plan.schedule.kind,
-        virtual_stages=plan.schedule.virtual_stages,
-        zero_stage=plan.zero_stage,
-        sequence_parallel=any(lay.sequence_parallel for lay in plan.layout.values()),
-        recompute={p: m for s in stages for p, m in s.recompute.items()},
-        stage_layers=tuple(tuple(s.module_paths) for s in stages),
-        layout={p: lay.style for p, lay in plan.layout.items()},
-        stage_node_types=node_types,
-        batch_shares=tuple(plan.batch_shares) if plan.batch_shares else None,
-        replica_node_types=tuple(plan.replica_node_types) if plan.replica_node_types else None,
-        **plan_context_fields(plan),
-        ep=plan.experts.ep if plan.experts else 1,
-        etp=plan.experts.etp if plan.experts else 1,
-        moe_load_imbalance=plan.experts.load_imbalance if plan.experts else MOE_LOAD_IMBALANCE,
-    )
 
 
 def estimate_config(
@@ -144,7 +111,7 @@ def export_plan(plan: Plan, framework: str, *, profile: ModelProfile, cluster: C
     if framework not in FORMATS:
         raise StratagemError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}")
     plan_est = estimate_config(
-        plan_parallel_config(plan), profile=profile, cluster=cluster, global_batch=plan.training.global_batch
+        plan_config(plan), profile=profile, cluster=cluster, global_batch=plan.training.global_batch
     )
     settings, changes, exported_est = _fastest_that_fits(
         nearest_candidates(plan, profile, framework), profile=profile, cluster=cluster, framework=framework
