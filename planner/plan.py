@@ -26,9 +26,11 @@ PLAN_SCHEMA_VERSION: Final = 3
 # overloaded schedule.num_micro_batches is gone; Schedule.max_micro_batches reads the busiest replica's).
 # Older files are migrated on load (migrate_v1, migrate_v2).
 
+# The vocabulary of a parallel layout, defined once here (the plan file's words; planner.cost uses the same)
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Recompute = Literal["none", "selective", "full"]
 TPStyle = Literal["replicate", "split"]
+ContextMode = Literal["allgather", "ring"]
 
 
 class TrainingSettings(_Strict):
@@ -343,7 +345,7 @@ class Plan(_Strict):
     batch_shares: list[PositiveFloat] | None = Field(
         None, description="fraction of the global batch per dp replica (None = equal); sums to 1"
     )
-    context_parallel: Literal["allgather", "ring"] | None = Field(
+    context_parallel: ContextMode | None = Field(
         None,
         description="how attention exchanges K/V over the cp axis (planner/cost/context.py): all-gather "
         "(Llama 3) or ring point-to-point (Ring Attention); None when the mesh has no cp > 1",

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Mapping
 
 from planner.cost.constants import DDP_BUCKET_BYTES, MOE_LOAD_IMBALANCE
+from planner.plan import ContextMode, Recompute, ScheduleKind, TPStyle
+
+__all__ = ["ContextMode", "LayerCost", "MemorySemantics", "ParallelConfig", "Recompute", "ScheduleKind", "TPStyle"]
 
 if TYPE_CHECKING:
     from planner.cost.context import KVExchange
 
-Recompute = Literal["none", "selective", "full"]
 # how a trainer holds memory (ParallelConfig.memory_semantics)
 MemorySemantics = Literal["fsdp2", "textbook"]
-ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
-TPStyle = Literal["replicate", "split"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,7 +56,7 @@ class ParallelConfig:
     # plans with the default; exports and --compare-to price a framework's config with its own.
     memory_semantics: MemorySemantics = "fsdp2"
     cp: int = 1
-    context_parallel: Literal["allgather", "ring"] | None = None
+    context_parallel: ContextMode | None = None
     kv_exchange: KVExchange | None = None
     micro_batch: int = 1
     num_micro_batches: int = 1

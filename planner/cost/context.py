@@ -39,12 +39,12 @@ group exactly the folded ``dp * cp`` group (``tp`` apart), so the data-parallel 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from typing import TYPE_CHECKING
 
 from planner.cost.collectives import collective_time
-from planner.cost.config import ParallelConfig
+from planner.cost.config import ContextMode, ParallelConfig
 from planner.cost.constants import ATTENTION_DTYPE, DTYPE_BYTES
 from planner.cost.placement import dp_group
 from planner.errors import StratagemError
@@ -61,7 +61,6 @@ from planner.profile_schema import (
 if TYPE_CHECKING:
     from planner.modelspec import ModelSpec
 
-ContextMode = Literal["allgather", "ring"]
 CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
 # Model families whose attention the runtime can split (runtime/executor/context.py): the zoo's gpt and llama.
 CONTEXT_FAMILIES = ("gpt", "llama")
