@@ -53,11 +53,9 @@ from planner.cost.compute import layer_cost, layer_working_set_bytes, layout_cha
 from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.context import fold
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
-from planner.cost.kernels import contention
+from planner.cost.kernels import contention, optimizer_step_s
 from planner.cost.constants import (
     DDP_BUCKETS_IN_FLIGHT,
-    MEMORY_BW_EFFICIENCY,
-    OPTIMIZER_FLOPS_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     ZERO3_LAYERS_IN_FLIGHT,
     is_gpu,
@@ -411,9 +409,7 @@ class _Assembler:
     def _optimizer_s(self, node: NodeType, params: float, shards: int) -> float:
         """AdamW step over ``params``, sharded ``shards`` ways under ZeRO >= 1."""
         params = params / (shards if self.cfg.zero_stage >= 1 else 1)
-        if node.memory_bw_bytes_per_s:
-            return params * self.optimizer_bytes / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
-        return params * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
+        return optimizer_step_s(node, self.dtype, self.optimizer_bytes, params)
 
     def _memory_textbook(
         self, r: int, node: NodeType, params: float, wide: float, pairs: list[tuple[LayerProfile, LayerCost]]

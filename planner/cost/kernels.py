@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.cost.constants import DTYPE_BYTES
+from planner.cost.constants import DTYPE_BYTES, MEMORY_BW_EFFICIENCY, OPTIMIZER_FLOPS_PER_PARAM
 from planner.profile_schema import KernelModel, NodeType, OpProfile
 
 SPLIT_K = (1, 2, 4)  # split-K factors the model lets the library choose from (CUTLASS split-K parallel)
@@ -240,3 +240,13 @@ __all__ = [
     "op_backward",
     "op_forward",
 ]
+
+
+def optimizer_step_s(node: NodeType, dtype: str, optimizer_bytes: float, params: float = 1.0) -> float:
+    """Seconds of one AdamW step over ``params`` parameters on ``node``: ``optimizer_bytes`` of HBM traffic per
+    parameter at the streaming efficiency where the node has a bandwidth figure, else ``OPTIMIZER_FLOPS_PER_PARAM``
+    at its achieved FLOP/s in ``dtype``. The one rule the estimate, the search (per parameter) and the routed
+    experts' step use."""
+    if node.memory_bw_bytes_per_s:
+        return params * optimizer_bytes / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
+    return params * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(dtype).achieved_flops_per_s

@@ -339,9 +339,16 @@ def backward_sweep(runs: list[SweepRun]) -> tuple[float, int, float]:
     return best
 
 
+def reserve_terms(*, is_gpu: bool) -> tuple[float, float]:
+    """(factor, bytes) of the peak over the allocated bytes: ``peak = factor x allocated + bytes``, allocator
+    fragmentation (``FRAGMENTATION_FRACTION``) and, on GPUs, the CUDA context (``CUDA_CONTEXT_BYTES``); the
+    search's memory rows use these two numbers as they are."""
+    return 1.0 + FRAGMENTATION_FRACTION, CUDA_CONTEXT_BYTES if is_gpu else 0.0
+
+
 def reserve_bytes(allocated_bytes: float, *, is_gpu: bool) -> float:
-    """Framework reserve: CUDA context on GPUs plus allocator fragmentation (see ``constants.py``)."""
-    return (CUDA_CONTEXT_BYTES if is_gpu else 0.0) + FRAGMENTATION_FRACTION * allocated_bytes
+    """Framework reserve: CUDA context on GPUs plus allocator fragmentation (:func:`reserve_terms`)."""
+    return reserve_terms(is_gpu=is_gpu)[1] + FRAGMENTATION_FRACTION * allocated_bytes
 
 
 def runtime_breakdown(

@@ -67,10 +67,9 @@ from planner.cost.constants import (
     MOE_LOAD_IMBALANCE,
     MOE_ROUTER_IMBALANCE,
     OPTIMIZER_BYTES_PER_PARAM,
-    OPTIMIZER_FLOPS_PER_PARAM,
     STATE_BYTES_PER_PARAM,
 )
-from planner.cost.kernels import Device, PassTime, contention, gemm_s
+from planner.cost.kernels import Device, PassTime, contention, gemm_s, optimizer_step_s
 from planner.cost.memory import expert_runtime_states, model_states_bytes, precision_kind, runtime_states
 from planner.cost.placement import GroupShape, dp_group, tp_group
 from planner.errors import StratagemError
@@ -311,9 +310,7 @@ def _step_terms(
         if zero >= 1:
             gather = bucketed("all_gather", params * per["params"])
     shard = params / (split.edp if zero >= 1 else 1)
-    if node.memory_bw_bytes_per_s:
-        return sync, gather, shard * OPTIMIZER_BYTES_PER_PARAM / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
-    return sync, gather, shard * OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(dtype).achieved_flops_per_s
+    return sync, gather, optimizer_step_s(node, dtype, OPTIMIZER_BYTES_PER_PARAM, shard)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,11 +20,7 @@ from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cos
 from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
 from planner.cost.context import KVExchange, check_context, context_view, kv_exchange, unfold
 from planner.cost.constants import (
-    CUDA_CONTEXT_BYTES,
     DDP_BUCKETS_IN_FLIGHT,
-    FRAGMENTATION_FRACTION,
-    MEMORY_BW_EFFICIENCY,
-    OPTIMIZER_FLOPS_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     ZERO3_LAYERS_IN_FLIGHT,
     is_gpu,
@@ -32,9 +28,10 @@ from planner.cost.constants import (
 from planner.cost.estimate import _timings_apply, dp_collective_time  # the rules estimate applies
 from planner.cost.zero3 import fsdp_call_latency_s, root_unit_layers
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
-from planner.cost.kernels import contention
+from planner.cost.kernels import contention, optimizer_step_s
 from planner.cost.memory import (
     block_unit_bytes,
+    reserve_terms,
     model_states_bytes,
     optimizer_bytes_per_param,
     peak_moments,
@@ -522,10 +519,8 @@ class CandidateCosts:
         def coll(op: str, group: GroupShape, bytes_per_param: float) -> Concave:
             return _slowest(concave_collective(self.cluster, n, op, group, bytes_per_param, bucket) for n in sync_nodes)
 
-        if node.memory_bw_bytes_per_s:
-            opt_per_param = self.optimizer_bytes / (node.memory_bw_bytes_per_s * MEMORY_BW_EFFICIENCY)
-        else:
-            opt_per_param = OPTIMIZER_FLOPS_PER_PARAM / node.compute_for(self.dtype).achieved_flops_per_s
+        opt_per_param = optimizer_step_s(node, self.dtype, self.optimizer_bytes)
+        reserve_factor, reserve_const = reserve_terms(is_gpu=is_gpu(node.device))
         # ZeRO-3 accumulating over m > 1 micro-batches holds unsharded weights + gradients (zero3_accumulation_bytes)
         held = per["params"] + per["grads"] if zero == 3 and outer.pp > 1 and outer.num_micro_batches > 1 else 0.0
         memory: dict[str, Any]
@@ -553,8 +548,8 @@ class CandidateCosts:
             )
         return RankModel(
             capacity_bytes=node.device_memory_bytes * self.search.memory_fraction,
-            reserve_factor=1.0 + FRAGMENTATION_FRACTION,
-            reserve_const_bytes=CUDA_CONTEXT_BYTES if is_gpu(node.device) else 0.0,
+            reserve_factor=reserve_factor,
+            reserve_const_bytes=reserve_const,
             grad_bytes_per_param=per["grads"],
             # the runtime's ZeRO-3 weights in flight are the root unit and the sweep's block unit (OptionCost)
             zero3_buffer_layers=ZERO3_LAYERS_IN_FLIGHT if zero == 3 and not self.runtime_memory else 0,
