@@ -7,6 +7,7 @@ first, so it is an edge to both."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +29,11 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skip.update(id(n) for n in ast.walk(node))
     return skip
+
+
+@functools.cache
+def _all_imports() -> tuple[tuple[str, str, int, bool], ...]:
+    return tuple(_imports(_modules()))
 
 
 def _imports(modules: dict[str, Path]):
@@ -99,7 +105,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_planner_has_no_import_cycles():
     edges: dict[str, set[str]] = {}
-    for importer, imported, _, _ in _imports(_modules()):
+    for importer, imported, _, _ in _all_imports():
         edges.setdefault(importer, set()).add(imported)
     assert _cycles(edges) == []
 
@@ -107,7 +113,7 @@ def test_planner_has_no_import_cycles():
 def test_no_in_function_planner_imports_outside_the_cli():
     deferred = [
         f"{importer} line {line} imports {imported}"
-        for importer, imported, line, inner in _imports(_modules())
+        for importer, imported, line, inner in _all_imports()
         if inner and not importer.startswith("planner.cli")
     ]
     assert deferred == []
