@@ -68,6 +68,7 @@ def predict_plan(plan, cluster_name: str, profile_path: Path | None = None, prec
     """:func:`planner.cost.estimate` of a one-GPU ``plan`` on the closed-form profile in ``precision`` (or the
     measured profile at ``profile_path``), as ``planner.calibrate.metrics_runs`` configures a launched plan."""
     from planner.cost.plan_config import plan_config
+    from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
     from planner.cost import estimate
     from planner.cost.placement import with_gpus
     from planner.gpt_profile import build_gpt_profile
@@ -80,7 +81,13 @@ def predict_plan(plan, cluster_name: str, profile_path: Path | None = None, prec
         if profile_path
         else build_gpt_profile(plan.model, seq_len=tr.seq_len, dtype=tr.dtype, precision=precision)
     )
-    return estimate(profile, cluster, plan_config(plan), global_batch=tr.global_batch, dtype=tr.dtype)
+    return estimate(
+        profile,
+        cluster,
+        replace(plan_config(plan), stage_node_types=None),
+        global_batch=tr.global_batch,
+        dtype=tr.dtype,
+    )
 
 
 def _summary(metrics: Path) -> dict:

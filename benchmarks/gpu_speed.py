@@ -72,6 +72,7 @@ def build_run(model: str, mb: int, seq: int, flash: bool, cluster_name: str):
     """The one-GPU plan of a row and its uncalibrated estimate."""
     from fixtures.plans import make_plan
     from planner.cost.plan_config import plan_config
+    from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
     from planner.cost import estimate
     from planner.cost.placement import with_gpus
     from planner.gpt_profile import build_gpt_profile
@@ -84,7 +85,7 @@ def build_run(model: str, mb: int, seq: int, flash: bool, cluster_name: str):
     plan = plan.model_copy(update={"flash_attention": flash})
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path(cluster_name)), 1)
     profile = build_gpt_profile(plan.model, seq_len=seq, dtype="bf16")
-    est = estimate(profile, cluster, plan_config(plan), global_batch=mb, dtype="bf16")
+    est = estimate(profile, cluster, replace(plan_config(plan), stage_node_types=None), global_batch=mb, dtype="bf16")
     return plan.model_copy(update={"predictions": est.to_predictions()}), est
 
 

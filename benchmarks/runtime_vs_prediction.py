@@ -81,8 +81,9 @@ def config_for_plan(plan):
     reduces its single unit after the whole backward.
     """
     from planner.cost.plan_config import plan_config
+    from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
 
-    return plan_config(plan, overlap_grad_reduce=False)
+    return replace(plan_config(plan, overlap_grad_reduce=False), stage_node_types=None)
 
 
 def _bare(profile):

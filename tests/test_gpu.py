@@ -78,6 +78,7 @@ def test_launch_on_cuda_reports_gpu_memory_and_prediction(tmp_path):
     and ``max_memory_allocated``, and the measured step is within 4x of the prediction (a unit or device
     mix-up is off by far more; on the H100 here gpt2 mb 4 measured 45.6 ms, predicted 49.5 ms)."""
     from planner.cost.plan_config import plan_config
+    from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
     from planner.cost import estimate
     from planner.cost.placement import with_gpus
     from planner.gpt_profile import build_gpt_profile
@@ -87,7 +88,7 @@ def test_launch_on_cuda_reports_gpu_memory_and_prediction(tmp_path):
     plan = make_plan(spec, dp=1, global_batch=4, seq_len=1024, num_micro_batches=1, dtype="bf16", lr=1e-4)
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), 1)
     profile = build_gpt_profile(spec, seq_len=1024, dtype="bf16")  # one rank: bf16-master, priced pure
-    est = estimate(profile, cluster, plan_config(plan), global_batch=4)
+    est = estimate(profile, cluster, replace(plan_config(plan), stage_node_types=None), global_batch=4)
     plan = plan.model_copy(update={"predictions": est.to_predictions()})
     records = _launch(save_plan(plan, tmp_path / "plan.json"), tmp_path / "m.jsonl", steps=6)
     start = next(r for r in records if r.get("event") == "start")
