@@ -18,7 +18,7 @@ from planner.comparison import ComparisonRecord
 from planner.errors import StratagemError
 from planner.fileio import content_hash, read_json, save_document, validate_document
 from planner.modelspec import ModelSpec
-from planner.profile_schema import Dtype, _Strict  # one strictness rule for every file the project reads
+from planner.profile_schema import Dtype, StrictModel  # one strictness rule for every file the project reads
 from planner.recipe import LRSchedule
 
 PLAN_SCHEMA_VERSION: Final = 3
@@ -33,7 +33,7 @@ TPStyle = Literal["replicate", "split"]
 ContextMode = Literal["allgather", "ring"]
 
 
-class TrainingSettings(_Strict):
+class TrainingSettings(StrictModel):
     """The training maths the planner must not change."""
 
     global_batch: int = Field(ge=1, description="samples per optimizer step")
@@ -48,7 +48,7 @@ class TrainingSettings(_Strict):
     )
 
 
-class Mesh(_Strict):
+class Mesh(StrictModel):
     """DeviceMesh axes and sizes, outermost first."""
 
     axes: list[Literal["pp", "dp", "sd", "cp", "tp"]] = Field(
@@ -75,7 +75,7 @@ class Mesh(_Strict):
         return self.sizes[self.axes.index(axis)] if axis in self.axes else 1
 
 
-class Schedule(_Strict):
+class Schedule(StrictModel):
     """Pipeline schedule and micro-batching.
 
     ``micro_batch_size`` samples per micro-batch on every dp replica. ``micro_batches_per_replica`` holds,
@@ -131,7 +131,7 @@ def make_schedule(
     )
 
 
-class Stage(_Strict):
+class Stage(StrictModel):
     """One pipeline stage (a model chunk): its modules, where it runs, and how it is recomputed."""
 
     index: int = Field(ge=0, description="stage (chunk) index in model order")
@@ -142,7 +142,7 @@ class Stage(_Strict):
     recompute: dict[str, Recompute] = Field(default_factory=dict, description="per module path; absent = none")
 
 
-class SpatialSplit(_Strict):
+class SpatialSplit(StrictModel):
     """A 3D CNN layer's volume split over the ``sd`` mesh axis: ``grid`` shards per (d, h, w), row-major ranks
     (``planner/cost/spatial.py``). ``dims`` lists the split dims, ``degree`` the product of the grid."""
 
@@ -160,7 +160,7 @@ class SpatialSplit(_Strict):
         return self
 
 
-class LayerLayout(_Strict):
+class LayerLayout(StrictModel):
     """Layout of one module: Whale's tensor-parallel replicate-or-split, and for 3D CNNs its spatial split."""
 
     style: TPStyle
@@ -168,7 +168,7 @@ class LayerLayout(_Strict):
     spatial: SpatialSplit | None = Field(None, description="volume split over the sd axis; None = unsplit")
 
 
-class ExpertLayout(_Strict):
+class ExpertLayout(StrictModel):
     """How a Mixture-of-Experts model's expert layers are split ("parallel folding", Megatron-Core MoE).
 
     Within each pipeline stage the stage's dp x tp ranks, in rank order, are regrouped for the expert
@@ -246,7 +246,7 @@ def expert_groups(ranks: list[int], *, ep: int, etp: int) -> dict[str, list[list
     }
 
 
-class StagePrediction(_Strict):
+class StagePrediction(StrictModel):
     stage: int = Field(ge=0)
     # terms are finite but not all >= 0: an overlap term can be a (tiny) negative correction of the cost model
     time_breakdown_s: dict[str, float] = Field(description="per micro-batch forward, backward, ... seconds")
@@ -257,7 +257,7 @@ class StagePrediction(_Strict):
     memory_capacity_bytes: PositiveFloat
 
 
-class ReplicaTypePrediction(_Strict):
+class ReplicaTypePrediction(StrictModel):
     """dp replicas of one node type (plans with ``replica_node_types``): their pipeline and memory."""
 
     node_type: str
@@ -267,7 +267,7 @@ class ReplicaTypePrediction(_Strict):
     stages: list[StagePrediction] = Field(min_length=1)
 
 
-class Predictions(_Strict):
+class Predictions(StrictModel):
     """What the cost model predicts for this plan (``stages``: the critical replica type's when replicas run
     on several node types; every type in ``per_replica_type``)."""
 
@@ -283,7 +283,7 @@ class Predictions(_Strict):
     per_replica_type: list[ReplicaTypePrediction] = Field(default_factory=list)
 
 
-class Alternative(_Strict):
+class Alternative(StrictModel):
     """A runner-up plan from the search, described by its outer choices."""
 
     summary: str
@@ -304,7 +304,7 @@ class Alternative(_Strict):
     )
 
 
-class SearchRecord(_Strict):
+class SearchRecord(StrictModel):
     solver: str
     status: Literal["optimal", "within_gap", "feasible", "time_limit", "enumerated"]
     gap: NonNegativeFloat = Field(description="proven relative optimality gap (0 = optimal)")
@@ -328,7 +328,7 @@ class SearchRecord(_Strict):
     )
 
 
-class Plan(_Strict):
+class Plan(StrictModel):
     schema_version: Literal[3] = PLAN_SCHEMA_VERSION
     planner_version: str
     created_utc: str

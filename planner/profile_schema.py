@@ -42,7 +42,7 @@ LinkLevel = Literal["intra_node", "inter_node"]
 Origin = Literal["measured", "derived"]
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     # No NaN or infinity anywhere in a file: "+Infinity" bandwidth or a NaN time would pass every bound.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -57,7 +57,7 @@ class _Strict(BaseModel):
         return value
 
 
-class Provenance(_Strict):
+class Provenance(StrictModel):
     """How a document was made: measured or derived, when, with what, from which sources."""
 
     method: Literal["measured", "analytic", "datasheet", "mixed"]
@@ -76,7 +76,7 @@ class Provenance(_Strict):
 # ---------------------------------------------------------------------------------------------
 
 
-class TimingStats(_Strict):
+class TimingStats(StrictModel):
     """Repeated timing of one measurement: median and spread, in seconds."""
 
     median_s: float = Field(ge=0)
@@ -86,7 +86,7 @@ class TimingStats(_Strict):
     warmup: int = Field(ge=0)
 
 
-class LayerTiming(_Strict):
+class LayerTiming(StrictModel):
     """Forward/backward time of one layer (or its TP shard) at one micro-batch size."""
 
     micro_batch: int = Field(ge=1)
@@ -94,7 +94,7 @@ class LayerTiming(_Strict):
     backward: TimingStats
 
 
-class CollectiveNeed(_Strict):
+class CollectiveNeed(StrictModel):
     """A collective a layer's TP layout issues per micro-batch; bytes scale with the micro-batch."""
 
     op: CollectiveOp
@@ -107,7 +107,7 @@ class CollectiveNeed(_Strict):
     )
 
 
-class OpProfile(_Strict):
+class OpProfile(StrictModel):
     """One kernel of a layer's forward pass on one TP rank (``planner.cost.kernels`` times it).
 
     ``gemm``: ``batch_per_sample`` independent ``m x n x k`` products per sample, ``m = rows_per_sample`` rows
@@ -150,7 +150,7 @@ class OpProfile(_Strict):
     )
 
 
-class ShardProfile(_Strict):
+class ShardProfile(StrictModel):
     """What one TP rank holds and computes for this layer at tensor-parallel degree ``tp``."""
 
     tp: int = Field(ge=1)
@@ -209,7 +209,7 @@ class ShardProfile(_Strict):
     memory_origin: Origin = "measured"
 
 
-class RuntimeOverhead(_Strict):
+class RuntimeOverhead(StrictModel):
     """Host time ``stratagem launch``'s torch.distributed wrappers add to this layer (measured, one process).
 
     Forward/backward figures are per micro-batch (measured at ``micro_batch``; fixed costs, not scaled):
@@ -237,7 +237,7 @@ class RuntimeOverhead(_Strict):
     optimizer_step_dtensor_s: float = Field(0, ge=0, description="the same on DTensor parameters (TP or FSDP2)")
 
 
-class ExpertProfile(_Strict):
+class ExpertProfile(StrictModel):
     """The routed experts of a Mixture-of-Experts block (``planner.moe_profile``; costed by ``planner.cost.moe``).
 
     The block's shards hold everything else (attention, router weights, shared experts, norms), split over
@@ -286,7 +286,7 @@ class ExpertProfile(_Strict):
         return self.experts * 3 * self.hidden * self.expert_ffn
 
 
-class LayerProfile(_Strict):
+class LayerProfile(StrictModel):
     """One top-level layer of the model (a block, an embedding, a head), keyed by module path."""
 
     path: str = Field(description="module path, e.g. 'blocks.3'")
@@ -322,7 +322,7 @@ class LayerProfile(_Strict):
         return self.params + (self.experts.params if self.experts is not None else 0)
 
 
-class ModelProfile(_Strict):
+class ModelProfile(StrictModel):
     """Per-layer costs of one model at one sequence length and dtype."""
 
     schema_version: Literal[1] = MODEL_PROFILE_SCHEMA_VERSION
@@ -372,14 +372,14 @@ class ModelProfile(_Strict):
 # ---------------------------------------------------------------------------------------------
 
 
-class CollectiveSample(_Strict):
+class CollectiveSample(StrictModel):
     """Raw timings of one collective at one message size (every repeat kept)."""
 
     bytes: int = Field(ge=0)
     times_s: list[NonNegativeFloat] = Field(min_length=1)
 
 
-class CollectiveFit(_Strict):
+class CollectiveFit(StrictModel):
     """time(bytes) = alpha_s + bus_factor(op, n) * bytes / bus_bw_bytes_per_s on one link level.
 
     ``bus_factor`` is NCCL-tests' bus-bandwidth convention: 2(n-1)/n for all-reduce, (n-1)/n for
@@ -400,7 +400,7 @@ class CollectiveFit(_Strict):
     samples: list[CollectiveSample] = Field(default_factory=list)
 
 
-class ComputeFigure(_Strict):
+class ComputeFigure(StrictModel):
     """Throughput of dense matrix multiply in one dtype."""
 
     dtype: Dtype
@@ -410,7 +410,7 @@ class ComputeFigure(_Strict):
     source: str
 
 
-class TileShape(_Strict):
+class TileShape(StrictModel):
     """One GEMM output tile shape the library picks from, and the fraction of the ceiling it reaches."""
 
     m: int = Field(ge=1)
@@ -418,7 +418,7 @@ class TileShape(_Strict):
     relative_efficiency: float = Field(gt=0, le=1)
 
 
-class KernelModel(_Strict):
+class KernelModel(StrictModel):
     """Per-kernel performance parameters of one device type (``planner.cost.kernels``), each with its source.
 
     A GEMM runs in waves of ``sm_count`` output tiles at ``gemm_ceiling`` x dense peak (tile and wave
@@ -450,7 +450,7 @@ class KernelModel(_Strict):
     sources: dict[str, str] = Field(description="parameter name -> citation or how it was fitted")
 
 
-class BlockingLatency(_Strict):
+class BlockingLatency(StrictModel):
     """Per-call latency of a collective that the rank waits on right after compute (CPU/gloo ranks).
 
     The alpha of a :class:`CollectiveFit` is timed back to back, every rank already waiting. In a training
@@ -476,7 +476,7 @@ class BlockingLatency(_Strict):
     source: str
 
 
-class NodeType(_Strict):
+class NodeType(StrictModel):
     """One kind of node: its devices and what links them."""
 
     name: str = Field(description="short id used by node groups, e.g. 'dgx-a100-80g'")
@@ -506,14 +506,14 @@ class NodeType(_Strict):
         return any(c.dtype == dtype for c in self.compute)
 
 
-class NodeGroup(_Strict):
+class NodeGroup(StrictModel):
     """``count`` nodes of one node type."""
 
     node_type: str
     count: int = Field(ge=1)
 
 
-class FabricLoad(_Strict):
+class FabricLoad(StrictModel):
     """Share of the inter-node fits' bus bandwidth a job gets when all of its nodes communicate at once.
 
     The inter-node fits come from nccl-tests on a few nodes, where no other traffic crosses the switches. On a
@@ -556,7 +556,7 @@ class FabricLoad(_Strict):
         return pts[-1][1]
 
 
-class Calibration(_Strict):
+class Calibration(StrictModel):
     """What ``stratagem calibrate`` fitted this profile's parameters on, and how well they predict."""
 
     runs_hash: str = Field(description="sha256 of the measured runs' canonical JSON")
@@ -570,7 +570,7 @@ class Calibration(_Strict):
     note: str = ""
 
 
-class ClusterProfile(_Strict):
+class ClusterProfile(StrictModel):
     """A cluster: groups of nodes by type (mixed clusters allowed) and the network between nodes."""
 
     schema_version: Literal[2] = CLUSTER_PROFILE_SCHEMA_VERSION

@@ -121,3 +121,14 @@ def test_no_in_function_planner_imports_outside_the_cli():
 
 def test_the_check_sees_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_planner_module_imports_another_ones_private_names():
+    """A name with a leading underscore is its module's own; another module needing it means it is a shared rule
+    that belongs in the open (search/costs.py once imported estimate's ``_timings_apply``)."""
+    private = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("planner"):
+                private += [f"{name} imports {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert [p for p in private if not p.endswith(".__version__")] == []

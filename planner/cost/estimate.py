@@ -110,7 +110,7 @@ def dp_collective_time(
     return nbytes * group_collective_s(cluster, node, op, bucket_bytes, group) / bucket_bytes
 
 
-def _timings_apply(model: ModelProfile, node: NodeType) -> bool:
+def timings_apply(model: ModelProfile, node: NodeType) -> bool:
     """Measured timings are used only on the device they were measured on."""
     measured_on = (model.provenance.device_name or "").lower()
     device = node.device.lower()
@@ -181,7 +181,7 @@ class _Assembler:
             flash_attention=cfg.flash_attention,
             dtype=self.dtype,
             tp_group_spans_nodes=tp_group(cfg.tp, node.devices_per_node).spans_nodes,
-            use_timings=_timings_apply(self.model, node),
+            use_timings=timings_apply(self.model, node),
             overlap_tp_comm=cfg.overlap_tp_comm,
             dp_wrapper=dp_wrapper(cfg.dp, cfg.zero_stage),
             timings_scale=timings_scale(self.model, node),
@@ -244,7 +244,7 @@ class _Assembler:
 
     def _chunk_unit_s(self, node: NodeType) -> tuple[float, float]:
         """Fixed per-chunk host cost of the chunk's root FSDP2 unit (``framework.chunk_overhead_s``)."""
-        if not _timings_apply(self.model, node):
+        if not timings_apply(self.model, node):
             return 0.0, 0.0
         return chunk_overhead_s(
             self.model, dp_wrapper(self.cfg.dp, self.cfg.zero_stage), timings_scale(self.model, node)

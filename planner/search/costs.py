@@ -25,7 +25,7 @@ from planner.cost.constants import (
     ZERO3_LAYERS_IN_FLIGHT,
     is_gpu,
 )
-from planner.cost.estimate import _timings_apply, dp_collective_time  # the rules estimate applies
+from planner.cost.estimate import timings_apply, dp_collective_time  # the rules estimate applies
 from planner.cost.zero3 import fsdp_call_latency_s, root_unit_layers
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention, optimizer_step_s
@@ -328,7 +328,7 @@ class CandidateCosts:
             flash_attention=self.search.flash_attention,
             dtype=self.dtype,
             tp_group_spans_nodes=tp_group(tp, node.devices_per_node).spans_nodes,
-            use_timings=_timings_apply(self.profile, node),
+            use_timings=timings_apply(self.profile, node),
             dp_wrapper=dp_wrapper(dp, zero),
             timings_scale=timings_scale(self.profile, node),
             context=self.exchange,
@@ -777,7 +777,7 @@ class CandidateCosts:
     def _chunk_unit_s(self, nt: str, outer: OuterChoice) -> tuple[float, float]:
         """Per-chunk (forward, backward) host cost of its root FSDP2 unit (``estimate._chunk_unit_s``)."""
         node = self.cluster.node_type(nt)
-        if not _timings_apply(self.profile, node):
+        if not timings_apply(self.profile, node):
             return 0.0, 0.0
         return chunk_overhead_s(self.profile, dp_wrapper(outer.dp, outer.zero_stage), timings_scale(self.profile, node))
 
