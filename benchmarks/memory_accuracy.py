@@ -160,10 +160,8 @@ def predicted_plan(model: str, layout: str, load_imbalance: float | None = None)
         micro_batches=(plan.schedule.micro_batch_size,),
         tp_degrees=(1, tp) if tp > 1 else (1,),
     )
-    config = plan_config(plan)
-    # the hand-made plan names no node type of the cluster; pp = 1 runs one micro-batch at a time whatever the
-    # schedule is called (runtime/executor/schedule.py LocalRunner)
-    config = dataclasses.replace(config, stage_node_types=None, schedule=config.schedule if config.pp > 1 else "1f1b")
+    # the hand-made plan names no node type of the cluster (plan_config prices pp = 1 as one micro-batch in flight)
+    config = dataclasses.replace(plan_config(plan), stage_node_types=None)
     try:
         est = estimate_config(config, profile=profile, cluster=cluster, global_batch=GLOBAL_BATCH)
     except StratagemError as exc:  # a layout the model cannot take (context parallelism of an MoE model)

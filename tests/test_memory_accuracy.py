@@ -66,7 +66,7 @@ def test_the_check_can_fail(rows):
 
     plan = memory_accuracy.predicted_plan("llama:tiny", "zero3")
     profile = profile_model_analytic(plan.model, seq_len=memory_accuracy.SEQ, dtype="fp32", micro_batches=(4,))
-    config = dataclasses.replace(plan_config(plan), stage_node_types=None, schedule="1f1b", memory_semantics="textbook")
+    config = dataclasses.replace(plan_config(plan), stage_node_types=None, memory_semantics="textbook")
     cluster = load_cluster_profile(memory_accuracy.CLUSTER)
     est = estimate_config(config, profile=profile, cluster=cluster, global_batch=memory_accuracy.GLOBAL_BATCH)
     textbook = est.per_rank[0].memory.peak_bytes - est.per_rank[0].memory.reserve

@@ -163,8 +163,9 @@ class LayerCost:
     # the rank's routed-expert weights, gradients and optimizer states (sharded over ep, etp and, with ZeRO,
     # edp). ``expert_step_s``: per optimizer step, the expert gradients' edp sync, ZeRO weight gather and
     # AdamW step (added to the rank's tail; under overlap_grad_reduce only what the block's compute does not
-    # hide, planner.cost.moe). ``moe_ws_bytes``: transient dispatch buffers (and
-    # the expert activations a full recompute re-materialises), part of the backward working set.
+    # hide, planner.cost.moe). ``moe_ws_bytes``: the routed experts' transient bytes (the exchange's buffers, or
+    # transformers' fused module's whole-weight gradients) and the expert activations a full recompute
+    # re-materialises, part of the backward working set.
     ep_comm_s: float = 0.0
     expert_state_bytes: float = 0.0
     # the routed experts' gradients while micro-batches accumulate and as the last backward ends (memory

@@ -761,9 +761,6 @@ def estimate(
     )
 
 
-__all__ = ["estimate", "Estimate"]
-
-
 def estimate_context_parallel(
     model: ModelProfile, cluster: ClusterProfile, config: ParallelConfig, *, global_batch: int, dtype: str
 ) -> Estimate:
@@ -776,3 +773,6 @@ def estimate_context_parallel(
         f"costed as dp x cp = {folded.dp} ranks on {view.seq_len}-token sequence shares"
     )
     return replace(est, samples_per_s=global_batch / est.step_time_s, notes=(*est.notes, note))
+
+
+__all__ = ["estimate", "Estimate"]

@@ -321,7 +321,7 @@ class ExpertTime:
     backward_s: float
     comm_s: float  # one direction's all-to-alls and etp/tp gathers
     saved_bytes: float
-    dispatch_bytes: float
+    transient_bytes: float  # held during the pass beyond saved_bytes (_transient_bytes)
     flops: float  # balanced forward FLOPs
 
 
@@ -360,9 +360,9 @@ class ExpertStates:
 
 def runs_fused(ex: ExpertProfile, split: ExpertSplit) -> bool:
     """True where the runtime runs the model's own fused experts module (an ``hf:`` block without an expert
-    layout) and the profile measured what that module saves: its activations are the measured bytes per token,
-    not the SwiGLU count of the runtime's expert exchange (``runtime.executor.hf_moe``, the zoo's MoE)."""
-    return ex.wrapped_at_ep1 and split.ep * split.etp == 1 and ex.fused_saved_bytes_per_token is not None
+    layout), not the runtime's expert exchange (``runtime.executor.hf_moe``, the zoo's MoE): where the profile
+    measured that module (``ExpertProfile.fused_*``), those figures price it instead of the SwiGLU count."""
+    return ex.wrapped_at_ep1 and split.ep * split.etp == 1
 
 
 def _transient_bytes(ex: ExpertProfile, split: ExpertSplit, sh: _Shape, saved: float) -> float:
@@ -412,7 +412,7 @@ def expert_time(
         backward_s=bwd_s,
         comm_s=_comm_s(cluster, node, ex, sh, split, full_bytes),
         saved_bytes=saved,
-        dispatch_bytes=_transient_bytes(ex, split, sh, saved),
+        transient_bytes=_transient_bytes(ex, split, sh, saved),
         flops=6 * ex.hidden * ex.expert_ffn * ex.top_k * sh.tokens + 2 * ex.hidden * ex.experts * sh.tokens,
     )
 
@@ -497,7 +497,7 @@ def combine_expert_costs(
         expert_unit_params=st.unit_params,
         expert_unit_param_bytes=st.unit_param_bytes,
         expert_step_s=st.exposed_s(backward_s + recompute_s, forward_s),
-        moe_ws_bytes=t.dispatch_bytes + (t.saved_bytes if full else 0.0),
+        moe_ws_bytes=t.transient_bytes + (t.saved_bytes if full else 0.0),
     )
 
 

@@ -70,8 +70,9 @@ def without_routed_experts(module: nn.Module) -> nn.Module:
 
 def _hf_expert_profile(block: nn.Module, seq_len: int):
     """The :class:`ExpertProfile` of a transformers sparse-MoE block: E, h and f from the fused weights
-    (``gate_up_proj`` is ``E x 2f x h``), top-k from its router; dropless (transformers drops no tokens); the
-    bytes its fused module saves per token (:func:`fused_saved_bytes_per_token`)."""
+    (``gate_up_proj`` is ``E x 2f x h``), top-k from its router; dropless (transformers drops no tokens); what its
+    fused module saves per token and its backward's growth per weight byte, measured
+    (:func:`fused_saved_bytes_per_token`, :func:`fused_backward_bytes_per_weight_byte`)."""
     from planner.profiles import ExpertProfile
 
     n_experts, two_f, hidden = block.experts.gate_up_proj.shape
