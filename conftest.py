@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _doctest_names(doctest_namespace):
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
 
     doctest_namespace["parse_model"] = parse_model
     try:  # runtime needs torch; the planner's doctests do not

@@ -30,14 +30,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cost_accuracy import DEFAULT_CSV, Case, load_cases  # noqa: E402
 
-from planner.cli.compare_cli import build_comparison  # noqa: E402
-from planner.gpt_profile import build_gpt_profile  # noqa: E402
-from planner.modelspec import parse_model  # noqa: E402
+from planner.cli import build_comparison  # noqa: E402
+from planner.profile import build_gpt_profile  # noqa: E402
+from planner.model import parse_model  # noqa: E402
 from planner.plan import TrainingSettings  # noqa: E402
-from planner.profiles import load_cluster_profile  # noqa: E402
-from planner.search.config import SearchConfig  # noqa: E402
-from planner.search.plan_file import build_plan  # noqa: E402
-from planner.search.planner import plan_search  # noqa: E402
+from planner.profile import load_cluster_profile  # noqa: E402
+from planner.search import SearchConfig  # noqa: E402
+from planner.search import build_plan  # noqa: E402
+from planner.search import plan_search  # noqa: E402
 
 
 def megatron_args(case: Case) -> str:

@@ -29,8 +29,8 @@ with per-tensor reduce-scatters instead, as a run with ``contiguous_gradients: t
 LAST line is the headline: mean and max |error| over every predicted case, calibration rows included.
 
 Loaded fabric: all SC21 Table 2 rows (ZeRO-3 and PTD-P, 48-280 nodes) run on ``dgx-a100-80g+loaded-fabric``,
-the shipped profile with a :class:`planner.profiles.FabricLoad` of Selene's own two measured points
-(``SELENE_FABRIC_LOAD`` in planner/cost/constants.py): 1.0 of the inter-node bandwidth at 2 nodes (the
+the shipped profile with a :class:`planner.profile.load.FabricLoad` of Selene's own two measured points
+(``SELENE_FABRIC_LOAD`` in planner/core/constants.py): 1.0 of the inter-node bandwidth at 2 nodes (the
 profile's nccl-tests figure) and 0.37 at 384 nodes (SC21 §5.9: 12.9 TB/s effective bisection bandwidth for
 the 1T run's data-parallel all-reduce), linear in log(nodes) between: 0.62 at 48 nodes, 0.54 at 96, 0.49 at
 140, 0.45 at 192, 0.41 at 280. Statically routed fat trees lose bandwidth as more of their nodes communicate
@@ -73,10 +73,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.cost import ParallelConfig, estimate, with_gpus  # noqa: E402
-from planner.cost.constants import SELENE_FABRIC_LOAD, SELENE_FABRIC_LOAD_SOURCE  # noqa: E402
-from planner.gpt_profile import build_gpt_profile  # noqa: E402
-from planner.modelspec import parse_model  # noqa: E402
-from planner.profiles import FabricLoad, load_cluster_profile  # noqa: E402
+from planner.core import SELENE_FABRIC_LOAD, SELENE_FABRIC_LOAD_SOURCE  # noqa: E402
+from planner.profile import build_gpt_profile  # noqa: E402
+from planner.model import parse_model  # noqa: E402
+from planner.profile import FabricLoad, load_cluster_profile  # noqa: E402
 
 DEFAULT_CSV = ROOT / "benchmarks" / "data" / "published_cases.csv"
 
@@ -347,7 +347,7 @@ def row_role(case: Case, source: str) -> tuple[str, str]:
 
 def _load_cluster(name: str):
     """A shipped cluster profile; ``NAME+loaded-fabric``: NAME with Selene's :class:`FabricLoad`
-    (planner/cost/constants.py ``SELENE_FABRIC_LOAD``: the share of the inter-node bandwidth a job gets when all
+    (planner/core/constants.py ``SELENE_FABRIC_LOAD``: the share of the inter-node bandwidth a job gets when all
     of its nodes communicate at once on Selene's statically routed fat tree, by the job's node count)."""
     base = name.removesuffix(LOADED_FABRIC)
     cluster = load_cluster_profile(ROOT / "profiles" / "hardware" / f"{base}.json")
@@ -431,7 +431,7 @@ def fit_a100(cases: list[Case], clusters: dict) -> tuple[float, float, float]:
 
 
 def _measured_run(case: Case):
-    from planner.calibrate.runs import MeasuredRun
+    from planner.calibrate import MeasuredRun
 
     dims = dict(layers=case.layers, hidden=case.hidden, heads=case.heads, vocab=case.vocab, max_seq=case.seq)
     dims.update(dict(case.extra_dims) if case.family == "llama" else dict(dropout=0.1, tie_embeddings=True))
@@ -452,7 +452,7 @@ def calibrate_by_group(path: Path) -> list[dict]:
     """For each source group: fit ``planner.calibrate`` on its rows (on its cluster), carry the fitted values
     to every cluster as ratios to the priors (``planner.calibrate.fit.transfer``; the network's parameters
     only to rows on the same cluster) and predict every other group's rows. Returns one record per fitting group."""
-    from planner.calibrate.fit import Predictor, fit, transfer
+    from planner.calibrate import Predictor, fit, transfer
 
     clusters: dict = {}
     with open(path, newline="", encoding="utf-8") as fh:

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from planner.cost.kernels import Device, gemm_s  # noqa: E402
-from planner.profiles import load_cluster_profile, resolve_cluster_path  # noqa: E402
+from planner.cost import Device, gemm_s  # noqa: E402
+from planner.profile import load_cluster_profile, resolve_cluster_path  # noqa: E402
 
 HIDDEN = (512, 1024, 2048, 4096, 8192)
 TOKENS = (512, 2048, 8192, 16384)

@@ -15,7 +15,7 @@ measured profile. The metrics files and plans go into ``runs.tar.gz`` for ``stra
 Nothing is fitted here.
 
 The runtime trains with fp32 weights under ``torch.autocast`` (``runtime/executor/schedule.py``), so runs are
-predicted with the closed-form profile's precision "autocast" (``planner.autocast_profile``; what
+predicted with the closed-form profile's precision "autocast" (``planner.profile.autocast``; what
 ``planner.calibrate.metrics_runs`` uses for such runs); "pure" 16-bit (the published Megatron/torchtitan rows'
 mode) is printed beside it. ``--from-data DIR`` needs no GPU: it re-predicts the runs stored in ``DIR``
 (``runs.csv``, each run's plan ``RUN.json`` and metrics ``RUN.jsonl``) and prints per run the measured step time
@@ -55,7 +55,7 @@ QUICK = [("gpt:gpt2", 4, 1), ("gpt:gpt2-medium", 4, 2)]
 
 
 def predict(model: str, mb: int, m: int, cluster_name: str, profile_path: Path | None = None, precision="autocast"):
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
     from fixtures.plans import make_plan
 
     name, _, over = model.partition("@")
@@ -67,12 +67,12 @@ def predict(model: str, mb: int, m: int, cluster_name: str, profile_path: Path |
 def predict_plan(plan, cluster_name: str, profile_path: Path | None = None, precision="autocast"):
     """:func:`planner.cost.estimate` of a one-GPU ``plan`` on the closed-form profile in ``precision`` (or the
     measured profile at ``profile_path``), as ``planner.calibrate.metrics_runs`` configures a launched plan."""
-    from planner.cost.plan_config import plan_config
+    from planner.cost import plan_config
     from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
     from planner.cost import estimate
-    from planner.cost.placement import with_gpus
-    from planner.gpt_profile import build_gpt_profile
-    from planner.profiles import load_cluster_profile, load_model_profile, resolve_cluster_path
+    from planner.cost import with_gpus
+    from planner.profile import build_gpt_profile
+    from planner.profile import load_cluster_profile, load_model_profile, resolve_cluster_path
 
     tr = plan.training
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path(cluster_name)), 1)

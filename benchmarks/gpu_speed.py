@@ -71,13 +71,13 @@ FIELDS = [
 def build_run(model: str, mb: int, seq: int, flash: bool, cluster_name: str):
     """The one-GPU plan of a row and its uncalibrated estimate."""
     from fixtures.plans import make_plan
-    from planner.cost.plan_config import plan_config
+    from planner.cost import plan_config
     from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
     from planner.cost import estimate
-    from planner.cost.placement import with_gpus
-    from planner.gpt_profile import build_gpt_profile
-    from planner.modelspec import parse_model
-    from planner.profiles import load_cluster_profile, resolve_cluster_path
+    from planner.cost import with_gpus
+    from planner.profile import build_gpt_profile
+    from planner.model import parse_model
+    from planner.profile import load_cluster_profile, resolve_cluster_path
 
     name, _, over = model.partition("@")
     spec = parse_model(name, **{k: int(v) for k, v in (kv.split("=") for kv in over.split(",") if kv)})
@@ -222,7 +222,7 @@ def from_data(folder: Path, cluster_name: str | None) -> list[dict]:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    from planner.fileio import atomic_write_text
+    from planner.core import atomic_write_text
 
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=FIELDS)

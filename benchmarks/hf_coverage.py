@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.errors import StratagemError  # noqa: E402
-from planner.modelspec import ModelSpec, hf_dims  # noqa: E402
+from planner.core import StratagemError  # noqa: E402
+from planner.model import ModelSpec, hf_dims  # noqa: E402
 
 
 def causal_lm_types() -> list[str]:
@@ -49,10 +49,10 @@ class TinyConfigRejected(Exception):
 
 def plan_tiny(spec: ModelSpec) -> str:
     """Profile the tiny instance on meta and plan it for 2 CPU ranks: the chosen layout."""
-    from planner.cli.common import resolve_cluster_path
-    from planner.profiles import load_cluster_profile
-    from planner.search.config import SearchConfig
-    from planner.search.planner import plan_search
+    from planner.cli import resolve_cluster_path
+    from planner.profile import load_cluster_profile
+    from planner.search import SearchConfig
+    from planner.search import plan_search
     from runtime.models.fidelity import tiny_config
     from runtime.models.hf import hf_config
     from runtime.profiling.model import profile_model_analytic
@@ -87,7 +87,7 @@ def launch_tiny(spec: ModelSpec, root: Path) -> str:
     import transformers
 
     from fixtures.plans import make_plan
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
     from planner.plan import save_plan
     from runtime.executor.data import build_data_source
     from runtime.executor.metrics import final_step_losses, read_metrics

@@ -133,11 +133,11 @@ def predicted_plan(model: str, layout: str, load_imbalance: float | None = None)
     import dataclasses
 
     from fixtures.plans import make_plan
-    from planner.errors import StratagemError
-    from planner.cost.plan_config import plan_config
-    from planner.export.api import estimate_config
-    from planner.modelspec import parse_model
-    from planner.profiles import load_cluster_profile
+    from planner.core import StratagemError
+    from planner.cost import plan_config
+    from planner.export import estimate_config
+    from planner.model import parse_model
+    from planner.profile import load_cluster_profile
     from runtime.profiling.model import profile_model_analytic
 
     spec = parse_model(model)
@@ -222,7 +222,7 @@ def measure(paths: list[Path], out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from planner.errors import StratagemError
+    from planner.core import StratagemError
     from planner.plan import load_plan
     from runtime.executor.tensor_memory import TensorMemory
     from runtime.executor.train import build_job, train_step

@@ -36,14 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.cli.common import resolve_cluster_path  # noqa: E402
+from planner.cli import resolve_cluster_path  # noqa: E402
 from planner.cost import estimate  # noqa: E402
-from planner.cost.config import ParallelConfig  # noqa: E402
-from planner.cost.constants import MOE_LOAD_IMBALANCE  # noqa: E402
-from planner.cost.placement import with_gpus  # noqa: E402
-from planner.moe_profile import build_moe_profile  # noqa: E402
-from planner.modelspec import parse_model  # noqa: E402
-from planner.profiles import load_cluster_profile  # noqa: E402
+from planner.cost import ParallelConfig  # noqa: E402
+from planner.core import MOE_LOAD_IMBALANCE  # noqa: E402
+from planner.cost import with_gpus  # noqa: E402
+from planner.profile import build_moe_profile  # noqa: E402
+from planner.model import parse_model  # noqa: E402
+from planner.profile import load_cluster_profile  # noqa: E402
 
 CSV = ROOT / "benchmarks" / "data" / "moe_runs.csv"
 TOLERANCE = 0.15  # issue 15: published MoE runs predicted within 15 %
@@ -93,7 +93,7 @@ def _setup(row: dict[str, str]):
         dense_layers=int(row["dense_layers"]) if row["dense_layers"] else None,
         ffn_hidden=int(row["ffn_hidden"]) if row["ffn_hidden"] else None,
     )
-    head_dim = int(row["head_dim"])  # Qwen3: 128 with hidden 4096 and 64 heads (planner.moe_profile)
+    head_dim = int(row["head_dim"])  # Qwen3: 128 with hidden 4096 and 64 heads (planner.profile.moe)
     profile = build_moe_profile(
         spec,
         seq_len=int(row["seq_len"]),
@@ -242,7 +242,7 @@ def main() -> int:
     print(f"in-sample, not a headline: {s['n_calib']} rows fitted a router's load imbalance each (calib)\n")
     for run, lam in fits.items():
         print(f"load imbalance fitted on {run} / its forced-balance twin: {lam:.3f}")
-    print(f"(MOE_LOAD_IMBALANCE in planner/cost/constants.py: {MOE_LOAD_IMBALANCE}, the {CALIB_QWEN3} fit)")
+    print(f"(MOE_LOAD_IMBALANCE in planner/core/constants.py: {MOE_LOAD_IMBALANCE}, the {CALIB_QWEN3} fit)")
     print_table(rows, FORMER_DEFAULT, f"{FORMER_DEFAULT} for every router (former default, Switch Transformer)")
     print_table(rows, MOE_LOAD_IMBALANCE, f"{MOE_LOAD_IMBALANCE} for every router (MOE_LOAD_IMBALANCE)")
     print_table(rows, fits, "each row at its router's fit (imbalance_from); the counted table")

@@ -8,7 +8,7 @@ breakdowns (which terms shrank and what the plan changed to shrink them). Prints
     .venv/bin/python benchmarks/plan_vs_published.py [--budget 30] [--rows 0,1,2] [--loaded-fabric]
 
 ``--loaded-fabric``: both estimates and the search on the profile with Selene's fabric load
-(``planner.profiles.FabricLoad``, ``SELENE_FABRIC_LOAD``: the inter-node bandwidth share of a job of that many
+(``planner.profile.load.FabricLoad``, ``SELENE_FABRIC_LOAD``: the inter-node bandwidth share of a job of that many
 nodes, measured 0.37 at 384 nodes by SC21 §5.9), where the Table 1 runs ran. The default is the profile as
 shipped (2-node nccl-tests bandwidth), on which the A100 kernel parameters were fitted to these rows.
 """
@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cost_accuracy as ca  # noqa: E402
 from planner.cost import estimate, with_gpus  # noqa: E402
-from planner.gpt_profile import build_gpt_profile  # noqa: E402
-from planner.modelspec import parse_model  # noqa: E402
-from planner.search.config import SearchConfig  # noqa: E402
-from planner.search.planner import plan_search  # noqa: E402
+from planner.profile import build_gpt_profile  # noqa: E402
+from planner.model import parse_model  # noqa: E402
+from planner.search import SearchConfig  # noqa: E402
+from planner.search import plan_search  # noqa: E402
 
 TERMS = (
     "forward",

@@ -32,7 +32,7 @@ def ddp_worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
     from runtime.executor.data import synthetic_batch
     from runtime.models import build_model, init_weights, loss_fn
 
@@ -83,7 +83,7 @@ def main() -> None:
     if args.worker:
         return ddp_worker(args)
 
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
     from planner.plan import save_plan
     from runtime.executor.metrics import read_metrics
     from fixtures.plans import make_plan

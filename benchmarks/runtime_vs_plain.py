@@ -89,7 +89,7 @@ def plain_worker(args: argparse.Namespace) -> None:
     """The plain loop (one process, no process group); writes its step and loop times and final loss."""
     import torch
 
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
     from runtime.executor.data import synthetic_batch
     from runtime.models import build_model, init_weights, loss_fn
     from runtime.models.attention import apply_attention
@@ -177,7 +177,7 @@ def _load(quiet_wait_s: float) -> str:
 def measure_model(model: str, args: argparse.Namespace, folder: Path) -> dict[str, list[dict]]:
     """``--repeats`` launches and plain loops of ``model``, alternating which goes first; the runs of each."""
     from fixtures.plans import make_plan
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
     from planner.plan import save_plan
 
     plan = make_plan(parse_model(model), dp=1, global_batch=args.micro_batch, seq_len=args.seq, dtype="fp32")

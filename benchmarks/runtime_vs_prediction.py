@@ -28,7 +28,7 @@ processes at once, and the prediction is repeated with that rate as the cluster'
 measured after compute (``runtime/profiling/sync_latency.py``: ~1 ms here, vs the back-to-back alpha
 of ~0.2 ms) as their alpha, TP's DTensor collectives the functional one measured then, and ZeRO-3's
 FSDP2 all-gathers and reduce-scatters the plain one (the static prediction already charges the profile's
-:class:`planner.profiles.BlockingLatency` for both: ``planner.cost.compute``, ``planner.cost.zero3``).
+:class:`planner.profile.load.BlockingLatency` for both: ``planner.cost.compute``, ``planner.cost.zero3``).
 Measured, nothing fitted with the shipped profile; use ``--repeats`` and read the spread. With a calibrated
 ``--cluster``, ``--fitted`` names the configurations it was fitted on (``calibrate_cpu.py`` passes its runs):
 the printout leads with the held-out rows' min/static and reports the fitted ones apart.
@@ -55,7 +55,7 @@ GLOBAL_BATCH, SEQ = 8, 64
 
 def build_plan(model: str, layout: str):
     """The hand-made plan of ``layout`` (see the module docstring)."""
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
     from fixtures.plans import make_plan
     from runtime.models import is_splittable, layer_paths
 
@@ -80,7 +80,7 @@ def config_for_plan(plan):
     the collectives' time is spent inside FSDP::all_gather / post_backward_reduce), and ``replicate``
     reduces its single unit after the whole backward.
     """
-    from planner.cost.plan_config import plan_config
+    from planner.cost import plan_config
     from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
 
     return replace(plan_config(plan, overlap_grad_reduce=False), stage_node_types=None)
@@ -180,7 +180,7 @@ def make_case(model: str, layout: str, folder: Path, cluster_path: Path) -> dict
     """Plan of ``layout`` with the static predictions written in, and what is needed to re-predict."""
     from planner.cost import estimate
     from planner.plan import save_plan
-    from planner.profiles import load_cluster_profile, load_model_profile
+    from planner.profile import load_cluster_profile, load_model_profile
 
     plan = build_plan(model, layout)
     profile = load_model_profile(REPO / f"profiles/models/{model.replace(':', '-')}.json")

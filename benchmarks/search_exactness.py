@@ -39,16 +39,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.cli.common import resolve_cluster_path  # noqa: E402
+from planner.cli import resolve_cluster_path  # noqa: E402
 from planner.cost import estimate  # noqa: E402
-from planner.cost.config import ParallelConfig  # noqa: E402
-from planner.cost.placement import with_gpus  # noqa: E402
-from planner.errors import StratagemError  # noqa: E402
-from planner.gpt_profile import build_gpt_profile  # noqa: E402
-from planner.modelspec import parse_model  # noqa: E402
-from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile  # noqa: E402
-from planner.search.config import ALL_DIMENSIONS, SearchConfig  # noqa: E402
-from planner.search.planner import plan_search  # noqa: E402
+from planner.cost import ParallelConfig  # noqa: E402
+from planner.cost import with_gpus  # noqa: E402
+from planner.core import StratagemError  # noqa: E402
+from planner.profile import build_gpt_profile  # noqa: E402
+from planner.model import parse_model  # noqa: E402
+from planner.profile import ClusterProfile, ModelProfile, load_cluster_profile  # noqa: E402
+from planner.search import ALL_DIMENSIONS, SearchConfig  # noqa: E402
+from planner.search import plan_search  # noqa: E402
 
 REL_TOL = 1e-9
 ALL = frozenset(ALL_DIMENSIONS)
@@ -167,7 +167,7 @@ def uniform_configs(
 
 
 def _expert_layouts(experts: int, tp: int, dp: int) -> list[tuple[int, int]]:
-    """(ep, etp) of an MoE model by the folding rules (planner.plan.check_expert_layout); [(1, 1)] when dense."""
+    """(ep, etp) of an MoE model by the folding rules (planner.plan.schema.check_expert_layout); [(1, 1)] when dense."""
     if not experts:
         return [(1, 1)]
     return [(ep, etp) for etp in _divisors(tp) for ep in _divisors(experts) if (dp * tp) % (ep * etp) == 0]

@@ -23,15 +23,15 @@ import logging
 import time
 from dataclasses import replace
 
-from planner.cli.common import resolve_cluster_path
+from planner.cli import resolve_cluster_path
 from planner.cost import estimate
-from planner.cost.placement import fill_stage_node_types, with_gpus
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import ClusterProfile, load_cluster_profile
-from planner.search.config import DEFAULT_DIMENSIONS, SearchConfig
-from planner.search.grid import grid_search
-from planner.search.planner import plan_search
+from planner.cost import fill_stage_node_types, with_gpus
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import ClusterProfile, load_cluster_profile
+from planner.search import DEFAULT_DIMENSIONS, SearchConfig
+from planner.search import grid_search
+from planner.search import plan_search
 
 MIXED_ALLOW = frozenset({"tp", "pp", "dp", "zero", "recompute", "mixed"})
 # Narayanan et al. SC21 Table 1 (benchmarks/data/published_cases.csv): preset, GPUs, global batch.
@@ -143,8 +143,8 @@ def run_mixed(config: SearchConfig) -> None:
 
 def run_unet3d(gpus: int = 64, batch: int = 64) -> None:
     """3D U-Net 512^3 on 64 V100: analytic profile + spatial search wall time, and why layers are split."""
-    from planner.cost.spatial_plan import SpatialConfig, estimate_spatial
-    from planner.search.spatial import plan_spatial_search
+    from planner.cost import SpatialConfig, estimate_spatial
+    from planner.search import plan_spatial_search
     from runtime.profiling.model import profile_model_analytic
 
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("aws-p3-16xlarge")), gpus)
@@ -172,7 +172,7 @@ def run_unet3d(gpus: int = 64, batch: int = 64) -> None:
 
 def run_long_context(config: SearchConfig) -> None:
     """Llama-3-70B shape at 131,072 tokens on 512 H100: the search with cp, then the best plan per cp."""
-    from planner.search.context_table import best_per_cp, format_cp_table
+    from planner.search import best_per_cp, format_cp_table
 
     cluster = load_cluster_profile(resolve_cluster_path("dgx-h100"))
     profile = build_gpt_profile(parse_model("llama:llama3-70b"), seq_len=131072)

@@ -20,13 +20,13 @@ import csv
 import time
 from pathlib import Path
 
-from planner.cli.common import resolve_cluster_path
-from planner.cost.placement import with_gpus
-from planner.cost.spatial_plan import SpatialConfig, estimate_spatial
-from planner.errors import StratagemError
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile
-from planner.search.spatial import plan_spatial_search
+from planner.cli import resolve_cluster_path
+from planner.cost import with_gpus
+from planner.cost import SpatialConfig, estimate_spatial
+from planner.core import StratagemError
+from planner.model import parse_model
+from planner.profile import load_cluster_profile
+from planner.search import plan_spatial_search
 from runtime.profiling.model import profile_model_analytic
 
 DATA = Path(__file__).resolve().parent / "data" / "spatial_published.csv"

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan, validate
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
         raise StratagemError(f"--nnodes {opts.nnodes} needs --rdzv-endpoint HOST:PORT of the first node")
     validate(plan, opts.nnodes * opts.procs_per_node(plan))
     if "sd" in plan.mesh.axes:  # a 3D CNN's spatial plan: splits dividing the volume, halos narrower than shards
-        from planner.search.spatial_plan_file import check_spatial_plan
+        from planner.search import check_spatial_plan
 
         check_spatial_plan(plan)
         if opts.checkpoint_dir or opts.resume:

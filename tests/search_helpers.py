@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from planner.search.ilp import build_problem, extract_assignment, solve
-from planner.search.planner import check_exact
+from planner.search import build_problem, extract_assignment, solve
+from planner.search import check_exact
 
 
 def check_ilp_against_brute(costs, outer, tables, best: float | None, *, cuts: bool = False):

@@ -1,4 +1,4 @@
-"""Precision "autocast" (planner.autocast_profile): torch.autocast's cast kernels, fp32 element-wise ops and
+"""Precision "autocast" (planner.profile.autocast): torch.autocast's cast kernels, fp32 element-wise ops and
 fp32 saved activations, against hand-computed figures; "pure" (the published rows' mode) unchanged."""
 
 from __future__ import annotations
@@ -9,16 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from planner.calibrate.metrics_runs import load_runs_jsonl
+from planner.calibrate import load_runs_jsonl
 from planner.cost import estimate
-from planner.cost.compute import _kernel_device, layer_cost
-from planner.cost.config import ParallelConfig
-from planner.cost.kernels import layer_kernels
-from planner.cost.placement import with_gpus
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile, resolve_cluster_path
+from planner.cost.compute import _kernel_device
+from planner.cost import layer_cost
+from planner.cost import ParallelConfig
+from planner.cost import layer_kernels
+from planner.cost import with_gpus
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile, resolve_cluster_path
 
 REPO = Path(__file__).resolve().parents[1]
 H100_DATA = REPO / "benchmarks" / "data" / "h100"
@@ -174,7 +175,7 @@ def test_cli_precision_flag():
 
 def _brute_best(costs, outer, tables, capacity):
     """Best fitting step time over every layer assignment, each scored by ``estimate`` itself."""
-    from planner.search.brute import iter_layer_assignments, to_assignment
+    from planner.search import iter_layer_assignments, to_assignment
 
     best = None
     for choice in iter_layer_assignments(tables):
@@ -190,11 +191,11 @@ def test_search_stays_exact_on_autocast_profiles():
     check on a few instances: the fixed forward bytes and the cached weight copies enter the tables exactly)."""
     import random
 
-    from planner.cost.placement import block_count
-    from planner.search.brute import iter_layer_assignments
-    from planner.search.config import SearchConfig
-    from planner.search.costs import CandidateCosts
-    from planner.search.space import enumerate_outer
+    from planner.cost import block_count
+    from planner.search import iter_layer_assignments
+    from planner.search import SearchConfig
+    from planner.search import CandidateCosts
+    from planner.search import enumerate_outer
     from search_helpers import check_ilp_against_brute
 
     rng = random.Random(11)
@@ -292,7 +293,7 @@ def test_autocast_prices_torch_foreach_adamw(h100):
 def test_launched_runs_are_priced_as_they_ran():
     """Compiled (or FSDP2-bf16) CUDA runs are priced pure; eager autocast and pre-field runs autocast."""
     from fixtures.plans import make_plan
-    from planner.calibrate.metrics_runs import runtime_precision
+    from planner.calibrate import runtime_precision
 
     plan = make_plan(parse_model("gpt:gpt2"), dtype="bf16")
     assert runtime_precision(plan, "cuda", {"precision": "autocast", "compiled_blocks": 36}) == "pure"

@@ -12,11 +12,11 @@ from dataclasses import replace
 import pytest
 
 from planner.calibrate import fit
-from planner.calibrate.fit import Predictor, mean_abs
+from planner.calibrate import Predictor, mean_abs
 from planner.calibrate.runs import _run
-from planner.cli.common import PROFILES_DIR
-from planner.cli.main import main
-from planner.profiles import load_cluster_profile
+from planner.cli import PROFILES_DIR
+from planner.cli import main
+from planner.profile import load_cluster_profile
 
 A100 = load_cluster_profile(PROFILES_DIR / "hardware" / "dgx-a100-80g.json")
 TRUE = {"dgx-a100-80g.gemm_ceiling": 0.60, "dgx-a100-80g.memory_bw_efficiency": 0.50}
@@ -169,7 +169,7 @@ def test_estimate_uses_a_calibrated_profile_and_says_so(tmp_path):
 
 
 def test_transfer_keeps_another_networks_link_parameters_at_their_priors():
-    from planner.calibrate.fit import transfer
+    from planner.calibrate import transfer
 
     fitted = {"dgx-a100-80g.gemm_ceiling": 0.66, "inter_bw_scale": 0.5}
     prior = {"dgx-a100-80g.gemm_ceiling": 0.72, "inter_bw_scale": 1.0}

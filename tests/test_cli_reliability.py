@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli.main import main
-from planner.errors import StratagemError
-from planner.fileio import atomic_write_text, check_output_path, read_json
+from planner.cli import main
+from planner.core import StratagemError
+from planner.core import atomic_write_text, check_output_path, read_json
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "profiles/models/gpt-tiny.json"
@@ -205,7 +205,7 @@ def test_bad_bytes_in_input_files(tmp_path, data, needle):
 
 
 def test_endless_input_is_read_bounded(tmp_path, monkeypatch):
-    import planner.fileio as fileio
+    import planner.core.fileio as fileio
 
     monkeypatch.setattr(fileio, "MAX_INPUT_BYTES", 1024)
     path = tmp_path / "big.json"
@@ -391,8 +391,8 @@ def test_model_profile_with_tp_degree_zero_is_rejected(tmp_path, capsys):
 
 
 def test_poor_cluster_fit_warns():
-    from planner.cli.cmd_profile_cluster import poor_fit_warnings
-    from planner.profiles import CollectiveFit
+    from planner.cli import poor_fit_warnings
+    from planner.profile import CollectiveFit
 
     fit = CollectiveFit(
         op="all_reduce",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli.main import main
+from planner.cli import main
 from planner.inspect import build_example_plan
 from planner.plan import plan_label, save_plan
 
@@ -85,7 +85,7 @@ def test_one_label_with_recompute_and_sequence_parallelism(mixed_plan, capsys, m
     lines = _lines_at_80(capsys, monkeypatch, "show", str(path))
     _readable(lines)
     assert label in "\n".join(lines)
-    from planner.inspect.report import build_html
+    from planner.inspect import build_html
 
     assert label in build_html(plan, pngs={})
 
@@ -145,7 +145,7 @@ def test_dry_run_summarises_large_plans(tmp_path, capsys):
 def _subparser_actions(*path: str):
     import argparse
 
-    from planner.cli.main import build_parser
+    from planner.cli import build_parser
 
     parser = build_parser()
     for name in path:
@@ -157,7 +157,7 @@ def _subparser_actions(*path: str):
 def test_dtype_means_the_same_in_every_subcommand():
     flags = [_subparser_actions(*cmd)["--dtype"] for cmd in (("plan",), ("estimate",), ("profile", "model"))]
     assert {tuple(f.choices) for f in flags} == {("fp32", "tf32", "bf16", "fp16", "fp8")}
-    assert {f.default for f in flags} == {None}  # resolved by planner.profiles.default_dtype
+    assert {f.default for f in flags} == {None}  # resolved by planner.profile.load.default_dtype
     assert len({f.help.split(";")[0] for f in flags}) == 1
 
 
@@ -170,9 +170,9 @@ def test_plan_rejects_a_dtype_its_model_profile_does_not_have(tmp_path, capsys):
 
 
 def test_library_errors_name_settings_and_the_cli_names_flags():
-    from planner.cli.main import SETTING_FLAGS
-    from planner.errors import SettingError
-    from planner.search.config import SearchConfig
+    from planner.cli import SETTING_FLAGS
+    from planner.core import SettingError
+    from planner.search import SearchConfig
 
     with pytest.raises(SettingError, match=r"^budget_s 0 must be positive seconds") as info:
         SearchConfig(budget_s=0)

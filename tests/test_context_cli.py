@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cli.main import main
-from planner.export.megatron import parse as parse_megatron
+from planner.cli import main
+from planner.export import parse as parse_megatron
 from planner.plan import load_plan, plan_label
 
 LLAMA = ["--model", "llama:llama3-8b", "--cluster", "dgx-h100", "--seq", "32768", "--flash-attention"]

@@ -1,5 +1,5 @@
 """TP collectives on CPU ranks pay the after-compute latency of DTensor's functional collectives
-(planner.profiles.BlockingLatency, planner/cost/compute.py ``_tp_comm_s``); GPU profiles are unchanged.
+(planner.profile.load.BlockingLatency, planner/cost/compute.py ``_tp_comm_s``); GPU profiles are unchanged.
 
 Hand-computed from the shipped measured profiles: the difference a measured latency makes is, per TP
 call of the layer, that latency minus the fit's time at the probe's 1 KiB message.
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.calibrate.fit import apply
+from planner.calibrate import apply
 from planner.cost import ParallelConfig, collective_time, estimate, layer_cost
-from planner.cost.compute import SYNC_PROBE_BYTES
-from planner.profiles import BlockingLatency, load_cluster_profile, load_model_profile
+from planner.cost import SYNC_PROBE_BYTES
+from planner.profile import BlockingLatency, load_cluster_profile, load_model_profile
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "profiles/models/gpt-tiny.json"

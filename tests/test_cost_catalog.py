@@ -1,12 +1,12 @@
-"""The shipped cluster profiles are what planner.hardware_catalog builds, and every number is sourced."""
+"""The shipped cluster profiles are what planner.profile.hardware_catalog builds, and every number is sourced."""
 
 import json
 
 import pytest
 
-from planner.cli.common import PROFILES_DIR
-from planner.hardware_catalog import build_catalog
-from planner.profiles import load_cluster_profile
+from planner.cli import PROFILES_DIR
+from planner.profile import build_catalog
+from planner.profile import load_cluster_profile
 
 CATALOG = build_catalog()
 
@@ -19,7 +19,7 @@ def _strip(profile):
 def test_shipped_file_matches_catalog(name):
     shipped = load_cluster_profile(PROFILES_DIR / "hardware" / f"{name}.json")
     built = CATALOG[name]
-    assert _strip(shipped) == _strip(built), "regenerate with `python -m planner.hardware_catalog`"
+    assert _strip(shipped) == _strip(built), "regenerate with `python -m planner.profile.hardware_catalog`"
     for nt in shipped.node_types:
         assert nt.device_memory_source and nt.nic_source
         assert all(c.source for c in nt.compute) and all(f.source for f in nt.intra_node)

@@ -6,7 +6,7 @@ import pytest
 from test_cost_helpers import INTER_BW, INTRA_BW, cluster
 
 from planner.cost import collective_time
-from planner.errors import StratagemError
+from planner.core import StratagemError
 
 CL = cluster()
 NODE = CL.node_types[0]

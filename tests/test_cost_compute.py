@@ -4,8 +4,8 @@ import pytest
 from test_cost_helpers import INTRA_BW, MEM_BW, RATE, block, cluster
 
 from planner.cost import layer_cost, layout_change_cost
-from planner.cost.constants import BACKWARD_TRAFFIC_FACTOR, MEMORY_BW_EFFICIENCY, TRAFFIC_PER_SAVED_BYTE
-from planner.profiles import LayerTiming, TimingStats
+from planner.core import BACKWARD_TRAFFIC_FACTOR, MEMORY_BW_EFFICIENCY, TRAFFIC_PER_SAVED_BYTE
+from planner.profile import LayerTiming, TimingStats
 
 CL = cluster()
 NODE = CL.node_types[0]
@@ -96,9 +96,9 @@ def test_replica_computes_a_batch_slice_under_tp():
 
 
 def test_flash_attention_drops_scores_and_makes_selective_free():
-    from planner.cost.constants import CAUSAL_FLASH_WORK_FRACTION
-    from planner.gpt_profile import build_gpt_profile
-    from planner.modelspec import parse_model
+    from planner.core import CAUSAL_FLASH_WORK_FRACTION
+    from planner.profile import build_gpt_profile
+    from planner.model import parse_model
 
     blk = build_gpt_profile(parse_model("gpt:korthikanti-22b", dropout=0.1), tp_degrees=[1, 2]).layer("blocks.0")
     shard = blk.shard(2)

@@ -19,7 +19,7 @@ from planner.cost import (
     layer_overhead_s,
     timings_scale,
 )
-from planner.profiles import (
+from planner.profile import (
     ComputeFigure,
     LayerProfile,
     LayerTiming,
@@ -236,7 +236,7 @@ def test_profiler_measures_wrapper_overheads_of_one_block():
     """The real measurement on a one-rank gloo group: DTensor dispatch of a split block is not free."""
     import torch
 
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
     from runtime.models import build_layer, example_batch, init_weights
     from runtime.profiling.overhead import measure_runtime_overhead, single_rank_group
 

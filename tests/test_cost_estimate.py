@@ -6,15 +6,15 @@ import pytest
 from test_cost_helpers import INTRA_BW, MEM_BW, RATE, cluster, model
 
 from planner.cost import ParallelConfig, estimate
-from planner.cost.collectives import collective_time
-from planner.cost.constants import (
+from planner.cost import collective_time
+from planner.core import (
     CUDA_CONTEXT_BYTES,
     DDP_BUCKET_BYTES,
     FRAGMENTATION_FRACTION,
     MEMORY_BW_EFFICIENCY,
     OPTIMIZER_BYTES_PER_PARAM,
 )
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Predictions
 
 CL = cluster()
@@ -171,7 +171,7 @@ def test_mixed_cluster_stage_on_the_slower_node_type_hand_computed():
     uneven pipeline runs (m - 1) x the slowest rank + the sum over ranks (SC21 §2.2 with unequal stages)."""
     from test_cost_helpers import fits, node
 
-    from planner.profiles import ComputeFigure, NodeGroup
+    from planner.profile import ComputeFigure, NodeGroup
 
     slow = node("slow").model_copy(
         update={

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from planner.modelspec import ModelSpec
-from planner.profiles import (
+from planner.model import ModelSpec
+from planner.profile import (
     ClusterProfile,
     CollectiveFit,
     CollectiveNeed,

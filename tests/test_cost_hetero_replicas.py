@@ -14,12 +14,12 @@ from planner.cost import (
     replica_micro_batches,
     with_gpus,
 )
-from planner.cost.constants import DDP_BUCKET_BYTES
-from planner.cost.pipeline import pipeline_step_time
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile
+from planner.core import DDP_BUCKET_BYTES
+from planner.cost import pipeline_step_time
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile
 
 HW = Path(__file__).resolve().parents[1] / "profiles" / "hardware"
 MIXED = load_cluster_profile(HW / "mixed-a100-v100.json")
@@ -162,7 +162,7 @@ def test_bad_replica_configs_raise_one_line_errors(config, match):
 def test_cli_estimate_takes_replica_node_types_and_shares(capsys):
     import json
 
-    from planner.cli.main import main
+    from planner.cli import main
 
     argv = [
         "estimate",
@@ -208,7 +208,7 @@ def test_cli_estimate_takes_replica_node_types_and_shares(capsys):
 def test_replica_groups_follow_the_dp_outer_rank_layout(tp, pp, dp, per_node_dp, per_node_dpt, sends_cross):
     """Plans with replicas on several types lay ranks out as dp, pp, tp (replica j = j-th block of pp x tp
     ranks): DP members are pp x tp ranks apart, so a node of 8 holds 8 // (pp x tp) of them."""
-    from planner.cost.placement import replica_sends_cross_nodes, replica_sets
+    from planner.cost import replica_sends_cross_nodes, replica_sets
 
     types = (A100,) * (dp // 2) + (V100,) * (dp // 2)
     config = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=1, num_micro_batches=dp, replica_node_types=types)

@@ -3,10 +3,10 @@
 import pytest
 
 from planner.cost import layer_cost, model_states_bytes
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile
-from planner.cli.common import PROFILES_DIR
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile
+from planner.cli import PROFILES_DIR
 
 A100 = load_cluster_profile(PROFILES_DIR / "hardware" / "dgx-a100-80g.json")
 
@@ -137,7 +137,7 @@ def test_backward_sweep_first_layer_point_may_hold_less_than_its_activations():
     """Under full recompute a layer saves only its input but makes gradients bigger than that: at a run's first
     layer its own gradients do not exist yet, so ``first`` (activations less gradients) is below 0 and the point
     is the run's other layers' gradients plus one layer's activations, not all the run's gradients."""
-    from planner.cost.memory import SweepRun, backward_sweep
+    from planner.cost import SweepRun, backward_sweep
 
     # two identical layers: 10 B saved, 40 B of gradients, 5 B working set each
     run = SweepRun(act=20, grads=80, ws=5, first=10 - 40)
@@ -149,8 +149,8 @@ def test_backward_sweep_first_layer_point_may_hold_less_than_its_activations():
 def test_plan_config_keeps_the_plans_load_imbalance():
     """The routing load a plan was priced at reaches the cost model when the plan is re-priced."""
     from fixtures.plans import make_plan
-    from planner.cost.plan_config import plan_config
-    from planner.modelspec import parse_model
+    from planner.cost import plan_config
+    from planner.model import parse_model
 
     plan = make_plan(
         parse_model("moe:tiny"), global_batch=8, seq_len=64, dp=2, experts={"ep": 2, "load_imbalance": 1.2}

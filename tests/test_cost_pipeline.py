@@ -3,7 +3,7 @@
 import pytest
 
 from planner.cost import inflight_microbatches, pipeline_step_time
-from planner.errors import StratagemError
+from planner.core import StratagemError
 
 
 @pytest.mark.parametrize("p,m", [(4, 8), (8, 64), (2, 1), (16, 48)])

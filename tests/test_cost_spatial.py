@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cnn3d import volume_layers
-from planner.cost.collectives import collective_time
-from planner.cost.placement import with_gpus
-from planner.cost.spatial import (
+from planner.model import volume_layers
+from planner.cost import collective_time
+from planner.cost import with_gpus
+from planner.cost import (
     UNSPLIT,
     SpatialOption,
     SpatialSplitError,
@@ -17,9 +17,9 @@ from planner.cost.spatial import (
     layer_options,
     split_grid,
 )
-from planner.cost.spatial_plan import SpatialConfig, SpatialCosts, estimate_spatial
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile, resolve_cluster_path
+from planner.cost import SpatialConfig, SpatialCosts, estimate_spatial
+from planner.model import parse_model
+from planner.profile import load_cluster_profile, resolve_cluster_path
 from runtime.profiling.model import profile_model_analytic
 
 V100 = with_gpus(load_cluster_profile(resolve_cluster_path("aws-p3-16xlarge")), 16)
@@ -123,7 +123,7 @@ def test_bad_splits_are_one_line_errors():
 
 
 def test_volume_must_halve_cleanly():
-    from planner.errors import StratagemError
+    from planner.core import StratagemError
 
     with pytest.raises(StratagemError, match="use a volume divisible by 8"):
         parse_model("unet3d:cicek2016", volume=100)

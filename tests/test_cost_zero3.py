@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost.zero3 import list_collective_s, parameter_tensors
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile
+from planner.cost import list_collective_s, parameter_tensors
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHA_S, BUS_BW = 32.2e-6, 229.35e9
@@ -129,7 +129,7 @@ def test_first_layer_gather_and_reduce_scatter_are_never_hidden(tiny):
     # overlapped, k = contention: max(C - (1 - k) m W, k C) + gather(embed) + reduce_scatter(embed);
     # pp = 1, m = 2: the runtime reduce-scatters every micro-batch (2 gathers + 1 reduce-scatter each)
     model, cluster = tiny
-    from planner.cost.kernels import contention
+    from planner.cost import contention
 
     cfg = ParallelConfig(dp=8, num_micro_batches=2, zero_stage=3)
     est = estimate(model, cluster, cfg, global_batch=16, dtype="bf16")

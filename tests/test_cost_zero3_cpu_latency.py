@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from planner.calibrate.fit import apply
+from planner.calibrate import apply
 from planner.cost import ParallelConfig, collective_time, estimate
-from planner.cost.compute import SYNC_PROBE_BYTES
-from planner.cost.zero3 import root_unit_layers
-from planner.profiles import BlockingLatency, load_cluster_profile, load_model_profile
-from planner.search.config import SearchConfig
-from planner.search.costs import CandidateCosts
-from planner.search.ilp import build_problem, extract_assignment, solve
-from planner.search.planner import check_exact
-from planner.search.space import enumerate_outer
+from planner.cost import SYNC_PROBE_BYTES
+from planner.cost import root_unit_layers
+from planner.profile import BlockingLatency, load_cluster_profile, load_model_profile
+from planner.search import SearchConfig
+from planner.search import CandidateCosts
+from planner.search import build_problem, extract_assignment, solve
+from planner.search import check_exact
+from planner.search import enumerate_outer
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "profiles/models/gpt-tiny.json"

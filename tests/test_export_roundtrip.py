@@ -10,14 +10,14 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from fixtures.export_plans import plan_from_settings  # noqa: E402
-from planner.cli.common import resolve_cluster_path  # noqa: E402
-from planner.export.api import estimate_config, export_plan, import_config, layer_kinds  # noqa: E402
-from planner.export.nearest import CAPABILITIES  # noqa: E402
-from planner.export.settings import FRAMEWORK_MEMORY, FrameworkSettings, to_parallel_config  # noqa: E402
-from planner.gpt_profile import build_gpt_profile  # noqa: E402
-from planner.modelspec import parse_model  # noqa: E402
-from planner.profiles import load_cluster_profile  # noqa: E402
-from planner.recipe import build_lr_schedule, lr_at_step, peak_lr  # noqa: E402
+from planner.cli import resolve_cluster_path  # noqa: E402
+from planner.export import estimate_config, export_plan, import_config, layer_kinds  # noqa: E402
+from planner.export import CAPABILITIES  # noqa: E402
+from planner.export import FRAMEWORK_MEMORY, FrameworkSettings, to_parallel_config  # noqa: E402
+from planner.profile import build_gpt_profile  # noqa: E402
+from planner.model import parse_model  # noqa: E402
+from planner.profile import load_cluster_profile  # noqa: E402
+from planner.plan import build_lr_schedule, lr_at_step, peak_lr  # noqa: E402
 
 CLUSTER = load_cluster_profile(resolve_cluster_path("dgx-a100-80g"))
 SEQ = 64
@@ -154,7 +154,7 @@ def test_the_warmup_from_base_lr_survives_megatron():
 
 def test_virtual_stages_that_do_not_divide_the_layers_become_the_nearest_that_do():
     from planner.export import megatron
-    from planner.export.nearest import nearest_candidates
+    from planner.export import nearest_candidates
 
     model = parse_model("gpt", layers=12, hidden=64, heads=8, vocab=256, max_seq=SEQ)
     s = FrameworkSettings(

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from planner.modelspec import parse_model
+from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics
 from fixtures.plans import make_plan

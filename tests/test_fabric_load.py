@@ -1,4 +1,4 @@
-"""FabricLoad (planner/profiles.py): a large job's share of the inter-node bandwidth on a shared fabric.
+"""FabricLoad (planner/profile/load.py): a large job's share of the inter-node bandwidth on a shared fabric.
 
 Checked by hand: the share's interpolation, that it scales exactly the inter-node bandwidth terms (not the
 latencies, not NVLink), that profiles without it are unchanged, that the search stays exact with it, and that
@@ -17,18 +17,18 @@ import pytest
 from pydantic import ValidationError
 
 from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost.collectives import collective_time
-from planner.cost.constants import SELENE_FABRIC_LOAD
-from planner.cost.context import cp_degrees
-from planner.cost.placement import block_count
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import FabricLoad, load_cluster_profile, resolve_cluster_path, save_profile
-from planner.search.brute import iter_layer_assignments, to_assignment
-from planner.search.config import SearchConfig
-from planner.search.costs import CandidateCosts
-from planner.search.space import enumerate_outer
+from planner.cost import collective_time
+from planner.core import SELENE_FABRIC_LOAD
+from planner.cost import cp_degrees
+from planner.cost import block_count
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import FabricLoad, load_cluster_profile, resolve_cluster_path, save_profile
+from planner.search import iter_layer_assignments, to_assignment
+from planner.search import SearchConfig
+from planner.search import CandidateCosts
+from planner.search import enumerate_outer
 from search_helpers import check_ilp_against_brute
 
 ROOT = Path(__file__).resolve().parents[1]

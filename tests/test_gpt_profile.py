@@ -2,10 +2,10 @@
 
 import pytest
 
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import ModelProfile
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import ModelProfile
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fixtures.plans import make_plan
-from planner.modelspec import parse_model
+from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics
 
@@ -77,12 +77,12 @@ def test_launch_on_cuda_reports_gpu_memory_and_prediction(tmp_path):
     launch measures GPU time
     and ``max_memory_allocated``, and the measured step is within 4x of the prediction (a unit or device
     mix-up is off by far more; on the H100 here gpt2 mb 4 measured 45.6 ms, predicted 49.5 ms)."""
-    from planner.cost.plan_config import plan_config
+    from planner.cost import plan_config
     from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
     from planner.cost import estimate
-    from planner.cost.placement import with_gpus
-    from planner.gpt_profile import build_gpt_profile
-    from planner.profiles import load_cluster_profile, resolve_cluster_path
+    from planner.cost import with_gpus
+    from planner.profile import build_gpt_profile
+    from planner.profile import load_cluster_profile, resolve_cluster_path
 
     spec = parse_model("gpt:gpt2")
     plan = make_plan(spec, dp=1, global_batch=4, seq_len=1024, num_micro_batches=1, dtype="bf16", lr=1e-4)
@@ -110,7 +110,7 @@ def test_profile_model_on_cuda_is_near_the_kernel_model(tmp_path):
     cmd += ["--dtype", "bf16", "--repeats", "5", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    from planner.profiles import load_model_profile
+    from planner.profile import load_model_profile
 
     profile = load_model_profile(out)
     assert profile.provenance.method != "analytic"
@@ -120,9 +120,9 @@ def test_profile_model_on_cuda_is_near_the_kernel_model(tmp_path):
     assert measured > 0
     if "H100" not in torch.cuda.get_device_name(0):
         pytest.skip("the kernel-model comparison uses the dgx-h100 profile; this GPU is not an H100")
-    from planner.cost.kernels import Device, layer_kernels
-    from planner.gpt_profile import build_gpt_profile
-    from planner.profiles import load_cluster_profile, resolve_cluster_path
+    from planner.cost import Device, layer_kernels
+    from planner.profile import build_gpt_profile
+    from planner.profile import load_cluster_profile, resolve_cluster_path
 
     node = load_cluster_profile(resolve_cluster_path("dgx-h100")).node_types[0]
     dev = Device.of_node(node, "bf16")

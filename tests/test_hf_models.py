@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_helpers import LLAMA3_8B, write_config
-from planner.errors import StratagemError
-from planner.modelspec import parse_model
+from planner.core import StratagemError
+from planner.model import parse_model
 from runtime.models import build_model, init_weights, layer_paths, tp_layout
 from runtime.models.external import external
 from runtime.models.hf import build_hf, hf_config, hf_parts, require_transformers

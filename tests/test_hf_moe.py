@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_helpers import write_moe_config
-from planner.modelspec import parse_model
+from planner.model import parse_model
 from runtime.models import build_model, init_weights, layer_paths, loss_fn
 from runtime.models.external import external
 from runtime.models.hf import hf_config, hf_parts
@@ -100,7 +100,7 @@ def test_hf_moe_config_maps_onto_the_zoo_moe_family(tmp_path, kind):
 
 
 def test_hf_moe_mapping_refuses_what_the_zoo_cannot_hold():
-    from planner.errors import StratagemError
+    from planner.core import StratagemError
     from runtime.models.hf_moe import moe_dims_from_hf
 
     with pytest.raises(StratagemError, match="not a Mixture-of-Experts config"):

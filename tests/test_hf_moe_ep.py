@@ -20,7 +20,7 @@ import torch
 from fixtures.plans import make_plan
 from fixtures.reference import reference_losses
 from hf_helpers import write_moe_config
-from planner.modelspec import parse_model
+from planner.model import parse_model
 from planner.plan import Plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
@@ -316,7 +316,7 @@ def test_a_resume_with_another_expert_layout_is_refused_in_one_line(tmp_path, ca
     """A checkpoint written at ep 1 x etp 2 (its meta.json, as train writes it) and a plan at ep 2 x etp 1 of the
     same model and world size: ``--resume`` stops before any process starts (each etp slice has its own key and
     width, so the experts would not load)."""
-    from planner.cli.main import main
+    from planner.cli import main
     from runtime.executor.checkpoint import COMPLETE_MARKER, META_FILE, expert_meta, step_dir
 
     plan = make_plan(parse_model("moe:tiny"), global_batch=8, seq_len=16, dp=2, experts={"ep": 2, "etp": 1})
@@ -338,7 +338,7 @@ def test_hf_expert_layouts_the_runtime_cannot_run_are_one_line_errors(tmp_path):
     """Refused before any process starts: a capacity factor (transformers' blocks are dropless), experts with
     tp > 1 (no TP layout for the block: TP ranks would dispatch the same tokens), replicas with different
     micro-batch counts (the all-to-alls would deadlock)."""
-    from planner.errors import StratagemError
+    from planner.core import StratagemError
     from runtime.executor.parallelize import check_supported
 
     spec = _spec(tmp_path, "mixtral")

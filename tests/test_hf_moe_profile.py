@@ -11,16 +11,16 @@ import pytest
 from transformers import AutoModelForCausalLM, MixtralConfig
 
 from hf_helpers import write_moe_config
-from planner.cli.main import main
-from planner.modelspec import parse_model
-from planner.moe_profile import build_moe_profile
+from planner.cli import main
+from planner.model import parse_model
+from planner.profile import build_moe_profile
 from planner.plan import load_plan
 from runtime.models.hf import hf_config
 from runtime.models.hf_moe import moe_dims_from_hf
 from runtime.profiling.model import profile_model_analytic
 
 # Mixtral-8x7B's config.json (mistralai/Mixtral-8x7B-v0.1; Jiang et al. 2024, arXiv:2401.04088, Table 1), as
-# planner.modelspec's moe:mixtral-8x7b preset transcribes it; sequence 4096 as that preset.
+# planner.model.spec's moe:mixtral-8x7b preset transcribes it; sequence 4096 as that preset.
 MIXTRAL_8X7B = dict(
     hidden_size=4096,
     intermediate_size=14336,
@@ -162,7 +162,7 @@ def test_hf_mixtral_8x7b_on_64_h100_is_planned_with_expert_parallelism(capsys, t
 
 
 def test_hf_qwen3_30b_a3b_profile_matches_the_closed_form_with_its_head_dim(tmp_path):
-    """Qwen/Qwen3-30B-A3B's config.json (as planner.modelspec's moe:qwen3-30b-a3b transcribes it, plus its
+    """Qwen/Qwen3-30B-A3B's config.json (as planner.model.spec's moe:qwen3-30b-a3b transcribes it, plus its
     head_dim 128): the same routed experts as the preset, and 30.53e9 parameters, the preset's closed form with
     head_dim 128 up to the q/k norms (48 x 2 x 128)."""
     from transformers import Qwen3MoeConfig

@@ -132,3 +132,31 @@ def test_no_planner_module_imports_another_ones_private_names():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("planner"):
                 private += [f"{name} imports {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert [p for p in private if not p.endswith(".__version__")] == []
+
+
+def _package_of(module: str) -> str | None:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "planner" and len(parts) > 1 else None
+
+
+def test_library_code_enters_other_planner_packages_through_their_face():
+    """``planner/`` and ``runtime/`` import another planner package's public names from the package itself
+    (``from planner.cost import estimate``), never from its submodules: a package's ``__init__`` is its API, and
+    its files can move without touching their users. Private names stay in their module (the test above)."""
+    reached_past = []
+    for folder in ("planner", "runtime"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            me = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("planner."):
+                    continue
+                if node.module.count(".") >= 2 and _package_of(node.module) != _package_of(me):
+                    public = [a.name for a in node.names if not a.name.startswith("_")]
+                    reached_past += [f"{me} line {node.lineno}: from {node.module} import {n}" for n in public]
+    assert reached_past == []
+
+
+def test_the_planner_root_keeps_only_the_package_face():
+    loose = sorted(p.name for p in PLANNER.glob("*.py") if p.name != "__init__.py")
+    assert loose == []

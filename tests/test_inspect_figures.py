@@ -6,7 +6,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.inspect import (
     build_example_plan,
     plot_layer_placement,
@@ -16,7 +16,7 @@ from planner.inspect import (
     plot_step_breakdown,
     plot_timeline,
 )
-from planner.inspect.report import figure_png
+from planner.inspect import figure_png
 
 matplotlib.use("Agg")
 GIB = 2**30

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.inspect import (
     build_example_plan,
     compare_plans,
@@ -18,8 +18,8 @@ from planner.inspect import (
     stage_frame,
     summary_frame,
 )
-from planner.inspect.frames import rank_coordinates
-from planner.inspect.measured import load_metrics
+from planner.inspect import rank_coordinates
+from planner.inspect import load_metrics
 
 
 @pytest.fixture(scope="module")

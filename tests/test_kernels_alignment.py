@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cost.kernels import Device, gemm_s, op_backward
-from planner.profiles import OpProfile, load_cluster_profile, resolve_cluster_path
+from planner.cost import Device, gemm_s, op_backward
+from planner.profile import OpProfile, load_cluster_profile, resolve_cluster_path
 
 
 def _device(cluster: str) -> Device:

@@ -59,9 +59,9 @@ def test_the_check_can_fail(rows):
     no gathered layers in flight but DDP-style buffers) is off by more than 5 %: the tolerance separates models."""
     import dataclasses
 
-    from planner.cost.plan_config import plan_config
-    from planner.export.api import estimate_config
-    from planner.profiles import load_cluster_profile
+    from planner.cost import plan_config
+    from planner.export import estimate_config
+    from planner.profile import load_cluster_profile
     from runtime.profiling.model import profile_model_analytic
 
     plan = memory_accuracy.predicted_plan("llama:tiny", "zero3")

@@ -11,20 +11,13 @@ import sys
 import pytest
 
 from planner.cost import estimate
-from planner.cost.config import ParallelConfig
-from planner.cost.moe import (
-    ExpertStates,
-    all_to_all_s,
-    deepep_s,
-    ep_group,
-    remote_nodes_per_token,
-    require_all_to_all,
-)
-from planner.cost.placement import GroupShape, with_gpus
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile, resolve_cluster_path
+from planner.cost import ParallelConfig
+from planner.cost import ExpertStates, all_to_all_s, deepep_s, ep_group, remote_nodes_per_token, require_all_to_all
+from planner.cost import GroupShape, with_gpus
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile, resolve_cluster_path
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from planner.cost.plan_config import plan_config
-from planner.cli.main import main
-from planner.cost.moe import default_load_imbalance
+from planner.cost import plan_config
+from planner.cli import main
+from planner.cost import default_load_imbalance
 from planner.plan import load_plan
 
 ARGS = ["plan", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "32", "--seq", "1024"]

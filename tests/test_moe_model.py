@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from fixtures.plans import make_plan
-from planner.errors import StratagemError
-from planner.modelspec import parse_model
+from planner.core import StratagemError
+from planner.model import parse_model
 from runtime.executor.moe import check_experts, fold_stage_ranks
 from runtime.executor.parallelize import check_supported
 from runtime.models import build_layer, build_model, init_weights, loss_fn, resolve_dims
@@ -144,7 +144,7 @@ def test_a_dense_plan_of_an_moe_model_is_supported():
 
 def test_profiled_moe_blocks_hold_their_routed_experts_apart():
     """A profiled MoE block's shards leave the routed experts out; the layer describes them for the planner."""
-    from planner import profiles
+    from planner.profile import load as profiles
     from runtime.profiling.model import profile_model_analytic
 
     if not hasattr(profiles, "ExpertProfile"):

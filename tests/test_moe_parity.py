@@ -18,7 +18,7 @@ import torch
 
 from fixtures.plans import make_plan
 from fixtures.reference import reference_losses
-from planner.modelspec import parse_model
+from planner.model import parse_model
 from planner.plan import Plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics

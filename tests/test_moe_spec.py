@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import StratagemError
-from planner.modelspec import PRESETS, parse_model
+from planner.core import StratagemError
+from planner.model import PRESETS, parse_model
 from planner.plan import ExpertLayout, check_expert_layout, expert_groups
 
 

@@ -10,7 +10,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import moe_validation  # noqa: E402
 
-from planner.cost.constants import MOE_LOAD_IMBALANCE  # noqa: E402
+from planner.core import MOE_LOAD_IMBALANCE  # noqa: E402
 
 MIXTRAL_CALIB = "mixtral-8x22b-dropless-128xh100"
 

@@ -18,8 +18,8 @@ import pytest
 
 from fixtures.plans import make_plan
 from fixtures.reference import reference_losses
-from planner.cli.main import main
-from planner.modelspec import parse_model
+from planner.cli import main
+from planner.model import parse_model
 from planner.plan import load_plan, save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics
 from runtime_helpers import REPO, tail
@@ -131,10 +131,10 @@ def test_plan_for_megatron_prices_megatron_memory_and_says_so(tmp_path, capsys):
     import dataclasses
 
     from planner.cost import estimate
-    from planner.cost.plan_config import plan_config
-    from planner.gpt_profile import build_gpt_profile
+    from planner.cost import plan_config
+    from planner.profile import build_gpt_profile
     from planner.plan import load_plan
-    from planner.profiles import load_cluster_profile, resolve_cluster_path
+    from planner.profile import load_cluster_profile, resolve_cluster_path
 
     argv = ["plan", "--model", "gpt:gpt2", "--cluster", "dgx-a100-80g", "--gpus", "16", "--global-batch", "64"]
     out = {}

@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from planner.cli.common import PROFILES_DIR, resolve_cluster_path
-from planner.cli.main import main
-from planner.errors import StratagemError
+from planner.cli import PROFILES_DIR, resolve_cluster_path
+from planner.cli import main
+from planner.core import StratagemError
 from planner.plan import TrainingSettings, load_plan, save_plan, validate
-from planner.profiles import load_cluster_profile, load_model_profile
-from planner.search.config import SearchConfig
-from planner.search.plan_file import build_plan, stage_ranks
-from planner.search.planner import plan_search
+from planner.profile import load_cluster_profile, load_model_profile
+from planner.search import SearchConfig
+from planner.search import build_plan, stage_ranks
+from planner.search import plan_search
 
 TINY = PROFILES_DIR / "models" / "gpt-tiny.json"
 
@@ -165,7 +165,7 @@ def test_a_stopped_search_is_reported_as_not_optimal(tmp_path, capsys, monkeypat
 
 @pytest.mark.parametrize("command", ["plan", "launch"])
 def test_every_flag_has_help_and_no_none_default_noise(command):
-    from planner.cli.main import build_parser
+    from planner.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
     parser = sub.choices[command]
@@ -181,11 +181,11 @@ def test_older_plans_are_migrated_to_integer_counts_without_num_micro_batches(tm
     against its own hash first; a tampered old file is refused."""
     import json
 
-    from planner.errors import StratagemError
-    from planner.fileio import content_hash
+    from planner.core import StratagemError
+    from planner.core import content_hash
     from planner.plan import PLAN_SCHEMA_VERSION, load_plan, save_plan
     from fixtures.plans import make_plan
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
 
     plan = make_plan(parse_model("gpt:tiny"), dp=2, global_batch=16, batch_shares=[0.75, 0.25])
     assert PLAN_SCHEMA_VERSION == 3 and plan.schedule.micro_batches_per_replica == [3, 1]
@@ -216,10 +216,10 @@ def test_older_plans_are_migrated_to_integer_counts_without_num_micro_batches(tm
 def test_stored_micro_batch_counts_must_match_the_split(tmp_path):
     import json
 
-    from planner.errors import StratagemError
+    from planner.core import StratagemError
     from planner.plan import load_plan, save_plan
     from fixtures.plans import make_plan
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
 
     data = json.loads(save_plan(make_plan(parse_model("gpt:tiny"), dp=2), tmp_path / "p.json").read_text())
     data["schedule"]["micro_batches_per_replica"] = [2, 1]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from planner.errors import StratagemError
-from planner.fileio import content_hash
-from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
+from planner.core import StratagemError
+from planner.core import content_hash
+from planner.profile import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 from tools.schema_export import SCHEMAS, render_schema, stale_schemas
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"

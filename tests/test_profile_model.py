@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.cli.main import main
-from planner.modelspec import parse_model
-from planner.profiles import (
+from planner.cli import main
+from planner.model import parse_model
+from planner.profile import (
     ClusterProfile,
     ComputeFigure,
     NodeGroup,
@@ -194,7 +194,7 @@ def test_analytic_175b_is_fast_and_small(tmp_path):
 
 
 def test_measured_and_closed_form_profiles_agree():
-    gpt_profile = pytest.importorskip("planner.gpt_profile")
+    gpt_profile = pytest.importorskip("planner.profile.gpt")
     spec = parse_model("gpt", layers=2, hidden=256, heads=8, max_seq=128, vocab=512, dropout=0.1)
     settings = ProfileSettings(
         micro_batches=(1,),

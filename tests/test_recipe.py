@@ -8,9 +8,9 @@ import math
 import pytest
 import torch.distributed as dist
 
-from planner.modelspec import parse_model
+from planner.model import parse_model
 from planner.plan import Plan
-from planner.recipe import build_lr_schedule, lr_at_step, peak_lr
+from planner.plan import build_lr_schedule, lr_at_step, peak_lr
 
 
 def test_linear_scaling_warmup_and_cosine_by_hand():

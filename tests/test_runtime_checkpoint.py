@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from runtime.executor.checkpoint import load_checkpoint, save_checkpoint
 
 

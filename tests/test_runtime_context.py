@@ -15,8 +15,8 @@ import torch
 
 from fixtures.plans import make_plan
 from fixtures.reference import reference_losses
-from planner.errors import StratagemError
-from planner.modelspec import parse_model
+from planner.core import StratagemError
+from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.context import ContextShard, _to_rank_order, _to_sequence_order, check_context_supported
 from runtime.executor.metrics import final_step_losses, read_metrics

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from planner.modelspec import parse_model
+from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.checkpoint import COMPLETE_MARKER, find_latest_checkpoint
 from runtime.executor.metrics import final_step_losses, read_metrics

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from planner.errors import StratagemError
-from planner.modelspec import parse_model
+from planner.core import StratagemError
+from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics
 from fixtures.plans import make_plan

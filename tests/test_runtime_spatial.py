@@ -13,9 +13,9 @@ import torch
 
 from fixtures.reference import reference_losses
 from fixtures.spatial_plans import make_spatial_plan
-from planner.cnn3d import volume_layers
-from planner.modelspec import parse_model
-from planner.errors import StratagemError
+from planner.model import volume_layers
+from planner.model import parse_model
+from planner.core import StratagemError
 from planner.plan import load_plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
@@ -146,7 +146,7 @@ def test_four_rank_spatial_layouts_match_single_process(spatial4, name):
 
 
 def test_bad_spatial_plans_are_one_line_errors():
-    from planner.search.spatial_plan_file import check_spatial_plan
+    from planner.search import check_spatial_plan
 
     bad = {  # split degree not dividing the volume; halo (kernel 5: 2 voxels) wider than a 1-voxel shard
         "does not divide its 16-voxel extent; choose a degree dividing 16": make_spatial_plan(

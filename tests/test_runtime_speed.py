@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fixtures.plans import make_plan
-from planner.modelspec import parse_model
+from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.master_adamw import MasterAdamW
 from runtime.executor.metrics import final_step_losses, read_metrics
@@ -253,7 +253,7 @@ def test_hf_model_outside_the_attention_interface_warns(tmp_path, monkeypatch, c
 
 
 def test_estimate_defaults_to_fused_attention_on_gpu_clusters(capsys):
-    from planner.cli.main import main
+    from planner.cli import main
 
     base = ["estimate", "--model", "gpt:gpt2", "--global-batch", "8", "--seq", "1024", "--json"]
     for cluster, fused in (("dgx-h100", True), ("local-cpu-2core", False)):
@@ -282,7 +282,7 @@ def test_lm_head_pads_an_unaligned_vocabulary_without_changing_values_or_gradien
 
 
 def test_compile_mode_is_cuda_graphs_on_one_cuda_rank_and_the_knob_overrides(monkeypatch):
-    from planner.errors import StratagemError
+    from planner.core import StratagemError
     from runtime.executor.speed import COMPILE_MODE_ENV, compile_mode
 
     one, two = (make_plan(parse_model("gpt:tiny"), dp=dp) for dp in (1, 2))

@@ -9,9 +9,9 @@ import subprocess
 import pytest
 import torch
 
-from planner.cli.main import main as cli_main
-from planner.errors import StratagemError
-from planner.modelspec import parse_model
+from planner.cli import main as cli_main
+from planner.core import StratagemError
+from planner.model import parse_model
 from planner.plan import LayerLayout, save_plan
 from runtime.executor.checkpoint import COMPLETE_MARKER, find_latest_checkpoint
 from runtime.executor.data import (

@@ -6,7 +6,7 @@ then ``apply_ac``), the bytes of every tensor autograd saves during its forward 
 left out (``runtime.profiling.measure.saved_bytes``, the profiler's own ``saved_tensors_hooks`` count; full and
 selective recompute save their checkpoint inputs through the same hooks — tensors kept in the cache of torch's
 op-level selective checkpointing, which selective recompute used before, would be invisible here). Cost model:
-``layer_cost(...).act_bytes`` of the block in the closed-form profile (``planner.gpt_profile``, Korthikanti et al.
+``layer_cost(...).act_bytes`` of the block in the closed-form profile (``planner.profile.gpt``, Korthikanti et al.
 2022 §4.1 counts), for the same micro-batch. Both in fp32 on CPU; the gap allowed (5 %) covers what the formula
 leaves out on purpose (LayerNorm mean and rstd, the fused kernel's log-sum-exp: under 1 % at these sizes).
 
@@ -20,11 +20,11 @@ import pytest
 import torch
 from torch import nn
 
-from planner.cost.compute import layer_cost
-from planner.cost.placement import with_gpus
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile, resolve_cluster_path
+from planner.cost import layer_cost
+from planner.cost import with_gpus
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile, resolve_cluster_path
 from runtime.executor.recompute import apply_ac
 from runtime.models.attention import apply_attention
 from runtime.models.zoo import build_layer

@@ -9,16 +9,16 @@ from __future__ import annotations
 import math
 import random
 
-from planner.cost.placement import with_gpus
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile, resolve_cluster_path
-from planner.search.config import SearchConfig
-from planner.search.costs import CandidateCosts
+from planner.cost import with_gpus
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile, resolve_cluster_path
+from planner.search import SearchConfig
+from planner.search import CandidateCosts
 from planner.search.planner import _enumerate, _key, _solve_candidate
-from planner.search.space import expand_experts, lower_bound_s, memory_shortfall_bytes, refined_lower_bound_s
-from planner.search.tables import dominates
+from planner.search import expand_experts, lower_bound_s, memory_shortfall_bytes, refined_lower_bound_s
+from planner.search import dominates
 
 SLACK = 1 + 1e-9
 

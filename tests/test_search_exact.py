@@ -15,17 +15,17 @@ import random
 
 import pytest
 
-from planner.cost.context import cp_degrees
-from planner.cost.placement import block_count, with_gpus
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile
-from planner.cli.common import resolve_cluster_path
-from planner.search.brute import iter_layer_assignments, to_assignment
-from planner.search.config import SearchConfig
-from planner.search.costs import CandidateCosts
-from planner.search.ilp import build_problem, solve
-from planner.search.space import enumerate_outer
+from planner.cost import cp_degrees
+from planner.cost import block_count, with_gpus
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile
+from planner.cli import resolve_cluster_path
+from planner.search import iter_layer_assignments, to_assignment
+from planner.search import SearchConfig
+from planner.search import CandidateCosts
+from planner.search import build_problem, solve
+from planner.search import enumerate_outer
 from search_helpers import check_ilp_against_brute
 
 N_INSTANCES = 56

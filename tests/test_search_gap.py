@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from planner.cli.main import main
+from planner.cli import main
 
 ARGS = ["plan", "--model", "gpt:gpt2-medium", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]
 
@@ -29,8 +29,8 @@ def test_a_gap_plan_claims_optimality_only_when_proven(tmp_path, gap, capsys):
 
 
 def test_candidates_the_cost_model_cannot_price_are_listed_and_qualify_the_claim(tmp_path, monkeypatch):
-    from planner.errors import StratagemError
-    from planner.search.costs import CandidateCosts
+    from planner.core import StratagemError
+    from planner.search import CandidateCosts
 
     original = CandidateCosts.quick_bound_s
 

@@ -7,17 +7,17 @@ from dataclasses import replace
 
 import pytest
 
-from planner.cli.common import resolve_cluster_path
-from planner.cost.placement import block_count
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
+from planner.cli import resolve_cluster_path
+from planner.cost import block_count
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
 from planner.plan import load_plan, save_plan, validate
 from planner.plan import TrainingSettings
-from planner.profiles import load_cluster_profile
-from planner.search.config import SearchConfig
-from planner.search.costs import CandidateCosts
-from planner.search.plan_file import build_plan
-from planner.search.planner import plan_search
+from planner.profile import load_cluster_profile
+from planner.search import SearchConfig
+from planner.search import CandidateCosts
+from planner.search import build_plan
+from planner.search import plan_search
 
 A100, V100 = "dgx-a100-80g", "p3.16xlarge"
 NO_PP = frozenset({"tp", "dp", "zero", "recompute", "mixed"})  # mixed without pipelines: replicas only
@@ -85,10 +85,10 @@ def test_prove_top_k_gives_the_k_best_candidates():
     ranked plan dominates it: same time terms, no more memory), each candidate solved on its own."""
     import math
 
-    from planner.cost.placement import with_gpus
-    from planner.search.ilp import build_problem, solve
-    from planner.search.space import enumerate_outer, memory_shortfall_bytes
-    from planner.search.tables import dominates
+    from planner.cost import with_gpus
+    from planner.search import build_problem, solve
+    from planner.search import enumerate_outer, memory_shortfall_bytes
+    from planner.search import dominates
 
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 4)
     profile = build_gpt_profile(

@@ -12,11 +12,11 @@ import random
 
 import pytest
 
-from planner.search.brute import brute_force_tables
-from planner.search.config import SearchConfig
-from planner.search.ilp import build_problem, extract_assignment, solve
-from planner.search.space import lower_bound_s
-from planner.search.tables import Concave, Group, Option, OptionCost, RankModel, Tables, evaluate
+from planner.search import brute_force_tables
+from planner.search import SearchConfig
+from planner.search import build_problem, extract_assignment, solve
+from planner.search import lower_bound_s
+from planner.search import Concave, Group, Option, OptionCost, RankModel, Tables, evaluate
 
 CFG = SearchConfig(time_limit_s=20, threads=1)
 NONE_SPLIT = Option(recompute="none", style="split")

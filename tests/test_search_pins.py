@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from planner.cli.main import main
-from planner.search.pins import apply_pins
-from planner.search.space import OuterChoice
+from planner.cli import main
+from planner.search import apply_pins
+from planner.search import OuterChoice
 
 GPT = ["--model", "gpt:gpt2-medium", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64", "--seq", "1024"]
 

@@ -13,21 +13,21 @@ from pathlib import Path
 import pulp
 import pytest
 
-from planner.cli.common import resolve_cluster_path
+from planner.cli import resolve_cluster_path
 from planner.cost import estimate
-from planner.cost.config import ParallelConfig
-from planner.cost.placement import block_count, with_gpus
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile
-from planner.search.config import SearchConfig
-from planner.search.costs import CandidateCosts
-from planner.search.ilp import IncompleteAssignment, build_problem, check_complete
-from planner.search.ilp_terms import COEF_MAX, COEF_MIN, ScalingError, check_scaling
-from planner.search.planner import plan_search
-from planner.search.space import enumerate_outer
-from planner.search.tables import Assignment
+from planner.cost import ParallelConfig
+from planner.cost import block_count, with_gpus
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile
+from planner.search import SearchConfig
+from planner.search import CandidateCosts
+from planner.search import IncompleteAssignment, build_problem, check_complete
+from planner.search import COEF_MAX, COEF_MIN, ScalingError, check_scaling
+from planner.search import plan_search
+from planner.search import enumerate_outer
+from planner.search import Assignment
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -205,7 +205,7 @@ def test_mixed_cluster_checks_dtype_only_where_it_runs():
 
 
 def _knapsack() -> "Problem":  # noqa: F821 - imported inside the function
-    from planner.search.cbc import Problem
+    from planner.search import Problem
 
     prob = pulp.LpProblem("knap", pulp.LpMinimize)
     x = [prob.add_variable(f"x{i}", lowBound=0, upBound=3, cat="Integer") for i in range(4)]
@@ -215,7 +215,7 @@ def _knapsack() -> "Problem":  # noqa: F821 - imported inside the function
 
 
 def test_cut_off_claims_are_confirmed_by_a_second_solve():
-    from planner.search.cbc import solve
+    from planner.search import solve
 
     config = SearchConfig(time_limit_s=10)
     assert solve(_knapsack(), config).objective_s == pytest.approx(7.0)
@@ -226,7 +226,8 @@ def test_cut_off_claims_are_confirmed_by_a_second_solve():
 
 
 def test_a_refuted_claim_is_reported():
-    from planner.search.cbc import SolveResult, _refuted
+    from planner.search import SolveResult
+    from planner.search.cbc import _refuted
 
     claim = SolveResult(status="cut_off", objective_s=None, gap=math.inf, wall_time_s=0.0, bound_s=10.0)
     found = SolveResult(status="optimal", objective_s=9.0, gap=0.0, wall_time_s=0.0, bound_s=9.0)
@@ -238,7 +239,7 @@ def test_option_far_slower_than_the_step_gets_a_larger_time_unit():
     """mlp:tiny on 16 H100: a 'split' output layer over a cross-node tp group costs ~1e4 x the rest of the
     step, so its row overflowed COEF_MAX in the step's time unit (a ScalingError traceback); the build now
     enlarges the unit for that program."""
-    from planner.cli.main import main
+    from planner.cli import main
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -266,7 +267,7 @@ def test_working_sets_of_a_few_bytes_do_not_break_the_memory_rows(tmp_path):
     """A custom model's bf16 layers with a working set of ~70 bytes on an 80 GiB H100 gave the ILP row
     h_working_set a coefficient of 8e-10 < COEF_MIN (a ScalingError traceback); such fractions are rounded
     up to COEF_MIN, which counts at most ~86 bytes more than the cost model, never fewer."""
-    from planner.cli.main import main
+    from planner.cli import main
 
     repo = Path(__file__).resolve().parents[1]
     model = f"py:{repo / 'examples' / 'custom_model.py'}:build"

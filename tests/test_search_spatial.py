@@ -10,14 +10,15 @@ import random
 
 import pytest
 
-from planner.cost.placement import with_gpus
-from planner.cost.spatial import UNSPLIT, layer_options
-from planner.cost.spatial_plan import SpatialConfig, SpatialCosts, estimate_spatial
-from planner.errors import StratagemError
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile, resolve_cluster_path
-from planner.search.spatial import _outer, plan_spatial_search
-from planner.search.spatial_plan_file import build_spatial_plan, memory_table
+from planner.cost import with_gpus
+from planner.cost import UNSPLIT, layer_options
+from planner.cost import SpatialConfig, SpatialCosts, estimate_spatial
+from planner.core import StratagemError
+from planner.model import parse_model
+from planner.profile import load_cluster_profile, resolve_cluster_path
+from planner.search.spatial import _outer
+from planner.search import plan_spatial_search
+from planner.search import build_spatial_plan, memory_table
 from planner.plan import TrainingSettings
 from runtime.profiling.model import profile_model_analytic
 

@@ -19,13 +19,13 @@ from dataclasses import replace
 
 import pytest
 
-from planner.cli.common import resolve_cluster_path
+from planner.cli import resolve_cluster_path
 from planner.cost import ParallelConfig
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile
-from planner.search.config import SearchConfig
-from planner.search.costs import CandidateCosts
-from planner.search.planner import plan_search
+from planner.model import parse_model
+from planner.profile import load_cluster_profile
+from planner.search import SearchConfig
+from planner.search import CandidateCosts
+from planner.search import plan_search
 
 runtime_profile = pytest.importorskip("runtime.profiling.model")
 log = logging.getLogger(__name__)

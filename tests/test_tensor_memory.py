@@ -75,7 +75,7 @@ def test_the_steady_state_counts_the_optimizer_state_the_first_step_creates():
 
 def test_the_prediction_compared_is_each_ranks_peak_without_its_reserve():
     from fixtures.plans import make_plan
-    from planner.modelspec import parse_model
+    from planner.model import parse_model
     from planner.plan import Predictions, StagePrediction
 
     plan = make_plan(parse_model("gpt:tiny"), pp=2)

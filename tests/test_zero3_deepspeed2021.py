@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost.collectives import collective_time
-from planner.cost.zero3 import deepspeed_buckets
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import parse_model
-from planner.profiles import load_cluster_profile
+from planner.cost import collective_time
+from planner.cost import deepspeed_buckets
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import parse_model
+from planner.profile import load_cluster_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 HBM = 2039e9 * 0.85

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.errors import StratagemError
-from planner.modelspec import parse_model
+from planner.core import StratagemError
+from planner.model import parse_model
 from runtime.models import (
     build_layer,
     build_model,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.cnn3d import volume_layers
-from planner.modelspec import parse_model
+from planner.model import volume_layers
+from planner.model import parse_model
 from runtime.models import build_model, example_batch, init_weights, loss_fn
 from runtime.profiling.model import ProfileSettings, profile_model, profile_model_analytic
 
@@ -70,9 +70,9 @@ def test_measured_profile_of_a_3d_cnn():
         > profile.layer("dense.0").shards[0].saved_bytes_per_sample
     )
     # the measured profile plans like the analytic one (its timings price the layers)
-    from planner.cost.placement import with_gpus
-    from planner.profiles import load_cluster_profile, resolve_cluster_path
-    from planner.search.spatial import plan_spatial_search
+    from planner.cost import with_gpus
+    from planner.profile import load_cluster_profile, resolve_cluster_path
+    from planner.search import plan_spatial_search
 
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("local-cpu-2core")), 2)
     result = plan_spatial_search(profile, cluster, n_devices=2, global_batch=2)

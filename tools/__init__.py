@@ -2,5 +2,5 @@
 
 Run from the repository root: ``python -m tools.schema_export``, ``python -m tools.docs_pictures --out docs``.
 They use the library; the library never uses them. (The datasheet catalog stays in
-``planner/hardware_catalog.py``: the cluster-profile migration reads its kernel models.)
+``planner/profile/hardware_catalog.py``: the cluster-profile migration reads its kernel models.)
 """

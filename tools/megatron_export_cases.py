@@ -19,12 +19,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fixtures.export_plans import plan_from_settings  # noqa: E402
-from planner.cli.common import resolve_cluster_path  # noqa: E402
-from planner.export.api import export_plan  # noqa: E402
-from planner.export.settings import FrameworkSettings  # noqa: E402
-from planner.gpt_profile import build_gpt_profile  # noqa: E402
-from planner.modelspec import parse_model  # noqa: E402
-from planner.profiles import load_cluster_profile  # noqa: E402
+from planner.cli import resolve_cluster_path  # noqa: E402
+from planner.export import export_plan  # noqa: E402
+from planner.export import FrameworkSettings  # noqa: E402
+from planner.profile import build_gpt_profile  # noqa: E402
+from planner.model import parse_model  # noqa: E402
+from planner.profile import load_cluster_profile  # noqa: E402
 
 # name: (model, seq, settings)
 CASES = {

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"README.md figure blocks differ from the benchmarks: {', '.join(changed)}; run {__file__}")
             return 1
         return 0
-    from planner.fileio import atomic_write_text
+    from planner.core import atomic_write_text
 
     atomic_write_text(README, text)
     print(f"regenerated: {', '.join(changed) or 'nothing changed'}")

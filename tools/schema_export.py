@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from planner.fileio import atomic_write_text
+from planner.core import atomic_write_text
 from planner.plan import Plan
-from planner.profiles import ClusterProfile, ModelProfile
+from planner.profile import ClusterProfile, ModelProfile
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "profiles" / "schema"
 SCHEMAS: dict[str, type[BaseModel]] = {

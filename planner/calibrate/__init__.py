@@ -7,4 +7,27 @@ calibrated cluster profile (with its ``calibration`` section) and the predicted-
 from planner.calibrate.fit import FitResult, apply, fit
 from planner.calibrate.runs import MeasuredRun, load_runs_csv, runs_hash
 
-__all__ = ["FitResult", "MeasuredRun", "apply", "fit", "load_runs_csv", "runs_hash"]
+from planner.calibrate.fit import Predictor, mean_abs, transfer
+from planner.calibrate.metrics_runs import load_runs_jsonl, runtime_precision
+from planner.calibrate.report import calibrated_profile, save_png, table_lines
+from planner.calibrate.runs import DIMS, OPTIONAL, REQUIRED
+
+__all__ = [
+    "DIMS",
+    "FitResult",
+    "MeasuredRun",
+    "OPTIONAL",
+    "Predictor",
+    "REQUIRED",
+    "apply",
+    "calibrated_profile",
+    "fit",
+    "load_runs_csv",
+    "load_runs_jsonl",
+    "mean_abs",
+    "runs_hash",
+    "runtime_precision",
+    "save_png",
+    "table_lines",
+    "transfer",
+]

@@ -31,10 +31,10 @@ import numpy as np
 
 from planner.calibrate.runs import MeasuredRun
 from planner.cost import estimate, with_gpus
-from planner.errors import StratagemError
-from planner.gpt_profile import build_gpt_profile
-from planner.modelspec import ModelSpec
-from planner.profile_schema import BlockingLatency, ClusterProfile
+from planner.core import StratagemError
+from planner.profile import build_gpt_profile
+from planner.model import ModelSpec
+from planner.profile import BlockingLatency, ClusterProfile
 
 PRIOR_WIDTH = 0.3  # prior standard deviation of log(parameter / datasheet value): ~ +-35 %
 MEASUREMENT_NOISE = 0.03  # assumed relative noise of a measured step time (run-to-run spread of a few %)

@@ -6,7 +6,7 @@ The model profile is the shipped one whose content hash the plan records (``prof
 measured on this machine); else, for a GPT trained in bf16 on CUDA, the closed-form profile with precision
 "autocast" — the runtime keeps fp32 weights and runs each micro-batch under ``torch.autocast``
 (``runtime/executor/schedule.py``), whose cast kernels, fp32 softmax/LayerNorm/cross-entropy and fp32 saved
-activations ``planner.autocast_profile`` prices (the "pure" profile predicted the H100 runs of
+activations ``planner.profile.autocast`` prices (the "pure" profile predicted the H100 runs of
 ``benchmarks/data/h100`` 35-75 % too fast and gpt2 mb16's peak memory at 55 %); else a shipped profile of the
 same model, sequence and dtype; else (None) the closed-form "pure" profile. On CPU the runtime also runs
 bf16 under autocast, but CPU runs are predicted from measured profiles. The configuration is the plan's, with
@@ -20,14 +20,15 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from planner.cost.plan_config import plan_config
+from planner.cost import plan_config
 from planner.calibrate.runs import MeasuredRun
-from planner.cost.constants import DTYPE_BYTES
-from planner.gpt_profile import build_gpt_profile
-from planner.errors import StratagemError
-from planner.fileio import parse_json, read_text
+from planner.core import DTYPE_BYTES
+from planner.profile import build_gpt_profile
+from planner.core import StratagemError
+from planner.core import parse_json, read_text
 from planner.plan import Plan, load_plan
-from planner.profiles import ModelProfile, Precision, load_model_profile
+from planner.profile import ModelProfile, load_model_profile
+from planner.core import Precision
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
 

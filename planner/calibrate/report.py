@@ -6,8 +6,8 @@ from pathlib import Path
 
 from planner.calibrate.fit import FitResult, apply, mean_abs
 from planner.calibrate.runs import MeasuredRun, runs_hash
-from planner.fileio import atomic_write_bytes, atomic_write_text
-from planner.profile_schema import Calibration, ClusterProfile
+from planner.core import atomic_write_bytes, atomic_write_text
+from planner.profile import Calibration, ClusterProfile
 
 
 def calibrated_profile(

@@ -17,11 +17,12 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from planner.cost.config import ParallelConfig, Recompute, ScheduleKind
-from planner.errors import StratagemError
-from planner.fileio import read_text
-from planner.modelspec import DimValue, parse_model
-from planner.profile_schema import ModelProfile
+from planner.cost import ParallelConfig
+from planner.core import Recompute, ScheduleKind
+from planner.core import StratagemError
+from planner.core import read_text
+from planner.model import DimValue, parse_model
+from planner.profile import ModelProfile
 
 REQUIRED = ("model", "gpus", "global_batch", "micro_batch", "tp", "pp", "dp", "step_time_s")
 DIMS = ("layers", "hidden", "heads", "seq", "vocab")

@@ -15,10 +15,10 @@ import argparse
 from dataclasses import replace
 
 from planner.calibrate import MeasuredRun, fit, load_runs_csv
-from planner.calibrate.metrics_runs import load_runs_jsonl
-from planner.calibrate.report import calibrated_profile, save_png, table_lines
-from planner.calibrate.runs import DIMS, OPTIONAL, REQUIRED
-from planner.profiles import load_cluster_profile, save_profile
+from planner.calibrate import load_runs_jsonl
+from planner.calibrate import calibrated_profile, save_png, table_lines
+from planner.calibrate import DIMS, OPTIONAL, REQUIRED
+from planner.profile import load_cluster_profile, save_profile
 
 from .common import (
     DefaultsHelpFormatter,

@@ -9,7 +9,7 @@ Example (GPT-3 175B on 1024 A100s, Megatron's configuration)::
 cluster keeps its nodes and its pipeline ranks are placed on node types in order (``--stage-node-types``
 overrides; ``--replica-node-types`` puts each dp replica on a node type instead, with ``--batch-shares``
 its fraction of the global batch). Without ``--model-profile`` a GPT/Llama model gets the closed-form profile
-(``planner.gpt_profile``).
+(``planner.profile.gpt``).
 """
 
 from __future__ import annotations
@@ -20,22 +20,21 @@ import json
 import math
 import sys
 
-from planner.cost.context import check_context_family
+from planner.cost import check_context_family
 from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost.placement import fill_stage_node_types
-from planner.cnn3d import SPATIAL_FAMILIES
-from planner.errors import StratagemError
+from planner.cost import fill_stage_node_types
+from planner.model import SPATIAL_FAMILIES
+from planner.core import StratagemError
 from planner.cli.model_args import MAX_VOLUME, MODEL_HELP, load_matching_profile, spec_from_args
-from planner.profiles import (
+from planner.profile import (
     DTYPE_HELP,
-    DTYPES,
     PRECISION_HELP,
-    PRECISIONS,
     ClusterProfile,
     ModelProfile,
     default_dtype,
     load_cluster_profile,
 )
+from planner.core import DTYPES, PRECISIONS
 
 from planner.cli.common import (
     SCHEDULE_ALIASES,
@@ -245,7 +244,7 @@ def _model(args: argparse.Namespace, dtype: str) -> ModelProfile:
 
         seq = args.seq or (int(spec.dim("max_seq")) if spec.is_language_model else 1)
         return profile_model_analytic(spec, seq_len=seq, dtype=dtype)
-    from planner.gpt_profile import build_gpt_profile
+    from planner.profile import build_gpt_profile
 
     return build_gpt_profile(spec, seq_len=args.seq, dtype=dtype, precision=getattr(args, "precision", "pure"))
 

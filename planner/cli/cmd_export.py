@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.errors import StratagemError
-from planner.export.settings import FRAMEWORKS
-from planner.fileio import atomic_write_text
+from planner.core import StratagemError
+from planner.export import FRAMEWORKS
+from planner.core import atomic_write_text
 from planner.plan import Plan, load_plan
-from planner.profiles import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
+from planner.profile import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 
 from .common import DefaultsHelpFormatter, check_out_path, nonempty_path, out_path, resolve_cluster_path
 
@@ -63,7 +63,7 @@ def costing_inputs(plan: Plan, args: argparse.Namespace) -> tuple[ModelProfile, 
             f"{plan.model.family} models need their profile to be estimated; pass --model-profile "
             f"(the one the plan was made with)"
         )
-    from planner.gpt_profile import build_gpt_profile
+    from planner.profile import build_gpt_profile
 
     return build_gpt_profile(plan.model, seq_len=plan.training.seq_len, dtype=plan.training.dtype), cluster
 
@@ -71,7 +71,7 @@ def costing_inputs(plan: Plan, args: argparse.Namespace) -> tuple[ModelProfile, 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from planner.export.api import export_plan
+    from planner.export import export_plan
 
     if args.out is not None:
         check_out_path(args.out, inputs={"plan": args.plan, "--model-profile": args.model_profile})

@@ -17,7 +17,7 @@ from planner.cli.common import (
     nonempty_path,
     out_path,
 )
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import load_plan, plan_label, stage_memory_predictions
 
 
@@ -132,7 +132,7 @@ def _run_with_oom_fallback(plan, opts, args: argparse.Namespace, metrics: Path |
     import dataclasses
     import json
 
-    from planner.fileio import atomic_write_text
+    from planner.core import atomic_write_text
     from planner.plan import save_plan
     from runtime.launch import FALLBACK_ENV, OOM_DIR_ENV, build_command, oom_fallback, run_command
 
@@ -177,7 +177,7 @@ def _run_with_oom_fallback(plan, opts, args: argparse.Namespace, metrics: Path |
 
 def fullest_text(plan) -> str:
     """``"4.16 MiB, 0.034% of 12 GiB"``: the fullest stage's predicted peak and its share of its device."""
-    from planner.inspect.units import fmt_bytes
+    from planner.inspect import fmt_bytes
 
     if plan.predictions is None or not plan.predictions.stages:
         return "not costed"
@@ -235,7 +235,7 @@ def check_cluster(plan, nproc_per_node: int) -> None:
 
     Plans for measured or hand-made clusters (no shipped profile of that name) are not checked."""
     from planner.cli.common import PROFILES_DIR
-    from planner.profiles import load_cluster_profile
+    from planner.profile import load_cluster_profile
 
     path = PROFILES_DIR / "hardware" / f"{plan.cluster_name}.json"
     if not path.exists():
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
     if not (args.slurm or args.dry_run):  # those may be prepared on a machine without the cluster's GPUs
         check_cluster(plan, opts.procs_per_node(plan))
     if args.slurm:
-        from planner.fileio import atomic_write_text
+        from planner.core import atomic_write_text
 
         atomic_write_text(args.slurm, build_slurm_script(plan, opts), flag="--slurm")
         print(f"wrote {args.slurm}; submit it with: sbatch {args.slurm}")

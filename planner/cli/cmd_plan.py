@@ -12,25 +12,24 @@ import argparse
 import sys
 import logging
 
-from planner.cost.config import MemorySemantics
-from planner.cost.context import check_context_family
-from planner.errors import StratagemError
-from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
+from planner.cost import MemorySemantics
+from planner.cost import check_context_family
+from planner.core import StratagemError
+from planner.model import FAMILY_DEFAULTS, ModelSpec
 from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, validate
-from planner.cnn3d import SPATIAL_FAMILIES
-from planner.profiles import (
+from planner.model import SPATIAL_FAMILIES
+from planner.profile import (
     DTYPE_HELP,
     PRECISION_HELP,
-    PRECISIONS,
-    DTYPES,
     ClusterProfile,
     ModelProfile,
     default_dtype,
     load_cluster_profile,
 )
-from planner.export.settings import FRAMEWORK_MEMORY
-from planner.search.pins import PIN_FLAGS, pins_note
-from planner.search.config import ALL_DIMENSIONS, SearchConfig, parse_allow
+from planner.core import PRECISIONS, DTYPES
+from planner.export import FRAMEWORK_MEMORY
+from planner.search import PIN_FLAGS, pins_note
+from planner.search import ALL_DIMENSIONS, SearchConfig, parse_allow
 
 from .common import (
     DEFAULT_MEMORY_MARGIN,
@@ -220,7 +219,7 @@ def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> M
     if args.model_profile is not None:
         return load_matching_profile(args.model_profile, spec, args.seq)
     if spec.family in ("gpt", "llama", "moe"):
-        from planner.gpt_profile import build_gpt_profile
+        from planner.profile import build_gpt_profile
 
         return build_gpt_profile(spec, seq_len=seq_len, dtype=args.dtype, precision=getattr(args, "precision", "pure"))
     if args.dtype not in ("fp32", "tf32", "bf16", "fp16"):
@@ -310,8 +309,8 @@ def _resolve_dtype(args: argparse.Namespace, cluster) -> str | None:
     """--dtype, else the default rule over the node types the plan's devices come from (so 16 A100s of
     mixed-a100-v100 train in bf16, 32 devices in fp16); with --model-profile the profile's dtype decides
     (checked against --dtype by :func:`_check_profile_dtype` once the profile is read)."""
-    from planner.cost.placement import with_gpus
-    from planner.search.space import devices_by_type
+    from planner.cost import with_gpus
+    from planner.search import devices_by_type
 
     if args.dtype or args.model_profile is not None:
         return args.dtype
@@ -332,8 +331,8 @@ def _check_profile_dtype(args: argparse.Namespace, profile: ModelProfile) -> str
 def _check_dtype(cluster, n_devices: int, dtype: str) -> None:
     """Every node type the plan's ``n_devices`` devices come from (the cluster's first ones) must have a
     throughput figure for the training dtype (V100s have no bf16); the others do not matter."""
-    from planner.cost.placement import with_gpus
-    from planner.search.space import devices_by_type
+    from planner.cost import with_gpus
+    from planner.search import devices_by_type
 
     used = devices_by_type(with_gpus(cluster, n_devices), n_devices)
     for node in cluster.node_types:
@@ -393,8 +392,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from planner.search.plan_file import build_plan
-    from planner.search.planner import fallback_candidate, plan_search
+    from planner.search import build_plan
+    from planner.search import fallback_candidate, plan_search
 
     cluster_path = resolve_cluster_path(args.cluster)
     check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
@@ -493,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
             f"{search.gap:.2%} of the optimum under the cost model; {fix}"
         )
     if args.cp_table:
-        from planner.search.context_table import best_per_cp, format_cp_table
+        from planner.search import best_per_cp, format_cp_table
 
         rows = best_per_cp(profile, cluster, n_devices=args.gpus, global_batch=args.global_batch, config=config)
         out.print("best plan per context-parallel degree:", highlight=False)

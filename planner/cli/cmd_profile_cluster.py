@@ -12,9 +12,9 @@ import re
 import sys
 from pathlib import Path
 
-from planner.errors import StratagemError
-from planner.fileio import save_document
-from planner.profile_schema import ClusterProfile, CollectiveFit
+from planner.core import StratagemError
+from planner.core import save_document
+from planner.profile import ClusterProfile, CollectiveFit
 
 from planner.cli.common import (
     MAX_SECONDS,
@@ -206,8 +206,8 @@ def poor_fit_warnings(fits: list[CollectiveFit]) -> list[str]:
 
 def load_any_profile(path: Path):
     """Load a cluster or a model profile, telling them apart by their top-level keys."""
-    from planner.fileio import read_json
-    from planner.profiles import load_cluster_profile, load_model_profile
+    from planner.core import read_json
+    from planner.profile import load_cluster_profile, load_model_profile
 
     data = read_json(path, what="profile")
     if "node_types" in data:

@@ -12,9 +12,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
+from planner.inspect import bytes_unit, fmt_bytes, fmt_seconds
 from planner.cli.common import check_layer_paths, check_out_path, no_ellipsis, nonempty_path, out_path, throughput_text
-from planner.fileio import check_output_folder
+from planner.core import check_output_folder
 from planner.plan import Plan, costed, load_plan, stage_memory_predictions, validate
 
 from .compare_cli import add_compare_argument, print_comparison
@@ -52,7 +52,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.inspect.measured import metrics_frame  # pandas: imported when a command draws a table
+    from planner.inspect import metrics_frame
 
     _check_outputs(args)
     plan = load_plan(args.plan)
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(_gap_explanation(plan, metrics))
     print_comparison(console, plan, args)
     if args.html or args.png:
-        from planner.inspect.report import render_pngs, save_html, save_pngs  # matplotlib only if asked
+        from planner.inspect import render_pngs, save_html, save_pngs
 
         pngs = render_pngs(plan, metrics)
         if args.html:
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _overview(plan: Plan) -> Table:
-    from planner.inspect.frames import plan_label  # pandas: imported when a command draws a table
+    from planner.inspect import plan_label
 
     table = Table(title=f"plan: {plan.model.name} on {plan.cluster_name}", show_header=False)
     table.add_column(style="bold")
@@ -178,7 +178,7 @@ def _peak_memory_text(plan: Plan) -> str:
 
 def _stages_table(plan: Plan) -> Table:
     """Where each stage runs: modules, ranks, node type, recompute, tensor-parallel split modules."""
-    from planner.inspect.frames import stage_frame  # pandas: imported when a command draws a table
+    from planner.inspect import stage_frame
 
     frame = stage_frame(plan, simulated=False)
     table = Table(title="stages: placement", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -202,7 +202,7 @@ def _stages_table(plan: Plan) -> Table:
 
 def _stage_costs_table(plan: Plan) -> Table:
     """Predicted seconds per micro-batch by term and memory per device of each stage."""
-    from planner.inspect.frames import stage_frame  # pandas: imported when a command draws a table
+    from planner.inspect import stage_frame
 
     frame = stage_frame(plan, simulated=False)
     table = Table(
@@ -265,7 +265,7 @@ def _alternatives_table(plan: Plan) -> Table:
 
 def _gap_explanation(plan: Plan, metrics) -> str:
     """One paragraph on why measured and predicted step times differ, with the size of the gap."""
-    from planner.inspect.measured import predicted_vs_measured  # pandas: imported when a command draws a table
+    from planner.inspect import predicted_vs_measured
 
     frame = predicted_vs_measured(plan, metrics)
     ratio = frame.loc["step_time_s", "measured_over_predicted"]
@@ -294,7 +294,7 @@ def _gap_explanation(plan: Plan, metrics) -> str:
 
 
 def _measured_table(plan: Plan, metrics) -> Table:
-    from planner.inspect.measured import predicted_vs_measured  # pandas: imported when a command draws a table
+    from planner.inspect import predicted_vs_measured
 
     frame = predicted_vs_measured(plan, metrics)
     steady = metrics.index[1:] if len(metrics) > 1 else metrics.index

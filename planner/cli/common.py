@@ -12,13 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from planner.errors import StratagemError
-from planner.profiles import (  # noqa: F401 - PROFILES_DIR, resolve_cluster_path: the CLI's names for them
-    PROFILES_DIR,
-    ClusterProfile,
-    ModelProfile,
-    resolve_cluster_path,
-)
+from planner.core import StratagemError
+from planner.profile import PROFILES_DIR, ClusterProfile, ModelProfile, resolve_cluster_path  # noqa: F401
 
 
 # Upper bounds of count flags: far above any real job, low enough that loops over divisors, layers or ranks
@@ -185,8 +180,8 @@ def out_path(text: str) -> Path:
 
 
 def check_out_path(path: str | os.PathLike, *, flag: str = "--out", inputs: dict | None = None) -> Path:
-    """Fail before any work if ``path`` cannot be written (see :func:`planner.fileio.check_output_path`)."""
-    from planner.fileio import check_output_path
+    """Fail before any work if ``path`` cannot be written (see :func:`planner.core.fileio.check_output_path`)."""
+    from planner.core import check_output_path
 
     return check_output_path(path, flag=flag, inputs=inputs)
 
@@ -194,7 +189,7 @@ def check_out_path(path: str | os.PathLike, *, flag: str = "--out", inputs: dict
 def flash_attention_default(flag: bool | None, cluster: ClusterProfile) -> bool:
     """``--flash-attention`` / ``--no-flash-attention`` of `plan` and `estimate`, else on when every node type of
     the cluster is a GPU (what `stratagem launch` then runs: fused SDPA, runtime.models.attention)."""
-    from planner.cost.constants import is_gpu
+    from planner.core import is_gpu
 
     if flag is not None:
         return bool(flag)
@@ -203,7 +198,7 @@ def flash_attention_default(flag: bool | None, cluster: ClusterProfile) -> bool:
 
 def add_moe_imbalance(p) -> None:
     """``--moe-imbalance``: dropless MoE routing's load imbalance (plan and estimate)."""
-    from planner.cost.constants import MOE_LOAD_IMBALANCE, MOE_ROUTER_IMBALANCE
+    from planner.core import MOE_LOAD_IMBALANCE, MOE_ROUTER_IMBALANCE
 
     fits = ", ".join(f"{family} {value:g}" for family, (value, _) in MOE_ROUTER_IMBALANCE.items())
     p.add_argument(
@@ -220,7 +215,7 @@ def moe_imbalance(flag: float | None, model_name: str) -> tuple[float, str]:
     """(load imbalance, a note saying where it comes from) for ``--moe-imbalance`` on ``model_name``."""
     if flag is not None:
         return flag, f"MoE load imbalance {flag:g} (--moe-imbalance)"
-    from planner.cost.moe import default_load_imbalance
+    from planner.cost import default_load_imbalance
 
     value, source = default_load_imbalance(model_name)
     return value, f"MoE load imbalance {value:g}: {source} (--moe-imbalance overrides)"
@@ -229,7 +224,7 @@ def moe_imbalance(flag: float | None, model_name: str) -> tuple[float, str]:
 def analytic_on_cpu_note(profile: ModelProfile, cluster: ClusterProfile) -> str | None:
     """An analytic (datasheet) profile on CPU devices has no per-op framework time, which dominates small
     models there: say so, with the fix, instead of printing a step time 10-100x too short unannounced."""
-    from planner.cost.constants import is_gpu
+    from planner.core import is_gpu
 
     if profile.provenance.method != "analytic" or all(is_gpu(nt.device) for nt in cluster.node_types):
         return None

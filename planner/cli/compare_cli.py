@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from planner.comparison import ComparisonRecord
-from planner.errors import StratagemError
-from planner.export.settings import FrameworkSettings
+from planner.plan import ComparisonRecord
+from planner.core import StratagemError
+from planner.export import FrameworkSettings
 from planner.plan import Plan
-from planner.profile_schema import ClusterProfile, ModelProfile
+from planner.profile import ClusterProfile, ModelProfile
 
 IMPORT_FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 
@@ -51,13 +51,13 @@ def read_source(framework: str, source: str) -> str:
 
 
 def settings_from_source(framework: str, source: str, *, gpus: int | None, layers: int | None) -> FrameworkSettings:
-    from planner.export.api import import_config
+    from planner.export import import_config
 
     return import_config(framework, read_source(framework, source), world_size=gpus, layers=layers)
 
 
 def describe(s: FrameworkSettings) -> str:
-    """The user's config in the one strategy vocabulary (planner.plan.strategy_label)."""
+    """The user's config in the one strategy vocabulary (planner.plan.schema.strategy_label)."""
     from planner.plan import strategy_label
 
     label = strategy_label(
@@ -86,8 +86,8 @@ def model_profile_for(
     settings: FrameworkSettings, model_arg: str | None, *, seq: int | None, dtype: str | None
 ) -> ModelProfile:
     """The closed-form profile of the config's own model dims, or of ``--model``."""
-    from planner.gpt_profile import build_gpt_profile
-    from planner.modelspec import parse_model
+    from planner.profile import build_gpt_profile
+    from planner.model import parse_model
 
     spec = settings.model
     if model_arg:
@@ -106,14 +106,14 @@ def run_estimate_from(args: argparse.Namespace) -> int:
     from planner.cli.estimate_report import estimate_to_json, print_estimate_table
     from planner.cli.common import resolve_cluster_path
     from planner.cost import with_gpus
-    from planner.export.api import estimate_config, layer_kinds
-    from planner.export.settings import to_parallel_config
-    from planner.profiles import load_cluster_profile
+    from planner.export import estimate_config, layer_kinds
+    from planner.export import to_parallel_config
+    from planner.profile import load_cluster_profile
 
     framework, source = args.from_config
     layers = None
     if args.model:
-        from planner.modelspec import parse_model
+        from planner.model import parse_model
 
         layers = (
             int(parse_model(args.model).dim("layers")) if parse_model(args.model).family in ("gpt", "llama") else None
@@ -140,7 +140,7 @@ def build_comparison(
     plan: Plan, framework: str, source: str, *, profile: ModelProfile, cluster: ClusterProfile
 ) -> ComparisonRecord:
     """The plan against the user's config, for the plan file and the summaries."""
-    from planner.export.api import compare
+    from planner.export import compare
 
     layers = int(plan.model.dim("layers")) if plan.model.family in ("gpt", "llama") else None
     current = settings_from_source(framework, source, gpus=plan.world_size, layers=layers)

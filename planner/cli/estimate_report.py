@@ -5,12 +5,9 @@ from __future__ import annotations
 
 
 from planner.cost import ParallelConfig
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import strategy_label
-from planner.profiles import (
-    ClusterProfile,
-    ModelProfile,
-)
+from planner.profile import ClusterProfile, ModelProfile
 
 from planner.cli.common import (
     no_ellipsis,
@@ -174,7 +171,7 @@ def print_estimate_table(est, config: ParallelConfig, model: ModelProfile, clust
 def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) -> str:
     """One all-reduce of pp rank 0's gradients over its DP group, per algorithm (for comparison)."""
     from planner.cost import collective_time, dp_group
-    from planner.cost.constants import STATE_BYTES_PER_PARAM
+    from planner.core import STATE_BYTES_PER_PARAM
 
     node = cluster.node_type(est.per_rank[0].node_type)
     sync = config.dp * config.cp  # gradients sync over dp x cp (planner/cost/context.py)

@@ -14,9 +14,9 @@ from typing import NoReturn
 
 from planner import __version__
 from planner.cli.common import DefaultsHelpFormatter
-from planner.errors import SettingError, StratagemError
+from planner.core import SettingError, StratagemError
 
-# library setting -> the flag that sets it (planner.errors.SettingError names settings, the CLI shows flags)
+# library setting -> the flag that sets it (planner.core.errors.SettingError names settings, the CLI shows flags)
 SETTING_FLAGS = {
     "allow": "--allow",
     "memory_fraction": "--memory-fraction",

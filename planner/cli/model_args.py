@@ -11,9 +11,9 @@ import argparse
 from pathlib import Path
 
 from planner.cli.common import MAX_LAYERS, MAX_WIDTH, check_layer_paths, float_in, int_in
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec, parse_model
-from planner.profiles import ModelProfile, load_model_profile
+from planner.core import StratagemError
+from planner.model import ModelSpec, parse_model
+from planner.profile import ModelProfile, load_model_profile
 
 MODEL_HELP = (
     "gpt:tiny, llama:llama2-7b, gpt (+ size overrides), hf:CONFIG.json (a Hugging Face config or its "
@@ -75,7 +75,7 @@ def spec_from_args(args: argparse.Namespace, *, max_seq: int | None = None) -> M
 def _comparable(spec: ModelSpec) -> dict:
     """What makes two specs the same model: family and every dimension with defaults applied (zoo), the whole
     config (hf), the function and the file's hash (custom). The preset name and hf file path do not count."""
-    from planner.modelspec import FAMILY_DEFAULTS
+    from planner.model import FAMILY_DEFAULTS
 
     if spec.family == "hf":
         return {

@@ -1,11 +1,11 @@
-"""``stratagem plan`` flags for the training recipe the plan carries (planner/recipe.py, Goyal et al. 2017)."""
+"""``stratagem plan`` flags for the training recipe the plan carries (planner/plan/recipe.py, Goyal et al. 2017)."""
 
 from __future__ import annotations
 
 import argparse
 
-from planner.errors import StratagemError
-from planner.recipe import LRSchedule, build_lr_schedule
+from planner.core import StratagemError
+from planner.plan import LRSchedule, build_lr_schedule
 
 
 def add_recipe_arguments(p: argparse.ArgumentParser) -> None:

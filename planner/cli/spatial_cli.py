@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cost.placement import with_gpus
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
+from planner.cost import with_gpus
+from planner.core import StratagemError
+from planner.model import ModelSpec
 from planner.plan import TrainingSettings, costed, validate
-from planner.profile_schema import ClusterProfile, ModelProfile
+from planner.profile import ClusterProfile, ModelProfile
 
 # plan flags of the transformer search that the spatial search has no use for: (attribute, default, flag)
 _NOT_APPLICABLE = (
@@ -34,9 +34,9 @@ def run_spatial(
     from rich.console import Console
     from rich.table import Table
 
-    from planner.fileio import save_document
-    from planner.search.spatial import plan_spatial_search
-    from planner.search.spatial_plan_file import build_spatial_plan, memory_table
+    from planner.core import save_document
+    from planner.search import plan_spatial_search
+    from planner.search import build_spatial_plan, memory_table
 
     for key, default, flag in _NOT_APPLICABLE:
         if getattr(args, key, default) not in (default, None):
@@ -103,10 +103,10 @@ def run_spatial_estimate(args: argparse.Namespace, *, spec: ModelSpec, cluster: 
     from rich.console import Console
     from rich.table import Table
 
-    from planner.cnn3d import volume_layers
-    from planner.cost.spatial import check_split, split_grid
-    from planner.cost.spatial import SpatialOption
-    from planner.cost.spatial_plan import SpatialConfig, estimate_spatial
+    from planner.model import volume_layers
+    from planner.cost import check_split, split_grid
+    from planner.cost import SpatialOption
+    from planner.cost import SpatialConfig, estimate_spatial
     from runtime.profiling.model import profile_model_analytic
 
     if args.tp != 1 or args.pp != 1:

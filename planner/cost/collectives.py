@@ -1,6 +1,6 @@
 """Time of one collective on a cluster, from the profile's alpha-beta fits, per algorithm.
 
-A fit (:class:`planner.profiles.CollectiveFit`) gives ``time = alpha + bus_factor(op, n) * bytes / bus_bw``
+A fit (:class:`planner.profile.load.CollectiveFit`) gives ``time = alpha + bus_factor(op, n) * bytes / bus_bw``
 for the rank count it was measured or quoted with. This module turns it into a per-algorithm model:
 
 - **ring** — Patarasuk & Yuan 2009 (bandwidth-optimal all-reduce): ``2(n-1)`` steps, each rank moves
@@ -23,7 +23,7 @@ with every GPU of each node in the collective, i.e. all NICs busy); a group with
 ``d`` GPUs gets ``k/d`` of it (the other ``d/k`` groups, e.g. the other TP ranks' DP groups, run at the
 same time, each on its own NICs). A flat algorithm across nodes runs at ``min(intra, inter share)``.
 Point-to-point across nodes gets one NIC's share, ``inter / d``, per rank. A profile with a
-:class:`~planner.profiles.FabricLoad` scales every inter-node bandwidth by its fraction at the job's node
+:class:`~planner.profile.load.FabricLoad` scales every inter-node bandwidth by its fraction at the job's node
 count (the cluster as resized to the job by ``planner.cost.placement.with_gpus``): a large job's flows share
 the fabric's upper links.
 
@@ -37,9 +37,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from planner.alphabeta import bus_factor
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, CollectiveFit, NodeType
+from planner.profile import bus_factor
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, CollectiveFit, NodeType
 
 if TYPE_CHECKING:
     from planner.cost.placement import GroupShape
@@ -70,7 +70,8 @@ def _find_fit(fits: list[CollectiveFit], op: str, where: str) -> CollectiveFit:
 
 def inter_node_bw(cluster: ClusterProfile, fit: CollectiveFit) -> float:
     """Bus bandwidth of an inter-node fit at this job's size: the fit's, times the cluster's fabric-load share
-    (:meth:`planner.profiles.ClusterProfile.inter_node_fraction`; 1 without a :class:`~planner.profiles.FabricLoad`)."""
+    (:meth:`planner.profile.ClusterProfile.inter_node_fraction`; 1 without a
+    :class:`~planner.profile.FabricLoad`)."""
     return fit.bus_bw_bytes_per_s * cluster.inter_node_fraction()
 
 

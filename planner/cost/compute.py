@@ -30,24 +30,25 @@ from __future__ import annotations
 from planner.cost.collectives import collective_time
 from typing import Any
 
-from planner.cost.config import LayerCost, Recompute, TPStyle
-from planner.cost.constants import (
+from planner.cost.config import LayerCost
+from planner.core import Recompute, TPStyle
+from planner.core import (
     BACKWARD_TRAFFIC_FACTOR,
     ATTENTION_DTYPE,
     CAUSAL_FLASH_WORK_FRACTION,
-    DTYPE_BYTES,
     FP8_GEMM_PEAK_FRACTION,
     LONG_CAUSAL_FLASH_EFFICIENCY,
     gpu_family,
     MEMORY_BW_EFFICIENCY,
     TRAFFIC_PER_SAVED_BYTE,
 )
+from planner.core import DTYPE_BYTES
 from planner.cost.context import ExchangeCost, KVExchange, exchange_cost
 from planner.cost.framework import DPWrapper, layer_overhead_s
 from planner.cost.kernels import FLASH_BACKWARD_FLOPS_FACTOR, Device, contention, layer_kernels
 from planner.cost.placement import layer_recompute, layer_style
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, ComputeFigure, LayerProfile, LayerTiming, NodeType, ShardProfile
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, ComputeFigure, LayerProfile, LayerTiming, NodeType, ShardProfile
 
 # message size of the after-compute latency probe (runtime/profiling/sync_latency.py: 256 fp32 elements)
 SYNC_PROBE_BYTES = 1024.0
@@ -176,7 +177,7 @@ def _tp_comm_s(
 ) -> tuple[float, float]:
     """(forward_s, backward_s) of the layer's TP collectives for one micro-batch.
 
-    On a node with a measured :class:`~planner.profiles.BlockingLatency` (CPU ranks) each call's latency
+    On a node with a measured :class:`~planner.profile.load.BlockingLatency` (CPU ranks) each call's latency
     is the one measured after compute instead of the fit's back-to-back alpha: the fit's time at the
     probe's message size (``SYNC_PROBE_BYTES``) is swapped for the measured per-call figure, so the
     bandwidth term stays the fit's.
@@ -319,7 +320,7 @@ def layer_cost(
     if sp and torch_tp_memory and recompute != "full":
         act_bytes += sp_gathered_bytes(layer, tp) * samples
     # torch.autocast's cached 16-bit weight copies live until the region ends, whatever is recomputed
-    # (planner.autocast_profile; 0 for pure 16-bit profiles)
+    # (planner.profile.autocast; 0 for pure 16-bit profiles)
     act_bytes += shard.saved_fixed_bytes
     backward_ws = shard.backward_ws_bytes_per_sample * samples
     if torch_tp_memory and split and tp > 1:  # loss_parallel's extra logits shard (docstring)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Mapping
 
-from planner.cost.constants import DDP_BUCKET_BYTES, MOE_LOAD_IMBALANCE
-from planner.plan import ContextMode, Recompute, ScheduleKind, TPStyle
+from planner.core import DDP_BUCKET_BYTES, MOE_LOAD_IMBALANCE
+from planner.core import ContextMode, Recompute, ScheduleKind, TPStyle
 
 __all__ = ["ContextMode", "LayerCost", "MemorySemantics", "ParallelConfig", "Recompute", "ScheduleKind", "TPStyle"]
 
@@ -74,7 +74,7 @@ class ParallelConfig:
     # A causal flash kernel skips the blocks above the diagonal (FlashAttention-2 §3.1.1): it is timed on
     # ``constants.CAUSAL_FLASH_WORK_FRACTION`` of the score FLOPs. Off by default: the published short-sequence
     # rows of benchmarks/cost_accuracy.py agree better without it (validation mean |error| 6.2 % vs 7.4 %),
-    # a sign that the flash efficiencies of planner/hardware_catalog.py absorb it there; at 32k-128k tokens the
+    # a sign that the flash efficiencies of planner/profile/hardware_catalog.py absorb it there; at 32k-128k tokens the
     # s^2 terms dominate and it must be on (the long-context search and benchmarks set it).
     causal_skip: bool = False
     overlap_grad_reduce: bool = True
@@ -110,7 +110,7 @@ class ParallelConfig:
     zero3_grad_sync: Literal["micro_batch", "step"] | None = None
     # Mixture-of-Experts (``planner.cost.moe``): expert-parallel degree, tensor parallel inside an expert,
     # and the busiest ep rank's tokens over the mean (dropless routing; a capacity factor replaces it).
-    # A stage's dp x tp ranks are folded as (edp, ep, etp) for the expert layers (``planner.plan.ExpertLayout``).
+    # A stage's dp x tp ranks are folded as (edp, ep, etp) for the expert layers (``planner.plan.schema.ExpertLayout``).
     ep: int = 1
     etp: int = 1
     moe_load_imbalance: float = MOE_LOAD_IMBALANCE

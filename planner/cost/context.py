@@ -44,22 +44,16 @@ from typing import Any, get_args
 from typing import TYPE_CHECKING
 
 from planner.cost.collectives import collective_time
-from planner.cost.config import ContextMode, ParallelConfig
-from planner.cost.constants import ATTENTION_DTYPE, DTYPE_BYTES
+from planner.core import ContextMode
+from planner.cost.config import ParallelConfig
+from planner.core import ATTENTION_DTYPE
+from planner.core import DTYPE_BYTES
 from planner.cost.placement import dp_group
-from planner.errors import StratagemError
-from planner.profile_schema import (
-    ClusterProfile,
-    LayerProfile,
-    LayerTiming,
-    ModelProfile,
-    NodeType,
-    OpProfile,
-    ShardProfile,
-)
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, LayerProfile, LayerTiming, ModelProfile, NodeType, OpProfile, ShardProfile
 
 if TYPE_CHECKING:
-    from planner.modelspec import ModelSpec
+    from planner.model import ModelSpec
 
 CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
 # Model families whose attention the runtime can split (runtime/executor/context.py): the zoo's gpt and llama.
@@ -84,7 +78,7 @@ class KVExchange:
 
 
 def check_context_family(spec: ModelSpec, cp: int) -> None:
-    """Reject ``cp > 1`` for a ``planner.modelspec.ModelSpec`` whose attention cannot be split (before any
+    """Reject ``cp > 1`` for a ``planner.model.spec.ModelSpec`` whose attention cannot be split (before any
     profile of it is built)."""
     if cp > 1 and spec.family not in CONTEXT_FAMILIES:
         what = "no attention to split" if spec.family in ("resnet", "mlp") else "attention the runtime cannot split"
@@ -284,7 +278,7 @@ def unfold(folded: ParallelConfig, cp: int, mode: str | None) -> ParallelConfig:
 
 
 def plan_context_fields(plan) -> dict:
-    """The :class:`ParallelConfig` fields of a ``planner.plan.Plan`` that context parallelism and the attention
+    """The :class:`ParallelConfig` fields of a ``planner.plan.schema.Plan`` that context parallelism and the attention
     kernel set (cp, its K/V exchange, flash attention with causal skipping): what its predictions assumed."""
     cp = plan.mesh.size("cp")
     return dict(

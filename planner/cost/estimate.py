@@ -50,16 +50,12 @@ from dataclasses import replace
 
 from planner.cost.collectives import collective_time, group_collective_s
 from planner.cost.compute import layer_cost, layer_working_set_bytes, layout_change_cost
-from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
+from planner.cost.config import LayerCost, ParallelConfig
+from planner.core import Recompute, TPStyle
 from planner.cost.context import fold
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention, optimizer_step_s
-from planner.cost.constants import (
-    DDP_BUCKETS_IN_FLIGHT,
-    STATE_BYTES_PER_PARAM,
-    ZERO3_LAYERS_IN_FLIGHT,
-    is_gpu,
-)
+from planner.core import DDP_BUCKETS_IN_FLIGHT, STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT, is_gpu
 from planner.cost.memory import (
     Moment,
     SweepRun,
@@ -91,7 +87,7 @@ from planner.cost.placement import (
 from planner.cost.records import BREAKDOWN_KEYS, ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
 from planner.cost.validate import check_config, micro_batches_per_replica, replica_micro_batches
 from planner.cost.zero3 import Zero3Comm, root_unit_layers, zero3_accumulation_bytes
-from planner.profile_schema import ClusterProfile, LayerProfile, ModelProfile, NodeType
+from planner.profile import ClusterProfile, LayerProfile, ModelProfile, NodeType
 
 
 def dp_collective_time(

@@ -4,7 +4,7 @@
 ``replicate`` (ZeRO-0) or ``fully_shard`` (ZeRO-1/2/3; ``runtime/executor/fsdp.py``), and AdamW over
 DTensor parameters whenever a layer is split or data-parallel. Each adds host time that the plain
 layer timings do not hold; on CPU ranks it exceeds the arithmetic of small models. The model profiler
-measures it per layer (:class:`planner.profiles.RuntimeOverhead`, ``runtime/profiling/overhead.py``);
+measures it per layer (:class:`planner.profile.load.RuntimeOverhead`, ``runtime/profiling/overhead.py``);
 this module turns it into per-layer and per-chunk terms. Like the timings, the figures apply only on
 the device they were measured on (``use_timings``), so GPU estimates from analytic profiles are
 unchanged.
@@ -32,7 +32,7 @@ from __future__ import annotations
 import statistics
 from typing import Literal
 
-from planner.profile_schema import LayerProfile, ModelProfile, NodeType, RuntimeOverhead
+from planner.profile import LayerProfile, ModelProfile, NodeType, RuntimeOverhead
 
 DPWrapper = Literal["none", "replicate", "fully_shard"]
 

@@ -1,9 +1,9 @@
 """Shape-aware time of a layer's kernels: GEMMs with tile and wave quantization and a roofline, element-wise
 kernels at HBM bandwidth, and a per-kernel device gap and host issue cost.
 
-A layer's forward is the list of kernels in its shard's ``ops`` (:class:`planner.profiles.OpProfile`, built
-from the model's dimensions by ``planner.gpt_profile``); the device's parameters are its node type's
-:class:`planner.profiles.KernelModel` (values and sources: ``planner.hardware_catalog``).
+A layer's forward is the list of kernels in its shard's ``ops`` (:class:`planner.profile.load.OpProfile`, built
+from the model's dimensions by ``planner.profile.gpt``); the device's parameters are its node type's
+:class:`planner.profile.load.KernelModel` (values and sources: ``planner.profile.hardware_catalog``).
 
 GEMM ``batch x (m x n x k)`` (2 m n k FLOPs each). A GPU computes the output in tiles of ``tm x tn``, one tile
 per streaming multiprocessor at a time, so the kernel takes ``waves = ceil(tiles / SMs)`` tile-times
@@ -39,8 +39,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.cost.constants import DTYPE_BYTES, MEMORY_BW_EFFICIENCY, OPTIMIZER_FLOPS_PER_PARAM
-from planner.profile_schema import KernelModel, NodeType, OpProfile
+from planner.core import DTYPE_BYTES
+from planner.core import MEMORY_BW_EFFICIENCY, OPTIMIZER_FLOPS_PER_PARAM
+from planner.profile import KernelModel, NodeType, OpProfile
 
 SPLIT_K = (1, 2, 4)  # split-K factors the model lets the library choose from (CUTLASS split-K parallel)
 FP32_BYTES = 4  # split-K partial outputs are fp32 (CUTLASS accumulates in fp32)

@@ -44,14 +44,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.constants import (
+from planner.core import (
     CUDA_CONTEXT_BYTES,
     FRAGMENTATION_FRACTION,
     OPTIMIZER_BYTES_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     TORCH_ADAMW_BYTES_PER_PARAM,
 )
-from planner.errors import StratagemError
+from planner.core import StratagemError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

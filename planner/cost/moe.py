@@ -1,10 +1,10 @@
 """Mixture-of-Experts blocks: the routed experts' compute, all-to-all, activations and states on one rank.
 
-A block with an :class:`planner.profiles.ExpertProfile` is costed in two parts: ``compute.layer_cost`` times
+A block with an :class:`planner.profile.load.ExpertProfile` is costed in two parts: ``compute.layer_cost`` times
 its shards (attention, router weights, shared experts: split over the attention tp) and
 :func:`add_expert_costs` adds the routed experts, split over the expert layout of Megatron-Core MoE's
 "parallel folding" (Liu et al. 2025, arXiv:2504.14960, §3): a stage's ``dp x tp`` ranks regrouped as
-``(edp, ep, etp)``, etp fastest (``planner.plan.ExpertLayout``).
+``(edp, ep, etp)``, etp fastest (``planner.plan.schema.ExpertLayout``).
 
 Per rank and micro-batch, with ``b`` samples of ``s`` tokens, attention tp ``t``, top-k ``k``, ``E``
 experts of width ``f``, model width ``h``, element size ``e`` and the busiest rank's load ``lam``
@@ -60,9 +60,10 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.cost.collectives import group_collective_s, inter_node_bw
-from planner.cost.config import LayerCost, MemorySemantics, Recompute
-from planner.cost.constants import (
-    DTYPE_BYTES,
+from planner.cost.config import LayerCost, MemorySemantics
+from planner.core import Recompute
+from planner.core import DTYPE_BYTES
+from planner.core import (
     MEMORY_BW_EFFICIENCY,
     MOE_LOAD_IMBALANCE,
     MOE_ROUTER_IMBALANCE,
@@ -72,8 +73,8 @@ from planner.cost.constants import (
 from planner.cost.kernels import Device, PassTime, contention, gemm_s, optimizer_step_s
 from planner.cost.memory import expert_runtime_states, model_states_bytes, precision_kind, runtime_states
 from planner.cost.placement import GroupShape, dp_group, tp_group
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, CollectiveFit, ExpertProfile, LayerProfile, NodeType
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, CollectiveFit, ExpertProfile, LayerProfile, NodeType
 
 Dispatcher = Literal["alltoall", "deepep"]
 DISPATCHERS: tuple[Dispatcher, ...] = ("alltoall", "deepep")

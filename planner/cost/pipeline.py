@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -90,5 +90,5 @@ def pipeline_aliases_input(model) -> bool:
     """Whether every layer a pipeline chunk can start with saves its whole input for its backward (its saved
     bytes at least its input's, as norms, linears and checkpointed blocks do), so that the activation a chunk
     receives is the input its first layer saves (``estimate._Assembler._pipeline_bytes``). ``model``: the
-    :class:`planner.profiles.ModelProfile`."""
+    :class:`planner.profile.load.ModelProfile`."""
     return all(layer.shards[0].saved_bytes_per_sample >= layer.input_bytes_per_sample for layer in model.layers[1:])

@@ -1,6 +1,6 @@
 """Where a configuration puts things: layers into chunks, pp ranks onto node types, groups onto nodes.
 
-Rank layout follows the plan file (``planner.plan``): mesh axes ``(pp, dp, tp)``, tp fastest, so a TP
+Rank layout follows the plan file (``planner.plan.schema``): mesh axes ``(pp, dp, tp)``, tp fastest, so a TP
 group is ``tp`` consecutive ranks and a stage's ``dp * tp`` ranks are consecutive. With ``d`` devices per
 node (and groups aligned to node boundaries), a TP group spans nodes iff ``tp > d``; a DP group has
 ``min(dp, d // tp)`` ranks per node and spans nodes iff ``dp * tp > d``; consecutive pipeline ranks sit on
@@ -13,9 +13,10 @@ import logging
 import math
 from dataclasses import dataclass, replace
 
-from planner.cost.config import ParallelConfig, Recompute, TPStyle
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, LayerProfile, ModelProfile, NodeGroup
+from planner.cost.config import ParallelConfig
+from planner.core import Recompute, TPStyle
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, LayerProfile, ModelProfile, NodeGroup
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from planner.cost.config import ParallelConfig
 from planner.cost.context import plan_context_fields
-from planner.cost.constants import MOE_LOAD_IMBALANCE
+from planner.core import MOE_LOAD_IMBALANCE
 from planner.plan import Plan
 
 

@@ -43,12 +43,12 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.cnn3d import VolumeLayer, norm_groups
+from planner.model import VolumeLayer, norm_groups
 from planner.cost.collectives import collective_time
 from planner.cost.compute import layer_cost
-from planner.cost.constants import DTYPE_BYTES
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, LayerProfile, NodeType
+from planner.core import DTYPE_BYTES
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, LayerProfile, NodeType
 
 SPATIAL_DIMS = ("d", "h", "w")
 NORM_STAT_BYTES = 4  # one fp32 sum per group and sample per all-reduce
@@ -143,8 +143,8 @@ def layer_options(layer: VolumeLayer, sd: int) -> list[SpatialOption]:
     """Unsplit, and each distinct grid of ``s`` shards over d / dh / dhw, for every degree ``s > 1`` dividing
     ``sd``, that the layer can run (largest degree first).
 
-    >>> from planner.cnn3d import volume_layers
-    >>> from planner.modelspec import parse_model
+    >>> from planner.model.cnn3d import volume_layers
+    >>> from planner.model.spec import parse_model
     >>> conv = volume_layers(parse_model("unet3d:tiny"))[1]
     >>> [o.label for o in layer_options(conv, 4)]
     ['dp', 'sd4 d4', 'sd4 d2xh2', 'sd2 d2']

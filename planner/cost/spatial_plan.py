@@ -24,13 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from planner.cnn3d import VolumeLayer, volume_layers
+from planner.model import VolumeLayer, volume_layers
 from planner.cost.collectives import collective_time
-from planner.cost.constants import DTYPE_BYTES, is_gpu
+from planner.core import DTYPE_BYTES
+from planner.core import is_gpu
 from planner.cost.memory import model_states_bytes, reserve_bytes
 from planner.cost.spatial import UNSPLIT, SpatialLayerCost, SpatialOption, spatial_layer_cost
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, ModelProfile, NodeType
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, ModelProfile, NodeType
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

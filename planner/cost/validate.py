@@ -6,9 +6,9 @@ from __future__ import annotations
 from planner.cost.config import ParallelConfig
 from planner.cost.pipeline import SCHEDULES
 from planner.cost.placement import block_count, interleaved_chunk_sizes
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import check_expert_layout, split_counts
-from planner.profile_schema import ClusterProfile, ModelProfile
+from planner.profile import ClusterProfile, ModelProfile
 
 
 def micro_batches_per_replica(config: ParallelConfig, global_batch: int) -> int:
@@ -18,7 +18,7 @@ def micro_batches_per_replica(config: ParallelConfig, global_batch: int) -> int:
 
 def replica_micro_batches(config: ParallelConfig, global_batch: int) -> tuple[int, ...]:
     """Micro-batches of each dp replica: the plan file's one derivation of the batch split
-    (:func:`planner.plan.split_counts`), ``m_j = share_j * global_batch / micro_batch`` with batch shares (equal
+    (:func:`planner.plan.schema.split_counts`), ``m_j = share_j * global_batch / micro_batch`` with batch shares (equal
     ones for replicas on node types without shares), ``num_micro_batches`` on every replica otherwise; a split
     that does not work out is a one-line error.
 

@@ -70,7 +70,7 @@ arXiv v1 of April 2021, i.e. DeepSpeed before the June-2021 stage-3 fixes):
    (DeepSpeedExamples' Megatron ZeRO-3 example set ``contiguous_gradients: true``; ``benchmarks/cost_accuracy.py``
    prints both).
 
-On CPU ranks (a node type whose :class:`~planner.profiles.BlockingLatency` has ``plain_collective_s``) each
+On CPU ranks (a node type whose :class:`~planner.profile.load.BlockingLatency` has ``plain_collective_s``) each
 FSDP2 all-gather and reduce-scatter is a plain c10d call that the rank waits on right after compute: gloo's
 worker thread runs it while the rank blocks, so each call pays the after-compute latency measured by
 ``runtime/profiling/sync_latency.py`` instead of the fit's back-to-back alpha (torch.profiler, 2 gloo ranks,
@@ -97,7 +97,7 @@ from collections.abc import Sequence
 from planner.cost.collectives import group_collective_s
 from planner.cost.compute import SYNC_PROBE_BYTES
 from planner.cost.config import LayerCost, ParallelConfig
-from planner.cost.constants import (
+from planner.core import (
     DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS,
     DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
     EAGER_OP_OVERHEAD_S,
@@ -105,7 +105,7 @@ from planner.cost.constants import (
 )
 from planner.cost.kernels import contention
 from planner.cost.placement import GroupShape
-from planner.profile_schema import ClusterProfile, LayerProfile, NodeType
+from planner.profile import ClusterProfile, LayerProfile, NodeType
 
 
 def parameter_tensors(layer: LayerProfile, family: str, hidden: int, ffn_hidden: int) -> list[int]:

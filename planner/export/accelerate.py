@@ -10,7 +10,7 @@ gradient accumulation and the recipe are written as comments for the training sc
 from __future__ import annotations
 
 from planner.export.settings import FrameworkSettings
-from planner.recipe import peak_lr
+from planner.plan import peak_lr
 
 
 def to_items(s: FrameworkSettings) -> dict:

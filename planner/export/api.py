@@ -10,17 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from types import ModuleType
 
-from planner.cost.plan_config import plan_config
+from planner.cost import plan_config
 from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost.placement import fill_stage_node_types
-from planner.cost.records import Estimate
-from planner.errors import StratagemError
+from planner.cost import fill_stage_node_types
+from planner.cost import Estimate
+from planner.core import StratagemError
 from planner.export import accelerate, deepspeed, megatron, torchtitan
 from planner.export.nearest import Change, nearest_candidates
 from planner.export.settings import FRAMEWORKS, FrameworkSettings, to_parallel_config
 from planner.plan import Plan
-from planner.profile_schema import ClusterProfile, ModelProfile
-from planner.search.config import SearchConfig
+from planner.profile import ClusterProfile, ModelProfile
+from planner.search import SearchConfig
 
 FORMATS: dict[str, ModuleType] = {
     "megatron": megatron,

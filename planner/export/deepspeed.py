@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from typing import overload
 
-from planner.errors import StratagemError
-from planner.cost.config import Recompute
+from planner.core import StratagemError
+from planner.core import Recompute
 from planner.export.settings import FrameworkSettings, check_settings
-from planner.recipe import LRSchedule, peak_lr
+from planner.plan import LRSchedule, peak_lr
 
 SOURCE = "DeepSpeed config"
 # Top-level keys of the DeepSpeed config reference (each is checked against DeepSpeed's source in

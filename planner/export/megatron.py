@@ -9,7 +9,7 @@ Megatron derives the data-parallel size as ``world / (tp x pp x cp)``, so the wo
 arguments (``WORLD_SIZE_GPUS`` in the fragment, torchrun's ``--nnodes x --nproc-per-node`` in a command, or
 the caller's ``--gpus``). The learning rate is Megatron-Core's ``OptimizerParamScheduler`` (warm-up from
 ``--lr-warmup-init`` to ``--lr``, then cosine to ``--min-lr`` at ``--lr-decay-iters``), the same formulas
-as ``planner/recipe.py``.
+as ``planner/plan/recipe.py``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import overload
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.export.settings import FrameworkSettings, check_settings
-from planner.modelspec import ModelSpec, parse_model
-from planner.recipe import LRSchedule, peak_lr
+from planner.model import ModelSpec, parse_model
+from planner.plan import LRSchedule, peak_lr
 
 SOURCE = "megatron"
 FLAGS_FILE = Path(__file__).with_name("data") / "megatron_flags.txt"

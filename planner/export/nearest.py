@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.export.settings import FrameworkSettings
-from planner.plan import Plan, ScheduleKind
-from planner.profile_schema import ModelProfile
+from planner.plan import Plan
+from planner.core import ScheduleKind
+from planner.profile import ModelProfile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,7 +7,7 @@ the common part: every exporter writes one, every importer reads one, and :func:
 it into the cost model's :class:`ParallelConfig` so the exported (or imported) configuration can be
 estimated exactly as the planner estimates its own plans.
 
-Vocabulary as in ``planner/plan.py``: degrees ``tp``, ``pp``, ``dp``, ``cp`` (context), ``ep`` (expert);
+Vocabulary as in ``planner/plan/schema.py``: degrees ``tp``, ``pp``, ``dp``, ``cp`` (context), ``ep`` (expert);
 a *chunk* is one pipeline model chunk (``pp * virtual_stages`` of them, chunk ``i`` on pp rank ``i % pp``).
 """
 
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.config import MemorySemantics, ParallelConfig, Recompute, ScheduleKind
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
-from planner.recipe import LRSchedule
+from planner.cost import MemorySemantics, ParallelConfig
+from planner.core import Recompute, ScheduleKind
+from planner.core import StratagemError
+from planner.model import ModelSpec
+from planner.plan import LRSchedule
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed", "accelerate")
 

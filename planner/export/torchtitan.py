@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import ast
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.export.settings import FrameworkSettings, check_settings
-from planner.modelspec import ModelSpec, ffn_width
-from planner.plan import ScheduleKind
-from planner.recipe import LRSchedule, peak_lr
+from planner.model import ModelSpec, ffn_width
+from planner.core import ScheduleKind
+from planner.plan import LRSchedule, peak_lr
 
 SOURCE = "torchtitan config"
 SCHEDULES: dict[ScheduleKind, str] = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}

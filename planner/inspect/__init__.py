@@ -23,6 +23,8 @@ _WHERE = {
     "plot_plan_comparison": "figures",
     "plot_step_breakdown": "figures",
     "layer_frame": "frames",
+    "plan_label": "frames",
+    "rank_coordinates": "frames",
     "rank_frame": "frames",
     "stage_frame": "frames",
     "summary_frame": "frames",
@@ -31,10 +33,17 @@ _WHERE = {
     "predicted_vs_measured": "measured",
     "build_figures": "report",
     "build_html": "report",
+    "figure_png": "report",
+    "render_pngs": "report",
     "save_html": "report",
     "save_pngs": "report",
+    "StageCost": "timeline",
+    "schedule_order": "timeline",
     "simulate": "timeline",
     "simulate_plan": "timeline",
+    "bytes_unit": "units",
+    "fmt_bytes": "units",
+    "fmt_seconds": "units",
 }
 
 if TYPE_CHECKING:
@@ -48,10 +57,11 @@ if TYPE_CHECKING:
         plot_plan_comparison,
         plot_step_breakdown,
     )
-    from planner.inspect.frames import layer_frame, rank_frame, stage_frame, summary_frame
+    from planner.inspect.frames import layer_frame, plan_label, rank_coordinates, rank_frame, stage_frame, summary_frame
     from planner.inspect.measured import load_metrics, metrics_frame, predicted_vs_measured
-    from planner.inspect.report import build_figures, build_html, save_html, save_pngs
-    from planner.inspect.timeline import simulate, simulate_plan
+    from planner.inspect.report import build_figures, build_html, figure_png, render_pngs, save_html, save_pngs
+    from planner.inspect.timeline import StageCost, schedule_order, simulate, simulate_plan
+    from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
 
 
 def __getattr__(name: str):
@@ -65,14 +75,20 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "StageCost",
     "build_example_plan",
     "build_figures",
     "build_html",
+    "bytes_unit",
     "compare_plans",
     "diff_plans",
+    "figure_png",
+    "fmt_bytes",
+    "fmt_seconds",
     "layer_frame",
     "load_metrics",
     "metrics_frame",
+    "plan_label",
     "plot_layer_placement",
     "plot_memory_per_rank",
     "plot_metrics",
@@ -80,9 +96,12 @@ __all__ = [
     "plot_step_breakdown",
     "plot_timeline",
     "predicted_vs_measured",
+    "rank_coordinates",
     "rank_frame",
+    "render_pngs",
     "save_html",
     "save_pngs",
+    "schedule_order",
     "simulate",
     "simulate_plan",
     "stage_frame",

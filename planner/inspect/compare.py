@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.inspect.frames import summary_frame
 from planner.plan import Plan
 

@@ -1,6 +1,6 @@
 """Hand-made example plans for the inspection tools, tests and notebooks (no search involved).
 
-:func:`build_example_plan` builds a valid :class:`~planner.plan.Plan` for a GPT of ``layers`` blocks
+:func:`build_example_plan` builds a valid :class:`~planner.plan.schema.Plan` for a GPT of ``layers`` blocks
 (default ``4 * pp``) with the per-micro-batch seconds you choose for one pp rank's share of the model
 (each of a rank's ``v`` chunks takes ``1 / v`` of it, so schedules compare on the same model). Its
 predictions are *derived from those seconds* by the schedule simulation in :mod:`planner.inspect.timeline`
@@ -20,14 +20,13 @@ The plans say so in their ``planner_version`` and search notes; they illustrate,
 from __future__ import annotations
 
 from planner.inspect.timeline import StageCost, simulate
-from planner.modelspec import ModelSpec
+from planner.model import ModelSpec
 from planner.plan import (
     Alternative,
     LayerLayout,
     Mesh,
     Plan,
     Predictions,
-    ScheduleKind,
     make_schedule,
     SearchRecord,
     Stage,
@@ -35,6 +34,7 @@ from planner.plan import (
     TrainingSettings,
     costed,
 )
+from planner.core import ScheduleKind
 
 GIB = 2**30
 A100_BF16_PEAK_FLOPS_PER_S = 312e12  # NVIDIA A100 datasheet, dense 16-bit (benchmarks/data/hardware_specs.csv)

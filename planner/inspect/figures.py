@@ -16,7 +16,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from planner.inspect.fig_spatial import is_spatial, plot_spatial_placement
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.inspect.frames import plan_label, rank_frame, stage_frame
 from planner.inspect.units import bytes_unit, fmt_bytes, time_unit
 from planner.plan import Plan, Predictions

@@ -80,7 +80,7 @@ def stage_frame(plan: Plan, timeline: Timeline | None = None, *, simulated: bool
 
 
 def rank_coordinates(plan: Plan, rank: int) -> dict[str, int]:
-    """Mesh coordinates of a global rank: axes row-major, last axis fastest (planner/plan.py); pp, dp and tp
+    """Mesh coordinates of a global rank: axes row-major, last axis fastest (planner/plan/schema.py); pp, dp and tp
     always present (0 on a plan without that axis, e.g. a 3D CNN's dp x sd plan)."""
     coords = mesh_coords(plan.mesh, rank)
     base = {axis: 0 for axis in ("pp", "dp", "tp") if axis not in plan.mesh.axes}
@@ -174,7 +174,7 @@ def summary_frame(plan: Plan, name: str | None = None, timeline: Timeline | None
         recompute_modules=sum(m != "none" for st in plan.stages for m in st.recompute.values()),
         tp_split_modules=sum(lay.style == "split" for lay in plan.layout.values()),
     )
-    if plan.experts is not None:  # Mixture-of-Experts: the expert layout (planner.plan.ExpertLayout)
+    if plan.experts is not None:  # Mixture-of-Experts: the expert layout (planner.plan.schema.ExpertLayout)
         edp = plan.experts.edp(dp=plan.mesh.size("dp"), tp=plan.mesh.size("tp"))
         row.update(ep=plan.experts.ep, etp=plan.experts.etp, edp=edp)
     p = plan.predictions

@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from planner.errors import StratagemError
-from planner.fileio import parse_json, read_text
+from planner.core import StratagemError
+from planner.core import parse_json, read_text
 from planner.plan import Plan, predicted_tensor_bytes
 
 PEAK_KEYS = ("peak_mem_bytes", "peak_memory_bytes", "peak_memory_bytes_per_rank")

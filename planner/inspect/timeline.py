@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan
 
 Phase = Literal["forward", "recompute", "backward"]

@@ -5,7 +5,7 @@ types), exact under ``planner.cost.estimate``.
 Public API::
 
     plan_search(profile, cluster, *, n_devices, global_batch, config, progress=None) -> SearchResult
-    build_plan(result, *, model, profile, cluster, training) -> planner.plan.Plan
+    build_plan(result, *, model, profile, cluster, training) -> planner.plan.schema.Plan
     SearchConfig(time_limit_s=30, gap_rel=0, threads=1, top_k=5, allow=..., memory_fraction=0.9, ...)
     grid_search(profile, cluster, *, n_devices, global_batch) -> GridResult   (Megatron-style baseline)
 
@@ -19,4 +19,80 @@ from planner.search.grid import grid_search
 from planner.search.plan_file import build_plan
 from planner.search.planner import SearchResult, plan_search
 
-__all__ = ["SearchConfig", "SearchResult", "build_plan", "grid_search", "plan_search"]
+from planner.search.brute import brute_force_tables, iter_layer_assignments, to_assignment
+from planner.search.cbc import Problem, SolveResult
+from planner.search.config import ALL_DIMENSIONS, DEFAULT_DIMENSIONS, parse_allow
+from planner.search.context_table import best_per_cp, format_cp_table
+from planner.search.costs import CandidateCosts
+from planner.search.ilp import IncompleteAssignment, build_problem, check_complete, extract_assignment, solve
+from planner.search.ilp_terms import COEF_MAX, COEF_MIN, ScalingError, check_scaling
+from planner.search.pins import PIN_FLAGS, apply_pins, pins_note
+from planner.search.plan_file import stage_ranks
+from planner.search.planner import check_exact, fallback_candidate
+from planner.search.space import (
+    OuterChoice,
+    devices_by_type,
+    enumerate_outer,
+    expand_experts,
+    lower_bound_s,
+    memory_shortfall_bytes,
+    refined_lower_bound_s,
+)
+from planner.search.spatial import plan_spatial_search
+from planner.search.spatial_plan_file import build_spatial_plan, check_spatial_plan, memory_table, spatial_config_of
+from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables, dominates, evaluate
+
+__all__ = [
+    "ALL_DIMENSIONS",
+    "Assignment",
+    "COEF_MAX",
+    "COEF_MIN",
+    "CandidateCosts",
+    "Concave",
+    "DEFAULT_DIMENSIONS",
+    "Group",
+    "IncompleteAssignment",
+    "Option",
+    "OptionCost",
+    "OuterChoice",
+    "PIN_FLAGS",
+    "Problem",
+    "RankModel",
+    "ScalingError",
+    "SearchConfig",
+    "SearchResult",
+    "SolveResult",
+    "Tables",
+    "apply_pins",
+    "best_per_cp",
+    "brute_force_tables",
+    "build_plan",
+    "build_problem",
+    "build_spatial_plan",
+    "check_complete",
+    "check_exact",
+    "check_scaling",
+    "check_spatial_plan",
+    "devices_by_type",
+    "dominates",
+    "enumerate_outer",
+    "evaluate",
+    "expand_experts",
+    "extract_assignment",
+    "fallback_candidate",
+    "format_cp_table",
+    "grid_search",
+    "iter_layer_assignments",
+    "lower_bound_s",
+    "memory_shortfall_bytes",
+    "memory_table",
+    "parse_allow",
+    "pins_note",
+    "plan_search",
+    "plan_spatial_search",
+    "refined_lower_bound_s",
+    "solve",
+    "spatial_config_of",
+    "stage_ranks",
+    "to_assignment",
+]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.cost.config import MemorySemantics
-from planner.cost.constants import MOE_LOAD_IMBALANCE
-from planner.errors import SettingError
+from planner.cost import MemorySemantics
+from planner.core import MOE_LOAD_IMBALANCE
+from planner.core import SettingError
 
 # Every dimension `--allow` can name. Absent from the set = that dimension stays at its trivial value.
 ALL_DIMENSIONS = (

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner.cost.context import cp_degrees
+from planner.cost import cp_degrees
 from planner.search.planner import plan_search
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, ModelProfile
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 
 

@@ -15,21 +15,17 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from planner.cost import estimate as estimate_fn
-from planner.cost.collectives import Algorithm, collective_time
-from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost, working_set_bytes
-from planner.cost.config import LayerCost, ParallelConfig, Recompute, TPStyle
-from planner.cost.context import KVExchange, check_context, context_view, kv_exchange, unfold
-from planner.cost.constants import (
-    DDP_BUCKETS_IN_FLIGHT,
-    STATE_BYTES_PER_PARAM,
-    ZERO3_LAYERS_IN_FLIGHT,
-    is_gpu,
-)
-from planner.cost.estimate import timings_apply, dp_collective_time  # the rules estimate applies
-from planner.cost.zero3 import fsdp_call_latency_s, root_unit_layers
-from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
-from planner.cost.kernels import contention, optimizer_step_s
-from planner.cost.memory import (
+from planner.cost import Algorithm, collective_time
+from planner.cost import full_saved_bytes, layer_cost, layout_change_cost, working_set_bytes
+from planner.cost import LayerCost, ParallelConfig
+from planner.core import Recompute, TPStyle
+from planner.cost import KVExchange, check_context, context_view, kv_exchange, unfold
+from planner.core import DDP_BUCKETS_IN_FLIGHT, STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT, is_gpu
+from planner.cost import timings_apply, dp_collective_time
+from planner.cost import fsdp_call_latency_s, root_unit_layers
+from planner.cost import chunk_overhead_s, dp_wrapper, timings_scale
+from planner.cost import contention, optimizer_step_s
+from planner.cost import (
     block_unit_bytes,
     reserve_terms,
     model_states_bytes,
@@ -39,9 +35,9 @@ from planner.cost.memory import (
     runtime_states,
     state_dtype,
 )
-from planner.cost.moe import combine_expert_costs, expert_split, expert_states, expert_time
-from planner.cost.pipeline import inflight_microbatches, pipeline_aliases_input
-from planner.cost.placement import (
+from planner.cost import combine_expert_costs, expert_split, expert_states, expert_time
+from planner.cost import inflight_microbatches, pipeline_aliases_input
+from planner.cost import (
     GroupShape,
     dp_group,
     interleaved_chunk_sizes,
@@ -49,9 +45,9 @@ from planner.cost.placement import (
     replica_sets,
     tp_group,
 )
-from planner.cost.validate import check_config, replica_micro_batches
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, LayerProfile, ModelProfile, NodeType
+from planner.cost import check_config, replica_micro_batches
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, LayerProfile, ModelProfile, NodeType
 from planner.search.config import SearchConfig
 from planner.search.space import OuterChoice, expand_experts, typed_slowest_floor
 from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables

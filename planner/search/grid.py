@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import estimate
-from planner.cost.config import ParallelConfig
-from planner.cost.placement import fill_stage_node_types, with_gpus
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, ModelProfile
+from planner.cost import ParallelConfig
+from planner.cost import fill_stage_node_types, with_gpus
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, ModelProfile
 from planner.search.space import divisors
 
 GRID_TP = (1, 2, 4, 8)

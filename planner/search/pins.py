@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.search.space import OuterChoice
 
 # flag name -> OuterChoice field (the same words as `estimate`'s flags)

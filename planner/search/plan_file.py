@@ -1,6 +1,6 @@
-"""Turn a :class:`planner.search.planner.SearchResult` into a versioned :class:`planner.plan.Plan`.
+"""Turn a :class:`planner.search.planner.SearchResult` into a versioned :class:`planner.plan.schema.Plan`.
 
-Rank layout (``planner/plan.py``): mesh axes ``pp, dp, tp`` row-major, last axis fastest, so global rank
+Rank layout (``planner/plan/schema.py``): mesh axes ``pp, dp, tp`` row-major, last axis fastest, so global rank
 ``(p * dp + d) * tp + t`` and tp groups are contiguous ranks (inside a node when tp <= devices per node).
 With dp replicas on different node types the axes are ``dp, pp, tp`` (rank ``(d * pp + p) * tp + t``):
 replica ``d`` is the ``d``-th block of ``pp * tp`` ranks, i.e. on the node type the search gave it.
@@ -16,8 +16,8 @@ import pulp
 from dataclasses import replace
 
 from planner import __version__
-from planner.cost.placement import with_gpus
-from planner.modelspec import ModelSpec
+from planner.cost import with_gpus
+from planner.model import ModelSpec
 from planner.plan import (
     Alternative,
     ExpertLayout,
@@ -29,7 +29,7 @@ from planner.plan import (
     TrainingSettings,
     make_schedule,
 )
-from planner.profile_schema import ClusterProfile, ModelProfile
+from planner.profile import ClusterProfile, ModelProfile
 from planner.search.planner import Candidate, SearchResult
 
 

@@ -21,13 +21,13 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
-from planner.cost.config import MemorySemantics, ParallelConfig
-from planner.cost.context import check_context, cp_degrees
-from planner.cost.moe import require_all_to_all
-from planner.cost.placement import block_count, with_gpus
-from planner.cost.records import Estimate
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, ModelProfile
+from planner.cost import MemorySemantics, ParallelConfig
+from planner.cost import check_context, cp_degrees
+from planner.cost import require_all_to_all
+from planner.cost import block_count, with_gpus
+from planner.cost import Estimate
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 from planner.search.costs import CandidateCosts
 from planner.search.ilp import SolveResult, build_problem, extract_assignment, solve

@@ -16,8 +16,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting, pipeline_floor
-from planner.cost.config import ScheduleKind
-from planner.profile_schema import ClusterProfile
+from planner.core import ScheduleKind
+from planner.profile import ClusterProfile
 from planner.search.config import SearchConfig
 from planner.search.tables import Tables
 
@@ -47,7 +47,9 @@ class OuterChoice:
     # context parallelism (planner/cost/context.py): the sequence split over cp ranks, and the K/V exchange
     cp: int = 1
     context_parallel: str | None = None
-    ep: int = 1  # Mixture-of-Experts: expert-parallel degree and expert tensor parallel (planner.plan.ExpertLayout)
+    ep: int = (
+        1  # Mixture-of-Experts: expert-parallel degree and expert tensor parallel (planner.plan.schema.ExpertLayout)
+    )
     etp: int = 1
     # A *family*: this choice under each of these (ep, etp) layouts, bounded as one entry and expanded
     # (:func:`expand_experts`) only when its bound comes up in the search; () = one concrete candidate.
@@ -282,7 +284,7 @@ def expand_experts(outer: OuterChoice) -> list[OuterChoice]:
 def expert_layouts(experts: int, *, tp: int, dp: int, config: SearchConfig) -> list[tuple[int, int]]:
     """(ep, etp) pairs of a Mixture-of-Experts model on a stage of ``dp x tp`` ranks; [(1, 1)] when dense.
 
-    Rules (``planner.plan.check_expert_layout``): ep divides the experts and ep x etp divides dp x tp.
+    Rules (``planner.plan.schema.check_expert_layout``): ep divides the experts and ep x etp divides dp x tp.
     etp (with ``--allow ...,etp``; 1 otherwise) ranges over the divisors of the attention tp (expert TP no
     wider than the attention's: it stays inside the node, and Megatron-Core's folding is used to narrow it,
     Liu et al. 2025 §3).

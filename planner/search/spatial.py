@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import pulp
 
-from planner.cost.spatial import SpatialOption, layer_options
-from planner.cost.spatial_plan import SpatialConfig, SpatialCosts, SpatialEstimate, estimate_spatial
-from planner.errors import StratagemError
-from planner.profile_schema import ClusterProfile, ModelProfile
+from planner.cost import SpatialOption, layer_options
+from planner.cost import SpatialConfig, SpatialCosts, SpatialEstimate, estimate_spatial
+from planner.core import StratagemError
+from planner.profile import ClusterProfile, ModelProfile
 
 SOLVER_REL_TOL = 1e-6  # CBC's objective at its solution vs estimate_spatial (the brute-force test checks 1e-9)
 BYTES_UNIT = 2**30  # the memory row in GiB keeps its coefficients near 1

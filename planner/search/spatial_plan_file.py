@@ -1,7 +1,7 @@
 """The plan file of a hybrid data + spatial search, and why each layer is split (``planner/search/spatial.py``).
 
 Mesh axes ``dp, sd`` (``sd`` fastest: spatial groups are consecutive ranks); one stage holding every layer;
-gradient accumulation over ``num_micro_batches``; each split layer's :class:`planner.plan.SpatialSplit` in
+gradient accumulation over ``num_micro_batches``; each split layer's :class:`planner.plan.schema.SpatialSplit` in
 ``layout`` with the reason: *memory* when leaving that layer unsplit (the others as planned) would not fit a
 rank, else *time* (splitting it is faster).
 """
@@ -13,14 +13,14 @@ from dataclasses import replace
 
 import pulp
 
-from planner.cnn3d import SPATIAL_FAMILIES, volume_layers
-from planner.cost.spatial import SpatialOption, check_split
-from planner.errors import StratagemError
+from planner.model import SPATIAL_FAMILIES, volume_layers
+from planner.cost import SpatialOption, check_split
+from planner.core import StratagemError
 from planner import __version__
-from planner.cost.constants import is_gpu
-from planner.cost.spatial import UNSPLIT
-from planner.cost.spatial_plan import SpatialConfig, SpatialEstimate, estimate_spatial
-from planner.modelspec import ModelSpec
+from planner.core import is_gpu
+from planner.cost import UNSPLIT
+from planner.cost import SpatialConfig, SpatialEstimate, estimate_spatial
+from planner.model import ModelSpec
 from planner.plan import (
     Alternative,
     LayerLayout,
@@ -34,7 +34,7 @@ from planner.plan import (
     TrainingSettings,
     make_schedule,
 )
-from planner.profile_schema import ClusterProfile, ModelProfile
+from planner.profile import ClusterProfile, ModelProfile
 from planner.search.spatial import SpatialSearchResult
 
 GIB = 2**30

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from planner.cost.config import Recompute, TPStyle
-from planner.cost.memory import SweepRun, backward_sweep
+from planner.core import Recompute, TPStyle
+from planner.cost import SweepRun, backward_sweep
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

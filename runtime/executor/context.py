@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan
 from runtime.models.attention import attend
 

@@ -10,8 +10,8 @@ Uneven ``batch_shares`` (mixed clusters): replica ``r`` gets ``n_r = share_r * B
 ``m_r = n_r / micro_batch_size`` micro-batches of the plan's one ``schedule.micro_batch_size`` — the same
 size, different counts, as the cost model has it (planner/cost/validate.py ``replica_micro_batches``); a
 fast replica runs more micro-batches, not bigger ones. Without shares every replica runs the same ``m``
-micro-batches of ``B / (dp * m)`` rows. The split is derived once, by ``planner.plan.make_schedule``, and every
-plan file carries its counts (``schedule.micro_batches_per_replica``), which ``planner.plan.split_batch`` reads.
+micro-batches of ``B / (dp * m)`` rows. The split is derived once, by ``planner.plan.schema.make_schedule``, and every
+plan file carries its counts (``schedule.micro_batches_per_replica``), which ``planner.plan.schema.split_batch`` reads.
 
 Gradients stay those of the full-batch mean loss: each replica's schedule averages its ``m_r`` equal-size
 micro-batch losses (``scale_grads``, or ``1/m_r`` in ``LocalRunner``), which is its mean loss; dp gradient
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
+from planner.core import StratagemError
+from planner.model import ModelSpec
 from planner.plan import BatchSplit, Plan, micro_batches_per_replica, rows_per_replica, split_batch  # noqa: F401
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 
 ETP_SLICE = "etp_slice"  # module attribute: (etp_index, etp) of the FFN slice its parameters hold
 _OPTIM_PREFIXES = ("state.", "param_groups.")

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan
 from runtime.executor.etp_keys import mark_etp_slice
 from runtime.models.llama import recompute_in_backward

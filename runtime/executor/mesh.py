@@ -1,6 +1,6 @@
 """Where a rank sits in the plan's mesh, and the DeviceMesh built from it.
 
-Ranks are laid out row-major over ``plan.mesh.axes`` (last axis fastest), exactly as ``planner.plan``
+Ranks are laid out row-major over ``plan.mesh.axes`` (last axis fastest), exactly as ``planner.plan.schema``
 documents, so the coordinates computed here agree with the ranks each ``Stage`` lists.
 """
 

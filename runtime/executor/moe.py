@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan
 from runtime.executor.hf_moe import apply_hf_ep, check_hf_experts, hf_local_experts, is_hf_ep
 from runtime.executor.mesh import ParallelDims
@@ -55,7 +55,7 @@ from runtime.models.moe import MoE, moe_layers
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ExpertLayout:
-    """The plan's ``experts`` (``planner.plan.ExpertLayout``), or the default for a plan without one."""
+    """The plan's ``experts`` (``planner.plan.schema.ExpertLayout``), or the default for a plan without one."""
 
     ep: int = 1
     etp: int = 1

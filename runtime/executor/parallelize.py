@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan, Stage
 from runtime.executor.context import ContextShard, apply_cp, check_context_supported, data_parallel_mesh
 from runtime.executor.fsdp import apply_dp

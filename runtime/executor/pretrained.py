@@ -34,8 +34,8 @@ from torch import nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
+from planner.core import StratagemError
+from planner.model import ModelSpec
 from planner.plan import Plan
 from runtime.executor.moe import expert_layout
 from runtime.models import build_model

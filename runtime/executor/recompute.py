@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from runtime.executor.stage import replace_module
 from runtime.models.attention import RECOMPUTE_ATTR, RECOMPUTE_MARK, mark_attention
 

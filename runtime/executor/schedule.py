@@ -24,7 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan
 from runtime.executor.data import Batch, BatchSplit, split_batch
 from runtime.executor.moe import exclude_shape_probes

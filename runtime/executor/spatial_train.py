@@ -25,10 +25,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan
-from planner.recipe import lr_at_step
-from planner.search.spatial_plan_file import check_spatial_plan, spatial_config_of
+from planner.plan import lr_at_step
+from planner.search import check_spatial_plan, spatial_config_of
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, reset_peak_memory
 from runtime.executor.spatial import UNSPLIT, SpatialGroup, relayout, shard_of, split_conv, split_group_norm

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan
 
 log = logging.getLogger(__name__)

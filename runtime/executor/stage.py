@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 
 
 def cut_stage(model: nn.Module, keep_paths: Sequence[str], all_paths: Iterable[str]) -> nn.Module:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 from planner.plan import Plan
 from runtime.executor.mesh import ParallelDims
 

@@ -58,8 +58,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
+from planner.core import StratagemError
+from planner.model import ModelSpec
 from planner.plan import LayerLayout
 
 SEQ = Shard(1)  # (batch, seq, hidden): dim 1 is the sequence

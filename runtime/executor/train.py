@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.errors import StratagemError
-from planner.fileio import atomic_write_text
+from planner.core import StratagemError
+from planner.core import atomic_write_text
 from planner.plan import Plan, load_plan, validate
-from planner.recipe import lr_at_step
+from planner.plan import lr_at_step
 from runtime.executor.context import ContextShard, build_context_shard
 from runtime.executor.checkpoint import (
     check_expert_layout,
@@ -441,7 +441,7 @@ def build_job(
 
 
 def apply_lr(job: Job, step: int) -> float:
-    """Set every optimizer's rate for 1-based ``step`` from the plan's recipe (planner/recipe.py; none =
+    """Set every optimizer's rate for 1-based ``step`` from the plan's recipe (planner/plan/recipe.py; none =
     the constant ``training.lr``); returns it."""
     tr = job.plan.training
     lr = tr.lr if tr.lr_schedule is None else lr_at_step(tr.lr_schedule, global_batch=tr.global_batch, step=step - 1)

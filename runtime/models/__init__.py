@@ -1,4 +1,4 @@
-"""Model zoo: GPT, Llama, ResNet-50, MLP built from a :class:`planner.modelspec.ModelSpec`.
+"""Model zoo: GPT, Llama, ResNet-50, MLP built from a :class:`planner.model.spec.ModelSpec`.
 
 Every model is an ordered sequence of top-level layers addressed by module path (``embed``, ``blocks.3``,
 ``norm``, ``head``; ``stem``, ``blocks.i``, ``pool``, ``fc``; ``blocks.i``, ``out``). Tensor parallelism

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 
 FUSED_ATTR = "fused_attention"  # instance attribute of every module whose attention the plan chooses
 FUSED_MARK = "_stratagem_fused"  # the same choice on each submodule (the hf: attention function reads it)

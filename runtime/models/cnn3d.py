@@ -1,4 +1,4 @@
-"""The zoo's 3D CNNs, 3D U-Net and CosmoFlow, built from the layer tables of ``planner/cnn3d.py``.
+"""The zoo's 3D CNNs, 3D U-Net and CosmoFlow, built from the layer tables of ``planner/model/cnn3d.py``.
 
 Top-level layers: ``blocks.i`` (convolution blocks, poolings, up-convolutions), ``dense.i`` (CosmoFlow) and
 ``head``; ``forward`` runs them in order and concatenates a U-Net decoder's input with the skip features of
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.cnn3d import VolumeLayer, norm_groups
+from planner.model import VolumeLayer, norm_groups
 from runtime.models.dims import VolumeDims
 from runtime.models.layered import LayeredModel
 

@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
+from planner.core import StratagemError
+from planner.model import ModelSpec
 from runtime.models.layered import LayeredModel
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)

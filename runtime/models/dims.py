@@ -1,4 +1,4 @@
-"""A :class:`~planner.modelspec.ModelSpec` resolved into checked, typed dimensions per family.
+"""A :class:`~planner.model.spec.ModelSpec` resolved into checked, typed dimensions per family.
 
 ``ffn_hidden`` 0 means 4*hidden for GPT (Radford et al. 2019 / Megatron-LM SC21 §2.3) and, for Llama,
 2/3 of 4*hidden rounded up to a multiple of 256 (Touvron et al. 2023; Meta llama ``model.py``
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from planner.cnn3d import SPATIAL_FAMILIES, VolumeLayer, volume_layers
-from planner.errors import StratagemError
-from planner.modelspec import FAMILY_DEFAULTS, ModelSpec
+from planner.model import SPATIAL_FAMILIES, VolumeLayer, volume_layers
+from planner.core import StratagemError
+from planner.model import FAMILY_DEFAULTS, ModelSpec
 
 LLAMA_FFN_MULTIPLE = 256  # Meta llama model.py: ModelArgs.multiple_of
 
@@ -65,7 +65,7 @@ class ResNetDims:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VolumeDims:
-    """A 3D CNN (unet3d, cosmoflow): its spec and layer table (``planner/cnn3d.py``)."""
+    """A 3D CNN (unet3d, cosmoflow): its spec and layer table (``planner/model/cnn3d.py``)."""
 
     spec: ModelSpec
     layers: tuple[VolumeLayer, ...]

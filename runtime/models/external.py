@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
-from planner.profiles import CollectiveNeed
+from planner.core import StratagemError
+from planner.model import ModelSpec
+from planner.profile import CollectiveNeed
 from runtime.models.custom import INPUT_DTYPES, STYLES, InputSpec, custom_template
 from runtime.models.gpt import VocabShardEmbedding
 from runtime.models.layered import LayeredModel

@@ -7,7 +7,7 @@ Stratagem's attention wrapped as the runtime trains it (:func:`runtime.models.hf
 one's weights. Both run one batch of token ids; a largest absolute logit difference above
 :data:`FIDELITY_TOLERANCE` refuses the model in one line naming the first part whose output differs (the
 embedding, a decoder layer, or what follows the last one). The figure goes into the plan
-(:class:`planner.modelspec.Fidelity`).
+(:class:`planner.model.spec.Fidelity`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 import torch
 from torch import nn
 
-from planner.errors import StratagemError
-from planner.modelspec import Fidelity, ModelSpec
+from planner.core import StratagemError
+from planner.model import Fidelity, ModelSpec
 from runtime.models.init import init_weights
 from runtime.models.hf import (
     ATTENTION,

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
+from planner.core import StratagemError
+from planner.model import ModelSpec
 from runtime.models.attention import FUSED_MARK, RECOMPUTE_MARK, attend, causal_bias
 from runtime.models.layered import LayeredModel, blocks_dict
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.errors import StratagemError
-from planner.modelspec import DimValue
+from planner.core import StratagemError
+from planner.model import DimValue
 
 _COMMON = {
     "layers": "num_hidden_layers",

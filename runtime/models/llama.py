@@ -6,7 +6,7 @@ materialized from meta with ``to_empty`` needs no buffer re-initialisation.
 
 RMSNorm and the SwiGLU product keep only their inputs for backward and re-run their element-wise ops there, as
 the fused kernels do (Megatron-LM's fused SwiGLU, Apex / Transformer Engine RMSNorm): a block then saves what
-the cost model counts (``planner.gpt_profile``: two norm inputs, the GEMM inputs, gate and up of the MLP), not
+the cost model counts (``planner.profile.gpt``: two norm inputs, the GEMM inputs, gate and up of the MLP), not
 the extra normalised tensor and SiLU output that eager autograd would keep (``tests/test_saved_bytes.py``).
 """
 

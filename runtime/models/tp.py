@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
-from planner.profiles import CollectiveNeed
+from planner.core import StratagemError
+from planner.model import ModelSpec
+from planner.profile import CollectiveNeed
 from runtime.models.dims import GPTDims, LlamaDims, MLPDims, MoEDims, ResNetDims, resolve_dims
 from runtime.models.external import external, external_collectives
 from runtime.models.zoo import DeviceLike, build_layer, check_layer_path, layer_kind, num_classes

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
+from planner.core import StratagemError
+from planner.model import ModelSpec
 from runtime.models.cnn3d import (
     build_volume_layer,
     build_volume_model,

@@ -1,5 +1,5 @@
 """Measure a cluster: launch the torchrun worker (:mod:`runtime.profiling.cluster_bench`), collect its raw timings,
-fit alpha-beta lines (:mod:`planner.alphabeta`) and build a :class:`planner.profiles.ClusterProfile`.
+fit alpha-beta lines (:mod:`planner.profile.alphabeta`) and build a :class:`planner.profile.load.ClusterProfile`.
 
 The run is bounded: past ``timeout_s`` the whole torchrun process group is killed. A failing rank, a
 torchrun error or a timeout raise a one-line :class:`StratagemError`; no profile is built then.
@@ -24,10 +24,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner import __version__
-from planner.alphabeta import fit_alpha_beta
-from planner.errors import StratagemError
-from planner.fileio import read_json
-from planner.profiles import (
+from planner.profile import fit_alpha_beta
+from planner.core import StratagemError
+from planner.core import read_json
+from planner.profile import (
     BlockingLatency,
     ClusterProfile,
     CollectiveFit,

@@ -2,7 +2,7 @@
 
 Launched by :mod:`runtime.profiling.cluster` as ``python -m torch.distributed.run ... cluster_bench.py``.
 Every rank takes part; rank 0 writes the raw timings (:class:`RawBench`) to ``--raw-out`` and the parent
-process fits and writes the :class:`planner.profiles.ClusterProfile`. The raw format is defined in
+process fits and writes the :class:`planner.profile.load.ClusterProfile`. The raw format is defined in
 :mod:`runtime.profiling.cluster` so the parent can read it without importing torch.
 
 Timing method ("per-iteration median", see docs/torch-distributed-on-cpu.md section 8): for each
@@ -11,7 +11,7 @@ preceded by a barrier and timed alone, the slowest rank's time counts (all_reduc
 is the median of its iterations. send_recv is a ping-pong between two ranks, timed as half the round trip
 (the OSU micro-benchmarks' osu_latency convention). all_to_all is ``all_to_all_single`` with equal splits; its
 message is one rank's whole send buffer, of which each peer gets 1/n (NCCL-tests ``alltoall_perf``, whose bus
-bandwidth factor (n-1)/n ``planner.alphabeta.bus_factor`` uses) — the expert-parallel dispatch and combine
+bandwidth factor (n-1)/n ``planner.profile.alphabeta.bus_factor`` uses) — the expert-parallel dispatch and combine
 of ``runtime.executor.moe``.
 
 Rank 0 prints ``@@progress DONE TOTAL LABEL`` lines on stdout for the parent's progress bar; a failing rank
@@ -32,7 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from planner.fileio import atomic_write_text
+from planner.core import atomic_write_text
 from runtime.profiling.cluster import RawBench, RawCollective, RawCompute, RawSample
 
 #: Test hook: the rank named here raises right after joining the process group (tests check that a

@@ -2,7 +2,7 @@
 
 The planner costs an MoE block in two parts (``planner.cost.moe``): the block's shards (attention, router,
 shared experts, norms, the permutation around the experts) as measured, and the routed experts from their
-shape (:class:`planner.profiles.ExpertProfile`) per expert-parallel layout, since which experts a rank holds
+shape (:class:`planner.profile.load.ExpertProfile`) per expert-parallel layout, since which experts a rank holds
 and how many tokens reach them depend on ep and etp, not on the module alone. So a profiled MoE shard routes
 its tokens as usual but its routed experts are removed: the exchange returns zero outputs (their weighted
 sum, its backward and the saved combine inputs stay in the measurement).
@@ -73,7 +73,7 @@ def _hf_expert_profile(block: nn.Module, seq_len: int):
     (``gate_up_proj`` is ``E x 2f x h``), top-k from its router; dropless (transformers drops no tokens); what its
     fused module saves per token and its backward's growth per weight byte, measured
     (:func:`fused_saved_bytes_per_token`, :func:`fused_backward_bytes_per_weight_byte`)."""
-    from planner.profiles import ExpertProfile
+    from planner.profile import ExpertProfile
 
     n_experts, two_f, hidden = block.experts.gate_up_proj.shape
     top_k = int(block.gate.top_k)
@@ -176,7 +176,7 @@ def fused_saved_bytes_per_token(experts: nn.Module, top_k: int) -> float:
 def expert_fields(module: nn.Module, seq_len: int) -> dict:
     """``{"experts": ExpertProfile}`` for a layer holding an MoE, ``{}`` otherwise (or when the profile schema
     has no expert field)."""
-    from planner import profiles
+    from planner.profile import load as profiles
 
     if not hasattr(profiles, "ExpertProfile"):
         return {}

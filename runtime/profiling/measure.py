@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from planner.profiles import TimingStats
+from planner.profile import TimingStats
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

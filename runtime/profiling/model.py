@@ -1,4 +1,4 @@
-"""Profile a model layer by layer into a :class:`planner.profiles.ModelProfile`.
+"""Profile a model layer by layer into a :class:`planner.profile.load.ModelProfile`.
 
 Method (measured): build each top-level layer alone (``runtime.models.build_layer``) and run it standalone
 on a saved copy of its input, i.e. the previous layer's output (float inputs of every layer but the first
@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from planner import __version__
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
-from planner.profiles import LayerProfile, LayerTiming, ModelProfile, Provenance, ShardProfile
+from planner.core import StratagemError
+from planner.model import ModelSpec
+from planner.profile import LayerProfile, LayerTiming, ModelProfile, Provenance, ShardProfile
 from runtime.models import (
     build_layer,
     build_tp_shard,
@@ -183,7 +183,7 @@ class _Layer:
 
     @property
     def tied_head(self) -> bool:
-        # SC21 eq. 2 counts a tied head's weight once, in the embedding (as planner.gpt_profile does)
+        # SC21 eq. 2 counts a tied head's weight once, in the embedding (as planner.profile.gpt does)
         return self.path == "head" and bool(self.spec.dims.get("tie_embeddings", False))
 
 
@@ -330,7 +330,7 @@ def _profile_one(
     batch = job.x_full.shape[0]
     splittable = is_splittable(job.spec, job.path)
     kind = layer_kind(job.path, job.spec)
-    # the last layer's output is the loss: one fp32 scalar per micro-batch (as planner.gpt_profile counts it)
+    # the last layer's output is the loss: one fp32 scalar per micro-batch (as planner.profile.gpt counts it)
     out_bytes = LOSS_BYTES if job.targets is not None else out.numel() * out.element_size() / batch
     profile = LayerProfile(
         path=job.path,
@@ -444,7 +444,7 @@ def profile_model(
     )
 
 
-DEFAULT_TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # powers of two, as planner.gpt_profile.default_tp_degrees
+DEFAULT_TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # powers of two, as planner.profile.gpt.default_tp_degrees
 
 
 def default_tp_degrees(spec: ModelSpec) -> tuple[int, ...]:

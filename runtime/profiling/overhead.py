@@ -32,9 +32,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from planner.modelspec import ModelSpec
+from planner.model import ModelSpec
 from planner.plan import LayerLayout
-from planner.profiles import ComputeFigure, RuntimeOverhead
+from planner.profile import ComputeFigure, RuntimeOverhead
 from runtime.profiling.measure import make_input
 
 log = logging.getLogger(__name__)

@@ -77,7 +77,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     result = measure()
     if dist.get_rank() == 0:
-        from planner.fileio import atomic_write_text
+        from planner.core import atomic_write_text
 
         atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     dist.destroy_process_group()

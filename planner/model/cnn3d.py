@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 
-if TYPE_CHECKING:  # annotations only: planner.modelspec checks a volume model through check_volume below
-    from planner.modelspec import ModelSpec
+if TYPE_CHECKING:  # annotations only: planner.model.spec checks a volume model through check_volume below
+    from planner.model.spec import ModelSpec
 
 VolumeOp = Literal["conv", "pool", "upconv", "dense"]
 SPATIAL_FAMILIES = ("unet3d", "cosmoflow")
@@ -146,7 +146,7 @@ def _cosmoflow_layers(spec: ModelSpec) -> list[VolumeLayer]:
 def volume_layers(spec: ModelSpec) -> list[VolumeLayer]:
     """The layer table of a ``unet3d`` or ``cosmoflow`` spec, in forward order.
 
-    >>> from planner.modelspec import parse_model
+    >>> from planner.model.spec import parse_model
     >>> [(l.path, l.op, l.out_extent) for l in volume_layers(parse_model("unet3d:tiny"))][:3]
     [('blocks.0', 'conv', 16), ('blocks.1', 'conv', 16), ('blocks.2', 'pool', 8)]
     """

@@ -1,6 +1,6 @@
 """The shipped cluster profiles, built from cited datasheet and published measured figures.
 
-``python -m planner.hardware_catalog [--out profiles/hardware]`` writes one JSON per cluster. Every number
+``python -m planner.profile.hardware_catalog [--out profiles/hardware]`` writes one JSON per cluster. Every number
 comes from ``benchmarks/data/hardware_specs.csv`` (quoted in each ``source`` field) or is a stated
 assumption. Collective fits are origin ``derived``: the quoted NCCL-tests bus bandwidth at large messages,
 and the latency NCCL's own tuning model assigns (``src/graph/tuning.cc``: ring base 8.4 us, per step
@@ -9,7 +9,7 @@ and the latency NCCL's own tuning model assigns (``src/graph/tuning.cc``: ring b
 
 Inter-node fits are per node (all GPUs of each node in the collective, every NIC busy), see
 ``planner.cost.collectives``. The achieved GEMM rate is ``GEMM_EFFICIENCY[gpu] * peak``
-(``planner.cost.constants``). Node counts cover the published cases; ``stratagem estimate --gpus N``
+(``planner.core.constants``). Node counts cover the published cases; ``stratagem estimate --gpus N``
 rescales a single-type cluster (``planner.cost.placement.with_gpus``).
 """
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner import __version__
-from planner.cost.constants import GEMM_EFFICIENCY, gpu_family
-from planner.profile_schema import (
+from planner.core import GEMM_EFFICIENCY, gpu_family
+from planner.profile.schema import (
     ClusterProfile,
     CollectiveFit,
     ComputeFigure,
@@ -233,7 +233,7 @@ def default_kernel_model(device: str) -> KernelModel | None:
 def _compute(device: str, peaks: dict[str, tuple[float, str]]) -> list[ComputeFigure]:
     family = gpu_family(device)
     if family is None:
-        raise ValueError(f"{device!r} is not a GPU with a GEMM efficiency in planner.cost.constants.GEMM_EFFICIENCY")
+        raise ValueError(f"{device!r} is not a GPU with a GEMM efficiency in planner.core.constants.GEMM_EFFICIENCY")
     eff = GEMM_EFFICIENCY[family]
     return [
         ComputeFigure(
@@ -241,7 +241,7 @@ def _compute(device: str, peaks: dict[str, tuple[float, str]]) -> list[ComputeFi
             peak_flops_per_s=peak,
             achieved_flops_per_s=eff * peak,
             origin="derived",
-            source=f"peak: {src}; achieved = GEMM_EFFICIENCY['{family}'] = {eff} x peak (planner/cost/constants.py)",
+            source=f"peak: {src}; achieved = GEMM_EFFICIENCY['{family}'] = {eff} x peak (planner/core/constants.py)",
         )
         for dtype, (peak, src) in peaks.items()
     ]
@@ -435,7 +435,7 @@ def _cluster(
             method="datasheet",
             tool=f"stratagem {__version__}",
             created_utc=created_utc,
-            command="python -m planner.hardware_catalog",
+            command="python -m planner.profile.hardware_catalog",
             sources=sources,
             notes="derived from datasheet and published measurements; node count covers the "
             "published cases and is rescaled by --gpus",
@@ -512,7 +512,7 @@ def write_catalog(out_dir: str | Path, created_utc: str = "") -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the shipped cluster profiles.")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "profiles" / "hardware"))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "profiles" / "hardware"))
     args = parser.parse_args(argv)
     created_utc = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     for path in write_catalog(args.out, created_utc):

@@ -1,6 +1,6 @@
 """Closed-form model profile of a GPT or Llama transformer — no torch, instant for any size.
 
-Builds the same :class:`planner.profiles.ModelProfile` a measured profile has (layers ``embed``,
+Builds the same :class:`planner.profile.load.ModelProfile` a measured profile has (layers ``embed``,
 ``blocks.i``, ``norm``, ``head``; identical blocks share a signature; one shard per TP degree; the TP
 collectives each layout issues), from the model's dimensions alone. Used for models too big to profile
 here (the published Megatron cases) and by ``stratagem estimate``.
@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import math
 
-from planner.autocast_profile import SOURCES as AUTOCAST_SOURCES, autocast_layers
-from planner.cost.constants import DTYPE_BYTES
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec
-from planner.moe_profile import build_moe_profile
-from planner.transformer_layers import (
+from planner.profile.autocast import SOURCES as AUTOCAST_SOURCES, autocast_layers
+from planner.core import DTYPE_BYTES
+from planner.core import StratagemError
+from planner.model import ModelSpec
+from planner.profile.moe import build_moe_profile
+from planner.profile.transformer_layers import (
     SOURCES,
     analytic_profile,
     block_collectives,
@@ -49,7 +49,8 @@ from planner.transformer_layers import (
     head_layer,
     norm_layer,
 )
-from planner.profile_schema import LayerProfile, ModelProfile, Precision
+from planner.profile.schema import LayerProfile, ModelProfile
+from planner.core import Precision
 
 __all__ = ["SOURCES", "analytic_profile", "build_gpt_profile", "default_tp_degrees"]
 
@@ -66,10 +67,10 @@ def build_gpt_profile(
     """The closed-form :class:`ModelProfile` of a GPT/Llama ``spec`` at ``seq_len`` tokens per sample.
 
     ``precision``: "pure" 16-bit training (Megatron-LM, torchtitan; the published rows), or "autocast", fp32
-    weights under ``torch.autocast`` as Stratagem's runtime trains (``planner.autocast_profile``: its cast
+    weights under ``torch.autocast`` as Stratagem's runtime trains (``planner.profile.autocast``: its cast
     kernels, fp32 LayerNorm/softmax/cross-entropy and fp32 saved activations; GPT only, 16-bit dtypes only).
 
-    >>> from planner.modelspec import parse_model
+    >>> from planner.model.spec import parse_model
     >>> build_gpt_profile(parse_model("gpt:gpt3-175b")).total_params   # SC21 Table 1: 174.6B
     174615846912
     """
@@ -108,11 +109,11 @@ def build_gpt_profile(
         for i in range(int(spec.dim("layers")))
     ]
     layers = [embed_layer(d, tps), *blocks, norm_layer(d), head_layer(d, tps)]
-    sources, notes = SOURCES, "closed-form (planner.gpt_profile); no timings"
+    sources, notes = SOURCES, "closed-form (planner.profile.gpt); no timings"
     if precision == "autocast":
         linear = {t: math.ceil(block_params(d)[0] / t) + 2 * d.h for t in tps}  # + the unsplit biases
         layers = autocast_layers(d, layers, linear)
-        sources, notes = SOURCES + AUTOCAST_SOURCES, notes + "; torch.autocast (planner.autocast_profile)"
+        sources, notes = SOURCES + AUTOCAST_SOURCES, notes + "; torch.autocast (planner.profile.autocast)"
     profile = analytic_profile(
         spec,
         seq=seq,

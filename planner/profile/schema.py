@@ -1,5 +1,5 @@
 """Profile schemas: what a model costs per layer, and what a cluster can do (the classes; loading, with the
-migration of older files, is :mod:`planner.profiles`, which re-exports them).
+migration of older files, is :mod:`planner.profile.load`, which re-exports them).
 
 Two versioned JSON documents cross the boundary between measuring and planning:
 
@@ -17,26 +17,21 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
 
-from planner.fileio import MAX_MAGNITUDE, save_document
-from planner.modelspec import ModelSpec
+from planner.core import MAX_MAGNITUDE, save_document
+from planner.core import Dtype, Precision
+from planner.model import ModelSpec
 
 # The shipped cluster and model profiles: package data of ``planner`` (``planner/shipped_profiles`` links to the
 # repository's ``profiles/`` folder; a wheel holds a copy), so an installed stratagem finds them from any folder.
-SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent / "shipped_profiles"
+SHIPPED_PROFILES_DIR = Path(__file__).resolve().parents[1] / "shipped_profiles"
 
 MODEL_PROFILE_SCHEMA_VERSION: Final = 1
 CLUSTER_PROFILE_SCHEMA_VERSION: Final = 2  # 2: NodeType.kernel_model, ClusterProfile.calibration (v1 migrates)
 
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
-# How 16-bit compute is executed (planner.autocast_profile): "pure" = 16-bit weights and activations throughout
-# (Megatron-LM, torchtitan); "autocast" = fp32 weights under torch.autocast (Stratagem's runtime).
-Precision = Literal["pure", "autocast"]
-PRECISIONS: tuple[str, ...] = get_args(Precision)  # the --precision choices of plan and estimate
-DTYPES: tuple[str, ...] = get_args(Dtype)  # the --dtype choices of every command that takes one
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
 LinkLevel = Literal["intra_node", "inter_node"]
 Origin = Literal["measured", "derived"]
@@ -183,7 +178,7 @@ class ShardProfile(StrictModel):
         0,
         ge=0,
         description="bytes kept from forward to backward per micro-batch independent of its samples "
-        "(the 16-bit weight copies torch.autocast caches and the GEMMs save; planner.autocast_profile)",
+        "(the 16-bit weight copies torch.autocast caches and the GEMMs save; planner.profile.autocast)",
     )
     backward_ws_bytes_per_sample: float = Field(
         0,
@@ -238,10 +233,11 @@ class RuntimeOverhead(StrictModel):
 
 
 class ExpertProfile(StrictModel):
-    """The routed experts of a Mixture-of-Experts block (``planner.moe_profile``; costed by ``planner.cost.moe``).
+    """The routed experts of a Mixture-of-Experts block (``planner.profile.moe``; costed by ``planner.cost.moe``).
 
     The block's shards hold everything else (attention, router weights, shared experts, norms), split over
-    the attention tp as usual; the routed experts are split over ep and etp instead (``planner.plan.ExpertLayout``).
+    the attention tp as usual; the routed experts are split over ep and etp instead
+    (``planner.plan.ExpertLayout``).
     Each expert is a SwiGLU FFN ``hidden -> expert_ffn -> hidden`` (three ``hidden x expert_ffn`` matrices).
     """
 
@@ -333,7 +329,7 @@ class ModelProfile(StrictModel):
     precision: Precision = Field(
         "pure",
         description="how 16-bit compute runs: 'pure' 16-bit weights and activations (Megatron-LM, torchtitan) "
-        "or 'autocast' (fp32 weights under torch.autocast, Stratagem's runtime; planner.autocast_profile)",
+        "or 'autocast' (fp32 weights under torch.autocast, Stratagem's runtime; planner.profile.autocast)",
     )
     sample_shape: list[int] = Field(description="input shape of one sample")
     micro_batches: list[PositiveInt] = Field(description="micro-batch sizes that were timed")
@@ -657,7 +653,7 @@ PRECISION_HELP = (
     "how 16-bit compute runs (closed-form GPT profiles): 'pure' 16-bit weights and activations as Megatron-LM, "
     "torchtitan and `stratagem launch` (compiled blocks or FSDP2's bf16 policy) train (default), or 'autocast', "
     "fp32 weights under eager torch.autocast as `stratagem launch --no-compile` trains: its cast kernels, fp32 "
-    "softmax/LayerNorm/cross-entropy and fp32 activations (planner/autocast_profile.py)"
+    "softmax/LayerNorm/cross-entropy and fp32 activations (planner/profile/autocast.py)"
 )
 
 

@@ -16,7 +16,7 @@ Sources of the preset sizes:
   splits while replicating the backbone.
 - Mixture-of-Experts (family ``moe``): the config source of each preset is the comment above it in PRESETS.
 - 3D U-Net and CosmoFlow (3D CNNs that spatial parallelism splits): sources and layer rules in
-  ``planner/cnn3d.py``.
+  ``planner/model/cnn3d.py``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from planner.cnn3d import check_volume
-from planner.errors import StratagemError
+from planner.model.cnn3d import check_volume
+from planner.core import StratagemError
 
 Family = Literal["gpt", "llama", "moe", "resnet", "mlp", "unet3d", "cosmoflow", "hf", "custom"]
 DimValue = int | float | bool
@@ -168,7 +168,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, DimValue]] = {
         depths_0=3, depths_1=4, depths_2=6, depths_3=3, width=64, num_classes=1000, image_size=224, in_channels=3
     ),
     "mlp": dict(in_features=64, hidden=128, layers=4, out_features=10),
-    # volume: voxels per side of the cubic input (planner/cnn3d.py)
+    # volume: voxels per side of the cubic input (planner/model/cnn3d.py)
     "unet3d": dict(volume=16, in_channels=1, num_classes=2, base_channels=4, levels=2),
     "cosmoflow": dict(
         volume=16, in_channels=4, base_channels=4, max_channels=0, conv_layers=2, kernel=3, fc1=16, fc2=8, outputs=4
@@ -526,7 +526,7 @@ def check_dims(spec: ModelSpec) -> None:
     >>> parse_model("gpt:tiny", heads=3)
     Traceback (most recent call last):
     ...
-    planner.errors.StratagemError: gpt hidden 64 is not divisible by heads 3; choose heads dividing hidden
+    planner.core.errors.StratagemError: gpt hidden 64 is not divisible by heads 3; choose heads dividing hidden
     """
     if spec.is_external:
         return
@@ -564,7 +564,7 @@ def check_moe_dims(spec: ModelSpec) -> None:
     >>> parse_model("moe:tiny", top_k=5)
     Traceback (most recent call last):
     ...
-    planner.errors.StratagemError: moe top_k 5 is more than its 4 experts; choose --top-k <= experts
+    planner.core.errors.StratagemError: moe top_k 5 is more than its 4 experts; choose --top-k <= experts
     """
     experts, top_k = int(spec.dim("experts")), int(spec.dim("top_k"))
     if top_k > experts:

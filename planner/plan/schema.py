@@ -14,23 +14,18 @@ from typing import Any, Final, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from planner.comparison import ComparisonRecord
-from planner.errors import StratagemError
-from planner.fileio import content_hash, read_json, save_document, validate_document
-from planner.modelspec import ModelSpec
-from planner.profile_schema import Dtype, StrictModel  # one strictness rule for every file the project reads
-from planner.recipe import LRSchedule
+from planner.plan.comparison import ComparisonRecord
+from planner.core import StratagemError
+from planner.core import content_hash, read_json, save_document, validate_document
+from planner.model import ModelSpec
+from planner.core import ContextMode, Dtype, Recompute, ScheduleKind, TPStyle
+from planner.profile import StrictModel
+from planner.plan.recipe import LRSchedule
 
 PLAN_SCHEMA_VERSION: Final = 3
 # version 2: schedule.micro_batches_per_replica (integers); version 3: it is the only micro-batch count (the
 # overloaded schedule.num_micro_batches is gone; Schedule.max_micro_batches reads the busiest replica's).
 # Older files are migrated on load (migrate_v1, migrate_v2).
-
-# The vocabulary of a parallel layout, defined once here (the plan file's words; planner.cost uses the same)
-ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
-Recompute = Literal["none", "selective", "full"]
-TPStyle = Literal["replicate", "split"]
-ContextMode = Literal["allgather", "ring"]
 
 
 class TrainingSettings(StrictModel):
@@ -44,7 +39,7 @@ class TrainingSettings(StrictModel):
     weight_decay: NonNegativeFloat = 0.0
     seed: int = Field(0, ge=0)
     lr_schedule: LRSchedule | None = Field(
-        None, description="Goyal et al. 2017 large-batch recipe (planner/recipe.py); None = constant lr"
+        None, description="Goyal et al. 2017 large-batch recipe (planner/plan/recipe.py); None = constant lr"
     )
 
 
@@ -184,7 +179,7 @@ class ExpertLayout(StrictModel):
         None, description="tokens per expert capped at cf * tokens * top_k / experts; None = dropless"
     )
     load_imbalance: float = Field(
-        1.5,  # planner.cost.constants.MOE_LOAD_IMBALANCE, what older plans were priced with (plan.py sits below cost)
+        1.5,  # planner.core.constants.MOE_LOAD_IMBALANCE, what older plans were priced with (plan.py sits below cost)
         ge=1.0,
         description="dropless routing: the busiest ep rank's tokens over the mean the predictions assumed "
         "(plan --moe-imbalance; default the router's published fit, planner.cost.moe.default_load_imbalance); "
@@ -202,7 +197,7 @@ def check_expert_layout(*, experts: int, ep: int, etp: int, dp: int, tp: int) ->
     >>> check_expert_layout(experts=8, ep=3, etp=1, dp=6, tp=1)
     Traceback (most recent call last):
     ...
-    planner.errors.StratagemError: 8 experts do not split over ep=3; choose ep dividing the experts (1, 2, 4, 8)
+    planner.core.errors.StratagemError: 8 experts do not split over ep=3; choose ep dividing the experts (1, 2, 4, 8)
     """
     if experts % ep:
         divisors = ", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0)

@@ -2,7 +2,7 @@
 
 Pure maths (no torch): the cluster profiler measures, this module fits. The model is Hockney's
 alpha-beta (latency + size / bandwidth) with NCCL-tests' bus-bandwidth convention, as documented on
-:class:`planner.profiles.CollectiveFit`, so one bandwidth describes a link whatever the rank count.
+:class:`planner.profile.load.CollectiveFit`, so one bandwidth describes a link whatever the rank count.
 
 Fitting minimises the *relative* error (weighted least squares, weight ``1/t^2``): collective timings
 span three or more decades, and an unweighted fit would let the largest message decide ``alpha`` alone.
@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.errors import StratagemError
+from planner.core import StratagemError
 
 log = logging.getLogger(__name__)
 

@@ -1,23 +1,19 @@
-"""Profiles: load and save the two documents of :mod:`planner.profile_schema` (whose classes this module
-re-exports, so ``from planner.profiles import ModelProfile`` is the one way in), resolve shipped cluster names,
-and migrate older cluster files (:func:`planner.profile_migration.migrate_cluster_v1`).
+"""Profiles: load and save the two documents of :mod:`planner.profile.schema` (whose classes this module
+re-exports, so ``from planner.profile.load import ModelProfile`` is the one way in), resolve shipped cluster names,
+and migrate older cluster files (:func:`planner.profile.migration.migrate_cluster_v1`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from planner.errors import StratagemError
-from planner.fileio import load_document, read_json, validate_document
-from planner.profile_migration import migrate_cluster_v1
-from planner.profile_schema import (
+from planner.core import StratagemError
+from planner.core import load_document, read_json, validate_document
+from planner.profile.migration import migrate_cluster_v1
+from planner.profile.schema import (
     SHIPPED_PROFILES_DIR,
     MODEL_PROFILE_SCHEMA_VERSION,
     CLUSTER_PROFILE_SCHEMA_VERSION,
-    Dtype,
-    Precision,
-    PRECISIONS,
-    DTYPES,
     CollectiveOp,
     LinkLevel,
     Origin,
@@ -48,6 +44,7 @@ from planner.profile_schema import (
     PRECISION_HELP,
     save_profile,
 )
+from planner.core import Dtype, Precision, PRECISIONS, DTYPES
 
 __all__ = [
     "SHIPPED_PROFILES_DIR",
@@ -133,7 +130,7 @@ def load_model_profile(path: str | Path) -> ModelProfile:
 
 def load_cluster_profile(path: str | Path) -> ClusterProfile:
     """Load and validate a cluster profile file (a version-1 file is migrated:
-    :func:`planner.profile_migration.migrate_cluster_v1`)."""
+    :func:`planner.profile.migration.migrate_cluster_v1`)."""
     data = read_json(path, what="cluster profile")
     if data.get("schema_version") == 1:
         data = migrate_cluster_v1(data, source=str(path))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from planner.errors import StratagemError
-from planner.fileio import content_hash
-from planner.hardware_catalog import default_kernel_model
+from planner.core import StratagemError
+from planner.core import content_hash
+from planner.profile.hardware_catalog import default_kernel_model
 
 
 def migrate_cluster_v1(data: dict, *, source: str = "cluster profile") -> dict:
     """A version-1 cluster profile as version 2: its hash is checked, then each GPU node type gets the
-    catalog's kernel model for its device (``planner.hardware_catalog.default_kernel_model``; None for CPUs
+    catalog's kernel model for its device (``planner.profile.hardware_catalog.default_kernel_model``; None for CPUs
     and unknown devices, which keep the layer-level roofline)."""
     stored = data.get("content_hash")
     if stored is not None and stored != content_hash(data):

@@ -1,6 +1,6 @@
 """Named constants of the cost model, each with where it came from.
 
-Hardware *datasheet* numbers live in the cluster profiles (built by ``planner.hardware_catalog`` from
+Hardware *datasheet* numbers live in the cluster profiles (built by ``planner.profile.hardware_catalog`` from
 ``benchmarks/data/hardware_specs.csv``); this file holds the few *modelling* constants: how much of the
 datasheet a real training step reaches, and what the framework costs in memory and bytes.
 
@@ -109,7 +109,7 @@ DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS = 100_000
 # ZERO_OPTIMIZATION_REDUCE_BUCKET_SIZE_DEFAULT, unchanged since 2020): gradients are reduced in buckets of
 # at most this many elements (a larger tensor forms a bucket of its own).
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
-# Selene's fabric under a whole job's load (planner.profiles.FabricLoad points: job nodes -> share of the
+# Selene's fabric under a whole job's load (planner.profile.load.FabricLoad points: job nodes -> share of the
 # inter-node fits' bus bandwidth). The cluster profiles' inter-node fits come from nccl-tests on 2 nodes, where
 # no other flows cross the switches: 1.0 at 2 nodes by construction. On Selene itself (a 3-level fat tree, 8x
 # HDR per DGX A100 node), Narayanan et al. SC21 §5.9 report the data-parallel all-reduces of the 1T run
@@ -124,7 +124,7 @@ SELENE_FABRIC_LOAD = ((2, 1.0), (384, 0.37))
 SELENE_FABRIC_LOAD_SOURCE = (
     "Selene, Narayanan et al. SC21 §5.9: 12.9 TB/s effective bisection bandwidth for the 384-node 1T run's "
     "data-parallel all-reduce = 0.37 of the 2-node nccl-tests figure (1.0 at 2 nodes by construction); "
-    "linear in log(nodes) between (planner/cost/constants.py SELENE_FABRIC_LOAD)"
+    "linear in log(nodes) between (planner/core/constants.py SELENE_FABRIC_LOAD)"
 )
 # Host time of one light eager ATen call on CUDA tensors (a view, narrow, or the dispatch of a copy_):
 # PyTorch's operator micro-benchmark printed in pytorch/pytorch PR #32194 (Jan 2020, the torch 1.4-1.8 era):
@@ -151,9 +151,6 @@ MOE_ROUTER_IMBALANCE = {
     "mixtral": (1.031, "Mixtral-8x22B's forced/dropless pair, 465/445 TFLOP/s (Megatron-Core MoE README)"),
     "qwen3": (1.5, "Qwen3-235B-A22B's forced/dropless pair at 16k tokens, 295/237 TFLOP/s (Megatron-MoE-ModelZoo)"),
 }
-
-# Bytes per element of the compute dtype.
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
 def gpu_family(device: str) -> str | None:

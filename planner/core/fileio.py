@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from planner.errors import StratagemError
+from planner.core.errors import StratagemError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -22,7 +22,7 @@ M = TypeVar("M", bound=BaseModel)
 MAX_INPUT_BYTES = 256 * 2**20
 # POSIX NAME_MAX / PATH_MAX on Linux (limits.h): longer names fail with ENAMETOOLONG deep inside a write.
 NAME_MAX = 255
-# Largest magnitude a number in a profile or plan may have (planner.profiles / planner.plan validators).
+# Largest magnitude a number in a profile or plan may have (planner.profile.load / planner.plan.schema validators).
 MAX_MAGNITUDE = 1e24
 PATH_MAX = 4096
 
@@ -40,7 +40,7 @@ def check_output_path(
     >>> check_output_path("")
     Traceback (most recent call last):
     ...
-    planner.errors.StratagemError: --out is empty; give a file path such as plan.json
+    planner.core.errors.StratagemError: --out is empty; give a file path such as plan.json
     """
     text = os.fspath(path)
     if not str(text).strip():

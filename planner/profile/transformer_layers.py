@@ -1,7 +1,7 @@
 """The closed-form layer profiles of a decoder transformer (embedding, block, final norm, LM head) per TP degree,
-and the :class:`planner.profiles.ModelProfile` around them: the pieces :mod:`planner.gpt_profile` (GPT, Llama)
-and :mod:`planner.moe_profile` (their MoE blocks) assemble. The formulas and their sources are
-:mod:`planner.gpt_profile`'s docstring."""
+and the :class:`planner.profile.load.ModelProfile` around them: the pieces :mod:`planner.profile.gpt` (GPT, Llama)
+and :mod:`planner.profile.moe` (their MoE blocks) assemble. The formulas and their sources are
+:mod:`planner.profile.gpt`'s docstring."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import math
 from dataclasses import dataclass
 
 from planner import __version__
-from planner.cost.constants import DTYPE_BYTES
-from planner.errors import StratagemError
-from planner.modelspec import ModelSpec, ffn_width
-from planner.profile_schema import (
+from planner.core import DTYPE_BYTES
+from planner.core import StratagemError
+from planner.model import ModelSpec, ffn_width
+from planner.profile.schema import (
     CollectiveNeed,
     LayerProfile,
     ModelProfile,
@@ -44,7 +44,7 @@ class Dims:
     swiglu: bool
     tied: bool
     learned_positions: bool
-    q: int  # attention width, heads x head dim (= h unless a head dim is given: planner.moe_profile)
+    q: int  # attention width, heads x head dim (= h unless a head dim is given: planner.profile.moe)
 
 
 def dims_of(spec: ModelSpec, seq_len: int, dtype: str) -> Dims:
@@ -56,7 +56,7 @@ def dims_of(spec: ModelSpec, seq_len: int, dtype: str) -> Dims:
     h, a = int(spec.dim("hidden")), int(spec.dim("heads"))
     if h % a:
         raise StratagemError(f"hidden {h} is not divisible by heads {a}; choose --hidden a multiple of --heads")
-    llama_like = spec.family in ("llama", "moe")  # moe: a Llama decoder whose FFNs are experts (planner.moe_profile)
+    llama_like = spec.family in ("llama", "moe")  # moe: a Llama decoder whose FFNs are experts (planner.profile.moe)
     kv = int(spec.dim("kv_heads")) if llama_like else 0
     kv = kv or a
     f = ffn_width(spec)

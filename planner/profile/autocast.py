@@ -1,6 +1,6 @@
 """The closed-form GPT profile as torch.autocast runs it: fp32 weights, 16-bit GEMMs, fp32 element-wise ops.
 
-``planner.gpt_profile`` describes *pure* 16-bit training (Megatron-LM, torchtitan): weights, activations and
+``planner.profile.gpt`` describes *pure* 16-bit training (Megatron-LM, torchtitan): weights, activations and
 gradients in the compute dtype, fused kernels. Stratagem's runtime trains differently (``runtime/executor``:
 fp32 parameters, each micro-batch's forward, loss and backward inside ``torch.autocast(bf16)``) and runs the
 zoo's GPT (``runtime/models/gpt.py``: pre-norm blocks, explicit attention QK^T * scale + mask, softmax,
@@ -72,11 +72,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from planner.errors import StratagemError
-from planner.profile_schema import LayerProfile, OpProfile, ShardProfile
+from planner.core import StratagemError
+from planner.profile.schema import LayerProfile, OpProfile, ShardProfile
 
 if TYPE_CHECKING:
-    from planner.transformer_layers import Dims
+    from planner.profile.transformer_layers import Dims
 
 E, F = 2, 4  # bytes of a bf16/fp16 and of an fp32 element
 CAST = E + F  # a cast reads one width and writes the other

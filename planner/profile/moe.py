@@ -1,6 +1,6 @@
 """Closed-form model profile of a Mixture-of-Experts decoder (family ``moe``) — no torch, instant for any size.
 
-The model is a Llama decoder (``planner.gpt_profile``: RMSNorm, RoPE, SwiGLU, grouped-query attention) whose
+The model is a Llama decoder (``planner.profile.gpt``: RMSNorm, RoPE, SwiGLU, grouped-query attention) whose
 FFN, after the first ``dense_layers`` blocks, is a router plus experts (Shazeer et al. 2017; GShard, Lepikhin
 et al. 2020; fine-grained and shared experts as in DeepSeekMoE, Dai et al. 2024 §3):
 
@@ -9,7 +9,7 @@ et al. 2020; fine-grained and shared experts as in DeepSeekMoE, Dai et al. 2024 
   ``shared_experts`` always-on SwiGLU experts of width ``expert_ffn`` (a dense FFN of width
   ``shared_experts * expert_ffn``, tensor-parallel like the attention), all in the block's shards; and
   ``experts`` routed SwiGLU experts of width ``expert_ffn``, each token sent to ``top_k`` of them, described
-  by the layer's :class:`planner.profiles.ExpertProfile` and costed per expert-parallel layout by
+  by the layer's :class:`planner.profile.load.ExpertProfile` and costed per expert-parallel layout by
   ``planner.cost.moe`` (their FLOPs, weights, activations and the all-to-all depend on ep and etp).
 
 Per token, a routed expert costs ``6 h f_e`` forward FLOPs (three ``2 h f_e`` GEMMs), so the routed part
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.cost.constants import DTYPE_BYTES
-from planner.errors import StratagemError
-from planner.transformer_layers import (
+from planner.core import DTYPE_BYTES
+from planner.core import StratagemError
+from planner.profile.transformer_layers import (
     SOURCES as DENSE_SOURCES,
     Dims,
     analytic_profile,
@@ -37,8 +37,8 @@ from planner.transformer_layers import (
     head_layer,
     norm_layer,
 )
-from planner.modelspec import ModelSpec
-from planner.profile_schema import CollectiveNeed, ExpertProfile, LayerProfile, ModelProfile, ShardProfile
+from planner.model import ModelSpec
+from planner.profile.schema import CollectiveNeed, ExpertProfile, LayerProfile, ModelProfile, ShardProfile
 
 SOURCES = [
     *DENSE_SOURCES,
@@ -78,13 +78,13 @@ def build_moe_profile(
     64 heads), for cost studies of published models (``benchmarks/moe_validation.py``); the zoo's ``moe``
     module, which the runtime builds from the spec, has ``hidden / heads``.
 
-    >>> from planner.modelspec import parse_model
+    >>> from planner.model.spec import parse_model
     >>> p = build_moe_profile(parse_model("moe:mixtral-8x7b"))
     >>> round(p.total_params / 1e9, 1)   # Jiang et al. 2024: 46.7B parameters
     46.7
     """
     if not spec.is_moe:
-        raise StratagemError(f"{spec.name} is not an moe model; use planner.gpt_profile for gpt and llama")
+        raise StratagemError(f"{spec.name} is not an moe model; use planner.profile.gpt for gpt and llama")
     if dtype not in DTYPE_BYTES:
         raise StratagemError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     seq = int(seq_len or spec.dim("max_seq"))
@@ -139,5 +139,5 @@ def build_moe_profile(
         total_params=sum(layer.total_params for layer in layers),
         created_utc=created_utc,
         sources=SOURCES,
-        notes="closed-form (planner.moe_profile); routed experts costed per ep/etp by planner.cost.moe",
+        notes="closed-form (planner.profile.moe); routed experts costed per ep/etp by planner.cost.moe",
     )
