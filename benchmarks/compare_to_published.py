@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cost_accuracy import DEFAULT_CSV, Case, load_cases  # noqa: E402
 
-from planner.cli import build_comparison  # noqa: E402
+from planner.cli.compare_cli import build_comparison  # noqa: E402
 from planner.profile import build_gpt_profile  # noqa: E402
 from planner.model import parse_model  # noqa: E402
 from planner.plan import TrainingSettings  # noqa: E402

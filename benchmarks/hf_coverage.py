@@ -49,7 +49,7 @@ class TinyConfigRejected(Exception):
 
 def plan_tiny(spec: ModelSpec) -> str:
     """Profile the tiny instance on meta and plan it for 2 CPU ranks: the chosen layout."""
-    from planner.cli import resolve_cluster_path
+    from planner.cli.common import resolve_cluster_path
     from planner.profile import load_cluster_profile
     from planner.search import SearchConfig
     from planner.search import plan_search

@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.cli import resolve_cluster_path  # noqa: E402
+from planner.cli.common import resolve_cluster_path  # noqa: E402
 from planner.cost import estimate  # noqa: E402
 from planner.cost import ParallelConfig  # noqa: E402
 from planner.cost import with_gpus  # noqa: E402

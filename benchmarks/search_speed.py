@@ -23,7 +23,7 @@ import logging
 import time
 from dataclasses import replace
 
-from planner.cli import resolve_cluster_path
+from planner.cli.common import resolve_cluster_path
 from planner.cost import estimate
 from planner.cost import fill_stage_node_types, with_gpus
 from planner.profile import build_gpt_profile

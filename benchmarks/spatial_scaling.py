@@ -20,7 +20,7 @@ import csv
 import time
 from pathlib import Path
 
-from planner.cli import resolve_cluster_path
+from planner.cli.common import resolve_cluster_path
 from planner.cost import with_gpus
 from planner.cost import SpatialConfig, estimate_spatial
 from planner.core import StratagemError

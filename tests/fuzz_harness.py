@@ -86,7 +86,7 @@ class Workdir:
 
 def build_workdir(root: Path) -> Workdir:
     """Inputs (model/cluster profile, plans, metrics) and protected non-regular files under ``root``."""
-    from planner.cli import main
+    from planner.cli.main import main
     from planner.inspect import build_example_plan
     from planner.plan import save_plan
 
@@ -198,7 +198,7 @@ def run_case(case: Case, w: Workdir, *, timeout_s: float = 20.0) -> Outcome:
     """Run one case in this process (main thread: SIGALRM bounds it) and classify what happened."""
     import time
 
-    from planner.cli import main
+    from planner.cli.main import main
 
     before = snapshot(w)
     out, err = io.StringIO(), io.StringIO()

@@ -14,8 +14,8 @@ import pytest
 from planner.calibrate import fit
 from planner.calibrate import Predictor, mean_abs
 from planner.calibrate.runs import _run
-from planner.cli import PROFILES_DIR
-from planner.cli import main
+from planner.cli.common import PROFILES_DIR
+from planner.cli.main import main
 from planner.profile import load_cluster_profile
 
 A100 = load_cluster_profile(PROFILES_DIR / "hardware" / "dgx-a100-80g.json")

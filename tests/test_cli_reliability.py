@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.core import StratagemError
 from planner.core import atomic_write_text, check_output_path, read_json
 
@@ -391,7 +391,7 @@ def test_model_profile_with_tp_degree_zero_is_rejected(tmp_path, capsys):
 
 
 def test_poor_cluster_fit_warns():
-    from planner.cli import poor_fit_warnings
+    from planner.cli.cmd_profile_cluster import poor_fit_warnings
     from planner.profile import CollectiveFit
 
     fit = CollectiveFit(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.inspect import build_example_plan
 from planner.plan import plan_label, save_plan
 
@@ -145,7 +145,7 @@ def test_dry_run_summarises_large_plans(tmp_path, capsys):
 def _subparser_actions(*path: str):
     import argparse
 
-    from planner.cli import build_parser
+    from planner.cli.main import build_parser
 
     parser = build_parser()
     for name in path:
@@ -170,7 +170,7 @@ def test_plan_rejects_a_dtype_its_model_profile_does_not_have(tmp_path, capsys):
 
 
 def test_library_errors_name_settings_and_the_cli_names_flags():
-    from planner.cli import SETTING_FLAGS
+    from planner.cli.main import SETTING_FLAGS
     from planner.core import SettingError
     from planner.search import SearchConfig
 

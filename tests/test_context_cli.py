@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.export import parse as parse_megatron
 from planner.plan import load_plan, plan_label
 

@@ -5,7 +5,7 @@ less than full)."""
 
 import pytest
 
-from planner.cli import PROFILES_DIR
+from planner.cli.common import PROFILES_DIR
 from planner.cost import layer_cost
 from planner.profile import build_gpt_profile
 from planner.model import parse_model

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from planner.cli import PROFILES_DIR
+from planner.cli.common import PROFILES_DIR
 from planner.profile import build_catalog
 from planner.profile import load_cluster_profile
 
@@ -19,7 +19,7 @@ def _strip(profile):
 def test_shipped_file_matches_catalog(name):
     shipped = load_cluster_profile(PROFILES_DIR / "hardware" / f"{name}.json")
     built = CATALOG[name]
-    assert _strip(shipped) == _strip(built), "regenerate with `python -m planner.profile.hardware_catalog`"
+    assert _strip(shipped) == _strip(built), "regenerate with `python -m tools.write_catalog`"
     for nt in shipped.node_types:
         assert nt.device_memory_source and nt.nic_source
         assert all(c.source for c in nt.compute) and all(f.source for f in nt.intra_node)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cli import resolve_cluster_path
+from planner.cli.common import resolve_cluster_path
 from planner.cost import ParallelConfig, estimate
 from planner.cost import ContextParallelError, check_context, context_view, fold, kv_bytes_per_sample
 from planner.cost import with_gpus

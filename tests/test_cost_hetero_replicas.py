@@ -162,7 +162,7 @@ def test_bad_replica_configs_raise_one_line_errors(config, match):
 def test_cli_estimate_takes_replica_node_types_and_shares(capsys):
     import json
 
-    from planner.cli import main
+    from planner.cli.main import main
 
     argv = [
         "estimate",

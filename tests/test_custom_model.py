@@ -206,7 +206,7 @@ def test_tp_degrees_stop_where_the_shard_cannot_run_or_the_contract_says(tmp_pat
     assert external(spec).constraints["blocks.0"]["meta_forward_runs_up_to_tp"] == 16
     stated = parse_model(text.removesuffix(":build") + ":build_stated")
     assert default_tp_degrees(stated) == (1, 2, 4, 8)
-    from planner.cli import main
+    from planner.cli.main import main
     from planner.plan import load_plan
 
     out = tmp_path / "plan.json"

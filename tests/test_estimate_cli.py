@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.model import parse_model
 
 KEYS = {
@@ -142,7 +142,7 @@ def _subparser(parser, *names):
     ids=" ".join,
 )
 def test_every_flag_has_help_and_no_none_default_noise(command):
-    from planner.cli import build_parser
+    from planner.cli.main import build_parser
 
     parser = _subparser(build_parser(), *command)
     text = parser.format_help()

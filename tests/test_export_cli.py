@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.plan import load_plan
 
 MEGATRON = (

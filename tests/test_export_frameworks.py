@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import resolve_cluster_path
-from planner.cli import main
+from planner.cli.common import resolve_cluster_path
+from planner.cli.main import main
 from planner.core import StratagemError
 from planner.export import megatron as megatron_format
 from planner.export import torchtitan as torchtitan_format

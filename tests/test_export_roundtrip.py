@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from fixtures.export_plans import plan_from_settings  # noqa: E402
-from planner.cli import resolve_cluster_path  # noqa: E402
+from planner.cli.common import resolve_cluster_path  # noqa: E402
 from planner.export import estimate_config, export_plan, import_config, layer_kinds  # noqa: E402
 from planner.export import CAPABILITIES  # noqa: E402
 from planner.export import FRAMEWORK_MEMORY, FrameworkSettings, to_parallel_config  # noqa: E402

@@ -87,7 +87,7 @@ def test_unsupported_models_are_one_line_refusals(model_type, match):
 
 
 def test_plan_records_the_fidelity_figure(tmp_path):
-    from planner.cli import main
+    from planner.cli.main import main
     from planner.plan import load_plan
 
     config = transformers.AutoConfig.for_model(
@@ -109,7 +109,7 @@ def test_plan_records_the_fidelity_figure(tmp_path):
 
 
 def test_bert_plan_is_refused_in_one_line(tmp_path, capsys):
-    from planner.cli import main
+    from planner.cli.main import main
 
     (tmp_path / "config.json").write_text(json.dumps(transformers.AutoConfig.for_model("bert").to_dict()))
     out = tmp_path / "plan.json"
@@ -123,7 +123,7 @@ def test_bert_plan_is_refused_in_one_line(tmp_path, capsys):
 def test_a_layer_that_cannot_run_on_meta_is_a_one_line_error_naming_the_measured_profile(tmp_path, capsys):
     """DiffLlama's layers read tensor values, which the meta device has none of: ``plan`` without a measured
     profile stops in one line naming ``stratagem profile model`` (it was a traceback), and writes nothing."""
-    from planner.cli import main
+    from planner.cli.main import main
 
     config = transformers.AutoConfig.for_model(
         "diffllama", num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=256

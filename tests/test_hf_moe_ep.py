@@ -316,7 +316,7 @@ def test_a_resume_with_another_expert_layout_is_refused_in_one_line(tmp_path, ca
     """A checkpoint written at ep 1 x etp 2 (its meta.json, as train writes it) and a plan at ep 2 x etp 1 of the
     same model and world size: ``--resume`` stops before any process starts (each etp slice has its own key and
     width, so the experts would not load)."""
-    from planner.cli import main
+    from planner.cli.main import main
     from runtime.executor.checkpoint import COMPLETE_MARKER, META_FILE, expert_meta, step_dir
 
     plan = make_plan(parse_model("moe:tiny"), global_batch=8, seq_len=16, dp=2, experts={"ep": 2, "etp": 1})

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoModelForCausalLM, MixtralConfig
 
 from hf_helpers import write_moe_config
-from planner.cli import main
+from planner.cli.main import main
 from planner.model import parse_model
 from planner.profile import build_moe_profile
 from planner.plan import load_plan

@@ -118,7 +118,7 @@ def test_a_zoo_model_starts_from_its_own_safetensors(tmp_path, capsys):
     step 1's loss is the loss of those weights in one process."""
     from safetensors.torch import save_file
 
-    from planner.cli import main
+    from planner.cli.main import main
 
     spec = parse_model("gpt:tiny")
     model = build_model(spec, device="cpu")
@@ -202,7 +202,7 @@ def test_unsupported_layouts_and_saved_layouts_are_refused(tmp_path, llama):
 
 
 def test_launch_refuses_in_one_line_and_writes_nothing(tmp_path, llama, capsys):
-    from planner.cli import main
+    from planner.cli.main import main
 
     root, plan = llama
     path, metrics = save_plan(plan, tmp_path / "plan.json"), tmp_path / "run.jsonl"

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.inspect import build_example_plan
 from planner.plan import save_plan
 

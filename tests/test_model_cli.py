@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hf_helpers import write_config
-from planner.cli import main
+from planner.cli.main import main
 from planner.plan import load_plan
 from planner.profile import load_model_profile
 from runtime.executor.parallelize import check_supported

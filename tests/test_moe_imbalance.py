@@ -9,7 +9,7 @@ import json
 import pytest
 
 from planner.cost import plan_config
-from planner.cli import main
+from planner.cli.main import main
 from planner.cost import default_load_imbalance
 from planner.plan import load_plan
 

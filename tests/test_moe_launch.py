@@ -10,7 +10,7 @@ import pytest
 
 from fixtures.plans import make_plan
 from fixtures.reference import reference_losses
-from planner.cli import main
+from planner.cli.main import main
 from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from planner.cli import PROFILES_DIR, resolve_cluster_path
-from planner.cli import main
+from planner.cli.common import PROFILES_DIR, resolve_cluster_path
+from planner.cli.main import main
 from planner.core import StratagemError
 from planner.plan import TrainingSettings, load_plan, save_plan, validate
 from planner.profile import load_cluster_profile, load_model_profile
@@ -165,7 +165,7 @@ def test_a_stopped_search_is_reported_as_not_optimal(tmp_path, capsys, monkeypat
 
 @pytest.mark.parametrize("command", ["plan", "launch"])
 def test_every_flag_has_help_and_no_none_default_noise(command):
-    from planner.cli import build_parser
+    from planner.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
     parser = sub.choices[command]

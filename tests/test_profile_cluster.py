@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from planner.profile import bus_factor, fit_alpha_beta
-from planner.cli import parse_size, parse_sizes
+from planner.cli.cmd_profile_cluster import parse_size, parse_sizes
 from planner.core import StratagemError
 from planner.profile import load_cluster_profile
 from runtime.profiling.cluster_bench import FAIL_RANK_ENV
@@ -233,7 +233,7 @@ def _cli(args: list[str], env_extra: dict[str, str] | None = None, timeout_s: fl
     ],
 )
 def test_bad_cli_input_exits_2_before_torchrun_and_writes_nothing(tmp_path, capsys, args, needle):
-    from planner.cli import main
+    from planner.cli.main import main
 
     out = tmp_path / "p.json"
     if args == ["--out-parent-is-a-file"]:

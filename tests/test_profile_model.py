@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.model import parse_model
 from planner.profile import (
     ClusterProfile,

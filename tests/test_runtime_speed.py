@@ -253,7 +253,7 @@ def test_hf_model_outside_the_attention_interface_warns(tmp_path, monkeypatch, c
 
 
 def test_estimate_defaults_to_fused_attention_on_gpu_clusters(capsys):
-    from planner.cli import main
+    from planner.cli.main import main
 
     base = ["estimate", "--model", "gpt:gpt2", "--global-batch", "8", "--seq", "1024", "--json"]
     for cluster, fused in (("dgx-h100", True), ("local-cpu-2core", False)):

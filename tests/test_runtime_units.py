@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from planner.cli import main as cli_main
+from planner.cli.main import main as cli_main
 from planner.core import StratagemError
 from planner.model import parse_model
 from planner.plan import LayerLayout, save_plan

@@ -20,7 +20,7 @@ from planner.cost import block_count, with_gpus
 from planner.profile import build_gpt_profile
 from planner.model import parse_model
 from planner.profile import load_cluster_profile
-from planner.cli import resolve_cluster_path
+from planner.cli.common import resolve_cluster_path
 from planner.search import iter_layer_assignments, to_assignment
 from planner.search import SearchConfig
 from planner.search import CandidateCosts

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 
 ARGS = ["plan", "--model", "gpt:gpt2-medium", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from planner.cli import resolve_cluster_path
+from planner.cli.common import resolve_cluster_path
 from planner.cost import block_count
 from planner.profile import build_gpt_profile
 from planner.model import parse_model

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.search import apply_pins
 from planner.search import OuterChoice
 

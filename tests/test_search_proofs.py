@@ -13,7 +13,7 @@ from pathlib import Path
 import pulp
 import pytest
 
-from planner.cli import resolve_cluster_path
+from planner.cli.common import resolve_cluster_path
 from planner.cost import estimate
 from planner.cost import ParallelConfig
 from planner.cost import block_count, with_gpus
@@ -239,7 +239,7 @@ def test_option_far_slower_than_the_step_gets_a_larger_time_unit():
     """mlp:tiny on 16 H100: a 'split' output layer over a cross-node tp group costs ~1e4 x the rest of the
     step, so its row overflowed COEF_MAX in the step's time unit (a ScalingError traceback); the build now
     enlarges the unit for that program."""
-    from planner.cli import main
+    from planner.cli.main import main
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,7 +267,7 @@ def test_working_sets_of_a_few_bytes_do_not_break_the_memory_rows(tmp_path):
     """A custom model's bf16 layers with a working set of ~70 bytes on an 80 GiB H100 gave the ILP row
     h_working_set a coefficient of 8e-10 < COEF_MIN (a ScalingError traceback); such fractions are rounded
     up to COEF_MIN, which counts at most ~86 bytes more than the cost model, never fewer."""
-    from planner.cli import main
+    from planner.cli.main import main
 
     repo = Path(__file__).resolve().parents[1]
     model = f"py:{repo / 'examples' / 'custom_model.py'}:build"

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import pytest
 
-from planner.cli import resolve_cluster_path
+from planner.cli.common import resolve_cluster_path
 from planner.cost import ParallelConfig
 from planner.model import parse_model
 from planner.profile import load_cluster_profile

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fixtures.export_plans import plan_from_settings  # noqa: E402
-from planner.cli import resolve_cluster_path  # noqa: E402
+from planner.cli.common import resolve_cluster_path  # noqa: E402
 from planner.export import export_plan  # noqa: E402
 from planner.export import FrameworkSettings  # noqa: E402
 from planner.profile import build_gpt_profile  # noqa: E402

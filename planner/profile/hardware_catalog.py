@@ -1,6 +1,6 @@
 """The shipped cluster profiles, built from cited datasheet and published measured figures.
 
-``python -m planner.profile.hardware_catalog [--out profiles/hardware]`` writes one JSON per cluster. Every number
+``python -m tools.write_catalog [--out profiles/hardware]`` writes one JSON per cluster. Every number
 comes from ``benchmarks/data/hardware_specs.csv`` (quoted in each ``source`` field) or is a stated
 assumption. Collective fits are origin ``derived``: the quoted NCCL-tests bus bandwidth at large messages,
 and the latency NCCL's own tuning model assigns (``src/graph/tuning.cc``: ring base 8.4 us, per step
@@ -15,8 +15,6 @@ rescales a single-type cluster (``planner.cost.placement.with_gpus``).
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -435,7 +433,7 @@ def _cluster(
             method="datasheet",
             tool=f"stratagem {__version__}",
             created_utc=created_utc,
-            command="python -m planner.profile.hardware_catalog",
+            command="python -m tools.write_catalog",
             sources=sources,
             notes="derived from datasheet and published measurements; node count covers the "
             "published cases and is rescaled by --gpus",
@@ -508,17 +506,3 @@ def write_catalog(out_dir: str | Path, created_utc: str = "") -> list[Path]:
         paths.append(save_profile(profile, Path(out_dir) / f"{name}.json"))
         log.info("wrote %s", paths[-1])
     return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write the shipped cluster profiles.")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "profiles" / "hardware"))
-    args = parser.parse_args(argv)
-    created_utc = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-    for path in write_catalog(args.out, created_utc):
-        print(path)  # noqa: T201 - program output
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
