@@ -31,13 +31,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from cost_accuracy import DEFAULT_CSV, Case, load_cases  # noqa: E402
 
 from planner.cli.compare_cli import build_comparison  # noqa: E402
-from planner.profile import build_gpt_profile  # noqa: E402
 from planner.model import parse_model  # noqa: E402
 from planner.plan import TrainingSettings  # noqa: E402
-from planner.profile import load_cluster_profile  # noqa: E402
-from planner.search import SearchConfig  # noqa: E402
-from planner.search import build_plan  # noqa: E402
-from planner.search import plan_search  # noqa: E402
+from planner.profile import (  # noqa: E402
+    build_gpt_profile,
+    load_cluster_profile,
+)
+from planner.search import (  # noqa: E402
+    SearchConfig,
+    build_plan,
+    plan_search,
+)
 
 
 def megatron_args(case: Case) -> str:
@@ -85,7 +89,7 @@ def compare_row(case: Case, cluster, search: SearchConfig) -> dict:
     )
     profile = build_gpt_profile(spec, seq_len=case.seq, dtype=case.dtype)
     start = time.perf_counter()
-    result = plan_search(profile, cluster, n_devices=case.gpus, global_batch=case.global_batch, config=search)
+    result = plan_search(profile, cluster, gpus=case.gpus, global_batch=case.global_batch, config=search)
     plan = build_plan(
         result,
         model=spec,

@@ -72,11 +72,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.cost import ParallelConfig, estimate, with_gpus  # noqa: E402
 from planner.core import SELENE_FABRIC_LOAD, SELENE_FABRIC_LOAD_SOURCE  # noqa: E402
-from planner.profile import build_gpt_profile  # noqa: E402
+from planner.cost import ParallelConfig, estimate, with_gpus  # noqa: E402
 from planner.model import parse_model  # noqa: E402
-from planner.profile import FabricLoad, load_cluster_profile  # noqa: E402
+from planner.profile import (  # noqa: E402
+    FabricLoad,
+    build_gpt_profile,
+    load_cluster_profile,
+)
 
 DEFAULT_CSV = ROOT / "benchmarks" / "data" / "published_cases.csv"
 

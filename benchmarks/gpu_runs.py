@@ -55,8 +55,8 @@ QUICK = [("gpt:gpt2", 4, 1), ("gpt:gpt2-medium", 4, 2)]
 
 
 def predict(model: str, mb: int, m: int, cluster_name: str, profile_path: Path | None = None, precision="autocast"):
-    from planner.model import parse_model
     from fixtures.plans import make_plan
+    from planner.model import parse_model
 
     name, _, over = model.partition("@")
     spec = parse_model(name, **{k: int(v) for k, v in (kv.split("=") for kv in over.split(",") if kv)})
@@ -67,12 +67,10 @@ def predict(model: str, mb: int, m: int, cluster_name: str, profile_path: Path |
 def predict_plan(plan, cluster_name: str, profile_path: Path | None = None, precision="autocast"):
     """:func:`planner.cost.estimate` of a one-GPU ``plan`` on the closed-form profile in ``precision`` (or the
     measured profile at ``profile_path``), as ``planner.calibrate.metrics_runs`` configures a launched plan."""
-    from planner.cost import plan_config
     from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
-    from planner.cost import estimate
-    from planner.cost import with_gpus
-    from planner.profile import build_gpt_profile
-    from planner.profile import load_cluster_profile, load_model_profile, resolve_cluster_path
+
+    from planner.cost import estimate, plan_config, with_gpus
+    from planner.profile import build_gpt_profile, load_cluster_profile, load_model_profile, resolve_cluster_path
 
     tr = plan.training
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path(cluster_name)), 1)
@@ -99,7 +97,7 @@ def _summary(metrics: Path) -> dict:
 
 def _allocated(est) -> float:
     """Predicted peak less the allocator reserve: what ``torch.cuda.max_memory_allocated`` measures."""
-    return est.peak_mem_bytes - max(rank.memory.reserve for rank in est.per_rank)
+    return est.peak_memory_bytes - max(rank.memory.reserve for rank in est.per_rank)
 
 
 def from_data(folder: Path, cluster_name: str) -> int:
@@ -127,8 +125,8 @@ def from_data(folder: Path, cluster_name: str) -> int:
         print(
             f"{r['run']:<24} {meas * 1e3:8.1f} {before.step_time_s * 1e3:7.1f} {errs['pure'][-1]:+7.1%} "
             f"{after.step_time_s * 1e3:8.1f} {errs['autocast'][-1]:+7.1%} | {meas_peak / 1e9:8.2f} "
-            f"{before.peak_mem_bytes / 1e9:6.2f} {alloc_before / 1e9:6.2f} {errs['mem_pure'][-1]:+7.1%} "
-            f"{after.peak_mem_bytes / 1e9:8.2f} {alloc / 1e9:6.2f} {errs['mem_autocast'][-1]:+7.1%}"
+            f"{before.peak_memory_bytes / 1e9:6.2f} {alloc_before / 1e9:6.2f} {errs['mem_pure'][-1]:+7.1%} "
+            f"{after.peak_memory_bytes / 1e9:8.2f} {alloc / 1e9:6.2f} {errs['mem_autocast'][-1]:+7.1%}"
         )
     for key, label in (("pure", "step time, pure"), ("autocast", "step time, autocast")):
         e = [abs(x) for x in errs[key]]
@@ -217,7 +215,7 @@ def main() -> int:
             error=est.step_time_s / meas - 1,
             predicted_from_layer_profile_s=prof_pred,
             measured_peak_bytes=summary.get("measured_peak_memory_bytes"),
-            predicted_peak_bytes=est.peak_mem_bytes,
+            predicted_peak_bytes=est.peak_memory_bytes,
             gpu=torch.cuda.get_device_name(0),
             torch=torch.__version__,
         )
@@ -228,7 +226,7 @@ def main() -> int:
             tar.add(runs, arcname="runs")
         print(
             f"{model:<22} {mb:3d} {m:2d} {meas:9.4f} {est.step_time_s:9.4f} {row['error']:+7.1%} {pe} "
-            f"{peak:8.2f} {est.peak_mem_bytes / 2**30:8.2f}"
+            f"{peak:8.2f} {est.peak_memory_bytes / 2**30:8.2f}"
         )
     if rows:
         errs = [abs(r["error"]) for r in rows]

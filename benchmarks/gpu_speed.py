@@ -32,8 +32,8 @@ import argparse
 import csv
 import io
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -70,14 +70,12 @@ FIELDS = [
 
 def build_run(model: str, mb: int, seq: int, flash: bool, cluster_name: str):
     """The one-GPU plan of a row and its uncalibrated estimate."""
-    from fixtures.plans import make_plan
-    from planner.cost import plan_config
     from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
-    from planner.cost import estimate
-    from planner.cost import with_gpus
-    from planner.profile import build_gpt_profile
+
+    from fixtures.plans import make_plan
+    from planner.cost import estimate, plan_config, with_gpus
     from planner.model import parse_model
-    from planner.profile import load_cluster_profile, resolve_cluster_path
+    from planner.profile import build_gpt_profile, load_cluster_profile, resolve_cluster_path
 
     name, _, over = model.partition("@")
     spec = parse_model(name, **{k: int(v) for k, v in (kv.split("=") for kv in over.split(",") if kv)})
@@ -177,7 +175,7 @@ def collect(run: tuple, folder: Path, cluster_name: str, *, gpu: str, torch_vers
     start = next(r for r in records if r.get("event") == "start")
     meas = summary["measured_step_time_s"]
     times = kernel_times(folder, name)
-    alloc = est.peak_mem_bytes - max(rank.memory.reserve for rank in est.per_rank)
+    alloc = est.peak_memory_bytes - max(rank.memory.reserve for rank in est.per_rank)
     peak = summary["measured_peak_memory_bytes"]
     return dict(
         run=name,

@@ -51,8 +51,7 @@ def plan_tiny(spec: ModelSpec) -> str:
     """Profile the tiny instance on meta and plan it for 2 CPU ranks: the chosen layout."""
     from planner.cli.common import resolve_cluster_path
     from planner.profile import load_cluster_profile
-    from planner.search import SearchConfig
-    from planner.search import plan_search
+    from planner.search import SearchConfig, plan_search
     from runtime.models.fidelity import tiny_config
     from runtime.models.hf import hf_config
     from runtime.profiling.model import profile_model_analytic
@@ -65,7 +64,7 @@ def plan_tiny(spec: ModelSpec) -> str:
         raise TinyConfigRejected(type(exc).__name__) from None
     profile = profile_model_analytic(small, seq_len=16, dtype="fp32", tp_degrees=(1,))
     cluster = load_cluster_profile(resolve_cluster_path("local-cpu-2core"))
-    result = plan_search(profile, cluster, n_devices=2, global_batch=4, config=SearchConfig(time_limit_s=30))
+    result = plan_search(profile, cluster, gpus=2, global_batch=4, config=SearchConfig(time_limit_s=30))
     return result.best.outer.summary()
 
 

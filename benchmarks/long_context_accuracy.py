@@ -26,12 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.cli.common import resolve_cluster_path  # noqa: E402
-from planner.cost import ParallelConfig, estimate  # noqa: E402
 from planner.core import FP8_GEMM_PEAK_FRACTION, LONG_CAUSAL_FLASH_EFFICIENCY  # noqa: E402
-from planner.cost import with_gpus  # noqa: E402
-from planner.profile import build_gpt_profile  # noqa: E402
+from planner.cost import (  # noqa: E402
+    ParallelConfig,
+    estimate,
+    with_gpus,
+)
 from planner.model import parse_model  # noqa: E402
-from planner.profile import ClusterProfile, load_cluster_profile  # noqa: E402
+from planner.profile import (  # noqa: E402
+    ClusterProfile,
+    build_gpt_profile,
+    load_cluster_profile,
+)
 
 DEFAULT_CSV = ROOT / "benchmarks" / "data" / "long_context_cases.csv"
 

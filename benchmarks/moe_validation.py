@@ -37,13 +37,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.cli.common import resolve_cluster_path  # noqa: E402
-from planner.cost import estimate  # noqa: E402
-from planner.cost import ParallelConfig  # noqa: E402
 from planner.core import MOE_LOAD_IMBALANCE  # noqa: E402
-from planner.cost import with_gpus  # noqa: E402
-from planner.profile import build_moe_profile  # noqa: E402
+from planner.cost import (  # noqa: E402
+    ParallelConfig,
+    estimate,
+    with_gpus,
+)
 from planner.model import parse_model  # noqa: E402
-from planner.profile import load_cluster_profile  # noqa: E402
+from planner.profile import (  # noqa: E402
+    build_moe_profile,
+    load_cluster_profile,
+)
 
 CSV = ROOT / "benchmarks" / "data" / "moe_runs.csv"
 TOLERANCE = 0.15  # issue 15: published MoE runs predicted within 15 %
@@ -206,7 +210,7 @@ def print_table(rows: list[dict[str, str]], dropless: float | dict[str, float], 
             lam = dropless.get(row["imbalance_from"] or row["run"], 1.0)
         else:
             lam = dropless
-        mem = predict(row, lam)[1].peak_mem_bytes / 2**30
+        mem = predict(row, lam)[1].peak_memory_bytes / 2**30
         print(
             f"{row['run']:44s} {layout:26s} {row['dispatcher']:8s} {row['status']:9s} {lam:5.2f} {published:11.2f} "
             f"{step:11.2f} {err:+7.1%} {mem:8.1f}"

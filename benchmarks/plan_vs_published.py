@@ -26,11 +26,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cost_accuracy as ca  # noqa: E402
+
 from planner.cost import estimate, with_gpus  # noqa: E402
-from planner.profile import build_gpt_profile  # noqa: E402
 from planner.model import parse_model  # noqa: E402
-from planner.search import SearchConfig  # noqa: E402
-from planner.search import plan_search  # noqa: E402
+from planner.profile import build_gpt_profile  # noqa: E402
+from planner.search import (  # noqa: E402
+    SearchConfig,
+    plan_search,
+)
 
 TERMS = (
     "forward",
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         result = plan_search(
             profile,
             cluster,
-            n_devices=case.gpus,
+            gpus=case.gpus,
             global_batch=case.global_batch,
             config=SearchConfig(budget_s=args.budget),
         )

@@ -83,10 +83,10 @@ def main() -> None:
     if args.worker:
         return ddp_worker(args)
 
+    from fixtures.plans import make_plan
     from planner.model import parse_model
     from planner.plan import save_plan
     from runtime.executor.metrics import read_metrics
-    from fixtures.plans import make_plan
 
     with tempfile.TemporaryDirectory(prefix="rt-overhead-") as tmp:
         folder = Path(tmp)

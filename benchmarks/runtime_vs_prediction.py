@@ -55,8 +55,8 @@ GLOBAL_BATCH, SEQ = 8, 64
 
 def build_plan(model: str, layout: str):
     """The hand-made plan of ``layout`` (see the module docstring)."""
-    from planner.model import parse_model
     from fixtures.plans import make_plan
+    from planner.model import parse_model
     from runtime.models import is_splittable, layer_paths
 
     spec = parse_model(model)
@@ -80,8 +80,9 @@ def config_for_plan(plan):
     the collectives' time is spent inside FSDP::all_gather / post_backward_reduce), and ``replicate``
     reduces its single unit after the whole backward.
     """
-    from planner.cost import plan_config
     from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
+
+    from planner.cost import plan_config
 
     return replace(plan_config(plan, overlap_grad_reduce=False), stage_node_types=None)
 
@@ -197,7 +198,7 @@ def make_case(model: str, layout: str, folder: Path, cluster_path: Path) -> dict
         config=config,
         before_s=before.step_time_s,
         pred_s=est.step_time_s,
-        pred_mem=est.peak_mem_bytes,
+        pred_mem=est.peak_memory_bytes,
     )
 
 

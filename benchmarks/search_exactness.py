@@ -40,15 +40,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.cli.common import resolve_cluster_path  # noqa: E402
-from planner.cost import estimate  # noqa: E402
-from planner.cost import ParallelConfig  # noqa: E402
-from planner.cost import with_gpus  # noqa: E402
 from planner.core import StratagemError  # noqa: E402
-from planner.profile import build_gpt_profile  # noqa: E402
+from planner.cost import (  # noqa: E402
+    ParallelConfig,
+    estimate,
+    with_gpus,
+)
 from planner.model import parse_model  # noqa: E402
-from planner.profile import ClusterProfile, ModelProfile, load_cluster_profile  # noqa: E402
-from planner.search import ALL_DIMENSIONS, SearchConfig  # noqa: E402
-from planner.search import plan_search  # noqa: E402
+from planner.profile import (  # noqa: E402
+    ClusterProfile,
+    ModelProfile,
+    build_gpt_profile,
+    load_cluster_profile,
+)
+from planner.search import (  # noqa: E402
+    ALL_DIMENSIONS,
+    SearchConfig,
+    plan_search,
+)
 
 REL_TOL = 1e-9
 ALL = frozenset(ALL_DIMENSIONS)
@@ -75,7 +84,7 @@ class Instance:
     label: str
     profile: ModelProfile
     cluster: ClusterProfile
-    n_devices: int
+    gpus: int
     global_batch: int
     memory_fraction: float
     flash_attention: bool = False
@@ -120,7 +129,7 @@ def _cp_choices(profile: ModelProfile, devices: int) -> list[tuple[int, str | No
 
 
 def uniform_configs(
-    profile: ModelProfile, n_devices: int, global_batch: int, flash: bool = False
+    profile: ModelProfile, gpus: int, global_batch: int, flash: bool = False
 ) -> Iterator[tuple[ParallelConfig, ...]]:
     """Every uniform configuration, grouped: one tuple per split, its recompute modes in RECOMPUTE order.
     Written from the rules of ``estimate`` (which rejects what cannot run), not from the search's space."""
@@ -129,10 +138,10 @@ def uniform_configs(
     for tp in sorted(profile.tp_degrees):
         for pp, cp, mode in (
             (pp, cp, mode)
-            for pp in (_divisors(n_devices // tp) if n_devices % tp == 0 else [])
-            for cp, mode in _cp_choices(profile, n_devices // (tp * pp))
+            for pp in (_divisors(gpus // tp) if gpus % tp == 0 else [])
+            for cp, mode in _cp_choices(profile, gpus // (tp * pp))
         ):
-            dp = n_devices // (tp * pp * cp)
+            dp = gpus // (tp * pp * cp)
             if pp > blocks or global_batch % dp or experts and cp > 1:  # MoE: cp 1 (planner.search.planner)
                 continue
             for mb in [d for d in _divisors(global_batch // dp) if d <= MAX_MICRO_BATCH]:
@@ -176,7 +185,7 @@ def _expert_layouts(experts: int, tp: int, dp: int) -> list[tuple[int, int]]:
 def best_uniform(inst: Instance) -> tuple[float | None, str, int]:
     """(step time of the fastest fitting uniform configuration, its summary, configurations scored)."""
     best_s, best, scored = math.inf, "", 0
-    for group in uniform_configs(inst.profile, inst.n_devices, inst.global_batch, inst.flash_attention):
+    for group in uniform_configs(inst.profile, inst.gpus, inst.global_batch, inst.flash_attention):
         for config in group:
             try:
                 est = estimate(
@@ -216,22 +225,21 @@ def random_instance(
     blocks = rng.randint(2, max_blocks)
     seq = rng.choice([8192, 16384, 32768] if long_context else [1024, 2048])
     vocab = rng.choice([8192, 32000, 51200])
-    n_devices = rng.choice([g for g in (2, 4, 8, 16) if g <= max_gpus])
+    gpus = rng.choice([g for g in (2, 4, 8, 16) if g <= max_gpus])
     spec = parse_model("gpt", layers=blocks, hidden=hidden, heads=hidden // 128, vocab=vocab, max_seq=seq)
-    tps = [t for t in (1, 2, 4, 8) if t <= n_devices and (hidden // 128) % t == 0]
+    tps = [t for t in (1, 2, 4, 8) if t <= gpus and (hidden // 128) % t == 0]
     profile = build_gpt_profile(spec, seq_len=seq, dtype="bf16", tp_degrees=tps)
-    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), n_devices)
-    global_batch = n_devices * rng.choice([1, 2, 4, 8]) // rng.choice([1, 2])
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), gpus)
+    global_batch = gpus * rng.choice([1, 2, 4, 8]) // rng.choice([1, 2])
     fraction = round(rng.uniform(0.3, 0.9), 3)
     label = (
-        f"#{index} gpt L{blocks} h{hidden} v{vocab} s{seq} on {n_devices} A100, batch {global_batch}, "
-        f"memory {fraction:.0%}"
+        f"#{index} gpt L{blocks} h{hidden} v{vocab} s{seq} on {gpus} A100, batch {global_batch}, memory {fraction:.0%}"
     )
     return Instance(
         label=label,
         profile=profile,
         cluster=cluster,
-        n_devices=n_devices,
+        gpus=gpus,
         global_batch=global_batch,
         memory_fraction=fraction,
         flash_attention=long_context,
@@ -243,7 +251,7 @@ def moe_instance(rng: random.Random, index: int) -> Instance:
     hidden = rng.choice([1024, 2048, 4096])
     blocks = rng.randint(2, 4)
     experts = rng.choice([4, 8, 16])
-    n_devices = rng.choice([2, 4, 8, 16])
+    gpus = rng.choice([2, 4, 8, 16])
     spec = parse_model(
         "moe",
         layers=blocks,
@@ -258,33 +266,33 @@ def moe_instance(rng: random.Random, index: int) -> Instance:
         shared_experts=rng.choice([0, 1]),
         dense_layers=rng.choice([0, 1]),
     )
-    tps = [t for t in (1, 2, 4, 8) if t <= n_devices and max(1, hidden // 512) % t == 0]
+    tps = [t for t in (1, 2, 4, 8) if t <= gpus and max(1, hidden // 512) % t == 0]
     profile = build_gpt_profile(spec, seq_len=2048, dtype="bf16", tp_degrees=tps)
-    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), n_devices)
-    global_batch = n_devices * rng.choice([1, 2, 4])
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), gpus)
+    global_batch = gpus * rng.choice([1, 2, 4])
     fraction = round(rng.uniform(0.3, 0.9), 3)
     label = (
-        f"#{index} moe L{blocks} h{hidden} E{experts} k{spec.dims['top_k']} on {n_devices} H100, "
+        f"#{index} moe L{blocks} h{hidden} E{experts} k{spec.dims['top_k']} on {gpus} H100, "
         f"batch {global_batch}, memory {fraction:.0%}"
     )
     return Instance(
         label=label,
         profile=profile,
         cluster=cluster,
-        n_devices=n_devices,
+        gpus=gpus,
         global_batch=global_batch,
         memory_fraction=fraction,
     )
 
 
-def preset_instance(preset: str, n_devices: int, global_batch: int) -> Instance:
+def preset_instance(preset: str, gpus: int, global_batch: int) -> Instance:
     profile = build_gpt_profile(parse_model(f"gpt:{preset}"), seq_len=2048, dtype="bf16", tp_degrees=[1, 2, 4, 8])
-    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), n_devices)
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), gpus)
     return Instance(
-        label=f"SC21 Table 1 {preset} on {n_devices} A100, batch {global_batch}",
+        label=f"SC21 Table 1 {preset} on {gpus} A100, batch {global_batch}",
         profile=profile,
         cluster=cluster,
-        n_devices=n_devices,
+        gpus=gpus,
         global_batch=global_batch,
         memory_fraction=0.9,
     )
@@ -302,9 +310,7 @@ def check(inst: Instance, *, jobs: int = 1) -> Verdict:
     )
     start = time.perf_counter()
     try:
-        result = plan_search(
-            inst.profile, inst.cluster, n_devices=inst.n_devices, global_batch=inst.global_batch, config=config
-        )
+        result = plan_search(inst.profile, inst.cluster, gpus=inst.gpus, global_batch=inst.global_batch, config=config)
         plan_s, status = result.best.step_s, result.status
     except StratagemError:
         plan_s, status = None, "no plan"

@@ -24,14 +24,10 @@ import time
 from dataclasses import replace
 
 from planner.cli.common import resolve_cluster_path
-from planner.cost import estimate
-from planner.cost import fill_stage_node_types, with_gpus
-from planner.profile import build_gpt_profile
+from planner.cost import estimate, fill_stage_node_types, with_gpus
 from planner.model import parse_model
-from planner.profile import ClusterProfile, load_cluster_profile
-from planner.search import DEFAULT_DIMENSIONS, SearchConfig
-from planner.search import grid_search
-from planner.search import plan_search
+from planner.profile import ClusterProfile, build_gpt_profile, load_cluster_profile
+from planner.search import DEFAULT_DIMENSIONS, SearchConfig, grid_search, plan_search
 
 MIXED_ALLOW = frozenset({"tp", "pp", "dp", "zero", "recompute", "mixed"})
 # Narayanan et al. SC21 Table 1 (benchmarks/data/published_cases.csv): preset, GPUs, global batch.
@@ -60,9 +56,9 @@ def run_case(
 ) -> None:
     profile = build_gpt_profile(parse_model(preset if ":" in preset else f"gpt:{preset}"), seq_len=seq)
     start = time.perf_counter()
-    result = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+    result = plan_search(profile, cluster, gpus=gpus, global_batch=batch, config=config)
     wall_s = time.perf_counter() - start
-    grid = grid_search(profile, cluster, n_devices=gpus, global_batch=batch, memory_fraction=config.memory_fraction)
+    grid = grid_search(profile, cluster, gpus=gpus, global_batch=batch, memory_fraction=config.memory_fraction)
     status = result.status if result.status == "optimal" else f"{result.status} gap<={result.gap:.2%}"
     print(
         _row(
@@ -86,14 +82,14 @@ def run_mixed(config: SearchConfig) -> None:
     gpus, batch = cluster.total_devices, 64
     config = replace(config, allow=MIXED_ALLOW)
     start = time.perf_counter()
-    mixed = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+    mixed = plan_search(profile, cluster, gpus=gpus, global_batch=batch, config=config)
     wall_s = time.perf_counter() - start
     v100 = cluster.nodes[-1].node_type
     uniform = cluster.model_copy(
         update={"nodes": [g.model_copy(update={"node_type": v100}) for g in cluster.nodes], "content_hash": None}
     )
     naive = plan_search(
-        profile, uniform, n_devices=gpus, global_batch=batch, config=replace(config, allow=MIXED_ALLOW - {"mixed"})
+        profile, uniform, gpus=gpus, global_batch=batch, config=replace(config, allow=MIXED_ALLOW - {"mixed"})
     )
     placed = fill_stage_node_types(cluster, replace(naive.best.config, stage_node_types=None))
     real = estimate(profile, cluster, placed, global_batch=batch, dtype=profile.dtype)
@@ -115,7 +111,7 @@ def run_mixed(config: SearchConfig) -> None:
     # Whale's hardware-aware data parallelism alone (no pipeline): replicas on both types, shares by speed
     start = time.perf_counter()
     reps = plan_search(
-        profile, cluster, n_devices=gpus, global_batch=batch, config=replace(config, allow=MIXED_ALLOW - {"pp"})
+        profile, cluster, gpus=gpus, global_batch=batch, config=replace(config, allow=MIXED_ALLOW - {"pp"})
     )
     wall_s = time.perf_counter() - start
     even = estimate(
@@ -133,7 +129,7 @@ def run_mixed(config: SearchConfig) -> None:
     # every dimension the search has (tp, pp, dp, ZeRO, recompute, sp, interleaving, GPipe, layouts, mixed)
     start = time.perf_counter()
     full = plan_search(
-        profile, cluster, n_devices=gpus, global_batch=batch, config=replace(config, allow=DEFAULT_DIMENSIONS)
+        profile, cluster, gpus=gpus, global_batch=batch, config=replace(config, allow=DEFAULT_DIMENSIONS)
     )
     print(
         f"  full dimension set            : {full.best.step_s:8.3f} s  {full.best.outer.summary()} "
@@ -151,7 +147,7 @@ def run_unet3d(gpus: int = 64, batch: int = 64) -> None:
     start = time.perf_counter()
     profile = profile_model_analytic(parse_model("unet3d:volume512"), seq_len=1, dtype="fp16")
     profiled_s = time.perf_counter() - start
-    result = plan_spatial_search(profile, cluster, n_devices=gpus, global_batch=batch, memory_fraction=0.9)
+    result = plan_spatial_search(profile, cluster, gpus=gpus, global_batch=batch, memory_fraction=0.9)
     wall_s = time.perf_counter() - start
     dp_only = estimate_spatial(
         profile, cluster, SpatialConfig(dp=gpus, sd=1, micro_batch=1, num_micro_batches=batch // gpus, layout={})
@@ -179,7 +175,7 @@ def run_long_context(config: SearchConfig) -> None:
     gpus, batch = 512, 128
     config = replace(config, flash_attention=True)
     start = time.perf_counter()
-    result = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+    result = plan_search(profile, cluster, gpus=gpus, global_batch=batch, config=config)
     wall_s = time.perf_counter() - start
     status = result.status if result.status == "optimal" else f"{result.status} gap<={result.gap:.2%}"
     print(
@@ -197,10 +193,10 @@ def run_long_context(config: SearchConfig) -> None:
     est = result.best.estimate
     print(
         f"  {est.tokens_per_s / gpus:.0f} tokens/s per GPU, MFU {est.mfu:.1%} (causal attention FLOPs), "
-        f"peak memory {est.peak_mem_bytes / 2**30:.1f} GiB"
+        f"peak memory {est.peak_memory_bytes / 2**30:.1f} GiB"
     )
     start = time.perf_counter()
-    rows = best_per_cp(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+    rows = best_per_cp(profile, cluster, gpus=gpus, global_batch=batch, config=config)
     print(f"\nbest plan per context-parallel degree ({time.perf_counter() - start:.1f} s, one exact search per cp):")
     for line in format_cp_table(rows):
         print("  " + line)

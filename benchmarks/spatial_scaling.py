@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 from planner.cli.common import resolve_cluster_path
-from planner.cost import with_gpus
-from planner.cost import SpatialConfig, estimate_spatial
 from planner.core import StratagemError
+from planner.cost import SpatialConfig, estimate_spatial, with_gpus
 from planner.model import parse_model
 from planner.profile import load_cluster_profile
 from planner.search import plan_spatial_search
@@ -47,7 +46,7 @@ def claim_shape(cluster) -> None:
         start = time.perf_counter()
         try:
             best = plan_spatial_search(
-                profile, with_gpus(cluster, gpus), n_devices=gpus, global_batch=batch, memory_fraction=0.9
+                profile, with_gpus(cluster, gpus), gpus=gpus, global_batch=batch, memory_fraction=0.9
             ).best
             plan = (
                 f"plan dp{best.config.dp} sd{best.config.sd} mb{best.config.micro_batch}: "
@@ -72,7 +71,7 @@ def strong_scaling(cluster, preset: str = "cosmoflow:volume512", batch: int = 64
     for gpus in (64, 128, 256, 512, 1024, 2048):
         try:
             best = plan_spatial_search(
-                profile, with_gpus(cluster, gpus), n_devices=gpus, global_batch=batch, memory_fraction=0.9
+                profile, with_gpus(cluster, gpus), gpus=gpus, global_batch=batch, memory_fraction=0.9
             ).best
         except StratagemError:
             print(f"  {gpus:5d} {'no plan fits':>24s}")

@@ -124,7 +124,7 @@ def build_workdir(root: Path) -> Workdir:
             loss=5.0 - i,
             step_time_s=t,
             tokens_per_s=1000.0,
-            peak_mem_bytes=[2**30, 2**31],
+            peak_memory_bytes=[2**30, 2**31],
             predicted_step_time_s=step,
         )
         for i, t in enumerate([0.9, 0.2, 0.2])
@@ -833,7 +833,7 @@ def mutation_cases(w: Workdir, *, per_document: int, seed: int = 0) -> list[Case
 def metrics_mutation_cases(w: Workdir) -> list[Case]:
     folder = w.root / "metrics"
     folder.mkdir(exist_ok=True)
-    good = dict(event="step", step=0, loss=5.0, step_time_s=0.2, tokens_per_s=1000.0, peak_mem_bytes=[2**30, 2**31])
+    good = dict(event="step", step=0, loss=5.0, step_time_s=0.2, tokens_per_s=1000.0, peak_memory_bytes=[2**30, 2**31])
     bad_steps = {
         "step str": dict(good, step="x"),
         "step null": dict(good, step=None),
@@ -849,11 +849,11 @@ def metrics_mutation_cases(w: Workdir) -> list[Case]:
         "time list": dict(good, step_time_s=[0.2]),
         "time obj": dict(good, step_time_s={"a": 1}),
         "tokens str": dict(good, tokens_per_s="fast"),
-        "peak str": dict(good, peak_mem_bytes="x"),
-        "peak list of str": dict(good, peak_mem_bytes=["x"]),
-        "peak obj bad rank": dict(good, peak_mem_bytes={"a": 1}),
-        "peak negative": dict(good, peak_mem_bytes=[-5]),
-        "peak nested": dict(good, peak_mem_bytes=[[1]]),
+        "peak str": dict(good, peak_memory_bytes="x"),
+        "peak list of str": dict(good, peak_memory_bytes=["x"]),
+        "peak obj bad rank": dict(good, peak_memory_bytes={"a": 1}),
+        "peak negative": dict(good, peak_memory_bytes=[-5]),
+        "peak nested": dict(good, peak_memory_bytes=[[1]]),
         "step huge": dict(good, step=10**30),
         "no step": {k: v for k, v in good.items() if k != "step"},
     }
@@ -885,7 +885,9 @@ def metrics_mutation_cases(w: Workdir) -> list[Case]:
 def hypothesis_cases(w: Workdir, *, examples: int, seed: int = 0) -> list[Case]:
     """Command lines drawn by hypothesis: a subcommand's valid base with 1-3 numeric flags given random
     text, integers or floats (expectation "any": each may happen to be valid)."""
-    from hypothesis import HealthCheck, given, seed as hseed, settings, strategies as st
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
 
     base = base_argv(w)
     numeric = st.one_of(

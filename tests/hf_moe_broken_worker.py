@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 
+import moe_grad_worker
 import torch
 
-import moe_grad_worker
 from runtime.executor.moe import ExpertGradSync
 from runtime.executor.moe_dispatch import ExpertExchange
 

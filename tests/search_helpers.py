@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 
-from planner.search import build_problem, extract_assignment, solve
-from planner.search import check_exact
+from planner.search import build_problem, check_exact, extract_assignment, solve
 
 
 def check_ilp_against_brute(costs, outer, tables, best: float | None, *, cuts: bool = False):

@@ -10,16 +10,11 @@ from pathlib import Path
 import pytest
 
 from planner.calibrate import load_runs_jsonl
-from planner.cost import estimate
-from planner.cost.compute import _kernel_device
-from planner.cost import layer_cost
-from planner.cost import ParallelConfig
-from planner.cost import layer_kernels
-from planner.cost import with_gpus
 from planner.core import StratagemError
-from planner.profile import build_gpt_profile
+from planner.cost import ParallelConfig, estimate, layer_cost, layer_kernels, with_gpus
+from planner.cost.compute import _kernel_device
 from planner.model import parse_model
-from planner.profile import load_cluster_profile, resolve_cluster_path
+from planner.profile import build_gpt_profile, load_cluster_profile, resolve_cluster_path
 
 REPO = Path(__file__).resolve().parents[1]
 H100_DATA = REPO / "benchmarks" / "data" / "h100"
@@ -113,7 +108,7 @@ def test_autocast_costs_more_time_and_memory(h100):
         for p in ("pure", "autocast")
     }
     assert est["autocast"].step_time_s > est["pure"].step_time_s
-    assert est["autocast"].peak_mem_bytes > est["pure"].peak_mem_bytes
+    assert est["autocast"].peak_memory_bytes > est["pure"].peak_memory_bytes
     assert est["autocast"].model_tflops_per_gpu < est["pure"].model_tflops_per_gpu
 
 
@@ -191,12 +186,10 @@ def test_search_stays_exact_on_autocast_profiles():
     check on a few instances: the fixed forward bytes and the cached weight copies enter the tables exactly)."""
     import random
 
-    from planner.cost import block_count
-    from planner.search import iter_layer_assignments
-    from planner.search import SearchConfig
-    from planner.search import CandidateCosts
-    from planner.search import enumerate_outer
     from search_helpers import check_ilp_against_brute
+
+    from planner.cost import block_count
+    from planner.search import CandidateCosts, SearchConfig, enumerate_outer, iter_layer_assignments
 
     rng = random.Random(11)
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 4)
@@ -212,7 +205,7 @@ def test_search_stays_exact_on_autocast_profiles():
         outers = list(
             enumerate_outer(
                 cluster=cluster,
-                n_devices=4,
+                gpus=4,
                 global_batch=16,
                 n_layers=len(profile.layers),
                 n_blocks=block_count(profile),

@@ -11,8 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from planner.calibrate import fit
-from planner.calibrate import Predictor, mean_abs
+from planner.calibrate import Predictor, fit, mean_abs
 from planner.calibrate.runs import _run
 from planner.cli.common import PROFILES_DIR
 from planner.cli.main import main

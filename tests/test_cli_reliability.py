@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli.main import main
-from planner.core import StratagemError
-from planner.core import atomic_write_text, check_output_path, read_json
+from planner.core import StratagemError, atomic_write_text, check_output_path, read_json
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "profiles/models/gpt-tiny.json"
@@ -261,7 +260,7 @@ def test_plans_launch_rejects_are_not_shown_either(plan_file, tmp_path, capsys, 
         ({"step": 0, "loss": "high"}, "loss"),
         ({"step": 0, "step_time_s": [0.2]}, "step_time_s"),
         ({"step": 0, "step_time_s": -1}, "step_time_s"),
-        ({"step": 0, "peak_mem_bytes": "x"}, "peak_mem_bytes"),
+        ({"step": 0, "peak_memory_bytes": "x"}, "peak_memory_bytes"),
     ],
 )
 def test_metrics_with_wrong_types(plan_file, tmp_path, capsys, line, needle):

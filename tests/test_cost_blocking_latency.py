@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from planner.calibrate import apply
-from planner.cost import ParallelConfig, collective_time, estimate, layer_cost
-from planner.cost import SYNC_PROBE_BYTES
+from planner.cost import SYNC_PROBE_BYTES, ParallelConfig, collective_time, estimate, layer_cost
 from planner.profile import BlockingLatency, load_cluster_profile, load_model_profile
 
 REPO = Path(__file__).resolve().parents[1]

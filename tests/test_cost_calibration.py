@@ -7,9 +7,8 @@ import pytest
 
 from planner.cli.common import PROFILES_DIR
 from planner.cost import layer_cost
-from planner.profile import build_gpt_profile
 from planner.model import parse_model
-from planner.profile import load_cluster_profile
+from planner.profile import build_gpt_profile, load_cluster_profile
 
 A100 = load_cluster_profile(PROFILES_DIR / "hardware" / "dgx-a100-80g.json")
 NODE = A100.node_types[0]

@@ -5,8 +5,7 @@ import json
 import pytest
 
 from planner.cli.common import PROFILES_DIR
-from planner.profile import build_catalog
-from planner.profile import load_cluster_profile
+from planner.profile import build_catalog, load_cluster_profile
 
 CATALOG = build_catalog()
 

@@ -5,8 +5,8 @@ import math
 import pytest
 from test_cost_helpers import INTER_BW, INTRA_BW, cluster
 
-from planner.cost import collective_time
 from planner.core import StratagemError
+from planner.cost import collective_time
 
 CL = cluster()
 NODE = CL.node_types[0]

@@ -3,8 +3,8 @@
 import pytest
 from test_cost_helpers import INTRA_BW, MEM_BW, RATE, block, cluster
 
-from planner.cost import layer_cost, layout_change_cost
 from planner.core import BACKWARD_TRAFFIC_FACTOR, MEMORY_BW_EFFICIENCY, TRAFFIC_PER_SAVED_BYTE
+from planner.cost import layer_cost, layout_change_cost
 from planner.profile import LayerTiming, TimingStats
 
 CL = cluster()
@@ -97,8 +97,8 @@ def test_replica_computes_a_batch_slice_under_tp():
 
 def test_flash_attention_drops_scores_and_makes_selective_free():
     from planner.core import CAUSAL_FLASH_WORK_FRACTION
-    from planner.profile import build_gpt_profile
     from planner.model import parse_model
+    from planner.profile import build_gpt_profile
 
     blk = build_gpt_profile(parse_model("gpt:korthikanti-22b", dropout=0.1), tp_degrees=[1, 2]).layer("blocks.0")
     shard = blk.shard(2)

@@ -6,12 +6,18 @@ from __future__ import annotations
 import pytest
 
 from planner.cli.common import resolve_cluster_path
-from planner.cost import ParallelConfig, estimate
-from planner.cost import ContextParallelError, check_context, context_view, fold, kv_bytes_per_sample
-from planner.cost import with_gpus
-from planner.profile import build_gpt_profile
+from planner.cost import (
+    ContextParallelError,
+    ParallelConfig,
+    check_context,
+    context_view,
+    estimate,
+    fold,
+    kv_bytes_per_sample,
+    with_gpus,
+)
 from planner.model import parse_model
-from planner.profile import load_cluster_profile
+from planner.profile import build_gpt_profile, load_cluster_profile
 
 CLUSTER = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), 64)
 LLAMA = build_gpt_profile(parse_model("llama:llama3-8b"), seq_len=32768, tp_degrees=[1, 2, 4, 8])
@@ -76,8 +82,7 @@ def test_exchange_costs_time_and_ring_hides_behind_long_attention():
 
 
 def test_layer_exchange_is_inside_forward_and_backward():
-    from planner.cost import layer_cost
-    from planner.cost import kv_exchange
+    from planner.cost import kv_exchange, layer_cost
 
     view, node = context_view(LLAMA, 4), CLUSTER.node_types[0]
     block = view.layer("blocks.0")

@@ -5,16 +5,15 @@ import dataclasses
 import pytest
 from test_cost_helpers import INTRA_BW, MEM_BW, RATE, cluster, model
 
-from planner.cost import ParallelConfig, estimate
-from planner.cost import collective_time
 from planner.core import (
     CUDA_CONTEXT_BYTES,
     DDP_BUCKET_BYTES,
     FRAGMENTATION_FRACTION,
     MEMORY_BW_EFFICIENCY,
     OPTIMIZER_BYTES_PER_PARAM,
+    StratagemError,
 )
-from planner.core import StratagemError
+from planner.cost import ParallelConfig, collective_time, estimate
 from planner.plan import Predictions
 
 CL = cluster()

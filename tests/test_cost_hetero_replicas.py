@@ -6,20 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from planner.core import DDP_BUCKET_BYTES, StratagemError
 from planner.cost import (
     ParallelConfig,
     collective_time,
     estimate,
+    pipeline_step_time,
     proportional_shares,
     replica_micro_batches,
     with_gpus,
 )
-from planner.core import DDP_BUCKET_BYTES
-from planner.cost import pipeline_step_time
-from planner.core import StratagemError
-from planner.profile import build_gpt_profile
 from planner.model import parse_model
-from planner.profile import load_cluster_profile
+from planner.profile import build_gpt_profile, load_cluster_profile
 
 HW = Path(__file__).resolve().parents[1] / "profiles" / "hardware"
 MIXED = load_cluster_profile(HW / "mixed-a100-v100.json")
@@ -45,7 +43,7 @@ def test_one_type_with_equal_shares_is_the_ordinary_estimate(tp, pp, dp, schedul
     est = estimate(
         GPT, cluster, dataclasses.replace(base, replica_node_types=(A100,) * dp), global_batch=gb, dtype="fp16"
     )
-    for name in ("step_time_s", "mfu", "hfu", "peak_mem_bytes", "model_tflops_per_gpu", "tokens_per_s"):
+    for name in ("step_time_s", "mfu", "hfu", "peak_memory_bytes", "model_tflops_per_gpu", "tokens_per_s"):
         assert getattr(est, name) == pytest.approx(getattr(ref, name), rel=1e-12, abs=0)
     assert est.fits_in_memory == ref.fits_in_memory
     assert est.breakdown_s == pytest.approx(ref.breakdown_s, rel=1e-12, abs=1e-15)
@@ -122,7 +120,7 @@ def test_mixed_flops_memory_and_micro_batches():
     est = estimate(GPT, MIXED, _mixed((0.375, 0.375, 0.125, 0.125)), global_batch=64, dtype="fp16")
     peak_flops = 8 * (2 * 312e12 + 2 * 125e12)  # tp x (each replica's type's fp16 peak)
     assert est.mfu == pytest.approx(est.model_tflops_per_gpu * 1e12 * 32 / peak_flops, rel=1e-12)
-    assert est.peak_mem_bytes == max(r.memory.peak_bytes for t in est.per_replica_type for r in t.per_rank)
+    assert est.peak_memory_bytes == max(r.memory.peak_bytes for t in est.per_replica_type for r in t.per_rank)
     assert {r.memory.capacity for t in est.per_replica_type for r in t.per_rank} == {80 * 2**30, 16 * 2**30}
     assert replica_micro_batches(_mixed((0.375, 0.375, 0.125, 0.125)), 64) == (24, 24, 8, 8)
     assert [t.micro_batches for t in est.per_replica_type] == [24, 8]

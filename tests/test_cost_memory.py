@@ -2,11 +2,10 @@
 
 import pytest
 
-from planner.cost import layer_cost, model_states_bytes
-from planner.profile import build_gpt_profile
-from planner.model import parse_model
-from planner.profile import load_cluster_profile
 from planner.cli.common import PROFILES_DIR
+from planner.cost import layer_cost, model_states_bytes
+from planner.model import parse_model
+from planner.profile import build_gpt_profile, load_cluster_profile
 
 A100 = load_cluster_profile(PROFILES_DIR / "hardware" / "dgx-a100-80g.json")
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from planner.cost import inflight_microbatches, pipeline_step_time
 from planner.core import StratagemError
+from planner.cost import inflight_microbatches, pipeline_step_time
 
 
 @pytest.mark.parametrize("p,m", [(4, 8), (8, 64), (2, 1), (16, 48)])

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from planner.model import volume_layers
-from planner.cost import collective_time
-from planner.cost import with_gpus
 from planner.cost import (
     UNSPLIT,
+    SpatialConfig,
+    SpatialCosts,
     SpatialOption,
     SpatialSplitError,
     check_split,
+    collective_time,
     crosses_nodes,
+    estimate_spatial,
     halo_exchange,
     layer_options,
     split_grid,
+    with_gpus,
 )
-from planner.cost import SpatialConfig, SpatialCosts, estimate_spatial
-from planner.model import parse_model
+from planner.model import parse_model, volume_layers
 from planner.profile import load_cluster_profile, resolve_cluster_path
 from runtime.profiling.model import profile_model_analytic
 

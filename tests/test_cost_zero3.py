@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost import list_collective_s, parameter_tensors
 from planner.core import StratagemError
-from planner.profile import build_gpt_profile
+from planner.cost import ParallelConfig, estimate, list_collective_s, parameter_tensors, with_gpus
 from planner.model import parse_model
-from planner.profile import load_cluster_profile
+from planner.profile import build_gpt_profile, load_cluster_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHA_S, BUS_BW = 32.2e-6, 229.35e9
@@ -111,10 +109,10 @@ def test_grad_sync_per_step_holds_unsharded_weights_and_grads(tiny):
     assert mem[1] - mem[0] == pytest.approx(sum((288768, 789760, 789760, 512)) * 4, rel=1e-12)
     one = replace(cfg, num_micro_batches=1, zero3_grad_sync="step")
     assert (
-        estimate(model, cluster, one, global_batch=8, dtype="bf16").peak_mem_bytes
+        estimate(model, cluster, one, global_batch=8, dtype="bf16").peak_memory_bytes
         == estimate(
             model, cluster, replace(one, zero3_grad_sync="micro_batch"), global_batch=8, dtype="bf16"
-        ).peak_mem_bytes
+        ).peak_memory_bytes
     )
 
 

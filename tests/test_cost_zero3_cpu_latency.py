@@ -16,15 +16,17 @@ from pathlib import Path
 import pytest
 
 from planner.calibrate import apply
-from planner.cost import ParallelConfig, collective_time, estimate
-from planner.cost import SYNC_PROBE_BYTES
-from planner.cost import root_unit_layers
+from planner.cost import SYNC_PROBE_BYTES, ParallelConfig, collective_time, estimate, root_unit_layers
 from planner.profile import BlockingLatency, load_cluster_profile, load_model_profile
-from planner.search import SearchConfig
-from planner.search import CandidateCosts
-from planner.search import build_problem, extract_assignment, solve
-from planner.search import check_exact
-from planner.search import enumerate_outer
+from planner.search import (
+    CandidateCosts,
+    SearchConfig,
+    build_problem,
+    check_exact,
+    enumerate_outer,
+    extract_assignment,
+    solve,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "profiles/models/gpt-tiny.json"
@@ -118,7 +120,7 @@ def test_search_prices_the_latency_exactly_as_estimate(plain_s):
         o
         for o in enumerate_outer(
             cluster=cluster,
-            n_devices=2,
+            gpus=2,
             global_batch=8,
             n_layers=len(profile.layers),
             n_blocks=2,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from runtime_helpers import REPO
 
 from planner.core import StratagemError
 from planner.model import parse_model
 from runtime.models import layer_kind, layer_paths, tp_layout
 from runtime.models.external import external
 from runtime.profiling.model import profile_model_analytic
-from runtime_helpers import REPO
 
 EXAMPLE = f"py:{REPO / 'examples' / 'custom_model.py'}:build"
 HEADER = "import torch\nfrom torch import nn\n"

@@ -13,7 +13,7 @@ KEYS = {
     "model_tflops_per_gpu",
     "hardware_tflops_per_gpu",
     "mfu",
-    "peak_mem_bytes",
+    "peak_memory_bytes",
     "per_rank",
     "breakdown",
 }
@@ -57,10 +57,10 @@ def test_json_on_each_shipped_cluster(capsys, cluster, model, degrees):
     assert status == 0, err
     doc = json.loads(out)
     assert KEYS <= doc.keys()
-    assert doc["step_time_s"] > 0 and 0 < doc["mfu"] < 1 and doc["peak_mem_bytes"] > 0
+    assert doc["step_time_s"] > 0 and 0 < doc["mfu"] < 1 and doc["peak_memory_bytes"] > 0
     seq = parse_model(model).dims["max_seq"]
     assert doc["tokens_per_s"] == pytest.approx(64 * seq / doc["step_time_s"], rel=1e-9)
-    assert doc["peak_mem_bytes"] == max(r["peak_mem_bytes"] for r in doc["per_rank"])
+    assert doc["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in doc["per_rank"])
     assert doc["hardware_tflops_per_gpu"] >= doc["model_tflops_per_gpu"] > 0  # selective recompute adds FLOPs
     assert all(v >= 0 for v in doc["breakdown"].values()) and doc["breakdown"]["forward"] > 0
     if cluster == "mixed-a100-v100":

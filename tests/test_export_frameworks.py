@@ -15,13 +15,11 @@ import pytest
 from planner.cli.common import resolve_cluster_path
 from planner.cli.main import main
 from planner.core import StratagemError
+from planner.export import export_plan
 from planner.export import megatron as megatron_format
 from planner.export import torchtitan as torchtitan_format
-from planner.export import export_plan
-from planner.profile import build_gpt_profile
-from planner.plan import load_plan
-from planner.profile import load_cluster_profile
-from planner.plan import lr_at_step
+from planner.plan import load_plan, lr_at_step
+from planner.profile import build_gpt_profile, load_cluster_profile
 
 REPO = Path(__file__).resolve().parents[1]
 PLANS = {  # name: stratagem plan arguments (each search takes 1-4 s here)
@@ -233,8 +231,9 @@ def test_deepspeed_top_level_keys_are_deepspeeds():
     source = "\n".join(
         p.read_text(encoding="utf-8", errors="replace") for p in Path(deepspeed.__file__).parent.rglob("*.py")
     )
-    from planner.export import TOP_LEVEL_KEYS, ZERO_KEYS
     import re  # a quoted key, or a field of DeepSpeed's pydantic config models
+
+    from planner.export import TOP_LEVEL_KEYS, ZERO_KEYS
 
     missing = [
         k

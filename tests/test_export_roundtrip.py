@@ -11,13 +11,22 @@ from hypothesis import strategies as st  # noqa: E402
 
 from fixtures.export_plans import plan_from_settings  # noqa: E402
 from planner.cli.common import resolve_cluster_path  # noqa: E402
-from planner.export import estimate_config, export_plan, import_config, layer_kinds  # noqa: E402
-from planner.export import CAPABILITIES  # noqa: E402
-from planner.export import FRAMEWORK_MEMORY, FrameworkSettings, to_parallel_config  # noqa: E402
-from planner.profile import build_gpt_profile  # noqa: E402
+from planner.export import (  # noqa: E402
+    CAPABILITIES,
+    FRAMEWORK_MEMORY,
+    FrameworkSettings,
+    estimate_config,
+    export_plan,
+    import_config,
+    layer_kinds,
+    to_parallel_config,
+)
 from planner.model import parse_model  # noqa: E402
-from planner.profile import load_cluster_profile  # noqa: E402
 from planner.plan import build_lr_schedule, lr_at_step, peak_lr  # noqa: E402
+from planner.profile import (  # noqa: E402
+    build_gpt_profile,
+    load_cluster_profile,
+)
 
 CLUSTER = load_cluster_profile(resolve_cluster_path("dgx-a100-80g"))
 SEQ = 64
@@ -117,9 +126,11 @@ def _round_trip(framework: str, s: FrameworkSettings) -> None:
     as_framework = estimate_config(
         to_parallel_config(s, kinds, framework), profile=profile, cluster=CLUSTER, global_batch=s.global_batch
     )
-    assert export.exported_estimate.peak_mem_bytes == pytest.approx(as_framework.peak_mem_bytes, rel=1e-12)
+    assert export.exported_estimate.peak_memory_bytes == pytest.approx(as_framework.peak_memory_bytes, rel=1e-12)
     if FRAMEWORK_MEMORY[framework] == "fsdp2":  # held as `stratagem launch` holds it
-        assert export.exported_estimate.peak_mem_bytes == pytest.approx(export.plan_estimate.peak_mem_bytes, rel=1e-12)
+        assert export.exported_estimate.peak_memory_bytes == pytest.approx(
+            export.plan_estimate.peak_memory_bytes, rel=1e-12
+        )
     if framework == "accelerate":
         return  # Accelerate's launch config is write-only here (no importer; see planner/export/accelerate.py)
     back = import_config(framework, export.text, layers=int(s.model.dim("layers")))
@@ -153,8 +164,7 @@ def test_the_warmup_from_base_lr_survives_megatron():
 
 
 def test_virtual_stages_that_do_not_divide_the_layers_become_the_nearest_that_do():
-    from planner.export import megatron
-    from planner.export import nearest_candidates
+    from planner.export import megatron, nearest_candidates
 
     model = parse_model("gpt", layers=12, hidden=64, heads=8, vocab=256, max_seq=SEQ)
     s = FrameworkSettings(

@@ -6,30 +6,22 @@ benchmarks/cost_accuracy.py gives Selene's two measured points to the SC21 Table
 """
 
 import json
-import os
-import subprocess
 import math
+import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-
-from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost import collective_time
-from planner.core import SELENE_FABRIC_LOAD
-from planner.cost import cp_degrees
-from planner.cost import block_count
-from planner.core import StratagemError
-from planner.profile import build_gpt_profile
-from planner.model import parse_model
-from planner.profile import FabricLoad, load_cluster_profile, resolve_cluster_path, save_profile
-from planner.search import iter_layer_assignments, to_assignment
-from planner.search import SearchConfig
-from planner.search import CandidateCosts
-from planner.search import enumerate_outer
 from search_helpers import check_ilp_against_brute
+
+from planner.core import SELENE_FABRIC_LOAD, StratagemError
+from planner.cost import ParallelConfig, block_count, collective_time, cp_degrees, estimate, with_gpus
+from planner.model import parse_model
+from planner.profile import FabricLoad, build_gpt_profile, load_cluster_profile, resolve_cluster_path, save_profile
+from planner.search import CandidateCosts, SearchConfig, enumerate_outer, iter_layer_assignments, to_assignment
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = resolve_cluster_path("dgx-a100-80g")
@@ -127,7 +119,7 @@ def test_search_stays_exact_with_a_fabric_load():
         outers = list(
             enumerate_outer(
                 cluster=cluster,
-                n_devices=n,
+                gpus=n,
                 global_batch=n,
                 n_layers=len(profile.layers),
                 n_blocks=block_count(profile),

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-
 import fuzz_harness as fz
+import pytest
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,8 @@
 import pytest
 
 from planner.core import StratagemError
-from planner.profile import build_gpt_profile
 from planner.model import parse_model
-from planner.profile import ModelProfile
+from planner.profile import ModelProfile, build_gpt_profile
 
 
 @pytest.mark.parametrize(

@@ -77,12 +77,10 @@ def test_launch_on_cuda_reports_gpu_memory_and_prediction(tmp_path):
     launch measures GPU time
     and ``max_memory_allocated``, and the measured step is within 4x of the prediction (a unit or device
     mix-up is off by far more; on the H100 here gpt2 mb 4 measured 45.6 ms, predicted 49.5 ms)."""
-    from planner.cost import plan_config
     from dataclasses import replace  # a hand-made plan's node type names none of the cluster's
-    from planner.cost import estimate
-    from planner.cost import with_gpus
-    from planner.profile import build_gpt_profile
-    from planner.profile import load_cluster_profile, resolve_cluster_path
+
+    from planner.cost import estimate, plan_config, with_gpus
+    from planner.profile import build_gpt_profile, load_cluster_profile, resolve_cluster_path
 
     spec = parse_model("gpt:gpt2")
     plan = make_plan(spec, dp=1, global_batch=4, seq_len=1024, num_micro_batches=1, dtype="bf16", lr=1e-4)
@@ -121,8 +119,7 @@ def test_profile_model_on_cuda_is_near_the_kernel_model(tmp_path):
     if "H100" not in torch.cuda.get_device_name(0):
         pytest.skip("the kernel-model comparison uses the dgx-h100 profile; this GPU is not an H100")
     from planner.cost import Device, layer_kernels
-    from planner.profile import build_gpt_profile
-    from planner.profile import load_cluster_profile, resolve_cluster_path
+    from planner.profile import build_gpt_profile, load_cluster_profile, resolve_cluster_path
 
     node = load_cluster_profile(resolve_cluster_path("dgx-h100")).node_types[0]
     dev = Device.of_node(node, "bf16")

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import torch
+from hf_helpers import LLAMA3_8B, write_config
 from transformers import AutoModelForCausalLM
 
-from hf_helpers import LLAMA3_8B, write_config
 from planner.core import StratagemError
 from planner.model import parse_model
 from runtime.models import build_model, init_weights, layer_paths, tp_layout

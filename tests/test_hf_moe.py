@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_helpers import write_moe_config
 from transformers import AutoModelForCausalLM
 
-from hf_helpers import write_moe_config
 from planner.model import parse_model
 from runtime.models import build_model, init_weights, layer_paths, loss_fn
 from runtime.models.external import external
@@ -46,11 +46,12 @@ def test_wrapped_moe_gives_the_hf_models_logits_and_trains(tmp_path, kind):
 @pytest.mark.slow
 def test_hf_moe_trains_under_pp2_and_zero3_like_one_process(tmp_path):
     """Qwen2-MoE (routed + gated shared expert) through the executor: PP2 1F1B and DP2 ZeRO-3, one launch."""
+    from runtime_helpers import tail, torchrun
+
     from fixtures.plans import make_plan
     from fixtures.reference import reference_losses
     from planner.plan import save_plan
     from runtime.executor.metrics import final_step_losses, read_metrics
-    from runtime_helpers import tail, torchrun
 
     spec = parse_model("hf:" + str(write_moe_config(tmp_path / "qwen2_moe", "qwen2_moe")))
     plans = {

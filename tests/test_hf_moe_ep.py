@@ -16,15 +16,15 @@ import json
 
 import pytest
 import torch
+from hf_helpers import write_moe_config
+from runtime_helpers import REPO, resume_runs, spawn_ranks
 
 from fixtures.plans import make_plan
 from fixtures.reference import reference_losses
-from hf_helpers import write_moe_config
 from planner.model import parse_model
 from planner.plan import Plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
-from runtime_helpers import REPO, resume_runs, spawn_ranks
 
 STEPS = 3
 REL_TOL = 1e-5  # fp32

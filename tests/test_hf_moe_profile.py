@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hf_helpers import write_moe_config
 from transformers import AutoModelForCausalLM, MixtralConfig
 
-from hf_helpers import write_moe_config
 from planner.cli.main import main
 from planner.model import parse_model
-from planner.profile import build_moe_profile
 from planner.plan import load_plan
+from planner.profile import build_moe_profile
 from runtime.models.hf import hf_config
 from runtime.models.hf_moe import moe_dims_from_hf
 from runtime.profiling.model import profile_model_analytic

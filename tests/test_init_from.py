@@ -15,6 +15,7 @@ import struct
 
 import pytest
 import torch
+from runtime_helpers import REPO, spawn_ranks, tail
 
 from fixtures.plans import make_plan
 from planner.core import StratagemError
@@ -24,7 +25,6 @@ from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
 from runtime.executor.pretrained import INDEX_FILE, check_init_from, checkpoint_tensors
 from runtime.models import build_model, is_splittable, layer_paths, loss_fn
-from runtime_helpers import REPO, spawn_ranks, tail
 
 transformers = pytest.importorskip("transformers")
 from runtime.models.fidelity import tiny_config  # noqa: E402

@@ -29,7 +29,7 @@ def metrics_file(plan_file, tmp_path_factory):
             loss=5.0 - i,
             step_time_s=t,
             tokens_per_s=1000.0,
-            peak_mem_bytes=[2**30, 2**31],
+            peak_memory_bytes=[2**30, 2**31],
             predicted_step_time_s=plan.predictions.step_time_s,
         )
         for i, t in enumerate([0.9, 0.2, 0.2])

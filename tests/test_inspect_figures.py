@@ -9,6 +9,7 @@ import pytest
 from planner.core import StratagemError
 from planner.inspect import (
     build_example_plan,
+    figure_png,
     plot_layer_placement,
     plot_memory_per_rank,
     plot_metrics,
@@ -16,7 +17,6 @@ from planner.inspect import (
     plot_step_breakdown,
     plot_timeline,
 )
-from planner.inspect import figure_png
 
 matplotlib.use("Agg")
 GIB = 2**30

@@ -12,14 +12,14 @@ from planner.inspect import (
     compare_plans,
     diff_plans,
     layer_frame,
+    load_metrics,
     metrics_frame,
     predicted_vs_measured,
+    rank_coordinates,
     rank_frame,
     stage_frame,
     summary_frame,
 )
-from planner.inspect import rank_coordinates
-from planner.inspect import load_metrics
 
 
 @pytest.fixture(scope="module")
@@ -97,18 +97,18 @@ def test_metrics_frame_reads_steps_per_rank_memory_and_summary(tmp_path):
                 loss=5.0,
                 step_time_s=0.9,
                 tokens_per_s=100.0,
-                peak_mem_bytes=[1e9, 3e9],
+                peak_memory_bytes=[1e9, 3e9],
                 predicted_step_time_s=0.4,
             ),
-            dict(step=1, loss=4.5, step_time_s=0.5, tokens_per_s=200.0, peak_mem_bytes={"0": 1e9, "1": 2e9}),
-            dict(step=2, loss=4.0, step_time_s=0.3, tokens_per_s=300.0, peak_mem_bytes=[1e9, 4e9]),
+            dict(step=1, loss=4.5, step_time_s=0.5, tokens_per_s=200.0, peak_memory_bytes={"0": 1e9, "1": 2e9}),
+            dict(step=2, loss=4.0, step_time_s=0.3, tokens_per_s=300.0, peak_memory_bytes=[1e9, 4e9]),
             dict(summary=True, measured_step_time_s=0.4),
         ],
     )
     frame = metrics_frame(path)
     assert list(frame.index) == [0, 1, 2]
-    assert frame["peak_mem_bytes_max"].tolist() == [3e9, 2e9, 4e9]
-    assert frame["peak_mem_bytes_rank1"].tolist() == [3e9, 2e9, 4e9]
+    assert frame["peak_memory_bytes_max"].tolist() == [3e9, 2e9, 4e9]
+    assert frame["peak_memory_bytes_rank1"].tolist() == [3e9, 2e9, 4e9]
     assert load_metrics(path)[1]["measured_step_time_s"] == 0.4
     side = predicted_vs_measured(None, frame)  # predictions from the file; steps 1 and 2 (skip 1 warm-up)
     assert side.loc["step_time_s", "predicted"] == 0.4
@@ -175,5 +175,5 @@ def test_metrics_in_the_runtime_format_with_a_restart(tmp_path):
     frame = metrics_frame(path)
     assert list(frame.index) == [1, 2] and "event" not in frame
     assert frame.loc[2, "loss"] == 4.5 and frame.loc[2, "attempt"] == 1
-    assert frame.loc[2, "peak_mem_bytes_max"] == 30
+    assert frame.loc[2, "peak_memory_bytes_max"] == 30
     assert load_metrics(path)[1]["measured_step_time_s"] == 0.2

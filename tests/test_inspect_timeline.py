@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from planner.core import StratagemError
-from planner.inspect import build_example_plan
-from planner.inspect import StageCost, schedule_order, simulate, simulate_plan
+from planner.inspect import StageCost, build_example_plan, schedule_order, simulate, simulate_plan
 
 TF, TB = 1.0, 2.0  # seconds per micro-batch for one pp rank's share of the model
 
@@ -176,10 +175,9 @@ def _cost_model_plan(kind: str, v: int):
     """A plan whose predictions come from the cost model (planner.cost), GPT 1.7B on 4 x 2 A100s."""
     estimate_mod = pytest.importorskip("planner.cost.estimate")
     from planner.cost import ParallelConfig
-    from planner.profile import build_gpt_profile
     from planner.model import parse_model
     from planner.plan import Mesh, Plan, Schedule, Stage, TrainingSettings
-    from planner.profile import load_cluster_profile
+    from planner.profile import build_gpt_profile, load_cluster_profile
 
     spec = parse_model("gpt:megatron-1.7b")
     cluster = load_cluster_profile(Path(__file__).resolve().parents[1] / "profiles/hardware/dgx-a100-80g.json")

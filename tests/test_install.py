@@ -18,7 +18,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from runtime_helpers import REPO
 
 pytestmark = pytest.mark.slow

@@ -10,14 +10,21 @@ import sys
 
 import pytest
 
-from planner.cost import estimate
-from planner.cost import ParallelConfig
-from planner.cost import ExpertStates, all_to_all_s, deepep_s, ep_group, remote_nodes_per_token, require_all_to_all
-from planner.cost import GroupShape, with_gpus
 from planner.core import StratagemError
-from planner.profile import build_gpt_profile
+from planner.cost import (
+    ExpertStates,
+    GroupShape,
+    ParallelConfig,
+    all_to_all_s,
+    deepep_s,
+    ep_group,
+    estimate,
+    remote_nodes_per_token,
+    require_all_to_all,
+    with_gpus,
+)
 from planner.model import parse_model
-from planner.profile import load_cluster_profile, resolve_cluster_path
+from planner.profile import build_gpt_profile, load_cluster_profile, resolve_cluster_path
 
 
 @pytest.fixture(scope="module")

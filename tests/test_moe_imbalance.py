@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from planner.cost import plan_config
 from planner.cli.main import main
-from planner.cost import default_load_imbalance
+from planner.cost import default_load_imbalance, plan_config
 from planner.plan import load_plan
 
 ARGS = ["plan", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "32", "--seq", "1024"]

@@ -15,6 +15,7 @@ import json
 
 import pytest
 import torch
+from runtime_helpers import REPO, spawn_ranks
 
 from fixtures.plans import make_plan
 from fixtures.reference import reference_losses
@@ -23,7 +24,6 @@ from planner.plan import Plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
 from runtime.executor.moe import apply_capacity, expert_layout, take_aux_loss
-from runtime_helpers import REPO, spawn_ranks
 
 pytestmark = pytest.mark.slow
 STEPS = 3

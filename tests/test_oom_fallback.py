@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from runtime_helpers import REPO, tail
 
 from fixtures.plans import make_plan
 from fixtures.reference import reference_losses
@@ -22,7 +23,6 @@ from planner.cli.main import main
 from planner.model import parse_model
 from planner.plan import load_plan, save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics
-from runtime_helpers import REPO, tail
 
 pytestmark = pytest.mark.slow
 STEPS = 2
@@ -130,11 +130,9 @@ def test_plan_for_megatron_prices_megatron_memory_and_says_so(tmp_path, capsys):
     records it, its prediction is the estimate of its config under that semantics, and show prints it."""
     import dataclasses
 
-    from planner.cost import estimate
-    from planner.cost import plan_config
-    from planner.profile import build_gpt_profile
+    from planner.cost import estimate, plan_config
     from planner.plan import load_plan
-    from planner.profile import load_cluster_profile, resolve_cluster_path
+    from planner.profile import build_gpt_profile, load_cluster_profile, resolve_cluster_path
 
     argv = ["plan", "--model", "gpt:gpt2", "--cluster", "dgx-a100-80g", "--gpus", "16", "--global-batch", "64"]
     out = {}
@@ -146,7 +144,7 @@ def test_plan_for_megatron_prices_megatron_memory_and_says_so(tmp_path, capsys):
     profile = build_gpt_profile(megatron.model, seq_len=1024, dtype=megatron.training.dtype)
     config = dataclasses.replace(plan_config(megatron), memory_semantics="textbook")
     est = estimate(profile, load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), config, global_batch=64)
-    assert megatron.predictions.peak_memory_bytes == pytest.approx(est.peak_mem_bytes, rel=1e-9)
+    assert megatron.predictions.peak_memory_bytes == pytest.approx(est.peak_memory_bytes, rel=1e-9)
     capsys.readouterr()
     assert main(["show", str(out["megatron"])]) == 0
     assert "Megatron-LM / DeepSpeed" in capsys.readouterr().out

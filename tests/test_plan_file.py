@@ -11,9 +11,7 @@ from planner.cli.main import main
 from planner.core import StratagemError
 from planner.plan import TrainingSettings, load_plan, save_plan, validate
 from planner.profile import load_cluster_profile, load_model_profile
-from planner.search import SearchConfig
-from planner.search import build_plan, stage_ranks
-from planner.search import plan_search
+from planner.search import SearchConfig, build_plan, plan_search, stage_ranks
 
 TINY = PROFILES_DIR / "models" / "gpt-tiny.json"
 
@@ -22,7 +20,7 @@ TINY = PROFILES_DIR / "models" / "gpt-tiny.json"
 def tiny_plan():
     profile = load_model_profile(TINY)
     cluster = load_cluster_profile(resolve_cluster_path("local-cpu-2core"))
-    result = plan_search(profile, cluster, n_devices=2, global_batch=8, config=SearchConfig(top_k=3))
+    result = plan_search(profile, cluster, gpus=2, global_batch=8, config=SearchConfig(top_k=3))
     training = TrainingSettings(global_batch=8, seq_len=profile.seq_len, dtype=profile.dtype)
     return build_plan(result, model=profile.model, profile=profile, cluster=cluster, training=training), result
 
@@ -181,11 +179,10 @@ def test_older_plans_are_migrated_to_integer_counts_without_num_micro_batches(tm
     against its own hash first; a tampered old file is refused."""
     import json
 
-    from planner.core import StratagemError
-    from planner.core import content_hash
-    from planner.plan import PLAN_SCHEMA_VERSION, load_plan, save_plan
     from fixtures.plans import make_plan
+    from planner.core import StratagemError, content_hash
     from planner.model import parse_model
+    from planner.plan import PLAN_SCHEMA_VERSION, load_plan, save_plan
 
     plan = make_plan(parse_model("gpt:tiny"), dp=2, global_batch=16, batch_shares=[0.75, 0.25])
     assert PLAN_SCHEMA_VERSION == 3 and plan.schedule.micro_batches_per_replica == [3, 1]
@@ -216,10 +213,10 @@ def test_older_plans_are_migrated_to_integer_counts_without_num_micro_batches(tm
 def test_stored_micro_batch_counts_must_match_the_split(tmp_path):
     import json
 
-    from planner.core import StratagemError
-    from planner.plan import load_plan, save_plan
     from fixtures.plans import make_plan
+    from planner.core import StratagemError
     from planner.model import parse_model
+    from planner.plan import load_plan, save_plan
 
     data = json.loads(save_plan(make_plan(parse_model("gpt:tiny"), dp=2), tmp_path / "p.json").read_text())
     data["schedule"]["micro_batches_per_replica"] = [2, 1]

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.profile import bus_factor, fit_alpha_beta
 from planner.cli.cmd_profile_cluster import parse_size, parse_sizes
 from planner.core import StratagemError
-from planner.profile import load_cluster_profile
-from runtime.profiling.cluster_bench import FAIL_RANK_ENV
+from planner.profile import bus_factor, fit_alpha_beta, load_cluster_profile
 from runtime.profiling.cluster import (
     ClusterBenchConfig,
     RawBench,
@@ -26,6 +24,7 @@ from runtime.profiling.cluster import (
     build_cluster_profile,
     build_torchrun_command,
 )
+from runtime.profiling.cluster_bench import FAIL_RANK_ENV
 
 SIZES = [1024 * 4**k for k in range(8)]  # 1 KiB .. 16 MiB
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from planner.core import StratagemError
-from planner.core import content_hash
+from planner.core import StratagemError, content_hash
 from planner.profile import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 from tools.schema_export import SCHEMAS, render_schema, stale_schemas
 

@@ -24,8 +24,8 @@ from planner.profile import (
     save_profile,
 )
 from runtime.models import build_model, build_tp_shard
-from runtime.profiling.model import ProfileSettings, profile_model
 from runtime.profiling.measure import make_input, saved_bytes
+from runtime.profiling.model import ProfileSettings, profile_model
 
 REPO = Path(__file__).resolve().parents[1]
 ACHIEVED_FLOPS_PER_S = 1.0e14  # made-up throughput of the test cluster below

@@ -9,8 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from planner.model import parse_model
-from planner.plan import Plan
-from planner.plan import build_lr_schedule, lr_at_step, peak_lr
+from planner.plan import Plan, build_lr_schedule, lr_at_step, peak_lr
 
 
 def test_linear_scaling_warmup_and_cosine_by_hand():
@@ -56,8 +55,8 @@ def one_rank(tmp_path):
 def test_runtime_sets_the_formula_rate_every_step_and_matches_the_reference(one_rank, tmp_path):
     import torch
 
-    from runtime.executor.metrics import read_metrics
     from fixtures.reference import reference_losses
+    from runtime.executor.metrics import read_metrics
     from runtime.executor.train import run_plan
 
     plan = _plan_with_schedule()

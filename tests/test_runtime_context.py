@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from runtime_helpers import tail, torchrun
 
 from fixtures.plans import make_plan
 from fixtures.reference import reference_losses
@@ -20,7 +21,6 @@ from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.context import ContextShard, _to_rank_order, _to_sequence_order, check_context_supported
 from runtime.executor.metrics import final_step_losses, read_metrics
-from runtime_helpers import tail, torchrun
 
 STEPS = 3
 REL_TOL = 1e-5  # fp32

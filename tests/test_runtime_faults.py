@@ -9,14 +9,14 @@ import subprocess
 import sys
 
 import pytest
+from runtime_helpers import REPO
 
+from fixtures.plans import make_plan
+from fixtures.reference import reference_losses
 from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.checkpoint import COMPLETE_MARKER, find_latest_checkpoint
 from runtime.executor.metrics import final_step_losses, read_metrics
-from fixtures.plans import make_plan
-from fixtures.reference import reference_losses
-from runtime_helpers import REPO
 
 pytestmark = pytest.mark.slow
 STEPS = 6

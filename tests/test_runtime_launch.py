@@ -9,15 +9,15 @@ import subprocess
 import sys
 
 import pytest
+from runtime_helpers import REPO
 
+from fixtures.plans import make_plan
+from fixtures.reference import reference_losses
 from planner.core import StratagemError
 from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics
-from fixtures.plans import make_plan
-from fixtures.reference import reference_losses
 from runtime.launch import run_command
-from runtime_helpers import REPO
 
 
 def _free_port() -> int:

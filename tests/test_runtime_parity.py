@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from runtime_helpers import tail, torchrun
 
+from fixtures.plans import make_plan
+from fixtures.reference import reference_losses
 from planner.model import parse_model
 from planner.plan import save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics
-from fixtures.plans import make_plan
-from fixtures.reference import reference_losses
-from runtime_helpers import tail, torchrun
 
 pytestmark = pytest.mark.slow
 STEPS = 3

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runtime_helpers import tail, torchrun
 
 from fixtures.reference import reference_losses
 from fixtures.spatial_plans import make_spatial_plan
-from planner.model import volume_layers
-from planner.model import parse_model
 from planner.core import StratagemError
+from planner.model import parse_model, volume_layers
 from planner.plan import load_plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
-from runtime_helpers import tail, torchrun
 
 STEPS = 3
 UNET = "unet3d:tiny"

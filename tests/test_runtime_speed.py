@@ -8,6 +8,7 @@ import logging
 
 import pytest
 import torch
+from runtime_helpers import resume_runs, tail, torchrun
 
 from fixtures.plans import make_plan
 from planner.model import parse_model
@@ -18,7 +19,6 @@ from runtime.executor.speed import build_optimizer, precision_scheme, resolve_co
 from runtime.launch import LaunchOptions, train_args
 from runtime.models import build_model, init_weights
 from runtime.models.attention import apply_attention, attend
-from runtime_helpers import resume_runs, tail, torchrun
 
 ALL_SPLIT = ["embed", "blocks.0", "blocks.1", "head"]
 
@@ -241,8 +241,8 @@ def test_flash_attention_without_the_cuda_kernel_warns(monkeypatch, caplog):
 
 def test_hf_model_outside_the_attention_interface_warns(tmp_path, monkeypatch, caplog):
     import transformers
-
     from hf_helpers import write_config
+
     from runtime.models.hf import _build_causal_lm
 
     spec = parse_model(f"hf:{write_config(tmp_path, 'llama')}")

@@ -9,8 +9,9 @@ import subprocess
 import pytest
 import torch
 
+from fixtures.plans import make_plan, split_layers
 from planner.cli.main import main as cli_main
-from planner.core import StratagemError
+from planner.core import ParallelDims, StratagemError
 from planner.model import parse_model
 from planner.plan import LayerLayout, save_plan
 from runtime.executor.checkpoint import COMPLETE_MARKER, find_latest_checkpoint
@@ -24,8 +25,6 @@ from runtime.executor.data import (
     synthetic_batch,
 )
 from runtime.executor.describe import describe_ranks
-from runtime.executor.mesh import ParallelDims
-from fixtures.plans import make_plan, split_layers
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
 from runtime.executor.tp import tp_styles

@@ -20,11 +20,9 @@ import pytest
 import torch
 from torch import nn
 
-from planner.cost import layer_cost
-from planner.cost import with_gpus
-from planner.profile import build_gpt_profile
+from planner.cost import layer_cost, with_gpus
 from planner.model import parse_model
-from planner.profile import load_cluster_profile, resolve_cluster_path
+from planner.profile import build_gpt_profile, load_cluster_profile, resolve_cluster_path
 from runtime.executor.recompute import apply_ac
 from runtime.models.attention import apply_attention
 from runtime.models.zoo import build_layer

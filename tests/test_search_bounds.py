@@ -9,16 +9,20 @@ from __future__ import annotations
 import math
 import random
 
-from planner.cost import with_gpus
 from planner.core import StratagemError
-from planner.profile import build_gpt_profile
+from planner.cost import with_gpus
 from planner.model import parse_model
-from planner.profile import load_cluster_profile, resolve_cluster_path
-from planner.search import SearchConfig
-from planner.search import CandidateCosts
+from planner.profile import build_gpt_profile, load_cluster_profile, resolve_cluster_path
+from planner.search import (
+    CandidateCosts,
+    SearchConfig,
+    dominates,
+    expand_experts,
+    lower_bound_s,
+    memory_shortfall_bytes,
+    refined_lower_bound_s,
+)
 from planner.search.planner import _enumerate, _key, _solve_candidate
-from planner.search import expand_experts, lower_bound_s, memory_shortfall_bytes, refined_lower_bound_s
-from planner.search import dominates
 
 SLACK = 1 + 1e-9
 
@@ -45,7 +49,7 @@ def test_every_bound_is_below_its_candidates_solved_optimum():
         config = SearchConfig(time_limit_s=60, top_k=1, flash_attention=seq > 1024, cp_min_seq_len=8192)
         profile = build_gpt_profile(spec, seq_len=seq, dtype="bf16")
         costs = CandidateCosts(profile, cluster, global_batch=batch, config=config)
-        outers = _enumerate(profile, cluster, n_devices=gpus, global_batch=batch, config=config)
+        outers = _enumerate(profile, cluster, gpus=gpus, global_batch=batch, config=config)
         rng.shuffle(outers)
         solved: list[tuple] = []  # (outer, tables, optimum)
         for outer in outers[:14]:

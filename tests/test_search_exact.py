@@ -14,26 +14,28 @@ import math
 import random
 
 import pytest
-
-from planner.cost import cp_degrees
-from planner.cost import block_count, with_gpus
-from planner.profile import build_gpt_profile
-from planner.model import parse_model
-from planner.profile import load_cluster_profile
-from planner.cli.common import resolve_cluster_path
-from planner.search import iter_layer_assignments, to_assignment
-from planner.search import SearchConfig
-from planner.search import CandidateCosts
-from planner.search import build_problem, solve
-from planner.search import enumerate_outer
 from search_helpers import check_ilp_against_brute
+
+from planner.cli.common import resolve_cluster_path
+from planner.cost import block_count, cp_degrees, with_gpus
+from planner.model import parse_model
+from planner.profile import build_gpt_profile, load_cluster_profile
+from planner.search import (
+    CandidateCosts,
+    SearchConfig,
+    build_problem,
+    enumerate_outer,
+    iter_layer_assignments,
+    solve,
+    to_assignment,
+)
 
 N_INSTANCES = 56
 MAX_BRUTE = 700  # assignments per instance (keeps the whole test well under a minute)
 
 
 def _instance(rng: random.Random):
-    cluster_name, dtype, n_devices = rng.choice(
+    cluster_name, dtype, gpus = rng.choice(
         [
             ("dgx-a100-80g", "bf16", rng.choice([2, 4, 8, 16])),
             ("mixed-a100-v100", "fp16", 32),
@@ -41,7 +43,7 @@ def _instance(rng: random.Random):
         ]
     )
     cluster = load_cluster_profile(resolve_cluster_path(cluster_name))
-    cluster = with_gpus(cluster, n_devices)
+    cluster = with_gpus(cluster, gpus)
     spec = parse_model(
         "gpt",
         layers=rng.choice([1, 2]),
@@ -66,16 +68,16 @@ def _instance(rng: random.Random):
     outers = list(
         enumerate_outer(
             cluster=cluster,
-            n_devices=n_devices,
-            global_batch=8 * n_devices // 2,
+            gpus=gpus,
+            global_batch=8 * gpus // 2,
             n_layers=len(profile.layers),
             n_blocks=block_count(profile),
             tp_degrees=profile.tp_degrees,
             config=config,
-            cp_degrees=cp_degrees(profile, n_devices),
+            cp_degrees=cp_degrees(profile, gpus),
         )
     )
-    return profile, cluster, config, rng.choice(outers), 8 * n_devices // 2
+    return profile, cluster, config, rng.choice(outers), 8 * gpus // 2
 
 
 def _ranks(est):
@@ -158,7 +160,7 @@ def test_cuts_do_not_change_the_optimum(cuts):
         o
         for o in enumerate_outer(
             cluster=cluster,
-            n_devices=8,
+            gpus=8,
             global_batch=32,
             n_layers=len(profile.layers),
             n_blocks=block_count(profile),
@@ -177,8 +179,8 @@ def test_cuts_do_not_change_the_optimum(cuts):
 def _moe_instance(rng: random.Random):
     """A small Mixture-of-Experts instance: experts, top-k, shared experts, a dense first block, capacity
     factor; H100 nodes (all-to-all figures) and an outer choice with ep (and etp) drawn from the search's."""
-    n_devices = rng.choice([2, 4, 8, 16])
-    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), n_devices)
+    gpus = rng.choice([2, 4, 8, 16])
+    cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), gpus)
     experts = rng.choice([4, 8])
     spec = parse_model(
         "moe",
@@ -199,11 +201,11 @@ def _moe_instance(rng: random.Random):
     profile = build_gpt_profile(spec, seq_len=64, dtype="bf16", tp_degrees=[1, 2])
     allow = {"tp", "pp", "dp", "zero", "sp", "interleave", "gpipe", "recompute", "ep", "etp"}
     config = SearchConfig(time_limit_s=30, allow=frozenset(allow))
-    global_batch = 4 * n_devices
+    global_batch = 4 * gpus
     outers = list(
         enumerate_outer(
             cluster=cluster,
-            n_devices=n_devices,
+            gpus=gpus,
             global_batch=global_batch,
             n_layers=len(profile.layers),
             n_blocks=block_count(profile),

@@ -9,15 +9,10 @@ import pytest
 
 from planner.cli.common import resolve_cluster_path
 from planner.cost import block_count
-from planner.profile import build_gpt_profile
 from planner.model import parse_model
-from planner.plan import load_plan, save_plan, validate
-from planner.plan import TrainingSettings
-from planner.profile import load_cluster_profile
-from planner.search import SearchConfig
-from planner.search import CandidateCosts
-from planner.search import build_plan
-from planner.search import plan_search
+from planner.plan import TrainingSettings, load_plan, save_plan, validate
+from planner.profile import build_gpt_profile, load_cluster_profile
+from planner.search import CandidateCosts, SearchConfig, build_plan, plan_search
 
 A100, V100 = "dgx-a100-80g", "p3.16xlarge"
 NO_PP = frozenset({"tp", "dp", "zero", "recompute", "mixed"})  # mixed without pipelines: replicas only
@@ -29,7 +24,7 @@ def searched():
     spec = parse_model("gpt:megatron-1.7b")
     profile = build_gpt_profile(spec, seq_len=2048, dtype="fp16")
     config = SearchConfig(allow=NO_PP, top_k=3)
-    result = plan_search(profile, cluster, n_devices=32, global_batch=64, config=config)
+    result = plan_search(profile, cluster, gpus=32, global_batch=64, config=config)
     return cluster, spec, profile, config, result
 
 
@@ -86,9 +81,7 @@ def test_prove_top_k_gives_the_k_best_candidates():
     import math
 
     from planner.cost import with_gpus
-    from planner.search import build_problem, solve
-    from planner.search import enumerate_outer, memory_shortfall_bytes
-    from planner.search import dominates
+    from planner.search import build_problem, dominates, enumerate_outer, memory_shortfall_bytes, solve
 
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 4)
     profile = build_gpt_profile(
@@ -98,7 +91,7 @@ def test_prove_top_k_gives_the_k_best_candidates():
         tp_degrees=[1, 2],
     )
     config = SearchConfig(top_k=4, exhaustive_top_k=True, allow=frozenset({"tp", "pp", "dp", "zero"}))
-    result = plan_search(profile, cluster, n_devices=4, global_batch=8, config=config)
+    result = plan_search(profile, cluster, gpus=4, global_batch=8, config=config)
     assert result.status == "optimal" and result.runners_up_proven and len(result.ranked) == 4
     costs = CandidateCosts(profile, cluster, global_batch=8, config=config)
     kth = result.ranked[-1].step_s
@@ -106,7 +99,7 @@ def test_prove_top_k_gives_the_k_best_candidates():
     below = 0
     for outer in enumerate_outer(
         cluster=cluster,
-        n_devices=4,
+        gpus=4,
         global_batch=8,
         n_layers=len(profile.layers),
         n_blocks=block_count(profile),
@@ -134,8 +127,8 @@ def test_parallel_jobs_find_the_same_optimum(preset, gpus, batch):
     """--jobs 2 solves two candidates at once (each its own CBC process): same proven optimum as one."""
     cluster = load_cluster_profile(resolve_cluster_path("dgx-a100-80g"))
     profile = build_gpt_profile(parse_model(f"gpt:{preset}"), seq_len=2048)
-    one = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=SearchConfig(jobs=1))
-    two = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=SearchConfig(jobs=2))
+    one = plan_search(profile, cluster, gpus=gpus, global_batch=batch, config=SearchConfig(jobs=1))
+    two = plan_search(profile, cluster, gpus=gpus, global_batch=batch, config=SearchConfig(jobs=2))
     assert one.status == two.status == "optimal"
     assert two.best.step_s == pytest.approx(one.best.step_s, rel=1e-9)
     assert all(a.step_s <= b.step_s for a, b in zip(two.ranked, two.ranked[1:]))

@@ -12,11 +12,21 @@ import random
 
 import pytest
 
-from planner.search import brute_force_tables
-from planner.search import SearchConfig
-from planner.search import build_problem, extract_assignment, solve
-from planner.search import lower_bound_s
-from planner.search import Concave, Group, Option, OptionCost, RankModel, Tables, evaluate
+from planner.search import (
+    Concave,
+    Group,
+    Option,
+    OptionCost,
+    RankModel,
+    SearchConfig,
+    Tables,
+    brute_force_tables,
+    build_problem,
+    evaluate,
+    extract_assignment,
+    lower_bound_s,
+    solve,
+)
 
 CFG = SearchConfig(time_limit_s=20, threads=1)
 NONE_SPLIT = Option(recompute="none", style="split")

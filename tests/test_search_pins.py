@@ -8,8 +8,7 @@ import json
 import pytest
 
 from planner.cli.main import main
-from planner.search import apply_pins
-from planner.search import OuterChoice
+from planner.search import OuterChoice, apply_pins
 
 GPT = ["--model", "gpt:gpt2-medium", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64", "--seq", "1024"]
 

@@ -14,20 +14,24 @@ import pulp
 import pytest
 
 from planner.cli.common import resolve_cluster_path
-from planner.cost import estimate
-from planner.cost import ParallelConfig
-from planner.cost import block_count, with_gpus
 from planner.core import StratagemError
-from planner.profile import build_gpt_profile
+from planner.cost import ParallelConfig, block_count, estimate, with_gpus
 from planner.model import parse_model
-from planner.profile import load_cluster_profile
-from planner.search import SearchConfig
-from planner.search import CandidateCosts
-from planner.search import IncompleteAssignment, build_problem, check_complete
-from planner.search import COEF_MAX, COEF_MIN, ScalingError, check_scaling
-from planner.search import plan_search
-from planner.search import enumerate_outer
-from planner.search import Assignment
+from planner.profile import build_gpt_profile, load_cluster_profile
+from planner.search import (
+    COEF_MAX,
+    COEF_MIN,
+    Assignment,
+    CandidateCosts,
+    IncompleteAssignment,
+    ScalingError,
+    SearchConfig,
+    build_problem,
+    check_complete,
+    check_scaling,
+    enumerate_outer,
+    plan_search,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -45,7 +49,7 @@ def _profile(preset: str):
 
 
 def _plan(preset: str, gpus: int, batch: int, **config):
-    return plan_search(_profile(preset), _a100(gpus), n_devices=gpus, global_batch=batch, config=SearchConfig(**config))
+    return plan_search(_profile(preset), _a100(gpus), gpus=gpus, global_batch=batch, config=SearchConfig(**config))
 
 
 @pytest.mark.parametrize(
@@ -61,7 +65,7 @@ def test_optimal_plan_is_no_slower_than_a_fitting_uniform_configuration(preset, 
     profile, cluster = _profile(preset), _a100(gpus)
     est = estimate(profile, cluster, ParallelConfig(**uniform), global_batch=batch, dtype="bf16")
     assert all(rk.memory.peak_bytes <= 0.9 * cluster.node_types[0].device_memory_bytes for rk in est.per_rank)
-    result = plan_search(profile, cluster, n_devices=gpus, global_batch=batch, config=SearchConfig())
+    result = plan_search(profile, cluster, gpus=gpus, global_batch=batch, config=SearchConfig())
     assert result.status == "optimal"
     assert result.best.step_s <= est.step_time_s * (1 + 1e-9)
 
@@ -120,7 +124,7 @@ def _some_tables(preset: str, gpus: int, batch: int, count: int = 12):
     outers = list(
         enumerate_outer(
             cluster=cluster,
-            n_devices=gpus,
+            gpus=gpus,
             global_batch=batch,
             n_layers=len(profile.layers),
             n_blocks=block_count(profile),
@@ -173,7 +177,7 @@ def test_interleaved_candidates_have_equal_chunks():
     profile = _profile("megatron-1008b")  # 128 blocks: v = 7 on pp 16 would give chunks of 8 and 9 blocks
     outers = enumerate_outer(
         cluster=_a100(3072),
-        n_devices=3072,
+        gpus=3072,
         global_batch=3072,
         n_layers=len(profile.layers),
         n_blocks=block_count(profile),
@@ -199,7 +203,7 @@ def test_mixed_cluster_checks_dtype_only_where_it_runs():
     cluster = load_cluster_profile(resolve_cluster_path("mixed-a100-v100"))  # A100 nodes first, then V100
     profile = build_gpt_profile(parse_model("gpt:megatron-1.7b"), seq_len=2048, dtype="bf16", tp_degrees=[1, 2, 4, 8])
     result = plan_search(
-        profile, cluster, n_devices=16, global_batch=64, config=SearchConfig(allow=frozenset({"tp", "dp", "zero"}))
+        profile, cluster, gpus=16, global_batch=64, config=SearchConfig(allow=frozenset({"tp", "dp", "zero"}))
     )
     assert result.status == "optimal"
 
@@ -239,8 +243,9 @@ def test_option_far_slower_than_the_step_gets_a_larger_time_unit():
     """mlp:tiny on 16 H100: a 'split' output layer over a cross-node tp group costs ~1e4 x the rest of the
     step, so its row overflowed COEF_MAX in the step's time unit (a ScalingError traceback); the build now
     enlarges the unit for that program."""
-    from planner.cli.main import main
     import tempfile
+
+    from planner.cli.main import main
 
     with tempfile.TemporaryDirectory() as tmp:
         assert (

@@ -10,16 +10,13 @@ import random
 
 import pytest
 
-from planner.cost import with_gpus
-from planner.cost import UNSPLIT, layer_options
-from planner.cost import SpatialConfig, SpatialCosts, estimate_spatial
 from planner.core import StratagemError
+from planner.cost import UNSPLIT, SpatialConfig, SpatialCosts, estimate_spatial, layer_options, with_gpus
 from planner.model import parse_model
-from planner.profile import load_cluster_profile, resolve_cluster_path
-from planner.search.spatial import _outer
-from planner.search import plan_spatial_search
-from planner.search import build_spatial_plan, memory_table
 from planner.plan import TrainingSettings
+from planner.profile import load_cluster_profile, resolve_cluster_path
+from planner.search import build_spatial_plan, memory_table, plan_spatial_search
+from planner.search.spatial import _outer
 from runtime.profiling.model import profile_model_analytic
 
 P3 = load_cluster_profile(resolve_cluster_path("aws-p3-16xlarge"))
@@ -30,10 +27,10 @@ def _with_memory(cluster, capacity: int):
     return cluster.model_copy(update={"node_types": [node]})
 
 
-def brute_force(profile, cluster, n_devices: int, global_batch: int) -> float | None:
+def brute_force(profile, cluster, gpus: int, global_batch: int) -> float | None:
     """The fastest fitting configuration by enumeration (None if nothing fits)."""
     best = None
-    for sd, dp, b in _outer(n_devices, global_batch, None):
+    for sd, dp, b in _outer(gpus, global_batch, None):
         costs = SpatialCosts(profile, cluster, sd=sd, micro_batch=b)
         options = [layer_options(v, sd) for v in costs.table]
         for combo in itertools.product(*options):
@@ -74,9 +71,9 @@ def test_search_equals_brute_force(seed):
     expected = brute_force(profile, cluster, n, batch)
     if expected is None:
         with pytest.raises(StratagemError, match="no data \\+ spatial plan"):
-            plan_spatial_search(profile, cluster, n_devices=n, global_batch=batch)
+            plan_spatial_search(profile, cluster, gpus=n, global_batch=batch)
         return
-    result = plan_spatial_search(profile, cluster, n_devices=n, global_batch=batch, keep=1)
+    result = plan_spatial_search(profile, cluster, gpus=n, global_batch=batch, keep=1)
     assert result.best.estimate.step_time_s == pytest.approx(expected, rel=1e-9)
     assert result.best.estimate.fits
 
@@ -84,10 +81,10 @@ def test_search_equals_brute_force(seed):
 def test_brute_force_cases_bind_memory():
     """At least one case's optimum differs from the unconstrained one (memory really decides)."""
     profile = profile_model_analytic(parse_model("unet3d:tiny", volume=32), seq_len=1, dtype="fp16")
-    free = plan_spatial_search(profile, with_gpus(P3, 2), n_devices=2, global_batch=2)
+    free = plan_spatial_search(profile, with_gpus(P3, 2), gpus=2, global_batch=2)
     unsplit = free.best.estimate
     tight = _with_memory(with_gpus(P3, 2), int(unsplit.peak_memory_bytes - unsplit.memory_bytes["activations"] * 0.4))
-    bound = plan_spatial_search(profile, tight, n_devices=2, global_batch=2)
+    bound = plan_spatial_search(profile, tight, gpus=2, global_batch=2)
     assert bound.best.config.layout and bound.best.estimate.step_time_s > unsplit.step_time_s
     assert bound.best.estimate.step_time_s == pytest.approx(brute_force(profile, tight, 2, 2), rel=1e-9)
 
@@ -100,7 +97,7 @@ def test_unet_512_needs_spatial_parallelism_on_64_v100():
         profile, cluster, SpatialConfig(dp=64, sd=1, micro_batch=1, num_micro_batches=1, layout={})
     )
     assert not data_parallel.fits and data_parallel.peak_memory_bytes > 8 * data_parallel.capacity_bytes
-    result = plan_spatial_search(profile, cluster, n_devices=64, global_batch=64)
+    result = plan_spatial_search(profile, cluster, gpus=64, global_batch=64)
     best = result.best
     assert best.estimate.fits and best.config.sd >= 16 and best.config.sd * best.config.dp == 64
     plan = build_spatial_plan(

@@ -23,9 +23,7 @@ from planner.cli.common import resolve_cluster_path
 from planner.cost import ParallelConfig
 from planner.model import parse_model
 from planner.profile import load_cluster_profile
-from planner.search import SearchConfig
-from planner.search import CandidateCosts
-from planner.search import plan_search
+from planner.search import CandidateCosts, SearchConfig, plan_search
 
 runtime_profile = pytest.importorskip("runtime.profiling.model")
 log = logging.getLogger(__name__)
@@ -40,7 +38,7 @@ def wide_resnet():
 def test_full_space_replicates_backbone_and_splits_classifier(wide_resnet):
     cluster = load_cluster_profile(resolve_cluster_path("dgx-a100-80g"))
     config = SearchConfig(top_k=2, time_limit_s=20)
-    result = plan_search(wide_resnet, cluster, n_devices=GPUS, global_batch=BATCH, config=config)
+    result = plan_search(wide_resnet, cluster, gpus=GPUS, global_batch=BATCH, config=config)
     best = result.best
     assert best.outer.tp > 1 and result.status == "optimal"
     layout = best.config.layout

@@ -10,11 +10,11 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost import collective_time
-from planner.cost import deepspeed_buckets
 from planner.core import StratagemError
-from planner.profile import build_gpt_profile
+from planner.cost import ParallelConfig, collective_time, deepspeed_buckets, estimate, with_gpus
 from planner.model import parse_model
-from planner.profile import load_cluster_profile
+from planner.profile import build_gpt_profile, load_cluster_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 HBM = 2039e9 * 0.85

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.model import volume_layers
-from planner.model import parse_model
+from planner.model import parse_model, volume_layers
 from runtime.models import build_model, example_batch, init_weights, loss_fn
 from runtime.profiling.model import ProfileSettings, profile_model, profile_model_analytic
 
@@ -75,5 +74,5 @@ def test_measured_profile_of_a_3d_cnn():
     from planner.search import plan_spatial_search
 
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("local-cpu-2core")), 2)
-    result = plan_spatial_search(profile, cluster, n_devices=2, global_batch=2)
+    result = plan_spatial_search(profile, cluster, gpus=2, global_batch=2)
     assert result.status == "optimal" and result.best.estimate.fits

@@ -21,7 +21,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_stubs import install_stubs
 
-
 # torchtitan's dependencies for data, logging and checkpoints (not installed: make venv adds torchtitan --no-deps)
 TRAINING_ONLY = ("tensorboard", "datasets", "tokenizers", "wandb", "grain", "torchdata", "tiktoken", "blobfile",
                  "fsspec", "sentencepiece", "tomli_w", "huggingface_hub", "safetensors", "psutil",

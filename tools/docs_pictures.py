@@ -16,18 +16,18 @@ import argparse
 import logging
 from pathlib import Path
 
-from planner.inspect import build_example_plan
-from planner.inspect import plot_timeline
+from planner.core import atomic_write_bytes
 from planner.inspect import (
+    build_example_plan,
+    figure_png,
+    metrics_frame,
     plot_layer_placement,
     plot_memory_per_rank,
     plot_metrics,
     plot_plan_comparison,
     plot_step_breakdown,
+    plot_timeline,
 )
-from planner.inspect import metrics_frame
-from planner.core import atomic_write_bytes
-from planner.inspect import figure_png
 from planner.plan import load_plan
 
 log = logging.getLogger(__name__)

@@ -9,12 +9,11 @@ type). Nothing of the framework itself is changed.
 
 from __future__ import annotations
 
-import typing
-
 import importlib.abc
 import importlib.machinery
 import sys
 import types
+import typing
 from unittest import mock
 
 try:  # torch's Stateful and others are typing_extensions Protocols

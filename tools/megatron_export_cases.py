@@ -20,11 +20,15 @@ sys.path.insert(0, str(REPO))
 
 from fixtures.export_plans import plan_from_settings  # noqa: E402
 from planner.cli.common import resolve_cluster_path  # noqa: E402
-from planner.export import export_plan  # noqa: E402
-from planner.export import FrameworkSettings  # noqa: E402
-from planner.profile import build_gpt_profile  # noqa: E402
+from planner.export import (  # noqa: E402
+    FrameworkSettings,
+    export_plan,
+)
 from planner.model import parse_model  # noqa: E402
-from planner.profile import load_cluster_profile  # noqa: E402
+from planner.profile import (  # noqa: E402
+    build_gpt_profile,
+    load_cluster_profile,
+)
 
 # name: (model, seq, settings)
 CASES = {

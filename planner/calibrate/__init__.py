@@ -4,13 +4,10 @@
 calibrated cluster profile (with its ``calibration`` section) and the predicted-vs-measured picture.
 """
 
-from planner.calibrate.fit import FitResult, apply, fit
-from planner.calibrate.runs import MeasuredRun, load_runs_csv, runs_hash
-
-from planner.calibrate.fit import Predictor, mean_abs, transfer
+from planner.calibrate.fit import FitResult, Predictor, apply, fit, mean_abs, transfer
 from planner.calibrate.metrics_runs import load_runs_jsonl, runtime_precision
 from planner.calibrate.report import calibrated_profile, save_png, table_lines
-from planner.calibrate.runs import DIMS, OPTIONAL, REQUIRED
+from planner.calibrate.runs import DIMS, OPTIONAL, REQUIRED, MeasuredRun, load_runs_csv, runs_hash
 
 __all__ = [
     "DIMS",

@@ -30,11 +30,10 @@ from typing import Callable
 import numpy as np
 
 from planner.calibrate.runs import MeasuredRun
-from planner.cost import estimate, with_gpus
 from planner.core import StratagemError
-from planner.profile import build_gpt_profile
+from planner.cost import estimate, with_gpus
 from planner.model import ModelSpec
-from planner.profile import BlockingLatency, ClusterProfile
+from planner.profile import BlockingLatency, ClusterProfile, build_gpt_profile
 
 PRIOR_WIDTH = 0.3  # prior standard deviation of log(parameter / datasheet value): ~ +-35 %
 MEASUREMENT_NOISE = 0.03  # assumed relative noise of a measured step time (run-to-run spread of a few %)

@@ -20,15 +20,11 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from planner.cost import plan_config
 from planner.calibrate.runs import MeasuredRun
-from planner.core import DTYPE_BYTES
-from planner.profile import build_gpt_profile
-from planner.core import StratagemError
-from planner.core import parse_json, read_text
+from planner.core import DTYPE_BYTES, Precision, StratagemError, parse_json, read_text
+from planner.cost import plan_config
 from planner.plan import Plan, load_plan
-from planner.profile import ModelProfile, load_model_profile
-from planner.core import Precision
+from planner.profile import ModelProfile, build_gpt_profile, load_model_profile
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
 

@@ -17,10 +17,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from planner.core import SCHEDULE_ALIASES, Recompute, StratagemError, read_text
 from planner.cost import ParallelConfig
-from planner.core import Recompute, ScheduleKind
-from planner.core import StratagemError
-from planner.core import read_text
 from planner.model import DimValue, parse_model
 from planner.profile import ModelProfile
 
@@ -34,12 +32,6 @@ OPTIONAL = {
     "sequence_parallel": "false",
     "overlap_grad_reduce": "true",
     "dtype": "bf16",
-}
-SCHEDULES: dict[str, ScheduleKind] = {
-    "1f1b": "1f1b",
-    "gpipe": "gpipe",
-    "interleaved": "interleaved_1f1b",
-    "interleaved_1f1b": "interleaved_1f1b",
 }
 RECOMPUTE: dict[str, Recompute] = {"none": "none", "selective": "selective", "full": "full"}
 BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -100,7 +92,7 @@ def _run(row: int, r: dict[str, str]) -> MeasuredRun:
         raise StratagemError(f"runs row {row} column 'model': {exc}") from None
     seq = _int(get["seq"], row, "seq") if get["seq"] else int(spec.dim("max_seq"))
     opt = {k: (get[k] or v).lower() for k, v in OPTIONAL.items()}
-    if opt["schedule"] not in SCHEDULES:
+    if opt["schedule"] not in SCHEDULE_ALIASES:
         raise StratagemError(f"runs row {row} column 'schedule': {opt['schedule']!r}; use 1f1b, gpipe or interleaved")
     for k in ("sequence_parallel", "overlap_grad_reduce"):
         if opt[k] not in BOOLS:
@@ -122,7 +114,7 @@ def _run(row: int, r: dict[str, str]) -> MeasuredRun:
         dp=dp,
         micro_batch=mb,
         num_micro_batches=gb // (dp * mb),
-        schedule=SCHEDULES[opt["schedule"]],
+        schedule=SCHEDULE_ALIASES[opt["schedule"]],
         virtual_stages=_int(opt["virtual_stages"], row, "virtual_stages"),
         zero_stage=_int(opt["zero"], row, "zero", minimum=0),
         recompute=RECOMPUTE[opt["recompute"]],

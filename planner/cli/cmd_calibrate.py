@@ -11,13 +11,20 @@ when the input is bad (one ``error:`` line naming the row and column, exit statu
 from __future__ import annotations
 
 import argparse
-
 from dataclasses import replace
 
-from planner.calibrate import MeasuredRun, fit, load_runs_csv
-from planner.calibrate import load_runs_jsonl
-from planner.calibrate import calibrated_profile, save_png, table_lines
-from planner.calibrate import DIMS, OPTIONAL, REQUIRED
+from planner.calibrate import (
+    DIMS,
+    OPTIONAL,
+    REQUIRED,
+    MeasuredRun,
+    calibrated_profile,
+    fit,
+    load_runs_csv,
+    load_runs_jsonl,
+    save_png,
+    table_lines,
+)
 from planner.profile import load_cluster_profile, save_profile
 
 from .common import (

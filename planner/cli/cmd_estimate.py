@@ -15,17 +15,31 @@ its fraction of the global batch). Without ``--model-profile`` a GPT/Llama model
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import json
 import math
 import sys
+from dataclasses import replace
 
-from planner.cost import check_context_family
-from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost import fill_stage_node_types
-from planner.model import SPATIAL_FAMILIES
-from planner.core import StratagemError
+from planner.cli.common import (
+    MAX_BATCH,
+    MAX_DEVICES,
+    MAX_LAYERS,
+    MAX_SEQ,
+    MAX_WIDTH,
+    DefaultsHelpFormatter,
+    add_moe_imbalance,
+    analytic_on_cpu_note,
+    flash_attention_default,
+    float_in,
+    int_in,
+    moe_imbalance,
+    nonempty_path,
+    resolve_cluster_path,
+)
 from planner.cli.model_args import MAX_VOLUME, MODEL_HELP, load_matching_profile, spec_from_args
+from planner.core import SCHEDULE_ALIASES, DTYPES, PRECISIONS, StratagemError
+from planner.cost import ParallelConfig, check_context_family, estimate, fill_stage_node_types, with_gpus
+from planner.model import SPATIAL_FAMILIES
 from planner.profile import (
     DTYPE_HELP,
     PRECISION_HELP,
@@ -34,25 +48,7 @@ from planner.profile import (
     default_dtype,
     load_cluster_profile,
 )
-from planner.core import DTYPES, PRECISIONS
 
-from planner.cli.common import (
-    SCHEDULE_ALIASES,
-    add_moe_imbalance,
-    flash_attention_default,
-    moe_imbalance,
-    analytic_on_cpu_note,
-    MAX_BATCH,
-    MAX_DEVICES,
-    MAX_LAYERS,
-    MAX_SEQ,
-    MAX_WIDTH,
-    DefaultsHelpFormatter,
-    float_in,
-    int_in,
-    nonempty_path,
-    resolve_cluster_path,
-)
 from .compare_cli import add_source_argument, run_estimate_from
 from .estimate_report import estimate_to_json, print_estimate_table
 
@@ -296,7 +292,7 @@ def build_config(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[Par
         dp=dp,
         micro_batch=args.micro_batch,
         num_micro_batches=max(1, args.global_batch // per_step),
-        schedule=SCHEDULE_ALIASES[args.schedule],  # type: ignore[arg-type]  # argparse choices
+        schedule=SCHEDULE_ALIASES[args.schedule],
         virtual_stages=args.virtual_stages,
         zero_stage=args.zero,
         replica_node_types=replica_types,

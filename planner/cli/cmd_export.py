@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.core import StratagemError
+from planner.core import StratagemError, atomic_write_text
 from planner.export import FRAMEWORKS
-from planner.core import atomic_write_text
 from planner.plan import Plan, load_plan
 from planner.profile import ClusterProfile, ModelProfile, load_cluster_profile, load_model_profile
 

@@ -9,15 +9,14 @@ Example::
 from __future__ import annotations
 
 import argparse
-import sys
 import logging
+import sys
 
-from planner.cost import MemorySemantics
-from planner.cost import check_context_family
-from planner.core import StratagemError
-from planner.model import FAMILY_DEFAULTS, ModelSpec
+from planner.core import SCHEDULE_ALIASES, DTYPES, PRECISIONS, StratagemError
+from planner.cost import MemorySemantics, check_context_family
+from planner.export import FRAMEWORK_MEMORY
+from planner.model import FAMILY_DEFAULTS, SPATIAL_FAMILIES, ModelSpec
 from planner.plan import Plan, TrainingSettings, costed, plan_label, save_plan, validate
-from planner.model import SPATIAL_FAMILIES
 from planner.profile import (
     DTYPE_HELP,
     PRECISION_HELP,
@@ -26,27 +25,23 @@ from planner.profile import (
     default_dtype,
     load_cluster_profile,
 )
-from planner.core import PRECISIONS, DTYPES
-from planner.export import FRAMEWORK_MEMORY
-from planner.search import PIN_FLAGS, pins_note
-from planner.search import ALL_DIMENSIONS, SearchConfig, parse_allow
+from planner.search import ALL_DIMENSIONS, PIN_FLAGS, SearchConfig, parse_allow, pins_note
 
 from .common import (
     DEFAULT_MEMORY_MARGIN,
-    SCHEDULE_ALIASES,
-    memory_fraction_of,
     MAX_BATCH,
     MAX_DEVICES,
     MAX_SECONDS,
     MAX_SEQ,
     DefaultsHelpFormatter,
-    analytic_on_cpu_note,
     add_moe_imbalance,
-    flash_attention_default,
-    moe_imbalance,
+    analytic_on_cpu_note,
     check_out_path,
+    flash_attention_default,
     float_in,
     int_in,
+    memory_fraction_of,
+    moe_imbalance,
     no_ellipsis,
     nonempty_path,
     out_path,
@@ -328,13 +323,13 @@ def _check_profile_dtype(args: argparse.Namespace, profile: ModelProfile) -> str
     return profile.dtype
 
 
-def _check_dtype(cluster, n_devices: int, dtype: str) -> None:
-    """Every node type the plan's ``n_devices`` devices come from (the cluster's first ones) must have a
+def _check_dtype(cluster, gpus: int, dtype: str) -> None:
+    """Every node type the plan's ``gpus`` devices come from (the cluster's first ones) must have a
     throughput figure for the training dtype (V100s have no bf16); the others do not matter."""
     from planner.cost import with_gpus
     from planner.search import devices_by_type
 
-    used = devices_by_type(with_gpus(cluster, n_devices), n_devices)
+    used = devices_by_type(with_gpus(cluster, gpus), gpus)
     for node in cluster.node_types:
         have = [c.dtype for c in node.compute]
         if node.name in used and dtype not in have:
@@ -392,8 +387,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from planner.search import build_plan
-    from planner.search import fallback_candidate, plan_search
+    from planner.search import build_plan, fallback_candidate, plan_search
 
     cluster_path = resolve_cluster_path(args.cluster)
     check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
@@ -443,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
         result = plan_search(
             profile,
             cluster,
-            n_devices=args.gpus,
+            gpus=args.gpus,
             global_batch=args.global_batch,
             config=config,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
@@ -454,7 +448,7 @@ def run(args: argparse.Namespace) -> int:
         if config.memory_semantics == "fsdp2":
             bar.update(task, description="searching for a fallback with more memory headroom", completed=0, total=None)
             fallback = fallback_candidate(
-                profile, cluster, result, n_devices=args.gpus, global_batch=args.global_batch, config=config
+                profile, cluster, result, gpus=args.gpus, global_batch=args.global_batch, config=config
             )
     training = TrainingSettings(
         global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype, lr_schedule=lr_schedule
@@ -494,7 +488,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cp_table:
         from planner.search import best_per_cp, format_cp_table
 
-        rows = best_per_cp(profile, cluster, n_devices=args.gpus, global_batch=args.global_batch, config=config)
+        rows = best_per_cp(profile, cluster, gpus=args.gpus, global_batch=args.global_batch, config=config)
         out.print("best plan per context-parallel degree:", highlight=False)
         for line in format_cp_table(rows):
             out.print(line, highlight=False, markup=False, soft_wrap=True)

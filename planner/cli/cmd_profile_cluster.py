@@ -12,10 +12,6 @@ import re
 import sys
 from pathlib import Path
 
-from planner.core import StratagemError
-from planner.core import save_document
-from planner.profile import ClusterProfile, CollectiveFit
-
 from planner.cli.common import (
     MAX_SECONDS,
     DefaultsHelpFormatter,
@@ -25,6 +21,9 @@ from planner.cli.common import (
     nonempty_path,
     out_path,
 )
+from planner.core import StratagemError, save_document
+from planner.profile import ClusterProfile, CollectiveFit
+
 from .common import command_line, utc_now
 
 # The quick sweep reaches 16 MiB because on a loaded 2-core VM small-message times jitter by ~2 ms (wake-up

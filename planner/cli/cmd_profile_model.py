@@ -20,11 +20,9 @@ from planner.cli.common import (
     resolve_cluster_path,
     utc_now,
 )
-
-from planner.core import StratagemError
 from planner.cli.model_args import add_model_arguments, spec_from_args
+from planner.core import DTYPES, StratagemError
 from planner.profile import DTYPE_HELP, default_dtype, load_cluster_profile, save_profile
-from planner.core import DTYPES
 
 # A measured profile runs each layer on micro-batch x seq tokens in this process: above this many tokens
 # one activation of even a small model needs GiBs (1e6 x 128 tokens crashed with an allocation failure).

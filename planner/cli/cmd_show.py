@@ -12,9 +12,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from planner.inspect import bytes_unit, fmt_bytes, fmt_seconds
 from planner.cli.common import check_layer_paths, check_out_path, no_ellipsis, nonempty_path, out_path, throughput_text
 from planner.core import check_output_folder
+from planner.inspect import bytes_unit, fmt_bytes, fmt_seconds
 from planner.plan import Plan, costed, load_plan, stage_memory_predictions, validate
 
 from .compare_cli import add_compare_argument, print_comparison

@@ -15,7 +15,6 @@ from pathlib import Path
 from planner.core import StratagemError
 from planner.profile import PROFILES_DIR, ClusterProfile, ModelProfile, resolve_cluster_path  # noqa: F401
 
-
 # Upper bounds of count flags: far above any real job, low enough that loops over divisors, layers or ranks
 # finish in well under a second (a 20-digit --gpus made the search enumerate for ever).
 MAX_DEVICES = 2**20  # ranks / GPUs in one job (the largest published runs use ~2**15)
@@ -233,15 +232,6 @@ def analytic_on_cpu_note(profile: ModelProfile, cluster: ClusterProfile) -> str 
         f"per-op framework overhead, which dominates small models on CPUs (10-100x here); measure the model with "
         f"`stratagem profile model` and pass --model-profile for step times to trust"
     )
-
-
-SCHEDULE_ALIASES = {
-    "gpipe": "gpipe",
-    "1f1b": "1f1b",
-    "interleaved": "interleaved_1f1b",
-    "interleaved_1f1b": "interleaved_1f1b",
-    "interleaved-1f1b": "interleaved_1f1b",
-}
 
 
 DEFAULT_MEMORY_MARGIN = 0.1

@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from planner.plan import ComparisonRecord
 from planner.core import StratagemError
 from planner.export import FrameworkSettings
-from planner.plan import Plan
+from planner.plan import ComparisonRecord, Plan
 from planner.profile import ClusterProfile, ModelProfile
 
 IMPORT_FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
@@ -86,8 +85,8 @@ def model_profile_for(
     settings: FrameworkSettings, model_arg: str | None, *, seq: int | None, dtype: str | None
 ) -> ModelProfile:
     """The closed-form profile of the config's own model dims, or of ``--model``."""
-    from planner.profile import build_gpt_profile
     from planner.model import parse_model
+    from planner.profile import build_gpt_profile
 
     spec = settings.model
     if model_arg:
@@ -103,11 +102,10 @@ def run_estimate_from(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from planner.cli.estimate_report import estimate_to_json, print_estimate_table
     from planner.cli.common import resolve_cluster_path
+    from planner.cli.estimate_report import estimate_to_json, print_estimate_table
     from planner.cost import with_gpus
-    from planner.export import estimate_config, layer_kinds
-    from planner.export import to_parallel_config
+    from planner.export import estimate_config, layer_kinds, to_parallel_config
     from planner.profile import load_cluster_profile
 
     framework, source = args.from_config
@@ -160,12 +158,12 @@ def build_comparison(
         source=source,
         current_summary=describe(current),
         current_step_time_s=c.current_estimate.step_time_s,
-        current_peak_memory_bytes=c.current_estimate.peak_mem_bytes,
+        current_peak_memory_bytes=c.current_estimate.peak_memory_bytes,
         current_fits_in_memory=c.current_estimate.fits_in_memory,
         plan_step_time_s=c.plan_estimate.step_time_s,
-        plan_peak_memory_bytes=c.plan_estimate.peak_mem_bytes,
+        plan_peak_memory_bytes=c.plan_estimate.peak_memory_bytes,
         exported_step_time_s=c.proposed_estimate.step_time_s,
-        exported_peak_memory_bytes=c.proposed_estimate.peak_mem_bytes,
+        exported_peak_memory_bytes=c.proposed_estimate.peak_memory_bytes,
         speedup=c.speedup,
         flag_changes=c.flag_changes,
         plan_changes=[ch.line() for ch in c.changes],

@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-
-from planner.cost import ParallelConfig
-from planner.core import StratagemError
-from planner.plan import strategy_label
-from planner.profile import ClusterProfile, ModelProfile
-
 from planner.cli.common import (
     no_ellipsis,
     throughput_text,
 )
+from planner.core import StratagemError
+from planner.cost import ParallelConfig
+from planner.plan import strategy_label
+from planner.profile import ClusterProfile, ModelProfile
 
 
 def estimate_to_json(est, config: ParallelConfig) -> dict:
@@ -25,7 +23,7 @@ def estimate_to_json(est, config: ParallelConfig) -> dict:
         "hardware_tflops_per_gpu": est.hardware_tflops_per_gpu,
         "mfu": est.mfu,
         "hfu": est.hfu,
-        "peak_mem_bytes": est.peak_mem_bytes,
+        "peak_memory_bytes": est.peak_memory_bytes,
         "fits_in_memory": est.fits_in_memory,
         "flop_convention": est.flop_convention,
         "breakdown": est.breakdown_s,
@@ -67,7 +65,7 @@ def estimate_to_json(est, config: ParallelConfig) -> dict:
                 "dp_sync_exposed_s": r.dp_sync_exposed_s,
                 "zero_comm_s": r.zero_comm_s,
                 "optimizer_s": r.optimizer_s,
-                "peak_mem_bytes": r.memory.peak_bytes,
+                "peak_memory_bytes": r.memory.peak_bytes,
                 "memory_bytes": r.memory.as_dict(),
             }
             for r in est.per_rank
@@ -121,7 +119,7 @@ def print_estimate_table(est, config: ParallelConfig, model: ModelProfile, clust
     worst = max(est.per_rank, key=lambda r: r.memory.peak_bytes / r.memory.capacity)
     head.add_row(
         "peak memory per device",
-        f"{est.peak_mem_bytes / gib:.2f} GiB (pp rank {worst.pp_rank}: "
+        f"{est.peak_memory_bytes / gib:.2f} GiB (pp rank {worst.pp_rank}: "
         f"{worst.memory.peak_bytes / gib:.2f} of its {worst.memory.capacity / gib:.0f} GiB)"
         + ("" if est.fits_in_memory else "  [red]DOES NOT FIT[/red]"),
     )
@@ -170,8 +168,8 @@ def print_estimate_table(est, config: ParallelConfig, model: ModelProfile, clust
 
 def _algorithm_comparison(est, config: ParallelConfig, cluster: ClusterProfile) -> str:
     """One all-reduce of pp rank 0's gradients over its DP group, per algorithm (for comparison)."""
-    from planner.cost import collective_time, dp_group
     from planner.core import STATE_BYTES_PER_PARAM
+    from planner.cost import collective_time, dp_group
 
     node = cluster.node_type(est.per_rank[0].node_type)
     sync = config.dp * config.cp  # gradients sync over dp x cp (planner/cost/context.py)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cost import with_gpus
 from planner.core import StratagemError
+from planner.cost import with_gpus
 from planner.model import ModelSpec
 from planner.plan import TrainingSettings, costed, validate
 from planner.profile import ClusterProfile, ModelProfile
@@ -29,14 +29,12 @@ def run_spatial(
     args: argparse.Namespace, *, spec: ModelSpec, profile: ModelProfile, cluster: ClusterProfile, lr_schedule
 ) -> int:
     """Search, write the plan, print the summary and the per-layer memory table (which layers split, why)."""
-    from planner.cli.common import memory_fraction_of
-
     from rich.console import Console
     from rich.table import Table
 
+    from planner.cli.common import memory_fraction_of
     from planner.core import save_document
-    from planner.search import plan_spatial_search
-    from planner.search import build_spatial_plan, memory_table
+    from planner.search import build_spatial_plan, memory_table, plan_spatial_search
 
     for key, default, flag in _NOT_APPLICABLE:
         if getattr(args, key, default) not in (default, None):
@@ -49,7 +47,7 @@ def run_spatial(
     result = plan_spatial_search(
         profile,
         sized,
-        n_devices=args.gpus,
+        gpus=args.gpus,
         global_batch=args.global_batch,
         time_limit_s=args.time_limit,
         keep=args.top_k,
@@ -103,10 +101,8 @@ def run_spatial_estimate(args: argparse.Namespace, *, spec: ModelSpec, cluster: 
     from rich.console import Console
     from rich.table import Table
 
+    from planner.cost import SpatialConfig, SpatialOption, check_split, estimate_spatial, split_grid
     from planner.model import volume_layers
-    from planner.cost import check_split, split_grid
-    from planner.cost import SpatialOption
-    from planner.cost import SpatialConfig, estimate_spatial
     from runtime.profiling.model import profile_model_analytic
 
     if args.tp != 1 or args.pp != 1:

@@ -1,9 +1,9 @@
 """The planner's ground floor, imported by every other room and importing none of them.
 
 ``errors`` (:class:`StratagemError`: every message names the value and the fix), ``fileio`` (atomic writes,
-bounded JSON reads, content hashes), ``vocabulary`` (the words of a parallel layout and of precision: the
-``Literal`` types and their values, dtype bytes) and ``constants`` (every calibrated number of the cost model,
-each with its source, one value each).
+bounded JSON reads, content hashes), ``layout`` (:class:`ParallelDims`, the one record of a parallel layout),
+``vocabulary`` (the words of a parallel layout and of precision: the ``Literal`` types and their values, dtype
+bytes) and ``constants`` (every calibrated number of the cost model, each with its source, one value each).
 """
 
 from planner.core.constants import (
@@ -11,8 +11,8 @@ from planner.core.constants import (
     BACKWARD_TRAFFIC_FACTOR,
     CAUSAL_FLASH_WORK_FRACTION,
     CUDA_CONTEXT_BYTES,
-    DDP_BUCKETS_IN_FLIGHT,
     DDP_BUCKET_BYTES,
+    DDP_BUCKETS_IN_FLIGHT,
     DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS,
     DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
     EAGER_OP_OVERHEAD_S,
@@ -49,12 +49,17 @@ from planner.core.fileio import (
     save_document,
     validate_document,
 )
+from planner.core.layout import DEFAULT_AXES, MESH_AXES, MeshAxis, ParallelDims
 from planner.core.vocabulary import (
-    ContextMode,
-    DTYPES,
+    CONTEXT_MODES,
     DTYPE_BYTES,
-    Dtype,
+    DTYPES,
     PRECISIONS,
+    RECOMPUTE_MODES,
+    SCHEDULE_ALIASES,
+    SCHEDULES,
+    ContextMode,
+    Dtype,
     Precision,
     Recompute,
     ScheduleKind,
@@ -65,12 +70,14 @@ __all__ = [
     "ATTENTION_DTYPE",
     "BACKWARD_TRAFFIC_FACTOR",
     "CAUSAL_FLASH_WORK_FRACTION",
+    "CONTEXT_MODES",
     "CUDA_CONTEXT_BYTES",
     "ContextMode",
     "DDP_BUCKETS_IN_FLIGHT",
     "DDP_BUCKET_BYTES",
     "DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS",
     "DEEPSPEED_REDUCE_BUCKET_ELEMENTS",
+    "DEFAULT_AXES",
     "DTYPES",
     "DTYPE_BYTES",
     "Dtype",
@@ -81,13 +88,19 @@ __all__ = [
     "LONG_CAUSAL_FLASH_EFFICIENCY",
     "MAX_MAGNITUDE",
     "MEMORY_BW_EFFICIENCY",
+    "MESH_AXES",
     "MOE_LOAD_IMBALANCE",
     "MOE_ROUTER_IMBALANCE",
+    "MeshAxis",
     "OPTIMIZER_BYTES_PER_PARAM",
     "OPTIMIZER_FLOPS_PER_PARAM",
     "PRECISIONS",
+    "ParallelDims",
     "Precision",
+    "RECOMPUTE_MODES",
     "Recompute",
+    "SCHEDULES",
+    "SCHEDULE_ALIASES",
     "SELENE_FABRIC_LOAD",
     "SELENE_FABRIC_LOAD_SOURCE",
     "STATE_BYTES_PER_PARAM",

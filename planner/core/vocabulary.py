@@ -18,6 +18,14 @@ PRECISIONS: Final[tuple[str, ...]] = get_args(Precision)  # the --precision choi
 
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 SCHEDULES: Final[tuple[str, ...]] = get_args(ScheduleKind)
+# the spellings the CLI and the runs CSV accept for a schedule
+SCHEDULE_ALIASES: Final[dict[str, ScheduleKind]] = {
+    "gpipe": "gpipe",
+    "1f1b": "1f1b",
+    "interleaved": "interleaved_1f1b",
+    "interleaved_1f1b": "interleaved_1f1b",
+    "interleaved-1f1b": "interleaved_1f1b",
+}
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: Final[tuple[str, ...]] = get_args(Recompute)
 TPStyle = Literal["replicate", "split"]

@@ -50,28 +50,9 @@ Rules a mirror of ``estimate`` (the ILP tables) must follow — each is document
   micro-batch to ``T_r`` (a constant per chunk, 0 at dp 1).
 """
 
-from planner.cost.collectives import collective_time
-from planner.cost.compute import full_saved_bytes, layer_cost, layout_change_cost
-from planner.cost.config import LayerCost, ParallelConfig
-from planner.cost.estimate import dp_collective_time, estimate
-from planner.cost.framework import chunk_overhead_s, dp_wrapper, layer_overhead_s, timings_scale
-from planner.cost.memory import MemoryBreakdown, ModelStates, model_states_bytes
-from planner.cost.pipeline import inflight_microbatches, pipeline_step_time
-from planner.cost.placement import (
-    ReplicaSet,
-    assign_chunks,
-    dp_group,
-    proportional_shares,
-    replica_sets,
-    tp_group,
-    with_gpus,
-)
-from planner.cost.records import ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
-from planner.cost.validate import replica_micro_batches
-
-from planner.cost.collectives import Algorithm
-from planner.cost.compute import SYNC_PROBE_BYTES, working_set_bytes
-from planner.cost.config import MemorySemantics
+from planner.cost.collectives import Algorithm, collective_time
+from planner.cost.compute import SYNC_PROBE_BYTES, full_saved_bytes, layer_cost, layout_change_cost, working_set_bytes
+from planner.cost.config import LayerCost, MemorySemantics, ParallelConfig
 from planner.cost.context import (
     ContextParallelError,
     KVExchange,
@@ -80,16 +61,21 @@ from planner.cost.context import (
     context_view,
     cp_degrees,
     fold,
+    fold_parts,
     kv_bytes_per_sample,
     kv_exchange,
     unfold,
 )
-from planner.cost.estimate import timings_apply
+from planner.cost.estimate import dp_collective_time, estimate, timings_apply
+from planner.cost.framework import chunk_overhead_s, dp_wrapper, layer_overhead_s, timings_scale
 from planner.cost.kernels import Device, contention, gemm_s, layer_kernels, op_backward, optimizer_step_s
 from planner.cost.memory import (
+    MemoryBreakdown,
+    ModelStates,
     SweepRun,
     backward_sweep,
     block_unit_bytes,
+    model_states_bytes,
     optimizer_bytes_per_param,
     peak_moments,
     precision_kind,
@@ -110,19 +96,27 @@ from planner.cost.moe import (
     remote_nodes_per_token,
     require_all_to_all,
 )
-from planner.cost.pipeline import pipeline_aliases_input
+from planner.cost.pipeline import inflight_microbatches, pipeline_aliases_input, pipeline_step_time
 from planner.cost.placement import (
     GroupShape,
+    ReplicaSet,
+    assign_chunks,
     block_count,
+    dp_group,
     fill_stage_node_types,
     interleaved_chunk_sizes,
+    proportional_shares,
     replica_sends_cross_nodes,
+    replica_sets,
+    tp_group,
+    with_gpus,
 )
 from planner.cost.plan_config import plan_config
+from planner.cost.records import ChunkEstimate, Estimate, RankEstimate, ReplicaTypeEstimate
 from planner.cost.spatial import (
+    UNSPLIT,
     SpatialOption,
     SpatialSplitError,
-    UNSPLIT,
     check_split,
     crosses_nodes,
     halo_exchange,
@@ -130,7 +124,7 @@ from planner.cost.spatial import (
     split_grid,
 )
 from planner.cost.spatial_plan import SpatialConfig, SpatialCosts, SpatialEstimate, estimate_spatial
-from planner.cost.validate import check_config
+from planner.cost.validate import check_config, replica_micro_batches
 from planner.cost.zero3 import (
     deepspeed_buckets,
     fsdp_call_latency_s,
@@ -140,6 +134,7 @@ from planner.cost.zero3 import (
 )
 
 __all__ = [
+    "fold_parts",
     "Algorithm",
     "ChunkEstimate",
     "ContextParallelError",

@@ -37,9 +37,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from planner.profile import bus_factor
 from planner.core import StratagemError
-from planner.profile import ClusterProfile, CollectiveFit, NodeType
+from planner.profile import ClusterProfile, CollectiveFit, NodeType, bus_factor
 
 if TYPE_CHECKING:
     from planner.cost.placement import GroupShape

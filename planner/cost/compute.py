@@ -27,27 +27,28 @@ collectives; its gradients are averaged over the ``dp x tp`` group (``estimate``
 
 from __future__ import annotations
 
-from planner.cost.collectives import collective_time
 from typing import Any
 
-from planner.cost.config import LayerCost
-from planner.core import Recompute, TPStyle
 from planner.core import (
-    BACKWARD_TRAFFIC_FACTOR,
     ATTENTION_DTYPE,
+    BACKWARD_TRAFFIC_FACTOR,
     CAUSAL_FLASH_WORK_FRACTION,
+    DTYPE_BYTES,
     FP8_GEMM_PEAK_FRACTION,
     LONG_CAUSAL_FLASH_EFFICIENCY,
-    gpu_family,
     MEMORY_BW_EFFICIENCY,
     TRAFFIC_PER_SAVED_BYTE,
+    Recompute,
+    StratagemError,
+    TPStyle,
+    gpu_family,
 )
-from planner.core import DTYPE_BYTES
+from planner.cost.collectives import collective_time
+from planner.cost.config import LayerCost
 from planner.cost.context import ExchangeCost, KVExchange, exchange_cost
 from planner.cost.framework import DPWrapper, layer_overhead_s
 from planner.cost.kernels import FLASH_BACKWARD_FLOPS_FACTOR, Device, contention, layer_kernels
 from planner.cost.placement import layer_recompute, layer_style
-from planner.core import StratagemError
 from planner.profile import ClusterProfile, ComputeFigure, LayerProfile, LayerTiming, NodeType, ShardProfile
 
 # message size of the after-compute latency probe (runtime/profiling/sync_latency.py: 256 fp32 elements)

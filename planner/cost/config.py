@@ -11,8 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Mapping
 
-from planner.core import DDP_BUCKET_BYTES, MOE_LOAD_IMBALANCE
-from planner.core import ContextMode, Recompute, ScheduleKind, TPStyle
+from planner.core import (
+    DDP_BUCKET_BYTES,
+    MOE_LOAD_IMBALANCE,
+    ContextMode,
+    ParallelDims,
+    Recompute,
+    ScheduleKind,
+    TPStyle,
+)
 
 __all__ = ["ContextMode", "LayerCost", "MemorySemantics", "ParallelConfig", "Recompute", "ScheduleKind", "TPStyle"]
 
@@ -47,14 +54,14 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     dp: int = 1
-    # Context parallelism (``planner.cost.context``): the sequence split over ``cp`` ranks, K/V exchanged by
-    # all-gather or ring (None when cp == 1). ``kv_exchange`` is set only on the folded configuration
-    # ``context.fold`` builds (dp * cp ranks on the per-rank view of the model); leave it None.
     # whose memory the estimate prices (planner.cost.memory): "fsdp2", what `stratagem launch` and torchtitan
     # hold (FSDP2's gathered weights, gradients as they exist at the peak); "textbook", what Megatron-LM and
     # DeepSpeed hold (ZeRO's model states with gradients through the step, DDP gradient buckets). The search
     # plans with the default; exports and --compare-to price a framework's config with its own.
     memory_semantics: MemorySemantics = "fsdp2"
+    # Context parallelism (``planner.cost.context``): the sequence split over ``cp`` ranks, K/V exchanged by
+    # all-gather or ring (None when cp == 1). ``kv_exchange`` is set only on the folded configuration
+    # ``context.fold`` builds (dp * cp ranks on the per-rank view of the model); leave it None.
     cp: int = 1
     context_parallel: ContextMode | None = None
     kv_exchange: KVExchange | None = None
@@ -130,7 +137,13 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
+        """``tp x pp x dp x cp`` ranks (read before the layout is validated, so no :attr:`parallel_dims`)."""
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """The configuration's degrees as the one layout record (:class:`planner.core.ParallelDims`)."""
+        return ParallelDims.with_axes(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

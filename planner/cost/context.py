@@ -39,23 +39,17 @@ group exactly the folded ``dp * cp`` group (``tp`` apart), so the data-parallel 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any
 
-from typing import TYPE_CHECKING
-
+from planner.core import ATTENTION_DTYPE, CONTEXT_MODES, DTYPE_BYTES, ContextMode, StratagemError
 from planner.cost.collectives import collective_time
-from planner.core import ContextMode
 from planner.cost.config import ParallelConfig
-from planner.core import ATTENTION_DTYPE
-from planner.core import DTYPE_BYTES
 from planner.cost.placement import dp_group
-from planner.core import StratagemError
 from planner.profile import ClusterProfile, LayerProfile, LayerTiming, ModelProfile, NodeType, OpProfile, ShardProfile
 
 if TYPE_CHECKING:
     from planner.model import ModelSpec
 
-CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
 # Model families whose attention the runtime can split (runtime/executor/context.py): the zoo's gpt and llama.
 CONTEXT_FAMILIES = ("gpt", "llama")
 
@@ -245,29 +239,34 @@ def exchange_cost(
 def fold(config: ParallelConfig, model: ModelProfile, global_batch: int) -> tuple[ModelProfile, ParallelConfig, int]:
     """(view, folded config, folded global batch): ``config`` with ``cp > 1`` as a ``dp * cp`` configuration
     on :func:`context_view` (module docstring). ``config`` is a ``planner.cost.ParallelConfig``."""
-    mode = config.context_parallel or "allgather"
-    check_context(model, config.cp, mode)
     if config.batch_shares is not None or config.replica_node_types is not None:
         raise ContextParallelError(
             "context parallelism with uneven batch shares or per-replica node types is not modelled; use --cp 1 "
             "on mixed clusters"
         )
-    folded = replace(
-        config,
-        dp=config.dp * config.cp,
-        cp=1,
-        context_parallel=None,
-        kv_exchange=kv_exchange(model, config.cp, mode),
-    )
-    return context_view(model, config.cp), folded, global_batch * config.cp
+    view, exchange, batch = fold_parts(model, config.cp, config.context_parallel, global_batch)
+    folded = replace(config, dp=config.dp * config.cp, cp=1, context_parallel=None, kv_exchange=exchange)
+    return view, folded, batch
 
 
-def cp_degrees(model: ModelProfile, n_devices: int) -> tuple[int, ...]:
-    """Context-parallel degrees the search may try: 1, and every divisor of ``n_devices`` whose ``2 cp``
+def fold_parts(
+    model: ModelProfile, cp: int, mode: str | None, global_batch: int, *, view: ModelProfile | None = None
+) -> tuple[ModelProfile, KVExchange, int]:
+    """The model side of the fold, shared by :func:`fold` and the search (``planner.search.costs``): the per-rank
+    view of ``model`` (``view`` when the caller has it already), the K/V exchange of ``mode`` (None: all-gather)
+    and the folded global batch ``B cp``. The degrees fold as ``dp -> dp cp, cp -> 1`` on the caller's record."""
+    mode = mode or "allgather"
+    check_context(model, cp, mode)
+    exchange = kv_exchange(model, cp, mode)  # type: ignore[arg-type]
+    return view if view is not None else context_view(model, cp), exchange, global_batch * cp
+
+
+def cp_degrees(model: ModelProfile, gpus: int) -> tuple[int, ...]:
+    """Context-parallel degrees the search may try: 1, and every divisor of ``gpus`` whose ``2 cp``
     chunks split the sequence evenly, for models whose attention the runtime can split."""
     if model.model.family not in CONTEXT_FAMILIES or model.seq_len <= 1:
         return (1,)
-    return tuple(cp for cp in range(1, n_devices + 1) if n_devices % cp == 0 and model.seq_len % (2 * cp) == 0) or (1,)
+    return tuple(cp for cp in range(1, gpus + 1) if gpus % cp == 0 and model.seq_len % (2 * cp) == 0) or (1,)
 
 
 def unfold(folded: ParallelConfig, cp: int, mode: str | None) -> ParallelConfig:
@@ -279,10 +278,10 @@ def unfold(folded: ParallelConfig, cp: int, mode: str | None) -> ParallelConfig:
 
 def plan_context_fields(plan) -> dict:
     """The :class:`ParallelConfig` fields of a ``planner.plan.schema.Plan`` that context parallelism and the attention
-    kernel set (cp, its K/V exchange, flash attention with causal skipping): what its predictions assumed."""
+    kernel set (its K/V exchange, flash attention with causal skipping; the degree is in ``plan.parallel_dims``):
+    what its predictions assumed."""
     cp = plan.mesh.size("cp")
     return dict(
-        cp=cp,
         context_parallel=plan.context_parallel if cp > 1 else None,
         flash_attention=plan.flash_attention,
         causal_skip=plan.flash_attention,

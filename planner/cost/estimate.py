@@ -48,14 +48,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from planner.core import (
+    DDP_BUCKETS_IN_FLIGHT,
+    STATE_BYTES_PER_PARAM,
+    ZERO3_LAYERS_IN_FLIGHT,
+    Recompute,
+    TPStyle,
+    is_gpu,
+)
 from planner.cost.collectives import collective_time, group_collective_s
 from planner.cost.compute import layer_cost, layer_working_set_bytes, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig
-from planner.core import Recompute, TPStyle
 from planner.cost.context import fold
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
 from planner.cost.kernels import contention, optimizer_step_s
-from planner.core import DDP_BUCKETS_IN_FLIGHT, STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT, is_gpu
 from planner.cost.memory import (
     Moment,
     SweepRun,
@@ -658,7 +664,7 @@ def _finish(
         hardware_tflops_per_gpu=hardware_flops / step_s / world / 1e12,
         mfu=model_flops / step_s / peak_flops,
         hfu=hardware_flops / step_s / peak_flops,
-        peak_mem_bytes=max(rk.memory.peak_bytes for rk in all_ranks),
+        peak_memory_bytes=max(rk.memory.peak_bytes for rk in all_ranks),
         fits_in_memory=all(rk.memory.peak_bytes <= rk.memory.capacity for rk in all_ranks),
         breakdown_s=breakdown_s,
         per_stage=tuple(chunks),

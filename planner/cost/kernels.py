@@ -39,8 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.core import DTYPE_BYTES
-from planner.core import MEMORY_BW_EFFICIENCY, OPTIMIZER_FLOPS_PER_PARAM
+from planner.core import DTYPE_BYTES, MEMORY_BW_EFFICIENCY, OPTIMIZER_FLOPS_PER_PARAM
 from planner.profile import KernelModel, NodeType, OpProfile
 
 SPLIT_K = (1, 2, 4)  # split-K factors the model lets the library choose from (CUTLASS split-K parallel)

@@ -50,8 +50,8 @@ from planner.core import (
     OPTIMIZER_BYTES_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     TORCH_ADAMW_BYTES_PER_PARAM,
+    StratagemError,
 )
-from planner.core import StratagemError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

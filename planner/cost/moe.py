@@ -59,21 +59,22 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from planner.cost.collectives import group_collective_s, inter_node_bw
-from planner.cost.config import LayerCost, MemorySemantics
-from planner.core import Recompute
-from planner.core import DTYPE_BYTES
 from planner.core import (
+    ParallelDims,
+    DTYPE_BYTES,
     MEMORY_BW_EFFICIENCY,
     MOE_LOAD_IMBALANCE,
     MOE_ROUTER_IMBALANCE,
     OPTIMIZER_BYTES_PER_PARAM,
     STATE_BYTES_PER_PARAM,
+    Recompute,
+    StratagemError,
 )
+from planner.cost.collectives import group_collective_s, inter_node_bw
+from planner.cost.config import LayerCost, MemorySemantics
 from planner.cost.kernels import Device, PassTime, contention, gemm_s, optimizer_step_s
 from planner.cost.memory import expert_runtime_states, model_states_bytes, precision_kind, runtime_states
 from planner.cost.placement import GroupShape, dp_group, tp_group
-from planner.core import StratagemError
 from planner.profile import ClusterProfile, CollectiveFit, ExpertProfile, LayerProfile, NodeType
 
 Dispatcher = Literal["alltoall", "deepep"]
@@ -101,7 +102,7 @@ class ExpertSplit:
 
     @property
     def edp(self) -> int:
-        return self.dp * self.tp // (self.ep * self.etp)
+        return ParallelDims(dp=self.dp, tp=self.tp, ep=self.ep, etp=self.etp).edp
 
 
 def ep_group(ep: int, etp: int, devices_per_node: int) -> GroupShape:

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.core import StratagemError
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+from planner.core import SCHEDULES, StratagemError
 
 
 def _check(schedule: str, pp: int, num_micro_batches: int, virtual_stages: int) -> None:

@@ -13,9 +13,8 @@ import logging
 import math
 from dataclasses import dataclass, replace
 
+from planner.core import Recompute, StratagemError, TPStyle
 from planner.cost.config import ParallelConfig
-from planner.core import Recompute, TPStyle
-from planner.core import StratagemError
 from planner.profile import ClusterProfile, LayerProfile, ModelProfile, NodeGroup
 
 log = logging.getLogger(__name__)

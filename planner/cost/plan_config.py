@@ -4,9 +4,9 @@ plan is priced the same everywhere."""
 
 from __future__ import annotations
 
+from planner.core import MOE_LOAD_IMBALANCE
 from planner.cost.config import ParallelConfig
 from planner.cost.context import plan_context_fields
-from planner.core import MOE_LOAD_IMBALANCE
 from planner.plan import Plan
 
 
@@ -27,9 +27,7 @@ def plan_config(plan: Plan, *, overlap_grad_reduce: bool = True) -> ParallelConf
         else tuple(next(s.node_type for s in stages if s.pp_rank == r) for r in range(pp))
     )
     return ParallelConfig(
-        tp=plan.mesh.size("tp"),
-        pp=pp,
-        dp=plan.mesh.size("dp"),
+        **plan.parallel_dims.degrees(),
         micro_batch=plan.schedule.micro_batch_size,
         num_micro_batches=plan.schedule.max_micro_batches,
         schedule=plan.schedule.kind if pp > 1 else "1f1b",
@@ -43,8 +41,6 @@ def plan_config(plan: Plan, *, overlap_grad_reduce: bool = True) -> ParallelConf
         batch_shares=tuple(plan.batch_shares) if plan.batch_shares else None,
         replica_node_types=tuple(plan.replica_node_types) if plan.replica_node_types else None,
         overlap_grad_reduce=overlap_grad_reduce,
-        ep=plan.experts.ep if plan.experts else 1,
-        etp=plan.experts.etp if plan.experts else 1,
         moe_load_imbalance=plan.experts.load_imbalance if plan.experts else MOE_LOAD_IMBALANCE,
         **plan_context_fields(plan),
     )

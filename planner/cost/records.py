@@ -112,7 +112,7 @@ class Estimate:
     hardware_tflops_per_gpu: float
     mfu: float
     hfu: float
-    peak_mem_bytes: float
+    peak_memory_bytes: float
     fits_in_memory: bool
     breakdown_s: dict[str, float]
     per_stage: tuple[ChunkEstimate, ...]
@@ -133,7 +133,7 @@ class Estimate:
             model_tflops_per_gpu=self.model_tflops_per_gpu,
             hardware_tflops_per_gpu=self.hardware_tflops_per_gpu,
             mfu=self.mfu,
-            peak_memory_bytes=self.peak_mem_bytes,
+            peak_memory_bytes=self.peak_memory_bytes,
             breakdown_s=dict(self.breakdown_s),
             stages=_stage_predictions(self.per_stage, self.per_rank),
             per_replica_type=[

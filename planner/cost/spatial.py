@@ -43,11 +43,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.model import VolumeLayer, norm_groups
+from planner.core import DTYPE_BYTES, StratagemError
 from planner.cost.collectives import collective_time
 from planner.cost.compute import layer_cost
-from planner.core import DTYPE_BYTES
-from planner.core import StratagemError
+from planner.model import VolumeLayer, norm_groups
 from planner.profile import ClusterProfile, LayerProfile, NodeType
 
 SPATIAL_DIMS = ("d", "h", "w")

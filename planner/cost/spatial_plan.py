@@ -24,13 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from planner.model import VolumeLayer, volume_layers
+from planner.core import DTYPE_BYTES, StratagemError, is_gpu
 from planner.cost.collectives import collective_time
-from planner.core import DTYPE_BYTES
-from planner.core import is_gpu
 from planner.cost.memory import model_states_bytes, reserve_bytes
 from planner.cost.spatial import UNSPLIT, SpatialLayerCost, SpatialOption, spatial_layer_cost
-from planner.core import StratagemError
+from planner.model import VolumeLayer, volume_layers
 from planner.profile import ClusterProfile, ModelProfile, NodeType
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
-from planner.cost.config import ParallelConfig
-from planner.cost.pipeline import SCHEDULES
-from planner.cost.placement import block_count, interleaved_chunk_sizes
 from planner.core import StratagemError
+from planner.cost.config import ParallelConfig
+from planner.core import SCHEDULES
+from planner.cost.placement import block_count, interleaved_chunk_sizes
 from planner.plan import check_expert_layout, split_counts
 from planner.profile import ClusterProfile, ModelProfile
 

@@ -94,15 +94,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost.collectives import group_collective_s
-from planner.cost.compute import SYNC_PROBE_BYTES
-from planner.cost.config import LayerCost, ParallelConfig
 from planner.core import (
     DEEPSPEED_PERSISTENCE_THRESHOLD_ELEMENTS,
     DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
     EAGER_OP_OVERHEAD_S,
     MEMORY_BW_EFFICIENCY,
 )
+from planner.cost.collectives import group_collective_s
+from planner.cost.compute import SYNC_PROBE_BYTES
+from planner.cost.config import LayerCost, ParallelConfig
 from planner.cost.kernels import contention
 from planner.cost.placement import GroupShape
 from planner.profile import ClusterProfile, LayerProfile, NodeType

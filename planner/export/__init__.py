@@ -11,7 +11,7 @@ from planner.export.api import compare, estimate_config, export_plan, import_con
 from planner.export.deepspeed import TOP_LEVEL_KEYS, ZERO_KEYS
 from planner.export.megatron import parse
 from planner.export.nearest import CAPABILITIES, nearest_candidates
-from planner.export.settings import FRAMEWORKS, FRAMEWORK_MEMORY, FrameworkSettings, chunk_paths, to_parallel_config
+from planner.export.settings import FRAMEWORK_MEMORY, FRAMEWORKS, FrameworkSettings, chunk_paths, to_parallel_config
 
 __all__ = [
     "CAPABILITIES",

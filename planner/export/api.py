@@ -10,11 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from types import ModuleType
 
-from planner.cost import plan_config
-from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.cost import fill_stage_node_types
-from planner.cost import Estimate
 from planner.core import StratagemError
+from planner.cost import Estimate, ParallelConfig, estimate, fill_stage_node_types, plan_config, with_gpus
 from planner.export import accelerate, deepspeed, megatron, torchtitan
 from planner.export.nearest import Change, nearest_candidates
 from planner.export.settings import FRAMEWORKS, FrameworkSettings, to_parallel_config
@@ -74,9 +71,9 @@ class Export:
         p, e = self.plan_estimate, self.exported_estimate
         gib = 2**30
         lines = [
-            f"plan (cost model): step {p.step_time_s:.4g} s, peak {p.peak_mem_bytes / gib:.2f} GiB per GPU",
+            f"plan (cost model): step {p.step_time_s:.4g} s, peak {p.peak_memory_bytes / gib:.2f} GiB per GPU",
             f"this {self.framework} config (cost model): step {e.step_time_s:.4g} s "
-            f"({(e.step_time_s / p.step_time_s - 1) * 100:+.1f} %), peak {e.peak_mem_bytes / gib:.2f} GiB"
+            f"({(e.step_time_s / p.step_time_s - 1) * 100:+.1f} %), peak {e.peak_memory_bytes / gib:.2f} GiB"
             + ("" if e.fits_in_memory else " - DOES NOT FIT in device memory"),
         ]
         if self.changes:
@@ -103,7 +100,7 @@ def _fastest_that_fits(candidates, *, profile: ModelProfile, cluster: ClusterPro
         chosen = [c for c in scored if keep(c[2])]
         if chosen:
             return min(chosen, key=lambda c: c[2].step_time_s)
-    return min(scored, key=lambda c: c[2].peak_mem_bytes)
+    return min(scored, key=lambda c: c[2].peak_memory_bytes)
 
 
 def export_plan(plan: Plan, framework: str, *, profile: ModelProfile, cluster: ClusterProfile) -> Export:

@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 from typing import overload
 
-from planner.core import StratagemError
-from planner.core import Recompute
+from planner.core import Recompute, StratagemError
 from planner.export.settings import FrameworkSettings, check_settings
 from planner.plan import LRSchedule, peak_lr
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from planner.core import StratagemError
+from planner.core import ScheduleKind, StratagemError
 from planner.export.settings import FrameworkSettings
 from planner.plan import Plan
-from planner.core import ScheduleKind
 from planner.profile import ModelProfile
 
 

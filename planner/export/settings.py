@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.core import ParallelDims, Recompute, ScheduleKind, StratagemError
 from planner.cost import MemorySemantics, ParallelConfig
-from planner.core import Recompute, ScheduleKind
-from planner.core import StratagemError
 from planner.model import ModelSpec
 from planner.plan import LRSchedule
 
@@ -63,7 +62,13 @@ class FrameworkSettings:
 
     @property
     def world_size(self) -> int:
+        """``tp x pp x dp x cp`` ranks (read before the layout is validated, so no :attr:`parallel_dims`)."""
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """The framework config's degrees as the one layout record (:class:`planner.core.ParallelDims`)."""
+        return ParallelDims.with_axes(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
 
     @property
     def num_micro_batches(self) -> int:
@@ -191,9 +196,7 @@ def to_parallel_config(
         }
     return ParallelConfig(
         memory_semantics=FRAMEWORK_MEMORY.get(framework or "", "fsdp2"),
-        tp=s.tp,
-        pp=s.pp,
-        dp=s.dp,
+        **s.parallel_dims.degrees(),
         micro_batch=s.micro_batch,
         num_micro_batches=s.num_micro_batches,
         schedule=s.schedule,
@@ -203,10 +206,7 @@ def to_parallel_config(
         recompute=recompute,
         stage_layers=tuple(tuple(c) for c in chunks) if chunks is not None and explicit else None,
         overlap_grad_reduce=s.overlap_grad_reduce,
-        cp=s.cp,
         context_parallel=(s.context_parallel or "ring") if s.cp > 1 else None,  # type: ignore[arg-type]
         flash_attention=s.flash_attention,
         causal_skip=s.flash_attention,
-        ep=s.ep,
-        etp=s.etp,
     )

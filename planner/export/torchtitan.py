@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import ast
 
-from planner.core import StratagemError
+from planner.core import ScheduleKind, StratagemError
 from planner.export.settings import FrameworkSettings, check_settings
 from planner.model import ModelSpec, ffn_width
-from planner.core import ScheduleKind
 from planner.plan import LRSchedule, peak_lr
 
 SOURCE = "torchtitan config"

@@ -19,6 +19,7 @@ The plans say so in their ``planner_version`` and search notes; they illustrate,
 
 from __future__ import annotations
 
+from planner.core import ScheduleKind
 from planner.inspect.timeline import StageCost, simulate
 from planner.model import ModelSpec
 from planner.plan import (
@@ -27,14 +28,13 @@ from planner.plan import (
     Mesh,
     Plan,
     Predictions,
-    make_schedule,
     SearchRecord,
     Stage,
     StagePrediction,
     TrainingSettings,
     costed,
+    make_schedule,
 )
-from planner.core import ScheduleKind
 
 GIB = 2**30
 A100_BF16_PEAK_FLOPS_PER_S = 312e12  # NVIDIA A100 datasheet, dense 16-bit (benchmarks/data/hardware_specs.csv)

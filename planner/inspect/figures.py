@@ -15,8 +15,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from planner.inspect.fig_spatial import is_spatial, plot_spatial_placement
 from planner.core import StratagemError
+from planner.inspect.fig_spatial import is_spatial, plot_spatial_placement
 from planner.inspect.frames import plan_label, rank_frame, stage_frame
 from planner.inspect.units import bytes_unit, fmt_bytes, time_unit
 from planner.plan import Plan, Predictions

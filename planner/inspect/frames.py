@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from planner.inspect.timeline import Timeline, simulate_plan
-from planner.plan import plan_label, Plan, mesh_coords
+from planner.plan import Plan, mesh_coords, plan_label
 
 MICRO_BATCH_TERMS = ("forward", "backward", "recompute", "tp_comm", "layout", "pp_comm", "ep_comm")
 

@@ -2,10 +2,10 @@
 
 The metrics file (written by ``stratagem launch --metrics``, see ``runtime/executor/metrics.py``) holds one
 JSON object per line: ``{"event": "start"}``, then per step ``step``, ``loss``, ``step_time_s``,
-``tokens_per_s``, peak memory per rank (``peak_memory_bytes_per_rank``, or ``peak_mem_bytes``: a list, a
-``{rank: bytes}`` object or one number) and the plan's ``predicted_*`` figures; a last line with
-``"event": "summary"`` (or ``"summary": true``). A restarted job appends, re-logging steps: the last line
-of each step wins. Unknown scalar fields are kept as columns, so the table follows the file.
+``tokens_per_s``, peak memory per rank (``peak_memory_bytes_per_rank``, or ``peak_memory_bytes``, in older files
+``peak_mem_bytes``: a list, a ``{rank: bytes}`` object or one number) and the plan's ``predicted_*`` figures;
+a last line with ``"event": "summary"`` (or ``"summary": true``). A restarted job appends, re-logging steps: the
+last line of each step wins. Unknown scalar fields are kept as columns, so the table follows the file.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from planner.core import StratagemError
-from planner.core import parse_json, read_text
+from planner.core import StratagemError, parse_json, read_text
 from planner.plan import Plan, predicted_tensor_bytes
 
-PEAK_KEYS = ("peak_mem_bytes", "peak_memory_bytes", "peak_memory_bytes_per_rank")
+PEAK_KEYS = ("peak_mem_bytes", "peak_memory_bytes", "peak_memory_bytes_per_rank")  # peak_mem_bytes: older metrics files
 TENSOR_KEY = "peak_tensor_bytes"  # live tensor bytes per rank, measured in the first step of each launch
 
 
@@ -86,13 +85,13 @@ def _check_step_record(record: dict[str, Any], where: str) -> None:
 
 
 def _flatten(record: dict[str, Any]) -> dict[str, Any]:
-    """Scalars as they are; per-rank peak memory as ``peak_mem_bytes_rank<r>`` plus its maximum."""
+    """Scalars as they are; per-rank peak memory as ``peak_memory_bytes_rank<r>`` plus its maximum."""
     row: dict[str, Any] = {}
     for key, value in record.items():
         if key in PEAK_KEYS:
             per_rank = _per_rank(value)
-            row.update({f"peak_mem_bytes_rank{r}": v for r, v in per_rank.items()})
-            row["peak_mem_bytes_max"] = max(per_rank.values()) if per_rank else math.nan
+            row.update({f"peak_memory_bytes_rank{r}": v for r, v in per_rank.items()})
+            row["peak_memory_bytes_max"] = max(per_rank.values()) if per_rank else math.nan
         elif key == TENSOR_KEY:
             per_rank = _per_rank(value)
             row.update({f"peak_tensor_bytes_rank{r}": v for r, v in per_rank.items()})
@@ -132,7 +131,7 @@ def predicted_vs_measured(
     measured = {
         "step_time_s": _median(steady, "step_time_s"),
         "tokens_per_s": _median(steady, "tokens_per_s"),
-        "peak_memory_bytes": _median(steady, "peak_mem_bytes_max"),
+        "peak_memory_bytes": _median(steady, "peak_memory_bytes_max"),
     }
     if "peak_tensor_bytes_max" in frame and frame["peak_tensor_bytes_max"].notna().any():
         # measured in each launch's first step (steady state: runtime.executor.tensor_memory), so not skipped

@@ -16,8 +16,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from planner.core import StratagemError
-from planner.core import atomic_write_bytes, atomic_write_text
+from planner.core import StratagemError, atomic_write_bytes, atomic_write_text
 from planner.inspect.fig_timeline import plot_timeline
 from planner.inspect.figures import (
     plot_layer_placement,

@@ -3,7 +3,7 @@ configs; ``spec``) and the layer tables of the 3D CNNs (``cnn3d``). No cost, no 
 """
 
 from planner.model.cnn3d import SPATIAL_FAMILIES, VolumeLayer, norm_groups, volume_layers
-from planner.model.spec import DimValue, FAMILY_DEFAULTS, Fidelity, ModelSpec, PRESETS, ffn_width, hf_dims, parse_model
+from planner.model.spec import FAMILY_DEFAULTS, PRESETS, DimValue, Fidelity, ModelSpec, ffn_width, hf_dims, parse_model
 
 __all__ = [
     "DimValue",

@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from planner.model.cnn3d import check_volume
 from planner.core import StratagemError
+from planner.model.cnn3d import check_volume
 
 Family = Literal["gpt", "llama", "moe", "resnet", "mlp", "unet3d", "cosmoflow", "hf", "custom"]
 DimValue = int | float | bool

@@ -8,12 +8,12 @@ carries) and ``comparison`` (the record of a plan compared with another).
 from planner.plan.comparison import ComparisonRecord
 from planner.plan.recipe import LRSchedule, build_lr_schedule, lr_at_step, peak_lr
 from planner.plan.schema import (
+    PLAN_SCHEMA_VERSION,
     Alternative,
     BatchSplit,
     ExpertLayout,
     LayerLayout,
     Mesh,
-    PLAN_SCHEMA_VERSION,
     Plan,
     Predictions,
     ReplicaTypePrediction,

@@ -8,19 +8,31 @@ context-parallel plan uses ``pp, dp, cp, tp`` (the cp group: ``cp`` ranks ``tp``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from planner.plan.comparison import ComparisonRecord
-from planner.core import StratagemError
-from planner.core import content_hash, read_json, save_document, validate_document
+from planner.core import (
+    MESH_AXES,
+    ContextMode,
+    MeshAxis,
+    Dtype,
+    ParallelDims,
+    Recompute,
+    ScheduleKind,
+    StratagemError,
+    TPStyle,
+    content_hash,
+    read_json,
+    save_document,
+    validate_document,
+)
 from planner.model import ModelSpec
-from planner.core import ContextMode, Dtype, Recompute, ScheduleKind, TPStyle
-from planner.profile import StrictModel
+from planner.plan.comparison import ComparisonRecord
 from planner.plan.recipe import LRSchedule
+from planner.profile import StrictModel
 
 PLAN_SCHEMA_VERSION: Final = 3
 # version 2: schedule.micro_batches_per_replica (integers); version 3: it is the only micro-batch count (the
@@ -46,7 +58,7 @@ class TrainingSettings(StrictModel):
 class Mesh(StrictModel):
     """DeviceMesh axes and sizes, outermost first."""
 
-    axes: list[Literal["pp", "dp", "sd", "cp", "tp"]] = Field(
+    axes: list[MeshAxis] = Field(
         ["pp", "dp", "tp"],
         description="'sd': the spatial group of 3D CNN plans (spatial parallelism); 'cp': the context-parallel "
         "group (the sequence split, planner/cost/context.py)",
@@ -68,6 +80,16 @@ class Mesh(StrictModel):
 
     def size(self, axis: str) -> int:
         return self.sizes[self.axes.index(axis)] if axis in self.axes else 1
+
+    @classmethod
+    def of(cls, dims: ParallelDims) -> "Mesh":
+        """The mesh of a layout record: its axes in its order, with their degrees."""
+        return cls(axes=list(dims.axes), sizes=[dims.size(a) for a in dims.axes])
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """The mesh's degrees and order as the one layout record (no expert split: see :attr:`Plan.parallel_dims`)."""
+        return ParallelDims(**{a: self.size(a) for a in self.axes}, axes=tuple(self.axes))
 
 
 class Schedule(StrictModel):
@@ -188,7 +210,7 @@ class ExpertLayout(StrictModel):
 
     def edp(self, *, dp: int, tp: int) -> int:
         """Expert-data-parallel degree: how many copies of each expert shard a stage holds."""
-        return dp * tp // (self.ep * self.etp)
+        return ParallelDims(dp=dp, tp=tp, ep=self.ep, etp=self.etp).edp
 
 
 def check_expert_layout(*, experts: int, ep: int, etp: int, dp: int, tp: int) -> None:
@@ -204,11 +226,7 @@ def check_expert_layout(*, experts: int, ep: int, etp: int, dp: int, tp: int) ->
         raise StratagemError(
             f"{experts} experts do not split over ep={ep}; choose ep dividing the experts ({divisors})"
         )
-    if (dp * tp) % (ep * etp):
-        raise StratagemError(
-            f"ep={ep} x etp={etp} = {ep * etp} does not divide a stage's dp={dp} x tp={tp} = {dp * tp} ranks; "
-            f"choose ep x etp dividing dp x tp"
-        )
+    ParallelDims(dp=dp, tp=tp, ep=ep, etp=etp)  # ep x etp divides dp x tp (the one place that rule is written)
 
 
 def hf_routed_experts(config: dict) -> int:
@@ -430,6 +448,12 @@ class Plan(StrictModel):
     @property
     def world_size(self) -> int:
         return self.mesh.world_size
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """The plan's layout as the one layout record (mesh degrees and order, and the expert split)."""
+        experts = self.experts
+        return replace(self.mesh.parallel_dims, ep=experts.ep if experts else 1, etp=experts.etp if experts else 1)
 
 
 Alternative.model_rebuild()
@@ -748,7 +772,4 @@ def mesh_coords(mesh: Mesh, rank: int) -> dict[str, int]:
     >>> mesh_coords(Mesh(axes=["dp", "pp", "tp"], sizes=[2, 2, 2]), 5)
     {'pp': 0, 'dp': 1, 'sd': 0, 'cp': 0, 'tp': 1}
     """
-    out = dict.fromkeys(("pp", "dp", "sd", "cp", "tp"), 0)
-    for axis, size in zip(reversed(mesh.axes), reversed(mesh.sizes)):
-        out[axis], rank = rank % size, rank // size
-    return out
+    return {**dict.fromkeys(MESH_AXES, 0), **mesh.parallel_dims.coords(rank)}

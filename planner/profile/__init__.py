@@ -12,13 +12,13 @@ from planner.profile.alphabeta import bus_factor, fit_alpha_beta
 from planner.profile.gpt import build_gpt_profile
 from planner.profile.hardware_catalog import build_catalog
 from planner.profile.load import (
-    CollectiveNeed,
-    CollectiveSample,
     DTYPE_HELP,
-    FabricLoad,
-    ModelProfile,
     PRECISION_HELP,
     PROFILES_DIR,
+    CollectiveNeed,
+    CollectiveSample,
+    FabricLoad,
+    ModelProfile,
     Provenance,
     TimingStats,
     default_dtype,

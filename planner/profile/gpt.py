@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import math
 
-from planner.profile.autocast import SOURCES as AUTOCAST_SOURCES, autocast_layers
-from planner.core import DTYPE_BYTES
-from planner.core import StratagemError
+from planner.core import DTYPE_BYTES, Precision, StratagemError
 from planner.model import ModelSpec
+from planner.profile.autocast import SOURCES as AUTOCAST_SOURCES
+from planner.profile.autocast import autocast_layers
 from planner.profile.moe import build_moe_profile
+from planner.profile.schema import LayerProfile, ModelProfile
 from planner.profile.transformer_layers import (
     SOURCES,
     analytic_profile,
@@ -49,8 +50,6 @@ from planner.profile.transformer_layers import (
     head_layer,
     norm_layer,
 )
-from planner.profile.schema import LayerProfile, ModelProfile
-from planner.core import Precision
 
 __all__ = ["SOURCES", "analytic_profile", "build_gpt_profile", "default_tp_degrees"]
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from planner.core import StratagemError
-from planner.core import content_hash
+from planner.core import StratagemError, content_hash
 from planner.profile.hardware_catalog import default_kernel_model
 
 

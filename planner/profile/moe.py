@@ -23,10 +23,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.core import DTYPE_BYTES
-from planner.core import StratagemError
+from planner.core import DTYPE_BYTES, StratagemError
+from planner.model import ModelSpec
+from planner.profile.schema import CollectiveNeed, ExpertProfile, LayerProfile, ModelProfile, ShardProfile
 from planner.profile.transformer_layers import (
     SOURCES as DENSE_SOURCES,
+)
+from planner.profile.transformer_layers import (
     Dims,
     analytic_profile,
     block_collectives,
@@ -37,8 +40,6 @@ from planner.profile.transformer_layers import (
     head_layer,
     norm_layer,
 )
-from planner.model import ModelSpec
-from planner.profile.schema import CollectiveNeed, ExpertProfile, LayerProfile, ModelProfile, ShardProfile
 
 SOURCES = [
     *DENSE_SOURCES,

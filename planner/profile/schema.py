@@ -21,8 +21,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
 
-from planner.core import MAX_MAGNITUDE, save_document
-from planner.core import Dtype, Precision
+from planner.core import MAX_MAGNITUDE, Dtype, Precision, save_document
 from planner.model import ModelSpec
 
 # The shipped cluster and model profiles: package data of ``planner`` (``planner/shipped_profiles`` links to the

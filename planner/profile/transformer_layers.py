@@ -9,8 +9,7 @@ import math
 from dataclasses import dataclass
 
 from planner import __version__
-from planner.core import DTYPE_BYTES
-from planner.core import StratagemError
+from planner.core import DTYPE_BYTES, StratagemError
 from planner.model import ModelSpec, ffn_width
 from planner.profile.schema import (
     CollectiveNeed,

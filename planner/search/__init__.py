@@ -4,31 +4,27 @@ types), exact under ``planner.cost.estimate``.
 
 Public API::
 
-    plan_search(profile, cluster, *, n_devices, global_batch, config, progress=None) -> SearchResult
+    plan_search(profile, cluster, *, gpus, global_batch, config, progress=None) -> SearchResult
     build_plan(result, *, model, profile, cluster, training) -> planner.plan.schema.Plan
     SearchConfig(time_limit_s=30, gap_rel=0, threads=1, top_k=5, allow=..., memory_fraction=0.9, ...)
-    grid_search(profile, cluster, *, n_devices, global_batch) -> GridResult   (Megatron-style baseline)
+    grid_search(profile, cluster, *, gpus, global_batch) -> GridResult   (Megatron-style baseline)
 
 Modules: ``space`` (outer choices, lower bounds), ``costs`` (coefficients from the cost model), ``tables``
 (the coefficients and their closed-form evaluation), ``ilp`` / ``ilp_terms`` / ``ilp_cuts`` (the program),
 ``brute`` (enumeration for tests), ``planner`` (the driver), ``plan_file`` (the Plan), ``grid``.
 """
 
-from planner.search.config import SearchConfig
-from planner.search.grid import grid_search
-from planner.search.plan_file import build_plan
-from planner.search.planner import SearchResult, plan_search
-
 from planner.search.brute import brute_force_tables, iter_layer_assignments, to_assignment
 from planner.search.cbc import Problem, SolveResult
-from planner.search.config import ALL_DIMENSIONS, DEFAULT_DIMENSIONS, parse_allow
+from planner.search.config import ALL_DIMENSIONS, DEFAULT_DIMENSIONS, SearchConfig, parse_allow
 from planner.search.context_table import best_per_cp, format_cp_table
 from planner.search.costs import CandidateCosts
+from planner.search.grid import grid_search
 from planner.search.ilp import IncompleteAssignment, build_problem, check_complete, extract_assignment, solve
 from planner.search.ilp_terms import COEF_MAX, COEF_MIN, ScalingError, check_scaling
 from planner.search.pins import PIN_FLAGS, apply_pins, pins_note
-from planner.search.plan_file import stage_ranks
-from planner.search.planner import check_exact, fallback_candidate
+from planner.search.plan_file import build_plan, stage_ranks
+from planner.search.planner import SearchResult, check_exact, fallback_candidate, plan_search
 from planner.search.space import (
     OuterChoice,
     devices_by_type,

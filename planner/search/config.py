@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.core import MOE_LOAD_IMBALANCE, SettingError
 from planner.cost import MemorySemantics
-from planner.core import MOE_LOAD_IMBALANCE
-from planner.core import SettingError
 
 # Every dimension `--allow` can name. Absent from the set = that dimension stays at its trivial value.
 ALL_DIMENSIONS = (

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner.cost import cp_degrees
-from planner.search.planner import plan_search
 from planner.core import StratagemError
+from planner.cost import cp_degrees
 from planner.profile import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
+from planner.search.planner import plan_search
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -26,7 +26,7 @@ class CpRow:
     cp: int
     summary: str | None
     step_s: float
-    peak_mem_bytes: float
+    peak_memory_bytes: float
     activation_bytes: float
     status: str
     search_s: float
@@ -34,14 +34,14 @@ class CpRow:
 
 
 def best_per_cp(
-    profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int, config: SearchConfig
+    profile: ModelProfile, cluster: ClusterProfile, *, gpus: int, global_batch: int, config: SearchConfig
 ) -> list[CpRow]:
     """One :class:`CpRow` per cp degree the model, sequence and devices allow (``cp_degrees``)."""
     rows = []
-    for cp in cp_degrees(profile, n_devices):
+    for cp in cp_degrees(profile, gpus):
         try:
             result = plan_search(
-                profile, cluster, n_devices=n_devices, global_batch=global_batch, config=replace(config, cp=cp, top_k=1)
+                profile, cluster, gpus=gpus, global_batch=global_batch, config=replace(config, cp=cp, top_k=1)
             )
         except StratagemError as exc:
             rows.append(
@@ -49,7 +49,7 @@ def best_per_cp(
                     cp=cp,
                     summary=None,
                     step_s=math.inf,
-                    peak_mem_bytes=math.nan,
+                    peak_memory_bytes=math.nan,
                     activation_bytes=math.nan,
                     status="no plan",
                     search_s=0.0,
@@ -63,7 +63,7 @@ def best_per_cp(
                 cp=cp,
                 summary=result.best.outer.summary(),
                 step_s=result.best.step_s,
-                peak_mem_bytes=est.peak_mem_bytes,
+                peak_memory_bytes=est.peak_memory_bytes,
                 activation_bytes=max(rk.memory.activations for rk in est.per_rank),
                 status=result.status if result.status == "optimal" else f"{result.status} gap<={result.gap:.2%}",
                 search_s=result.wall_time_s,
@@ -85,7 +85,7 @@ def format_cp_table(rows: list[CpRow]) -> list[str]:
             continue
         mark = " <- chosen" if r.step_s == best else ""
         lines.append(
-            f"{r.cp:4d} {r.step_s:9.3f} {r.step_s / best:7.3f}x {r.peak_mem_bytes / 2**30:9.1f} "
+            f"{r.cp:4d} {r.step_s:9.3f} {r.step_s / best:7.3f}x {r.peak_memory_bytes / 2**30:9.1f} "
             f"{r.activation_bytes / 2**30:8.1f}  {r.status:10s} {r.summary}{mark}"
         )
     return lines

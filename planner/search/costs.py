@@ -10,47 +10,56 @@ differ only in pp, dp, ZeRO or schedule reuse them.
 from __future__ import annotations
 
 import math
-from typing import Any
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Any
 
-from planner.cost import estimate as estimate_fn
-from planner.cost import Algorithm, collective_time
-from planner.cost import full_saved_bytes, layer_cost, layout_change_cost, working_set_bytes
-from planner.cost import LayerCost, ParallelConfig
-from planner.core import Recompute, TPStyle
-from planner.cost import KVExchange, check_context, context_view, kv_exchange, unfold
-from planner.core import DDP_BUCKETS_IN_FLIGHT, STATE_BYTES_PER_PARAM, ZERO3_LAYERS_IN_FLIGHT, is_gpu
-from planner.cost import timings_apply, dp_collective_time
-from planner.cost import fsdp_call_latency_s, root_unit_layers
-from planner.cost import chunk_overhead_s, dp_wrapper, timings_scale
-from planner.cost import contention, optimizer_step_s
+from planner.core import (
+    DDP_BUCKETS_IN_FLIGHT,
+    STATE_BYTES_PER_PARAM,
+    ZERO3_LAYERS_IN_FLIGHT,
+    StratagemError,
+    is_gpu,
+)
 from planner.cost import (
-    block_unit_bytes,
-    reserve_terms,
+    Algorithm,
+    GroupShape,
+    KVExchange,
+    ParallelConfig,
+    check_config,
+    chunk_overhead_s,
+    collective_time,
+    contention,
+    dp_collective_time,
+    dp_group,
+    dp_wrapper,
+    fold_parts,
+    inflight_microbatches,
+    interleaved_chunk_sizes,
+    layout_change_cost,
     model_states_bytes,
     optimizer_bytes_per_param,
+    optimizer_step_s,
     peak_moments,
+    pipeline_aliases_input,
     precision_kind,
-    runtime_states,
-    state_dtype,
-)
-from planner.cost import combine_expert_costs, expert_split, expert_states, expert_time
-from planner.cost import inflight_microbatches, pipeline_aliases_input
-from planner.cost import (
-    GroupShape,
-    dp_group,
-    interleaved_chunk_sizes,
+    replica_micro_batches,
     replica_sends_cross_nodes,
     replica_sets,
+    reserve_terms,
+    runtime_states,
+    state_dtype,
+    timings_apply,
+    timings_scale,
     tp_group,
+    unfold,
 )
-from planner.cost import check_config, replica_micro_batches
-from planner.core import StratagemError
+from planner.cost import estimate as estimate_fn
 from planner.profile import ClusterProfile, LayerProfile, ModelProfile, NodeType
 from planner.search.config import SearchConfig
+from planner.search.layer_options import LayerOptions
 from planner.search.space import OuterChoice, expand_experts, typed_slowest_floor
-from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables
+from planner.search.tables import Assignment, Concave, Group, RankModel, Tables
 
 # what collective_time(algorithm="auto") minimises over
 _ALGORITHMS: tuple[Algorithm, ...] = ("ring", "tree", "hierarchical")
@@ -145,7 +154,7 @@ class CandidateCosts:
         config: SearchConfig,
         exchange: KVExchange | None = None,
     ):
-        self.profile, self.cluster, self.global_batch, self.search = profile, cluster, global_batch, config
+        self.profile, self.cluster, self.global_batch, self._search = profile, cluster, global_batch, config
         self.exchange = exchange  # set on the per-cp costs of context parallelism (a folded view, see _folded)
         self._context: dict[tuple, CandidateCosts] = {}
         self._folded_outer: dict[OuterChoice, OuterChoice] = {}
@@ -153,8 +162,9 @@ class CandidateCosts:
         self.state_dtype = state_dtype(profile.dtype, profile.precision)  # as estimate: fp32 states under autocast
         self.optimizer_bytes = optimizer_bytes_per_param(profile.precision)
         self.groups = group_layers(profile)
-        self._cache: dict[tuple, LayerCost] = {}
-        self._moe: dict[tuple, Any] = {}  # routed experts' time and state terms (planner.cost.moe)
+        self.layers = LayerOptions(
+            profile, cluster, search=config, exchange=exchange, dtype=self.dtype, state_dtype=self.state_dtype
+        )
         self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}  # (groups, layout changes) by key
         self._least: dict[tuple, tuple[float, float, list[float]]] = {}  # least layer times by key
         self._hidden: dict[tuple, float] = {}  # least hidden ZeRO-3 / sync time
@@ -169,15 +179,12 @@ class CandidateCosts:
             return self, outer
         key = (outer.cp, outer.context_parallel)
         if key not in self._context:
-            mode = outer.context_parallel or "allgather"
-            check_context(self.profile, outer.cp, mode)
             views = [c.profile for (cp, _), c in self._context.items() if cp == outer.cp]  # one view per cp
+            view, exchange, batch = fold_parts(
+                self.profile, outer.cp, outer.context_parallel, self.global_batch, view=views[0] if views else None
+            )
             self._context[key] = CandidateCosts(
-                views[0] if views else context_view(self.profile, outer.cp),
-                self.cluster,
-                global_batch=self.global_batch * outer.cp,
-                config=self.search,
-                exchange=kv_exchange(self.profile, outer.cp, mode),  # type: ignore[arg-type]
+                view, self.cluster, global_batch=batch, config=self.search, exchange=exchange
             )
         sub = self._context[key]
         sub.search = self.search  # the same limits (a caller may change them between solves)
@@ -187,11 +194,23 @@ class CandidateCosts:
 
     # -- configuration ------------------------------------------------------------------------
     @property
+    def search(self) -> SearchConfig:
+        """The search's limits and choices (a caller may replace them between solves; the layer costs follow)."""
+        return self._search
+
+    @search.setter
+    def search(self, config: SearchConfig) -> None:
+        self._search = self.layers.search = config
+
+    @property
     def runtime_memory(self) -> bool:
-        """Memory priced as the runtime holds it, else as Megatron-LM and DeepSpeed do (``SearchConfig``)."""
-        return self.search.memory_semantics == "fsdp2"
+        return self.layers.runtime_memory
 
     def base_config(self, outer: OuterChoice, **extra) -> ParallelConfig:
+        """The cost model's configuration of a (folded: ``cp == 1``, see :meth:`_folded`) candidate; ``extra``
+        adds the per-layer choices of an ILP answer."""
+        if outer.cp != 1:
+            raise StratagemError(f"candidate {outer} is not folded (cp {outer.cp}); price it through _folded")
         if outer.replica_node_types:  # batch share of replica j: its micro-batches x micro-batch size
             extra.update(
                 replica_node_types=outer.replica_node_types,
@@ -200,9 +219,7 @@ class CandidateCosts:
                 ),
             )
         return ParallelConfig(
-            tp=outer.tp,
-            pp=outer.pp,
-            dp=outer.dp,
+            **outer.parallel_dims.degrees(),
             micro_batch=outer.micro_batch,
             num_micro_batches=outer.num_micro_batches,
             schedule=outer.schedule,
@@ -213,202 +230,14 @@ class CandidateCosts:
             flash_attention=self.search.flash_attention,
             causal_skip=self.search.flash_attention,
             kv_exchange=self.exchange,
-            ep=outer.ep,
-            etp=outer.etp,
             moe_load_imbalance=self.search.moe_load_imbalance,
             memory_semantics=self.search.memory_semantics,
             **extra,
         )
 
-    def options(self, layers: list[LayerProfile], tp: int) -> tuple[Option, ...]:
-        """Recompute modes x styles allowed for this group (see the module docstring)."""
-        layer = layers[0]
-        modes: tuple[Recompute, ...] = ("none", "selective", "full") if self.search.allows("recompute") else ("none",)
-        pinned = dict(self.search.pins).get("recompute")
-        if pinned is not None and layer.kind == "block":  # plan --recompute MODE (planner/search/pins.py)
-            modes = (pinned,)  # type: ignore[assignment]
-        styles: tuple[TPStyle, ...]
-        if tp == 1 or layer.tp_style == "none":
-            styles = ("replicate",)
-        elif layer.kind == "block" or not self.search.allows("layout"):
-            styles = ("split",)
-        else:
-            styles = ("split", "replicate")
-        return tuple(Option(recompute=r, style=s) for s in styles for r in modes)
-
-    def _outer_layer_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, option: Option) -> LayerCost:
-        """:meth:`_layer_cost` of ``layer`` on node type ``nt`` under ``outer`` with one per-layer option."""
-        o = outer
-        return self._layer_cost(
-            layer,
-            nt,
-            o.tp,
-            option.style,
-            option.recompute,
-            o.sequence_parallel,
-            o.micro_batch,
-            o.dp,
-            o.zero_stage,
-            o.ep,
-            o.etp,
-        )
-
-    def _layer_cost(
-        self,
-        layer: LayerProfile,
-        nt: str,
-        tp: int,
-        style: TPStyle,
-        recompute: Recompute,
-        sp: bool,
-        mb: int,
-        dp: int,
-        zero: int,
-        ep: int = 1,
-        etp: int = 1,
-    ) -> LayerCost:
-        key = (layer.signature, nt, tp, style, recompute, sp, mb, dp_wrapper(dp, zero))
-        if key not in self._cache:
-            self._cache[key] = self._layer_cost_uncached(layer, nt, tp, style, recompute, sp, mb, dp, zero)
-        if layer.experts is None:
-            return self._cache[key]
-        # routed experts over ep/etp, as estimate adds them (planner.cost.moe); their time depends on the
-        # micro-batch and ep/etp only, their states and per-step terms on dp, ZeRO and ep/etp only
-        full = (key, dp, zero, ep, etp)
-        if full not in self._cache:
-            split = expert_split(
-                ParallelConfig(
-                    tp=tp,
-                    dp=dp,
-                    zero_stage=zero,
-                    sequence_parallel=sp,
-                    ep=ep,
-                    etp=etp,
-                    moe_load_imbalance=self.search.moe_load_imbalance,
-                    memory_semantics=self.search.memory_semantics,
-                ),
-                micro_batch=mb,
-            )
-            node = self.cluster.node_type(nt)
-            t_key = ("moe-time", layer.signature, nt, tp, sp, mb, ep, etp)
-            if t_key not in self._moe:
-                self._moe[t_key] = expert_time(layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype)
-            s_key = ("moe-states", layer.signature, nt, tp, dp, zero, ep, etp)
-            if s_key not in self._moe:
-                self._moe[s_key] = expert_states(layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype)
-            self._cache[full] = combine_expert_costs(self._cache[key], self._moe[t_key], self._moe[s_key], recompute)
-        return self._cache[full]
-
-    def _layer_cost_uncached(
-        self,
-        layer: LayerProfile,
-        nt: str,
-        tp: int,
-        style: TPStyle,
-        recompute: Recompute,
-        sp: bool,
-        mb: int,
-        dp: int,
-        zero: int,
-    ) -> LayerCost:
-        node = self.cluster.node_type(nt)
-        return layer_cost(
-            layer,
-            node=node,
-            cluster=self.cluster,
-            tp=tp,
-            style=style,
-            recompute=recompute,
-            sequence_parallel=sp,
-            micro_batch=mb,
-            flash_attention=self.search.flash_attention,
-            dtype=self.dtype,
-            tp_group_spans_nodes=tp_group(tp, node.devices_per_node).spans_nodes,
-            use_timings=timings_apply(self.profile, node),
-            dp_wrapper=dp_wrapper(dp, zero),
-            timings_scale=timings_scale(self.profile, node),
-            context=self.exchange,
-            causal_skip=self.search.flash_attention,
-            torch_tp_memory=self.runtime_memory,  # ParallelConfig.memory_semantics, as the estimate
-        )
-
-    def _option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
-        k = self._outer_layer_cost(layer, nt, outer, opt)
-        node = self.cluster.node_type(nt)
-        wide = outer.tp > 1 and opt.style == "replicate"  # batch-split replica: syncs over dp x tp
-        z3_mb = z3_gather = 0.0
-        if outer.zero_stage == 3:  # over the dp (or dp x tp) group (estimate._zero3_s)
-            group = dp_group(outer.dp, outer.tp, node.devices_per_node, include_tp=wide)
-            per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
-            gather = collective_time(
-                self.cluster,
-                "all_gather",
-                k.params * per["params"],
-                group.n_ranks,
-                node_type=node,
-                spans_nodes=group.spans_nodes,
-                ranks_per_node=group.ranks_per_node,
-            )
-            scatter = collective_time(
-                self.cluster,
-                "reduce_scatter",
-                k.params * per["grads"],
-                group.n_ranks,
-                node_type=node,
-                spans_nodes=group.spans_nodes,
-                ranks_per_node=group.ranks_per_node,
-            )
-            roots = root_unit_layers(self.profile.layers)  # CPU ranks: per-call latency (zero3.fsdp_call_latency_s)
-            gather += fsdp_call_latency_s(self.cluster, node, "all_gather", group, layer, roots)
-            scatter += fsdp_call_latency_s(self.cluster, node, "reduce_scatter", group, layer, roots)
-            z3_mb, z3_gather = 2 * gather + scatter, gather + scatter  # z3_gather_s: never hidden (zero3.py)
-            if outer.pp > 1:  # zero3_grad_sync "step" (zero3.py, "Accumulation"): m * z3_mb = (m + 1) g + s
-                z3_mb = gather + (gather + scatter) / outer.num_micro_batches
-        recomputed = (
-            full_saved_bytes(
-                layer,
-                tp=outer.tp,
-                style=opt.style,
-                sequence_parallel=outer.sequence_parallel,
-                micro_batch=outer.micro_batch,
-                flash_attention=self.search.flash_attention,
-                less_input=self.runtime_memory,  # compute.layer_working_set_bytes
-            )
-            if opt.recompute == "full"
-            else 0.0
-        )
-        # compute.layer_working_set_bytes; the textbook has no measured backward growth
-        ws = working_set_bytes(recomputed, k.moe_ws_bytes, k.backward_ws_bytes if self.runtime_memory else 0.0)
-        unit = 0.0
-        if self.runtime_memory:  # the backward sweep's block unit (estimate._Assembler._backward_sweep)
-            grad_bytes = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
-            params, param_bytes = k.params + k.expert_unit_params, k.param_bytes + k.expert_unit_param_bytes
-            unit = sum(block_unit_bytes(outer.zero_stage, outer.dp, layer.kind, params, param_bytes, grad_bytes))
-        # ZeRO-3 in the runtime: FSDP2's root unit (every layer but the blocks) stays gathered (estimate._memory)
-        root_gathered = self.runtime_memory and outer.zero_stage == 3 and layer.kind != "block"
-        return OptionCost(
-            time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s + k.ep_comm_s,
-            fwd_s=k.forward_s,
-            bwd_s=k.backward_s + k.recompute_s,
-            act_bytes=k.act_bytes,
-            params_dp=0.0 if wide else k.params,
-            params_dpt=k.params if wide else 0.0,
-            param_bytes=k.param_bytes,
-            ws_bytes=ws + unit,
-            z3_mb_s=z3_mb,
-            z3_gather_s=z3_gather,
-            opt_s=k.optimizer_s + k.expert_step_s,
-            state_bytes=k.expert_state_bytes,
-            expert_grads_accumulating_bytes=k.expert_grads_accumulating_bytes,
-            expert_grads_end_bytes=k.expert_grads_end_bytes,
-            logits_bytes=k.logits_bytes if self.runtime_memory else 0.0,
-            root_params=0.0 if layer.kind == "block" else k.params,
-            root_gathered_bytes=k.param_bytes if root_gathered else 0.0,
-        )
-
     def _group(self, layers: list[LayerProfile], outer: OuterChoice, types: list[str]) -> Group:
-        options = self.options(layers, outer.tp)
-        costs = {nt: tuple(self._option_cost(layers[0], nt, outer, o) for o in options) for nt in types}
+        options = self.layers.options(layers, outer.tp)
+        costs = {nt: tuple(self.layers.option_cost(layers[0], nt, outer, o) for o in options) for nt in types}
         keep = [
             i
             for i, o in enumerate(options)  # drop an option identical to an earlier one everywhere
@@ -625,7 +454,8 @@ class CandidateCosts:
                 params = sum(
                     len(layers)
                     * min(
-                        self._outer_layer_cost(layers[0], nt, outer, o).params for o in self.options(layers, outer.tp)
+                        self.layers.outer_layer_cost(layers[0], nt, outer, o).params
+                        for o in self.layers.options(layers, outer.tp)
                     )
                     for layers in self.groups
                 )
@@ -649,9 +479,9 @@ class CandidateCosts:
                 * sum(
                     len(layers)
                     * min(
-                        self._option_cost(layers[0], nt, outer, o).z3_mb_s
+                        self.layers.option_cost(layers[0], nt, outer, o).z3_mb_s
                         for nt in types
-                        for o in self.options(layers, outer.tp)
+                        for o in self.layers.options(layers, outer.tp)
                     )
                     for layers in self.groups
                 )
@@ -687,9 +517,9 @@ class CandidateCosts:
             t_min = []
             for layers in self.groups:
                 costs = [
-                    self._outer_layer_cost(layers[0], nt, outer, o)
+                    self.layers.outer_layer_cost(layers[0], nt, outer, o)
                     for nt in types
-                    for o in self.options(layers, outer.tp)
+                    for o in self.layers.options(layers, outer.tp)
                 ]
                 t_min.append(min(k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s + k.ep_comm_s for k in costs))
             sizes = [len(layers) for layers in self.groups]

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import estimate
-from planner.cost import ParallelConfig
-from planner.cost import fill_stage_node_types, with_gpus
 from planner.core import StratagemError
+from planner.cost import ParallelConfig, estimate, fill_stage_node_types, with_gpus
 from planner.profile import ClusterProfile, ModelProfile
 from planner.search.space import divisors
 
@@ -28,14 +26,14 @@ class GridResult:
     points_tried: int
 
 
-def grid_configs(profile: ModelProfile, n_devices: int, global_batch: int, max_micro_batch: int = 16):
-    """Every Megatron-style configuration for ``n_devices`` devices (see the module docstring)."""
+def grid_configs(profile: ModelProfile, gpus: int, global_batch: int, max_micro_batch: int = 16):
+    """Every Megatron-style configuration for ``gpus`` devices (see the module docstring)."""
     blocks = sum(1 for layer in profile.layers if layer.kind == "block") or len(profile.layers)
     for tp in GRID_TP:
-        if n_devices % tp or tp not in profile.tp_degrees:
+        if gpus % tp or tp not in profile.tp_degrees:
             continue
-        for pp in divisors(n_devices // tp):
-            dp = n_devices // (tp * pp)
+        for pp in divisors(gpus // tp):
+            dp = gpus // (tp * pp)
             if global_batch % dp:
                 continue
             for mb in divisors(global_batch // dp):
@@ -59,13 +57,13 @@ def grid_configs(profile: ModelProfile, n_devices: int, global_batch: int, max_m
 
 
 def grid_search(
-    profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int, memory_fraction: float = 0.9
+    profile: ModelProfile, cluster: ClusterProfile, *, gpus: int, global_batch: int, memory_fraction: float = 0.9
 ) -> GridResult | None:
     """The fastest grid point that fits in ``memory_fraction`` of every device, or None."""
-    cluster = with_gpus(cluster, n_devices)
+    cluster = with_gpus(cluster, gpus)
     best: GridResult | None = None
     tried = 0
-    for config in grid_configs(profile, n_devices, global_batch):
+    for config in grid_configs(profile, gpus, global_batch):
         try:
             config = fill_stage_node_types(cluster, config)
             est = estimate(profile, cluster, config, global_batch=global_batch, dtype=profile.dtype)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+from dataclasses import replace
 
 import pulp
 
-from dataclasses import replace
-
 from planner import __version__
+from planner.core import ParallelDims
 from planner.cost import with_gpus
 from planner.model import ModelSpec
 from planner.plan import (
@@ -31,20 +31,27 @@ from planner.plan import (
 )
 from planner.profile import ClusterProfile, ModelProfile
 from planner.search.planner import Candidate, SearchResult
+from planner.search.space import OuterChoice
 
 
 def stage_ranks(pp_rank: int, *, dp: int, tp: int, pp: int = 1, replicas_outer: bool = False) -> list[int]:
     """Global ranks of pp rank ``pp_rank`` on a row-major (pp, dp, tp) mesh, or (dp, pp, tp) when
-    ``replicas_outer``.
+    ``replicas_outer`` (:meth:`planner.core.ParallelDims.stage_ranks`).
 
     >>> stage_ranks(1, dp=2, tp=2)
     [4, 5, 6, 7]
     >>> stage_ranks(1, dp=2, tp=2, pp=2, replicas_outer=True)
     [2, 3, 6, 7]
     """
-    if replicas_outer:
-        return [(d * pp + pp_rank) * tp + t for d in range(dp) for t in range(tp)]
-    return [(pp_rank * dp + d) * tp + t for d in range(dp) for t in range(tp)]
+    axes = ("dp", "pp", "tp") if replicas_outer else ("pp", "dp", "tp")
+    return ParallelDims(pp=max(pp, pp_rank + 1), dp=dp, tp=tp, axes=axes).stage_ranks(pp_rank)
+
+
+def plan_dims(outer: OuterChoice) -> ParallelDims:
+    """The layout record of a searched candidate, in the plan's mesh order: replicas outermost when they run on
+    different node types (each replica's pp x tp ranks together), else ``pp, dp[, cp], tp``."""
+    dims = outer.parallel_dims
+    return replace(dims, axes=("dp", "pp", "tp")) if outer.replica_node_types else dims
 
 
 def _recompute_of(config, path: str) -> str:
@@ -65,13 +72,7 @@ def build_stages(candidate: Candidate) -> list[Stage]:
                 index=s,
                 pp_rank=pp_rank,
                 module_paths=list(paths),
-                ranks=stage_ranks(  # with cp: a stage's dp x cp x tp ranks are contiguous (mesh pp, dp, cp, tp)
-                    pp_rank,
-                    dp=outer.dp * outer.cp,
-                    tp=outer.tp,
-                    pp=outer.pp,
-                    replicas_outer=outer.replica_node_types is not None,
-                ),
+                ranks=plan_dims(outer).stage_ranks(pp_rank),
                 node_type=(
                     "+".join(dict.fromkeys(outer.replica_node_types))
                     if outer.replica_node_types
@@ -190,13 +191,7 @@ def candidate_plan(
 ) -> Plan:
     """The plan of one solved candidate, without a search record."""
     outer = best.outer
-    mesh = (
-        Mesh(axes=["dp", "pp", "tp"], sizes=[outer.dp, outer.pp, outer.tp])
-        if outer.replica_node_types
-        else Mesh(axes=["pp", "dp", "cp", "tp"], sizes=[outer.pp, outer.dp, outer.cp, outer.tp])
-        if outer.cp > 1
-        else Mesh(axes=["pp", "dp", "tp"], sizes=[outer.pp, outer.dp, outer.tp])
-    )
+    mesh = Mesh.of(plan_dims(outer))
     return Plan(
         planner_version=__version__,
         created_utc=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
@@ -236,10 +231,10 @@ def _expert_layout(profile: ModelProfile, ep: int, etp: int, load_imbalance: flo
     return ExpertLayout(ep=ep, etp=etp, capacity_factor=experts.capacity_factor, load_imbalance=load_imbalance)
 
 
-def _with_calibration(record: SearchRecord, cluster: ClusterProfile, n_devices: int) -> SearchRecord:
-    """The record with the cluster's calibration and fabric load (at the plan's ``n_devices``) named first in
+def _with_calibration(record: SearchRecord, cluster: ClusterProfile, gpus: int) -> SearchRecord:
+    """The record with the cluster's calibration and fabric load (at the plan's ``gpus``) named first in
     its notes (``stratagem show`` prints them)."""
     notes = [f"cluster {note}." for note in (cluster.calibration_note(),) if note]
     if cluster.fabric_load is not None:
-        notes.append(with_gpus(cluster, n_devices).fabric_note() + ".")
+        notes.append(with_gpus(cluster, gpus).fabric_note() + ".")
     return record.model_copy(update={"notes": " ".join([*notes, record.notes])}) if notes else record

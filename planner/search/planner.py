@@ -21,12 +21,17 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
-from planner.cost import MemorySemantics, ParallelConfig
-from planner.cost import check_context, cp_degrees
-from planner.cost import require_all_to_all
-from planner.cost import block_count, with_gpus
-from planner.cost import Estimate
 from planner.core import StratagemError
+from planner.cost import (
+    Estimate,
+    MemorySemantics,
+    ParallelConfig,
+    block_count,
+    check_context,
+    cp_degrees,
+    require_all_to_all,
+    with_gpus,
+)
 from planner.profile import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 from planner.search.costs import CandidateCosts
@@ -248,19 +253,19 @@ def _dominated(tables: Tables, outer: OuterChoice, solved: dict) -> bool:
     return any(dominates(other, tables) for other in solved.get(key, ()))
 
 
-def _no_plan_error(shortfall_bytes: float, n_devices: int) -> StratagemError:
+def _no_plan_error(shortfall_bytes: float, gpus: int) -> StratagemError:
     fix = (
         "use more GPUs, allow per-layer recompute and ZeRO-3 (--allow recompute,zero), or a smaller "
         "micro-batch / sequence length"
     )
     if not math.isfinite(shortfall_bytes):
         return StratagemError(
-            f"no plan fits in memory on {n_devices} devices: every candidate overflows some "
+            f"no plan fits in memory on {gpus} devices: every candidate overflows some "
             f"pipeline rank once its layers are placed; {fix}"
         )
     gib = shortfall_bytes / 2**30
     return StratagemError(
-        f"no plan fits in memory on {n_devices} devices: the leanest candidate is still {gib:.2f} GiB "
+        f"no plan fits in memory on {gpus} devices: the leanest candidate is still {gib:.2f} GiB "
         f"({shortfall_bytes:.0f} bytes) short; {fix}"
     )
 
@@ -279,12 +284,12 @@ def plan_search(
     profile: ModelProfile,
     cluster: ClusterProfile,
     *,
-    n_devices: int,
+    gpus: int,
     global_batch: int,
     config: SearchConfig,
     progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
-    """Find the fastest plan under the cost model for ``n_devices`` devices and a fixed global batch.
+    """Find the fastest plan under the cost model for ``gpus`` devices and a fixed global batch.
 
     ``progress(done, total)`` is called as candidates are bounded and solved (for a CLI progress bar).
     Raises :class:`StratagemError` when nothing fits, naming the smallest memory shortfall.
@@ -294,12 +299,12 @@ def plan_search(
     (:meth:`_BranchAndBound.result`).
     """
     start = time.perf_counter()
-    cluster = with_gpus(cluster, n_devices)
+    cluster = with_gpus(cluster, gpus)
     costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
-    outers = _enumerate(profile, cluster, n_devices=n_devices, global_batch=global_batch, config=config)
+    outers = _enumerate(profile, cluster, gpus=gpus, global_batch=global_batch, config=config)
     search = _BranchAndBound(costs, outers, config, start=start, progress=progress)
     search.run()
-    result = search.result(n_devices)
+    result = search.result(gpus)
     if config.cp is None and config.allows("cp") and 1 < profile.seq_len < config.cp_min_seq_len:
         note = (
             f"context parallelism not searched: {profile.seq_len} tokens < {config.cp_min_seq_len} "
@@ -309,7 +314,7 @@ def plan_search(
     return result
 
 
-def searched_cp_degrees(profile: ModelProfile, n_devices: int, config: SearchConfig) -> tuple[int, ...]:
+def searched_cp_degrees(profile: ModelProfile, gpus: int, config: SearchConfig) -> tuple[int, ...]:
     """The cp degrees the search tries: ``config.cp`` alone when fixed (checked against the model and the
     sequence), else 1 and, for sequences of at least ``config.cp_min_seq_len`` tokens, every cp the model,
     sequence and device count allow (``planner.cost.context.cp_degrees``)."""
@@ -318,14 +323,14 @@ def searched_cp_degrees(profile: ModelProfile, n_devices: int, config: SearchCon
         return (config.cp,)
     if not config.allows("cp") or profile.seq_len < config.cp_min_seq_len:
         return (1,)
-    return cp_degrees(profile, n_devices)
+    return cp_degrees(profile, gpus)
 
 
-def _cp_degrees(profile: ModelProfile, n_devices: int, config: SearchConfig, experts: int) -> tuple[int, ...]:
+def _cp_degrees(profile: ModelProfile, gpus: int, config: SearchConfig, experts: int) -> tuple[int, ...]:
     """:func:`searched_cp_degrees`; 1 for Mixture-of-Experts models, whose context parallelism neither the cost
     model (planner.cost.moe prices a whole sequence per rank) nor the runtime implements yet."""
     if not experts:
-        return searched_cp_degrees(profile, n_devices, config)
+        return searched_cp_degrees(profile, gpus, config)
     if config.cp not in (None, 1):
         raise StratagemError(
             f"context parallelism (cp={config.cp}) is not supported for Mixture-of-Experts models yet; drop --cp"
@@ -334,23 +339,23 @@ def _cp_degrees(profile: ModelProfile, n_devices: int, config: SearchConfig, exp
 
 
 def _enumerate(
-    profile: ModelProfile, cluster: ClusterProfile, *, n_devices: int, global_batch: int, config: SearchConfig
+    profile: ModelProfile, cluster: ClusterProfile, *, gpus: int, global_batch: int, config: SearchConfig
 ) -> list[OuterChoice]:
     """Every outer candidate; a one-line error when the batch cannot be split at all (or, for a
     Mixture-of-Experts model, when the cluster profile has no all-to-all figures)."""
     experts = next((layer.experts.experts for layer in profile.layers if layer.experts is not None), 0)
     if experts and config.allows("ep"):
-        require_all_to_all(cluster, sorted(devices_by_type(cluster, n_devices)))
+        require_all_to_all(cluster, sorted(devices_by_type(cluster, gpus)))
     outers = list(
         enumerate_outer(
             cluster=cluster,
-            n_devices=n_devices,
+            gpus=gpus,
             global_batch=global_batch,
             n_layers=len(profile.layers),
             n_blocks=block_count(profile),
             tp_degrees=profile.tp_degrees,
             config=config,
-            cp_degrees=_cp_degrees(profile, n_devices, config, experts),
+            cp_degrees=_cp_degrees(profile, gpus, config, experts),
             experts=experts,
             families=True,
         )
@@ -361,7 +366,7 @@ def _enumerate(
         outers = pinned
     if not outers:
         raise StratagemError(
-            f"no way to split global batch {global_batch} over {n_devices} devices with "
+            f"no way to split global batch {global_batch} over {gpus} devices with "
             f"the allowed dimensions; pick a global batch divisible by a dp degree or "
             f"allow more (--allow tp,pp,dp)"
         )
@@ -499,7 +504,7 @@ class _BranchAndBound:
             bound, _outer, tables = self.pending.pop(fut)
             self.state.record(*fut.result(), bound=bound, tables=tables)
 
-    def result(self, n_devices: int) -> SearchResult:
+    def result(self, gpus: int) -> SearchResult:
         """The ranked plans with the proof status; one-line errors when nothing was found."""
         state, config = self.state, self.config
         ranked, counts, open_bounds = state.ranked, state.counts, state.open_bounds
@@ -512,7 +517,7 @@ class _BranchAndBound:
                 f"--budget-s (e.g. --budget-s {max(60.0, 10 * config.budget_s):g})"
             )
         if not ranked:
-            raise _no_plan_error(self.shortfall, n_devices)
+            raise _no_plan_error(self.shortfall, gpus)
         status, gap = _global_status(ranked[0].step_s, open_bounds)
         runners_up_proven = (
             config.exhaustive_top_k
@@ -557,7 +562,7 @@ def fallback_candidate(
     cluster: ClusterProfile,
     result: SearchResult,
     *,
-    n_devices: int,
+    gpus: int,
     global_batch: int,
     config: SearchConfig,
     shrink: float = FALLBACK_PEAK_SHRINK,
@@ -573,7 +578,7 @@ def fallback_candidate(
         found = plan_search(
             profile,
             cluster,
-            n_devices=n_devices,
+            gpus=gpus,
             global_batch=global_batch,
             config=replace(
                 config,

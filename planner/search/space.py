@@ -15,10 +15,10 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting, pipeline_floor
-from planner.core import ScheduleKind
+from planner.core import ParallelDims, ScheduleKind
 from planner.profile import ClusterProfile
 from planner.search.config import SearchConfig
+from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting, pipeline_floor
 from planner.search.tables import Tables
 
 
@@ -54,6 +54,11 @@ class OuterChoice:
     # A *family*: this choice under each of these (ep, etp) layouts, bounded as one entry and expanded
     # (:func:`expand_experts`) only when its bound comes up in the search; () = one concrete candidate.
     expert_family: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """The candidate's degrees as the one layout record (:class:`planner.core.ParallelDims`)."""
+        return ParallelDims.with_axes(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
 
     def replica_types(self) -> list[tuple[str, int, int]]:
         """(node type, replicas, micro-batches per replica) in order of first use; [] without replica types."""
@@ -106,9 +111,9 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def devices_by_type(cluster: ClusterProfile, n_devices: int) -> dict[str, int]:
-    """Devices of each node type used when the plan takes the first ``n_devices`` of the cluster."""
-    left, used = n_devices, dict[str, int]()
+def devices_by_type(cluster: ClusterProfile, gpus: int) -> dict[str, int]:
+    """Devices of each node type used when the plan takes the first ``gpus`` of the cluster."""
+    left, used = gpus, dict[str, int]()
     for group in cluster.nodes:
         per_node = cluster.node_type(group.node_type).devices_per_node
         take = min(left, group.count * per_node)
@@ -168,18 +173,18 @@ def _schedules(
 
 
 def _tp_pp(
-    cluster: ClusterProfile, n_devices: int, n_layers: int, tp_degrees: list[int], config: SearchConfig
+    cluster: ClusterProfile, gpus: int, n_layers: int, tp_degrees: list[int], config: SearchConfig
 ) -> Iterator[tuple[int, int]]:
-    """(tp, pp) pairs allowed by ``config`` whose product divides ``n_devices``."""
+    """(tp, pp) pairs allowed by ``config`` whose product divides ``gpus``."""
     for tp in _tp_degrees(cluster, tp_degrees, config):
-        for pp in divisors(n_devices // tp) if n_devices % tp == 0 else []:
+        for pp in divisors(gpus // tp) if gpus % tp == 0 else []:
             if not (pp > 1 and not config.allows("pp") or pp > n_layers):
                 yield tp, pp
 
 
 def _tp_pp_cp(
     cluster: ClusterProfile,
-    n_devices: int,
+    gpus: int,
     n_layers: int,
     tp_degrees: list[int],
     config: SearchConfig,
@@ -188,11 +193,11 @@ def _tp_pp_cp(
 ) -> Iterator[tuple[int, int, int, str | None]]:
     """(tp, pp, cp, K/V exchange): :func:`_tp_pp` with each cp degree dividing the devices left (uniform
     clusters only: per-replica node types are not combined with cp)."""
-    for tp, pp in _tp_pp(cluster, n_devices, n_layers, tp_degrees, config):
+    for tp, pp in _tp_pp(cluster, gpus, n_layers, tp_degrees, config):
         if 1 in cp_degrees:
             yield tp, pp, 1, None
         for cp in cp_degrees:
-            if cp > 1 and (n_devices // (tp * pp)) % cp == 0 and len(by_type) == 1:
+            if cp > 1 and (gpus // (tp * pp)) % cp == 0 and len(by_type) == 1:
                 yield tp, pp, cp, "allgather"
                 yield tp, pp, cp, "ring"
 
@@ -205,7 +210,7 @@ def _micro_batch_sizes(samples: int, config: SearchConfig) -> list[int]:
 def enumerate_outer(
     *,
     cluster: ClusterProfile,
-    n_devices: int,
+    gpus: int,
     global_batch: int,
     n_layers: int,
     tp_degrees: list[int],
@@ -215,7 +220,7 @@ def enumerate_outer(
     experts: int = 0,
     families: bool = False,
 ) -> Iterator[OuterChoice]:
-    """Every outer candidate allowed by ``config`` for ``n_devices`` devices and a fixed global batch.
+    """Every outer candidate allowed by ``config`` for ``gpus`` devices and a fixed global batch.
     ``n_blocks``: the model's repeated blocks (``placement.block_count``; default ``n_layers``), which
     interleaved schedules split into equal chunks. ``cp_degrees``: the context-parallel degrees the model
     and sequence allow (``planner.cost.context.cp_degrees``); each ``cp > 1`` is tried with both K/V
@@ -227,11 +232,11 @@ def enumerate_outer(
     step time, formula (P), with no more micro-batches in flight) and ZeRO-1 (ZeRO-2 has the same time
     terms and shards the gradients too)."""
     n_blocks = n_layers if n_blocks is None else n_blocks
-    by_type = devices_by_type(cluster, n_devices)
+    by_type = devices_by_type(cluster, gpus)
     if len(by_type) > 1 and not config.allows("mixed"):
-        by_type = {next(iter(by_type)): n_devices}  # treat as uniform (the 'ignore the difference' plan)
-    for tp, pp, cp, mode in _tp_pp_cp(cluster, n_devices, n_layers, tp_degrees, config, cp_degrees, by_type):
-        dp = n_devices // (tp * pp * cp)
+        by_type = {next(iter(by_type)): gpus}  # treat as uniform (the 'ignore the difference' plan)
+    for tp, pp, cp, mode in _tp_pp_cp(cluster, gpus, n_layers, tp_degrees, config, cp_degrees, by_type):
+        dp = gpus // (tp * pp * cp)
         if dp > 1 and not config.allows("dp") or global_batch % dp:
             continue
         orders = _rank_type_orders(by_type, pp, tp * dp * cp)
@@ -263,7 +268,7 @@ def enumerate_outer(
                                 yield choice
                             else:
                                 yield from expand_experts(choice)
-    if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, n_devices) and not experts:
+    if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, gpus) and not experts:
         yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)
 
 
@@ -295,10 +300,10 @@ def expert_layouts(experts: int, *, tp: int, dp: int, config: SearchConfig) -> l
     return [(ep, etp) for etp in etps for ep in divisors(experts) if (dp * tp) % (ep * etp) == 0]
 
 
-def _types_contiguous(cluster: ClusterProfile, n_devices: int) -> bool:
+def _types_contiguous(cluster: ClusterProfile, gpus: int) -> bool:
     """True when the used nodes of each type form one block in cluster order (replica j = j-th block)."""
     seen: list[str] = []
-    left = n_devices
+    left = gpus
     for group in cluster.nodes:
         if left <= 0:
             break
@@ -335,8 +340,8 @@ def _replica_type_choices(
     (in cluster order, so replica j's ranks are the j-th block of tp * pp devices), every split of the
     micro-batches over the types (replicas of one type get the same count). ZeRO-3 is left out (its
     per-layer collectives would tie replicas of different speeds together; planner.cost.validate)."""
-    n_devices = sum(by_type.values())
-    for tp, pp in _tp_pp(cluster, n_devices, n_layers, tp_degrees, config):
+    gpus = sum(by_type.values())
+    for tp, pp in _tp_pp(cluster, gpus, n_layers, tp_degrees, config):
         per_replica = tp * pp
         if any(n % per_replica for n in by_type.values()):
             continue

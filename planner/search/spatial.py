@@ -32,9 +32,8 @@ from dataclasses import dataclass
 
 import pulp
 
-from planner.cost import SpatialOption, layer_options
-from planner.cost import SpatialConfig, SpatialCosts, SpatialEstimate, estimate_spatial
 from planner.core import StratagemError
+from planner.cost import SpatialConfig, SpatialCosts, SpatialEstimate, SpatialOption, estimate_spatial, layer_options
 from planner.profile import ClusterProfile, ModelProfile
 
 SOLVER_REL_TOL = 1e-6  # CBC's objective at its solution vs estimate_spatial (the brute-force test checks 1e-9)
@@ -65,13 +64,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _outer(n_devices: int, global_batch: int, sd_degrees: tuple[int, ...] | None) -> list[tuple[int, int, int]]:
+def _outer(gpus: int, global_batch: int, sd_degrees: tuple[int, ...] | None) -> list[tuple[int, int, int]]:
     """(sd, dp, micro_batch) of every outer candidate."""
     out: list[tuple[int, int, int]] = []
-    for sd in _divisors(n_devices):
+    for sd in _divisors(gpus):
         if sd_degrees is not None and sd not in sd_degrees:
             continue
-        dp = n_devices // sd
+        dp = gpus // sd
         if global_batch % dp:
             continue
         out.extend((sd, dp, b) for b in _divisors(global_batch // dp))
@@ -180,7 +179,7 @@ def plan_spatial_search(
     profile: ModelProfile,
     cluster: ClusterProfile,
     *,
-    n_devices: int,
+    gpus: int,
     global_batch: int,
     time_limit_s: float = 10.0,
     sd_degrees: tuple[int, ...] | None = None,
@@ -194,11 +193,11 @@ def plan_spatial_search(
     Raises a one-line :class:`StratagemError` when no candidate fits, naming the closest one's shortfall.
     """
     start = time.perf_counter()
-    outers = _outer(n_devices, global_batch, sd_degrees)
+    outers = _outer(gpus, global_batch, sd_degrees)
     if not outers:
         raise StratagemError(
-            f"no data-parallel degree dividing global batch {global_batch} leaves a spatial group of {n_devices} "
-            f"devices; choose a global batch divisible by a divisor of {n_devices}"
+            f"no data-parallel degree dividing global batch {global_batch} leaves a spatial group of {gpus} "
+            f"devices; choose a global batch divisible by a divisor of {gpus}"
         )
     bounded = []
     infeasible, shortfall = 0, math.inf
@@ -229,7 +228,7 @@ def plan_spatial_search(
     if not solved:
         gib = shortfall / 2**30
         raise StratagemError(
-            f"no data + spatial plan of {profile.model.name} fits {n_devices} devices of "
+            f"no data + spatial plan of {profile.model.name} fits {gpus} devices of "
             f"{cluster.node_types[0].device_memory_bytes / 2**30:.0f} GiB (the closest needs {gib:.1f} GiB more "
             f"activations per rank); use more devices, a smaller volume or a smaller global batch"
         )

@@ -13,14 +13,10 @@ from dataclasses import replace
 
 import pulp
 
-from planner.model import SPATIAL_FAMILIES, volume_layers
-from planner.cost import SpatialOption, check_split
-from planner.core import StratagemError
 from planner import __version__
-from planner.core import is_gpu
-from planner.cost import UNSPLIT
-from planner.cost import SpatialConfig, SpatialEstimate, estimate_spatial
-from planner.model import ModelSpec
+from planner.core import StratagemError, is_gpu
+from planner.cost import UNSPLIT, SpatialConfig, SpatialEstimate, SpatialOption, check_split, estimate_spatial
+from planner.model import SPATIAL_FAMILIES, ModelSpec, volume_layers
 from planner.plan import (
     Alternative,
     LayerLayout,

@@ -51,8 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from planner.core import StratagemError
-from planner.core import atomic_write_text, read_json
+from planner.core import StratagemError, atomic_write_text, read_json
 from runtime.executor.etp_keys import etp_sliced_fqns, model_key, optim_key
 
 log = logging.getLogger(__name__)

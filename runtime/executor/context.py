@@ -126,7 +126,9 @@ class ContextShard:
         softmax (a fully masked block contributes zero)."""
         q_pos = self.positions(q.device)[:, None]
         kv = torch.stack([k, v])
-        best = denominator = numerator = None
+        best: torch.Tensor | None = None
+        denominator: torch.Tensor | None = None
+        numerator: torch.Tensor | None = None
         for step in range(self.cp):
             owner = replace(self, rank=(self.rank - step) % self.cp)
             k_s, v_s = kv[0], kv[1]
@@ -141,6 +143,7 @@ class ContextShard:
             if best is None:
                 best, denominator, numerator = shift, weights.sum(-1, keepdim=True), weights @ v_s
             else:
+                assert denominator is not None and numerator is not None
                 top = torch.maximum(best, shift)
                 old, new = torch.exp(best - top), torch.exp(shift - top)
                 denominator = denominator * old + weights.sum(-1, keepdim=True) * new
@@ -148,6 +151,7 @@ class ContextShard:
                 best = top
             if step < self.cp - 1:
                 kv = _RingShift.apply(kv, self)
+        assert numerator is not None and denominator is not None, "the ring runs at least one step (cp >= 1)"
         return numerator / denominator
 
     def visible(self, device: torch.device) -> torch.Tensor:
@@ -175,7 +179,7 @@ def _to_rank_order(full: torch.Tensor, cp: int) -> torch.Tensor:
 
 class _GatherSequence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, shard: ContextShard) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, dim: int, shard: ContextShard) -> torch.Tensor:
         ctx.dim, ctx.shard = dim, shard
         local = x.movedim(dim, 0).contiguous()
         out = local.new_empty((shard.cp * local.shape[0], *local.shape[1:]))
@@ -183,7 +187,7 @@ class _GatherSequence(torch.autograd.Function):
         return _to_sequence_order(out, shard.cp).movedim(0, dim)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         shard: ContextShard = ctx.shard
         full = _to_rank_order(grad.movedim(ctx.dim, 0).contiguous(), shard.cp).contiguous()
         mine = full.new_empty((full.shape[0] // shard.cp, *full.shape[1:]))
@@ -207,12 +211,12 @@ class _RingShift(torch.autograd.Function):
     """One ring step forward (from rank r-1); its backward sends the gradient back (from rank r+1)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, shard: ContextShard) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, shard: ContextShard) -> torch.Tensor:
         ctx.shard = shard
         return _shift(x, shard, 1)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         return _shift(grad, ctx.shard, -1), None
 
 

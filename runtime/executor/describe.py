@@ -5,7 +5,6 @@ from __future__ import annotations
 from planner.plan import Plan
 from runtime.executor.data import replica_rows
 from runtime.executor.fsdp import ZERO_MAPPING
-from runtime.executor.mesh import ParallelDims
 from runtime.executor.moe import describe_experts
 from runtime.executor.schedule import check_replica_schedules
 from runtime.executor.tp import tp_styles, uses_loss_parallel
@@ -20,7 +19,7 @@ def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
     """
     if "sd" in plan.mesh.axes:
         return describe_spatial_ranks(plan, ranks)
-    dims = ParallelDims.from_plan(plan)
+    dims = plan.parallel_dims
     split = check_replica_schedules(plan)
     dp_mode = ZERO_MAPPING[plan.zero_stage] if dims.dp * dims.cp > 1 else "none"  # over dp x cp
     lines = []

@@ -31,6 +31,8 @@ gpt-oss).
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,6 +68,11 @@ def fused_experts(model: nn.Module) -> dict[str, nn.Module]:
     return out
 
 
+def fused_weight(m: nn.Module, name: str) -> torch.Tensor:
+    """``m.gate_up_proj`` or ``m.down_proj`` of a module :func:`fused_experts` found (it checked both are tensors)."""
+    return cast(torch.Tensor, getattr(m, name))
+
+
 def _unsupported(m: nn.Module) -> str:
     """Why ``m`` is not the plain fused SwiGLU layout :class:`HFLocalExperts` runs ("" = it is)."""
     flags = {k: getattr(m, k, v) for k, v in _PLAIN_LAYOUT.items()}
@@ -99,11 +106,11 @@ def check_hf_experts(plan: Plan) -> None:
                 f"{name}: the experts at {path} ({type(m).__name__}: {why}) are not the plain fused SwiGLU "
                 f"layout the runtime shards over ep and etp; plan it with ep 1 and etp 1"
             )
-    experts = int(next(iter(layers.values())).gate_up_proj.shape[0])
+    experts = int(fused_weight(next(iter(layers.values())), "gate_up_proj").shape[0])
     if experts % lay.ep:
         divisors = [d for d in range(1, experts + 1) if experts % d == 0]
         raise StratagemError(f"experts={experts} of {name} is not divisible by ep={lay.ep}; choose ep among {divisors}")
-    width = int(next(iter(layers.values())).down_proj.shape[-1])
+    width = int(fused_weight(next(iter(layers.values())), "down_proj").shape[-1])
     if width % lay.etp:
         raise StratagemError(
             f"etp={lay.etp} does not divide the expert width {width} of {name}; choose etp dividing {width}"
@@ -140,15 +147,15 @@ class HFLocalExperts(nn.Module):
 
     def __init__(self, fused: nn.Module, mine: list[int], exchange=None, *, etp: int = 1, etp_index: int = 0) -> None:
         super().__init__()
-        self.num_experts = int(fused.gate_up_proj.shape[0])  # global E (the router's)
-        gate_up, down = fused.gate_up_proj.detach(), fused.down_proj.detach()
+        self.num_experts = int(fused_weight(fused, "gate_up_proj").shape[0])  # global E (the router's)
+        gate_up, down = fused_weight(fused, "gate_up_proj").detach(), fused_weight(fused, "down_proj").detach()
         inter = down.shape[-1]  # I: gate rows [0, I), up rows [I, 2I) of gate_up_proj[e]
         part = slice(etp_index * inter // etp, (etp_index + 1) * inter // etp)
         self.gate_up_proj = nn.ParameterDict(
             {str(j): nn.Parameter(torch.cat([gate_up[j, :inter][part], gate_up[j, inter:][part]])) for j in mine}
         )
         self.down_proj = nn.ParameterDict({str(j): nn.Parameter(down[j][:, part].clone()) for j in mine})
-        self.act_fn = fused.act_fn
+        self.act_fn = cast(nn.Module, fused.act_fn)  # transformers' ACT2FN activation module
         if etp > 1:
             mark_etp_slice(self, etp_index, etp)  # its own checkpoint keys (runtime.executor.etp_keys)
         self.exchange = exchange  # ExpertExchange over the ep group; None = every expert of the layer is here
@@ -186,7 +193,7 @@ def apply_hf_ep(model: nn.Module, groups) -> dict[str, list[int]]:
 
     held = {}
     for path, fused in fused_experts(model).items():
-        per_rank = int(fused.gate_up_proj.shape[0]) // groups.ep
+        per_rank = int(fused_weight(fused, "gate_up_proj").shape[0]) // groups.ep
         mine = list(range(groups.ep_index * per_rank, (groups.ep_index + 1) * per_rank))
         exchange = None
         if groups.ep > 1 or groups.etp > 1:

@@ -126,7 +126,7 @@ class MetricsLog:
         self.step_times_s.append(step_time_s)
         self.peak_bytes.append(max(peak_memory_bytes))
         self.last_loss = loss
-        extra = {} if moe_aux_loss is None else {"moe_aux_loss": moe_aux_loss}  # MoE models only
+        extra: dict[str, object] = {} if moe_aux_loss is None else {"moe_aux_loss": moe_aux_loss}  # MoE models only
         if peak_reserved_bytes is not None:  # CUDA only
             extra["peak_reserved_bytes"] = peak_reserved_bytes
         if tensor_peaks:  # the step measured under TensorMemory

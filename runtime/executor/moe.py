@@ -45,10 +45,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from planner.core import StratagemError
+from planner.core import ParallelDims, StratagemError
 from planner.plan import Plan
 from runtime.executor.hf_moe import apply_hf_ep, check_hf_experts, hf_local_experts, is_hf_ep
-from runtime.executor.mesh import ParallelDims
 from runtime.executor.moe_dispatch import ExpertExchange, TokenShard, shard_expert_ffn
 from runtime.models.moe import MoE, moe_layers
 
@@ -344,6 +343,7 @@ class ExpertGradSync:
         for p in self.experts:
             if self.experts_sharded:  # FSDP's mean over edp -> sum over edp / dp
                 if p.grad is not None and g.edp != g.dp:
+                    assert isinstance(p.grad, DTensor), "FSDP over edp leaves DTensor gradients"
                     p.grad.to_local().mul_(g.edp / g.dp)
                 continue
             if p.grad is None:  # an expert no token reached on any micro-batch still joins the reduction
@@ -374,8 +374,9 @@ def describe_experts(plan: Plan, dims: ParallelDims, rank: int) -> str:
 
 def _expert_count(plan: Plan) -> int:
     if is_hf_ep(plan):
-        from runtime.executor.hf_moe import fused_experts
+        from runtime.executor.hf_moe import fused_experts, fused_weight
         from runtime.models.external import external
 
-        return int(next(iter(fused_experts(external(plan.model).template).values())).gate_up_proj.shape[0])
+        fused = next(iter(fused_experts(external(plan.model).template).values()))
+        return int(fused_weight(fused, "gate_up_proj").shape[0])
     return _moe_dims(plan).experts

@@ -8,6 +8,7 @@ The layout and the gradient rules are in :mod:`runtime.executor.moe`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -15,6 +16,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from runtime.executor.etp_keys import mark_etp_slice
+from runtime.models.llama import FeedForward
 from runtime.models.moe import MoE, Routing, run_local_experts
 
 
@@ -22,14 +24,14 @@ class AllToAll(torch.autograd.Function):
     """``all_to_all_single`` of rows with explicit split sizes; backward is the reverse exchange."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, rows: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
         ctx.group, ctx.in_splits, ctx.out_splits = group, in_splits, out_splits
         out = rows.new_empty((sum(out_splits), *rows.shape[1:]))
         dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         back = grad.new_empty((sum(ctx.in_splits), *grad.shape[1:]))
         dist.all_to_all_single(back, grad.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
         return back, None, None, None
@@ -40,12 +42,12 @@ class _CopyToGroup(torch.autograd.Function):
     ``copy_to_tensor_model_parallel_region``): each TP rank's gradient covers its token slice only."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -55,14 +57,14 @@ class _GatherRows(torch.autograd.Function):
     """All-gather equal row slices (dim 0); backward keeps this rank's slice of the (replicated) gradient."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor, group, size: int, index: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, rows: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
         ctx.index, ctx.rows = index, rows.shape[0]
         parts = [torch.empty_like(rows) for _ in range(size)]
         dist.all_gather(parts, rows.contiguous(), group=group)
         return torch.cat(parts)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         return grad[ctx.index * ctx.rows : (ctx.index + 1) * ctx.rows], None, None, None
 
 
@@ -71,14 +73,14 @@ class _GatherSequence(torch.autograd.Function):
     this rank's shard (a reduce-scatter, written as all-reduce + slice)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
         ctx.group, ctx.index, ctx.len = group, index, x.shape[1]
         parts = [torch.empty_like(x) for _ in range(size)]
         dist.all_gather(parts, x.contiguous(), group=group)
         return torch.cat(parts, dim=1)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
         return grad[:, ctx.index * ctx.len : (ctx.index + 1) * ctx.len], None, None, None
@@ -215,7 +217,8 @@ def _group_by_expert(counts: torch.Tensor) -> torch.Tensor:
 def shard_expert_ffn(moe: MoE, etp: int, etp_index: int) -> None:
     """Keep this etp rank's slice of every local expert's FFN: rows of w1 and w3 (column-parallel), columns
     of w2 (row-parallel), Megatron-LM SC21 §2.3's MLP split applied inside each expert."""
-    for expert in moe.experts.values():
+    for module in moe.experts.values():
+        expert = cast(FeedForward, module)  # MoE's routed experts are SwiGLU FeedForwards
         width = expert.w1.out_features // etp
         part = slice(etp_index * width, (etp_index + 1) * width)
         for name in ("w1", "w3"):

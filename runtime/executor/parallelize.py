@@ -30,8 +30,6 @@ from runtime.executor.recompute import apply_ac
 from runtime.executor.speed import apply_compile, compile_mode, fsdp_mp_policy, precision_scheme, weight_dtype
 from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
-from runtime.models.attention import apply_attention
-from runtime.models.external import localise_head_counts
 from runtime.executor.tp import (
     ReplicaGradSync,
     apply_tp,
@@ -40,6 +38,9 @@ from runtime.executor.tp import (
     tp_styles,
     uses_loss_parallel,
 )
+from runtime.models.attention import apply_attention
+from runtime.models.external import localise_head_counts
+from runtime.models.layered import LayeredModel
 
 # plan dtypes the runtime trains (runtime.executor.speed says how: fp32, autocast, FSDP2 bf16 or bf16 weights with
 # fp32 masters); fp32 master weights and AdamW state in every case (the plan schema: "mixed precision keeps fp32
@@ -53,7 +54,7 @@ class Chunk:
     """One pipeline chunk this rank runs, with what was applied to it."""
 
     stage: Stage
-    module: nn.Module
+    module: LayeredModel  # cut to the stage (runtime.executor.stage), wrapped in place
     tp_styles: dict[str, str] = field(default_factory=dict)
     recomputed: list[str] = field(default_factory=list)
     dp_mode: str = "none"
@@ -129,7 +130,8 @@ def build_chunk(
     if plan.model.is_external and styles:  # as shard_module does: head counts kept as attributes (OPT)
         for path in (p for p in stage.module_paths if any(s.startswith(p + ".") for s in styles)):
             localise_head_counts(model.get_submodule(path), mesh["tp"].size())
-    replicas, rows = replica_paths(styles), {}
+    replicas = replica_paths(styles)
+    rows: dict[str, int] = {}
     record_replica_rows(model, replicas, rows)
     sp_blocks = [p for p, lay in plan.layout.items() if lay.sequence_parallel and mesh["tp"].size() > 1]
     held = apply_ep(model, experts, sequence_parallel=sp_blocks, replicas=replicas) if experts is not None else {}

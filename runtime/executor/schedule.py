@@ -18,6 +18,7 @@ import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -29,6 +30,10 @@ from planner.plan import Plan
 from runtime.executor.data import Batch, BatchSplit, split_batch
 from runtime.executor.moe import exclude_shape_probes
 from runtime.executor.parallelize import Chunk
+
+if TYPE_CHECKING:  # torch.distributed.pipelining is imported only where a pipeline is built (build_runner)
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}  # torch.distributed.pipelining's classes
@@ -53,7 +58,7 @@ def _step_context(loss_par: bool, autocast_dtype: torch.dtype | None, device_typ
 class PipelineRunner:
     """Runs one step through a pipeline schedule; only the last stage sees losses."""
 
-    schedule: object
+    schedule: _PipelineSchedule
     num_micro_batches: int
     is_first: bool
     is_last: bool
@@ -64,7 +69,7 @@ class PipelineRunner:
     def step(self, batch: Batch) -> list[torch.Tensor]:
         losses: list[torch.Tensor] = []
         args = (batch.inputs,) if self.is_first else ()
-        kwargs = {"target": batch.targets, "losses": losses} if self.is_last else {}
+        kwargs: dict[str, Any] = {"target": batch.targets, "losses": losses} if self.is_last else {}
         with _step_context(self.loss_parallel, self.autocast_dtype, self.device_type):
             # return_outputs=False: the last stage would otherwise keep every micro-batch's logits until the step
             # ends, to return them merged; the step needs only the losses
@@ -201,7 +206,7 @@ def build_runner(
     autocast_dtype: torch.dtype | None = None,
     sync_every_micro_batch: bool = False,
     cuda_graphs: bool = False,
-):
+) -> LocalRunner | PipelineRunner:
     """The step runner for this rank's chunks (a pipeline schedule when ``num_stages`` > 1).
 
     ``sync_every_micro_batch`` (ZeRO-3, one stage): see :class:`LocalRunner`; pipeline stages always
@@ -212,7 +217,7 @@ def build_runner(
     ``cuda_graphs`` (one stage, blocks compiled as CUDA graphs): each micro-batch starts a new graph step.
     """
     loss_par = any(c.loss_parallel for c in chunks)
-    common = dict(loss_parallel=loss_par, autocast_dtype=autocast_dtype, device_type=device.type)
+    common: dict[str, Any] = dict(loss_parallel=loss_par, autocast_dtype=autocast_dtype, device_type=device.type)
     if num_stages == 1:
         return LocalRunner(
             module=chunks[0].module,
@@ -227,7 +232,9 @@ def build_runner(
     # without a pipeline never need
     import torch.distributed.pipelining as pipelining
 
-    stages = [pipelining.PipelineStage(c.module, c.stage.index, num_stages, device, group=pp_group) for c in chunks]
+    stages: list[_PipelineStageBase] = [
+        pipelining.PipelineStage(c.module, c.stage.index, num_stages, device, group=pp_group) for c in chunks
+    ]
     for stage in stages:
         exclude_shape_probes(stage)  # an MoE's load-balancing metric counts training forwards only
     indices = [c.stage.index for c in chunks]

@@ -69,6 +69,8 @@ def _neighbour(sg: SpatialGroup, grid: tuple[int, int, int], dim: int, step: int
 def _exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
     works = [dist.isend(t, peer) for t, peer in sends] + [dist.irecv(t, peer) for t, peer in recvs]
     for work in works:
+        if work is None:
+            raise RuntimeError("a point-to-point halo transfer returned no work handle (is this rank in the group?)")
         work.wait(P2P_TIMEOUT)
 
 
@@ -76,7 +78,7 @@ class HaloExchange(torch.autograd.Function):
     """Pad a shard along tensor dim ``dim`` with ``halo`` slices from each neighbour (module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, dim: int, halo: int, prev: int | None, nxt: int | None):  # type: ignore[override]
+    def forward(ctx, x, dim: int, halo: int, prev: int | None, nxt: int | None):
         ctx.meta = (dim, halo, prev, nxt)
         n = x.shape[dim]
         left = torch.zeros_like(x.narrow(dim, 0, halo))
@@ -92,7 +94,7 @@ class HaloExchange(torch.autograd.Function):
         return torch.cat((left, x, right), dim)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         dim, halo, prev, nxt = ctx.meta
         n = grad.shape[dim] - 2 * halo
         out = grad.narrow(dim, halo, n).clone()
@@ -132,14 +134,14 @@ class AllReduceSum(torch.autograd.Function):
     """Sum over the spatial group; its adjoint is the same sum of the gradients."""
 
     @staticmethod
-    def forward(ctx, x, group):  # type: ignore[override]
+    def forward(ctx, x, group):
         ctx.group = group
         out = x.clone()
         dist.all_reduce(out, group=group)
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         out = grad.contiguous().clone()
         dist.all_reduce(out, group=ctx.group)
         return out, None
@@ -186,24 +188,24 @@ def _assemble(x: torch.Tensor, sg: SpatialGroup, grid: tuple[int, int, int]) -> 
 
 class Scatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, sg: SpatialGroup, grid):  # type: ignore[override]
+    def forward(ctx, x, sg: SpatialGroup, grid):
         ctx.meta = (sg, grid)
         return shard_of(x, grid, sg.index)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         sg, grid = ctx.meta
         return _assemble(grad, sg, grid), None, None
 
 
 class Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, sg: SpatialGroup, grid):  # type: ignore[override]
+    def forward(ctx, x, sg: SpatialGroup, grid):
         ctx.meta = (sg, grid)
         return _assemble(x, sg, grid)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         sg, grid = ctx.meta
         return shard_of(grad, grid, sg.index), None, None
 

@@ -19,15 +19,16 @@ import logging
 import math
 import os
 import time
+from typing import cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from planner.core import StratagemError
-from planner.plan import Plan
-from planner.plan import lr_at_step
+from planner.plan import Plan, lr_at_step
 from planner.search import check_spatial_plan, spatial_config_of
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import MetricsLog, peak_memory_bytes, reset_peak_memory
@@ -51,7 +52,8 @@ def run_block(block: VolumeBlock, x: torch.Tensor, sg: SpatialGroup, grid: Grid)
         return F.max_pool3d(x, layer.kernel, layer.stride)
     if layer.op == "upconv":
         return block.conv(x)
-    x = split_conv(block.conv, x, sg, grid) if layer.kernel > 1 else block.conv(x)
+    conv = cast(nn.Conv3d, block.conv)  # op "conv": an upconv returned above
+    x = split_conv(conv, x, sg, grid) if layer.kernel > 1 else conv(x)
     if block.norm is not None:
         x = split_group_norm(block.norm, x, sg)
     x = block.activate(x)
@@ -177,7 +179,8 @@ def run_spatial_plan(plan: Plan, *, steps: int, data: str, metrics_path: str | N
         batch = source(step)
         inputs = batch.inputs[dp_index * rows : (dp_index + 1) * rows]
         targets = batch.targets[dp_index * rows : (dp_index + 1) * rows]
-        reported, shapes = 0.0, {}
+        reported = 0.0
+        shapes: dict[str, list[int]] = {}
         for mb in range(config.num_micro_batches):
             sl = slice(mb * config.micro_batch, (mb + 1) * config.micro_batch)
             out, grid = forward_spatial(model, inputs[sl], groups, layout, shapes)

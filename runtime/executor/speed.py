@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -99,7 +100,7 @@ def build_optimizer(
     dtensors = [p for p in params if isinstance(p, DTensor)]
     plain = [p for p in params if not isinstance(p, DTensor)]
     groups = [{"params": g} for g in (dtensors, plain) if g] if dtensors and plain else params
-    kernel = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    kernel: dict[str, Any] = {"fused": True} if device.type == "cuda" else {"foreach": True}
     return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, **kernel)
 
 

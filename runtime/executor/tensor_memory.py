@@ -105,7 +105,11 @@ class TensorMemory(TorchDispatchMode):
                 self._live[key] = (seen[0], kind, seen[2])
             return
         nbytes = st.nbytes()
-        ref = weakref.ref(st, lambda _ref, key=key: self._free(key))
+
+        def freed(_ref: weakref.ref) -> None:
+            self._free(key)
+
+        ref = weakref.ref(st, freed)
         self._live[key] = (nbytes, kind, ref)
         self._now[kind] += nbytes
         self._total += nbytes
@@ -171,7 +175,7 @@ class TensorMemory(TorchDispatchMode):
             self._resized(st)
             return out
 
-        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
         return super().__enter__()
 
     def __exit__(self, *exc) -> None:

@@ -17,9 +17,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from planner.core import StratagemError
+from planner.core import ParallelDims, StratagemError
 from planner.plan import Plan
-from runtime.executor.mesh import ParallelDims
 
 EMBED, HEAD = "embed.tok.weight", "head.weight"
 
@@ -61,6 +60,7 @@ class TiedGradSync:
             if p.grad is None:
                 continue
             if isinstance(p.grad, DTensor):
+                assert isinstance(p, DTensor), "a DTensor gradient belongs to a DTensor weight"
                 # the embedding backward under TP leaves a Replicate gradient of a Shard(0) weight; match
                 # the weight's layout so both copies' local gradients are the same vocab rows
                 if tuple(p.grad.placements) != tuple(p.placements):

@@ -43,11 +43,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from torch import nn
-from torch.distributed.tensor import Replicate, Shard
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -177,6 +176,7 @@ def tp_styles(spec: ModelSpec, layout: Mapping[str, LayerLayout], paths: Sequenc
             _replica(plan, path, prev_out, last=n + 1 == len(order) or path in keep and order[n + 1] not in keep)
             prev_out, prev_path = ("R" if plan[path].endswith("output") else "B"), path
             continue
+        assert lay is not None  # split
         styles, want, out = _layer_styles(spec, path, bool(lay.sequence_parallel), prev_out)
         if prev_out == "R" and want == "S" and prev_path is not None:
             plan[prev_path] = "scatter_sequence"

@@ -25,11 +25,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.core import StratagemError
-from planner.core import atomic_write_text
-from planner.plan import Plan, load_plan, validate
-from planner.plan import lr_at_step
-from runtime.executor.context import ContextShard, build_context_shard
+from planner.core import ParallelDims, StratagemError, atomic_write_text
+from planner.plan import Plan, load_plan, lr_at_step, validate
 from runtime.executor.checkpoint import (
     check_expert_layout,
     expert_meta,
@@ -38,9 +35,9 @@ from runtime.executor.checkpoint import (
     read_checkpoint_meta,
     save_checkpoint,
 )
+from runtime.executor.context import ContextShard, build_context_shard
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
-from runtime.executor.mesh import ParallelDims, build_mesh
-from runtime.executor.moe import build_expert_groups, expert_layout, set_aux_loss_scale, take_aux_loss
+from runtime.executor.mesh import build_mesh
 from runtime.executor.metrics import (
     MetricsLog,
     peak_memory_bytes,
@@ -48,10 +45,10 @@ from runtime.executor.metrics import (
     peak_rss_bytes,
     reset_peak_memory,
 )
-from runtime.executor.tensor_memory import KINDS, TensorMemory, TensorPeak, steady_peak
+from runtime.executor.moe import build_expert_groups, expert_layout, set_aux_loss_scale, take_aux_loss
 from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.pretrained import load_pretrained
-from runtime.executor.schedule import build_runner, check_replica_schedules
+from runtime.executor.schedule import LocalRunner, PipelineRunner, build_runner, check_replica_schedules
 from runtime.executor.speed import (
     COMPILE_CHOICES,
     autocast_dtype,
@@ -61,6 +58,7 @@ from runtime.executor.speed import (
     report_compile,
     resolve_compile,
 )
+from runtime.executor.tensor_memory import KINDS, TensorMemory, TensorPeak, steady_peak
 from runtime.executor.tied import TiedGradSync, build_tied_sync
 from runtime.launch import FALLBACK_ENV, OOM_DIR_ENV
 
@@ -333,7 +331,7 @@ class Job:
     device: torch.device
     chunks: list[Chunk]
     optimizers: list[torch.optim.Optimizer]
-    runner: object
+    runner: LocalRunner | PipelineRunner
     data: Callable[[int], Batch]
     rows: tuple[int, int]
     micro_batches: int
@@ -366,7 +364,7 @@ def build_job(
     validate(plan, dist.get_world_size())
     check_supported(plan)
     split = check_replica_schedules(plan)  # each replica's own micro-batch count with uneven batch shares
-    dims = ParallelDims.from_plan(plan)
+    dims = plan.parallel_dims
     coords = dims.coords(rank)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = plan.training.dtype == "tf32"

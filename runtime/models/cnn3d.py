@@ -8,6 +8,8 @@ segmentation), mean squared error on the 4 parameters (CosmoFlow regression).
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +24,8 @@ LEAKY_SLOPE = 0.3  # Keras LeakyReLU default alpha, as the CosmoFlow reference u
 class VolumeBlock(nn.Module):
     """One row of the layer table: conv [+ GroupNorm] [+ activation] [+ max-pool], a pooling, an
     up-convolution, or a dense layer (flattening a volume first)."""
+
+    conv: nn.Conv3d | nn.ConvTranspose3d
 
     def __init__(self, layer: VolumeLayer) -> None:
         super().__init__()
@@ -63,7 +67,7 @@ class VolumeModel(LayeredModel):
         for layer in dims.layers:
             top, _, key = layer.path.partition(".")
             if key:
-                groups.setdefault(top, nn.ModuleDict())[key] = VolumeBlock(layer)  # type: ignore[index]
+                cast(nn.ModuleDict, groups.setdefault(top, nn.ModuleDict()))[key] = VolumeBlock(layer)
             else:
                 groups[top] = VolumeBlock(layer)
         super().__init__(groups)

@@ -34,6 +34,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -128,7 +129,12 @@ def read_input_spec(module: nn.Module, source: str) -> InputSpec:
         )
     if dtype == "int64" and not (isinstance(vocab, int) and vocab > 0):
         raise StratagemError(f"{source}: input_spec with int64 inputs needs vocab (the id range), e.g. 'vocab': 256")
-    return InputSpec(sample_shape=tuple(shape), dtype=dtype, vocab=int(vocab), num_classes=classes)
+    return InputSpec(
+        sample_shape=tuple(cast("list[int] | tuple[int, ...]", shape)),
+        dtype=dtype,
+        vocab=int(vocab),
+        num_classes=classes,
+    )
 
 
 def _layers(module: nn.Module, source: str) -> dict[str, nn.Module]:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from planner.model import SPATIAL_FAMILIES, VolumeLayer, volume_layers
 from planner.core import StratagemError
-from planner.model import FAMILY_DEFAULTS, ModelSpec
+from planner.model import FAMILY_DEFAULTS, SPATIAL_FAMILIES, ModelSpec, VolumeLayer, volume_layers
 
 LLAMA_FFN_MULTIPLE = 256  # Meta llama model.py: ModelArgs.multiple_of
 
@@ -170,10 +169,10 @@ def resolve_dims(spec: ModelSpec) -> Dims:
             _pos_int(spec, key)
         return VolumeDims(spec=spec, layers=tuple(volume_layers(spec)))
     if spec.family == "resnet":
-        depths = tuple(_pos_int(spec, f"depths_{i}") for i in range(4))
+        d0, d1, d2, d3 = (_pos_int(spec, f"depths_{i}") for i in range(4))
         return ResNetDims(
-            depths=depths,
-            width=_pos_int(spec, "width"),  # type: ignore[arg-type]
+            depths=(d0, d1, d2, d3),
+            width=_pos_int(spec, "width"),
             num_classes=_pos_int(spec, "num_classes"),
             image_size=_pos_int(spec, "image_size"),
             in_channels=_pos_int(spec, "in_channels"),

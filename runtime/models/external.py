@@ -21,6 +21,7 @@ import copy
 import functools
 import json
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -92,9 +93,10 @@ def _hf_block_layout(block: nn.Module, spec: ModelSpec) -> tuple[dict[str, str],
     hidden, heads = int(spec.dims.get("hidden", 0)), int(spec.dims.get("heads", 0))
     kv = int(spec.dims.get("kv_heads", 0) or heads)
     head_dim = int(cfg.get("head_dim") or (hidden // heads if heads else 0))
+    layer = block.get_submodule("layer")
     params = [
         n
-        for n, m in block.layer.named_modules()
+        for n, m in layer.named_modules()
         if any(True for _ in m.parameters(recurse=False))
         and not isinstance(m, nn.Linear)
         and "norm" not in type(m).__name__.lower()
@@ -105,7 +107,7 @@ def _hf_block_layout(block: nn.Module, spec: ModelSpec) -> tuple[dict[str, str],
             {},
             (
                 f"the block holds parameters outside nn.Linear ({', '.join(params[:3])}: "
-                f"{type(block.layer.get_submodule(params[0])).__name__}), so no Megatron layout is derived"
+                f"{type(layer.get_submodule(params[0])).__name__}), so no Megatron layout is derived"
             ),
         )
     layout: dict[str, str] = {}
@@ -346,12 +348,16 @@ def shard_module(module: nn.Module, layout: dict[str, str], tp: int) -> nn.Modul
     with torch.device("meta"):
         for rel, style in layout.items():
             sub = shard.get_submodule(rel) if rel else shard
+            # _hf_layouts and _custom_layouts gave vocab_embedding to nn.Embedding, the other styles to nn.Linear
             if style == "vocab_embedding":
-                new: nn.Module = VocabShardEmbedding(sub.num_embeddings // tp, sub.embedding_dim)
+                emb = cast(nn.Embedding, sub)
+                new: nn.Module = VocabShardEmbedding(emb.num_embeddings // tp, emb.embedding_dim)
             elif style == "rowwise":
-                new = nn.Linear(sub.in_features // tp, sub.out_features, bias=sub.bias is not None)
+                lin = cast(nn.Linear, sub)
+                new = nn.Linear(lin.in_features // tp, lin.out_features, bias=lin.bias is not None)
             else:  # colwise, colwise_sharded_output
-                new = nn.Linear(sub.in_features, sub.out_features // tp, bias=sub.bias is not None)
+                lin = cast(nn.Linear, sub)
+                new = nn.Linear(lin.in_features, lin.out_features // tp, bias=lin.bias is not None)
             if not rel:
                 return new
             parent, _, name = rel.rpartition(".")
@@ -400,7 +406,7 @@ def external_collectives(spec: ModelSpec, path: str, x: torch.Tensor, elem_bytes
             needs.append(CollectiveNeed(op="all_reduce", phase="backward", bytes_per_sample=n_in * elem_bytes))
         elif style == "colwise_sharded_output":
             sub = layer.get_submodule(rel) if rel else layer
-            tokens = n_out // sub.out_features
+            tokens = n_out // cast(nn.Linear, sub).out_features
             needs += [
                 CollectiveNeed(op="all_reduce", phase="backward", bytes_per_sample=n_in * elem_bytes),
                 CollectiveNeed(op="all_reduce", phase="forward", bytes_per_sample=tokens * FP32_BYTES, count=3),

@@ -15,13 +15,13 @@ from __future__ import annotations
 import copy
 import math
 import time
+from typing import cast
 
 import torch
 from torch import nn
 
 from planner.core import StratagemError
 from planner.model import Fidelity, ModelSpec
-from runtime.models.init import init_weights
 from runtime.models.hf import (
     ATTENTION,
     build_with_attention,
@@ -31,6 +31,7 @@ from runtime.models.hf import (
     stratagem_attention,
     wrap_causal_lm,
 )
+from runtime.models.init import init_weights
 
 FIDELITY_TOLERANCE = 1e-5  # largest |logit difference| in fp32 that still counts as the same model
 TINY = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256}
@@ -267,7 +268,7 @@ def check_hf_fidelity(spec: ModelSpec) -> Fidelity:
     return Fidelity(
         max_abs_logit_diff=diff,
         tolerance=FIDELITY_TOLERANCE,
-        layers=len(wrapped.blocks),
+        layers=len(cast(nn.ModuleDict, wrapped.blocks)),
         transformers_version=transformers.__version__,
         seconds=round(time.perf_counter() - start, 3),
     )

@@ -14,6 +14,7 @@ computes (heads/t, ffn/t, vocab/t) — used by the profiler to measure shards.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +42,7 @@ class Attention(nn.Module):
         qkv = self.qkv(x).view(b, s, -1, 3, self.head_dim)  # -1 = local heads (works under DTensor TP)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # (b, heads, s, d)
         scale = 1.0 / math.sqrt(self.head_dim)
-        how = dict(
+        how: dict[str, Any] = dict(
             fused=self.fused_attention,
             scale=scale,
             dropout_p=self.p_drop,

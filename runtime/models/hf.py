@@ -28,15 +28,15 @@ decoder layer.
 
 from __future__ import annotations
 
-import logging
-
 import copy
 import functools
 import inspect
 import json
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -45,6 +45,9 @@ from planner.core import StratagemError
 from planner.model import ModelSpec
 from runtime.models.attention import FUSED_MARK, RECOMPUTE_MARK, attend, causal_bias
 from runtime.models.layered import LayeredModel, blocks_dict
+
+if TYPE_CHECKING:
+    from transformers.modeling_utils import PreTrainedModel
 
 TRACE_TOKENS = 8  # tokens of the meta forward that orders the modules (any length works)
 
@@ -130,7 +133,7 @@ _SINKS_WARNED: list[bool] = []  # the fused-attention warning of attention sinks
 UNSUPPORTED_KEYS = ("attn_logit_softcapping",)
 
 
-def _build_causal_lm(spec: ModelSpec) -> nn.Module:
+def _build_causal_lm(spec: ModelSpec) -> PreTrainedModel:
     transformers = require_transformers()
     config = hf_config(spec)
     used = [k for k in UNSUPPORTED_KEYS if getattr(config, k, None)]  # set in the file or by the config's default
@@ -158,7 +161,7 @@ def _build_causal_lm(spec: ModelSpec) -> nn.Module:
     return model
 
 
-def build_with_attention(transformers, config) -> nn.Module:
+def build_with_attention(transformers, config) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_config`` with Stratagem's attention function, or with the model's own eager
     attention where the architecture refuses any function from the interface (Falcon: it computes attention in its
     own forward, as Bloom does after accepting the name); such a model runs its own attention (warned by
@@ -195,7 +198,7 @@ def use_loop_experts(model: nn.Module) -> int:
     changed = 0
     for module in model.modules():
         config = getattr(module, "config", None)
-        if getattr(config, "_experts_implementation", None) == "batched_mm":
+        if config is not None and getattr(config, "_experts_implementation", None) == "batched_mm":
             config._experts_implementation = "eager"
             changed += 1
     return changed
@@ -242,6 +245,9 @@ class HFBlock(nn.Module):
     sliding-window layer, transformers ``masking_utils``) gives the eager attention without padding.
     """
 
+    _alibi: Callable | None  # both set with object.__setattr__, so not registered as submodules
+    _rotary: nn.Module | None
+
     def __init__(
         self,
         layer: nn.Module,
@@ -279,7 +285,7 @@ class HFBlock(nn.Module):
             mask = (causal_bias(s, device=x.device, dtype=x.dtype)[None, None] if mask is None else mask).expand(
                 x.shape[0], 1, s, s
             )
-        kwargs = {"attention_mask": mask, "position_ids": positions}
+        kwargs: dict[str, object] = {"attention_mask": mask, "position_ids": positions}
         if "alibi" in self._kwargs:
             kwargs["alibi"] = self._alibi(x.shape[0], s, x.device, x.dtype) if self._alibi is not None else None
         if self._rotary is not None:
@@ -347,7 +353,7 @@ def _is_norm(module: nn.Module) -> bool:
     return own or isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(module).__name__.lower()
 
 
-def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
+def find_parts(model: PreTrainedModel, spec: ModelSpec) -> HFParts:
     """Locate the pieces of ``model`` (built on meta) by structure; see the module docstring."""
     names = {id(m): n for n, m in model.named_modules()}
     tok, head = names.get(id(model.get_input_embeddings())), names.get(id(model.get_output_embeddings()))
@@ -357,9 +363,9 @@ def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
     try:
         order = _call_order(model, int(spec.dims.get("vocab", 2)))
     except (NotImplementedError, RuntimeError) as exc:  # an operation that reads tensor values (JetMoE's router)
-        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise StratagemError(
-            f"{spec.source}: {type(model).__name__} cannot run on the meta device ({type(exc).__name__}: {first}), "
+            f"{spec.source}: {type(model).__name__} cannot run on the meta device ({type(exc).__name__}: {reason}), "
             f"where Stratagem traces a model to find its parts; this architecture is not supported, plan another model"
         ) from None
     inner = [p for p in order if _inside(p, blocks)]
@@ -376,7 +382,7 @@ def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
         for p, m in modules.items()
         if outside(p) and any(n.endswith("inv_freq") for n, _ in m.named_buffers(recurse=False))
     ]
-    layer_takes = inspect.signature(modules[blocks][0].forward).parameters
+    layer_takes = inspect.signature(cast(nn.ModuleList, modules[blocks])[0].forward).parameters
     if not rotary and "position_embeddings" in layer_takes:
         # tables under another name (GPT-J's embed_positions): buffers, no weights, run before the blocks
         rotary = [
@@ -413,7 +419,7 @@ def find_parts(model: nn.Module, spec: ModelSpec) -> HFParts:
     )
 
 
-def _rotary_on_cpu(model: nn.Module, parts: HFParts) -> nn.Module | None:
+def _rotary_on_cpu(model: PreTrainedModel, parts: HFParts) -> nn.Module | None:
     """A CPU copy of the rotary-table module (its buffers computed from the config, not left on meta)."""
     if parts.rotary is None:
         return None
@@ -438,12 +444,12 @@ def _alibi(build: Callable, heads: int, batch: int, seq: int, device: torch.devi
     return build(torch.ones(batch, seq, dtype=torch.long, device=device), heads, dtype)
 
 
-def alibi_builder(model: nn.Module) -> Callable | None:
+def alibi_builder(model: PreTrainedModel) -> Callable | None:
     """The ALiBi biases (Press et al. 2022) the model's forward builds for its layers, as ``(batch, seq, device,
     dtype) -> tensor``: the model module's own ``build_alibi_tensor`` on an all-ones mask (no padding), which is what
     transformers computes then. None when the config switches ALiBi off (Falcon's ``alibi: false``) or the layers do
     not take it."""
-    layers = model.get_submodule(_block_list(model))
+    layers = cast(nn.ModuleList, model.get_submodule(_block_list(model)))
     if "alibi" not in inspect.signature(layers[0].forward).parameters or getattr(model.config, "alibi", True) is False:
         return None
     build = getattr(sys.modules[type(model).__module__], "build_alibi_tensor", None)
@@ -465,7 +471,7 @@ class HFInit:
     (Gemma's ``embed_scale``) and norms (Gemma's RMSNorm weight is 0 for ``1 + weight``). ``init_weights`` calls
     it first and leaves the tensors it returns alone; random weights keep the seeded, per-path init."""
 
-    def __init__(self, hf_model: nn.Module) -> None:
+    def __init__(self, hf_model: PreTrainedModel) -> None:
         self.init_module = hf_model._init_weights  # bound to the meta model; runs on any materialized module
 
     def __deepcopy__(self, memo: dict) -> "HFInit":
@@ -520,7 +526,7 @@ def _template(spec_json: str) -> tuple[LayeredModel, HFParts]:
     return wrap_causal_lm(_build_causal_lm(spec), spec)
 
 
-def wrap_causal_lm(model: nn.Module, spec: ModelSpec) -> tuple[LayeredModel, HFParts]:
+def wrap_causal_lm(model: PreTrainedModel, spec: ModelSpec) -> tuple[LayeredModel, HFParts]:
     """The :class:`LayeredModel` over ``model``'s own modules (built on meta for planning, on CPU with weights for
     the fidelity check, :mod:`runtime.models.fidelity`) and the parts found."""
     parts = find_parts(model, spec)
@@ -557,7 +563,7 @@ def wrap_causal_lm(model: nn.Module, spec: ModelSpec) -> tuple[LayeredModel, HFP
                     own_attention=not type(model).is_backend_compatible(),
                     alibi=alibi,
                 )
-                for i, layer in enumerate(get(parts.blocks))
+                for i, layer in enumerate(cast(nn.ModuleList, get(parts.blocks)))
             ]
         ),
     }
@@ -576,7 +582,7 @@ def build_hf(spec: ModelSpec) -> LayeredModel:
     template, _ = _template(spec_key(spec))
     model = copy.deepcopy(template)
     if model.tie_embeddings:
-        model.head.weight = model.embed.tok.weight
+        model.get_submodule("head").weight = model.get_parameter("embed.tok.weight")
     return model
 
 

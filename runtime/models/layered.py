@@ -98,5 +98,5 @@ def build_decoder(dims, build_layer) -> LayeredModel:
         tie_embeddings=dims.tie_embeddings,
     )
     if dims.tie_embeddings:
-        model.head.weight = model.embed.tok.weight
+        model.get_submodule("head").weight = model.get_parameter("embed.tok.weight")
     return model

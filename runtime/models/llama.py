@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from runtime.models.dims import LlamaDims
 from runtime.models.attention import attend
+from runtime.models.dims import LlamaDims
 from runtime.models.gpt import VocabShardEmbedding, embedding_table
 from runtime.models.layered import LayeredModel, LMHead, build_decoder, decoder_paths
 

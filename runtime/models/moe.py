@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,9 @@ from torch import nn
 from runtime.models.dims import MoEDims
 from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
 from runtime.models.llama import Attention, Block, FeedForward, RMSNorm, build_llama_layer
+
+if TYPE_CHECKING:
+    from runtime.executor.moe import TokenShard
 
 # (rows sorted by global expert (n, h), assignments per global expert (E,), local experts, slots) -> outputs
 # (n, h); slots: the fixed per-expert buffer rows of a capacity-limited layer (0 = dropless)
@@ -111,13 +115,13 @@ class AuxLossAttach(torch.autograd.Function):
     threading it through the pipeline to the loss function."""
 
     @staticmethod
-    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.scale = scale
         ctx.save_for_backward(aux_loss)
         return output.view_as(output)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         (aux_loss,) = ctx.saved_tensors
         return grad, torch.full_like(aux_loss, ctx.scale), None
 
@@ -165,7 +169,7 @@ class MoE(nn.Module):
         # set by the runtime (runtime.executor.moe); the defaults are one process training alone
         self.aux_loss_scale = 1.0
         self.exchange: Exchange = local_exchange
-        self.token_shard = None  # tensor parallelism: each TP rank routes its own slice of the tokens
+        self.token_shard: TokenShard | None = None  # tensor parallelism: each TP rank routes its own token slice
         # over training forwards (a tensor, so no device sync per layer), reset by the reader
         self.aux_loss_sum: torch.Tensor | float = 0.0
         self.aux_loss_count = 0
@@ -186,8 +190,8 @@ class MoE(nn.Module):
         slots = capacity(self.capacity_factor, s, self.top_k, self.num_experts) * b
         routed = self.exchange(tokens[token_of], counts, self.experts, slots)
         # unpermute: outputs back to (token, choice) slots, dropped slots zero, then the weighted sum
-        slots = routed.new_zeros(routing.experts.numel(), h).index_copy(0, order, routed)
-        out = (slots.view(-1, self.top_k, h) * routing.weights.unsqueeze(-1).to(slots.dtype)).sum(dim=1)
+        placed = routed.new_zeros(routing.experts.numel(), h).index_copy(0, order, routed)
+        out = (placed.view(-1, self.top_k, h) * routing.weights.unsqueeze(-1).to(placed.dtype)).sum(dim=1)
         out = out.view(b, s, h) if shard is None else shard.output(out, b, s)
         if shared is not None:
             out = out + shared

@@ -18,7 +18,7 @@ from torch import nn
 from planner.core import StratagemError
 from planner.model import ModelSpec
 from planner.profile import CollectiveNeed
-from runtime.models.dims import GPTDims, LlamaDims, MLPDims, MoEDims, ResNetDims, resolve_dims
+from runtime.models.dims import GPTDims, LlamaDims, MLPDims, MoEDims, ResNetDims, VolumeDims, resolve_dims
 from runtime.models.external import external, external_collectives
 from runtime.models.zoo import DeviceLike, build_layer, check_layer_path, layer_kind, num_classes
 
@@ -139,7 +139,7 @@ def _need(op: str, phase: str, nbytes: float, count: int, sp: bool) -> Collectiv
         op=op,
         phase=phase,
         bytes_per_sample=float(nbytes),
-        count=count,  # type: ignore[arg-type]
+        count=count,
         with_sequence_parallel=sp,
     )
 
@@ -171,6 +171,7 @@ def tp_collectives(
             _need("all_reduce", "backward", features * elem, 1, False),
             _need("all_reduce", "forward", FP32_BYTES, 3, False),
         ]
+    assert not isinstance(dims, VolumeDims), "3D CNNs never split weights (tp_layout: no splittable layer)"
     act = seq_len * dims.hidden * elem
     if kind == "block" and isinstance(dims, MoEDims) and dims.is_moe_block(int(path.split(".")[1])):
         # attention and shared experts as Megatron (one all-reduce each way, or all-gather + reduce-scatter

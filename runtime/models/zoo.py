@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,8 @@ from runtime.models.external import build_external, build_external_layer, extern
 from runtime.models.gpt import build_gpt, build_gpt_layer, gpt_paths
 from runtime.models.layered import LayeredModel
 from runtime.models.llama import build_llama, build_llama_layer, llama_paths
-from runtime.models.moe import build_moe, build_moe_layer, moe_paths
 from runtime.models.mlp import build_mlp, build_mlp_layer, mlp_paths
+from runtime.models.moe import build_moe, build_moe_layer, moe_paths
 from runtime.models.resnet import build_resnet, build_resnet_layer, resnet_paths
 
 # family -> (whole-model builder, layer builder (dims, path, tp), layer paths in forward order)
@@ -51,9 +51,10 @@ _KINDS = {
 SEQUENCE_FAMILIES = ("gpt", "llama", "moe", "hf")
 
 DeviceLike = str | torch.device
+M = TypeVar("M", bound=nn.Module)
 
 
-def _materialized(module: nn.Module, device: DeviceLike, dtype: torch.dtype) -> nn.Module:
+def _materialized(module: M, device: DeviceLike, dtype: torch.dtype) -> M:
     """A meta-built module on ``device`` in ``dtype``; real devices get the seeded init (seed 0)."""
     if torch.device(device).type != "meta":
         from runtime.models.init import init_weights
@@ -83,7 +84,7 @@ def _custom_batch(
     return inputs.to(device), targets.to(device)
 
 
-def _built(build: Callable[[], nn.Module], device: DeviceLike, dtype: torch.dtype) -> nn.Module:
+def _built(build: Callable[[], M], device: DeviceLike, dtype: torch.dtype) -> M:
     with torch.device(device):
         module = build()
     return module.to(dtype=dtype)

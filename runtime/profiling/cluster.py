@@ -24,9 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner import __version__
-from planner.profile import fit_alpha_beta
-from planner.core import StratagemError
-from planner.core import read_json
+from planner.core import StratagemError, read_json
 from planner.profile import (
     BlockingLatency,
     ClusterProfile,
@@ -36,6 +34,7 @@ from planner.profile import (
     NodeGroup,
     NodeType,
     Provenance,
+    fit_alpha_beta,
 )
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,12 @@ tests/test_hf_moe_profile.py checks both against each other and Mixtral-8x7B aga
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import torch
 from torch import nn
 
+from runtime.models.llama import FeedForward
 from runtime.models.moe import MoE, moe_layers
 
 
@@ -51,8 +53,8 @@ def _hf_moe_blocks(module: nn.Module) -> list[nn.Module]:
     return [
         m
         for m in module.modules()
-        if isinstance(getattr(m, "experts", None), nn.Module)
-        and _is_hf_experts(m.experts)
+        if isinstance(experts := getattr(m, "experts", None), nn.Module)
+        and _is_hf_experts(experts)
         and hasattr(getattr(m, "gate", None), "top_k")
     ]
 
@@ -75,8 +77,9 @@ def _hf_expert_profile(block: nn.Module, seq_len: int):
     (:func:`fused_saved_bytes_per_token`, :func:`fused_backward_bytes_per_weight_byte`)."""
     from planner.profile import ExpertProfile
 
-    n_experts, two_f, hidden = block.experts.gate_up_proj.shape
-    top_k = int(block.gate.top_k)
+    experts = block.get_submodule("experts")
+    n_experts, two_f, hidden = experts.get_parameter("gate_up_proj").shape
+    top_k = int(block.get_submodule("gate").top_k)  # type: ignore[arg-type]  # a plain int attribute
     return ExpertProfile(
         experts=int(n_experts),
         top_k=top_k,
@@ -85,8 +88,8 @@ def _hf_expert_profile(block: nn.Module, seq_len: int):
         tokens_per_sample=seq_len,
         capacity_factor=None,
         wrapped_at_ep1=True,  # runtime.executor.moe: an hf: plan without an expert layout wraps them as dense
-        fused_saved_bytes_per_token=fused_saved_bytes_per_token(block.experts, top_k),
-        fused_backward_bytes_per_weight_byte=fused_backward_bytes_per_weight_byte(block.experts, top_k),
+        fused_saved_bytes_per_token=fused_saved_bytes_per_token(experts, top_k),
+        fused_backward_bytes_per_weight_byte=fused_backward_bytes_per_weight_byte(experts, top_k),
     )
 
 
@@ -99,13 +102,14 @@ def _small_copy(experts: nn.Module, top_k: int, hidden: int, ffn: int, tokens_pe
     """A shallow copy of ``experts`` (the same class and forward; its own parameter table, config and weights)
     holding small random ``hidden x ffn`` weights on the CPU, and a call's arguments in which every expert takes
     the same number of rows: ``(module, hidden_states, top_k_index, top_k_weights)``."""
-    n_experts = int(experts.gate_up_proj.shape[0])
-    dtype = experts.gate_up_proj.dtype
+    gate_up_proj = experts.get_parameter("gate_up_proj")
+    n_experts = int(gate_up_proj.shape[0])
+    dtype = gate_up_proj.dtype
     copy_ = copy.copy(experts)
     copy_._parameters = dict(experts._parameters)
     if hasattr(experts, "config"):  # run transformers' per-expert loop, as the runtime does (hf.use_loop_experts)
         copy_.config = copy.copy(experts.config)
-        copy_.config._experts_implementation = "eager"
+        copy_.config._experts_implementation = "eager"  # type: ignore[union-attr]  # a transformers config
     gen = torch.Generator().manual_seed(0)
     copy_.gate_up_proj = nn.Parameter(torch.randn(n_experts, 2 * ffn, hidden, generator=gen).to(dtype))
     copy_.down_proj = nn.Parameter(torch.randn(n_experts, hidden, ffn, generator=gen).to(dtype))
@@ -169,7 +173,7 @@ def fused_saved_bytes_per_token(experts: nn.Module, top_k: int) -> float:
     y0, y1, y2 = (_saved_by_small_copy(experts, top_k, h, f) for h, f in _FIT_WIDTHS)
     per_h, per_f = (y1 - y0) / (h1 - h0), (y2 - y0) / (f2 - f0)
     fixed = y0 - per_h * h0 - per_f * f0
-    _, two_f, hidden = experts.gate_up_proj.shape
+    _, two_f, hidden = experts.get_parameter("gate_up_proj").shape
     return max(0.0, per_h * int(hidden) + per_f * (int(two_f) // 2) + fixed)
 
 
@@ -187,7 +191,7 @@ def expert_fields(module: nn.Module, seq_len: int) -> dict:
     if not layers:
         return {}
     moe: MoE = layers[0]
-    first = next(iter(moe.experts.values()))
+    first = cast(FeedForward, next(iter(moe.experts.values())))
     return {
         "experts": profiles.ExpertProfile(
             experts=moe.num_experts,

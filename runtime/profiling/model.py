@@ -336,7 +336,7 @@ def _profile_one(
         path=job.path,
         kind=kind,
         signature=signature,
-        tp_style=_tp_style(job.spec, kind) if splittable else "none",  # type: ignore[arg-type]
+        tp_style=_tp_style(job.spec, kind) if splittable else "none",
         input_bytes_per_sample=job.x_full.numel() * job.x_full.element_size() / batch,
         output_bytes_per_sample=out_bytes,
         shards=_shards(job, s),
@@ -418,7 +418,7 @@ def profile_model(
         name=f"{spec.name}-s{seq_len}-{s.dtype}",
         model=spec,
         seq_len=seq_len,
-        dtype=s.dtype,  # type: ignore[arg-type]
+        dtype=s.dtype,
         sample_shape=sample_shape(spec, seq_len),
         micro_batches=list(s.micro_batches),
         tp_degrees=list(s.tp_degrees),

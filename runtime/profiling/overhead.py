@@ -26,6 +26,7 @@ import contextlib
 import logging
 import statistics
 import time
+from typing import cast
 from collections.abc import Callable, Iterator
 
 import torch
@@ -119,12 +120,16 @@ def _interleaved(
         for mode, layer in layers.items():
             fwd, bwd = _fwd_bwd_s(layer, make_input(x, needs_grad=not first))
             t0 = time.perf_counter()
-            if opts[mode] is not None:  # a layer without parameters (a pooling layer) has no step
-                opts[mode].step()
-                opts[mode].zero_grad(set_to_none=True)
+            opt = opts[mode]
+            if opt is not None:  # a layer without parameters (a pooling layer) has no step
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             if i >= warmup:
                 times[mode].append((fwd, bwd, time.perf_counter() - t0))
-    return {m: tuple(statistics.median(t[k] for t in v) for k in range(3)) for m, v in times.items()}
+    return {
+        m: cast("tuple[float, float, float]", tuple(statistics.median(t[k] for t in v) for k in range(3)))
+        for m, v in times.items()
+    }
 
 
 def measure_runtime_overhead(

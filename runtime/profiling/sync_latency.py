@@ -43,7 +43,10 @@ def _issue(op: str, x: torch.Tensor, out: torch.Tensor, rank: int) -> None:
     elif op == "functional_all_reduce":
         import torch.distributed._functional_collectives as funcol
 
-        funcol.wait_tensor(funcol.all_reduce(x, "sum", dist.group.WORLD))
+        world = dist.group.WORLD
+        if world is None:
+            raise RuntimeError("functional_all_reduce needs an initialised default process group")
+        funcol.wait_tensor(funcol.all_reduce(x, "sum", world))
 
 
 def measure() -> dict[str, float]:

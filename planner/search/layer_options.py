@@ -1,0 +1,250 @@
+"""What each layer costs under each per-layer option of a search candidate: :class:`LayerOptions`, the part of
+:class:`planner.search.costs.CandidateCosts` that calls the cost model's ``layer_cost`` (and the routed experts'
+``expert_time`` / ``expert_states``) and turns a :class:`planner.cost.LayerCost` into the ILP's
+:class:`planner.search.tables.OptionCost`.
+
+Layer costs are cached by (signature, node type, tp, style, recompute, sp, micro-batch): candidates that
+differ only in pp, dp, ZeRO or schedule reuse them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.core import STATE_BYTES_PER_PARAM, Recompute, TPStyle
+from planner.cost import (
+    KVExchange,
+    LayerCost,
+    ParallelConfig,
+    block_unit_bytes,
+    collective_time,
+    combine_expert_costs,
+    dp_group,
+    dp_wrapper,
+    expert_split,
+    expert_states,
+    expert_time,
+    fsdp_call_latency_s,
+    full_saved_bytes,
+    layer_cost,
+    precision_kind,
+    root_unit_layers,
+    timings_apply,
+    timings_scale,
+    tp_group,
+    working_set_bytes,
+)
+from planner.profile import ClusterProfile, LayerProfile, ModelProfile
+from planner.search.config import SearchConfig
+from planner.search.space import OuterChoice
+from planner.search.tables import Option, OptionCost
+
+
+class LayerOptions:
+    """Per-layer option costs of one (model, cluster, search config), cached across candidates."""
+
+    def __init__(
+        self,
+        profile: ModelProfile,
+        cluster: ClusterProfile,
+        *,
+        search: SearchConfig,
+        exchange: KVExchange | None,
+        dtype: str,
+        state_dtype: str,
+    ):
+        self.profile, self.cluster, self.search, self.exchange = profile, cluster, search, exchange
+        self.dtype, self.state_dtype = dtype, state_dtype
+        self._cache: dict[tuple, LayerCost] = {}
+        self._moe: dict[tuple, Any] = {}  # routed experts' time and state terms (planner.cost.moe)
+
+    @property
+    def runtime_memory(self) -> bool:
+        """Memory priced as the runtime holds it, else as Megatron-LM and DeepSpeed do (``SearchConfig``)."""
+        return self.search.memory_semantics == "fsdp2"
+
+    def options(self, layers: list[LayerProfile], tp: int) -> tuple[Option, ...]:
+        """Recompute modes x styles allowed for this group (see the module docstring)."""
+        layer = layers[0]
+        modes: tuple[Recompute, ...] = ("none", "selective", "full") if self.search.allows("recompute") else ("none",)
+        pinned = dict(self.search.pins).get("recompute")
+        if pinned is not None and layer.kind == "block":  # plan --recompute MODE (planner/search/pins.py)
+            modes = (pinned,)  # type: ignore[assignment]
+        styles: tuple[TPStyle, ...]
+        if tp == 1 or layer.tp_style == "none":
+            styles = ("replicate",)
+        elif layer.kind == "block" or not self.search.allows("layout"):
+            styles = ("split",)
+        else:
+            styles = ("split", "replicate")
+        return tuple(Option(recompute=r, style=s) for s in styles for r in modes)
+
+    def outer_layer_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, option: Option) -> LayerCost:
+        """:meth:`layer_cost` of ``layer`` on node type ``nt`` under ``outer`` with one per-layer option."""
+        o = outer
+        return self.layer_cost(
+            layer,
+            nt,
+            o.tp,
+            option.style,
+            option.recompute,
+            o.sequence_parallel,
+            o.micro_batch,
+            o.dp,
+            o.zero_stage,
+            o.ep,
+            o.etp,
+        )
+
+    def layer_cost(
+        self,
+        layer: LayerProfile,
+        nt: str,
+        tp: int,
+        style: TPStyle,
+        recompute: Recompute,
+        sp: bool,
+        mb: int,
+        dp: int,
+        zero: int,
+        ep: int = 1,
+        etp: int = 1,
+    ) -> LayerCost:
+        key = (layer.signature, nt, tp, style, recompute, sp, mb, dp_wrapper(dp, zero))
+        if key not in self._cache:
+            self._cache[key] = self._layer_cost_uncached(layer, nt, tp, style, recompute, sp, mb, dp, zero)
+        if layer.experts is None:
+            return self._cache[key]
+        # routed experts over ep/etp, as estimate adds them (planner.cost.moe); their time depends on the
+        # micro-batch and ep/etp only, their states and per-step terms on dp, ZeRO and ep/etp only
+        full = (key, dp, zero, ep, etp)
+        if full not in self._cache:
+            split = expert_split(
+                ParallelConfig(
+                    tp=tp,
+                    dp=dp,
+                    zero_stage=zero,
+                    sequence_parallel=sp,
+                    ep=ep,
+                    etp=etp,
+                    moe_load_imbalance=self.search.moe_load_imbalance,
+                    memory_semantics=self.search.memory_semantics,
+                ),
+                micro_batch=mb,
+            )
+            node = self.cluster.node_type(nt)
+            t_key = ("moe-time", layer.signature, nt, tp, sp, mb, ep, etp)
+            if t_key not in self._moe:
+                self._moe[t_key] = expert_time(layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype)
+            s_key = ("moe-states", layer.signature, nt, tp, dp, zero, ep, etp)
+            if s_key not in self._moe:
+                self._moe[s_key] = expert_states(layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype)
+            self._cache[full] = combine_expert_costs(self._cache[key], self._moe[t_key], self._moe[s_key], recompute)
+        return self._cache[full]
+
+    def _layer_cost_uncached(
+        self,
+        layer: LayerProfile,
+        nt: str,
+        tp: int,
+        style: TPStyle,
+        recompute: Recompute,
+        sp: bool,
+        mb: int,
+        dp: int,
+        zero: int,
+    ) -> LayerCost:
+        node = self.cluster.node_type(nt)
+        return layer_cost(
+            layer,
+            node=node,
+            cluster=self.cluster,
+            tp=tp,
+            style=style,
+            recompute=recompute,
+            sequence_parallel=sp,
+            micro_batch=mb,
+            flash_attention=self.search.flash_attention,
+            dtype=self.dtype,
+            tp_group_spans_nodes=tp_group(tp, node.devices_per_node).spans_nodes,
+            use_timings=timings_apply(self.profile, node),
+            dp_wrapper=dp_wrapper(dp, zero),
+            timings_scale=timings_scale(self.profile, node),
+            context=self.exchange,
+            causal_skip=self.search.flash_attention,
+            torch_tp_memory=self.runtime_memory,  # ParallelConfig.memory_semantics, as the estimate
+        )
+
+    def option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
+        k = self.outer_layer_cost(layer, nt, outer, opt)
+        node = self.cluster.node_type(nt)
+        wide = outer.tp > 1 and opt.style == "replicate"  # batch-split replica: syncs over dp x tp
+        z3_mb = z3_gather = 0.0
+        if outer.zero_stage == 3:  # over the dp (or dp x tp) group (estimate._zero3_s)
+            group = dp_group(outer.dp, outer.tp, node.devices_per_node, include_tp=wide)
+            per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
+            gather = collective_time(
+                self.cluster,
+                "all_gather",
+                k.params * per["params"],
+                group.n_ranks,
+                node_type=node,
+                spans_nodes=group.spans_nodes,
+                ranks_per_node=group.ranks_per_node,
+            )
+            scatter = collective_time(
+                self.cluster,
+                "reduce_scatter",
+                k.params * per["grads"],
+                group.n_ranks,
+                node_type=node,
+                spans_nodes=group.spans_nodes,
+                ranks_per_node=group.ranks_per_node,
+            )
+            roots = root_unit_layers(self.profile.layers)  # CPU ranks: per-call latency (zero3.fsdp_call_latency_s)
+            gather += fsdp_call_latency_s(self.cluster, node, "all_gather", group, layer, roots)
+            scatter += fsdp_call_latency_s(self.cluster, node, "reduce_scatter", group, layer, roots)
+            z3_mb, z3_gather = 2 * gather + scatter, gather + scatter  # z3_gather_s: never hidden (zero3.py)
+            if outer.pp > 1:  # zero3_grad_sync "step" (zero3.py, "Accumulation"): m * z3_mb = (m + 1) g + s
+                z3_mb = gather + (gather + scatter) / outer.num_micro_batches
+        recomputed = (
+            full_saved_bytes(
+                layer,
+                tp=outer.tp,
+                style=opt.style,
+                sequence_parallel=outer.sequence_parallel,
+                micro_batch=outer.micro_batch,
+                flash_attention=self.search.flash_attention,
+                less_input=self.runtime_memory,  # compute.layer_working_set_bytes
+            )
+            if opt.recompute == "full"
+            else 0.0
+        )
+        # compute.layer_working_set_bytes; the textbook has no measured backward growth
+        ws = working_set_bytes(recomputed, k.moe_ws_bytes, k.backward_ws_bytes if self.runtime_memory else 0.0)
+        unit = 0.0
+        if self.runtime_memory:  # the backward sweep's block unit (estimate._Assembler._backward_sweep)
+            grad_bytes = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]["grads"]
+            params, param_bytes = k.params + k.expert_unit_params, k.param_bytes + k.expert_unit_param_bytes
+            unit = sum(block_unit_bytes(outer.zero_stage, outer.dp, layer.kind, params, param_bytes, grad_bytes))
+        # ZeRO-3 in the runtime: FSDP2's root unit (every layer but the blocks) stays gathered (estimate._memory)
+        root_gathered = self.runtime_memory and outer.zero_stage == 3 and layer.kind != "block"
+        return OptionCost(
+            time_s=k.forward_s + k.backward_s + k.recompute_s + k.tp_comm_s + k.ep_comm_s,
+            fwd_s=k.forward_s,
+            bwd_s=k.backward_s + k.recompute_s,
+            act_bytes=k.act_bytes,
+            params_dp=0.0 if wide else k.params,
+            params_dpt=k.params if wide else 0.0,
+            param_bytes=k.param_bytes,
+            ws_bytes=ws + unit,
+            z3_mb_s=z3_mb,
+            z3_gather_s=z3_gather,
+            opt_s=k.optimizer_s + k.expert_step_s,
+            state_bytes=k.expert_state_bytes,
+            expert_grads_accumulating_bytes=k.expert_grads_accumulating_bytes,
+            expert_grads_end_bytes=k.expert_grads_end_bytes,
+            logits_bytes=k.logits_bytes if self.runtime_memory else 0.0,
+            root_params=0.0 if layer.kind == "block" else k.params,
+            root_gathered_bytes=k.param_bytes if root_gathered else 0.0,
+        )
