@@ -170,7 +170,7 @@ def test_cli_precision_flag():
 
 def _brute_best(costs, outer, tables, capacity):
     """Best fitting step time over every layer assignment, each scored by ``estimate`` itself."""
-    from planner.search import iter_layer_assignments, to_assignment
+    from fixtures.search_brute import iter_layer_assignments, to_assignment
 
     best = None
     for choice in iter_layer_assignments(tables):
@@ -189,7 +189,8 @@ def test_search_stays_exact_on_autocast_profiles():
     from search_helpers import check_ilp_against_brute
 
     from planner.cost import block_count
-    from planner.search import CandidateCosts, SearchConfig, enumerate_outer, iter_layer_assignments
+    from planner.search import CandidateCosts, SearchConfig, enumerate_outer
+    from fixtures.search_brute import iter_layer_assignments
 
     rng = random.Random(11)
     cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-a100-80g")), 4)

@@ -21,7 +21,8 @@ from planner.core import SELENE_FABRIC_LOAD, StratagemError
 from planner.cost import ParallelConfig, block_count, collective_time, cp_degrees, estimate, with_gpus
 from planner.model import parse_model
 from planner.profile import FabricLoad, build_gpt_profile, load_cluster_profile, resolve_cluster_path, save_profile
-from planner.search import CandidateCosts, SearchConfig, enumerate_outer, iter_layer_assignments, to_assignment
+from planner.search import CandidateCosts, SearchConfig, enumerate_outer
+from fixtures.search_brute import iter_layer_assignments, to_assignment
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = resolve_cluster_path("dgx-a100-80g")

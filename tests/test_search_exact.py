@@ -20,15 +20,8 @@ from planner.cli.common import resolve_cluster_path
 from planner.cost import block_count, cp_degrees, with_gpus
 from planner.model import parse_model
 from planner.profile import build_gpt_profile, load_cluster_profile
-from planner.search import (
-    CandidateCosts,
-    SearchConfig,
-    build_problem,
-    enumerate_outer,
-    iter_layer_assignments,
-    solve,
-    to_assignment,
-)
+from planner.search import CandidateCosts, SearchConfig, build_problem, enumerate_outer, solve
+from fixtures.search_brute import iter_layer_assignments, to_assignment
 
 N_INSTANCES = 56
 MAX_BRUTE = 700  # assignments per instance (keeps the whole test well under a minute)

@@ -20,13 +20,13 @@ from planner.search import (
     RankModel,
     SearchConfig,
     Tables,
-    brute_force_tables,
     build_problem,
     evaluate,
     extract_assignment,
     lower_bound_s,
     solve,
 )
+from fixtures.search_brute import brute_force_tables
 
 CFG = SearchConfig(time_limit_s=20, threads=1)
 NONE_SPLIT = Option(recompute="none", style="split")

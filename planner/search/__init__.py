@@ -9,12 +9,13 @@ Public API::
     SearchConfig(time_limit_s=30, gap_rel=0, threads=1, top_k=5, allow=..., memory_fraction=0.9, ...)
     grid_search(profile, cluster, *, gpus, global_batch) -> GridResult   (Megatron-style baseline)
 
-Modules: ``space`` (outer choices, lower bounds), ``costs`` (coefficients from the cost model), ``tables``
-(the coefficients and their closed-form evaluation), ``ilp`` / ``ilp_terms`` / ``ilp_cuts`` (the program),
-``brute`` (enumeration for tests), ``planner`` (the driver), ``plan_file`` (the Plan), ``grid``.
+Modules: ``space`` (outer choices, lower bounds), ``costs`` (coefficients from the cost model),
+``layer_options`` (each layer's option costs), ``tables`` (the coefficients and their closed-form evaluation),
+``ilp`` / ``ilp_terms`` / ``ilp_cuts`` (the program), ``planner`` (the driver), ``plan_file`` (the Plan),
+``grid`` (the Megatron-style grid baseline). The brute force the tests hold the ILP to is
+``fixtures/search_brute.py``.
 """
 
-from planner.search.brute import brute_force_tables, iter_layer_assignments, to_assignment
 from planner.search.cbc import Problem, SolveResult
 from planner.search.config import ALL_DIMENSIONS, DEFAULT_DIMENSIONS, SearchConfig, parse_allow
 from planner.search.context_table import best_per_cp, format_cp_table
@@ -61,7 +62,6 @@ __all__ = [
     "Tables",
     "apply_pins",
     "best_per_cp",
-    "brute_force_tables",
     "build_plan",
     "build_problem",
     "build_spatial_plan",
@@ -78,7 +78,6 @@ __all__ = [
     "fallback_candidate",
     "format_cp_table",
     "grid_search",
-    "iter_layer_assignments",
     "lower_bound_s",
     "memory_shortfall_bytes",
     "memory_table",
@@ -90,5 +89,4 @@ __all__ = [
     "solve",
     "spatial_config_of",
     "stage_ranks",
-    "to_assignment",
 ]
