@@ -4,12 +4,36 @@
 calibrated cluster profile (with its ``calibration`` section) and the predicted-vs-measured picture.
 """
 
-from planner.calibrate.fit import FitResult, Predictor, apply, fit, mean_abs, transfer
+from planner.calibrate.fit import (
+    PRIOR_WIDTH,
+    FitResult,
+    Predictor,
+    apply,
+    candidate_parameters,
+    fit,
+    mean_abs,
+    transfer,
+)
 from planner.calibrate.metrics_runs import load_runs_jsonl, runtime_precision
 from planner.calibrate.report import calibrated_profile, save_png, table_lines
-from planner.calibrate.runs import DIMS, OPTIONAL, REQUIRED, MeasuredRun, load_runs_csv, runs_hash
+from planner.calibrate.runs import (
+    CANDIDATE_COLUMNS,
+    DIMS,
+    OPTIONAL,
+    REQUIRED,
+    MeasuredRun,
+    load_candidates_csv,
+    load_runs_csv,
+    run_columns,
+    runs_hash,
+)
 
 __all__ = [
+    "PRIOR_WIDTH",
+    "candidate_parameters",
+    "CANDIDATE_COLUMNS",
+    "load_candidates_csv",
+    "run_columns",
     "DIMS",
     "FitResult",
     "MeasuredRun",

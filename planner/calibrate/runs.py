@@ -23,6 +23,7 @@ from planner.model import DimValue, parse_model
 from planner.profile import ModelProfile
 
 REQUIRED = ("model", "gpus", "global_batch", "micro_batch", "tp", "pp", "dp", "step_time_s")
+CANDIDATE_COLUMNS = REQUIRED[:-1]  # a configuration to run: a measured run's columns without the step time
 DIMS = ("layers", "hidden", "heads", "seq", "vocab")
 OPTIONAL = {
     "schedule": "1f1b",
@@ -70,16 +71,18 @@ def _int(value: str, row: int, column: str, *, minimum: int = 1) -> int:
     return out
 
 
-def _run(row: int, r: dict[str, str]) -> MeasuredRun:
+def _run(row: int, r: dict[str, str], *, measured: bool = True) -> MeasuredRun:
+    """One row; ``measured=False`` reads a candidate configuration (no ``step_time_s``; it is NaN)."""
+    required = REQUIRED if measured else CANDIDATE_COLUMNS
     get = {k: (r.get(k) or "").strip() for k in (*REQUIRED, *DIMS, *OPTIONAL)}
-    for k in REQUIRED:
+    for k in required:
         if not get[k]:
-            raise StratagemError(f"runs row {row} column {k!r} is empty; every run needs {', '.join(REQUIRED)}")
+            raise StratagemError(f"runs row {row} column {k!r} is empty; every run needs {', '.join(required)}")
     try:
-        t = float(get["step_time_s"])
+        t = float(get["step_time_s"]) if measured else math.nan
     except ValueError:
         t = math.nan
-    if not math.isfinite(t) or t <= 0:
+    if measured and (not math.isfinite(t) or t <= 0):
         raise StratagemError(
             f"runs row {row} column 'step_time_s': {get['step_time_s']!r} is not a positive "
             f"number of seconds; write the measured seconds per optimizer step"
@@ -134,23 +137,65 @@ def _run(row: int, r: dict[str, str]) -> MeasuredRun:
     )
 
 
-def load_runs_csv(path: str | Path) -> list[MeasuredRun]:
-    """Measured runs from a CSV file (module docstring); errors name the row and column."""
+def load_runs_csv(path: str | Path, *, allow_empty: bool = False) -> list[MeasuredRun]:
+    """Measured runs from a CSV file (module docstring); errors name the row and column. ``allow_empty``: a file
+    with only the header is no runs (``stratagem tune suggest`` before the first trial)."""
+    return [_run(i, r) for i, r in _rows(path, REQUIRED, what="runs", allow_empty=allow_empty)]
+
+
+def load_candidates_csv(path: str | Path) -> list[MeasuredRun]:
+    """Configurations a user can run (the runs file's columns without ``step_time_s``; their step time is NaN)."""
+    return [_run(i, r, measured=False) for i, r in _rows(path, CANDIDATE_COLUMNS, what="candidates")]
+
+
+def _rows(path: str | Path, columns: tuple[str, ...], *, what: str, allow_empty: bool = False):
     path = Path(path)
-    text = read_text(path, what="runs")  # bounded, UTF-8, one-line errors
+    unit = "measured run" if what == "runs" else "configuration"
+    text = read_text(path, what=what)  # bounded, UTF-8, one-line errors
     try:
-        rows = list(csv.DictReader(text.splitlines()))
+        reader = csv.DictReader(text.splitlines())
+        rows = list(reader)
     except csv.Error as exc:
-        raise StratagemError(f"runs file {path} is not CSV ({exc}); write one measured run per row") from None
-    if not rows:
-        raise StratagemError(f"runs file {path} has no data rows; add one measured run per row under the header")
-    missing = [c for c in REQUIRED if c not in rows[0]]
+        raise StratagemError(f"{what} file {path} is not CSV ({exc}); write one {unit} per row") from None
+    if not rows and not allow_empty:
+        raise StratagemError(f"{what} file {path} has no data rows; add one {unit} per row under the header")
+    header = reader.fieldnames or []
+    if not header:
+        raise StratagemError(f"{what} file {path} is empty; write the header line ({', '.join(columns)}) first")
+    missing = [c for c in columns if c not in header]
     if missing:
         raise StratagemError(
-            f"runs file {path} lacks column(s) {', '.join(missing)}; the header needs "
-            f"{', '.join(REQUIRED)} (see `stratagem calibrate --help`)"
+            f"{what} file {path} lacks column(s) {', '.join(missing)}; the header needs "
+            f"{', '.join(columns)} (see `stratagem calibrate --help`)"
         )
-    return [_run(i, r) for i, r in enumerate(rows, start=1)]
+    return list(enumerate(rows, start=1))
+
+
+def run_columns(run: MeasuredRun) -> dict[str, str]:
+    """A run's (or candidate's) configuration as the runs file's columns, for writing it back
+    (``load_candidates_csv`` reads it again to the same configuration)."""
+    c = run.config
+    if not isinstance(c.recompute, str):
+        raise StratagemError(f"{run.label()} recomputes per layer; the runs file states one recompute mode")
+    dims = dict(run.dims)
+    return {
+        "model": run.model,
+        **{k: str(dims[k]) for k in ("layers", "hidden", "heads", "vocab") if k in dims},
+        "seq": str(run.seq),
+        "gpus": str(run.gpus),
+        "global_batch": str(run.global_batch),
+        "micro_batch": str(c.micro_batch),
+        "tp": str(c.tp),
+        "pp": str(c.pp),
+        "dp": str(c.dp),
+        "schedule": c.schedule,
+        "virtual_stages": str(c.virtual_stages),
+        "zero": str(c.zero_stage),
+        "recompute": c.recompute,
+        "sequence_parallel": "true" if c.sequence_parallel else "false",
+        "overlap_grad_reduce": "true" if c.overlap_grad_reduce else "false",
+        "dtype": run.dtype,
+    }
 
 
 def runs_hash(runs: list[MeasuredRun]) -> str:

@@ -25,7 +25,8 @@ SETTING_FLAGS = {
     "jobs": "--jobs",
 }
 
-# (group, module) pairs; group None = top-level subcommand, "profile" = under `stratagem profile`.
+# (group, module) pairs; group None = top-level subcommand, "profile" = under `stratagem profile`, "tune" = under
+# `stratagem tune`.
 _COMMANDS: list[tuple[str | None, str]] = [
     ("profile", "cmd_profile_model"),
     ("profile", "cmd_profile_cluster"),
@@ -35,6 +36,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     (None, "cmd_launch"),
     (None, "cmd_show"),
     (None, "cmd_export"),
+    ("tune", "cmd_tune_suggest"),
 ]
 
 
@@ -61,7 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile_sub = profile.add_subparsers(dest="what", metavar="WHAT", parser_class=_Parser)
     profile.set_defaults(func=lambda _args: _usage(profile))
-    groups = {None: sub, "profile": profile_sub}
+    tune = sub.add_parser(
+        "tune",
+        help="model-guided trials: which configurations to measure next, or stop with the measured best",
+        description="Calibrate on the runs measured so far and say which configurations to measure next.",
+    )
+    tune_sub = tune.add_subparsers(dest="how", metavar="HOW", parser_class=_Parser)
+    tune.set_defaults(func=lambda _args: _usage(tune))
+    groups = {None: sub, "profile": profile_sub, "tune": tune_sub}
     for group, module_name in _COMMANDS:
         try:
             module = importlib.import_module(f"planner.cli.{module_name}")
@@ -70,9 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that subcommand is not part of this build yet
             raise
         module.register(groups[group])
-    for action in (sub, profile_sub):  # -v also after the subcommand: `stratagem plan ... -v`
+    for action in (sub, profile_sub, tune_sub):  # -v also after the subcommand: `stratagem plan ... -v`
         for name, leaf in action.choices.items():
-            if name != "profile":
+            if name not in ("profile", "tune"):
                 leaf.add_argument(
                     "-v",
                     "--verbose",

@@ -20,7 +20,7 @@ from planner.search.cbc import Problem, SolveResult
 from planner.search.config import ALL_DIMENSIONS, DEFAULT_DIMENSIONS, SearchConfig, parse_allow
 from planner.search.context_table import best_per_cp, format_cp_table
 from planner.search.costs import CandidateCosts
-from planner.search.grid import grid_search
+from planner.search.grid import grid_configs, grid_search
 from planner.search.ilp import IncompleteAssignment, build_problem, check_complete, extract_assignment, solve
 from planner.search.ilp_terms import COEF_MAX, COEF_MIN, ScalingError, check_scaling
 from planner.search.pins import PIN_FLAGS, apply_pins, pins_note
@@ -77,6 +77,7 @@ __all__ = [
     "extract_assignment",
     "fallback_candidate",
     "format_cp_table",
+    "grid_configs",
     "grid_search",
     "lower_bound_s",
     "memory_shortfall_bytes",

@@ -1,0 +1,349 @@
+"""``stratagem tune suggest``: which configurations to measure next, or that the measured best is the answer.
+
+One step of the model-guided trial loop (issue 28). From the runs measured so far it
+
+1. calibrates the cluster on them (``planner.calibrate.fit``: bounded, regularised, cross-validated; with
+   fewer than 2 runs nothing is fitted);
+2. prices every candidate configuration on the calibrated cluster (the user's ``--candidates``, or every
+   uniform configuration a trainer can state: the Megatron-style grid of ``planner.search.grid`` with ZeRO 0/1
+   and sequence parallelism), dropping those predicted not to fit in memory;
+3. gives each prediction an uncertainty (relative, the standard deviation of ``log(measured / predicted)``) of
+   two parts: the calibration's cross-validated error on these runs (k-fold with 3 runs or more, leave-one-out
+   of a one-factor scale with 2, the run-to-run noise floor with fewer), and, for every parameter the runs did
+   not fit, its prior width (``PRIOR_WIDTH``) times the candidate's sensitivity to it
+   (``d log t / d log p``) -- a candidate unlike the measured runs (another mix of compute and links) is as
+   uncertain as the profile's own figures. With no run of the job yet, the fastest predictions come first;
+4. ranks the unmeasured candidates by the expected gain over the measured best (lognormal step time:
+   ``E[max(best - T, 0)] = best Phi(d) - t exp(s^2/2) Phi(d - s)``, ``d = ln(best/t)/s``), and stops when none
+   beats the measured best with probability ``STOP_PROBABILITY`` or more.
+
+The runs may include other models or GPU counts on the same cluster: all of them calibrate; only those of the
+target (model, sequence, GPUs, global batch, dtype) are measured candidates.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+
+from planner.calibrate import PRIOR_WIDTH, MeasuredRun, Predictor, apply, candidate_parameters, fit
+from planner.core import StratagemError
+from planner.cost import ParallelConfig, estimate, with_gpus
+from planner.model import ModelSpec
+from planner.profile import ClusterProfile, ModelProfile, build_gpt_profile
+from planner.search import grid_configs
+
+STOP_PROBABILITY = 0.05  # stop when no unmeasured candidate beats the measured best with at least this chance
+# the floor of the uncertainty: run-to-run noise of a measured step time (the calibration's own assumption)
+NOISE_FLOOR = 0.03
+TUNABLE_FAMILIES = ("gpt", "llama", "moe")  # the families the runs file and the calibration price
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scored:
+    """One candidate configuration priced on the calibrated cluster."""
+
+    run: MeasuredRun  # the configuration; step_time_s is NaN unless it was measured
+    predicted_s: float
+    peak_memory_bytes: float
+    fits: bool
+    sigma: float | None = None  # relative uncertainty of predicted_s (std of log measured/predicted)
+    p_better: float | None = None  # chance it beats the measured best
+    expected_gain_s: float | None = None  # E[max(best - T, 0)], seconds per step
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TuneCalibration:
+    values: dict[str, float]  # fitted parameters (empty: the profile as it is)
+    note: str
+    sigma: float | None
+    sigma_source: str
+    runs: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Suggestion:
+    next: tuple[Scored, ...]  # best first; empty when stop
+    stop: bool
+    reason: str
+    best: MeasuredRun | None  # the measured best of the target
+    calibration: TuneCalibration
+    candidates: int  # priced
+    unfit: int  # predicted not to fit in memory
+    measured: int  # candidates already measured
+
+
+def config_key(config: ParallelConfig) -> tuple:
+    """What identifies a uniform configuration (the runs file's columns)."""
+    return (
+        config.tp,
+        config.pp,
+        config.dp,
+        config.micro_batch,
+        config.schedule,
+        config.virtual_stages,
+        config.zero_stage,
+        config.recompute if isinstance(config.recompute, str) else tuple(sorted(config.recompute.items())),
+        config.sequence_parallel,
+    )
+
+
+def label(config: ParallelConfig) -> str:
+    """``tp2 pp4 dp8 mb1 1f1b z1 full sp``: a uniform configuration in one word per choice."""
+    parts = [f"tp{config.tp}", f"pp{config.pp}", f"dp{config.dp}", f"mb{config.micro_batch}", config.schedule]
+    if config.virtual_stages > 1:
+        parts[-1] += f"(v={config.virtual_stages})"
+    parts.append(f"z{config.zero_stage}")
+    parts.append(config.recompute if isinstance(config.recompute, str) else "per-layer")
+    if config.sequence_parallel:
+        parts.append("sp")
+    return " ".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Target:
+    """The training job being tuned."""
+
+    model: str  # as the user wrote it (the runs file's ``model`` column)
+    spec: ModelSpec
+    seq: int
+    gpus: int
+    global_batch: int
+    dtype: str
+
+    def matches(self, run: MeasuredRun) -> bool:
+        return (
+            dict(run.dims) == dict(self.spec.dims)
+            and (run.family or run.model.split(":")[0]) == self.spec.family
+            and (run.seq, run.gpus, run.global_batch, run.dtype) == (self.seq, self.gpus, self.global_batch, self.dtype)
+        )
+
+    def run(self, config: ParallelConfig, row: int) -> MeasuredRun:
+        return MeasuredRun(
+            row=row,
+            model=self.model,
+            dims=tuple(sorted(self.spec.dims.items())),
+            seq=self.seq,
+            gpus=self.gpus,
+            global_batch=self.global_batch,
+            config=config,
+            dtype=self.dtype,
+            step_time_s=math.nan,
+        )
+
+
+def check_target(target: Target) -> None:
+    if target.spec.family not in TUNABLE_FAMILIES:
+        raise StratagemError(
+            f"tune prices {', '.join(TUNABLE_FAMILIES)} models (the runs file's families); "
+            f"{target.model} is {target.spec.family}: plan it with `stratagem plan` instead"
+        )
+
+
+def target_profile(target: Target) -> ModelProfile:
+    return build_gpt_profile(target.spec, seq_len=target.seq, dtype=target.dtype)
+
+
+def uniform_candidates(target: Target, profile: ModelProfile) -> list[MeasuredRun]:
+    """Every uniform configuration a trainer can state for the target: the grid's (tp inside a node, every pp, dp
+    and micro-batch split, 1F1B or interleaved, recompute none or full) with ZeRO 0 or 1 and, at tp > 1,
+    sequence parallelism off or on."""
+    out: list[MeasuredRun] = []
+    for config in grid_configs(profile, target.gpus, target.global_batch):
+        for zero in (0, 1):
+            for sp in (False, True) if config.tp > 1 else (False,):
+                out.append(target.run(replace(config, zero_stage=zero, sequence_parallel=sp), len(out) + 1))
+    return out
+
+
+def calibrate(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> TuneCalibration:
+    """Fit the cluster to ``runs`` and state how far its predictions are to be trusted (module docstring)."""
+    if len(runs) < 2:
+        what = "no runs yet" if not runs else "one run"
+        return TuneCalibration(
+            values={},
+            note=f"{what}: nothing fitted (calibration needs 2 runs)",
+            sigma=None,
+            sigma_source=f"{what}: no cross-validated error yet; the fastest predictions are measured first",
+            runs=len(runs),
+        )
+    result = fit(cluster, runs, folds=folds if len(runs) >= 3 else 0)
+    if len(runs) >= 3 and result.cv_errors:
+        logs = [math.log1p(e) for e in result.cv_errors]
+        sigma = math.sqrt(statistics.fmean(x * x for x in logs))
+        source = f"{min(folds, len(runs))}-fold cross-validated error of the calibration on {len(runs)} runs"
+    else:  # 2 runs: leave-one-out of a one-factor scale (each run predicts the other)
+        ratios = [math.log(r.step_time_s) - math.log(p) for r, p in zip(runs, Predictor(cluster, runs).predict({}))]
+        sigma = abs(ratios[0] - ratios[1])
+        source = "leave-one-out error of a one-factor scale on 2 runs"
+    floored = max(sigma, NOISE_FLOOR)
+    if floored > sigma:
+        source += f" ({sigma:.1%}, raised to the {NOISE_FLOOR:.0%} run-to-run noise floor)"
+    return TuneCalibration(values=result.values, note=result.note, sigma=floored, sigma_source=source, runs=len(runs))
+
+
+CONTRADICTION = 1.5  # repeats of one configuration further apart than this factor are refused
+
+
+def fastest_of_repeats(runs: list[MeasuredRun]) -> dict[tuple, MeasuredRun]:
+    """One measurement per configuration: the fastest of its repeats. Repeats more than ``CONTRADICTION`` apart
+    are a contradiction (a different setup, or a disturbed run) and are refused with the rows named."""
+    out: dict[tuple, MeasuredRun] = {}
+    for run in runs:
+        key = config_key(run.config)
+        seen = out.get(key)
+        if seen is not None:
+            slow, fast = sorted((seen.step_time_s, run.step_time_s), reverse=True)
+            if slow > CONTRADICTION * fast:
+                raise StratagemError(
+                    f"runs rows {seen.row} and {run.row} measure the same configuration ({label(run.config)}) "
+                    f"{slow / fast:.1f}x apart; remeasure it, or drop the row that ran on another setup"
+                )
+        if seen is None or run.step_time_s < seen.step_time_s:
+            out[key] = run
+    return out
+
+
+SENSITIVITY_STEP = 0.05  # log step of the finite difference d log t / d log p
+
+
+def uncertainties(
+    scored: list[Scored],
+    profile: ModelProfile,
+    cluster: ClusterProfile,
+    cal: TuneCalibration,
+    *,
+    memory_fraction: float,
+) -> list[float]:
+    """Each candidate's relative uncertainty: the calibration's cross-validated error and, in quadrature, the prior
+    width of every parameter the runs did not fit times the candidate's sensitivity to it (module docstring)."""
+    base = cal.sigma if cal.sigma is not None else NOISE_FLOOR
+    var = [base * base] * len(scored)
+    runs = [s.run for s in scored]
+    for param in candidate_parameters(cluster):
+        if param.name in cal.values:
+            continue
+        moved = apply(cluster, {**cal.values, param.name: param.prior * math.exp(SENSITIVITY_STEP)})
+        again = price(runs, profile, moved, memory_fraction=memory_fraction, strict=True)
+        for i, (s, m) in enumerate(zip(scored, again)):
+            sensitivity = (math.log(m.predicted_s) - math.log(s.predicted_s)) / SENSITIVITY_STEP
+            var[i] += (sensitivity * PRIOR_WIDTH) ** 2
+    return [math.sqrt(v) for v in var]
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def score(predicted_s: float, best_s: float, sigma: float) -> tuple[float, float]:
+    """(P(T < best), E[max(best - T, 0)]) for a lognormal step time T with median ``predicted_s``.
+
+    >>> p, gain = score(1.0, 1.0, 0.1)
+    >>> round(p, 3), round(gain, 4)
+    (0.5, 0.0375)
+    """
+    d = math.log(best_s / predicted_s) / sigma
+    p = _normal_cdf(d)
+    gain = best_s * p - predicted_s * math.exp(sigma * sigma / 2) * _normal_cdf(d - sigma)
+    return p, max(gain, 0.0)
+
+
+def price(
+    candidates: list[MeasuredRun],
+    profile: ModelProfile,
+    cluster: ClusterProfile,
+    *,
+    memory_fraction: float,
+    strict: bool = True,
+) -> list[Scored]:
+    """Each candidate's predicted step time and peak memory on ``cluster`` (already calibrated). A candidate the
+    cost model rejects is an error when ``strict`` (the user's own list), else left out (the generated grid)."""
+    out = []
+    sized = with_gpus(cluster, max((run.gpus for run in candidates), default=1))
+    for run in candidates:
+        try:
+            est = estimate(profile, sized, run.config, global_batch=run.global_batch, dtype=run.dtype)
+        except StratagemError as exc:
+            if not strict:
+                continue
+            raise StratagemError(
+                f"candidate {run.row} ({label(run.config)}): the cost model rejects it ({exc})"
+            ) from None
+        fits = all(rk.memory.peak_bytes <= memory_fraction * rk.memory.capacity for rk in est.per_rank)
+        out.append(Scored(run=run, predicted_s=est.step_time_s, peak_memory_bytes=est.peak_memory_bytes, fits=fits))
+    return out
+
+
+def suggest(
+    target: Target,
+    cluster: ClusterProfile,
+    runs: list[MeasuredRun],
+    *,
+    candidates: list[MeasuredRun] | None = None,
+    k: int = 2,
+    memory_fraction: float = 0.9,
+    folds: int = 5,
+) -> Suggestion:
+    """The ``k`` configurations most worth measuring next, or stop (module docstring)."""
+    check_target(target)
+    profile = target_profile(target)
+    generated = candidates is None
+    if candidates is None:
+        candidates = uniform_candidates(target, profile)
+    stray = [c for c in candidates if not target.matches(c)]
+    if stray:
+        raise StratagemError(
+            f"candidate row {stray[0].row} is for another job ({stray[0].model}, {stray[0].gpus} GPUs, batch "
+            f"{stray[0].global_batch}) than the one tuned; give candidates of {target.model} on {target.gpus} GPUs "
+            f"at batch {target.global_batch}, seq {target.seq}, {target.dtype}"
+        )
+    too_big = [c for c in candidates if c.gpus > cluster.total_devices]
+    if too_big:
+        raise StratagemError(
+            f"candidate row {too_big[0].row} needs {too_big[0].gpus} GPUs but cluster {cluster.name} has "
+            f"{cluster.total_devices}; use --gpus {cluster.total_devices} or fewer"
+        )
+    cal = calibrate(cluster, runs, folds=folds)
+    calibrated = apply(cluster, cal.values)
+    priced = price(candidates, profile, calibrated, memory_fraction=memory_fraction, strict=not generated)
+    measured = fastest_of_repeats([r for r in runs if target.matches(r)])
+    best = min(measured.values(), key=lambda r: r.step_time_s) if measured else None
+    open_ = [s for s in priced if s.fits and config_key(s.run.config) not in measured]
+    unfit = sum(1 for s in priced if not s.fits)
+
+    def answer(chosen: list[Scored], stop: bool, reason: str) -> Suggestion:
+        return Suggestion(
+            next=tuple(chosen),
+            stop=stop,
+            reason=reason,
+            best=best,
+            calibration=cal,
+            candidates=len(priced),
+            unfit=unfit,
+            measured=len(measured),
+        )
+
+    if not open_:
+        why = "every candidate that fits has been measured" if priced else "there are no candidates"
+        return answer([], True, why)
+    if best is None:
+        chosen = sorted(open_, key=lambda s: s.predicted_s)[:k]
+        return answer(chosen, False, "no measured run of this job yet: the fastest predictions")
+    sigmas = uncertainties(open_, profile, cluster, cal, memory_fraction=memory_fraction)
+    scored = []
+    for s, sigma in zip(open_, sigmas):
+        p, gain = score(s.predicted_s, best.step_time_s, sigma)
+        scored.append(replace(s, sigma=sigma, p_better=p, expected_gain_s=gain))
+    scored.sort(key=lambda s: (-(s.expected_gain_s or 0.0), s.predicted_s))
+    likeliest = max(scored, key=lambda s: s.p_better or 0.0)
+    if (likeliest.p_better or 0.0) < STOP_PROBABILITY:
+        reason = (
+            f"no unmeasured candidate beats the measured best ({best.step_time_s:.4g} s, {label(best.config)}) with "
+            f"probability {STOP_PROBABILITY:.0%} or more: the likeliest, {label(likeliest.run.config)}, is predicted "
+            f"{likeliest.predicted_s:.4g} s +- {likeliest.sigma:.1%} (P = {likeliest.p_better:.1%}; uncertainty: "
+            f"{cal.sigma_source} and the unfitted parameters' prior widths)"
+        )
+        return answer([], True, reason)
+    chosen = [s for s in scored if (s.p_better or 0.0) >= STOP_PROBABILITY][:k]
+    return answer(chosen, False, "largest expected gain over the measured best")
