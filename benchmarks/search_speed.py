@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 
 from planner.cli.common import resolve_cluster_path
+from planner.core import StratagemError
 from planner.cost import estimate, fill_stage_node_types, with_gpus
 from planner.model import parse_model
 from planner.profile import ClusterProfile, build_gpt_profile, load_cluster_profile
@@ -56,7 +57,11 @@ def run_case(
 ) -> None:
     profile = build_gpt_profile(parse_model(preset if ":" in preset else f"gpt:{preset}"), seq_len=seq)
     start = time.perf_counter()
-    result = plan_search(profile, cluster, gpus=gpus, global_batch=batch, config=config)
+    try:
+        result = plan_search(profile, cluster, gpus=gpus, global_batch=batch, config=config)
+    except StratagemError as exc:  # e.g. a search budget that ran out on a loaded machine: the row says so
+        print(f"{name:18s} {gpus:6d} {time.perf_counter() - start:8.2f}  no plan: {exc}", flush=True)
+        return
     wall_s = time.perf_counter() - start
     grid = grid_search(profile, cluster, gpus=gpus, global_batch=batch, memory_fraction=config.memory_fraction)
     status = result.status if result.status == "optimal" else f"{result.status} gap<={result.gap:.2%}"
