@@ -500,6 +500,49 @@ def calibrate_by_group(path: Path) -> list[dict]:
     return out
 
 
+def calibrate_single_node(path: Path) -> list[dict]:
+    """Calibration must not make another regime worse (issue 28): on each cluster, fit ``planner.calibrate`` on
+    the public rows that run inside one node only, then predict that cluster's multi-node rows with and without
+    the fit (the network's inter-node parameter cannot be informed by single-node rows, so it stays at its
+    prior). Returns one record per cluster with both mean |error|s."""
+    from planner.calibrate import Predictor, fit, transfer
+
+    clusters: dict = {}
+    cases = [c for c in load_cases(path) if c.role != "reference"]
+    for c in cases:
+        predict(c, clusters)
+    homes: dict[str, list[Case]] = {}
+    for c in cases:
+        homes.setdefault(c.cluster.removesuffix(LOADED_FABRIC), []).append(c)
+    out = []
+    for home, own in sorted(homes.items()):
+        per_node = clusters[own[0].cluster].node_types[0].devices_per_node
+        single = [c for c in own if c.gpus <= per_node]
+        multi = [c for c in own if c.gpus > per_node]
+        if len(single) < 2 or not multi:
+            continue
+        res = fit(with_gpus(clusters[single[0].cluster], per_node), [_measured_run(c) for c in single])
+        before, after = [], []
+        for other in multi:
+            cl = with_gpus(clusters[other.cluster], other.gpus)
+            predictor = Predictor(cl, [_measured_run(other)])
+            values = transfer(res.values, res.prior, cl, links=True)
+            before.append(predictor.predict({})[0] / other.published_s - 1)
+            after.append(predictor.predict(values)[0] / other.published_s - 1)
+        out.append(
+            {
+                "cluster": home,
+                "n_fit": len(single),
+                "fitted": res.values,
+                "n_predicted": len(multi),
+                "rows_predicted": [c.row for c in multi],
+                "mean_abs_error_uncalibrated": statistics.fmean(abs(e) for e in before),
+                "mean_abs_error_calibrated": statistics.fmean(abs(e) for e in after),
+            }
+        )
+    return out
+
+
 def _print_calibration(path: Path) -> None:
     clusters: dict = {}
     cases = load_cases(path)
@@ -773,7 +816,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="fit `stratagem calibrate`'s parameters on each source's rows, predict the others",
     )
+    parser.add_argument(
+        "--calibrate-single-node",
+        action="store_true",
+        help="fit on each cluster's single-node rows, predict its multi-node rows with and without the fit",
+    )
     args = parser.parse_args(argv)
+    if args.calibrate_single_node:
+        for r in calibrate_single_node(args.csv):
+            fitted = ", ".join(f"{k} {v:.3g}" for k, v in r["fitted"].items())
+            print(
+                f"{r['cluster']:<16} fit on {r['n_fit']:>2} single-node rows -> {r['n_predicted']:>2} multi-node rows "
+                f"mean |error| {100 * r['mean_abs_error_uncalibrated']:5.1f}% uncalibrated, "
+                f"{100 * r['mean_abs_error_calibrated']:5.1f}% calibrated   [{fitted}]"
+            )
+        return 0
     if args.calibrate:
         _print_calibration(args.csv)
         return 0
