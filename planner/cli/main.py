@@ -56,20 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stratagem {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    profile = sub.add_parser(
+    profile_sub = _group(
+        sub,
         "profile",
+        dest="what",
         help="measure (or derive) a model's or a cluster's profile",
         description="Write a versioned profile JSON for a model or a cluster.",
     )
-    profile_sub = profile.add_subparsers(dest="what", metavar="WHAT", parser_class=_Parser)
-    profile.set_defaults(func=lambda _args: _usage(profile))
-    tune = sub.add_parser(
+    tune_sub = _group(
+        sub,
         "tune",
+        dest="how",
         help="model-guided trials: which configurations to measure next, or stop with the measured best",
         description="Calibrate on the runs measured so far and say which configurations to measure next.",
     )
-    tune_sub = tune.add_subparsers(dest="how", metavar="HOW", parser_class=_Parser)
-    tune.set_defaults(func=lambda _args: _usage(tune))
     groups = {None: sub, "profile": profile_sub, "tune": tune_sub}
     for group, module_name in _COMMANDS:
         try:
@@ -90,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="log progress details to stderr",
                 )
     return parser
+
+
+def _group(sub: argparse._SubParsersAction, name: str, *, dest: str, help: str, description: str):  # noqa: A002
+    """A command group (``stratagem profile``, ``stratagem tune``): its subcommands' parser; called alone it
+    lists them."""
+    parser = sub.add_parser(name, help=help, description=description)
+    parser.set_defaults(func=lambda _args: _usage(parser))
+    return parser.add_subparsers(dest=dest, metavar=dest.upper(), parser_class=_Parser)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -1,10 +1,8 @@
 """Coefficients of the ILP from the cost model: :class:`CandidateCosts` turns an outer choice into
 :class:`planner.search.tables.Tables` by calling the same ``planner.cost`` functions ``estimate`` uses
 (``layer_cost``, ``layout_change_cost``, ``collective_time``, ``model_states_bytes``,
-``inflight_microbatches``), and turns an ILP answer back into a :class:`ParallelConfig`.
-
-Layer costs are cached by (signature, node type, tp, style, recompute, sp, micro-batch): candidates that
-differ only in pp, dp, ZeRO or schedule reuse them.
+``inflight_microbatches``), and turns an ILP answer back into a :class:`ParallelConfig`. Each layer's option
+costs come from :class:`planner.search.layer_options.LayerOptions` (cached across candidates).
 """
 
 from __future__ import annotations
