@@ -58,6 +58,7 @@ def test_coords_rank_of_and_stage_ranks_agree(dims):
         ({"tp": 0}, "tp = 0 is not a positive integer"),
         ({"dp": True}, "dp = True is not a positive integer"),
         ({"cp": 2}, "needs the mesh axis 'cp'"),
+        ({"pp": 2, "dp": 2, "sd": 2, "axes": ("dp", "sd")}, "needs the mesh axis 'pp'"),
         ({"axes": ("pp", "tp", "tp")}, "not distinct axes"),
         ({"axes": ("pp", "xx")}, "not distinct axes"),
         ({"dp": 3, "ep": 2}, "does not divide a stage's dp=3 x tp=1"),
@@ -84,8 +85,13 @@ def test_every_converter_keeps_the_searched_layout(plan_file, tmp_path):
     assert {"cp": dims.cp > 1, "moe": dims.ep > 1, "mixed": dims.axes == ("dp", "pp", "tp")}[name], dims
     assert Mesh.of(dims) == plan.mesh
     assert all(stage.ranks == dims.stage_ranks(stage.pp_rank) for stage in plan.stages)
-    # the cost model prices what the plan says
-    assert plan_config(plan).parallel_dims.degrees() == dims.degrees()
+    # the record reads the plan file's own fields
+    stated = {a: plan.mesh.size(a) for a in ("pp", "dp", "cp", "tp")}
+    stated |= {"ep": plan.experts.ep if plan.experts else 1, "etp": plan.experts.etp if plan.experts else 1}
+    assert dims.degrees() == stated
+    # the cost model prices what the plan says (its fields, not its record)
+    config = plan_config(plan)
+    assert {a: getattr(config, a) for a in stated} == stated
     # calibrate reads a measured run of the plan with the same layout
     metrics = tmp_path / "metrics.jsonl"
     lines = [
@@ -93,13 +99,14 @@ def test_every_converter_keeps_the_searched_layout(plan_file, tmp_path):
         {"event": "summary", "measured_step_time_s": 1.0},
     ]
     metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert load_runs_jsonl(metrics).config.parallel_dims.degrees() == dims.degrees()
+    run = load_runs_jsonl(metrics).config
+    assert {a: getattr(run, a) for a in stated} == stated
     # an export keeps every degree Megatron-LM can state, and prices its config with them
     profile = build_gpt_profile(plan.model, seq_len=plan.training.seq_len)
     settings, changes = nearest_candidates(plan, profile, "megatron")[0]
-    assert settings.parallel_dims.degrees() == dims.degrees(), [c.line() for c in changes]
-    priced = to_parallel_config(settings, layer_kinds(profile)).parallel_dims
-    assert priced.degrees() == settings.parallel_dims.degrees()
+    assert {a: getattr(settings, a) for a in stated} == stated, [c.line() for c in changes]
+    priced = to_parallel_config(settings, layer_kinds(profile))
+    assert {a: getattr(priced, a) for a in stated} == stated
 
 
 def test_world_size_is_one_product():

@@ -18,6 +18,7 @@ import pytest
 from planner.calibrate import MeasuredRun, apply, load_candidates_csv
 from planner.cli.main import main
 from planner.cost import estimate, with_gpus
+from planner.core import StratagemError
 from planner.model import parse_model
 from planner.profile import load_cluster_profile, resolve_cluster_path
 from planner.tune import Target, config_key, suggest, uniform_candidates
@@ -107,9 +108,10 @@ def test_cli_writes_the_suggestions_and_reads_them_back(tmp_path, capsys):
     rows = list(csv.DictReader(out.read_text().splitlines()))
     assert len(rows) == 2 and all(float(r["predicted_step_time_s"]) > 0 for r in rows)
     again = load_candidates_csv(out)
-    assert [c.config.tp for c in again] == [int(r["tp"]) for r in rows] and all(
-        math.isnan(c.step_time_s) for c in again
-    )
+    first = suggest(SMALL, CLUSTER, [], k=2).next
+    assert [config_key(c.config) for c in again] == [config_key(s.run.config) for s in first]
+    assert all(SMALL.matches(c) and math.isnan(c.step_time_s) for c in again)
+    assert all(r["step_time_s"] == "" for r in rows)  # to be filled in by whoever measures the row
     assert "the fastest predictions" in capsys.readouterr().out
 
 
@@ -124,6 +126,12 @@ def test_cli_writes_the_suggestions_and_reads_them_back(tmp_path, capsys):
         ),
         ([], ["gpt:gpt2,,,,1024,,4,64,8,1,1,4,1f1b,1,0,none,false,true,bf16"], "8", "dgx-h100", "for another job"),
         ([], ["gpt:gpt2,,,,1024,,4,64,8,1,1,4,1f1b,1,0,none,false,true,bf16"], "4", "local-cpu-2core", "needs 4 GPUs"),
+        (
+            ["gpt:gpt2,,,,1024,,8,64,8,1,1,8,1f1b,1,0,none,false,true,bf16,1.4",
+             "gpt:gpt2,,,,1024,,8,64,8,1,1,8,1f1b,1,0,none,false,true,bf16,1.0",
+             "gpt:gpt2,,,,1024,,8,64,8,1,1,8,1f1b,1,0,none,false,true,bf16,0.9"],
+            None, "8", "dgx-h100", "1.6x apart",
+        ),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_nothing_is_written(tmp_path, capsys, runs_rows, cand_rows, gpus, cluster, message):
@@ -141,3 +149,18 @@ def test_bad_input_is_one_line_and_nothing_is_written(tmp_path, capsys, runs_row
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error:") and message in err, err
     assert not out.exists()
+
+
+def test_a_model_the_runs_file_cannot_state_is_refused(tmp_path, capsys):
+    runs = _write(tmp_path / "runs.csv", [], measured=True)
+    out = tmp_path / "next.csv"
+    argv = ["tune", "suggest", "--model", "llama:tiny", "--kv-heads", "1", "--cluster", "dgx-h100", "--gpus", "8",
+            "--global-batch", "64", "--seq", "64", "--runs", str(runs), "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kv_heads cannot be stated" in err and not out.exists()
+
+
+def test_nothing_that_fits_is_an_error_not_a_stop():
+    with pytest.raises(StratagemError, match="none of the .* candidates is predicted to fit"):
+        suggest(TARGET, CLUSTER, [], candidates=_candidates(), memory_fraction=0.05)

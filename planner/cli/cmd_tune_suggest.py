@@ -36,7 +36,8 @@ from .common import (
 from .model_args import add_model_arguments, spec_from_args
 
 PREDICTION_COLUMNS = ("predicted_step_time_s", "uncertainty_rel", "p_better", "expected_gain_s")
-COLUMNS = (*CANDIDATE_COLUMNS[:1], *DIMS, *CANDIDATE_COLUMNS[1:], *OPTIONAL, *PREDICTION_COLUMNS)
+# step_time_s is there, empty, to be filled in by whoever measures the row (then the row is a run)
+COLUMNS = (*CANDIDATE_COLUMNS[:1], *DIMS, *CANDIDATE_COLUMNS[1:], *OPTIONAL, "step_time_s", *PREDICTION_COLUMNS)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -124,6 +125,7 @@ def suggestion_csv(result: Suggestion) -> str:
         writer.writerow(
             {
                 **run_columns(s.run),
+                "step_time_s": "",
                 "predicted_step_time_s": f"{s.predicted_s:.6g}",
                 "uncertainty_rel": "" if s.sigma is None else f"{s.sigma:.4f}",
                 "p_better": "" if s.p_better is None else f"{s.p_better:.4f}",

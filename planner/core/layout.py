@@ -63,7 +63,7 @@ class ParallelDims:
                 raise StratagemError(f"parallel degree {name} = {value!r} is not a positive integer; use 1 or more")
         if not set(self.axes) <= set(MESH_AXES) or len(set(self.axes)) != len(self.axes):
             raise StratagemError(f"mesh axes {list(self.axes)} are not distinct axes of {list(MESH_AXES)}; fix them")
-        missing = [a for a in ("cp", "sd") if getattr(self, a) > 1 and a not in self.axes]
+        missing = [a for a in MESH_AXES if getattr(self, a) > 1 and a not in self.axes]
         if missing:
             raise StratagemError(f"degree {missing[0]} > 1 needs the mesh axis {missing[0]!r}; add it to the axes")
         ep, etp, dp, tp = self.ep, self.etp, self.dp, self.tp

@@ -239,6 +239,7 @@ def exchange_cost(
 def fold(config: ParallelConfig, model: ModelProfile, global_batch: int) -> tuple[ModelProfile, ParallelConfig, int]:
     """(view, folded config, folded global batch): ``config`` with ``cp > 1`` as a ``dp * cp`` configuration
     on :func:`context_view` (module docstring). ``config`` is a ``planner.cost.ParallelConfig``."""
+    check_context(model, config.cp, config.context_parallel or "allgather")
     if config.batch_shares is not None or config.replica_node_types is not None:
         raise ContextParallelError(
             "context parallelism with uneven batch shares or per-replica node types is not modelled; use --cp 1 "

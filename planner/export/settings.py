@@ -196,7 +196,12 @@ def to_parallel_config(
         }
     return ParallelConfig(
         memory_semantics=FRAMEWORK_MEMORY.get(framework or "", "fsdp2"),
-        **s.parallel_dims.degrees(),
+        tp=s.tp,  # the degrees as stated (parallel_dims would refuse an ep the experts' check names better)
+        pp=s.pp,
+        dp=s.dp,
+        cp=s.cp,
+        ep=s.ep,
+        etp=s.etp,
         micro_batch=s.micro_batch,
         num_micro_batches=s.num_micro_batches,
         schedule=s.schedule,

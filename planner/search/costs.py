@@ -208,7 +208,10 @@ class CandidateCosts:
         """The cost model's configuration of a (folded: ``cp == 1``, see :meth:`_folded`) candidate; ``extra``
         adds the per-layer choices of an ILP answer."""
         if outer.cp != 1:
-            raise StratagemError(f"candidate {outer} is not folded (cp {outer.cp}); price it through _folded")
+            raise StratagemError(
+                f"internal error: candidate {outer.summary()} reached the cost model unfolded (cp {outer.cp}); "
+                f"please report it with the command line"
+            )
         if outer.replica_node_types:  # batch share of replica j: its micro-batches x micro-batch size
             extra.update(
                 replica_node_types=outer.replica_node_types,

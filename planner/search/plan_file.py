@@ -44,7 +44,9 @@ def stage_ranks(pp_rank: int, *, dp: int, tp: int, pp: int = 1, replicas_outer: 
     [2, 3, 6, 7]
     """
     axes = ("dp", "pp", "tp") if replicas_outer else ("pp", "dp", "tp")
-    return ParallelDims(pp=max(pp, pp_rank + 1), dp=dp, tp=tp, axes=axes).stage_ranks(pp_rank)
+    # pp-outermost ranks do not depend on pp (the doctest's default pp=1 names pp rank 1); replicas outermost do
+    depth = pp if replicas_outer else max(pp, pp_rank + 1)
+    return ParallelDims(pp=depth, dp=dp, tp=tp, axes=axes).stage_ranks(pp_rank)
 
 
 def plan_dims(outer: OuterChoice) -> ParallelDims:

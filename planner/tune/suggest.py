@@ -10,8 +10,8 @@ One step of the model-guided trial loop (issue 28). From the runs measured so fa
 3. gives each prediction an uncertainty (relative, the standard deviation of ``log(measured / predicted)``) of
    two parts: the calibration's cross-validated error on these runs (k-fold with 3 runs or more, leave-one-out
    of a one-factor scale with 2, the run-to-run noise floor with fewer), and, for every parameter the runs did
-   not fit, its prior width (``PRIOR_WIDTH``) times the candidate's sensitivity to it
-   (``d log t / d log p``) -- a candidate unlike the measured runs (another mix of compute and links) is as
+   not fit, its prior width (``PRIOR_WIDTH``) times the candidate's sensitivity to it (``d log t / d log p``)
+   beyond the measured best's -- a candidate unlike the measured runs (another mix of compute and links) is as
    uncertain as the profile's own figures. With no run of the job yet, the fastest predictions come first;
 4. ranks the unmeasured candidates by the expected gain over the measured best (lognormal step time:
    ``E[max(best - T, 0)] = best Phi(d) - t exp(s^2/2) Phi(d - s)``, ``d = ln(best/t)/s``), and stops when none
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from planner.calibrate import PRIOR_WIDTH, MeasuredRun, Predictor, apply, candidate_parameters, fit
 from planner.core import StratagemError
 from planner.cost import ParallelConfig, estimate, with_gpus
-from planner.model import ModelSpec
+from planner.model import ModelSpec, parse_model
 from planner.profile import ClusterProfile, ModelProfile, build_gpt_profile
 from planner.search import grid_configs
 
@@ -139,6 +139,15 @@ def check_target(target: Target) -> None:
             f"tune prices {', '.join(TUNABLE_FAMILIES)} models (the runs file's families); "
             f"{target.model} is {target.spec.family}: plan it with `stratagem plan` instead"
         )
+    stated = {k: target.spec.dims[k] for k in ("layers", "hidden", "heads", "vocab") if k in target.spec.dims}
+    as_runs = parse_model(target.model, **stated, max_seq=target.seq)
+    extra = sorted(k for k in target.spec.dims if as_runs.dims.get(k) != target.spec.dims[k])
+    if extra:
+        raise StratagemError(
+            f"the runs file states a model by model, layers, hidden, heads, vocab and seq; {', '.join(extra)} "
+            f"cannot be stated there, so measured runs could not be matched to this job; tune without those "
+            f"overrides (or a preset that has them)"
+        )
 
 
 def target_profile(target: Target) -> ModelProfile:
@@ -169,14 +178,17 @@ def calibrate(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 
             runs=len(runs),
         )
     result = fit(cluster, runs, folds=folds if len(runs) >= 3 else 0)
-    if len(runs) >= 3 and result.cv_errors:
-        logs = [math.log1p(e) for e in result.cv_errors]
+    if result.cv_errors:
+        # |held-out error| e is |pred / meas - 1|; its log is log(1 + e) over, -log(1 - e) under: take the larger
+        logs = [-math.log(1 - min(e, 0.99)) for e in result.cv_errors]
         sigma = math.sqrt(statistics.fmean(x * x for x in logs))
         source = f"{min(folds, len(runs))}-fold cross-validated error of the calibration on {len(runs)} runs"
-    else:  # 2 runs: leave-one-out of a one-factor scale (each run predicts the other)
+    else:  # leave-one-out of a one-factor scale: each run predicted from the mean log ratio of the others
         ratios = [math.log(r.step_time_s) - math.log(p) for r, p in zip(runs, Predictor(cluster, runs).predict({}))]
-        sigma = abs(ratios[0] - ratios[1])
-        source = "leave-one-out error of a one-factor scale on 2 runs"
+        n = len(ratios)
+        held = [x - (sum(ratios) - x) / (n - 1) for x in ratios]
+        sigma = math.sqrt(statistics.fmean(x * x for x in held))
+        source = f"leave-one-out error of a one-factor scale on {n} runs"
     floored = max(sigma, NOISE_FLOOR)
     if floored > sigma:
         source += f" ({sigma:.1%}, raised to the {NOISE_FLOOR:.0%} run-to-run noise floor)"
@@ -189,19 +201,20 @@ CONTRADICTION = 1.5  # repeats of one configuration further apart than this fact
 def fastest_of_repeats(runs: list[MeasuredRun]) -> dict[tuple, MeasuredRun]:
     """One measurement per configuration: the fastest of its repeats. Repeats more than ``CONTRADICTION`` apart
     are a contradiction (a different setup, or a disturbed run) and are refused with the rows named."""
-    out: dict[tuple, MeasuredRun] = {}
+    groups: dict[tuple, list[MeasuredRun]] = {}
     for run in runs:
-        key = config_key(run.config)
-        seen = out.get(key)
-        if seen is not None:
-            slow, fast = sorted((seen.step_time_s, run.step_time_s), reverse=True)
-            if slow > CONTRADICTION * fast:
-                raise StratagemError(
-                    f"runs rows {seen.row} and {run.row} measure the same configuration ({label(run.config)}) "
-                    f"{slow / fast:.1f}x apart; remeasure it, or drop the row that ran on another setup"
-                )
-        if seen is None or run.step_time_s < seen.step_time_s:
-            out[key] = run
+        groups.setdefault(config_key(run.config), []).append(run)
+    out = {}
+    for key, repeats in groups.items():
+        fast = min(repeats, key=lambda r: r.step_time_s)
+        slow = max(repeats, key=lambda r: r.step_time_s)
+        if slow.step_time_s > CONTRADICTION * fast.step_time_s:
+            raise StratagemError(
+                f"runs rows {fast.row} and {slow.row} measure the same configuration ({label(fast.config)}) "
+                f"{slow.step_time_s / fast.step_time_s:.1f}x apart; remeasure it, or drop the row that ran on "
+                f"another setup"
+            )
+        out[key] = fast
     return out
 
 
@@ -210,25 +223,28 @@ SENSITIVITY_STEP = 0.05  # log step of the finite difference d log t / d log p
 
 def uncertainties(
     scored: list[Scored],
+    best: MeasuredRun,
     profile: ModelProfile,
     cluster: ClusterProfile,
     cal: TuneCalibration,
     *,
     memory_fraction: float,
 ) -> list[float]:
-    """Each candidate's relative uncertainty: the calibration's cross-validated error and, in quadrature, the prior
-    width of every parameter the runs did not fit times the candidate's sensitivity to it (module docstring)."""
+    """Each candidate's relative uncertainty against the measured ``best``: the calibration's cross-validated error
+    and, in quadrature, the prior width of every parameter the runs did not fit times the candidate's sensitivity
+    to it beyond the measured best's (an error both share moves both alike; module docstring)."""
     base = cal.sigma if cal.sigma is not None else NOISE_FLOOR
     var = [base * base] * len(scored)
-    runs = [s.run for s in scored]
+    runs = [s.run for s in scored] + [best]
+    now = price(runs, profile, apply(cluster, cal.values), memory_fraction=memory_fraction, strict=True)
     for param in candidate_parameters(cluster):
         if param.name in cal.values:
             continue
         moved = apply(cluster, {**cal.values, param.name: param.prior * math.exp(SENSITIVITY_STEP)})
         again = price(runs, profile, moved, memory_fraction=memory_fraction, strict=True)
-        for i, (s, m) in enumerate(zip(scored, again)):
-            sensitivity = (math.log(m.predicted_s) - math.log(s.predicted_s)) / SENSITIVITY_STEP
-            var[i] += (sensitivity * PRIOR_WIDTH) ** 2
+        slopes = [(math.log(m.predicted_s) - math.log(s.predicted_s)) / SENSITIVITY_STEP for s, m in zip(now, again)]
+        for i in range(len(scored)):
+            var[i] += ((slopes[i] - slopes[-1]) * PRIOR_WIDTH) ** 2
     return [math.sqrt(v) for v in var]
 
 
@@ -304,10 +320,10 @@ def suggest(
             f"candidate row {too_big[0].row} needs {too_big[0].gpus} GPUs but cluster {cluster.name} has "
             f"{cluster.total_devices}; use --gpus {cluster.total_devices} or fewer"
         )
+    measured = fastest_of_repeats([r for r in runs if target.matches(r)])
     cal = calibrate(cluster, runs, folds=folds)
     calibrated = apply(cluster, cal.values)
     priced = price(candidates, profile, calibrated, memory_fraction=memory_fraction, strict=not generated)
-    measured = fastest_of_repeats([r for r in runs if target.matches(r)])
     best = min(measured.values(), key=lambda r: r.step_time_s) if measured else None
     open_ = [s for s in priced if s.fits and config_key(s.run.config) not in measured]
     unfit = sum(1 for s in priced if not s.fits)
@@ -324,13 +340,18 @@ def suggest(
             measured=len(measured),
         )
 
+    if priced and unfit == len(priced):
+        raise StratagemError(
+            f"none of the {len(priced)} candidates is predicted to fit in {memory_fraction:.0%} of device memory; "
+            f"use more GPUs, a larger --memory-fraction, or candidates with recompute or ZeRO"
+        )
     if not open_:
         why = "every candidate that fits has been measured" if priced else "there are no candidates"
         return answer([], True, why)
     if best is None:
         chosen = sorted(open_, key=lambda s: s.predicted_s)[:k]
         return answer(chosen, False, "no measured run of this job yet: the fastest predictions")
-    sigmas = uncertainties(open_, profile, cluster, cal, memory_fraction=memory_fraction)
+    sigmas = uncertainties(open_, best, profile, cluster, cal, memory_fraction=memory_fraction)
     scored = []
     for s, sigma in zip(open_, sigmas):
         p, gain = score(s.predicted_s, best.step_time_s, sigma)
