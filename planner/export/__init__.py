@@ -7,11 +7,45 @@ See ``settings.py`` (the common record), ``nearest.py`` (what each framework can
 per framework for its format and sources.
 """
 
-from planner.export.api import compare, estimate_config, export_plan, import_config, layer_kinds
-from planner.export.deepspeed import TOP_LEVEL_KEYS, ZERO_KEYS
-from planner.export.megatron import parse
-from planner.export.nearest import CAPABILITIES, nearest_candidates
-from planner.export.settings import FRAMEWORK_MEMORY, FRAMEWORKS, FrameworkSettings, chunk_paths, to_parallel_config
+from typing import TYPE_CHECKING
+
+# name -> submodule, loaded on first use (PEP 562): ``api`` brings in the search (to price the nearest
+# configurations), which a command that only reads a framework's settings (``estimate``) must not pay for at start-up
+_WHERE = {
+    "compare": "api",
+    "estimate_config": "api",
+    "export_plan": "api",
+    "import_config": "api",
+    "layer_kinds": "api",
+    "TOP_LEVEL_KEYS": "deepspeed",
+    "ZERO_KEYS": "deepspeed",
+    "parse": "megatron",
+    "CAPABILITIES": "nearest",
+    "nearest_candidates": "nearest",
+    "FRAMEWORKS": "settings",
+    "FRAMEWORK_MEMORY": "settings",
+    "FrameworkSettings": "settings",
+    "chunk_paths": "settings",
+    "to_parallel_config": "settings",
+}
+
+if TYPE_CHECKING:
+    from planner.export.api import compare, estimate_config, export_plan, import_config, layer_kinds
+    from planner.export.deepspeed import TOP_LEVEL_KEYS, ZERO_KEYS
+    from planner.export.megatron import parse
+    from planner.export.nearest import CAPABILITIES, nearest_candidates
+    from planner.export.settings import FRAMEWORK_MEMORY, FRAMEWORKS, FrameworkSettings, chunk_paths, to_parallel_config
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'planner.export' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"planner.export.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CAPABILITIES",
