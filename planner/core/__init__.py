@@ -49,6 +49,7 @@ from planner.core.fileio import (
     save_document,
     validate_document,
 )
+from planner.core.lazy import lazy_getattr
 from planner.core.layout import DEFAULT_AXES, MESH_AXES, MeshAxis, ParallelDims
 from planner.core.vocabulary import (
     CONTEXT_MODES,
@@ -67,6 +68,7 @@ from planner.core.vocabulary import (
 )
 
 __all__ = [
+    "lazy_getattr",
     "ATTENTION_DTYPE",
     "BACKWARD_TRAFFIC_FACTOR",
     "CAUSAL_FLASH_WORK_FRACTION",

@@ -9,6 +9,8 @@ per framework for its format and sources.
 
 from typing import TYPE_CHECKING
 
+from planner.core import lazy_getattr
+
 # name -> submodule, loaded on first use (PEP 562): ``api`` brings in the search (to price the nearest
 # configurations), which a command that only reads a framework's settings (``estimate``) must not pay for at start-up
 _WHERE = {
@@ -37,14 +39,7 @@ if TYPE_CHECKING:
     from planner.export.settings import FRAMEWORK_MEMORY, FRAMEWORKS, FrameworkSettings, chunk_paths, to_parallel_config
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'planner.export' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"planner.export.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("planner.export", _WHERE)
 
 
 __all__ = [

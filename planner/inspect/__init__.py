@@ -10,6 +10,8 @@ The schedule simulation behind the timeline is :func:`simulate_plan`.
 
 from typing import TYPE_CHECKING
 
+from planner.core import lazy_getattr
+
 # name -> submodule: loaded on first use (PEP 562), so that `stratagem` commands which never draw anything do not
 # pay for pandas and matplotlib at start-up
 _WHERE = {
@@ -64,14 +66,7 @@ if TYPE_CHECKING:
     from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'planner.inspect' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"planner.inspect.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("planner.inspect", _WHERE)
 
 
 __all__ = [

@@ -236,7 +236,7 @@ def uncertainties(
     base = cal.sigma if cal.sigma is not None else NOISE_FLOOR
     var = [base * base] * len(scored)
     runs = [s.run for s in scored] + [best]
-    now = price(runs, profile, apply(cluster, cal.values), memory_fraction=memory_fraction, strict=True)
+    now = scored + price([best], profile, apply(cluster, cal.values), memory_fraction=memory_fraction, strict=True)
     for param in candidate_parameters(cluster):
         if param.name in cal.values:
             continue
