@@ -263,10 +263,11 @@ def _solve(
     return {p.name: math.exp(v) for p, v in zip(params, x)}
 
 
-def fit(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> FitResult:
+def fit(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5, min_runs: int = 2) -> FitResult:
     """Fit the cluster's parameters to ``runs`` (module docstring) and cross-validate with ``folds`` folds
-    (``folds=0``: no cross-validation)."""
-    if len(runs) < 2:
+    (``folds=0``: no cross-validation). ``min_runs=1`` lets one run fit one parameter (``stratagem tune``: the
+    overall scale, so that the next candidates are compared with the measured one on its footing)."""
+    if len(runs) < max(1, min_runs):
         raise StratagemError(
             f"calibration needs at least 2 measured runs, got {len(runs)}; add runs of other "
             f"configurations (micro-batch, tp, model size) to the runs file"

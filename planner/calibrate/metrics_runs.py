@@ -30,7 +30,10 @@ MODELS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "models"
 
 
 def _records(path: Path) -> list[dict]:
-    lines = read_text(path, what="metrics").splitlines()  # bounded, UTF-8, one-line errors
+    return _records_of(read_text(path, what="metrics").splitlines(), path)  # bounded, UTF-8, one-line errors
+
+
+def _records_of(lines: list[str], path: Path) -> list[dict]:
     out = []
     for number, line in enumerate(lines, start=1):
         if line.strip():
@@ -87,6 +90,29 @@ def _profile_for(plan: Plan, device: str = "cuda", start: dict | None = None) ->
     return None
 
 
+def _step_time(records: list[dict]) -> float | None:
+    """The summary's measured step time, else (a run stopped before its summary) the median of the steps after
+    the first; None when there is none."""
+    summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
+    times = [r["step_time_s"] for r in records if r.get("event") == "step" and "step_time_s" in r]
+    measured = summary.get("measured_step_time_s") if summary else None
+    if measured is None and times:
+        measured = statistics.median(times[1:] or times)
+    return float(measured) if measured and measured > 0 else None
+
+
+def measured_step_time(path: str | Path) -> float | None:
+    """Seconds per step a metrics file measured (:func:`_step_time`); None when it measured none or is missing."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        return _step_time(_records(path))
+    except StratagemError:  # a rank killed mid-line: the lines before it still count
+        lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        return _step_time(_records_of(lines[:-1], path)) if len(lines) > 1 else None
+
+
 def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, row: int = 1) -> MeasuredRun:
     """One measured run from a metrics file (module docstring); ``row`` numbers it in reports."""
     path = Path(path)
@@ -106,12 +132,8 @@ def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, ro
             f"metrics file {path} was measured with another plan than {named} (plan_hash "
             f"differs); pass the plan that was launched with --plan"
         )
-    summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
-    times = [r["step_time_s"] for r in records if r.get("event") == "step" and "step_time_s" in r]
-    measured = summary.get("measured_step_time_s") if summary else None
-    if measured is None and times:
-        measured = statistics.median(times[1:] or times)
-    if not measured or measured <= 0:
+    measured = _step_time(records)
+    if measured is None:
         raise StratagemError(
             f"metrics file {path} has no measured step time; run `stratagem launch` with --steps >= 2 and --metrics"
         )

@@ -37,6 +37,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     (None, "cmd_show"),
     (None, "cmd_export"),
     ("tune", "cmd_tune_suggest"),
+    ("tune", "cmd_tune_run"),
 ]
 
 

@@ -341,6 +341,35 @@ class SearchRecord(StrictModel):
     )
 
 
+class TuneTrial(StrictModel):
+    """One trial of ``stratagem tune run``: a plan launched for a few steps."""
+
+    number: int = Field(ge=1)
+    summary: str = Field(description="the configuration, one word per choice (tp2 pp1 dp1 mb4 1f1b z0 none)")
+    status: Literal["ok", "oom", "timeout", "failed"]
+    measured_step_time_s: PositiveFloat | None = Field(None, description="None when the trial measured no step")
+    predicted_step_time_s: PositiveFloat = Field(description="on the calibration of the round that chose it")
+    uncertainty_rel: NonNegativeFloat | None = Field(
+        None, description="relative uncertainty of that prediction (None before any run was measured)"
+    )
+    predicted_peak_memory_bytes: PositiveFloat
+    detail: str = ""
+
+
+class TuneRecord(StrictModel):
+    """How ``stratagem tune run`` chose this plan: every trial and the calibration on the measured ones."""
+
+    trials: list[TuneTrial] = Field(min_length=1)
+    stopped: bool = Field(description="True: the loop stopped itself (reason); False: it ran out of trials")
+    reason: str
+    calibration: dict[str, float] = Field(description="fitted cluster parameters (planner.calibrate), by name")
+    calibration_note: str
+    uncertainty_rel: PositiveFloat | None = Field(
+        None, description="the cross-validated relative uncertainty of a prediction after the last trial"
+    )
+    uncertainty_source: str = ""
+
+
 class Plan(StrictModel):
     schema_version: Literal[3] = PLAN_SCHEMA_VERSION
     planner_version: str
@@ -382,6 +411,7 @@ class Plan(StrictModel):
     predictions: Predictions | None = None
     search: SearchRecord | None = None
     comparison: ComparisonRecord | None = Field(None, description="against the user's config (plan --compare-to)")
+    tune: TuneRecord | None = Field(None, description="the measured trials that chose this plan (stratagem tune run)")
     content_hash: str | None = None
 
     @model_validator(mode="after")

@@ -24,7 +24,7 @@ from planner.search.grid import grid_configs, grid_search
 from planner.search.ilp import IncompleteAssignment, build_problem, check_complete, extract_assignment, solve
 from planner.search.ilp_terms import COEF_MAX, COEF_MIN, ScalingError, check_scaling
 from planner.search.pins import PIN_FLAGS, apply_pins, pins_note
-from planner.search.plan_file import build_plan, stage_ranks
+from planner.search.plan_file import build_plan, candidate_plan, stage_ranks
 from planner.search.planner import SearchResult, check_exact, fallback_candidate, plan_search
 from planner.search.space import (
     OuterChoice,
@@ -63,6 +63,7 @@ __all__ = [
     "apply_pins",
     "best_per_cp",
     "build_plan",
+    "candidate_plan",
     "build_problem",
     "build_spatial_plan",
     "check_complete",

@@ -2,8 +2,8 @@
 
 One step of the model-guided trial loop (issue 28). From the runs measured so far it
 
-1. calibrates the cluster on them (``planner.calibrate.fit``: bounded, regularised, cross-validated; with
-   fewer than 2 runs nothing is fitted);
+1. calibrates the cluster on them (``planner.calibrate.fit``: bounded, regularised, cross-validated; one run
+   fits one parameter, the one that moves it most, so later candidates are compared with it on its footing);
 2. prices every candidate configuration on the calibrated cluster (the user's ``--candidates``, or every
    uniform configuration a trainer can state: the Megatron-style grid of ``planner.search.grid`` with ZeRO 0/1
    and sequence parallelism), dropping those predicted not to fit in memory;
@@ -95,7 +95,8 @@ def label(config: ParallelConfig) -> str:
     if config.virtual_stages > 1:
         parts[-1] += f"(v={config.virtual_stages})"
     parts.append(f"z{config.zero_stage}")
-    parts.append(config.recompute if isinstance(config.recompute, str) else "per-layer")
+    modes = {config.recompute} if isinstance(config.recompute, str) else set(config.recompute.values()) or {"none"}
+    parts.append(modes.pop() if len(modes) == 1 else "per-layer")
     if config.sequence_parallel:
         parts.append("sp")
     return " ".join(parts)
@@ -168,21 +169,23 @@ def uniform_candidates(target: Target, profile: ModelProfile) -> list[MeasuredRu
 
 def calibrate(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> TuneCalibration:
     """Fit the cluster to ``runs`` and state how far its predictions are to be trusted (module docstring)."""
-    if len(runs) < 2:
-        what = "no runs yet" if not runs else "one run"
+    if not runs:
         return TuneCalibration(
             values={},
-            note=f"{what}: nothing fitted (calibration needs 2 runs)",
+            note="no runs yet: nothing fitted",
             sigma=None,
-            sigma_source=f"{what}: no cross-validated error yet; the fastest predictions are measured first",
-            runs=len(runs),
+            sigma_source="no runs yet: no cross-validated error; the fastest predictions are measured first",
+            runs=0,
         )
-    result = fit(cluster, runs, folds=folds if len(runs) >= 3 else 0)
+    result = fit(cluster, runs, folds=folds if len(runs) >= 3 else 0, min_runs=1)
     if result.cv_errors:
         # |held-out error| e is |pred / meas - 1|; its log is log(1 + e) over, -log(1 - e) under: take the larger
         logs = [-math.log(1 - min(e, 0.99)) for e in result.cv_errors]
         sigma = math.sqrt(statistics.fmean(x * x for x in logs))
         source = f"{min(folds, len(runs))}-fold cross-validated error of the calibration on {len(runs)} runs"
+    elif len(runs) == 1:  # one parameter moved to the one run: the prior widths of the rest carry the uncertainty
+        sigma = 0.0
+        source = "one run: no held-out error yet"
     else:  # leave-one-out of a one-factor scale: each run predicted from the mean log ratio of the others
         ratios = [math.log(r.step_time_s) - math.log(p) for r, p in zip(runs, Predictor(cluster, runs).predict({}))]
         n = len(ratios)
@@ -348,9 +351,29 @@ def suggest(
     if not open_:
         why = "every candidate that fits has been measured" if priced else "there are no candidates"
         return answer([], True, why)
+    chosen, stop, reason = choose(open_, best, profile, cluster, cal, memory_fraction=memory_fraction, k=k)
+    return answer(chosen, stop, reason)
+
+
+def choose(
+    open_: list[Scored],
+    best: MeasuredRun | None,
+    profile: ModelProfile,
+    cluster: ClusterProfile,
+    cal: TuneCalibration,
+    *,
+    memory_fraction: float,
+    k: int,
+) -> tuple[list[Scored], bool, str]:
+    """(the ``k`` unmeasured candidates most worth measuring, stop, why): the fastest predictions while nothing is
+    measured, else the largest expected gains over the measured ``best``; stop when none beats it with probability
+    ``STOP_PROBABILITY`` or more (module docstring). ``cluster`` is uncalibrated; ``cal`` says how it was fitted."""
     if best is None:
-        chosen = sorted(open_, key=lambda s: s.predicted_s)[:k]
-        return answer(chosen, False, "no measured run of this job yet: the fastest predictions")
+        return (
+            sorted(open_, key=lambda s: s.predicted_s)[:k],
+            False,
+            "no measured run of this job yet: the fastest predictions",
+        )
     sigmas = uncertainties(open_, best, profile, cluster, cal, memory_fraction=memory_fraction)
     scored = []
     for s, sigma in zip(open_, sigmas):
@@ -365,6 +388,6 @@ def suggest(
             f"{likeliest.predicted_s:.4g} s +- {likeliest.sigma:.1%} (P = {likeliest.p_better:.1%}; uncertainty: "
             f"{cal.sigma_source} and the unfitted parameters' prior widths)"
         )
-        return answer([], True, reason)
+        return [], True, reason
     chosen = [s for s in scored if (s.p_better or 0.0) >= STOP_PROBABILITY][:k]
-    return answer(chosen, False, "largest expected gain over the measured best")
+    return chosen, False, "largest expected gain over the measured best"

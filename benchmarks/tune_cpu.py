@@ -1,0 +1,185 @@
+"""`stratagem tune run` against the measured ground truth on this machine's CPU ranks (issue 28).
+
+    .venv/bin/python benchmarks/tune_cpu.py [--models gpt:small,llama:tiny] [--trials 5] [--steps 6]
+                                            [--out benchmarks/data/cpu/tune]
+
+For each model, on 2 CPU ranks (cluster ``local-cpu-2core``, global batch 16, 64 tokens per sample, fp32):
+
+1. the model profile: the shipped one for gpt:small, else measured here (``stratagem profile model``, micro-batches
+   1-16, tp 1 and 2) into ``--out``;
+2. ground truth: every candidate ``tune run`` chooses from (the uncalibrated search's best plan of each outer
+   choice: tp/pp/dp, micro-batch, schedule, ZeRO, sp; all of them, not a pool) launched once for ``--steps`` steps
+   through the same launcher ``tune run`` uses; the ``REPEATED`` fastest launched again, the fastest of the two
+   kept, and the median relative gap between a repeat pair reported as the measurement noise;
+3. ``stratagem tune run --trials T`` from scratch (its own launches, nothing reused from step 2);
+4. regret: the ground-truth time of the configuration ``tune run`` ended with over the ground-truth best, against
+   the noise it states (its calibration's uncertainty, at least 3 %) and the repeat noise measured in step 2.
+
+Configurations are matched by their summary (degrees, micro-batch, schedule, ZeRO, recompute, sp). Everything runs
+on this machine's two cores: run it with nothing else busy. Writes ``--out/<model>.json`` and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.cli.cmd_plan import _full_spec  # noqa: E402
+from planner.cli.cmd_tune_run import launch_trial  # noqa: E402
+from planner.model import parse_model  # noqa: E402
+from planner.plan import TrainingSettings, load_plan  # noqa: E402
+from planner.profile import load_cluster_profile, load_model_profile, resolve_cluster_path  # noqa: E402
+from planner.search import SearchConfig  # noqa: E402
+from planner.tune import Target, label  # noqa: E402
+from planner.tune.online import candidate_pool  # noqa: E402
+
+CLUSTER = "local-cpu-2core"
+GPUS, BATCH, SEQ = 2, 16, 64
+REPEATED = 5  # the fastest this many are launched a second time
+SHIPPED = {"gpt:small": ROOT / "profiles" / "models" / "gpt-small.json"}
+
+
+def stratagem(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "planner.cli.main", *args], check=True, cwd=ROOT)
+
+
+def model_profile(model: str, out: Path) -> Path:
+    if model in SHIPPED:
+        return SHIPPED[model]
+    path = out / f"{model.replace(':', '-')}-s{SEQ}.json"
+    if not path.exists():
+        stratagem(
+            "profile", "model", "--model", model, "--micro-batch", "1,2,4,8,16", "--seq", str(SEQ),
+            "--tp", "1,2", "--dtype", "fp32", "--out", str(path),
+        )  # fmt: skip
+    return path
+
+
+def ground_truth(model: str, profile_path: Path, folder: Path, steps: int) -> list[dict]:
+    spec = _full_spec(parse_model(model))
+    profile = load_model_profile(profile_path)
+    cluster = load_cluster_profile(resolve_cluster_path(CLUSTER))
+    target = Target(model=model, spec=spec, seq=SEQ, gpus=GPUS, global_batch=BATCH, dtype=profile.dtype)
+    training = TrainingSettings(global_batch=BATCH, seq_len=SEQ, dtype=profile.dtype)
+    pool = candidate_pool(target, spec, profile, cluster, training, SearchConfig(), pool=256)
+    args = argparse.Namespace(steps=steps, trial_timeout_s=300.0, compile=None)
+    rows = []
+    for number, (run, plan) in enumerate(pool, start=1):
+        outcome, _ = launch_trial(plan, number, folder=folder, args=args)
+        rows.append(
+            {
+                "configuration": label(run.config),
+                "status": outcome.status,
+                "measured_s": outcome.step_time_s,
+                "predicted_s": plan.predictions.step_time_s if plan.predictions else None,
+                "repeat_s": None,
+            }
+        )
+        print(f"  {number:2d}/{len(pool)} {rows[-1]['configuration']:45s} {outcome.status} {outcome.step_time_s}")
+    ok = sorted((r for r in rows if r["measured_s"]), key=lambda r: r["measured_s"])
+    for i, row in enumerate(ok[:REPEATED]):
+        plan = next(p for (run, p) in pool if label(run.config) == row["configuration"])
+        outcome, _ = launch_trial(plan, 900 + i, folder=folder, args=args)
+        row["repeat_s"] = outcome.step_time_s
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="gpt:small,llama:tiny")
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "data" / "cpu" / "tune")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for model in args.models.split(","):
+        name = model.replace(":", "-")
+        profile_path = model_profile(model, args.out)
+        print(f"{model}: ground truth (every candidate, {args.steps} steps each)")
+        t0 = time.perf_counter()
+        truth = ground_truth(model, profile_path, args.out / f"{name}-truth", args.steps)
+        truth_s = time.perf_counter() - t0
+        tuned = args.out / f"{name}-tuned.json"
+        t0 = time.perf_counter()
+        stratagem(
+            "tune", "run", "--model", model, "--model-profile", str(profile_path), "--cluster", CLUSTER,
+            "--gpus", str(GPUS), "--global-batch", str(BATCH), "--seq", str(SEQ), "--trials", str(args.trials),
+            "--steps", str(args.steps), "--trial-timeout-s", "300", "--out", str(tuned),
+        )  # fmt: skip
+        tune_s = time.perf_counter() - t0
+        record = load_plan(tuned).tune
+        assert record is not None
+        best_of = {
+            r["configuration"]: min(x for x in (r["measured_s"], r["repeat_s"]) if x) for r in truth if r["measured_s"]
+        }
+        truth_best = min(best_of.values())
+        best_config = min(best_of, key=best_of.__getitem__)
+        chosen = min((t for t in record.trials if t.measured_step_time_s), key=lambda t: t.measured_step_time_s)
+        chosen_truth = best_of.get(chosen.summary)
+        pairs = [abs(r["repeat_s"] / r["measured_s"] - 1) for r in truth if r["measured_s"] and r["repeat_s"]]
+        noise = statistics.median(pairs) if pairs else None
+        stated = max(record.uncertainty_rel or 0.03, 0.03)
+        trials_to_best = next((t.number for t in record.trials if t.summary == chosen.summary), None)
+        result = {
+            "model": model,
+            "cluster": CLUSTER,
+            "gpus": GPUS,
+            "global_batch": BATCH,
+            "seq": SEQ,
+            "steps": args.steps,
+            "candidates": len(truth),
+            "ground_truth": truth,
+            "ground_truth_best": {"configuration": best_config, "step_time_s": truth_best},
+            "ground_truth_wall_s": truth_s,
+            "repeat_noise_median": noise,
+            "tune": {
+                "trials": [t.model_dump() for t in record.trials],
+                "stopped": record.stopped,
+                "reason": record.reason,
+                "chosen": chosen.summary,
+                "chosen_at_trial": trials_to_best,
+                "chosen_ground_truth_s": chosen_truth,
+                "regret": None if chosen_truth is None else chosen_truth / truth_best - 1,
+                "stated_noise": stated,
+                "wall_s": tune_s,
+            },
+        }
+        (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        print_result(result)
+    return 0
+
+
+def print_result(r: dict) -> None:
+    print(f"\n{r['model']} on {r['gpus']} CPU ranks, batch {r['global_batch']} x {r['seq']} tokens: ground truth")
+    print(f"{'configuration':45s} {'measured s':>11s} {'repeat s':>9s} {'predicted s':>12s}")
+    for row in sorted(r["ground_truth"], key=lambda x: x["measured_s"] or 1e9):
+        rep = f"{row['repeat_s']:.4f}" if row["repeat_s"] else ""
+        meas = f"{row['measured_s']:.4f}" if row["measured_s"] else row["status"]
+        print(f"{row['configuration']:45s} {meas:>11s} {rep:>9s} {row['predicted_s']:12.4f}")
+    t = r["tune"]
+    print(f"repeat noise (median |repeat / first - 1| of the {REPEATED} fastest): {r['repeat_noise_median']:.1%}")
+    print("tune run trials:")
+    for trial in t["trials"]:
+        meas = f"{trial['measured_step_time_s']:.4f}" if trial["measured_step_time_s"] else trial["status"]
+        pred = trial["predicted_step_time_s"]
+        print(f"  {trial['number']}: {trial['summary']:45s} measured {meas}  predicted {pred:.4f}")
+    regret = "n/a (not in the ground truth)" if t["regret"] is None else f"{t['regret']:.1%}"
+    print(
+        f"ended with {t['chosen']} (trial {t['chosen_at_trial']} of {len(t['trials'])}, "
+        f"{'stopped itself' if t['stopped'] else 'out of trials'}); ground-truth best "
+        f"{r['ground_truth_best']['configuration']} {r['ground_truth_best']['step_time_s']:.4f} s; regret {regret} "
+        f"(stated noise {t['stated_noise']:.1%}); ground truth took {r['ground_truth_wall_s']:.0f} s, "
+        f"tune {t['wall_s']:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
