@@ -501,21 +501,28 @@ def calibrate_by_group(path: Path) -> list[dict]:
 
 
 def calibrate_single_node(path: Path) -> list[dict]:
-    """Calibration must not make another regime worse (issue 28): on each cluster, fit ``planner.calibrate`` on
-    the public rows that run inside one node only, then predict that cluster's multi-node rows with and without
-    the fit (the network's inter-node parameter cannot be informed by single-node rows, so it stays at its
-    prior). Returns one record per cluster with both mean |error|s."""
+    """Calibration must not make another regime worse (issue 28): fit ``planner.calibrate`` on public rows that run
+    inside one node, then predict the multi-node rows of the same cluster with and without the fit (the inter-node
+    parameter cannot be informed by single-node rows: the fit leaves it at its prior). Two splits: per software
+    stack (one source's single-node rows -> the same source's multi-node rows, as a user calibrating on their own
+    runs would), and per cluster with every source's rows pooled (2020-2022 software mixed). Returns one record per
+    fit, with the rows predicted, their roles and both mean |error|s (all rows, and the held-out ``validate`` rows
+    alone: the A100 prior was itself fitted on the SC21 Table 1 rows, in-sample for "uncalibrated")."""
     from planner.calibrate import Predictor, fit, transfer
 
     clusters: dict = {}
+    with open(path, newline="", encoding="utf-8") as fh:
+        sources = [r["source"] for r in csv.DictReader(fh)]
     cases = [c for c in load_cases(path) if c.role != "reference"]
     for c in cases:
         predict(c, clusters)
-    homes: dict[str, list[Case]] = {}
+    splits: dict[tuple[str, str], list[Case]] = {}
     for c in cases:
-        homes.setdefault(c.cluster.removesuffix(LOADED_FABRIC), []).append(c)
+        home = c.cluster.removesuffix(LOADED_FABRIC)
+        splits.setdefault((home, _group(c, sources[c.row])), []).append(c)
+        splits.setdefault((home, "all sources"), []).append(c)
     out = []
-    for home, own in sorted(homes.items()):
+    for (home, source), own in sorted(splits.items(), key=lambda kv: (kv[0][1] == "all sources", kv[0])):
         per_node = clusters[own[0].cluster].node_types[0].devices_per_node
         single = [c for c in own if c.gpus <= per_node]
         multi = [c for c in own if c.gpus > per_node]
@@ -529,15 +536,25 @@ def calibrate_single_node(path: Path) -> list[dict]:
             values = transfer(res.values, res.prior, cl, links=True)
             before.append(predictor.predict({})[0] / other.published_s - 1)
             after.append(predictor.predict(values)[0] / other.published_s - 1)
+        held = [i for i, c in enumerate(multi) if c.role == "validate"]
         out.append(
             {
                 "cluster": home,
+                "source": source,
                 "n_fit": len(single),
+                "rows_fit": [c.row for c in single],
                 "fitted": res.values,
+                "note": res.note,
                 "n_predicted": len(multi),
                 "rows_predicted": [c.row for c in multi],
+                "roles_predicted": [c.role for c in multi],
+                "errors_uncalibrated": before,
+                "errors_calibrated": after,
                 "mean_abs_error_uncalibrated": statistics.fmean(abs(e) for e in before),
                 "mean_abs_error_calibrated": statistics.fmean(abs(e) for e in after),
+                "n_validate": len(held),
+                "validate_mean_abs_error_uncalibrated": _mean([abs(before[i]) for i in held]),
+                "validate_mean_abs_error_calibrated": _mean([abs(after[i]) for i in held]),
             }
         )
     return out
@@ -580,6 +597,10 @@ def _group(case: Case, source: str) -> str:
 
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
+
+
+def _short(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def _pct(value: float | None) -> str:
@@ -823,12 +844,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.calibrate_single_node:
+        head = f"{'cluster':<13} {'fitted on (single-node rows)':<36} {'multi-node rows':>15} {'uncalibrated':>12} "
+        print(head + f"{'calibrated':>10} {'validate rows':>13} {'uncal':>6} {'cal':>6}  fitted")
         for r in calibrate_single_node(args.csv):
-            fitted = ", ".join(f"{k} {v:.3g}" for k, v in r["fitted"].items())
+            fitted = ", ".join(f"{k.rpartition('.')[2]} {v:.3g}" for k, v in r["fitted"].items())
+            v_before, v_after = r["validate_mean_abs_error_uncalibrated"], r["validate_mean_abs_error_calibrated"]
             print(
-                f"{r['cluster']:<16} fit on {r['n_fit']:>2} single-node rows -> {r['n_predicted']:>2} multi-node rows "
-                f"mean |error| {100 * r['mean_abs_error_uncalibrated']:5.1f}% uncalibrated, "
-                f"{100 * r['mean_abs_error_calibrated']:5.1f}% calibrated   [{fitted}]"
+                f"{r['cluster']:<13} {r['source'] + ' (' + str(r['n_fit']) + ')':<36} {r['n_predicted']:>15} "
+                f"{100 * r['mean_abs_error_uncalibrated']:11.1f}% {100 * r['mean_abs_error_calibrated']:9.1f}% "
+                f"{r['n_validate']:>13} {_short(v_before):>6} {_short(v_after):>6}  {fitted}"
             )
         return 0
     if args.calibrate:

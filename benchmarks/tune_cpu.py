@@ -13,7 +13,9 @@ For each model, on 2 CPU ranks (cluster ``local-cpu-2core``, global batch 16, 64
    kept, and the median relative gap between a repeat pair reported as the measurement noise;
 3. ``stratagem tune run --trials T`` from scratch (its own launches, nothing reused from step 2);
 4. regret: the ground-truth time of the configuration ``tune run`` ended with over the ground-truth best, against
-   the noise it states (its calibration's uncertainty, at least 3 %) and the repeat noise measured in step 2.
+   the measurement noise it states (its trials' median step spread, at least 3 %) and the repeat noise of step 2.
+
+``--tune-only`` reruns step 3 against the ground truth already in ``--out``.
 
 Configurations are matched by their summary (degrees, micro-batch, schedule, ZeRO, recompute, sp). Everything runs
 on this machine's two cores: run it with nothing else busy. Writes ``--out/<model>.json`` and prints the tables.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -32,14 +35,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.cli.cmd_plan import _full_spec  # noqa: E402
+from planner.cli.cmd_plan import full_spec  # noqa: E402
 from planner.cli.cmd_tune_run import launch_trial  # noqa: E402
 from planner.model import parse_model  # noqa: E402
 from planner.plan import TrainingSettings, load_plan  # noqa: E402
 from planner.profile import load_cluster_profile, load_model_profile, resolve_cluster_path  # noqa: E402
 from planner.search import SearchConfig  # noqa: E402
 from planner.tune import Target, label  # noqa: E402
-from planner.tune.online import candidate_pool  # noqa: E402
+from planner.tune import candidate_pool  # noqa: E402
 
 CLUSTER = "local-cpu-2core"
 GPUS, BATCH, SEQ = 2, 16, 64
@@ -64,7 +67,7 @@ def model_profile(model: str, out: Path) -> Path:
 
 
 def ground_truth(model: str, profile_path: Path, folder: Path, steps: int) -> list[dict]:
-    spec = _full_spec(parse_model(model))
+    spec = full_spec(parse_model(model))
     profile = load_model_profile(profile_path)
     cluster = load_cluster_profile(resolve_cluster_path(CLUSTER))
     target = Target(model=model, spec=spec, seq=SEQ, gpus=GPUS, global_batch=BATCH, dtype=profile.dtype)
@@ -92,21 +95,61 @@ def ground_truth(model: str, profile_path: Path, folder: Path, steps: int) -> li
     return rows
 
 
+def _times(row: dict) -> list[float]:
+    return [t for t in (row["measured_s"], row["repeat_s"], *row.get("more_s", [])) if t]
+
+
+def refine(model: str, profile_path: Path, truth: list[dict], folder: Path, steps: int, n: int) -> None:
+    """Launch the ``n`` fastest configurations (best of their launches so far) twice more each (``more_s``)."""
+    spec = full_spec(parse_model(model))
+    profile = load_model_profile(profile_path)
+    cluster = load_cluster_profile(resolve_cluster_path(CLUSTER))
+    target = Target(model=model, spec=spec, seq=SEQ, gpus=GPUS, global_batch=BATCH, dtype=profile.dtype)
+    training = TrainingSettings(global_batch=BATCH, seq_len=SEQ, dtype=profile.dtype)
+    plans = {label(run.config): plan for run, plan in candidate_pool(target, spec, profile, cluster, training,
+                                                                     SearchConfig(), pool=256)}  # fmt: skip
+    args = argparse.Namespace(steps=steps, trial_timeout_s=300.0, compile=None)
+    fastest = sorted((r for r in truth if r["measured_s"]), key=lambda r: min(_times(r)))[:n]
+    for i, row in enumerate(fastest):
+        for j in range(2):
+            outcome, _ = launch_trial(plans[row["configuration"]], 800 + 2 * i + j, folder=folder, args=args)
+            row.setdefault("more_s", []).append(outcome.step_time_s)
+        print(f"  refined {row['configuration']:45s} {[round(t, 4) for t in _times(row)]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="gpt:small,llama:tiny")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "data" / "cpu" / "tune")
+    ap.add_argument(
+        "--refine",
+        type=int,
+        default=0,
+        help="with --tune-only: launch the N fastest configurations of the saved ground truth twice more first",
+    )
+    ap.add_argument(
+        "--tune-only", action="store_true", help="reuse the ground truth of an earlier run in --out; run tune alone"
+    )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for model in args.models.split(","):
         name = model.replace(":", "-")
         profile_path = model_profile(model, args.out)
-        print(f"{model}: ground truth (every candidate, {args.steps} steps each)")
-        t0 = time.perf_counter()
-        truth = ground_truth(model, profile_path, args.out / f"{name}-truth", args.steps)
-        truth_s = time.perf_counter() - t0
+        earlier = args.out / f"{name}.json"
+        if args.tune_only:
+            old = json.loads(earlier.read_text())
+            truth, truth_s = old["ground_truth"], old["ground_truth_wall_s"]
+            if args.refine:
+                t0 = time.perf_counter()
+                refine(model, profile_path, truth, args.out / f"{name}-truth", args.steps, args.refine)
+                truth_s += time.perf_counter() - t0
+        else:
+            print(f"{model}: ground truth (every candidate, {args.steps} steps each)")
+            t0 = time.perf_counter()
+            truth = ground_truth(model, profile_path, args.out / f"{name}-truth", args.steps)
+            truth_s = time.perf_counter() - t0
         tuned = args.out / f"{name}-tuned.json"
         t0 = time.perf_counter()
         stratagem(
@@ -117,16 +160,15 @@ def main(argv: list[str] | None = None) -> int:
         tune_s = time.perf_counter() - t0
         record = load_plan(tuned).tune
         assert record is not None
-        best_of = {
-            r["configuration"]: min(x for x in (r["measured_s"], r["repeat_s"]) if x) for r in truth if r["measured_s"]
-        }
+        best_of = {r["configuration"]: min(_times(r)) for r in truth if r["measured_s"]}
         truth_best = min(best_of.values())
         best_config = min(best_of, key=best_of.__getitem__)
         chosen = min((t for t in record.trials if t.measured_step_time_s), key=lambda t: t.measured_step_time_s)
         chosen_truth = best_of.get(chosen.summary)
         pairs = [abs(r["repeat_s"] / r["measured_s"] - 1) for r in truth if r["measured_s"] and r["repeat_s"]]
+        spreads = [statistics.stdev(math.log(t) for t in _times(r)) for r in truth if len(_times(r)) >= 3]
         noise = statistics.median(pairs) if pairs else None
-        stated = max(record.uncertainty_rel or 0.03, 0.03)
+        stated = record.measurement_noise_rel
         trials_to_best = next((t.number for t in record.trials if t.summary == chosen.summary), None)
         result = {
             "model": model,
@@ -140,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             "ground_truth_best": {"configuration": best_config, "step_time_s": truth_best},
             "ground_truth_wall_s": truth_s,
             "repeat_noise_median": noise,
+            "launch_noise_log_sd_median": statistics.median(spreads) if spreads else None,
             "tune": {
                 "trials": [t.model_dump() for t in record.trials],
                 "stopped": record.stopped,
@@ -159,13 +202,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_result(r: dict) -> None:
     print(f"\n{r['model']} on {r['gpus']} CPU ranks, batch {r['global_batch']} x {r['seq']} tokens: ground truth")
-    print(f"{'configuration':45s} {'measured s':>11s} {'repeat s':>9s} {'predicted s':>12s}")
-    for row in sorted(r["ground_truth"], key=lambda x: x["measured_s"] or 1e9):
-        rep = f"{row['repeat_s']:.4f}" if row["repeat_s"] else ""
-        meas = f"{row['measured_s']:.4f}" if row["measured_s"] else row["status"]
-        print(f"{row['configuration']:45s} {meas:>11s} {rep:>9s} {row['predicted_s']:12.4f}")
+    print(f"{'configuration':45s} {'fastest s':>10s} {'launches s':<34s} {'predicted s':>12s}")
+    for row in sorted(r["ground_truth"], key=lambda x: min(_times(x)) if x["measured_s"] else 1e9):
+        runs = " ".join(f"{t:.4f}" for t in _times(row)) or row["status"]
+        best = f"{min(_times(row)):.4f}" if row["measured_s"] else ""
+        print(f"{row['configuration']:45s} {best:>10s} {runs:<34s} {row['predicted_s']:12.4f}")
     t = r["tune"]
     print(f"repeat noise (median |repeat / first - 1| of the {REPEATED} fastest): {r['repeat_noise_median']:.1%}")
+    if r.get("launch_noise_log_sd_median") is not None:
+        spread = r["launch_noise_log_sd_median"]
+        print(f"launch-to-launch noise (median sd of log step time over 3+ launches): {spread:.1%}")
     print("tune run trials:")
     for trial in t["trials"]:
         meas = f"{trial['measured_step_time_s']:.4f}" if trial["measured_step_time_s"] else trial["status"]

@@ -14,7 +14,7 @@ from planner.calibrate.fit import (
     mean_abs,
     transfer,
 )
-from planner.calibrate.metrics_runs import load_runs_jsonl, measured_step_time, runtime_precision
+from planner.calibrate.metrics_runs import load_runs_jsonl, measured_step_time, runtime_precision, step_noise
 from planner.calibrate.report import calibrated_profile, save_png, table_lines
 from planner.calibrate.runs import (
     CANDIDATE_COLUMNS,
@@ -49,6 +49,7 @@ __all__ = [
     "measured_step_time",
     "runs_hash",
     "runtime_precision",
+    "step_noise",
     "save_png",
     "table_lines",
     "transfer",

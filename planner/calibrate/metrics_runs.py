@@ -101,6 +101,21 @@ def _step_time(records: list[dict]) -> float | None:
     return float(measured) if measured and measured > 0 else None
 
 
+def step_noise(path: str | Path) -> float | None:
+    """Run-to-run noise of one run's steps: 1.4826 x the median absolute deviation of the steps after the first,
+    relative to their median (a normal's standard deviation, robust to a stray step); None with under 3 steps."""
+    path = Path(path)
+    try:
+        records = _records(path) if path.exists() else []
+    except StratagemError:
+        return None
+    times = [r["step_time_s"] for r in records if r.get("event") == "step" and "step_time_s" in r][1:]
+    if len(times) < 3:
+        return None
+    mid = statistics.median(times)
+    return 1.4826 * statistics.median(abs(t - mid) for t in times) / mid if mid > 0 else None
+
+
 def measured_step_time(path: str | Path) -> float | None:
     """Seconds per step a metrics file measured (:func:`_step_time`); None when it measured none or is missing."""
     path = Path(path)

@@ -207,7 +207,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> ModelProfile:
+def model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> ModelProfile:
     """The given profile file, else the closed-form GPT/Llama profile, else the runtime's meta profiler."""
     if args.model_profile is not None and getattr(args, "precision", "pure") != "pure":
         raise StratagemError("--precision describes closed-form profiles; drop it with --model-profile (measured)")
@@ -229,7 +229,7 @@ def _model_profile(spec: ModelSpec, args: argparse.Namespace, seq_len: int) -> M
     return profile_model_analytic(spec, seq_len=seq_len, dtype=args.dtype)
 
 
-def _full_spec(spec: ModelSpec) -> ModelSpec:
+def full_spec(spec: ModelSpec) -> ModelSpec:
     """A zoo spec with every dimension written out (defaults applied), so the plan alone rebuilds the model."""
     if spec.is_external:
         return spec
@@ -392,12 +392,12 @@ def run(args: argparse.Namespace) -> int:
     cluster_path = resolve_cluster_path(args.cluster)
     check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
     lr_schedule = recipe_from_args(args)
-    spec = _full_spec(spec_from_args(args))
+    spec = full_spec(spec_from_args(args))
     check_context_family(spec, args.cp or 1)  # before profiling a model it cannot apply to
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.is_language_model else int(args.seq or 1)
     cluster = load_cluster_profile(cluster_path)
     args.dtype = _resolve_dtype(args, cluster)
-    profile = _model_profile(spec, args, seq_len)
+    profile = model_profile(spec, args, seq_len)
     args.dtype = _check_profile_dtype(args, profile)
     _check_dtype(cluster, args.gpus, profile.dtype)
     cpu_note = analytic_on_cpu_note(profile, cluster)

@@ -99,19 +99,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.cli.cmd_plan import _full_spec, _model_profile
+    from planner.cli.cmd_plan import full_spec, model_profile
     from planner.plan import TrainingSettings, save_plan
     from planner.tune import Target
-    from planner.tune.online import final_plan, tune
+    from planner.tune import final_plan, run_trials
 
     cluster_path = resolve_cluster_path(args.cluster)
     check_out_path(args.out, inputs={"--cluster": cluster_path, "--model-profile": args.model_profile})
     folder = args.dir if args.dir is not None else args.out.with_name(args.out.name + ".trials")
     if folder.exists() and not folder.is_dir():
         raise StratagemError(f"--dir {folder} is a file, not a folder; give a folder path")
-    spec = _full_spec(spec_from_args(args))
+    spec = full_spec(spec_from_args(args))
     args.dtype = args.dtype or (None if args.model_profile is not None else "bf16")
-    profile = _model_profile(spec, args, args.seq)
+    profile = model_profile(spec, args, args.seq)
     if args.dtype not in (None, profile.dtype):
         raise StratagemError(f"--dtype {args.dtype} differs from the profile's {profile.dtype}; drop --dtype")
     cluster = load_cluster_profile(cluster_path)
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     def on_trial(records) -> None:
         atomic_write_text(folder / "trials.csv", trials_csv(records, rows))
 
-    outcome = tune(
+    outcome = run_trials(
         target,
         spec,
         profile,
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     assert outcome.best is not None  # final_plan raised otherwise
     print(
         f"measured best: {outcome.best.measured_s:.4g} s per step, {outcome.best.label} (trial {outcome.best.number} "
-        f"of {len(outcome.trials)}); calibration: {outcome.calibration.note}"
+        f"of {len(outcome.trials)}; measurement noise {outcome.noise_rel:.1%}); calibration: {outcome.calibration.note}"
     )
     print(f"wrote {args.out} and {folder / 'trials.csv'}")
     return 0
@@ -188,9 +188,9 @@ def trials_csv(records, rows: list[dict]) -> str:
 def launch_trial(plan, number: int, *, folder: Path, args: argparse.Namespace):
     """Launch ``plan`` as trial ``number`` (``stratagem launch`` in its own process group) and classify the result:
     ok, oom (launch's out-of-memory error), timeout (launch's own limit, or this process's after a grace), failed."""
-    from planner.calibrate import measured_step_time
+    from planner.calibrate import measured_step_time, step_noise
     from planner.plan import save_plan
-    from planner.tune.online import TrialOutcome
+    from planner.tune import TrialOutcome
 
     stem = folder / f"trial-{number:02d}"
     plan_path = save_plan(plan, stem.with_suffix(".json"))
@@ -211,15 +211,15 @@ def launch_trial(plan, number: int, *, folder: Path, args: argparse.Namespace):
             killed = True
             stop_group(proc)
             rc = proc.returncode
-    step_s = measured_step_time(metrics)
+    step_s, noise = measured_step_time(metrics), step_noise(metrics)
     text = log_path.read_text(encoding="utf-8", errors="replace")
     error = next((ln for ln in reversed(text.splitlines()) if ln.startswith("error:")), "")
     if killed or "ran past --timeout-s" in error:
         why = f"stopped after --trial-timeout-s {args.trial_timeout_s:g} s"
         partial = "; the steps it finished measured" if step_s is not None else "; no step finished"
-        return TrialOutcome(status="timeout", step_time_s=step_s, detail=why + partial), plan_path
+        return TrialOutcome(status="timeout", step_time_s=step_s, detail=why + partial, noise_rel=noise), plan_path
     if rc == 0 and step_s is not None:
-        return TrialOutcome(status="ok", step_time_s=step_s), plan_path
+        return TrialOutcome(status="ok", step_time_s=step_s, noise_rel=noise), plan_path
     if "ran out of memory" in error or "OutOfMemoryError" in text:
         return TrialOutcome(status="oom", detail=(error or "out of memory").removeprefix("error: ")[:300]), plan_path
     detail = (error or f"launch exited with status {rc}; see {log_path}").removeprefix("error: ")

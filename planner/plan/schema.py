@@ -368,6 +368,9 @@ class TuneRecord(StrictModel):
         None, description="the cross-validated relative uncertainty of a prediction after the last trial"
     )
     uncertainty_source: str = ""
+    measurement_noise_rel: PositiveFloat = Field(
+        0.03, description="run-to-run noise the loop assumed: the trials' median step spread, at least 3 %"
+    )
 
 
 class Plan(StrictModel):

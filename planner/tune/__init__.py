@@ -1,6 +1,17 @@
 """Model-guided trials (``stratagem tune``): calibrate on the runs measured so far, re-price the candidates, and say
-which to measure next or that the measured best is the answer (``suggest``)."""
+which to measure next or that the measured best is the answer (``suggest``); or run the trials on Stratagem's runtime
+until then (``online``: ``run_trials``, ``stratagem tune run``)."""
 
+from planner.tune.online import (
+    OOM_SHARE,
+    TrialOutcome,
+    TrialRecord,
+    TuneOutcome,
+    candidate_pool,
+    final_plan,
+    fullest_share,
+    run_trials,
+)
 from planner.tune.suggest import (
     STOP_PROBABILITY,
     Scored,
@@ -16,6 +27,14 @@ from planner.tune.suggest import (
 )
 
 __all__ = [
+    "OOM_SHARE",
+    "TrialOutcome",
+    "TrialRecord",
+    "TuneOutcome",
+    "candidate_pool",
+    "final_plan",
+    "fullest_share",
+    "run_trials",
     "STOP_PROBABILITY",
     "Scored",
     "Suggestion",

@@ -23,6 +23,7 @@ prices a metrics run (``planner.calibrate.metrics_runs``): ``overlap_grad_reduce
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -58,6 +59,7 @@ class TrialOutcome:
     status: TrialStatus
     step_time_s: float | None = None  # measured seconds per step (ok, or a timeout that measured steps)
     detail: str = ""  # the launch's one-line error, or why the measurement is partial
+    noise_rel: float | None = None  # relative spread of its steps (planner.calibrate.step_noise)
 
 
 # runner(plan, number) -> outcome: launch ``plan`` as trial ``number`` (1, 2, ...)
@@ -85,6 +87,7 @@ class TuneOutcome:
     stop: bool  # True: the loop stopped itself; False: it ran out of trials
     reason: str
     calibration: TuneCalibration  # on every measured trial
+    noise_rel: float  # the measurement noise the loop assumed: the trials' median step spread, at least NOISE_FLOOR
 
 
 def is_cpu(cluster: ClusterProfile) -> bool:
@@ -113,7 +116,7 @@ def candidate_pool(
     return out
 
 
-def tune(
+def run_trials(
     target: Target,
     spec: ModelSpec,
     profile: ModelProfile,
@@ -136,11 +139,13 @@ def tune(
     records: list[TrialRecord] = []
     runs: list[MeasuredRun] = []  # measured trials, as calibration runs with the tuned profile
     tried: set[tuple] = set()
+    spreads: list[float] = []
     memory_fraction = search.memory_fraction
     stop, reason = False, f"ran all {trials} trials"
     cal = calibrate(cluster, runs, folds=folds)
+    noise = NOISE_FLOOR
     while len(records) < trials:
-        cal = calibrate(cluster, runs, folds=folds)
+        cal = calibrate(cluster, runs, folds=folds, noise_floor=noise)
         calibrated = apply(cluster, cal.values)
         try:
             pool_ = candidate_pool(
@@ -186,6 +191,9 @@ def tune(
         )
         if outcome.step_time_s is not None and outcome.step_time_s > 0 and math.isfinite(outcome.step_time_s):
             runs.append(replace(pick.run, row=number, step_time_s=outcome.step_time_s, profile=profile))
+        if outcome.noise_rel is not None:
+            spreads.append(outcome.noise_rel)
+            noise = max(NOISE_FLOOR, statistics.median(spreads))
         if outcome.status == "oom":
             share = fullest_share(plan)
             memory_fraction = min(memory_fraction, OOM_SHARE * share)
@@ -197,10 +205,12 @@ def tune(
         measured_s = "" if outcome.step_time_s is None else f" {outcome.step_time_s:.4g} s"
         report(f"  {outcome.status}{measured_s}{': ' + outcome.detail if outcome.detail else ''}")
     if runs:
-        cal = calibrate(cluster, runs, folds=folds)
+        cal = calibrate(cluster, runs, folds=folds, noise_floor=noise)
     ok = [r for r in records if r.measured_s is not None]
     best_record = min(ok, key=lambda r: r.measured_s or math.inf) if ok else None
-    return TuneOutcome(trials=tuple(records), best=best_record, stop=stop, reason=reason, calibration=cal)
+    return TuneOutcome(
+        trials=tuple(records), best=best_record, stop=stop, reason=reason, calibration=cal, noise_rel=noise
+    )
 
 
 def fullest_share(plan: Plan) -> float:
@@ -208,11 +218,6 @@ def fullest_share(plan: Plan) -> float:
     if plan.predictions is None:
         return 1.0
     return max(sp.peak_memory_bytes / sp.memory_capacity_bytes for sp in plan.predictions.stages)
-
-
-def stated_noise(cal: TuneCalibration) -> float:
-    """The measurement noise the loop states: the calibration's uncertainty, at least the noise floor."""
-    return max(cal.sigma or NOISE_FLOOR, NOISE_FLOOR)
 
 
 def final_plan(outcome: TuneOutcome) -> Plan:
@@ -245,5 +250,6 @@ def final_plan(outcome: TuneOutcome) -> Plan:
         calibration_note=cal.note,
         uncertainty_rel=cal.sigma,
         uncertainty_source=cal.sigma_source,
+        measurement_noise_rel=outcome.noise_rel,
     )
     return outcome.best.plan.model_copy(update={"tune": record, "content_hash": None})

@@ -9,7 +9,8 @@ One step of the model-guided trial loop (issue 28). From the runs measured so fa
    and sequence parallelism), dropping those predicted not to fit in memory;
 3. gives each prediction an uncertainty (relative, the standard deviation of ``log(measured / predicted)``) of
    two parts: the calibration's cross-validated error on these runs (k-fold with 3 runs or more, leave-one-out
-   of a one-factor scale with 2, the run-to-run noise floor with fewer), and, for every parameter the runs did
+   of a one-factor scale with 2, with one run the prior width ``PRIOR_WIDTH`` and no stop; never below the
+   run-to-run noise floor), and, for every parameter the runs did
    not fit, its prior width (``PRIOR_WIDTH``) times the candidate's sensitivity to it (``d log t / d log p``)
    beyond the measured best's -- a candidate unlike the measured runs (another mix of compute and links) is as
    uncertain as the profile's own figures. With no run of the job yet, the fastest predictions come first;
@@ -167,8 +168,11 @@ def uniform_candidates(target: Target, profile: ModelProfile) -> list[MeasuredRu
     return out
 
 
-def calibrate(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5) -> TuneCalibration:
-    """Fit the cluster to ``runs`` and state how far its predictions are to be trusted (module docstring)."""
+def calibrate(
+    cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 5, noise_floor: float = NOISE_FLOOR
+) -> TuneCalibration:
+    """Fit the cluster to ``runs`` and state how far its predictions are to be trusted (module docstring); the
+    uncertainty is at least ``noise_floor``, the run-to-run noise of a measurement."""
     if not runs:
         return TuneCalibration(
             values={},
@@ -183,18 +187,21 @@ def calibrate(cluster: ClusterProfile, runs: list[MeasuredRun], *, folds: int = 
         logs = [-math.log(1 - min(e, 0.99)) for e in result.cv_errors]
         sigma = math.sqrt(statistics.fmean(x * x for x in logs))
         source = f"{min(folds, len(runs))}-fold cross-validated error of the calibration on {len(runs)} runs"
-    elif len(runs) == 1:  # one parameter moved to the one run: the prior widths of the rest carry the uncertainty
-        sigma = 0.0
-        source = "one run: no held-out error yet"
+    elif len(runs) == 1:  # nothing held out yet: as uncertain as the profile's own figures, and no stop
+        sigma = PRIOR_WIDTH
+        source = (
+            f"one run: no held-out error yet, so the prior width of the profile's figures ({PRIOR_WIDTH:.0%}); "
+            f"no stop before a second run"
+        )
     else:  # leave-one-out of a one-factor scale: each run predicted from the mean log ratio of the others
         ratios = [math.log(r.step_time_s) - math.log(p) for r, p in zip(runs, Predictor(cluster, runs).predict({}))]
         n = len(ratios)
         held = [x - (sum(ratios) - x) / (n - 1) for x in ratios]
         sigma = math.sqrt(statistics.fmean(x * x for x in held))
         source = f"leave-one-out error of a one-factor scale on {n} runs"
-    floored = max(sigma, NOISE_FLOOR)
+    floored = max(sigma, noise_floor)
     if floored > sigma:
-        source += f" ({sigma:.1%}, raised to the {NOISE_FLOOR:.0%} run-to-run noise floor)"
+        source += f" ({sigma:.1%}, raised to the {noise_floor:.1%} run-to-run noise floor)"
     return TuneCalibration(values=result.values, note=result.note, sigma=floored, sigma_source=source, runs=len(runs))
 
 
@@ -381,7 +388,7 @@ def choose(
         scored.append(replace(s, sigma=sigma, p_better=p, expected_gain_s=gain))
     scored.sort(key=lambda s: (-(s.expected_gain_s or 0.0), s.predicted_s))
     likeliest = max(scored, key=lambda s: s.p_better or 0.0)
-    if (likeliest.p_better or 0.0) < STOP_PROBABILITY:
+    if (likeliest.p_better or 0.0) < STOP_PROBABILITY and cal.runs >= 2:  # a stop needs a held-out error
         reason = (
             f"no unmeasured candidate beats the measured best ({best.step_time_s:.4g} s, {label(best.config)}) with "
             f"probability {STOP_PROBABILITY:.0%} or more: the likeliest, {label(likeliest.run.config)}, is predicted "
@@ -389,5 +396,5 @@ def choose(
             f"{cal.sigma_source} and the unfitted parameters' prior widths)"
         )
         return [], True, reason
-    chosen = [s for s in scored if (s.p_better or 0.0) >= STOP_PROBABILITY][:k]
+    chosen = [s for s in scored if (s.p_better or 0.0) >= STOP_PROBABILITY][:k] or scored[:k]
     return chosen, False, "largest expected gain over the measured best"

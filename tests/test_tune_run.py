@@ -1,0 +1,144 @@
+"""``stratagem tune run`` (issue 28): the online loop on Stratagem's runtime.
+
+The loop is checked with a stated fake trainer (a failed trial never stops it; out of memory lowers the search's
+memory limit below that plan's predicted share; no configuration runs twice; the written plan is the measured best
+with every trial in its record), then end to end with real 2-rank launches of gpt:tiny: two trials, a trial past its
+time limit, and trials that all run out of memory (an error naming them, no plan written, the trials file kept)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from planner.cli.cmd_plan import full_spec
+from planner.cli.cmd_tune_run import stop_group
+from planner.cli.main import main
+from planner.core import StratagemError
+from planner.model import parse_model
+from planner.plan import TrainingSettings, load_plan
+from planner.profile import load_cluster_profile, load_model_profile, resolve_cluster_path
+from planner.search import SearchConfig
+from planner.tune import Target
+from planner.tune import OOM_SHARE, TrialOutcome, final_plan, fullest_share, run_trials
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE_PATH = ROOT / "profiles" / "models" / "gpt-tiny.json"
+PROFILE = load_model_profile(PROFILE_PATH)
+SPEC = full_spec(parse_model("gpt:tiny"))
+CLUSTER = load_cluster_profile(resolve_cluster_path("local-cpu-2core"))
+TARGET = Target(model="gpt:tiny", spec=SPEC, seq=PROFILE.seq_len, gpus=2, global_batch=8, dtype=PROFILE.dtype)
+TRAINING = TrainingSettings(global_batch=8, seq_len=PROFILE.seq_len, dtype=PROFILE.dtype)
+
+
+def _fake(outcomes: dict[int, TrialOutcome]):
+    """A trainer whose step time is 1.5 x the plan's prediction plus 10 ms per pipeline stage (the cost model
+    misses a per-stage cost), with the given outcome for some trial numbers; records what it ran."""
+    ran = []
+
+    def runner(plan, number):
+        ran.append(plan)
+        if number in outcomes:
+            return outcomes[number]
+        assert plan.predictions is not None
+        return TrialOutcome(status="ok", step_time_s=1.5 * plan.predictions.step_time_s + 0.01 * len(plan.stages))
+
+    return runner, ran
+
+
+def test_failed_trials_never_stop_the_loop_and_out_of_memory_lowers_the_memory_limit():
+    runner, ran = _fake(
+        {1: TrialOutcome(status="oom", detail="rank 1 ran out of memory"), 2: TrialOutcome(status="timeout")}
+    )
+    lines: list[str] = []
+    search = SearchConfig()
+    out = run_trials(TARGET, SPEC, PROFILE, CLUSTER, TRAINING, runner, trials=5, search=search, report=lines.append)
+    assert [t.status for t in out.trials[:2]] == ["oom", "timeout"]
+    assert len(out.trials) >= 3 and all(t.status == "ok" for t in out.trials[2:])
+    # out of memory: every later plan is predicted below 98 % of the failed plan's fullest share
+    limit = OOM_SHARE * fullest_share(ran[0])
+    assert all(fullest_share(p) <= limit + 1e-9 for p in ran[1:]), "a plan as full as the failed one ran again"
+    assert any("out of memory: plans must now be predicted under" in line for line in lines)
+    labels = [t.label for t in out.trials]
+    assert len(set(labels)) == len(labels), f"a configuration ran twice: {labels}"
+    ok = [t for t in out.trials if t.status == "ok"]
+    assert out.best is not None and out.best.measured_s == min(t.measured_s or math.inf for t in ok)
+    plan = final_plan(out)
+    assert plan.tune is not None and len(plan.tune.trials) == len(out.trials)
+    assert plan.tune.trials[0].status == "oom" and plan.tune.trials[0].measured_step_time_s is None
+    assert plan.mesh == out.best.plan.mesh and plan.tune.calibration == out.calibration.values
+
+
+def test_a_loop_whose_every_trial_fails_writes_no_plan():
+    runner, _ = _fake({n: TrialOutcome(status="failed", detail="exit 1") for n in range(1, 4)})
+    out = run_trials(TARGET, SPEC, PROFILE, CLUSTER, TRAINING, runner, trials=3, search=SearchConfig())
+    assert [t.status for t in out.trials] == ["failed"] * 3 and out.best is None
+    with pytest.raises(StratagemError, match="no trial measured a step time"):
+        final_plan(out)
+
+
+def test_stop_group_ends_a_hanging_trial_and_its_children():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+         "'import time; time.sleep(600)']); time.sleep(600)"],
+        start_new_session=True,
+    )  # fmt: skip
+    time.sleep(0.5)
+    start = time.monotonic()
+    stop_group(proc)
+    assert proc.returncode is not None and time.monotonic() - start < 15
+    deadline = time.monotonic() + 5  # the orphaned child is reaped by init, not at once
+    while (alive := _group_alive(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"processes of the trial's group are still running: {alive}"
+
+
+def _group_alive(pgid: int) -> list[str]:
+    """Processes of the group that are not zombies (a zombie has ended; only its parent has not read its status)."""
+    out = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split()[1:2] and not line.split()[1].startswith("Z")]
+
+
+def _tune(tmp_path: Path, *extra: str) -> int:
+    return main(
+        [
+            "tune", "run", "--model", "gpt:tiny", "--model-profile", str(PROFILE_PATH), "--cluster", "local-cpu-2core",
+            "--gpus", "2", "--global-batch", "8", "--seq", str(PROFILE.seq_len), "--steps", "3",
+            "--out", str(tmp_path / "tuned.json"), *extra,
+        ]
+    )  # fmt: skip
+
+
+def _trials(tmp_path: Path) -> list[dict]:
+    with open(tmp_path / "tuned.json.trials" / "trials.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.slow
+def test_tune_run_launches_trials_and_writes_the_measured_best(tmp_path, capsys):
+    assert _tune(tmp_path, "--trials", "2") == 0
+    plan = load_plan(tmp_path / "tuned.json")
+    rows = _trials(tmp_path)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    measured = [float(r["measured_step_time_s"]) for r in rows]
+    best = rows[measured.index(min(measured))]
+    assert plan.tune is not None and plan.tune.trials[measured.index(min(measured))].status == "ok"
+    assert load_plan(best["plan"]).mesh == plan.mesh
+    assert "measured best" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_trial_past_its_limit_is_a_timeout_and_all_out_of_memory_is_an_error(tmp_path, monkeypatch, capsys):
+    assert _tune(tmp_path, "--trials", "1", "--trial-timeout-s", "0.5") == 2
+    assert [r["status"] for r in _trials(tmp_path)] == ["timeout"]
+    assert "no trial measured a step time" in capsys.readouterr().err
+    monkeypatch.setenv("STRATAGEM_TEST_OOM_AT_STEP", "1")
+    assert _tune(tmp_path, "--trials", "1") == 2
+    rows = _trials(tmp_path)
+    assert [r["status"] for r in rows] == ["oom"] and "out of memory" in rows[0]["detail"]
+    assert not (tmp_path / "tuned.json").exists()
