@@ -246,6 +246,13 @@ def oom_fallback(plan: Plan, note: dict) -> Plan:
     return best.model_copy(update={"search": plan.search, "content_hash": None})
 
 
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # nothing left in the group
+        pass
+
+
 def run_command(cmd: list[str], *, timeout_s: float, env_extra: dict[str, str] | None = None) -> int:
     """Run torchrun in its own process group; on timeout stop the whole group and raise.
 
@@ -277,8 +284,11 @@ def run_command(cmd: list[str], *, timeout_s: float, env_extra: dict[str, str] |
         try:
             proc.wait(timeout=KILL_GRACE_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            pass
+        # torchrun may end on the SIGTERM while a rank stuck in a collective's C++ loop never runs Python's handler
+        # (seen: 2 ranks of a hung gloo job spinning for 15 minutes after the job "stopped"): kill what is left
+        _kill_group(proc.pid)
+        proc.wait()
         raise StratagemError(
             f"the job ran past --timeout-s {timeout_s:g} and was stopped; raise --timeout-s or lower --steps"
         ) from None

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli.cmd_plan import full_spec
-from planner.cli.cmd_tune_run import stop_group
+from planner.cli.cmd_tune_run import stop_group, stop_leftovers
 from planner.cli.main import main
 from planner.core import StratagemError
 from planner.model import parse_model
@@ -142,3 +142,11 @@ def test_a_trial_past_its_limit_is_a_timeout_and_all_out_of_memory_is_an_error(t
     rows = _trials(tmp_path)
     assert [r["status"] for r in rows] == ["oom"] and "out of memory" in rows[0]["detail"]
     assert not (tmp_path / "tuned.json").exists()
+
+
+def test_ranks_that_outlive_their_launcher_are_stopped(tmp_path):
+    plan_path = tmp_path / "trial-01.json"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(plan_path)])
+    time.sleep(0.3)
+    assert stop_leftovers(plan_path) == [proc.pid]
+    assert proc.wait(timeout=10) == -9

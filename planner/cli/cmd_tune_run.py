@@ -211,6 +211,7 @@ def launch_trial(plan, number: int, *, folder: Path, args: argparse.Namespace):
             killed = True
             stop_group(proc)
             rc = proc.returncode
+    stop_leftovers(plan_path)
     step_s, noise = measured_step_time(metrics), step_noise(metrics)
     text = log_path.read_text(encoding="utf-8", errors="replace")
     error = next((ln for ln in reversed(text.splitlines()) if ln.startswith("error:")), "")
@@ -236,3 +237,18 @@ def stop_group(proc: subprocess.Popen) -> None:
         proc.wait()
     except ProcessLookupError:
         proc.wait()
+
+
+def stop_leftovers(plan_path: Path) -> list[int]:
+    """SIGKILL every process still running with ``plan_path`` on its command line (a trial's ranks that outlived
+    their launcher, e.g. stuck in a collective when the launch was stopped); the pids killed. Linux /proc only."""
+    killed = []
+    needle = str(plan_path).encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (entry / "cmdline").read_bytes() and int(entry.name) != os.getpid():
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return killed
