@@ -15,7 +15,7 @@ For each model, on 2 CPU ranks (cluster ``local-cpu-2core``, global batch 16, 64
 4. regret: the ground-truth time of the configuration ``tune run`` ended with over the ground-truth best, against
    the measurement noise it states (its trials' median step spread, at least 3 %) and the repeat noise of step 2.
 
-``--tune-only`` reruns step 3 against the ground truth already in ``--out``.
+``--tune-only`` reruns step 3 against the ground truth already in ``--out``; ``--show`` prints the saved results.
 
 Configurations are matched by their summary (degrees, micro-batch, schedule, ZeRO, recompute, sp). Everything runs
 on this machine's two cores: run it with nothing else busy. Writes ``--out/<model>.json`` and prints the tables.
@@ -132,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tune-only", action="store_true", help="reuse the ground truth of an earlier run in --out; run tune alone"
     )
+    ap.add_argument("--show", action="store_true", help="print the tables of the results already in --out")
     args = ap.parse_args(argv)
+    if args.show:
+        for model in args.models.split(","):
+            print_result(json.loads((args.out / f"{model.replace(':', '-')}.json").read_text()))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     for model in args.models.split(","):
         name = model.replace(":", "-")
@@ -218,6 +223,13 @@ def print_result(r: dict) -> None:
         pred = trial["predicted_step_time_s"]
         print(f"  {trial['number']}: {trial['summary']:45s} measured {meas}  predicted {pred:.4f}")
     regret = "n/a (not in the ground truth)" if t["regret"] is None else f"{t['regret']:.1%}"
+    medians = {x["configuration"]: statistics.median(_times(x)) for x in r["ground_truth"] if len(_times(x)) >= 3}
+    if medians and t["chosen"] in medians:
+        best = min(medians, key=medians.__getitem__)
+        print(
+            f"on the median of 3+ launches: best {best} {medians[best]:.4f} s, chosen {medians[t['chosen']]:.4f} s, "
+            f"regret {medians[t['chosen']] / medians[best] - 1:.1%}"
+        )
     print(
         f"ended with {t['chosen']} (trial {t['chosen_at_trial']} of {len(t['trials'])}, "
         f"{'stopped itself' if t['stopped'] else 'out of trials'}); ground-truth best "
