@@ -43,6 +43,7 @@ KILL_GRACE_S = 10.0  # after the trial's limit: SIGTERM to its process group, th
 LAUNCH_GRACE_S = 30.0  # launch stops itself at --timeout-s; this process stops it this much later
 TRIAL_COLUMNS = (
     "trial",
+    "repeat_of",
     "status",
     "configuration",
     "measured_step_time_s",
@@ -83,6 +84,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="wall-clock limit of one trial, seconds (a trial past it is stopped and recorded as a timeout)",
     )
     p.add_argument("--pool", type=int_in(2, 256), default=16, help="candidates: the search's best plans, count")
+    p.add_argument(
+        "--confirm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with 3 trials or more, the last launches the measured best again to state the noise between launches",
+    )
     p.add_argument("--dir", type=Path, default=None, help="folder for the trials' plans, metrics and logs")
     p.add_argument("--out", required=True, type=out_path, help="the measured best plan (JSON), with the trials")
     p.add_argument("--memory-fraction", type=float_in(0.05, 1.0), default=None, help="share of device memory a "
@@ -149,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         search=search,
         report=report,
         on_trial=on_trial,
+        confirm=args.confirm,
     )
     print(("stop: " if outcome.stop else "trials done: ") + outcome.reason)
     best = final_plan(outcome)
@@ -171,6 +179,7 @@ def trials_csv(records, rows: list[dict]) -> str:
         writer.writerow(
             {
                 "trial": r.number,
+                "repeat_of": "" if r.repeat_of is None else r.repeat_of,
                 "status": r.status,
                 "configuration": r.label,
                 "measured_step_time_s": "" if r.measured_s is None else f"{r.measured_s:.6g}",

@@ -354,6 +354,7 @@ class TuneTrial(StrictModel):
     )
     predicted_peak_memory_bytes: PositiveFloat
     detail: str = ""
+    repeat_of: int | None = Field(None, description="the trial whose plan this one ran again (None: a new plan)")
 
 
 class TuneRecord(StrictModel):
@@ -369,7 +370,9 @@ class TuneRecord(StrictModel):
     )
     uncertainty_source: str = ""
     measurement_noise_rel: PositiveFloat = Field(
-        0.03, description="run-to-run noise the loop assumed: the trials' median step spread, at least 3 %"
+        0.03,
+        description="run-to-run noise the loop states: the largest of 3 %, the trials' median step spread and the "
+        "gap between the measured best and its confirming repeat (one pair's sd of a log)",
     )
 
 
