@@ -153,3 +153,13 @@ def test_ranks_that_outlive_their_launcher_are_stopped(tmp_path):
     time.sleep(0.3)
     assert stop_leftovers(plan_path) == [proc.pid]
     assert proc.wait(timeout=10) == -9
+
+
+def test_a_launch_that_fails_after_its_summary_still_measured(tmp_path):
+    from planner.cli.cmd_tune_run import _has_summary
+
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"event": "start"}\n{"event": "step", "step_time_s": 0.1}\n{"event": "summ')
+    assert not _has_summary(metrics)
+    metrics.write_text('{"event": "start"}\n{"event": "summary", "measured_step_time_s": 0.1}\n')
+    assert _has_summary(metrics) and not _has_summary(tmp_path / "missing.jsonl")

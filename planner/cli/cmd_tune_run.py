@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import signal
 import subprocess
@@ -230,10 +231,28 @@ def launch_trial(plan, number: int, *, folder: Path, args: argparse.Namespace):
         return TrialOutcome(status="timeout", step_time_s=step_s, detail=why + partial, noise_rel=noise), plan_path
     if rc == 0 and step_s is not None:
         return TrialOutcome(status="ok", step_time_s=step_s, noise_rel=noise), plan_path
+    if step_s is not None and _has_summary(metrics):  # every step ran and was summarised; the exit failed after
+        detail = f"every step ran; the launch then exited with status {rc} ({error.removeprefix('error: ')})"
+        return TrialOutcome(status="ok", step_time_s=step_s, noise_rel=noise, detail=detail[:300]), plan_path
     if "ran out of memory" in error or "OutOfMemoryError" in text:
         return TrialOutcome(status="oom", detail=(error or "out of memory").removeprefix("error: ")[:300]), plan_path
     detail = (error or f"launch exited with status {rc}; see {log_path}").removeprefix("error: ")
     return TrialOutcome(status="failed", detail=detail[:300]), plan_path
+
+
+def _has_summary(metrics: Path) -> bool:
+    """Whether rank 0 wrote the run's summary line (it does after the last step)."""
+    try:
+        lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        try:
+            if json.loads(line).get("event") == "summary":
+                return True
+        except (ValueError, AttributeError):  # a torn or foreign line
+            continue
+    return False
 
 
 def stop_group(proc: subprocess.Popen) -> None:
