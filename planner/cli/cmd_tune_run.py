@@ -38,6 +38,7 @@ from .common import (
     out_path,
     resolve_cluster_path,
 )
+from .cmd_tune_suggest import add_job_arguments
 from .model_args import add_model_arguments, spec_from_args
 
 KILL_GRACE_S = 10.0  # after the trial's limit: SIGTERM to its process group, then SIGKILL this much later
@@ -69,10 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_arguments(p)
     p.add_argument("--model-profile", type=nonempty_path, default=None, help="model profile JSON (default: analytic)")
-    p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
-    p.add_argument("--gpus", required=True, type=int_in(1, 1_000_000), help="GPUs (CPU ranks) of the job, count")
-    p.add_argument("--global-batch", required=True, type=int_in(1, 1 << 24), help="samples per step, count")
-    p.add_argument("--seq", required=True, type=int_in(1, 1 << 24), help="tokens per sample")
+    add_job_arguments(p)
     p.add_argument("--dtype", choices=DTYPES, default=None, help="compute dtype (default: the profile's, else bf16)")
     p.add_argument("--trials", type=int_in(1, 1000), default=5, help="most trials to run, count")
     p.add_argument(
@@ -93,9 +91,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dir", type=Path, default=None, help="folder for the trials' plans, metrics and logs")
     p.add_argument("--out", required=True, type=out_path, help="the measured best plan (JSON), with the trials")
-    p.add_argument("--memory-fraction", type=float_in(0.05, 1.0), default=None, help="share of device memory a "
-                   "plan may use")  # fmt: skip
-    p.add_argument("--memory-margin", type=float_in(0.0, 0.95), default=None, help="share of device memory kept free")
     p.add_argument("--time-limit", type=float_in(0, 3600, low_open=True), default=30.0, help="seconds per ILP solve")
     p.add_argument(
         "--compile",

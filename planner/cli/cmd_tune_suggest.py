@@ -50,10 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     add_model_arguments(p)
-    p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
-    p.add_argument("--gpus", required=True, type=int_in(1, 1_000_000), help="GPUs of the job, count")
-    p.add_argument("--global-batch", required=True, type=int_in(1, 1 << 24), help="samples per step, count")
-    p.add_argument("--seq", required=True, type=int_in(1, 1 << 24), help="tokens per sample")
+    add_job_arguments(p)
     p.add_argument("--dtype", choices=DTYPES, default="bf16", help="compute dtype of the runs")
     p.add_argument(
         "--runs",
@@ -70,10 +67,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--k", type=int_in(1, 64), default=2, help="configurations to suggest, count")
     p.add_argument("--out", required=True, type=out_path, help="the suggested configurations (CSV)")
+    p.set_defaults(func=run)
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The job both tune commands take: cluster, GPUs, batch, sequence and the memory a configuration may use."""
+    p.add_argument("--cluster", required=True, help="shipped cluster name or a cluster profile path")
+    p.add_argument("--gpus", required=True, type=int_in(1, 1_000_000), help="GPUs (CPU ranks) of the job, count")
+    p.add_argument("--global-batch", required=True, type=int_in(1, 1 << 24), help="samples per step, count")
+    p.add_argument("--seq", required=True, type=int_in(1, 1 << 24), help="tokens per sample")
     p.add_argument("--memory-fraction", type=float_in(0.05, 1.0), default=None, help="share of device memory a "
                    "configuration may use")  # fmt: skip
     p.add_argument("--memory-margin", type=float_in(0.0, 0.95), default=None, help="share of device memory kept free")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
