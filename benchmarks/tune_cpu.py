@@ -66,17 +66,22 @@ def model_profile(model: str, out: Path) -> Path:
     return path
 
 
-def ground_truth(model: str, profile_path: Path, folder: Path, steps: int) -> list[dict]:
+def every_candidate(model: str, profile_path: Path) -> list:
+    """(run, plan) of every candidate ``tune run`` chooses from, on the uncalibrated cluster."""
     spec = full_spec(parse_model(model))
     profile = load_model_profile(profile_path)
     cluster = load_cluster_profile(resolve_cluster_path(CLUSTER))
     target = Target(model=model, spec=spec, seq=SEQ, gpus=GPUS, global_batch=BATCH, dtype=profile.dtype)
     training = TrainingSettings(global_batch=BATCH, seq_len=SEQ, dtype=profile.dtype)
-    pool = candidate_pool(target, spec, profile, cluster, training, SearchConfig(), pool=256)
+    return candidate_pool(target, spec, profile, cluster, training, SearchConfig(), pool=256)
+
+
+def ground_truth(model: str, profile_path: Path, folder: Path, steps: int) -> list[dict]:
+    pool = every_candidate(model, profile_path)
     args = argparse.Namespace(steps=steps, trial_timeout_s=300.0, compile=None)
     rows = []
     for number, (run, plan) in enumerate(pool, start=1):
-        outcome, _ = launch_trial(plan, number, folder=folder, args=args)
+        outcome = launch_trial(plan, number, folder=folder, args=args)
         rows.append(
             {
                 "configuration": label(run.config),
@@ -90,7 +95,7 @@ def ground_truth(model: str, profile_path: Path, folder: Path, steps: int) -> li
     ok = sorted((r for r in rows if r["measured_s"]), key=lambda r: r["measured_s"])
     for i, row in enumerate(ok[:REPEATED]):
         plan = next(p for (run, p) in pool if label(run.config) == row["configuration"])
-        outcome, _ = launch_trial(plan, 900 + i, folder=folder, args=args)
+        outcome = launch_trial(plan, 900 + i, folder=folder, args=args)
         row["repeat_s"] = outcome.step_time_s
     return rows
 
@@ -101,18 +106,12 @@ def _times(row: dict) -> list[float]:
 
 def refine(model: str, profile_path: Path, truth: list[dict], folder: Path, steps: int, n: int) -> None:
     """Launch the ``n`` fastest configurations (best of their launches so far) twice more each (``more_s``)."""
-    spec = full_spec(parse_model(model))
-    profile = load_model_profile(profile_path)
-    cluster = load_cluster_profile(resolve_cluster_path(CLUSTER))
-    target = Target(model=model, spec=spec, seq=SEQ, gpus=GPUS, global_batch=BATCH, dtype=profile.dtype)
-    training = TrainingSettings(global_batch=BATCH, seq_len=SEQ, dtype=profile.dtype)
-    plans = {label(run.config): plan for run, plan in candidate_pool(target, spec, profile, cluster, training,
-                                                                     SearchConfig(), pool=256)}  # fmt: skip
+    plans = {label(run.config): plan for run, plan in every_candidate(model, profile_path)}
     args = argparse.Namespace(steps=steps, trial_timeout_s=300.0, compile=None)
     fastest = sorted((r for r in truth if r["measured_s"]), key=lambda r: min(_times(r)))[:n]
     for i, row in enumerate(fastest):
         for j in range(2):
-            outcome, _ = launch_trial(plans[row["configuration"]], 800 + 2 * i + j, folder=folder, args=args)
+            outcome = launch_trial(plans[row["configuration"]], 800 + 2 * i + j, folder=folder, args=args)
             row.setdefault("more_s", []).append(outcome.step_time_s)
         print(f"  refined {row['configuration']:45s} {[round(t, 4) for t in _times(row)]}")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.core import StratagemError
-from planner.plan import Plan, validate
+from planner.plan import Plan, fullest_share, validate
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = 10.0  # after SIGTERM on timeout, how long torchrun gets to stop its workers
@@ -219,13 +219,6 @@ OOM_DIR_ENV = "STRATAGEM_OOM_DIR"  # where a rank that runs out of memory leaves
 FALLBACK_ENV = "STRATAGEM_FALLBACK"  # set for a runner-up plan run after an out-of-memory error: its number
 
 
-def fullest_share(plan: Plan) -> float:
-    """The largest predicted peak / device memory over the plan's stages (inf when it was not costed)."""
-    if plan.predictions is None or not plan.predictions.stages:
-        return float("inf")
-    return max(sp.peak_memory_bytes / sp.memory_capacity_bytes for sp in plan.predictions.stages)
-
-
 def oom_fallback(plan: Plan, note: dict) -> Plan:
     """The fastest runner-up in ``plan``'s search record whose fullest device is predicted less full than
     ``plan``'s, to run after ``plan`` ran out of memory (``note``: the rank's report); a one-line error when the
@@ -246,11 +239,20 @@ def oom_fallback(plan: Plan, note: dict) -> Plan:
     return best.model_copy(update={"search": plan.search, "content_hash": None})
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:  # nothing left in the group
-        pass
+def stop_process_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM ``proc``'s process group (``proc`` started with ``start_new_session``), then SIGKILL whatever is left
+    after ``grace_s``: torchrun may end on the SIGTERM while a rank stuck in a collective's C++ loop never runs
+    Python's handler (seen: 2 ranks of a hung gloo job spinning for 15 minutes after the job "stopped")."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # nothing left in the group
+            break
+        try:
+            proc.wait(timeout=grace_s if sig == signal.SIGTERM else None)
+        except subprocess.TimeoutExpired:
+            pass
+    proc.wait()
 
 
 def run_command(cmd: list[str], *, timeout_s: float, env_extra: dict[str, str] | None = None) -> int:
@@ -280,15 +282,7 @@ def run_command(cmd: list[str], *, timeout_s: float, env_extra: dict[str, str] |
                 if time.monotonic() >= deadline[0]:
                     raise
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-        # torchrun may end on the SIGTERM while a rank stuck in a collective's C++ loop never runs Python's handler
-        # (seen: 2 ranks of a hung gloo job spinning for 15 minutes after the job "stopped"): kill what is left
-        _kill_group(proc.pid)
-        proc.wait()
+        stop_process_group(proc)
         raise StratagemError(
             f"the job ran past --timeout-s {timeout_s:g} and was stopped; raise --timeout-s or lower --steps"
         ) from None

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli.cmd_plan import full_spec
-from planner.cli.cmd_tune_run import stop_group, stop_leftovers
+from planner.cli.cmd_tune_run import stop_leftovers
 from planner.cli.main import main
 from planner.core import StratagemError
 from planner.model import parse_model
@@ -25,6 +25,7 @@ from planner.plan import TrainingSettings, load_plan
 from planner.profile import load_cluster_profile, load_model_profile, resolve_cluster_path
 from planner.search import SearchConfig
 from planner.tune import Target
+from runtime.launch import stop_process_group as stop_group
 from planner.tune import OOM_SHARE, TrialOutcome, final_plan, fullest_share, run_trials
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from planner.calibrate.fit import (
     mean_abs,
     transfer,
 )
-from planner.calibrate.metrics_runs import load_runs_jsonl, measured_step_time, runtime_precision, step_noise
+from planner.calibrate.metrics_runs import StepStats, load_runs_jsonl, runtime_precision, step_stats
 from planner.calibrate.report import calibrated_profile, save_png, table_lines
 from planner.calibrate.runs import (
     CANDIDATE_COLUMNS,
@@ -46,10 +46,10 @@ __all__ = [
     "load_runs_csv",
     "load_runs_jsonl",
     "mean_abs",
-    "measured_step_time",
     "runs_hash",
     "runtime_precision",
-    "step_noise",
+    "step_stats",
+    "StepStats",
     "save_png",
     "table_lines",
     "transfer",

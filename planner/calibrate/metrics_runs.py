@@ -18,6 +18,7 @@ schedule's name (the runtime's ``LocalRunner`` runs each micro-batch's forward a
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner.calibrate.runs import MeasuredRun
@@ -101,31 +102,36 @@ def _step_time(records: list[dict]) -> float | None:
     return float(measured) if measured and measured > 0 else None
 
 
-def step_noise(path: str | Path) -> float | None:
-    """Run-to-run noise of one run's steps: 1.4826 x the median absolute deviation of the steps after the first,
-    relative to their median (a normal's standard deviation, robust to a stray step); None with under 3 steps."""
-    path = Path(path)
-    try:
-        records = _records(path) if path.exists() else []
-    except StratagemError:
-        return None
-    times = [r["step_time_s"] for r in records if r.get("event") == "step" and "step_time_s" in r][1:]
-    if len(times) < 3:
-        return None
-    mid = statistics.median(times)
-    return 1.4826 * statistics.median(abs(t - mid) for t in times) / mid if mid > 0 else None
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What one launch's metrics file measured (:func:`step_stats`)."""
+
+    step_time_s: float | None  # :func:`_step_time`; None when no step was measured
+    noise_rel: float | None  # spread of the steps after the first (None with under 3)
+    summarised: bool  # rank 0 wrote the summary line (it does after the last step)
 
 
-def measured_step_time(path: str | Path) -> float | None:
-    """Seconds per step a metrics file measured (:func:`_step_time`); None when it measured none or is missing."""
+def step_stats(path: str | Path) -> StepStats:
+    """A metrics file's step time, the run-to-run noise of its steps (1.4826 x the median absolute deviation of the
+    steps after the first, relative to their median: a normal's standard deviation, robust to a stray step) and
+    whether it was summarised, read once. A missing file measured nothing; a torn last line (a rank killed
+    mid-write) is left out and the lines before it still count."""
     path = Path(path)
     if not path.exists():
-        return None
+        return StepStats(step_time_s=None, noise_rel=None, summarised=False)
+    lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
     try:
-        return _step_time(_records(path))
-    except StratagemError:  # a rank killed mid-line: the lines before it still count
-        lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-        return _step_time(_records_of(lines[:-1], path)) if len(lines) > 1 else None
+        records = _records_of(lines, path)
+    except StratagemError:
+        try:
+            records = _records_of(lines[:-1], path)
+        except StratagemError:  # torn before its end too: nothing to trust
+            records = []
+    times = [r["step_time_s"] for r in records if r.get("event") == "step" and "step_time_s" in r][1:]
+    mid = statistics.median(times) if len(times) >= 3 else 0.0
+    noise = 1.4826 * statistics.median(abs(t - mid) for t in times) / mid if mid > 0 else None
+    summarised = any(r.get("event") == "summary" for r in records)
+    return StepStats(step_time_s=_step_time(records), noise_rel=noise, summarised=summarised)
 
 
 def load_runs_jsonl(path: str | Path, *, plan_path: str | Path | None = None, row: int = 1) -> MeasuredRun:

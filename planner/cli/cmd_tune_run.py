@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import os
 import signal
 import subprocess
@@ -41,7 +40,6 @@ from .common import (
 from .cmd_tune_suggest import add_job_arguments
 from .model_args import add_model_arguments, spec_from_args
 
-KILL_GRACE_S = 10.0  # after the trial's limit: SIGTERM to its process group, then SIGKILL this much later
 LAUNCH_GRACE_S = 30.0  # launch stops itself at --timeout-s; this process stops it this much later
 TRIAL_COLUMNS = (
     "trial",
@@ -128,18 +126,15 @@ def run(args: argparse.Namespace) -> int:
     training = TrainingSettings(global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype)
     search = SearchConfig(memory_fraction=memory_fraction_of(args), time_limit_s=args.time_limit)
     folder.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
 
     def runner(plan, number):
-        outcome, plan_path = launch_trial(plan, number, folder=folder, args=args)
-        rows.append({"trial": number, "status": outcome.status, "plan": str(plan_path), "detail": outcome.detail})
-        return outcome
+        return launch_trial(plan, number, folder=folder, args=args)
 
     def report(line: str) -> None:
         print(line, flush=True)
 
     def on_trial(records) -> None:
-        atomic_write_text(folder / "trials.csv", trials_csv(records, rows))
+        atomic_write_text(folder / "trials.csv", trials_csv(records, folder))
 
     outcome = run_trials(
         target,
@@ -166,11 +161,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def trials_csv(records, rows: list[dict]) -> str:
+def trial_stem(folder: Path, number: int) -> Path:
+    """Trial ``number``'s files in ``folder``: ``<stem>.json`` (its plan), ``.metrics.jsonl``, ``.log``."""
+    return folder / f"trial-{number:02d}"
+
+
+def trials_csv(records, folder: Path) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(TRIAL_COLUMNS), lineterminator="\n")
     writer.writeheader()
-    paths = {r["trial"]: r["plan"] for r in rows}
     for r in records:
         writer.writerow(
             {
@@ -183,7 +182,7 @@ def trials_csv(records, rows: list[dict]) -> str:
                 "uncertainty_rel": "" if r.uncertainty_rel is None else f"{r.uncertainty_rel:.4f}",
                 "p_better": "" if r.p_better is None else f"{r.p_better:.4f}",
                 "predicted_peak_memory_bytes": f"{r.predicted_peak_memory_bytes:.0f}",
-                "plan": paths.get(r.number, ""),
+                "plan": str(trial_stem(folder, r.number).with_suffix(".json")),
                 "detail": r.detail,
             }
         )
@@ -193,11 +192,12 @@ def trials_csv(records, rows: list[dict]) -> str:
 def launch_trial(plan, number: int, *, folder: Path, args: argparse.Namespace):
     """Launch ``plan`` as trial ``number`` (``stratagem launch`` in its own process group) and classify the result:
     ok, oom (launch's out-of-memory error), timeout (launch's own limit, or this process's after a grace), failed."""
-    from planner.calibrate import measured_step_time, step_noise
+    from planner.calibrate import step_stats
     from planner.plan import save_plan
     from planner.tune import TrialOutcome
+    from runtime.launch import stop_process_group
 
-    stem = folder / f"trial-{number:02d}"
+    stem = trial_stem(folder, number)
     plan_path = save_plan(plan, stem.with_suffix(".json"))
     metrics = stem.with_suffix(".metrics.jsonl")
     log_path = stem.with_suffix(".log")
@@ -214,52 +214,33 @@ def launch_trial(plan, number: int, *, folder: Path, args: argparse.Namespace):
             rc = proc.wait(timeout=args.trial_timeout_s + LAUNCH_GRACE_S)
         except subprocess.TimeoutExpired:
             killed = True
-            stop_group(proc)
+            stop_process_group(proc)
             rc = proc.returncode
     stop_leftovers(plan_path)
-    step_s, noise = measured_step_time(metrics), step_noise(metrics)
+    stats = step_stats(metrics)
+    step_s, noise = stats.step_time_s, stats.noise_rel
     text = log_path.read_text(encoding="utf-8", errors="replace")
     error = next((ln for ln in reversed(text.splitlines()) if ln.startswith("error:")), "")
     if killed or "ran past --timeout-s" in error:
         why = f"stopped after --trial-timeout-s {args.trial_timeout_s:g} s"
         partial = "; the steps it finished measured" if step_s is not None else "; no step finished"
-        return TrialOutcome(status="timeout", step_time_s=step_s, detail=why + partial, noise_rel=noise), plan_path
+        return TrialOutcome(status="timeout", step_time_s=step_s, detail=why + partial, noise_rel=noise)
     if rc == 0 and step_s is not None:
-        return TrialOutcome(status="ok", step_time_s=step_s, noise_rel=noise), plan_path
-    if step_s is not None and _has_summary(metrics):  # every step ran and was summarised; the exit failed after
+        return TrialOutcome(status="ok", step_time_s=step_s, noise_rel=noise)
+    if step_s is not None and stats.summarised:  # every step ran and was summarised; the exit failed after
         detail = f"every step ran; the launch then exited with status {rc} ({error.removeprefix('error: ')})"
-        return TrialOutcome(status="ok", step_time_s=step_s, noise_rel=noise, detail=detail[:300]), plan_path
+        return TrialOutcome(status="ok", step_time_s=step_s, noise_rel=noise, detail=detail[:300])
     if "ran out of memory" in error or "OutOfMemoryError" in text:
-        return TrialOutcome(status="oom", detail=(error or "out of memory").removeprefix("error: ")[:300]), plan_path
+        return TrialOutcome(status="oom", detail=(error or "out of memory").removeprefix("error: ")[:300])
     detail = (error or f"launch exited with status {rc}; see {log_path}").removeprefix("error: ")
-    return TrialOutcome(status="failed", detail=detail[:300]), plan_path
+    return TrialOutcome(status="failed", detail=detail[:300])
 
 
 def _has_summary(metrics: Path) -> bool:
     """Whether rank 0 wrote the run's summary line (it does after the last step)."""
-    try:
-        lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return False
-    for line in lines:
-        try:
-            if json.loads(line).get("event") == "summary":
-                return True
-        except (ValueError, AttributeError):  # a torn or foreign line
-            continue
-    return False
+    from planner.calibrate import step_stats
 
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the trial's whole process group (torchrun and its ranks), SIGKILL after ``KILL_GRACE_S``."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
+    return step_stats(metrics).summarised
 
 
 def stop_leftovers(plan_path: Path) -> list[int]:

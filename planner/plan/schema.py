@@ -774,6 +774,13 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
     return save_document(plan, path)
 
 
+def fullest_share(plan: Plan) -> float:
+    """The largest predicted peak / device memory over the plan's stages (inf when it was not costed)."""
+    if plan.predictions is None or not plan.predictions.stages:
+        return float("inf")
+    return max(sp.peak_memory_bytes / sp.memory_capacity_bytes for sp in plan.predictions.stages)
+
+
 def predicted_tensor_bytes(plan: Plan) -> list[float] | None:
     """Each rank's predicted peak of live tensor bytes: its stage's predicted peak less the ``reserve`` term;
     None when the plan has no predictions."""

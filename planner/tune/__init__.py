@@ -2,6 +2,7 @@
 which to measure next or that the measured best is the answer (``suggest``); or run the trials on Stratagem's runtime
 until then (``online``: ``run_trials``, ``stratagem tune run``)."""
 
+from planner.plan import fullest_share  # the OOM lesson's measure, with the loop's names
 from planner.tune.online import (
     OOM_SHARE,
     TrialOutcome,
@@ -9,7 +10,6 @@ from planner.tune.online import (
     TuneOutcome,
     candidate_pool,
     final_plan,
-    fullest_share,
     run_trials,
 )
 from planner.tune.suggest import (

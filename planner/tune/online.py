@@ -14,7 +14,7 @@ Each round
 With 3 trials or more the last one launches the measured best again: the repeat's gap states the noise between
 launches (one pair's standard deviation of a log), which the spread of steps inside one launch understates, and the
 faster of the two is the measurement. The loop states the largest of that gap, the trials' median step spread
-(:func:`planner.calibrate.step_noise`) and ``NOISE_FLOOR``.
+(:func:`planner.calibrate.step_stats`) and ``NOISE_FLOOR``.
 
 A failed trial never stops the loop. Out of memory teaches the memory model: the search's memory limit drops
 below that plan's predicted peak share (``OOM_SHARE``), so no plan predicted as full runs again. A timeout whose
@@ -37,7 +37,7 @@ from planner.calibrate import MeasuredRun, apply
 from planner.core import StratagemError, is_gpu
 from planner.cost import plan_config, with_gpus
 from planner.model import ModelSpec
-from planner.plan import Plan, TrainingSettings, TuneRecord, TuneTrial
+from planner.plan import Plan, TrainingSettings, TuneRecord, TuneTrial, fullest_share
 from planner.profile import ClusterProfile, ModelProfile
 from planner.search import SearchConfig, candidate_plan, plan_search
 from planner.tune.suggest import (
@@ -64,7 +64,7 @@ class TrialOutcome:
     status: TrialStatus
     step_time_s: float | None = None  # measured seconds per step (ok, or a timeout that measured steps)
     detail: str = ""  # the launch's one-line error, or why the measurement is partial
-    noise_rel: float | None = None  # relative spread of its steps (planner.calibrate.step_noise)
+    noise_rel: float | None = None  # relative spread of its steps (planner.calibrate.step_stats)
 
 
 # runner(plan, number) -> outcome: launch ``plan`` as trial ``number`` (1, 2, ...)
@@ -172,7 +172,7 @@ def run_trials(
         plans = {config_key(run.config): plan for run, plan in pool_}
         priced = price([run for run, _ in pool_], profile, calibrated, memory_fraction=memory_fraction)
         open_ = [s for s in priced if s.fits and config_key(s.run.config) not in tried]
-        measured = fastest_of_repeats(runs) if runs else {}
+        measured = fastest_of_repeats(runs)
         best = min(measured.values(), key=lambda r: r.step_time_s) if measured else None
         if not open_:
             stop, reason = True, f"every plan of the search's {len(priced)} best has been tried"
@@ -240,13 +240,6 @@ def run_trials(
     return TuneOutcome(
         trials=tuple(records), best=best_record, stop=stop, reason=reason, calibration=cal, noise_rel=noise
     )
-
-
-def fullest_share(plan: Plan) -> float:
-    """The plan's fullest device, as a predicted share of its memory."""
-    if plan.predictions is None:
-        return 1.0
-    return max(sp.peak_memory_bytes / sp.memory_capacity_bytes for sp in plan.predictions.stages)
 
 
 def final_plan(outcome: TuneOutcome) -> Plan:
