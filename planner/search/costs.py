@@ -55,7 +55,7 @@ from planner.cost import (
 from planner.cost import estimate as estimate_fn
 from planner.profile import ClusterProfile, LayerProfile, ModelProfile, NodeType
 from planner.search.config import SearchConfig
-from planner.search.layer_options import LayerOptions
+from planner.search.layer_options import LayerCostCache, LayerOptions
 from planner.search.space import OuterChoice, expand_experts, typed_slowest_floor
 from planner.search.tables import Assignment, Concave, Group, RankModel, Tables
 
@@ -151,8 +151,11 @@ class CandidateCosts:
         global_batch: int,
         config: SearchConfig,
         exchange: KVExchange | None = None,
+        shared: LayerCostCache | None = None,
+        profile_digest: str | None = None,
     ):
         self.profile, self.cluster, self.global_batch, self._search = profile, cluster, global_batch, config
+        self.shared = shared  # layer costs shared with other searches (planner.search.layer_options.LayerCostCache)
         self.exchange = exchange  # set on the per-cp costs of context parallelism (a folded view, see _folded)
         self._context: dict[tuple, CandidateCosts] = {}
         self._folded_outer: dict[OuterChoice, OuterChoice] = {}
@@ -161,7 +164,14 @@ class CandidateCosts:
         self.optimizer_bytes = optimizer_bytes_per_param(profile.precision)
         self.groups = group_layers(profile)
         self.layers = LayerOptions(
-            profile, cluster, search=config, exchange=exchange, dtype=self.dtype, state_dtype=self.state_dtype
+            profile,
+            cluster,
+            search=config,
+            exchange=exchange,
+            dtype=self.dtype,
+            state_dtype=self.state_dtype,
+            shared=shared,
+            profile_digest=profile_digest,
         )
         self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}  # (groups, layout changes) by key
         self._least: dict[tuple, tuple[float, float, list[float]]] = {}  # least layer times by key
@@ -182,7 +192,14 @@ class CandidateCosts:
                 self.profile, outer.cp, outer.context_parallel, self.global_batch, view=views[0] if views else None
             )
             self._context[key] = CandidateCosts(
-                view, self.cluster, global_batch=batch, config=self.search, exchange=exchange
+                view,
+                self.cluster,
+                global_batch=batch,
+                config=self.search,
+                exchange=exchange,
+                shared=self.shared,
+                # the per-rank view is a function of the model and cp alone (planner.cost.context.fold_parts)
+                profile_digest=f"{self.layers.key}/cp{outer.cp}" if self.shared is not None else None,
             )
         sub = self._context[key]
         sub.search = self.search  # the same limits (a caller may change them between solves)

@@ -12,6 +12,8 @@ unchanged (it is the convex hull of each rank's block knapsack, per count).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from planner.search.tables import Group, RankModel, Tables
@@ -30,70 +32,97 @@ def block_time_floor(
     the pipeline buffers of the rank's chunks at their smallest + ``extra_bytes`` of other layers known
     to be there) + context <= capacity. None when not applicable (more than three options).
     ``inflight``: micro-batches held in flight (default the rank's own; fewer gives a lower floor).
-
-    Exact enumeration in O(k^2): options sorted by time (t0 <= t1 <= t2); for each count k and n2 the
-    rest splits into n0 + n1 with time falling in n0, so the best n0 is 0, all, or the largest interior
-    value the (then linear) memory constraint allows.
+    One rank of :func:`block_time_floors`.
     """
-    group: Group = tables.groups[g]
-    nt = tables.rank_node_types[r]
-    rm: RankModel = tables.ranks[nt]
     if inflight is None:
         inflight = tables.inflight[r]
     fixed = extra_bytes + pipeline_floor(tables, r, inflight)
-    costs = sorted(group.costs[nt], key=lambda c: c.time_s)
+    floors = block_time_floors(tables, g, tables.rank_node_types[r], [(inflight, fixed)])
+    return None if floors is None else floors[0]
+
+
+def block_time_floors(
+    tables: Tables, g: int, node_type: str, rows: Sequence[tuple[float, float]], max_count: int | None = None
+) -> np.ndarray | None:
+    """:func:`block_time_floor` of several ranks of one node type at once: ``rows`` are (micro-batches in
+    flight, fixed bytes known to be on the rank: pipeline buffers and other layers); returns an array
+    ``floor[row, k]``. None when not applicable (more than three options, or a group of one layer).
+
+    Exact enumeration in O(k^2) per row: options sorted by time (t0 <= t1 <= t2); for each count k and n2 the
+    rest splits into n0 + n1 with time falling in n0, so the best n0 is 0, all, or the largest interior
+    value the (then linear) memory constraint allows. The rows share one numpy pass (axis 0), which is what
+    makes the refined bound of a many-stage pipeline cheap.
+
+    ``max_count``: enumerate counts up to it only and extend the floor beyond with the fastest option's time per
+    further layer, ``floor[k] = floor[K] + (k - K) t0``. Still a lower bound: removing a layer from a fitting
+    assignment of ``k + 1`` layers leaves a fitting one of ``k`` (memory only falls), so
+    ``floor[k + 1] >= floor[k] + t0``.
+    """
+    group: Group = tables.groups[g]
+    rm: RankModel = tables.ranks[node_type]
+    costs = sorted(group.costs[node_type], key=lambda c: c.time_s)
     if len(costs) > MAX_OPTIONS or group.size < 2:
         return None
     while len(costs) < MAX_OPTIONS:  # pad with copies of the slowest option (never better)
         costs.append(costs[-1])
-    t = np.array([c.time_s for c in costs])
-    each = np.array(
-        [
-            rm.state_bytes_per_param_dp * c.params_dp
-            + rm.state_bytes_per_param_dpt * c.params_dpt
-            + inflight * c.act_bytes
-            + c.state_bytes
-            for c in costs
-        ]
-    )
-    ws = np.array([c.ws_bytes for c in costs])
-    pbytes = np.array([c.param_bytes for c in costs])
-    params = np.array([c.params_dp + c.params_dpt for c in costs])
+    t = [c.time_s for c in costs]
+    inflight = np.array([row[0] for row in rows])[:, None, None]
+    fixed = np.array([row[1] for row in rows])[:, None, None]
+    # per-layer bytes of each option: states, and activations times the row's micro-batches in flight
+    state = [
+        rm.state_bytes_per_param_dp * c.params_dp + rm.state_bytes_per_param_dpt * c.params_dpt + c.state_bytes
+        for c in costs
+    ]
+    each = [state[i] + inflight * costs[i].act_bytes for i in range(MAX_OPTIONS)]
+    ws = [c.ws_bytes for c in costs]
+    pbytes = [c.param_bytes for c in costs]
+    params = [c.params_dp + c.params_dpt for c in costs]
     limit = (rm.capacity_bytes - rm.reserve_const_bytes) / rm.reserve_factor
 
-    def largest_present(n: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """max over options present in ``n`` of ``values`` (0 if none); elementwise over the 3 columns,
-        which numpy does much faster than a reduction along a length-3 last axis."""
-        out = np.where(n[..., 0] > 0, values[0], 0.0)
-        for i in range(1, MAX_OPTIONS):
-            out = np.maximum(out, np.where(n[..., i] > 0, values[i], 0.0))
-        return out
+    def largest_present(n0, n1, n2, values) -> np.ndarray:
+        """max over the options present (count > 0) of ``values`` (0 if none)."""
+        out = np.where(n0 > 0, values[0], 0.0)
+        out = np.maximum(out, np.where(n1 > 0, values[1], 0.0))
+        return np.maximum(out, np.where(n2 > 0, values[2], 0.0))
 
-    def memory(n: np.ndarray) -> np.ndarray:  # n: (..., 3) counts
-        mem = n @ each + largest_present(n, ws) + fixed
+    def memory(n0, n1, n2) -> np.ndarray:
+        mem = n0 * each[0] + n1 * each[1] + n2 * each[2] + largest_present(n0, n1, n2, ws) + fixed
         if rm.ddp_buffer == "always":
-            mem = mem + np.minimum(rm.ddp_buffer_cap_bytes, rm.grad_bytes_per_param * (n @ params))
+            mem = mem + np.minimum(
+                rm.ddp_buffer_cap_bytes, rm.grad_bytes_per_param * (n0 * params[0] + n1 * params[1] + n2 * params[2])
+            )
         if rm.zero3_buffer_layers:
-            mem = mem + rm.zero3_buffer_layers * largest_present(n, pbytes)
+            mem = mem + rm.zero3_buffer_layers * largest_present(n0, n1, n2, pbytes)
         return mem
 
     size = group.size
-    k, n2 = np.meshgrid(np.arange(size + 1), np.arange(size + 1), indexing="ij")
+    top = size if max_count is None else max(0, min(size, max_count))
+    k = np.arange(top + 1)[:, None]
+    n2 = np.arange(top + 1)[None, :]
     valid = n2 <= k
     rest = np.where(valid, k - n2, 0)
-    if each[0] > each[1]:  # memory grows with n0 inside (0, rest): the largest n0 the limit allows
-        probe = np.stack([np.ones_like(rest), np.maximum(rest - 1, 0), n2], axis=-1)
-        slack = limit - memory(probe)
+    if np.all(each[0] > each[1]):  # memory grows with n0 inside (0, rest): the largest n0 the limit allows
+        slack = limit - memory(np.ones_like(rest), np.maximum(rest - 1, 0), n2)
         interior = np.clip(1 + np.floor(slack / (each[0] - each[1])), 1, np.maximum(rest - 1, 1)).astype(int)
-    else:
+    elif np.all(each[0] <= each[1]):
         interior = np.maximum(rest - 1, 1)
-    best = np.full(k.shape, np.inf)
+    else:  # rows disagree (an option's activations and states trade places with the micro-batches in flight)
+        slack = limit - memory(np.ones_like(rest), np.maximum(rest - 1, 0), n2)
+        grows = each[0] > each[1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = np.where(grows, slack / np.where(grows, each[0] - each[1], 1.0), 0.0)
+        interior = np.where(
+            grows, np.clip(1 + np.floor(step), 1, np.maximum(rest - 1, 1)), np.maximum(rest - 1, 1)
+        ).astype(int)
+    best = np.full(np.broadcast_shapes(inflight.shape, k.shape, n2.shape), np.inf)
     for n0 in (np.zeros_like(rest), rest, np.minimum(interior, rest)):
-        n = np.stack([n0, rest - n0, n2], axis=-1)
-        ok = valid & (memory(n) <= limit)
-        best = np.where(ok, np.minimum(best, n @ t), best)
-    floor = np.full(size + 1, np.inf)
-    np.minimum.at(floor, k.ravel(), best.ravel())
+        n1 = rest - n0
+        ok = valid & (memory(n0, n1, n2) <= limit)
+        best = np.where(ok, np.minimum(best, n0 * t[0] + n1 * t[1] + n2 * t[2]), best)
+    floor = best.min(axis=2)
+    if top < size:  # floor[k] >= floor[top] + (k - top) t0 beyond the enumerated counts
+        beyond = floor[:, top : top + 1] + np.arange(1, size - top + 1)[None, :] * t[0]
+        floor = np.concatenate([floor, beyond], axis=1)
     return floor
 
 

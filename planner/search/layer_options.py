@@ -9,6 +9,8 @@ differ only in pp, dp, ZeRO or schedule reuse them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from planner.core import STATE_BYTES_PER_PARAM, Recompute, TPStyle
@@ -40,8 +42,33 @@ from planner.search.space import OuterChoice
 from planner.search.tables import Option, OptionCost
 
 
+class LayerCostCache:
+    """Layer costs shared by several searches of one model on one kind of cluster (``stratagem frontier`` plans
+    every device count): each search's :class:`LayerOptions` keeps its costs under a key of everything they
+    depend on (:meth:`LayerOptions.context_key`: the model profile, the node types, the inter-node links and
+    their fabric share, the options the search prices), so searches that differ only in the device count
+    share them and any other difference keeps them apart."""
+
+    def __init__(self) -> None:
+        self._by_context: dict[str, tuple[dict[tuple, LayerCost], dict[tuple, Any]]] = {}
+        self._profiles: dict[int, tuple[ModelProfile, str]] = {}  # id -> (profile, digest): each dumped once
+
+    def profile_digest(self, profile: ModelProfile) -> str:
+        """sha256 of a model profile's contents, computed once per profile object."""
+        known = self._profiles.get(id(profile))
+        if known is None or known[0] is not profile:
+            digest = hashlib.sha256(profile.model_dump_json().encode()).hexdigest()
+            known = self._profiles[id(profile)] = (profile, digest)
+        return known[1]
+
+    def tables(self, key: str) -> tuple[dict[tuple, LayerCost], dict[tuple, Any]]:
+        """The (layer costs, routed-expert terms) dictionaries of one context, created empty on first use."""
+        return self._by_context.setdefault(key, ({}, {}))
+
+
 class LayerOptions:
-    """Per-layer option costs of one (model, cluster, search config), cached across candidates."""
+    """Per-layer option costs of one (model, cluster, search config), cached across candidates (and across
+    searches with a :class:`LayerCostCache`)."""
 
     def __init__(
         self,
@@ -52,11 +79,39 @@ class LayerOptions:
         exchange: KVExchange | None,
         dtype: str,
         state_dtype: str,
+        shared: LayerCostCache | None = None,
+        profile_digest: str | None = None,
     ):
         self.profile, self.cluster, self.search, self.exchange = profile, cluster, search, exchange
         self.dtype, self.state_dtype = dtype, state_dtype
-        self._cache: dict[tuple, LayerCost] = {}
-        self._moe: dict[tuple, Any] = {}  # routed experts' time and state terms (planner.cost.moe)
+        self._cache: dict[tuple, LayerCost]
+        self._moe: dict[tuple, Any]  # routed experts' time and state terms (planner.cost.moe)
+        self._cache, self._moe, self.key = {}, {}, ""
+        if shared is not None:
+            self.key = self.context_key(profile_digest or shared.profile_digest(profile))
+            self._cache, self._moe = shared.tables(self.key)
+
+    def context_key(self, profile_digest: str) -> str:
+        """A digest of everything the cached costs depend on besides their own keys: the model profile (its
+        ``profile_digest``), the node types and inter-node links with their fabric share at this cluster's size,
+        the K/V exchange, the dtypes and the search settings the costs read. Not the device count, which the
+        costs never read."""
+        search = self.search
+        parts = [
+            profile_digest,
+            [nt.model_dump(mode="json") for nt in self.cluster.node_types],
+            [fit.model_dump(mode="json") for fit in self.cluster.inter_node],
+            self.cluster.inter_node_fraction(),
+            repr(self.exchange),
+            self.dtype,
+            self.state_dtype,
+            search.flash_attention,
+            search.memory_semantics,
+            search.moe_load_imbalance,
+            sorted(search.allow),
+            repr(search.pins),
+        ]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
 
     @property
     def runtime_memory(self) -> bool:

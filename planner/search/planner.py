@@ -36,6 +36,7 @@ from planner.profile import ClusterProfile, ModelProfile
 from planner.search.config import SearchConfig
 from planner.search.costs import CandidateCosts
 from planner.search.ilp import SolveResult, build_problem, extract_assignment, solve
+from planner.search.layer_options import LayerCostCache
 from planner.search.pins import apply_pins, check_pins_left_some
 from planner.search.space import (
     OuterChoice,
@@ -288,10 +289,13 @@ def plan_search(
     global_batch: int,
     config: SearchConfig,
     progress: Callable[[int, int], None] | None = None,
+    shared: LayerCostCache | None = None,
 ) -> SearchResult:
     """Find the fastest plan under the cost model for ``gpus`` devices and a fixed global batch.
 
     ``progress(done, total)`` is called as candidates are bounded and solved (for a CLI progress bar).
+    ``shared``: layer costs kept across searches (several device counts of one model and cluster); the answer
+    does not depend on it.
     Raises :class:`StratagemError` when nothing fits, naming the smallest memory shortfall.
 
     Steps: enumerate the outer candidates (:func:`_enumerate`), branch and bound over them best-first
@@ -300,7 +304,7 @@ def plan_search(
     """
     start = time.perf_counter()
     cluster = with_gpus(cluster, gpus)
-    costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config)
+    costs = CandidateCosts(profile, cluster, global_batch=global_batch, config=config, shared=shared)
     outers = _enumerate(profile, cluster, gpus=gpus, global_batch=global_batch, config=config)
     search = _BranchAndBound(costs, outers, config, start=start, progress=progress)
     search.run()

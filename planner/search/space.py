@@ -8,17 +8,18 @@ node type of every pp rank. The global batch is fixed: ``dp * micro_batch * num_
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from planner.core import ParallelDims, ScheduleKind
 from planner.profile import ClusterProfile
 from planner.search.config import SearchConfig
-from planner.search.ilp_cuts import block_time_floor, blocks_worth_cutting, pipeline_floor
+from planner.search.ilp_cuts import block_time_floors, blocks_worth_cutting, pipeline_floor
 from planner.search.tables import Tables
 
 
@@ -549,51 +550,52 @@ def _refined_lower_bound_s_lane(tables: Tables) -> float:
         return base
     g = max(cut, key=lambda h: tables.groups[h].size)
     ends = _end_groups(tables, g)
-    floors, memo = [], {}
+    # ranks with equal (node type, in-flight count, fixed bytes) share a floor; each node type's are one numpy pass
+    keys = []
     for r, inflight in enumerate(_floor_inflight(tables)):
-        extra_t, extra_b = ends.get(r, (0.0, 0.0))
-        key = (tables.rank_node_types[r], inflight, extra_b, pipeline_floor(tables, r, inflight))
-        if key not in memo:
-            memo[key] = block_time_floor(tables, g, r, extra_b, inflight=inflight)
-        floor = memo[key]
-        if floor is None:
+        extra_b = ends.get(r, (0.0, 0.0))[1]
+        keys.append((tables.rank_node_types[r], (inflight, extra_b + pipeline_floor(tables, r, inflight))))
+    memo = {}
+    for nt in dict.fromkeys(nt for nt, _ in keys):
+        rows = list(dict.fromkeys(row for t, row in keys if t == nt))
+        computed = block_time_floors(tables, g, nt, rows, max_count=_floor_counts(tables.groups[g].size, tables.pp))
+        if computed is None:
             return base
-        floors.append(floor + extra_t)
+        memo.update({(nt, row): computed[i] for i, row in enumerate(rows)})
+    floors = np.stack([memo[key] + ends.get(r, (0.0, 0.0))[0] for r, key in enumerate(keys)])
     size = tables.groups[g].size
-    levels = sorted({float(x) for f in floors for x in f if x != float("inf")})
-    lookups = [_most_lookup(f) for f in floors]
-
-    def most(t: float) -> list[int]:
-        """Per rank, the most blocks whose floor is <= t (-1: none), by bisection in the rank's lookup."""
-        out = []
-        for values, best in lookups:
-            i = bisect.bisect_right(values, t)
-            out.append(best[i - 1] if i else -1)
-        return out
-
-    top = most(levels[-1]) if levels else []
-    if not levels or sum(top) < size or min(top) < 0:
+    slowest_floor = _least_slowest_time(floors, size)
+    if not math.isfinite(slowest_floor):
         return float("inf")
-    lo, hi = 0, len(levels) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        counts = most(levels[mid])
-        if min(counts) >= 0 and sum(counts) >= size:
-            hi = mid
-        else:
-            lo = mid + 1
     v, m = tables.v, tables.m
     tail = _tail_floor(tables, g, -(-size // tables.pp))
     old_tail = _tail_floor_average(tables)
     slowest = _slowest_bound(tables, _rank_sends(tables))
-    return base + (m - 1 / v) * max(0.0, levels[lo] - slowest) + max(0.0, tail - old_tail)
+    return base + (m - 1 / v) * max(0.0, slowest_floor - slowest) + max(0.0, tail - old_tail)
 
 
-def _most_lookup(floor) -> tuple[list[float], list[int]]:
-    """(finite floor values sorted, the largest block count k with floor[k] <= each value): max over
-    k of {k : floor[k] <= t} for any t by bisection (floors need not be monotone)."""
-    order = sorted((float(x), k) for k, x in enumerate(floor) if x != float("inf"))
-    return [x for x, _ in order], list(itertools.accumulate((k for _, k in order), max))
+def _floor_counts(size: int, pp: int) -> int:
+    """Layer counts whose block floor is enumerated exactly for a group of ``size`` on ``pp`` ranks: twice the
+    even share and two more (beyond, :func:`ilp_cuts.block_time_floors` extends it by a valid lower bound; the
+    slowest rank's count lies in this range unless memory crowds the other ranks' share onto it)."""
+    return min(size, 2 * -(-size // pp) + 2)
+
+
+def _least_slowest_time(floors: np.ndarray, size: int) -> float:
+    """The least T for which the ranks can hold ``size`` blocks, each rank r at most the most blocks k with
+    ``floors[r, k] <= T`` (inf when no T does).
+
+    With each row made monotone by its suffix minimum (which keeps "the most k with floor <= T" unchanged,
+    so no floor needs to be monotone), rank r holds #{k >= 1 : floor[r, k] <= T} blocks once its
+    ``floor[r, 0] <= T``: the answer is the larger of the largest ``floor[r, 0]`` and the ``size``-th
+    smallest of all ``floor[r, k >= 1]``.
+    """
+    monotone = np.minimum.accumulate(floors[:, ::-1], axis=1)[:, ::-1]
+    counts = monotone[:, 1:].ravel()
+    if counts.size < size:
+        return math.inf
+    kth = float(np.partition(counts, size - 1)[size - 1]) if size > 0 else 0.0
+    return max(float(monotone[:, 0].max()), kth)
 
 
 def typed_slowest_floor(
