@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass
 
 from planner.core import SCHEDULE_ALIASES, DTYPES, PRECISIONS, StratagemError
 from planner.cost import MemorySemantics, check_context_family
@@ -383,30 +384,36 @@ def _pins(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
     return tuple(pins)
 
 
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchInputs:
+    """What `stratagem plan` searches with, read from its arguments (:func:`prepare_search`)."""
 
-    from planner.search import build_plan, fallback_candidate, plan_search
+    spec: ModelSpec
+    profile: ModelProfile
+    cluster: ClusterProfile
+    config: SearchConfig
+    notes: tuple[str, ...]
+    lr_schedule: object | None
 
-    cluster_path = resolve_cluster_path(args.cluster)
-    check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
+
+def prepare_search(args: argparse.Namespace, *, cluster: ClusterProfile | None = None) -> SearchInputs:
+    """The model profile, cluster and search settings `stratagem plan` uses for ``args`` (its parsed flags): the
+    one reading of plan flags, shared with `stratagem frontier` (so a frontier row is what `plan` returns for its
+    flags). ``cluster``: the profile ``args.cluster`` names, when the caller has read it already. 3D CNNs are
+    planned by their own search: a :class:`StratagemError` here (`plan` branches before)."""
     lr_schedule = recipe_from_args(args)
     spec = full_spec(spec_from_args(args))
     check_context_family(spec, args.cp or 1)  # before profiling a model it cannot apply to
     seq_len = int(args.seq or spec.dim("max_seq")) if spec.is_language_model else int(args.seq or 1)
-    cluster = load_cluster_profile(cluster_path)
+    if cluster is None:
+        cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
     args.dtype = _resolve_dtype(args, cluster)
     profile = model_profile(spec, args, seq_len)
     args.dtype = _check_profile_dtype(args, profile)
     _check_dtype(cluster, args.gpus, profile.dtype)
+    if spec.family in SPATIAL_FAMILIES:
+        raise StratagemError(f"{spec.name} is a 3D CNN, planned by the spatial search; use `stratagem plan` for it")
     cpu_note = analytic_on_cpu_note(profile, cluster)
-    if cpu_note:
-        print(f"warning: {cpu_note}", file=sys.stderr)
-    if spec.family in SPATIAL_FAMILIES:  # 3D CNNs: hybrid data + spatial search
-        from planner.cli.spatial_cli import run_spatial
-
-        return run_spatial(args, spec=spec, profile=profile, cluster=cluster, lr_schedule=lr_schedule)
     moe = any(layer.experts is not None for layer in profile.layers)
     allow, notes = _external_limits(spec, parse_allow(args.allow), moe=moe)
     pins = _pins(args)
@@ -431,6 +438,61 @@ def run(args: argparse.Namespace) -> int:
         moe_load_imbalance=imbalance,
         memory_semantics=memory_semantics_of(args),
     )
+    return SearchInputs(
+        spec=spec, profile=profile, cluster=cluster, config=config, notes=tuple(notes), lr_schedule=lr_schedule
+    )
+
+
+def assemble_plan(inputs: SearchInputs, args: argparse.Namespace, result, fallback=None) -> Plan:
+    """The plan file of a search's result, with the search notes of :func:`prepare_search`, validated."""
+    from planner.search import build_plan
+
+    profile = inputs.profile
+    training = TrainingSettings(
+        global_batch=args.global_batch,
+        seq_len=profile.seq_len,
+        dtype=profile.dtype,
+        lr_schedule=inputs.lr_schedule,
+    )
+    plan = build_plan(
+        result, model=inputs.spec, profile=profile, cluster=inputs.cluster, training=training, fallback=fallback
+    )
+    if inputs.notes and plan.search is not None:
+        notes = "; ".join(filter(None, [plan.search.notes, *inputs.notes]))
+        plan = plan.model_copy(update={"search": plan.search.model_copy(update={"notes": notes})})
+    validate(plan, args.gpus)
+    return plan
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from planner.search import fallback_candidate, plan_search
+
+    cluster_path = resolve_cluster_path(args.cluster)
+    check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
+    spec = full_spec(spec_from_args(args))
+    if spec.family in SPATIAL_FAMILIES:  # 3D CNNs: hybrid data + spatial search
+        from planner.cli.spatial_cli import run_spatial
+
+        check_context_family(spec, args.cp or 1)
+        lr_schedule = recipe_from_args(args)
+        seq_len = int(args.seq or 1)
+        cluster = load_cluster_profile(cluster_path)
+        args.dtype = _resolve_dtype(args, cluster)
+        profile = model_profile(spec, args, seq_len)
+        args.dtype = _check_profile_dtype(args, profile)
+        _check_dtype(cluster, args.gpus, profile.dtype)
+        cpu_note = analytic_on_cpu_note(profile, cluster)
+        if cpu_note:
+            print(f"warning: {cpu_note}", file=sys.stderr)
+        return run_spatial(args, spec=spec, profile=profile, cluster=cluster, lr_schedule=lr_schedule)
+    inputs = prepare_search(args, cluster=load_cluster_profile(cluster_path))
+    cpu_note = analytic_on_cpu_note(inputs.profile, inputs.cluster)
+    if cpu_note:
+        print(f"warning: {cpu_note}", file=sys.stderr)
+    profile, cluster, config = inputs.profile, inputs.cluster, inputs.config
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("searching", total=None)
@@ -450,17 +512,7 @@ def run(args: argparse.Namespace) -> int:
             fallback = fallback_candidate(
                 profile, cluster, result, gpus=args.gpus, global_batch=args.global_batch, config=config
             )
-    training = TrainingSettings(
-        global_batch=args.global_batch, seq_len=profile.seq_len, dtype=profile.dtype, lr_schedule=lr_schedule
-    )
-    plan = build_plan(result, model=spec, profile=profile, cluster=cluster, training=training, fallback=fallback)
-    if notes and plan.search is not None:
-        plan = plan.model_copy(
-            update={
-                "search": plan.search.model_copy(update={"notes": "; ".join(filter(None, [plan.search.notes, *notes]))})
-            }
-        )
-    validate(plan, args.gpus)
+    plan = assemble_plan(inputs, args, result, fallback)
     if args.compare_to:
         plan = plan.model_copy(
             update={"comparison": build_comparison(plan, *args.compare_to, profile=profile, cluster=cluster)}

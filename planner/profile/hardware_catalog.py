@@ -27,6 +27,7 @@ from planner.profile.schema import (
     ComputeFigure,
     KernelModel,
     NodeGroup,
+    NodePower,
     NodeType,
     Provenance,
     TileShape,
@@ -251,6 +252,28 @@ V100_SRC = f"{CSV} 'V100 SXM2' rows (NVIDIA 'Programming Tensor Cores in CUDA 9'
 P100_SRC = f"{CSV} 'P100 SXM2 (NVLink)' rows (tech4gamers Tesla P100 table)"
 
 
+# Energy and price figures (benchmarks/data/hardware_specs.csv rows named in each source)
+PUE = 1.56
+PUE_SRC = f"{CSV}: data centre PUE 1.56 (Uptime Institute Global Data Center Survey 2024, industry average)"
+PRICE_SRC = (
+    "on-demand LIST price, not a quote: midpoint of the specialty-cloud on-demand range {range} per GPU-hour "
+    f"(Mercatus AI, 'Cloud GPU pricing', May 2026; {CSV}); hyperscalers list more, reserved capacity less; "
+    "override with stratagem frontier --price"
+)
+
+
+def _power(*, board_w: float, idle_w: float, system_kw: float, device: str, system: str) -> NodePower:
+    """A DGX node's power: 8 boards at ``board_w`` and the system's maximum input ``system_kw`` (the rest is host)."""
+    return NodePower(
+        board_w=board_w,
+        idle_w=idle_w,
+        host_w=system_kw * 1000 - 8 * board_w,
+        pue=PUE,
+        source=f"{CSV}: '{device}' TDP and idle rows; '{system}' system power (max) row; host = system max - "
+        f"8 x TDP; {PUE_SRC}",
+    )
+
+
 def a100_node() -> NodeType:
     return NodeType(
         name="dgx-a100-80g",
@@ -282,6 +305,9 @@ def a100_node() -> NodeType:
         nic_bw_bytes_per_s=8 * 25 * GB,
         nic_source=f"{CSV}: DGX A100 (Selene) 8 x 200 Gb/s HDR InfiniBand compute HCAs (SC21 §5)",
         kernel_model=kernel_model("A100"),
+        power=_power(board_w=400, idle_w=53, system_kw=6.5, device="A100 SXM4", system="DGX A100"),
+        price_per_gpu_hour=1.30,
+        price_source=PRICE_SRC.format(range="$1.10-1.50"),
     )
 
 
@@ -331,6 +357,15 @@ def h100_node(*, h200: bool = False) -> NodeType:
         nic_bw_bytes_per_s=8 * 50 * GB,
         nic_source=f"{CSV}: DGX H100/H200 8 x 400 Gb/s ConnectX-7 (NVIDIA DGX BasePOD reference architecture)",
         kernel_model=kernel_model("H200" if h200 else "H100"),
+        power=_power(
+            board_w=700,
+            idle_w=121,
+            system_kw=10.2,
+            device="H200 SXM 141GB" if h200 else "H100 SXM5 80GB",
+            system="DGX H200" if h200 else "DGX H100",
+        ),
+        price_per_gpu_hour=4.00 if h200 else 3.00,
+        price_source=PRICE_SRC.format(range="$3.50-4.50" if h200 else "$2.50-3.50"),
     )
 
 

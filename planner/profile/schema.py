@@ -471,6 +471,28 @@ class BlockingLatency(StrictModel):
     source: str
 
 
+class NodePower(StrictModel):
+    """What a node draws while it trains, for energy estimates (``stratagem frontier``).
+
+    Per device: ``idle_w + (board_w - idle_w) x u`` with ``u`` the plan's predicted utilisation (the linear
+    power model of Fan, Weber & Barroso, "Power provisioning for a warehouse-sized computer", ISCA 2007); per
+    node ``host_w`` more (CPUs, NICs, switches, fans); the facility ``pue`` times that (power usage
+    effectiveness: cooling and power delivery).
+    """
+
+    board_w: float = Field(gt=0, description="one device's board power (TDP) at full load, watts")
+    idle_w: float = Field(ge=0, description="one device's power with memory held and no kernels running, watts")
+    host_w: float = Field(ge=0, description="the node's power beside its devices at load, watts")
+    pue: float = Field(ge=1, description="facility power usage effectiveness (total / IT power)")
+    source: str
+
+    @model_validator(mode="after")
+    def _check(self) -> "NodePower":
+        if self.idle_w > self.board_w:
+            raise ValueError(f"idle_w {self.idle_w} exceeds board_w {self.board_w}")
+        return self
+
+
 class NodeType(StrictModel):
     """One kind of node: its devices and what links them."""
 
@@ -490,6 +512,11 @@ class NodeType(StrictModel):
     blocking_latency: BlockingLatency | None = Field(
         None, description="collective latency after compute (measured on CPU ranks); None: the fits' alpha"
     )
+    power: NodePower | None = Field(None, description="power draw for energy estimates; None: energy not estimated")
+    price_per_gpu_hour: float | None = Field(
+        None, gt=0, description="US dollars per device-hour (shipped profiles: an on-demand list price)"
+    )
+    price_source: str | None = Field(None, description="where the price comes from, its kind and date")
 
     def compute_for(self, dtype: str) -> ComputeFigure:
         for c in self.compute:
