@@ -36,6 +36,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     (None, "cmd_launch"),
     (None, "cmd_show"),
     (None, "cmd_export"),
+    (None, "cmd_frontier"),
     ("tune", "cmd_tune_suggest"),
     ("tune", "cmd_tune_run"),
 ]

@@ -22,6 +22,7 @@ from planner.search.context_table import best_per_cp, format_cp_table
 from planner.search.costs import CandidateCosts
 from planner.search.grid import grid_configs, grid_search
 from planner.search.ilp import IncompleteAssignment, build_problem, check_complete, extract_assignment, solve
+from planner.search.layer_options import LayerCostCache
 from planner.search.ilp_terms import COEF_MAX, COEF_MIN, ScalingError, check_scaling
 from planner.search.pins import PIN_FLAGS, apply_pins, pins_note
 from planner.search.plan_file import build_plan, candidate_plan, stage_ranks
@@ -40,6 +41,7 @@ from planner.search.spatial_plan_file import build_spatial_plan, check_spatial_p
 from planner.search.tables import Assignment, Concave, Group, Option, OptionCost, RankModel, Tables, dominates, evaluate
 
 __all__ = [
+    "LayerCostCache",
     "ALL_DIMENSIONS",
     "Assignment",
     "COEF_MAX",
