@@ -269,6 +269,15 @@ def solve_row(task: RowTask) -> FrontierRow:
     )
 
 
+def check_inputs(task: RowTask) -> None:
+    """Read a row's `stratagem plan` arguments and profile its model without searching: a one-line error for
+    what every row of the cluster would fail on (the model, the sequence, the dtype)."""
+    from planner.cli.cmd_plan import prepare_search
+    from planner.cli.main import build_parser
+
+    prepare_search(build_parser().parse_args([*task.plan_argv, "--out", "plan.json"]))
+
+
 def _prices(items: list[str], clusters: list[str]) -> dict[str, float]:
     prices: dict[str, float] = {}
     for item in items:
@@ -385,6 +394,8 @@ def run(args: argparse.Namespace) -> int:
     if args.png is not None:
         check_out_path(args.png, flag="--png")
     tasks = build_tasks(args)
+    for task in {t.cluster: t for t in tasks}.values():  # flags every row shares fail here, before any search
+        check_inputs(task)
     jobs = args.jobs or max(1, min(os.cpu_count() or 1, len(tasks)))
     print(f"frontier: {len(tasks)} searches in {jobs} process(es)", file=sys.stderr)
     rows = mark_pareto(solve_rows(tasks, jobs, log=lambda line: print(line, file=sys.stderr)))

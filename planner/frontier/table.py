@@ -135,15 +135,20 @@ def terminal_lines(rows: Sequence[FrontierRow], *, batch_column: bool = False) -
             lines.append(_fit(f"{start}  no plan: {r.reason}"))
             continue
         cost = "-" if r.cost_usd is None else _money(r.cost_usd)
-        energy = "-" if r.energy_mwh is None else f"{r.energy_mwh:.0f}"
+        energy = "-" if r.energy_mwh is None else _short(r.energy_mwh)
         marks = ("C" if r.pareto_time_cost else "") + ("E" if r.pareto_time_energy else "")
         line = (
-            f"{start}{r.train_days or 0:>7.1f}{cost:>9}{energy:>7}{100 * (r.mfu or 0):>4.0f}%"
+            f"{start}{_short(r.train_days or 0.0):>7}{cost:>9}{energy:>7}{100 * (r.mfu or 0):>4.0f}%"
             f"{r.peak_memory_gib or 0:>5.0f} "
             f"{marks:<2} {_degrees(r.strategy)}"
         )
         lines.append(_fit(line))
     return lines
+
+
+def _short(x: float) -> str:
+    """A figure in at most 6 characters: 1234, 56.7, 0.123."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.3g}"
 
 
 def _money(usd: float) -> str:
