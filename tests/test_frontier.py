@@ -65,7 +65,7 @@ def test_pareto_marks_and_economics(grid):
         points = [(float(r["train_days"]), float(r[field])) for r in rows]
         assert [r[mark] == "True" for r in rows] == [not dominated(p, points) for p in points]
     for r in rows:  # days and cost by hand: steps = tokens / (batch x seq), cost = GPU-hours x price
-        steps = -(-10**10 // (32 * 1024))
+        steps = -(-(10**10) // (32 * 1024))
         days = steps * float(r["step_time_s"]) / 86400
         assert float(r["train_days"]) == pytest.approx(days, rel=1e-9)
         assert float(r["cost_usd"]) == pytest.approx(days * 24 * int(r["gpus"]) * float(r["price_usd_per_gpu_hour"]))
