@@ -23,6 +23,7 @@ from planner.search import (
     refined_lower_bound_s,
 )
 from planner.search.planner import _enumerate, _key, _solve_candidate
+from planner.search.space import OuterShape
 
 SLACK = 1 + 1e-9
 
@@ -49,10 +50,19 @@ def test_every_bound_is_below_its_candidates_solved_optimum():
         config = SearchConfig(time_limit_s=60, top_k=1, flash_attention=seq > 1024, cp_min_seq_len=8192)
         profile = build_gpt_profile(spec, seq_len=seq, dtype="bf16")
         costs = CandidateCosts(profile, cluster, global_batch=batch, config=config)
-        outers = _enumerate(profile, cluster, gpus=gpus, global_batch=batch, config=config)
+        outers = []  # (bound of its shape, candidate or expert family)
+        for entry in _enumerate(profile, cluster, gpus=gpus, global_batch=batch, config=config):
+            if isinstance(entry, OuterShape):
+                try:
+                    shape_bound = costs.shape_bound_s(entry)
+                except StratagemError:
+                    shape_bound = 0.0  # the search bounds such a shape by 0
+                outers += [(shape_bound, member) for member in entry.members(families=True)]
+            else:
+                outers.append((0.0, entry))
         rng.shuffle(outers)
         solved: list[tuple] = []  # (outer, tables, optimum)
-        for outer in outers[:14]:
+        for shape_bound, outer in outers[:14]:
             try:
                 family_bound = costs.quick_bound_s(outer)
             except StratagemError:
@@ -62,7 +72,7 @@ def test_every_bound_is_below_its_candidates_solved_optimum():
                     tables = costs.tables(member)
                 except StratagemError:
                     continue
-                bounds = {"family": family_bound, "quick": costs.quick_bound_s(member)}
+                bounds = {"shape": shape_bound, "family": family_bound, "quick": costs.quick_bound_s(member)}
                 if memory_shortfall_bytes(tables) > 0:
                     continue  # the search drops it as infeasible before bounding
                 bounds["tables"] = lower_bound_s(tables)

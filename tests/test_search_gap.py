@@ -34,10 +34,10 @@ def test_candidates_the_cost_model_cannot_price_are_listed_and_qualify_the_claim
 
     original = CandidateCosts.quick_bound_s
 
-    def refuse_tp2(self, outer):
+    def refuse_tp2(self, outer, **kwargs):
         if outer.tp == 2:
             raise StratagemError("no collective fit for a 2-rank group (test)")
-        return original(self, outer)
+        return original(self, outer, **kwargs)
 
     monkeypatch.setattr(CandidateCosts, "quick_bound_s", refuse_tp2)
     out = tmp_path / "plan.json"

@@ -56,7 +56,7 @@ from planner.cost import estimate as estimate_fn
 from planner.profile import ClusterProfile, LayerProfile, ModelProfile, NodeType
 from planner.search.config import SearchConfig
 from planner.search.layer_options import LayerCostCache, LayerOptions
-from planner.search.space import OuterChoice, expand_experts, typed_slowest_floor
+from planner.search.space import OuterChoice, OuterShape, expand_experts, typed_slowest_floor
 from planner.search.tables import Assignment, Concave, Group, RankModel, Tables
 
 # what collective_time(algorithm="auto") minimises over
@@ -177,6 +177,9 @@ class CandidateCosts:
         self._least: dict[tuple, tuple[float, float, list[float]]] = {}  # least layer times by key
         self._hidden: dict[tuple, float] = {}  # least hidden ZeRO-3 / sync time
         self._ranks: dict[tuple, RankModel] = {}  # rank models by what they depend on (see _rank_model)
+        # per (schedule, pp, v, m): in-flight micro-batches and peak moments per rank; per (pp, v): chunk sizes
+        self._schedule_terms: dict[tuple, Any] = {}
+        self._aliases_input = pipeline_aliases_input(profile)
 
     # -- context parallelism --------------------------------------------------------------------
     def _folded(self, outer: OuterChoice) -> tuple[CandidateCosts, OuterChoice]:
@@ -204,7 +207,23 @@ class CandidateCosts:
         sub = self._context[key]
         sub.search = self.search  # the same limits (a caller may change them between solves)
         if outer not in self._folded_outer:
-            self._folded_outer[outer] = replace(outer, dp=outer.dp * outer.cp, cp=1, context_parallel=None)
+            self._folded_outer[outer] = OuterChoice(  # replace(outer, dp=dp cp, cp=1, context_parallel=None), faster
+                tp=outer.tp,
+                pp=outer.pp,
+                dp=outer.dp * outer.cp,
+                schedule=outer.schedule,
+                virtual_stages=outer.virtual_stages,
+                micro_batch=outer.micro_batch,
+                num_micro_batches=outer.num_micro_batches,
+                zero_stage=outer.zero_stage,
+                sequence_parallel=outer.sequence_parallel,
+                rank_node_types=outer.rank_node_types,
+                replica_node_types=outer.replica_node_types,
+                replica_micro_batches=outer.replica_micro_batches,
+                ep=outer.ep,
+                etp=outer.etp,
+                expert_family=outer.expert_family,
+            )
         return sub, self._folded_outer[outer]
 
     # -- configuration ------------------------------------------------------------------------
@@ -424,13 +443,21 @@ class CandidateCosts:
         return {sty: float(embed.shard(outer.tp if sty == "split" else 1).params) for sty in ("split", "replicate")}
 
     # -- public ---------------------------------------------------------------------------------
-    def quick_bound_s(self, outer: OuterChoice) -> float:
+    def shape_bound_s(self, shape: OuterShape) -> float:
+        """A lower bound of :meth:`quick_bound_s` over every candidate of ``shape``: the layer-time part alone
+        (the hidden gradient-sync and ZeRO-3 terms are >= 0), least over its ZeRO stages and sp, at its most
+        interleaving: with s <= t (the slowest rank's layers are some of all layers), (m - 1/v) s + t / v =
+        m s + (t - s) / v falls with v, and the layer times do not depend on the schedule."""
+        return min(self.quick_bound_s(rep, hidden=False) for rep in shape.representatives())
+
+    def quick_bound_s(self, outer: OuterChoice, *, hidden: bool = True) -> float:
         """A cheap lower bound from layer times alone (``space.lower_bound_s`` without sends, optimizer
         or memory): (m - 1/v) max(sum t_min / pp, max t_min) + sum t_min / v; with replica types the
-        largest over the types (each with its own node type and m_t)."""
+        largest over the types (each with its own node type and m_t). ``hidden``: add the gradient sync and
+        ZeRO-3 gathers no overlap can hide (below); without, the layer-time part alone."""
         if outer.cp > 1:
             costs, folded = self._folded(outer)
-            return costs.quick_bound_s(folded)
+            return costs.quick_bound_s(folded, hidden=hidden)
         lanes = (
             [((t,), m) for t, _, m in outer.replica_types()]
             if outer.replica_node_types
@@ -451,7 +478,7 @@ class CandidateCosts:
                     ),
                 )
             bound = max(bound, (m - 1 / v) * slowest + total / v)
-        if outer.replica_node_types:
+        if outer.replica_node_types or not hidden:
             return bound
         if outer.zero_stage == 3:
             # the slowest rank's ZeRO-3 tail >= m kappa z3_r (tables.rank_tail_s) >= m kappa sum_r z3_r / pp
@@ -570,16 +597,31 @@ class CandidateCosts:
         return self._tables(outer, sorted(set(outer.rank_node_types)), outer.rank_node_types, outer.num_micro_batches)
 
     def _inflight(self, outer: OuterChoice, m: int) -> tuple[float, ...]:
-        return tuple(
-            inflight_microbatches(outer.schedule, outer.pp, r, m, outer.virtual_stages) for r in range(outer.pp)
-        )
+        key = ("inflight", outer.schedule, outer.pp, outer.virtual_stages, m)
+        if key not in self._schedule_terms:
+            self._schedule_terms[key] = tuple(
+                inflight_microbatches(outer.schedule, outer.pp, r, m, outer.virtual_stages) for r in range(outer.pp)
+            )
+        return self._schedule_terms[key]
 
     def _moments(self, outer: OuterChoice, m: int) -> tuple[tuple[tuple[float, str], ...], ...]:
         """Each pp rank's candidate peak moments (``planner.cost.memory.peak_moments``, as the estimate)."""
-        return tuple(
-            tuple((mo.inflight, mo.grads) for mo in peak_moments(outer.schedule, outer.pp, m, k))
-            for k in self._inflight(outer, m)
-        )
+        key = ("moments", outer.schedule, outer.pp, outer.virtual_stages, m)
+        if key not in self._schedule_terms:
+            self._schedule_terms[key] = tuple(
+                tuple((mo.inflight, mo.grads) for mo in peak_moments(outer.schedule, outer.pp, m, k))
+                for k in self._inflight(outer, m)
+            )
+        return self._schedule_terms[key]
+
+    def _chunk_sizes(self, outer: OuterChoice) -> tuple[int, ...] | None:
+        """Layers per chunk of an interleaved schedule (fixed by pp and v: placement.interleaved_chunk_sizes)."""
+        if outer.virtual_stages < 2:
+            return None
+        key = ("chunks", outer.pp, outer.virtual_stages)
+        if key not in self._schedule_terms:
+            self._schedule_terms[key] = interleaved_chunk_sizes(self.profile, self.base_config(outer))
+        return self._schedule_terms[key]
 
     def _tables(self, outer: OuterChoice, types: list[str], rank_types: tuple[str, ...], m: int) -> Tables:
         # groups and layout changes do not depend on the schedule, the micro-batch count or the order of the
@@ -614,8 +656,8 @@ class CandidateCosts:
             tied_params=self._tied(outer),
             tied_group=0,
             chunk_unit_s={nt: self._chunk_unit_s(nt, outer) for nt in types},
-            chunk_sizes=interleaved_chunk_sizes(self.profile, self.base_config(outer)),
-            aliases_input=pipeline_aliases_input(self.profile),
+            chunk_sizes=self._chunk_sizes(outer),
+            aliases_input=self._aliases_input,
         )
 
     def _chunk_unit_s(self, nt: str, outer: OuterChoice) -> tuple[float, float]:

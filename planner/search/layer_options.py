@@ -230,18 +230,20 @@ class LayerOptions:
             torch_tp_memory=self.runtime_memory,  # ParallelConfig.memory_semantics, as the estimate
         )
 
-    def option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
-        k = self.outer_layer_cost(layer, nt, outer, opt)
-        node = self.cluster.node_type(nt)
-        wide = outer.tp > 1 and opt.style == "replicate"  # batch-split replica: syncs over dp x tp
-        z3_mb = z3_gather = 0.0
-        if outer.zero_stage == 3:  # over the dp (or dp x tp) group (estimate._zero3_s)
-            group = dp_group(outer.dp, outer.tp, node.devices_per_node, include_tp=wide)
+    def _zero3_collectives_s(
+        self, layer: LayerProfile, nt: str, params: float, dp: int, tp: int, wide: bool
+    ) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) seconds of one layer's ZeRO-3 parameters over its dp (or dp x tp) group,
+        per call latency included; the same for every recompute option of the layer, so cached."""
+        key = ("z3", layer.signature, nt, params, dp, tp, wide)
+        if key not in self._moe:
+            node = self.cluster.node_type(nt)
+            group = dp_group(dp, tp, node.devices_per_node, include_tp=wide)
             per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
             gather = collective_time(
                 self.cluster,
                 "all_gather",
-                k.params * per["params"],
+                params * per["params"],
                 group.n_ranks,
                 node_type=node,
                 spans_nodes=group.spans_nodes,
@@ -250,7 +252,7 @@ class LayerOptions:
             scatter = collective_time(
                 self.cluster,
                 "reduce_scatter",
-                k.params * per["grads"],
+                params * per["grads"],
                 group.n_ranks,
                 node_type=node,
                 spans_nodes=group.spans_nodes,
@@ -259,6 +261,15 @@ class LayerOptions:
             roots = root_unit_layers(self.profile.layers)  # CPU ranks: per-call latency (zero3.fsdp_call_latency_s)
             gather += fsdp_call_latency_s(self.cluster, node, "all_gather", group, layer, roots)
             scatter += fsdp_call_latency_s(self.cluster, node, "reduce_scatter", group, layer, roots)
+            self._moe[key] = (gather, scatter)
+        return self._moe[key]
+
+    def option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
+        k = self.outer_layer_cost(layer, nt, outer, opt)
+        wide = outer.tp > 1 and opt.style == "replicate"  # batch-split replica: syncs over dp x tp
+        z3_mb = z3_gather = 0.0
+        if outer.zero_stage == 3:  # over the dp (or dp x tp) group (estimate._zero3_s)
+            gather, scatter = self._zero3_collectives_s(layer, nt, k.params, outer.dp, outer.tp, wide)
             z3_mb, z3_gather = 2 * gather + scatter, gather + scatter  # z3_gather_s: never hidden (zero3.py)
             if outer.pp > 1:  # zero3_grad_sync "step" (zero3.py, "Accumulation"): m * z3_mb = (m + 1) g + s
                 z3_mb = gather + (gather + scatter) / outer.num_micro_batches

@@ -17,7 +17,8 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
@@ -40,8 +41,11 @@ from planner.search.layer_options import LayerCostCache
 from planner.search.pins import apply_pins, check_pins_left_some
 from planner.search.space import (
     OuterChoice,
+    OuterShape,
     devices_by_type,
     enumerate_outer,
+    enumerate_shapes,
+    replica_type_choices,
     expand_experts,
     lower_bound_s,
     memory_shortfall_bytes,
@@ -185,11 +189,22 @@ def _solve_candidate(
     ), result
 
 
-def _quick_bounded(costs: CandidateCosts, outers: list[OuterChoice], dropped: list[tuple[str, str]]) -> list[tuple]:
-    """Heap entries (bound, index, stage 0, outer, None) with the cheap layer-time bound; candidates the
-    cost model rejects (e.g. a missing collective fit) are dropped and listed in ``dropped`` with the reason."""
-    entries = []
+def _quick_bounded(
+    costs: CandidateCosts, outers: Sequence[OuterChoice | OuterShape], dropped: list[tuple[str, str]]
+) -> list[tuple]:
+    """Heap entries (bound, index, stage 0, outer or shape, None) with the cheap layer-time bound (a shape's:
+    ``CandidateCosts.shape_bound_s``, its candidates bounded when it comes up); candidates the cost model rejects
+    (e.g. a missing collective fit) are dropped and listed in ``dropped`` with the reason (a shape it cannot
+    bound as one gets bound 0, so that each of its candidates is tried)."""
+    entries: list[tuple] = []
     for idx, outer in enumerate(outers):
+        if isinstance(outer, OuterShape):
+            try:
+                bound = costs.shape_bound_s(outer)
+            except StratagemError:
+                bound = 0.0
+            entries.append((bound, idx, 0, outer, None))
+            continue
         try:
             entries.append((costs.quick_bound_s(outer), idx, 0, outer, None))
         except StratagemError as exc:
@@ -344,30 +359,32 @@ def _cp_degrees(profile: ModelProfile, gpus: int, config: SearchConfig, experts:
 
 def _enumerate(
     profile: ModelProfile, cluster: ClusterProfile, *, gpus: int, global_batch: int, config: SearchConfig
-) -> list[OuterChoice]:
-    """Every outer candidate; a one-line error when the batch cannot be split at all (or, for a
-    Mixture-of-Experts model, when the cluster profile has no all-to-all figures)."""
+) -> list[OuterChoice | OuterShape]:
+    """Every outer candidate, grouped into shapes (``space.OuterShape``) unless choices are pinned; a one-line
+    error when the batch cannot be split at all (or, for a Mixture-of-Experts model, when the cluster profile has
+    no all-to-all figures)."""
     experts = next((layer.experts.experts for layer in profile.layers if layer.experts is not None), 0)
     if experts and config.allows("ep"):
         require_all_to_all(cluster, sorted(devices_by_type(cluster, gpus)))
-    outers = list(
-        enumerate_outer(
-            cluster=cluster,
-            gpus=gpus,
-            global_batch=global_batch,
-            n_layers=len(profile.layers),
-            n_blocks=block_count(profile),
-            tp_degrees=profile.tp_degrees,
-            config=config,
-            cp_degrees=_cp_degrees(profile, gpus, config, experts),
-            experts=experts,
-            families=True,
-        )
+    where: dict[str, Any] = dict(
+        cluster=cluster,
+        gpus=gpus,
+        global_batch=global_batch,
+        n_layers=len(profile.layers),
+        n_blocks=block_count(profile),
+        tp_degrees=profile.tp_degrees,
+        config=config,
+        experts=experts,
     )
-    if outers and config.pins:
-        pinned = apply_pins(outers, dict(config.pins))
-        check_pins_left_some(outers, pinned, dict(config.pins))
-        outers = pinned
+    outers: list[OuterChoice | OuterShape]
+    if config.pins:
+        every = list(enumerate_outer(**where, cp_degrees=_cp_degrees(profile, gpus, config, experts), families=True))
+        outers = list(apply_pins(every, dict(config.pins))) if every else []
+        if every:
+            check_pins_left_some(every, outers, dict(config.pins))  # type: ignore[arg-type]
+    else:
+        outers = [*enumerate_shapes(**where, cp_degrees=_cp_degrees(profile, gpus, config, experts))]
+        outers += replica_type_choices(**where)
     if not outers:
         raise StratagemError(
             f"no way to split global batch {global_batch} over {gpus} devices with "
@@ -386,14 +403,15 @@ class _BranchAndBound:
     def __init__(
         self,
         costs: CandidateCosts,
-        outers: list[OuterChoice],
+        outers: Sequence[OuterChoice | OuterShape],
         config: SearchConfig,
         *,
         start: float,
         progress: Callable[[int, int], None] | None,
     ):
         self.costs, self.outers, self.config, self.start, self.progress = costs, outers, config, start, progress
-        self.n_candidates = sum(len(o.expert_family) or 1 for o in outers)  # families count their members
+        # families and shapes count their members
+        self.n_candidates = sum(o.size if isinstance(o, OuterShape) else len(o.expert_family) or 1 for o in outers)
         self.next_idx = len(outers)  # heap tie-breakers of expanded family members
         self.dropped: list[tuple[str, str]] = []  # candidates the cost model could not price (never searched)
         self.heap = _quick_bounded(costs, outers, self.dropped)
@@ -431,8 +449,18 @@ class _BranchAndBound:
                 self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _build(self, bound: float, idx: int, _stage: int, outer: OuterChoice, _tables: None) -> bool:
-        """Stage 0: build the coefficients, bound with sends, tail and memory (a family of expert layouts is
-        expanded into its members first, each with its own quick bound)."""
+        """Stage 0: build the coefficients, bound with sends, tail and memory (a shape, or a family of expert
+        layouts, is expanded into its members first, each with its own quick bound)."""
+        if isinstance(outer, OuterShape):
+            for child in outer.members(families=True):
+                try:
+                    child_bound = self.costs.quick_bound_s(child)
+                except StratagemError as exc:
+                    _drop(self.dropped, child, exc)
+                    continue
+                self.next_idx += 1
+                heapq.heappush(self.heap, (max(bound, child_bound), self.next_idx, 0, child, None))
+            return True
         if outer.expert_family:
             for child in expand_experts(outer):
                 try:

@@ -208,6 +208,126 @@ def _micro_batch_sizes(samples: int, config: SearchConfig) -> list[int]:
     return [mb for mb in divisors(samples) if mb <= config.max_micro_batch]
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OuterShape:
+    """The outer candidates that share tp, pp, cp (with its K/V exchange), dp and the micro-batch: they differ in the
+    schedule, the ZeRO stage, sequence parallelism and the node-type order over the pp ranks. The search bounds them
+    as one (``CandidateCosts.shape_bound_s``: their layer times do not depend on the schedule, and the largest
+    interleaving bounds them all) and creates them (:meth:`members`) only when that bound comes up."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    context_parallel: str | None
+    micro_batch: int
+    num_micro_batches: int
+    schedules: tuple[tuple[ScheduleKind, int], ...]
+    zero_stages: tuple[int, ...]
+    sequence_parallel: tuple[bool, ...]
+    orders: tuple[tuple[str, ...], ...]
+    expert_family: tuple[tuple[int, int], ...] = ()
+    skip_gpipe: bool = False  # MoE: GPipe where 1F1B runs is dominated (enumerate_outer)
+
+    def members(self, *, families: bool = False) -> Iterator[OuterChoice]:
+        """The candidates, in enumeration order (schedule, ZeRO, sp, node-type order)."""
+        for schedule, v in self.schedules:
+            if self.skip_gpipe and schedule == "gpipe" and self.num_micro_batches >= self.pp:
+                continue
+            for zero in self.zero_stages:
+                for sp in self.sequence_parallel:
+                    for order in self.orders:
+                        choice = self._choice(schedule, v, zero, sp, order)
+                        if families and len(choice.expert_family) > 1:
+                            yield choice
+                        else:
+                            yield from expand_experts(choice)
+
+    def representatives(self) -> list[OuterChoice]:
+        """One candidate per (ZeRO stage, sp) with the most interleaving: what bounds the shape's layer times."""
+        schedule, v = max(self.schedules, key=lambda sv: sv[1])
+        return [
+            self._choice(schedule, v, z, sp, self.orders[0]) for z in self.zero_stages for sp in self.sequence_parallel
+        ]
+
+    def _choice(self, schedule: ScheduleKind, v: int, zero: int, sp: bool, order: tuple[str, ...]) -> OuterChoice:
+        family: tuple[tuple[int, int], ...] = self.expert_family
+        ep, etp = 1, 1
+        if len(family) == 1:  # one layout: the concrete candidate (what expand_experts makes of it)
+            ep, etp = family[0]
+            family = ()
+        return OuterChoice(
+            tp=self.tp,
+            pp=self.pp,
+            dp=self.dp,
+            schedule=schedule,
+            virtual_stages=v,
+            micro_batch=self.micro_batch,
+            num_micro_batches=self.num_micro_batches,
+            zero_stage=zero,
+            sequence_parallel=sp,
+            rank_node_types=order,
+            cp=self.cp,
+            context_parallel=self.context_parallel,
+            ep=ep,
+            etp=etp,
+            expert_family=family,
+        )
+
+    @property
+    def size(self) -> int:
+        """How many candidates the shape holds (expert layouts counted)."""
+        return sum(len(c.expert_family) or 1 for c in self.members(families=True))
+
+
+def enumerate_shapes(
+    *,
+    cluster: ClusterProfile,
+    gpus: int,
+    global_batch: int,
+    n_layers: int,
+    tp_degrees: list[int],
+    config: SearchConfig,
+    n_blocks: int | None = None,
+    cp_degrees: Sequence[int] = (1,),
+    experts: int = 0,
+) -> Iterator[OuterShape]:
+    """The candidates of :func:`enumerate_outer` on one node type's devices (and, on a mixed cluster, the ones that
+    place the pp ranks by type), grouped into :class:`OuterShape`; not the per-replica node-type choices."""
+    n_blocks = n_layers if n_blocks is None else n_blocks
+    by_type = devices_by_type(cluster, gpus)
+    if len(by_type) > 1 and not config.allows("mixed"):
+        by_type = {next(iter(by_type)): gpus}  # treat as uniform (the 'ignore the difference' plan)
+    for tp, pp, cp, mode in _tp_pp_cp(cluster, gpus, n_layers, tp_degrees, config, cp_degrees, by_type):
+        dp = gpus // (tp * pp * cp)
+        if dp > 1 and not config.allows("dp") or global_batch % dp:
+            continue
+        orders = tuple(_rank_type_orders(by_type, pp, tp * dp * cp))
+        per_replica = global_batch // dp
+        if not orders:
+            continue
+        for mb in _micro_batch_sizes(per_replica, config):
+            m = per_replica // mb
+            schedules = tuple(_schedules(pp, m, n_blocks, config))
+            if not schedules:
+                continue
+            yield OuterShape(
+                tp=tp,
+                pp=pp,
+                dp=dp,
+                cp=cp,
+                context_parallel=mode,
+                micro_batch=mb,
+                num_micro_batches=m,
+                schedules=schedules,
+                zero_stages=_zero_stages(dp * cp, experts, config),  # ZeRO over dp x cp
+                sequence_parallel=(False, True) if tp > 1 and config.allows("sp") else (False,),
+                orders=orders,
+                expert_family=tuple(expert_layouts(experts, tp=tp, dp=dp, config=config)),
+                skip_gpipe=bool(experts),
+            )
+
+
 def enumerate_outer(
     *,
     cluster: ClusterProfile,
@@ -233,44 +353,40 @@ def enumerate_outer(
     step time, formula (P), with no more micro-batches in flight) and ZeRO-1 (ZeRO-2 has the same time
     terms and shards the gradients too)."""
     n_blocks = n_layers if n_blocks is None else n_blocks
+    for shape in enumerate_shapes(
+        cluster=cluster,
+        gpus=gpus,
+        global_batch=global_batch,
+        n_layers=n_layers,
+        tp_degrees=tp_degrees,
+        config=config,
+        n_blocks=n_blocks,
+        cp_degrees=cp_degrees,
+        experts=experts,
+    ):
+        yield from shape.members(families=families)
+    yield from replica_type_choices(
+        cluster=cluster, gpus=gpus, global_batch=global_batch, n_layers=n_layers, n_blocks=n_blocks,
+        tp_degrees=tp_degrees, config=config, experts=experts,
+    )  # fmt: skip
+
+
+def replica_type_choices(
+    *,
+    cluster: ClusterProfile,
+    gpus: int,
+    global_batch: int,
+    n_layers: int,
+    n_blocks: int,
+    tp_degrees: list[int],
+    config: SearchConfig,
+    experts: int = 0,
+) -> Iterator[OuterChoice]:
+    """On a mixed cluster, the candidates with dp replicas on several node types (none elsewhere)."""
     by_type = devices_by_type(cluster, gpus)
-    if len(by_type) > 1 and not config.allows("mixed"):
-        by_type = {next(iter(by_type)): gpus}  # treat as uniform (the 'ignore the difference' plan)
-    for tp, pp, cp, mode in _tp_pp_cp(cluster, gpus, n_layers, tp_degrees, config, cp_degrees, by_type):
-        dp = gpus // (tp * pp * cp)
-        if dp > 1 and not config.allows("dp") or global_batch % dp:
-            continue
-        orders = _rank_type_orders(by_type, pp, tp * dp * cp)
-        per_replica = global_batch // dp
-        for mb in _micro_batch_sizes(per_replica, config):
-            m = per_replica // mb
-            for schedule, v in _schedules(pp, m, n_blocks, config):
-                if experts and schedule == "gpipe" and m >= pp:
-                    continue  # dominated by 1F1B (docstring)
-                for zero in _zero_stages(dp * cp, experts, config):  # ZeRO over dp x cp
-                    for sp in (False, True) if tp > 1 and config.allows("sp") else (False,):
-                        for order in orders:
-                            choice = OuterChoice(
-                                tp=tp,
-                                pp=pp,
-                                dp=dp,
-                                schedule=schedule,
-                                virtual_stages=v,
-                                micro_batch=mb,
-                                num_micro_batches=m,
-                                zero_stage=zero,
-                                sequence_parallel=sp,
-                                rank_node_types=order,
-                                cp=cp,
-                                context_parallel=mode,
-                                expert_family=tuple(expert_layouts(experts, tp=tp, dp=dp, config=config)),
-                            )
-                            if families and len(choice.expert_family) > 1:
-                                yield choice
-                            else:
-                                yield from expand_experts(choice)
-    if len(by_type) > 1 and config.allows("dp") and _types_contiguous(cluster, gpus) and not experts:
-        yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)
+    if len(by_type) > 1 and config.allows("mixed") and config.allows("dp") and _types_contiguous(cluster, gpus):
+        if not experts:
+            yield from _replica_type_choices(cluster, by_type, global_batch, n_layers, n_blocks, tp_degrees, config)
 
 
 def _zero_stages(dp: int, experts: int, config: SearchConfig) -> tuple[int, ...]:
@@ -379,9 +495,12 @@ def _rank_sends(tables: Tables) -> list[float]:
         return sends
     last = tables.groups[-1]
     enders = tables.groups[:-1] if last.size == 1 else tables.groups  # a single last layer ends only chunk S-1
+    cheapest: dict[tuple[str, str], float] = {}  # (from, to) node types -> the cheapest boundary between them
+    for grp in enders:
+        for (_, a, b), c in grp.boundary_s.items():
+            cheapest[a, b] = min(cheapest.get((a, b), math.inf), c)
     for s in range(tables.chunks - 1):
-        key = (tables.node_type_of_chunk(s), tables.node_type_of_chunk(s + 1))
-        cost = min((c for grp in enders for (_, a, b), c in grp.boundary_s.items() if (a, b) == key), default=0.0)
+        cost = cheapest.get((tables.node_type_of_chunk(s), tables.node_type_of_chunk(s + 1)), 0.0)
         sends[s % tables.pp] += cost
         sends[(s + 1) % tables.pp] += cost
     return sends
