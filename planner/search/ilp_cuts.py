@@ -115,15 +115,37 @@ def block_time_floors(
             grows, np.clip(1 + np.floor(step), 1, np.maximum(rest - 1, 1)), np.maximum(rest - 1, 1)
         ).astype(int)
     best = np.full(np.broadcast_shapes(inflight.shape, k.shape, n2.shape), np.inf)
+    # memory(n0, rest - n0, n2) = base + n0 (each0 - each1) + the terms of present options (no row axis)
+    base = rest * each[1] + n2 * each[2] + fixed
+    step01 = each[0] - each[1]
     for n0 in (np.zeros_like(rest), rest, np.minimum(interior, rest)):
         n1 = rest - n0
-        ok = valid & (memory(n0, n1, n2) <= limit)
+        ok = valid & (base + n0 * step01 + _present_bytes(rm, n0, n1, n2, ws, pbytes, params) <= limit)
         best = np.where(ok, np.minimum(best, n0 * t[0] + n1 * t[1] + n2 * t[2]), best)
     floor = best.min(axis=2)
     if top < size:  # floor[k] >= floor[top] + (k - top) t0 beyond the enumerated counts
         beyond = floor[:, top : top + 1] + np.arange(1, size - top + 1)[None, :] * t[0]
         floor = np.concatenate([floor, beyond], axis=1)
     return floor
+
+
+def _present_bytes(rm: RankModel, n0, n1, n2, ws, pbytes, params) -> np.ndarray:
+    """The memory terms of :func:`block_time_floors` beyond the per-layer bytes: the largest working set of the
+    options present, the DDP buffer of these layers' gradients, ZeRO-3's buffer of the largest present layer."""
+    present = (n0 > 0, n1 > 0, n2 > 0)
+
+    def largest(values) -> np.ndarray:
+        out = np.where(present[0], values[0], 0.0)
+        out = np.maximum(out, np.where(present[1], values[1], 0.0))
+        return np.maximum(out, np.where(present[2], values[2], 0.0))
+
+    extra = largest(ws)
+    if rm.ddp_buffer == "always":
+        grads = rm.grad_bytes_per_param * (n0 * params[0] + n1 * params[1] + n2 * params[2])
+        extra = extra + np.minimum(rm.ddp_buffer_cap_bytes, grads)
+    if rm.zero3_buffer_layers:
+        extra = extra + rm.zero3_buffer_layers * largest(pbytes)
+    return extra
 
 
 def pipeline_floor(tables: Tables, r: int, inflight: float) -> float:

@@ -421,6 +421,7 @@ class _BranchAndBound:
         self.need = self.keep if config.exhaustive_top_k else 1
         self.state = _State(keep=self.keep)
         self.solved_tables: dict[tuple, list[Tables]] = {}
+        self.base_s: dict[int, float] = {}  # heap index -> lower_bound_s of its tables (stage 1 to stage 2)
         self.shortfall, self.notes = math.inf, ""
         self.pool = ThreadPoolExecutor(max_workers=config.jobs) if config.jobs > 1 else None
         self.pending: dict[Future, tuple[float, OuterChoice, Tables]] = {}
@@ -481,13 +482,15 @@ class _BranchAndBound:
             self.shortfall = min(self.shortfall, short)
             self.state.counts["infeasible"] += 1
             return True
-        heapq.heappush(self.heap, (max(bound, lower_bound_s(tables)), idx, 1, outer, tables))
+        base = lower_bound_s(tables)
+        self.base_s[idx] = base  # the refined bound adds to it (refined_lower_bound_s)
+        heapq.heappush(self.heap, (max(bound, base), idx, 1, outer, tables))
         return True
 
     def _refine(self, bound: float, idx: int, _stage: int, outer: OuterChoice, tables: Tables) -> bool:
         """Stage 1: tighten with the memory-aware block floor."""
         self.state.counts["refined"] += 1
-        tighter = refined_lower_bound_s(tables)
+        tighter = refined_lower_bound_s(tables, self.base_s.pop(idx, None))
         if math.isfinite(tighter):
             heapq.heappush(self.heap, (max(bound, tighter), idx, 2, outer, tables))
         else:

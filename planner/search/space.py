@@ -661,9 +661,10 @@ def _floor_inflight(tables: Tables) -> list[float]:
     return [max(level for level in levels if level <= x) for x in tables.inflight]
 
 
-def _refined_lower_bound_s_lane(tables: Tables) -> float:
-    """One lane's refined bound (:func:`refined_lower_bound_s`)."""
-    base = _lower_bound_s_lane(tables)
+def _refined_lower_bound_s_lane(tables: Tables, base: float | None = None) -> float:
+    """One lane's refined bound (:func:`refined_lower_bound_s`); ``base``: its :func:`_lower_bound_s_lane` when
+    known."""
+    base = _lower_bound_s_lane(tables) if base is None else base
     cut = blocks_worth_cutting(tables)
     if not cut:
         return base
@@ -776,10 +777,14 @@ def memory_shortfall_bytes(tables: Tables) -> float:
     return max(_memory_shortfall_bytes_lane(lane) for lane in tables.lanes)
 
 
-def refined_lower_bound_s(tables: Tables) -> float:
+def refined_lower_bound_s(tables: Tables, base_s: float | None = None) -> float:
     """:func:`lower_bound_s` tightened by memory (per lane, the largest): each rank's repeated blocks take at
     least the exact least time of their count under its most generous memory (``ilp_cuts.block_time_floor``;
     the first and last groups, whose ranks are known, added), so the slowest rank is at least the smallest
     T for which the ranks' largest block counts with time <= T add up to the group's size; plus a tail
-    floor (:func:`_tail_floor`). Returns inf when no split of the blocks can fit."""
-    return max(_refined_lower_bound_s_lane(lane) for lane in tables.lanes)
+    floor (:func:`_tail_floor`). Returns inf when no split of the blocks can fit. ``base_s``: the tables'
+    :func:`lower_bound_s` when the caller has it (one lane only; it is recomputed otherwise)."""
+    lanes = tables.lanes
+    if len(lanes) == 1 and base_s is not None:
+        return _refined_lower_bound_s_lane(lanes[0], base_s)
+    return max(_refined_lower_bound_s_lane(lane) for lane in lanes)
