@@ -11,6 +11,7 @@ them is replaced by what :data:`BLOCKS` computes, with no GPU and no launch (sec
 - ``moe-validation``: ``benchmarks/moe_validation.py``'s counted table (each dropless row at its router's fit);
 - ``gpu-speed``: ``benchmarks/gpu_speed.py --from-data benchmarks/data/h200`` (stored runs, predictions
   recomputed);
+- ``frontier``: ``benchmarks/frontier.py``'s stored run (``benchmarks/data/frontier``: table and timing);
 - ``sc21-compare``: ``benchmarks/compare_to_published.py`` (one exact search per SC21 Table 1 row, ~15 s).
 
 Figures that need launches (the CPU runtime's ratios) are not in blocks; their benchmarks print them.
@@ -33,6 +34,39 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
+
+
+def frontier() -> str:
+    import frontier as fr
+
+    from planner.frontier import FrontierRow, mark_pareto, terminal_lines
+
+    rows, record = fr.stored()
+    typed = []
+    for r in rows:
+        kw = {}
+        for name, value in r.items():
+            field = FrontierRow.__dataclass_fields__[name]
+            if value == "":
+                kw[name] = None if name not in ("reason", "strategy", "search", "plan_command") else ""
+            elif field.type in ("int",):
+                kw[name] = int(value)
+            elif field.type in ("bool",):
+                kw[name] = value == "True"
+            elif "float" in str(field.type):
+                kw[name] = float(value)
+            else:
+                kw[name] = value
+        typed.append(FrontierRow(**kw))
+    table = "\n".join(terminal_lines(mark_pareto(typed)))
+    chosen = next((line for line in record["stdout"].splitlines() if "configuration" in line), "")
+    return (
+        f"`{record['command']}` (`benchmarks/frontier.py`, stored in `benchmarks/data/frontier/`): "
+        f"{len(rows)} exact plan searches in {record['frontier_s']} s on {record['cpu_cores']} CPU cores "
+        f"({record['date']}). C / E: Pareto-optimal in (days, cost) / (days, energy); costs at the profiles' "
+        "on-demand list prices.\n\n```\n" + table + "\n" + chosen + "\n```\n\n"
+        "![frontier](benchmarks/data/frontier/llama3-70b.png)"
+    )
 
 
 def cost_accuracy() -> str:
@@ -160,6 +194,7 @@ BLOCKS = {
     "moe-validation": moe_validation,
     "gpu-speed": gpu_speed,
     "sc21-compare": sc21_compare,
+    "frontier": frontier,
 }
 
 

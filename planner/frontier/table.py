@@ -127,7 +127,7 @@ def terminal_lines(rows: Sequence[FrontierRow], *, batch_column: bool = False) -
     """The rows as a table of at most 80 columns: cluster, devices, (batch,) days, cost, energy, MFU, peak memory,
     Pareto marks (C: time-cost, E: time-energy), the strategy's degrees; rows without a plan say why."""
     head = f"{'cluster':<13}{'GPUs':>5}" + (f"{'batch':>6}" if batch_column else "")
-    head += f"{'days':>7}{'cost $':>9}{'MWh':>7}{'MFU':>5}{'GiB':>5} {'PF':<2} strategy"
+    head += f"{'days':>7}{'cost $':>9}{'MWh':>6}{'MFU':>5}{'GiB':>4} {'PF':<2} strategy"
     lines = [head]
     for r in rows:
         start = f"{r.cluster[:12]:<13}{r.gpus:>5}" + (f"{r.global_batch:>6}" if batch_column else "")
@@ -138,8 +138,8 @@ def terminal_lines(rows: Sequence[FrontierRow], *, batch_column: bool = False) -
         energy = "-" if r.energy_mwh is None else _short(r.energy_mwh)
         marks = ("C" if r.pareto_time_cost else "") + ("E" if r.pareto_time_energy else "")
         line = (
-            f"{start}{_short(r.train_days or 0.0):>7}{cost:>9}{energy:>7}{100 * (r.mfu or 0):>4.0f}%"
-            f"{r.peak_memory_gib or 0:>5.0f} "
+            f"{start}{_short(r.train_days or 0.0):>7}{cost:>9}{energy:>6}{100 * (r.mfu or 0):>4.0f}%"
+            f"{r.peak_memory_gib or 0:>4.0f} "
             f"{marks:<2} {_degrees(r.strategy)}"
         )
         lines.append(_fit(line))
@@ -161,10 +161,10 @@ def _money(usd: float) -> str:
 
 
 def _degrees(strategy: str) -> str:
-    """A plan label in short: the degrees above 1, micro-batch size, ZeRO stage, interleaving and recompute.
+    """A plan label in short: the degrees above 1, ZeRO stage, interleaving, sp and recompute (the CSV has it all).
 
     >>> _degrees("tp2 pp4 dp128 cp4(ring) interleaved_1f1b(v=5) mb1x16 zero3 sp recompute full x2")
-    'tp2 pp4 dp128 cp4 v5 mb1 z3 sp rc'
+    'tp2 pp4 dp128 cp4 v5 z3 sp rc'
     """
     keep = []
     for part in strategy.split():
@@ -174,8 +174,6 @@ def _degrees(strategy: str) -> str:
                 keep.append(head)
         elif part.startswith("interleaved") and "v=" in part:
             keep.append("v" + part.split("v=")[1].rstrip(")"))
-        elif part.startswith("mb"):
-            keep.append(part.split("x")[0])
         elif part.startswith("zero") and part != "zero0":
             keep.append("z" + part[4:])
         elif part == "sp":
