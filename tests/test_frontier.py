@@ -116,3 +116,19 @@ def test_no_count_can_hold_the_model(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: no GPU count in 1:2") and "memory" in err[-1]
     assert not out.exists()
+
+
+def test_a_count_that_cannot_use_the_batch_says_why(tmp_path, capsys):
+    out = tmp_path / "f.csv"
+    base = ["frontier", "--model", "gpt:gpt2-xl", "--seq", "1024", "--train-tokens", "1e9", "--cluster", "dgx-h100",
+            "--allow", "dp,zero", "--jobs", "1", "--out", str(out)]  # fmt: skip
+    assert main([*base, "--global-batch", "8", "--gpus", "8,16"]) == 0
+    with open(out) as fh:
+        rows = {int(r["gpus"]): r for r in csv.DictReader(fh)}
+    assert rows[8]["status"] == "ok"
+    assert rows[16]["status"] == "no plan" and "global batch 8 over 16 devices" in rows[16]["reason"]
+    out.unlink()
+    assert main([*base, "--global-batch", "3", "--gpus", "8,16"]) == 2  # no count can use a batch of 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: no GPU count") and "global batch 3" in err[-1]
+    assert not out.exists()
