@@ -317,6 +317,21 @@ class LayerProfile(StrictModel):
         return self.params + (self.experts.params if self.experts is not None else 0)
 
 
+def _check_signatures(layers: list[LayerProfile]) -> None:
+    """Layers with equal signatures must be equal but for their path: the search prices one for all of them
+    (an edited or torn profile that breaks this would get plans priced from the wrong layer)."""
+    first: dict[str, tuple[str, dict]] = {}
+    for layer in layers:
+        body = layer.model_dump(exclude={"path"})
+        seen = first.setdefault(layer.signature, (layer.path, body))
+        if seen[1] != body:
+            field = next(k for k in body if body[k] != seen[1].get(k))
+            raise ValueError(
+                f"layers {seen[0]} and {layer.path} share signature {layer.signature!r} but differ in {field}; "
+                "re-profile the model (equal signatures mean identical layers)"
+            )
+
+
 class ModelProfile(StrictModel):
     """Per-layer costs of one model at one sequence length and dtype."""
 
@@ -353,6 +368,7 @@ class ModelProfile(StrictModel):
         for layer in self.layers:
             if layer.shards[0].tp != 1:
                 raise ValueError(f"layer {layer.path}: the first shard must be tp=1")
+        _check_signatures(self.layers)
         return self
 
     def layer(self, path: str) -> LayerProfile:
