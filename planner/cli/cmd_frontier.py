@@ -13,6 +13,7 @@ search, run once per (cluster, count), in ``--jobs`` processes that keep each cl
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -195,6 +196,8 @@ _WORKER: _Worker | None = None  # one per search process (set by _init_worker); 
 def _init_worker() -> None:
     global _WORKER
     _WORKER = _Worker()
+    # `run` says once which clusters are resized past their listed devices; the searches would say it per row
+    logging.getLogger("planner.cost.placement").setLevel(logging.ERROR)
 
 
 def solve_row(task: RowTask) -> FrontierRow:
@@ -343,6 +346,12 @@ def build_tasks(args: argparse.Namespace) -> list[RowTask]:
                 f"cluster {name} is a measured profile of {cluster.total_devices} devices; --gpus {args.gpus} "
                 f"asks for {counts[-1]}: lower the range or use a datasheet profile"
             )
+        if counts[-1] > cluster.total_devices:
+            print(
+                f"note: {name} lists {cluster.total_devices} devices; counts above are planned on its node type "
+                "(a datasheet template, resized)",
+                file=sys.stderr,
+            )
         price = prices.get(name, node.price_per_gpu_hour)
         for gpus in counts:
             for batch in batches(args.global_batch, args.batch_range):
@@ -394,6 +403,7 @@ def run(args: argparse.Namespace) -> int:
     if args.png is not None:
         check_out_path(args.png, flag="--png")
     tasks = build_tasks(args)
+    _init_worker()  # this process too: the checks below and --jobs 1 search here
     for task in {t.cluster: t for t in tasks}.values():  # flags every row shares fail here, before any search
         check_inputs(task)
     jobs = args.jobs or max(1, min(os.cpu_count() or 1, len(tasks)))
