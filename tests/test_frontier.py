@@ -132,3 +132,20 @@ def test_a_count_that_cannot_use_the_batch_says_why(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: no GPU count") and "global batch 3" in err[-1]
     assert not out.exists()
+
+
+def test_batch_range_scales_the_learning_rate_and_keeps_the_tokens(tmp_path):
+    out = tmp_path / "f.csv"
+    argv = ["frontier", "--model", "gpt:gpt2-xl", "--seq", "1024", "--global-batch", "32", "--train-tokens", "1e9",
+            "--cluster", "dgx-h100", "--gpus", "8", "--batch-range", "16:64", "--jobs", "1",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    with open(out) as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["global_batch"]) for r in rows] == [16, 32, 64]
+    for r in rows:
+        batch = int(r["global_batch"])
+        assert float(r["lr_scale"]) == batch / 32  # linear scaling (Goyal et al. 2017)
+        steps = -(-(10**9) // (batch * 1024))  # the same tokens at every batch
+        assert float(r["train_days"]) == pytest.approx(steps * float(r["step_time_s"]) / 86400, rel=1e-9)
+        assert f"--global-batch {batch} " in r["plan_command"]
