@@ -419,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
     _, why = choose_within(rows, deadline_days=args.deadline_days, budget_usd=args.budget_usd)
     atomic_write_text(args.out, csv_text(rows))
     if args.png is not None:
-        from planner.inspect.fig_frontier import save_frontier_png
+        from planner.inspect import save_frontier_png
 
         save_frontier_png(rows, args.png, title=f"{args.model}, {args.train_tokens:.3g} tokens")
     for line in terminal_lines(rows, batch_column=args.batch_range is not None):

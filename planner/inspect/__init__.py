@@ -19,6 +19,8 @@ _WHERE = {
     "diff_plans": "compare",
     "build_example_plan": "examples",
     "plot_timeline": "fig_timeline",
+    "frontier_figure": "fig_frontier",
+    "save_frontier_png": "fig_frontier",
     "plot_layer_placement": "figures",
     "plot_memory_per_rank": "figures",
     "plot_metrics": "figures",
@@ -51,6 +53,7 @@ _WHERE = {
 if TYPE_CHECKING:
     from planner.inspect.compare import compare_plans, diff_plans
     from planner.inspect.examples import build_example_plan
+    from planner.inspect.fig_frontier import frontier_figure, save_frontier_png
     from planner.inspect.fig_timeline import plot_timeline
     from planner.inspect.figures import (
         plot_layer_placement,
@@ -78,6 +81,7 @@ __all__ = [
     "compare_plans",
     "diff_plans",
     "figure_png",
+    "frontier_figure",
     "fmt_bytes",
     "fmt_seconds",
     "layer_frame",
@@ -94,6 +98,7 @@ __all__ = [
     "rank_coordinates",
     "rank_frame",
     "render_pngs",
+    "save_frontier_png",
     "save_html",
     "save_pngs",
     "schedule_order",
