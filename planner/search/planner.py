@@ -452,18 +452,9 @@ class _BranchAndBound:
     def _build(self, bound: float, idx: int, _stage: int, outer: OuterChoice, _tables: None) -> bool:
         """Stage 0: build the coefficients, bound with sends, tail and memory (a shape, or a family of expert
         layouts, is expanded into its members first, each with its own quick bound)."""
-        if isinstance(outer, OuterShape):
-            for child in outer.members(families=True):
-                try:
-                    child_bound = self.costs.quick_bound_s(child)
-                except StratagemError as exc:
-                    _drop(self.dropped, child, exc)
-                    continue
-                self.next_idx += 1
-                heapq.heappush(self.heap, (max(bound, child_bound), self.next_idx, 0, child, None))
-            return True
-        if outer.expert_family:
-            for child in expand_experts(outer):
+        if isinstance(outer, OuterShape) or outer.expert_family:
+            members = outer.members(families=True) if isinstance(outer, OuterShape) else expand_experts(outer)
+            for child in members:
                 try:
                     child_bound = self.costs.quick_bound_s(child)
                 except StratagemError as exc:
