@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -186,8 +187,7 @@ class _Worker:
         from planner.search import LayerCostCache
 
         self.clusters: dict[str, object] = {}
-        self.caches: dict[str, LayerCostCache] = {}
-        self.cache_type = LayerCostCache
+        self.caches: dict[str, LayerCostCache] = defaultdict(LayerCostCache)
 
 
 _WORKER: _Worker | None = None  # one per search process (set by _init_worker); never shared between processes
@@ -225,7 +225,6 @@ def solve_row(task: RowTask) -> FrontierRow:
         args = build_parser().parse_args([*task.plan_argv, "--out", "plan.json"])
         if task.cluster_path not in worker.clusters:
             worker.clusters[task.cluster_path] = load_cluster_profile(task.cluster_path)
-            worker.caches[task.cluster_path] = worker.cache_type()
         inputs = prepare_search(args, cluster=worker.clusters[task.cluster_path])  # type: ignore[arg-type]
         node = inputs.cluster.node_types[0]
         base = replace(base, device=node.device, memory_gib=node.device_memory_bytes / 2**30)

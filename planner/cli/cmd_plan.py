@@ -401,16 +401,9 @@ def prepare_search(args: argparse.Namespace, *, cluster: ClusterProfile | None =
     one reading of plan flags, shared with `stratagem frontier` (so a frontier row is what `plan` returns for its
     flags). ``cluster``: the profile ``args.cluster`` names, when the caller has read it already. 3D CNNs are
     planned by their own search: a :class:`StratagemError` here (`plan` branches before)."""
-    lr_schedule = recipe_from_args(args)
-    spec = full_spec(spec_from_args(args))
-    check_context_family(spec, args.cp or 1)  # before profiling a model it cannot apply to
-    seq_len = int(args.seq or spec.dim("max_seq")) if spec.is_language_model else int(args.seq or 1)
     if cluster is None:
         cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
-    args.dtype = _resolve_dtype(args, cluster)
-    profile = model_profile(spec, args, seq_len)
-    args.dtype = _check_profile_dtype(args, profile)
-    _check_dtype(cluster, args.gpus, profile.dtype)
+    spec, profile, lr_schedule = _profile_inputs(args, cluster)
     if spec.family in SPATIAL_FAMILIES:
         raise StratagemError(f"{spec.name} is a 3D CNN, planned by the spatial search; use `stratagem plan` for it")
     cpu_note = analytic_on_cpu_note(profile, cluster)
@@ -443,6 +436,19 @@ def prepare_search(args: argparse.Namespace, *, cluster: ClusterProfile | None =
     )
 
 
+def _profile_inputs(args: argparse.Namespace, cluster: ClusterProfile) -> tuple[ModelSpec, ModelProfile, object]:
+    """(model spec, model profile, learning-rate schedule) of plan ``args`` on ``cluster``; sets ``args.dtype``."""
+    lr_schedule = recipe_from_args(args)
+    spec = full_spec(spec_from_args(args))
+    check_context_family(spec, args.cp or 1)  # before profiling a model it cannot apply to
+    seq_len = int(args.seq or spec.dim("max_seq")) if spec.is_language_model else int(args.seq or 1)
+    args.dtype = _resolve_dtype(args, cluster)
+    profile = model_profile(spec, args, seq_len)
+    args.dtype = _check_profile_dtype(args, profile)
+    _check_dtype(cluster, args.gpus, profile.dtype)
+    return spec, profile, lr_schedule
+
+
 def assemble_plan(inputs: SearchInputs, args: argparse.Namespace, result, fallback=None) -> Plan:
     """The plan file of a search's result, with the search notes of :func:`prepare_search`, validated."""
     from planner.search import build_plan
@@ -472,18 +478,13 @@ def run(args: argparse.Namespace) -> int:
 
     cluster_path = resolve_cluster_path(args.cluster)
     check_out_path(args.out, inputs={"--model-profile": args.model_profile, "--cluster": cluster_path})
-    spec = full_spec(spec_from_args(args))
-    if spec.family in SPATIAL_FAMILIES:  # 3D CNNs: hybrid data + spatial search
+    # 3D CNNs: hybrid data + spatial search (the family from the name: building the spec of an hf: model runs its
+    # fidelity check, which prepare_search does once)
+    if args.model.partition(":")[0] in SPATIAL_FAMILIES:
         from planner.cli.spatial_cli import run_spatial
 
-        check_context_family(spec, args.cp or 1)
-        lr_schedule = recipe_from_args(args)
-        seq_len = int(args.seq or 1)
         cluster = load_cluster_profile(cluster_path)
-        args.dtype = _resolve_dtype(args, cluster)
-        profile = model_profile(spec, args, seq_len)
-        args.dtype = _check_profile_dtype(args, profile)
-        _check_dtype(cluster, args.gpus, profile.dtype)
+        spec, profile, lr_schedule = _profile_inputs(args, cluster)
         cpu_note = analytic_on_cpu_note(profile, cluster)
         if cpu_note:
             print(f"warning: {cpu_note}", file=sys.stderr)
