@@ -18,6 +18,9 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 CELL_TIMEOUT_S = 420
+# a kernel's start on a fresh clone (first imports compile every module) beside the other test worker and the
+# quality gates took over nbclient's default 60 s once
+KERNEL_START_S = 300
 # notebook -> the CLI modules it drives (skip, naming the command, when one is missing)
 NEEDS = {
     "01_profile_and_plan.ipynb": ["cmd_profile_model", "cmd_profile_cluster", "cmd_plan", "cmd_show"],
@@ -68,7 +71,11 @@ def _execute(name: str):
     """Run one notebook on its own kernel; the executed notebook, or the exception it raised."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     client = NotebookClient(
-        nb, kernel_name="stratagem-test", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(NOTEBOOKS)}}
+        nb,
+        kernel_name="stratagem-test",
+        timeout=CELL_TIMEOUT_S,
+        startup_timeout=KERNEL_START_S,
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
     )
     try:
         client.execute()
