@@ -64,7 +64,6 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     """
     from runtime.executor.checkpoint import check_resumable
     from runtime.executor.data import FileData
-    from runtime.executor.moe import expert_layout
     from runtime.executor.parallelize import check_supported
     from runtime.executor.schedule import check_replica_schedules
     from runtime.executor.tp import tp_styles
@@ -94,10 +93,7 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     if opts.resume:
         if opts.checkpoint_dir is None:
             raise StratagemError("--resume needs --checkpoint-dir DIR (the folder of the run to resume)")
-        lay = expert_layout(plan)
-        check_resumable(
-            opts.checkpoint_dir, model_name=plan.model.name, world_size=plan.world_size, experts=(lay.ep, lay.etp)
-        )
+        check_resumable(opts.checkpoint_dir, plan)
     if opts.init_from is not None:
         if "sd" in plan.mesh.axes:
             raise StratagemError("--init-from is not supported for spatial (3D CNN) plans yet; launch without it")

@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from fixtures.plans import make_plan
 from planner.core import StratagemError
+from planner.model import parse_model
 from runtime.executor.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -64,8 +66,9 @@ def test_launcher_refuses_planted_metadata_before_starting(tmp_path):
     (folder / COMPLETE_MARKER).write_text("step 2\n")
     (folder / META_FILE).write_text('{"step": 2, "model": "gpt:tiny", "world_size": 2}\n')
     (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode()))
+    plan = make_plan(parse_model("gpt:tiny"), dp=2)
     with pytest.raises(StratagemError, match="never holds"):
-        check_resumable(tmp_path, model_name="gpt:tiny", world_size=2)
+        check_resumable(tmp_path, plan)
 
 
 @pytest.mark.parametrize("where", ["shards", "marker"])

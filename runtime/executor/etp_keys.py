@@ -15,6 +15,9 @@ module rather than on its parameters because ``fully_shard`` replaces the parame
 
 from __future__ import annotations
 
+import re
+
+import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 
@@ -72,3 +75,53 @@ def optim_key(sliced: dict[str, str], key: str) -> str:
             if fqn:
                 return f"{prefix}{sliced[fqn]}.{name}"
     return key
+
+
+# Resharding across etp: where each sliced parameter's slice lies in the whole expert weight, by the parameter's
+# name (the slicing code is moe_dispatch.shard_expert_ffn for the zoo, hf_moe.HFLocalExperts for hf: models):
+# (dim, blocks): the weight is `blocks` equal parts along `dim`, each cut into etp slices, and an etp rank's
+# slice is its piece of every part, concatenated (hf's gate_up_proj rows are [gate; up]: 2 blocks).
+_SLICE_RULES = (
+    (re.compile(r"\.w[13]\.weight(\.|$)"), (0, 1)),  # zoo SwiGLU: rows of w1 and w3
+    (re.compile(r"\.w2\.weight(\.|$)"), (1, 1)),  # columns of w2
+    (re.compile(r"\.gate_up_proj\.\d+(\.|$)"), (0, 2)),  # hf: rows of the gate and of the up projection
+    (re.compile(r"\.down_proj\.\d+(\.|$)"), (1, 1)),  # hf: columns of down_proj
+)
+_SLICE_KEY = re.compile(r"\.etp(\d+)_of_(\d+)(?=\.|$)")
+
+
+def slice_rule(key: str) -> tuple[int, int]:
+    """``(dim, blocks)`` of the etp-sliced parameter that checkpoint entry ``key`` (the parameter, or its AdamW
+    state) belongs to (:data:`_SLICE_RULES`)."""
+    for pattern, rule in _SLICE_RULES:
+        if pattern.search(key):
+            return rule
+    raise StratagemError(
+        f"no etp slicing rule for checkpoint entry {key}; the checkpoint cannot be resharded to another etp "
+        f"(resume with the etp that wrote it)"
+    )
+
+
+def split_key(key: str) -> tuple[str, int, int]:
+    """``(key without its slice, slice index, slices)`` of a checkpoint key; ``(key, 0, 1)`` when not sliced.
+
+    >>> split_key("optim.state.blocks.1.moe.experts.3.w2.weight.etp1_of_2.exp_avg")
+    ('optim.state.blocks.1.moe.experts.3.w2.weight.exp_avg', 1, 2)
+    """
+    m = _SLICE_KEY.search(key)
+    if m is None:
+        return key, 0, 1
+    return key[: m.start()] + key[m.end() :], int(m.group(1)), int(m.group(2))
+
+
+def take_slice(whole: torch.Tensor, rule: tuple[int, int], index: int, etp: int) -> torch.Tensor:
+    """Slice ``index`` of ``etp`` of a whole expert weight (or its AdamW state)."""
+    dim, blocks = rule
+    return torch.cat([b.chunk(etp, dim)[index] for b in whole.chunk(blocks, dim)], dim)
+
+
+def join_slices(parts: list[torch.Tensor], rule: tuple[int, int]) -> torch.Tensor:
+    """The whole weight from its ``len(parts)`` etp slices, in order (inverse of :func:`take_slice`)."""
+    dim, blocks = rule
+    pieces = [p.chunk(blocks, dim) for p in parts]
+    return torch.cat([torch.cat([p[b] for p in pieces], dim) for b in range(blocks)], dim)

@@ -28,12 +28,13 @@ import torch.distributed as dist
 from planner.core import ParallelDims, StratagemError, atomic_write_text
 from planner.plan import Plan, load_plan, lr_at_step, validate
 from runtime.executor.checkpoint import (
-    check_expert_layout,
-    expert_meta,
+    check_compatible,
+    checkpoint_meta,
     find_latest_checkpoint,
     load_checkpoint,
     read_checkpoint_meta,
     save_checkpoint,
+    torn_checkpoints,
 )
 from runtime.executor.context import ContextShard, build_context_shard
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
@@ -45,7 +46,7 @@ from runtime.executor.metrics import (
     peak_rss_bytes,
     reset_peak_memory,
 )
-from runtime.executor.moe import build_expert_groups, expert_layout, set_aux_loss_scale, take_aux_loss
+from runtime.executor.moe import build_expert_groups, set_aux_loss_scale, take_aux_loss
 from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
 from runtime.executor.pretrained import load_pretrained
 from runtime.executor.schedule import LocalRunner, PipelineRunner, build_runner, check_replica_schedules
@@ -565,7 +566,6 @@ def run_plan(
         if getattr(args, "compile", "auto") == "on":
             log.warning("--compile: spatial (3D CNN) plans run uncompiled; the flag is ignored for them")
         return run_spatial_plan(plan, steps=args.steps, data=args.data, metrics_path=metrics_path, device=device)
-    lay = expert_layout(plan)
     compile_blocks = resolve_compile(getattr(args, "compile", "auto"), device)
     check_attention_kernel(plan, device)
     latest = None
@@ -578,7 +578,7 @@ def run_plan(
     )
     rank, first = dist.get_rank(), 1
     if latest is not None:
-        check_expert_layout(latest, read_checkpoint_meta(latest), experts=(lay.ep, lay.etp))
+        check_compatible(latest, read_checkpoint_meta(latest), plan)
         first = load_checkpoint(latest, job.modules, job.optimizers) + 1
         log.info("rank %d resumed from %s", rank, latest)
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
@@ -597,6 +597,8 @@ def run_plan(
             "attention": job.chunks[0].attention,
             "precision": job.chunks[0].precision,
             "compiled_blocks": sum(len(c.compiled) for c in job.chunks),
+            "resumed_from": str(latest) if latest is not None else None,
+            "resume_skipped": [str(p) for p in torn_checkpoints(args.checkpoint_dir)] if latest is not None else [],
         }
     )
     tr = plan.training
@@ -635,13 +637,7 @@ def run_plan(
                 micro_batches=job.micro_batches,
                 context=job.context,
             )
-        meta = {
-            "model": plan.model.name,
-            "world_size": dist.get_world_size(),
-            "mesh": plan.mesh.sizes,
-            "plan_hash": plan.content_hash,
-            **expert_meta(lay.ep, lay.etp),
-        }
+        meta = checkpoint_meta(plan, dist.get_world_size())
         saved = None
         if args.checkpoint_dir and ((args.checkpoint_every and step % args.checkpoint_every == 0) or res.preempted):
             saved = save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers, meta=meta)
