@@ -45,6 +45,10 @@ class LaunchOptions:
     timeout_s: float = 1800.0
     layout_report: Path | None = None
     compile: str = "auto"  # torch.compile per block: auto (CUDA on, CPU off), on, off (runtime.executor.speed)
+    elastic: bool = False  # nodes may leave (or join): torchrun --nnodes MIN:MAX, each world size its own plan
+    min_gpus: int | None = None  # elastic: the fewest devices the job continues on (whole nodes)
+    rejoin_timeout_s: float = 30.0  # elastic: how long a restart waits for lost nodes before going on without them
+    elastic_plans: tuple[Path, ...] = ()  # elastic: the plans made for the smaller world sizes
 
     def procs_per_node(self, plan: Plan) -> int:
         if self.nproc_per_node is not None:
@@ -102,6 +106,34 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
         check_init_from(opts.init_from, plan)
     if opts.max_restarts and not (opts.checkpoint_dir and opts.checkpoint_every):
         log.warning("--max-restarts without --checkpoint-dir/--checkpoint-every restarts from step 1")
+    if opts.elastic:
+        check_elastic(plan, opts)
+
+
+def check_elastic(plan: Plan, opts: LaunchOptions) -> None:
+    """``--elastic`` needs several nodes, checkpoints to resume from, restarts, and a minimum within the job."""
+    nproc = opts.procs_per_node(plan)
+    if opts.nnodes < 2:
+        raise StratagemError("--elastic continues on the nodes left when one is lost: it needs --nnodes 2 or more")
+    if opts.min_gpus is None or not 1 <= opts.min_gpus <= plan.world_size:
+        raise StratagemError(
+            f"--min-gpus {opts.min_gpus} is above the plan's {plan.world_size} GPUs (or missing); give the fewest "
+            f"GPUs the job may continue on, at most {plan.world_size}"
+        )
+    if not (opts.checkpoint_dir and opts.checkpoint_every):
+        raise StratagemError(
+            "--elastic resumes from the last checkpoint after a node is lost: "
+            "give --checkpoint-dir and --checkpoint-every"
+        )
+    if opts.max_restarts < 1:
+        raise StratagemError("--elastic restarts the job on the nodes left: give --max-restarts 1 or more")
+    if min_nodes(opts, nproc) > opts.nnodes:
+        raise StratagemError(f"--min-gpus {opts.min_gpus} needs more than the job's {opts.nnodes} nodes")
+
+
+def min_nodes(opts: LaunchOptions, nproc: int) -> int:
+    """The fewest whole nodes holding ``--min-gpus`` devices."""
+    return -(-(opts.min_gpus or nproc) // nproc)
 
 
 def train_args(opts: LaunchOptions) -> list[str]:
@@ -128,6 +160,8 @@ def train_args(opts: LaunchOptions) -> list[str]:
         args += ["--init-from", str(opts.init_from)]
     if opts.layout_report:
         args += ["--layout-report", str(opts.layout_report)]
+    for path in opts.elastic_plans:
+        args += ["--elastic-plan", str(path)]
     return args
 
 
@@ -138,9 +172,16 @@ def build_command(plan: Plan, opts: LaunchOptions) -> list[str]:
         cmd.append("--standalone")
     else:
         rdzv_id = "stratagem-" + hashlib.sha256(str(opts.plan_path.resolve()).encode()).hexdigest()[:8]
+        nodes = str(opts.nnodes)
+        if opts.elastic:  # a restart waits rejoin_timeout_s for lost nodes once the minimum is there
+            nodes = f"{min_nodes(opts, opts.procs_per_node(plan))}:{opts.nnodes}"
+            # a lost node's agent stops its keep-alive heartbeats; it leaves the rendezvous after interval x 3
+            beat = max(1, min(5, round(opts.rejoin_timeout_s / 3)))
+            conf = f"last_call_timeout={max(1, round(opts.rejoin_timeout_s))},keep_alive_interval={beat}"
+            cmd += ["--rdzv-conf", conf + ",keep_alive_max_attempt=3"]
         cmd += [
             "--nnodes",
-            str(opts.nnodes),
+            nodes,
             "--node-rank",
             str(opts.node_rank),
             "--rdzv-backend",

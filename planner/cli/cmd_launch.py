@@ -77,6 +77,20 @@ def register(subparsers) -> None:
         help="torch.compile each transformer block (default: on with CUDA, off on CPU); a block the compiler "
         "cannot take runs uncompiled with one warning",
     )
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="lose a node, keep training: a restart after a node is lost for good re-plans for the GPUs left "
+        "(plans made now, one per smaller whole-node count down to --min-gpus, written beside the plan) and "
+        "resumes from the last checkpoint, resharded; needs --nnodes >= 2, checkpoints and --max-restarts",
+    )
+    p.add_argument("--min-gpus", type=int_in(1, MAX_DEVICES), help="with --elastic: the fewest GPUs to continue on")
+    p.add_argument(
+        "--rejoin-timeout-s",
+        type=float_in(0, 86_400, low_open=True),
+        default=30.0,
+        help="with --elastic: how long a restart waits for a lost node to come back before going on without it",
+    )
     p.add_argument("--layout-report", type=out_path, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -122,7 +136,48 @@ def _options(args: argparse.Namespace, metrics: Path | None):
         timeout_s=args.timeout_s,
         layout_report=args.layout_report,
         compile={None: "auto", True: "on", False: "off"}[args.compile],
+        elastic=args.elastic,
+        min_gpus=args.min_gpus,
+        rejoin_timeout_s=args.rejoin_timeout_s,
     )
+
+
+def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
+    """``launch --elastic``: the plan for each smaller whole-node device count down to ``--min-gpus``, re-planned
+    with the plan's own `stratagem plan` arguments (its ``search.command``: same model, profiles, training settings
+    and flags; the cluster profile at that count) and written beside it as ``<plan>.elastic<N>.json``. A count no
+    plan fits is skipped, saying why; the job then cannot continue on it."""
+    from planner.cli.cmd_plan import replan
+    from planner.plan import save_plan
+    from runtime.launch import min_nodes
+
+    if plan.search is None or not plan.search.command:
+        raise StratagemError(
+            f"{plan_path} does not record the `stratagem plan` arguments that made it (written by an older "
+            f"stratagem or by hand), so --elastic cannot re-plan it; re-plan it with `stratagem plan`"
+        )
+    nproc = opts.procs_per_node(plan)
+    out = []
+    for nodes in range(opts.nnodes - 1, min_nodes(opts, nproc) - 1, -1):
+        gpus = nodes * nproc
+        try:
+            smaller = replan(plan.search.command, gpus)
+        except StratagemError as exc:
+            print(f"elastic: no plan for {gpus} GPUs ({exc}); the job stops if fewer nodes are left", file=sys.stderr)
+            continue
+        if smaller.training != plan.training:
+            print(f"elastic: the plan for {gpus} GPUs changes the training settings; not used", file=sys.stderr)
+            continue
+        path = save_plan(smaller, plan_path.with_suffix(f".elastic{gpus}.json"))
+        pred = smaller.predictions.step_time_s if smaller.predictions else None
+        print(
+            f"elastic: {gpus} GPUs -> {plan_label(smaller)}"
+            + (f", predicted {pred:.4g} s/step" if pred is not None else "")
+            + f" ({path})",
+            file=sys.stderr,
+        )
+        out.append(path)
+    return tuple(out)
 
 
 def _run_with_oom_fallback(plan, opts, args: argparse.Namespace, metrics: Path | None) -> int:
@@ -271,6 +326,10 @@ def run(args: argparse.Namespace) -> int:
         metrics = Path(tmp.name) / "metrics.jsonl"
     opts = _options(args, metrics)
     check_launch(plan, opts, slurm=args.slurm is not None)
+    if args.elastic:
+        import dataclasses
+
+        opts = dataclasses.replace(opts, elastic_plans=elastic_plans(plan, opts, Path(args.plan)))
     if not (args.slurm or args.dry_run):  # those may be prepared on a machine without the cluster's GPUs
         check_cluster(plan, opts.procs_per_node(plan))
     if args.slurm:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from dataclasses import dataclass
 
 from planner.core import SCHEDULE_ALIASES, DTYPES, PRECISIONS, StratagemError
@@ -466,8 +467,61 @@ def assemble_plan(inputs: SearchInputs, args: argparse.Namespace, result, fallba
     if inputs.notes and plan.search is not None:
         notes = "; ".join(filter(None, [plan.search.notes, *inputs.notes]))
         plan = plan.model_copy(update={"search": plan.search.model_copy(update={"notes": notes})})
+    if plan.search is not None and getattr(args, "argv", None):
+        command = replan_argv(args.argv)
+        plan = plan.model_copy(update={"search": plan.search.model_copy(update={"command": command})})
     validate(plan, args.gpus)
     return plan
+
+
+def replan_argv(argv: list[str]) -> list[str]:
+    """The `stratagem plan` arguments a plan file records: ``argv`` from ``plan`` on, without ``--out`` and
+    ``-v``, each argument naming an existing file made absolute (a re-plan may run elsewhere).
+
+    >>> replan_argv(["-v", "plan", "--model", "gpt:tiny", "--gpus", "4", "--out", "p.json"])
+    ['plan', '--model', 'gpt:tiny', '--gpus', '4']
+    """
+    rest = argv[argv.index("plan") :] if "plan" in argv else ["plan", *argv]
+    out, skip = [], False
+    for arg in rest:
+        if skip:
+            skip = False
+        elif arg in ("--out", "-o"):
+            skip = True
+        elif arg.startswith("--out=") or arg in ("-v", "--verbose"):
+            continue
+        else:
+            out.append(str(Path(arg).resolve()) if arg != "plan" and Path(arg).is_file() else arg)
+    return out
+
+
+def replan(command: list[str], gpus: int) -> Plan:
+    """The plan `stratagem plan` writes for ``command`` (a plan file's ``search.command``) on ``gpus`` devices:
+    the same search, flags and profiles; nothing printed, nothing written."""
+    from planner.cli.main import build_parser
+    from planner.search import fallback_candidate, plan_search
+
+    argv = [*command]
+    if "--gpus" in argv:
+        argv[argv.index("--gpus") + 1] = str(gpus)
+    else:
+        argv += ["--gpus", str(gpus)]
+    args = build_parser().parse_args([*argv, "--out", "plan.json"])
+    args.argv = argv
+    if args.model.partition(":")[0] in SPATIAL_FAMILIES:
+        raise StratagemError(
+            "3D CNN (spatial) plans cannot be re-planned by launch --elastic yet; launch them without it"
+        )
+    inputs = prepare_search(args, cluster=load_cluster_profile(resolve_cluster_path(args.cluster)))
+    result = plan_search(
+        inputs.profile, inputs.cluster, gpus=gpus, global_batch=args.global_batch, config=inputs.config
+    )
+    fallback = None
+    if inputs.config.memory_semantics == "fsdp2":
+        fallback = fallback_candidate(
+            inputs.profile, inputs.cluster, result, gpus=gpus, global_batch=args.global_batch, config=inputs.config
+        )
+    return assemble_plan(inputs, args, result, fallback)
 
 
 def run(args: argparse.Namespace) -> int:

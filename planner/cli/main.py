@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what was typed (plan files record it)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -326,6 +326,11 @@ class SearchRecord(StrictModel):
     candidates_pruned: int = Field(ge=0)
     top_k: list[Alternative] = Field(default_factory=list)
     notes: str = ""
+    command: list[str] | None = Field(
+        None,
+        description="the `stratagem plan` arguments of this search (file paths absolute, without --out): "
+        "`launch --elastic` re-plans with them for another device count",
+    )
     memory_margin: float = Field(
         0.1,
         ge=0,

@@ -28,6 +28,7 @@ over ranks).
 from __future__ import annotations
 
 import json
+import time
 import resource
 import statistics
 from pathlib import Path
@@ -105,7 +106,7 @@ class MetricsLog:
         if self.path is None:
             return
         with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps({**record, "attempt": self.attempt}, allow_nan=False) + "\n")
+            fh.write(json.dumps({**record, "attempt": self.attempt, "unix_time": time.time()}, allow_nan=False) + "\n")
             fh.flush()
 
     def step(

@@ -94,6 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="folder (one per --plan) for one JSON per rank describing what it built",
     )
+    p.add_argument(
+        "--elastic-plan",
+        action="append",
+        default=[],
+        help="plan file for another world size (launch --elastic): run when the job (re)starts with its ranks",
+    )
     return p.parse_args(argv)
 
 
@@ -154,6 +160,47 @@ def _maybe_die(step: int) -> None:
     ):
         log.warning("test hook: rank %d exits at step %d", dist.get_rank(), step)
         os._exit(13)
+
+
+def _maybe_kill_node(step: int) -> None:
+    """Test hook: ``STRATAGEM_TEST_KILL_NODE_AT_STEP=k``, set in one node's launch only, makes every rank of that
+    node kill its torchrun agent and exit before step k, first attempt only: the node is gone for good, as a
+    failed machine is (``launch --elastic`` continues on the nodes left)."""
+    if os.environ.get("STRATAGEM_TEST_KILL_NODE_AT_STEP") == str(step) and _restart_count() == 0:
+        log.warning("test hook: this node (rank %d) is lost at step %d", dist.get_rank(), step)
+        try:
+            os.kill(os.getppid(), signal.SIGKILL)  # the node's torchrun agent: no restart, no rejoin
+        except ProcessLookupError:  # a peer on the node killed it first
+            pass
+        os._exit(19)
+
+
+def elastic_choice(plan_paths: list[str], elastic_paths: list[str], world_size: int) -> tuple[str, dict | None]:
+    """The plan file to run on ``world_size`` ranks: the launched one when it has that many, else the
+    ``--elastic-plan`` made for it; with the re-plan record (old and new plan) when it is not the launched one."""
+    if len(plan_paths) != 1:
+        raise StratagemError("--elastic-plan needs exactly one --plan")
+    first = load_plan(plan_paths[0])
+    if first.world_size == world_size or not elastic_paths:
+        return plan_paths[0], None
+    sizes = {load_plan(p).world_size: p for p in elastic_paths}
+    if world_size not in sizes:
+        have = ", ".join(str(n) for n in sorted({first.world_size, *sizes}))
+        raise StratagemError(
+            f"the job restarted on {world_size} ranks but plans exist only for {have}; "
+            f"relaunch with --min-gpus at a count that has a plan"
+        )
+    chosen = load_plan(sizes[world_size])
+    record = {
+        "event": "replan",
+        "from_world_size": first.world_size,
+        "to_world_size": world_size,
+        "from_plan_hash": first.content_hash,
+        "to_plan_hash": chosen.content_hash,
+        "from_plan_path": str(Path(plan_paths[0]).resolve()),
+        "to_plan_path": str(Path(sizes[world_size]).resolve()),
+    }
+    return sizes[world_size], record
 
 
 def _maybe_sigterm_launcher(step: int) -> None:
@@ -554,6 +601,7 @@ def run_plan(
     plan_path: str | None = None,
     profile_tag: str = "",
     init_from: str | None = None,
+    replanned: dict | None = None,
 ) -> dict:
     """Train ``plan`` for ``args.steps`` steps on this rank; returns the summary record (rank 0's is real).
     ``profile_tag``: appended to the operator tables' names (``STRATAGEM_TORCH_PROFILE``); ``init_from``: the
@@ -582,6 +630,8 @@ def run_plan(
         first = load_checkpoint(latest, job.modules, job.optimizers) + 1
         log.info("rank %d resumed from %s", rank, latest)
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
+    if replanned is not None:  # launch --elastic: the world changed, this is the plan made for the ranks left
+        metrics.write({**replanned, "resumed_from": str(latest) if latest is not None else None, "first_step": first})
     metrics.write(
         {
             "event": "start",
@@ -605,6 +655,7 @@ def run_plan(
     tokens = tr.global_batch * (tr.seq_len if plan.model.is_language_model else 1)
     for step in range(first, args.steps + 1):
         _maybe_die(step)
+        _maybe_kill_node(step)
         _maybe_sigterm_launcher(step)
         res = _run_step(job, step, first, profile_tag)
         metrics.step(
@@ -665,6 +716,10 @@ def main(argv: list[str] | None = None) -> int:
     Preemption.install()
     device = init_distributed(args.timeout_s)
     try:
+        replanned = None
+        if args.elastic_plan:
+            chosen, replanned = elastic_choice(args.plan, args.elastic_plan, dist.get_world_size())
+            args.plan = [chosen]
         for i, path in enumerate(args.plan):
             run_plan(
                 load_plan(path),
@@ -675,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
                 plan_path=path,
                 profile_tag=f"_plan{i}" if len(args.plan) > 1 else "",
                 init_from=init_from[i] if init_from else None,
+                replanned=replanned,
             )
             dist.barrier()
     except StratagemError as exc:
