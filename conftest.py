@@ -21,7 +21,9 @@ def _doctest_names(doctest_namespace):
 # collection order, so a long file collected last would run alone at the end.
 _LONGEST_FIRST = (
     "test_notebooks.py",
+    "test_reshard.py",
     "test_init_from.py",
+    "test_elastic.py",
     "test_runtime_faults.py",
     "test_tune_run.py",
     "test_moe_parity.py",

@@ -16,7 +16,8 @@ import pytest
 
 from fixtures.reference import reference_losses
 from planner.cli.main import main
-from planner.plan import load_plan
+from planner.inspect import run_segments
+from planner.plan import load_plan, save_plan
 from runtime.executor.metrics import final_step_losses, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +25,6 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from runtime_helpers import _free_port, spawn_ranks, tail  # noqa: E402
 
-pytestmark = pytest.mark.slow
 STEPS, LOST_AT = 6, 4
 
 
@@ -57,6 +57,7 @@ def _launch(argv: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_a_lost_node_is_replanned_around_and_training_finishes(tmp_path):
     plan = _plan(tmp_path)
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
@@ -90,8 +91,30 @@ def test_a_lost_node_is_replanned_around_and_training_finishes(tmp_path):
     steps = [r for r in records if r.get("event") == "step"]
     last_old = max((r for r in steps if r["attempt"] == 0), key=lambda r: r["step"])
     first_new = min((r for r in steps if r["attempt"] == event["attempt"]), key=lambda r: r["step"])
-    lost_s = first_new["unix_time"] - last_old["unix_time"]
-    print(f"time from the last step before the loss to the first step under the new plan: {lost_s:.1f} s")
+    lost_s = first_new["unix_time"] - first_new["step_time_s"] - last_old["unix_time"]
+    print(f"from the end of the last step before the loss to the start of the first under the new plan: {lost_s:.1f} s")
+    segments = run_segments(metrics)
+    assert list(segments["why"]) == ["start", "re-plan"] and list(segments["world_size"]) == [4, 2]
+    assert segments["time_lost_s"].iloc[1] == pytest.approx(lost_s)
+    show = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "show",
+            str(plan.with_suffix(".elastic2.json")),
+            "--metrics",
+            str(metrics),
+            "--png",
+            str(tmp_path / "png"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert show.returncode == 0 and "re-plan" in show.stdout, show.stdout + show.stderr
+    assert (tmp_path / "png" / "run_plans.png").stat().st_size > 0
 
     # the reference: the 4-rank plan's losses to step 3 (one process, the whole batch), then the 2-rank plan
     # resumed in a fresh job from the step-3 checkpoint the elastic run wrote
@@ -108,3 +131,60 @@ def test_a_lost_node_is_replanned_around_and_training_finishes(tmp_path):
     expected.update(final_step_losses(read_metrics(resumed / "m.jsonl")))
     for step in range(1, STEPS + 1):
         assert got[step] == pytest.approx(expected[step], rel=1e-5), (step, got, expected)
+
+
+def test_elastic_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from fixtures.plans import make_plan
+    from planner.model import parse_model
+
+    plan = _plan(tmp_path)
+    hand_made = save_plan(make_plan(parse_model("gpt:tiny"), dp=4), tmp_path / "hand.json")
+    capsys.readouterr()  # the plan command's own output
+    base = ["--nproc-per-node", "2", "--rdzv-endpoint", "127.0.0.1:1", "--checkpoint-dir", str(tmp_path / "c")]
+    base += ["--checkpoint-every", "1", "--max-restarts", "1"]
+    cases = {
+        "--min-gpus 8 is above the plan's 4 GPUs": [str(plan), "--elastic", "--min-gpus", "8", "--nnodes", "2", *base],
+        "it needs --nnodes 2 or more": [str(plan), "--elastic", "--min-gpus", "2", "--nproc-per-node", "4", *base[4:]],
+        "give --max-restarts 1 or more": [str(plan), "--elastic", "--min-gpus", "2", "--nnodes", "2", *base[:-2]],
+        "does not record the `stratagem plan` arguments": [
+            str(hand_made),
+            "--elastic",
+            "--min-gpus",
+            "2",
+            "--nnodes",
+            "2",
+            *base,
+        ],
+    }
+    for needle, argv in cases.items():
+        assert main(["launch", *argv]) == 2, needle
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.glob("*.elastic*.json")) and not (tmp_path / "c").exists()
+
+
+def test_run_segments_name_each_attempts_plan_steps_and_the_time_lost(tmp_path):
+    """A restart that redid step 3 (checkpoint at 2) and a re-plan, from hand-written records: attempts, why, steps,
+    steps redone, and the time lost from the end of one attempt's last step to the start of the next one's first."""
+    lines = [
+        {"event": "start", "world_size": 4, "plan_hash": "a", "plan_path": "/p.json", "attempt": 0, "unix_time": 0},
+        *(
+            {"event": "step", "step": s, "loss": 1.0, "step_time_s": 1.0, "attempt": 0, "unix_time": s}
+            for s in (1, 2, 3)
+        ),
+        {"event": "start", "world_size": 4, "plan_hash": "a", "plan_path": "/p.json", "attempt": 1, "unix_time": 9},
+        *(
+            {"event": "step", "step": s, "loss": 1.0, "step_time_s": 1.0, "attempt": 1, "unix_time": 8 + s}
+            for s in (3, 4)
+        ),
+        {"event": "replan", "to_plan_path": "/p.elastic2.json", "attempt": 2, "unix_time": 20},
+        {"event": "start", "world_size": 2, "plan_hash": "b", "attempt": 2, "unix_time": 20},
+        {"event": "step", "step": 5, "loss": 1.0, "step_time_s": 2.0, "attempt": 2, "unix_time": 30},
+    ]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    seg = run_segments(path)
+    assert list(seg["why"]) == ["start", "restart", "re-plan"]
+    assert list(seg["world_size"]) == [4, 4, 2] and list(seg["steps_redone"]) == [0, 1, 0]
+    assert list(seg["plan_path"]) == ["/p.json", "/p.json", "/p.elastic2.json"]
+    assert seg["time_lost_s"].isna().iloc[0] and list(seg["time_lost_s"].iloc[1:]) == [7.0, 16.0]

@@ -7,6 +7,7 @@ measured when a launch's metrics file is given); writes a self-contained HTML re
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich import box
 from rich.console import Console
@@ -20,7 +21,15 @@ from planner.plan import Plan, costed, load_plan, stage_memory_predictions, vali
 from .compare_cli import add_compare_argument, print_comparison
 
 # the pictures `--png` writes (planner.inspect.report.build_figures)
-PNG_NAMES = ("layer_placement", "timeline", "memory_per_rank", "step_breakdown", "plan_comparison", "metrics")
+PNG_NAMES = (
+    "layer_placement",
+    "timeline",
+    "memory_per_rank",
+    "step_breakdown",
+    "plan_comparison",
+    "metrics",
+    "run_plans",
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -71,7 +80,13 @@ def run(args: argparse.Namespace) -> int:
         console.print(no_ellipsis(_terms_table(plan)))
     if plan.search is not None and plan.search.top_k:
         console.print(no_ellipsis(_alternatives_table(plan)))
+    segments = None
     if metrics is not None:
+        from planner.inspect import run_segments
+
+        segments = run_segments(args.metrics)
+        if len(segments) > 1:  # restarts or re-plans: which plan trained which steps, first
+            console.print(no_ellipsis(_segments_table(segments)))
         console.print(no_ellipsis(_measured_table(plan, metrics)))
         console.print(_gap_explanation(plan, metrics))
     print_comparison(console, plan, args)
@@ -79,12 +94,36 @@ def run(args: argparse.Namespace) -> int:
         from planner.inspect import render_pngs, save_html, save_pngs
 
         pngs = render_pngs(plan, metrics)
+        if segments is not None and len(segments) > 1 and not segments["_last_time"].isna().any():
+            from planner.inspect import figure_png, plot_run_segments
+
+            pngs["run_plans"] = figure_png(plot_run_segments(segments))
         if args.html:
             console.print(f"wrote {save_html(plan, args.html, metrics, pngs)}")
         if args.png:
             for path in save_pngs(plan, args.png, metrics, pngs):
                 console.print(f"wrote {path}")
     return 0
+
+
+def _segments_table(segments) -> Table:
+    """The run's timeline of plans (``planner.inspect.run_segments``)."""
+    table = Table(title="the run's plans: which plan trained which steps, and the time lost between them")
+    for column in ("attempt", "why", "ranks", "plan", "steps", "redone", "time lost"):
+        table.add_column(column, justify="left" if column in ("why", "plan") else "right")
+    for attempt, row in segments.iterrows():
+        plan = Path(str(row["plan_path"])).name if row["plan_path"] else str(row["plan_hash"])[:19]
+        lost = "" if row["time_lost_s"] != row["time_lost_s"] else f"{row['time_lost_s']:.1f} s"
+        table.add_row(
+            str(attempt),
+            row["why"],
+            str(row["world_size"]),
+            plan,
+            f"{row['first_step']}-{row['last_step']}",
+            str(row["steps_redone"]),
+            lost,
+        )
+    return table
 
 
 def _overview(plan: Plan) -> Table:

@@ -1,9 +1,9 @@
 """Inspect plans: pandas frames, matplotlib pictures, comparisons and reports (no torch needed).
 
 Tables: :func:`stage_frame`, :func:`rank_frame`, :func:`layer_frame`, :func:`summary_frame`,
-:func:`metrics_frame`, :func:`predicted_vs_measured`. Pictures (each returns a Figure):
+:func:`metrics_frame`, :func:`predicted_vs_measured`, :func:`run_segments`. Pictures (each returns a Figure):
 :func:`plot_timeline`, :func:`plot_memory_per_rank`, :func:`plot_layer_placement`,
-:func:`plot_step_breakdown`, :func:`plot_plan_comparison`, :func:`plot_metrics`. Comparing:
+:func:`plot_step_breakdown`, :func:`plot_plan_comparison`, :func:`plot_metrics`, :func:`plot_run_segments`. Comparing:
 :func:`compare_plans`, :func:`diff_plans`. Reports: :func:`save_html`, :func:`save_pngs`.
 The schedule simulation behind the timeline is :func:`simulate_plan`.
 """
@@ -26,6 +26,7 @@ _WHERE = {
     "plot_metrics": "figures",
     "plot_plan_comparison": "figures",
     "plot_step_breakdown": "figures",
+    "plot_run_segments": "figures",
     "layer_frame": "frames",
     "plan_label": "frames",
     "rank_coordinates": "frames",
@@ -35,6 +36,7 @@ _WHERE = {
     "load_metrics": "measured",
     "metrics_frame": "measured",
     "predicted_vs_measured": "measured",
+    "run_segments": "measured",
     "build_figures": "report",
     "build_html": "report",
     "figure_png": "report",
@@ -60,10 +62,11 @@ if TYPE_CHECKING:
         plot_memory_per_rank,
         plot_metrics,
         plot_plan_comparison,
+        plot_run_segments,
         plot_step_breakdown,
     )
     from planner.inspect.frames import layer_frame, plan_label, rank_coordinates, rank_frame, stage_frame, summary_frame
-    from planner.inspect.measured import load_metrics, metrics_frame, predicted_vs_measured
+    from planner.inspect.measured import load_metrics, metrics_frame, predicted_vs_measured, run_segments
     from planner.inspect.report import build_figures, build_html, figure_png, render_pngs, save_html, save_pngs
     from planner.inspect.timeline import StageCost, schedule_order, simulate, simulate_plan
     from planner.inspect.units import bytes_unit, fmt_bytes, fmt_seconds
@@ -92,12 +95,14 @@ __all__ = [
     "plot_memory_per_rank",
     "plot_metrics",
     "plot_plan_comparison",
+    "plot_run_segments",
     "plot_step_breakdown",
     "plot_timeline",
     "predicted_vs_measured",
     "rank_coordinates",
     "rank_frame",
     "render_pngs",
+    "run_segments",
     "save_frontier_png",
     "save_html",
     "save_pngs",

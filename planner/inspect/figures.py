@@ -8,6 +8,7 @@ can check what was drawn. The timeline is in :mod:`planner.inspect.fig_timeline`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -399,4 +400,31 @@ def plot_metrics(frame: pd.DataFrame, plan: Plan | None = None) -> Figure:
     right.set_title("loss", fontsize=10)
     for ax in (left, right):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
+
+
+def plot_run_segments(segments: pd.DataFrame) -> Figure:
+    """The run's timeline of plans (``measured.run_segments``): one bar per attempt along wall-clock time, labelled
+    with its world size, plan and steps, and the time lost between attempts shaded and labelled."""
+    if segments[["_first_time", "_last_time"]].isna().any().any():
+        raise StratagemError("these metrics carry no unix_time (written by an older stratagem); relaunch to draw them")
+    t0 = float(segments["_first_time"].min())
+    fig = Figure(figsize=(10, 1.2 + 0.6 * len(segments)), layout="constrained")
+    ax = fig.subplots()
+    for y, (attempt, row) in enumerate(segments.iterrows()):
+        start, end = row["_first_time"] - t0, row["_last_time"] - t0
+        ax.barh(y, end - start, left=start, color=_color({}, str(row["plan_hash"]), y), gid=f"attempt{attempt}")
+        plan = Path(str(row["plan_path"])).name if row["plan_path"] else str(row["plan_hash"])[:12]
+        ax.text(
+            end, y, f"  {row['world_size']} ranks, {plan}: steps {row['first_step']}-{row['last_step']}", va="center"
+        )
+        if y > 0 and not pd.isna(row["time_lost_s"]):
+            lost_from = start - row["time_lost_s"]
+            ax.axvspan(lost_from, start, color="#d62728", alpha=0.2)
+            ax.text((lost_from + start) / 2, y - 0.5, f"{row['why']}: {row['time_lost_s']:.1f} s lost", ha="center")
+    ax.set_yticks(range(len(segments)), [f"attempt {a}" for a in segments.index])
+    ax.invert_yaxis()
+    ax.set_xlabel("wall-clock time since the first step (s)")
+    ax.set_title("the run's plans: which plan trained which steps, and the time lost between them", fontsize=10)
+    ax.set_xlim(right=float(segments["_last_time"].max() - t0) * 1.6 + 1)
     return fig

@@ -171,3 +171,57 @@ def _predicted(plan: Plan | None, frame: pd.DataFrame) -> dict[str, float]:
 
 def _median(frame: pd.DataFrame, column: str) -> float:
     return float(frame[column].median()) if column in frame and frame[column].notna().any() else math.nan
+
+
+def run_segments(path: str | Path) -> pd.DataFrame:
+    """The run's timeline of plans: one row per attempt of a launch that trained steps (a restart, or a re-plan
+    after a node was lost: ``launch --elastic``), with its plan, world size, the steps it trained (first, last,
+    how many), its median step time, and the wall-clock time lost before it: from the last step the previous
+    attempt finished to this attempt's first step (detection, rendezvous, start-up, the checkpoint's load; steps
+    redone after the checkpoint are counted apart, ``steps_redone``). Times need the records' ``unix_time``
+    (metrics written since it was added); without it those columns are NaN."""
+    records = [r for r in _records(path) if isinstance(r.get("attempt", 0), int)]  # no attempt: an older file, one
+    rows: list[dict[str, Any]] = []
+    for attempt in sorted({r.get("attempt", 0) for r in records}):
+        mine = [r for r in records if r.get("attempt", 0) == attempt]
+        steps = [r for r in mine if r.get("event", "step") == "step" and "step" in r]
+        if not steps:
+            continue
+        start = next((r for r in mine if r.get("event") == "start"), {})
+        replan = next((r for r in mine if r.get("event") == "replan"), None)
+        first, last = min(steps, key=lambda r: r["step"]), max(steps, key=lambda r: r["step"])
+        previous = rows[-1] if rows else None
+        lost = math.nan
+        if previous is not None and "unix_time" in first and not math.isnan(previous["_last_time"]):
+            lost = first["unix_time"] - first["step_time_s"] - previous["_last_time"]
+        rows.append(
+            {
+                "attempt": attempt,
+                "why": "start" if previous is None else ("re-plan" if replan else "restart"),
+                "plan_hash": start.get("plan_hash"),
+                "plan_path": (replan or {}).get("to_plan_path") or start.get("plan_path"),
+                "world_size": start.get("world_size"),
+                "first_step": first["step"],
+                "last_step": last["step"],
+                "steps": len(steps),
+                "steps_redone": 0 if previous is None else max(0, previous["last_step"] - first["step"] + 1),
+                "median_step_time_s": float(pd.Series([r["step_time_s"] for r in steps]).median()),
+                "time_lost_s": lost,
+                "_first_time": first.get("unix_time", math.nan) - first["step_time_s"],
+                "_last_time": last.get("unix_time", math.nan),
+            }
+        )
+    if not rows:
+        raise StratagemError(f"metrics file {path} has no step lines; run `stratagem launch` with --steps >= 1")
+    return pd.DataFrame(rows).set_index("attempt")
+
+
+def _records(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    out = []
+    for number, line in enumerate(read_text(path, what="metrics").splitlines(), start=1):
+        if line.strip():
+            record = parse_json(line, source=f"file {path} line {number}", what="metrics", fix="delete that line")
+            if isinstance(record, dict):
+                out.append(record)
+    return out
