@@ -32,12 +32,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-MODELS = ("gpt:tiny", "llama:tiny", "moe:tiny")
+MODELS = ("gpt:tiny", "gpt:tiny+tied", "llama:tiny", "moe:tiny")  # +tied: LM head tied to the token embedding
 STEPS, AT = 5, 2
 LOSS_RTOL = 1e-5
 GLOBAL_BATCH, SEQ = 8, 16
 # the layouts of the matrix; None = the model cannot take it
-LAYOUTS = ("dp2", "zero3", "tp2", "pp2", "tp2dp2", "ep2", "cp2", "etp2z3")
+LAYOUTS = ("dp2", "zero3", "tp2", "pp2", "tp2dp2", "ep2", "cp2", "etp2z3", "etp2dp4z3")
 WORKER = REPO / "benchmarks" / "reshard_worker.py"
 
 Launch = Callable[[int, list[str]], None]  # (ranks, argv of python) -> runs it, raising on failure
@@ -59,6 +59,8 @@ def layout_kwargs(spec, layout: str) -> dict | None:
         "cp2": dict(cp=2) if spec.family in CONTEXT_FAMILIES else None,
         # beyond the list: each expert's FFN split over 2 ranks (its own checkpoint keys per slice), ZeRO-3
         "etp2z3": dict(dp=2, zero_stage=3, experts={"ep": 1, "etp": 2}) if spec.is_moe else None,
+        # the same on 4 ranks: each slice sharded over its 2 edp ranks (ZeRO-3 shards of an etp slice)
+        "etp2dp4z3": dict(dp=4, zero_stage=3, experts={"ep": 1, "etp": 2}) if spec.is_moe else None,
     }
     return table[layout]
 
@@ -75,7 +77,7 @@ def write_plans(models: list[str], root: Path) -> dict[str, dict[str, tuple[Path
 
     out: dict[str, dict[str, tuple[Path, int]]] = {}
     for name in models:
-        spec = parse_model(name)
+        spec = parse_model(name.removesuffix("+tied"), tie_embeddings=True if name.endswith("+tied") else None)
         for layout in LAYOUTS:
             kwargs = layout_kwargs(spec, layout)
             if kwargs is None:
@@ -87,7 +89,7 @@ def write_plans(models: list[str], root: Path) -> dict[str, dict[str, tuple[Path
 
 
 def _slug(model: str) -> str:
-    return model.replace(":", "-")
+    return model.replace(":", "-").replace("+", "-")
 
 
 def torchrun(nproc: int, argv: list[str]) -> None:
@@ -153,6 +155,12 @@ def compare(model: str, source: str, target: str, src: Path, dst: Path) -> dict:
     step = f"step_{AT:06d}"
     before = {k: v for k, v in read_full_checkpoint(src / "ckpt" / step).items() if not k.startswith("rng.")}
     after = {k: v for k, v in read_full_checkpoint(dst / "loaded" / step).items() if not k.startswith("rng.")}
+    if model.endswith("+tied"):  # a pp = 1 layout names the shared Parameter's AdamW state once, by the embedding
+        from runtime.executor.tied import EMBED, HEAD
+
+        for one, other in ((before, after), (after, before)):
+            for key in [k for k in other if HEAD in k and k not in one and k.replace(HEAD, EMBED) in one]:
+                one[key] = one[key.replace(HEAD, EMBED)]
     keys_differ = sorted(set(before) ^ set(after))
     state_diff, unequal = 0.0, []
     for key in sorted(set(before) & set(after)):

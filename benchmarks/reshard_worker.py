@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from planner.plan import load_plan
 from runtime.executor.checkpoint import checkpoint_meta, load_checkpoint, save_checkpoint
+from runtime.executor.tied import tied_aliases
 from runtime.executor.train import build_job, init_distributed, parse_args, run_plan
 
 
@@ -46,7 +47,8 @@ def _resume(entry: dict, steps: int, at: int, device) -> None:
             link.symlink_to(Path(entry["checkpoint"]).resolve(), target_is_directory=True)
     dist.barrier()
     job = build_job(plan, device, data="synthetic")
-    step = load_checkpoint(run_dir / Path(entry["checkpoint"]).name, job.modules, job.optimizers)
+    aliases = tied_aliases(plan)
+    step = load_checkpoint(run_dir / Path(entry["checkpoint"]).name, job.modules, job.optimizers, aliases=aliases)
     assert step == at, (step, at)
     save_checkpoint(
         out / "loaded", step, job.modules, job.optimizers, meta=checkpoint_meta(plan, dist.get_world_size())

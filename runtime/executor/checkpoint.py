@@ -237,14 +237,22 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(path: str | Path, chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> int:
+def load_checkpoint(
+    path: str | Path,
+    chunks: list[nn.Module],
+    optimizers: list[torch.optim.Optimizer],
+    *,
+    aliases: dict[str, str] | None = None,
+) -> int:
     """Collective: restore model, optimizer and RNG state in place; returns the step it was saved at.
 
     Any layout may load a checkpoint any layout wrote (resharding): entries are keyed by full-model FQN, experts
     by global index, and DCP reads each rank's own shard of every tensor (DTensor offsets under tp and ZeRO,
     whole tensors under dp, a stage's FQNs under pp). An expert FFN slice written under another etp is put
-    together from the checkpoint's slices and cut again (:func:`_reslice`). A rank the writing layout did not
-    have keeps its seeded RNG state."""
+    together from the checkpoint's slices and cut again (:func:`_reslice`). ``aliases`` (FQN -> FQN): where a
+    parameter's entries are missing, those of the parameter it is tied to (a tied LM head, which shares the
+    embedding's Parameter and AdamW state when pp = 1 and is its own copy, updated alike, when pp > 1). A rank the
+    writing layout did not have keeps its seeded RNG state."""
     rank = dist.get_rank()
     state, models, optims, sliced = _state(chunks, optimizers, 0, rank)
     reader = SafeFileSystemReader(str(path))
@@ -253,7 +261,7 @@ def load_checkpoint(path: str | Path, chunks: list[nn.Module], optimizers: list[
     rng = f"rng.rank{rank}"
     if rng not in have:
         del state[rng]
-    sources = _reslice_sources(state, have, path)
+    sources = _reslice_sources(state, have, path, aliases or {})
     targets = {(part, key): state[part].pop(key) for part, key in sources}
     for (part, _), keys in sources.items():
         for key in keys:
@@ -274,10 +282,12 @@ def load_checkpoint(path: str | Path, chunks: list[nn.Module], optimizers: list[
     return int(state["step"])
 
 
-def _reslice_sources(state: dict, have: dict, path: str | Path) -> dict[tuple[str, str], list[str]]:
+def _reslice_sources(
+    state: dict, have: dict, path: str | Path, aliases: dict[str, str]
+) -> dict[tuple[str, str], list[str]]:
     """``(part, key) -> checkpoint keys`` for every model/optimizer entry of ``state`` that the checkpoint holds
-    only under another etp: the whole entry (written with etp 1) or all its slices in order. An entry the
-    checkpoint does not hold in any form raises (another model)."""
+    only under another etp (the whole entry, written with etp 1, or all its slices in order) or only under the
+    FQN its parameter is tied to (``aliases``). An entry the checkpoint does not hold in any form raises."""
     slices: dict[str, dict[int, str]] = {}
     for key in have:
         whole, index, etp = split_key(key)
@@ -292,7 +302,10 @@ def _reslice_sources(state: dict, have: dict, path: str | Path) -> dict[tuple[st
                 continue
             whole = split_key(full)[0]
             written = slices.get(whole, {})
-            if whole in have:
+            tied = next((full.replace(a, b, 1) for a, b in aliases.items() if f".{a}." in f"{full}."), None)
+            if tied is not None and tied in have:
+                out[(part, key)] = [tied]
+            elif whole in have:
                 out[(part, key)] = [whole]
             elif written and sorted(written) == list(range(split_key(next(iter(written.values())))[2])):
                 out[(part, key)] = [written[i] for i in sorted(written)]
@@ -315,10 +328,13 @@ def _reslice(key: str, target, parts: list):
     if target.dim() == 0:
         target.copy_(parts[0])
         return target
-    rule = slice_rule(key)
     _, index, etp = split_key(key)
-    whole = join_slices(parts, rule) if len(parts) > 1 else parts[0]
-    mine = take_slice(whole, rule, index, etp) if etp > 1 else whole
+    if len(parts) == 1 and etp == 1:  # a tied parameter's entry, or an etp 1 layout's whole expert weight
+        mine = parts[0]
+    else:
+        rule = slice_rule(key)
+        whole = join_slices(parts, rule) if len(parts) > 1 else parts[0]
+        mine = take_slice(whole, rule, index, etp) if etp > 1 else whole
     if isinstance(target, DTensor):
         mine = distribute_tensor(mine, target.device_mesh, target.placements, src_data_rank=None).to_local()
         target.to_local().copy_(mine)

@@ -29,6 +29,12 @@ def is_tied(plan: Plan) -> bool:
     )
 
 
+def tied_aliases(plan: Plan) -> dict[str, str]:
+    """Checkpoint aliases of a tied model (``checkpoint.load_checkpoint``): the head's entries are the
+    embedding's where a pp = 1 layout, whose AdamW state names the shared Parameter once, wrote them."""
+    return {HEAD: EMBED} if is_tied(plan) else {}
+
+
 def check_tied(plan: Plan) -> None:
     """A tied embedding and head must be both split or both replicated."""
     if not is_tied(plan) or plan.mesh.size("tp") == 1:

@@ -60,7 +60,7 @@ from runtime.executor.speed import (
     resolve_compile,
 )
 from runtime.executor.tensor_memory import KINDS, TensorMemory, TensorPeak, steady_peak
-from runtime.executor.tied import TiedGradSync, build_tied_sync
+from runtime.executor.tied import TiedGradSync, build_tied_sync, tied_aliases
 from runtime.launch import FALLBACK_ENV, OOM_DIR_ENV
 
 log = logging.getLogger("runtime.executor.train")
@@ -627,7 +627,7 @@ def run_plan(
     rank, first = dist.get_rank(), 1
     if latest is not None:
         check_compatible(latest, read_checkpoint_meta(latest), plan)
-        first = load_checkpoint(latest, job.modules, job.optimizers) + 1
+        first = load_checkpoint(latest, job.modules, job.optimizers, aliases=tied_aliases(plan)) + 1
         log.info("rank %d resumed from %s", rank, latest)
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
     if replanned is not None:  # launch --elastic: the world changed, this is the plan made for the ranks left
