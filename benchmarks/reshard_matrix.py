@@ -14,8 +14,9 @@ layout, and trains to step ``STEPS``. Two checks per pair:
 - **losses**: the resumed steps' losses within ``LOSS_RTOL`` (relative) of the run that never stopped.
 
 Three process groups run it all: 2 ranks write the 2-rank layouts' checkpoints; 4 ranks write the 4-rank ones
-and resume the 2-rank ones; 2 ranks resume the rest. Prints one matrix per model (rows: the layout that wrote,
-columns: the layout that resumed) and the largest differences; exits 1 when a pair fails.
+and resume every checkpoint on 4 ranks; 2 ranks resume every checkpoint on 2 ranks. Prints one matrix per model
+(rows: the layout that wrote, columns: the layout that resumed) and the largest differences; exits 1 when a pair
+fails.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def run(models: list[str], root: Path, launch: Launch = torchrun, *, ring: bool 
 
     phases = [
         (2, {"save": save(2)}),
-        (4, {"save": save(4), "resume": resume(4, (2,))}),
+        (4, {"save": save(4), "resume": resume(4, (2, 4))}),
         (2, {"resume": resume(2, (2, 4))}),
     ]
     for i, (n, spec) in enumerate(phases):
