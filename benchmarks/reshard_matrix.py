@@ -202,10 +202,11 @@ def print_matrix(rows: list[dict]) -> None:
             f"\n{model}: checkpoint written under (rows) resumed under (columns); ok = state equal and "
             f"{STEPS - AT} resumed losses within {LOSS_RTOL:g}"
         )
-        print(f"{'':>8}" + "".join(f"{b:>8}" for b in layouts))
+        w = 1 + max(len(x) for x in layouts)
+        print(f"{'':>{w}}" + "".join(f"{b:>{w}}" for b in layouts))
         for a in layouts:
             marks = ["-" if (a, b) not in cell else ("ok" if cell[(a, b)]["ok"] else "FAIL") for b in layouts]
-            print(f"{a:>8}" + "".join(f"{m:>8}" for m in marks))
+            print(f"{a:>{w}}" + "".join(f"{m:>{w}}" for m in marks))
         worst_loss = max(r["max_loss_rel_diff"] for r in mine)
         print(
             f"  {len(mine)} pairs, {sum(r['ok'] for r in mine)} ok; state entries per checkpoint "
@@ -226,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="folder for plans, checkpoints and metrics (default: a temporary one)")
     ap.add_argument("--json", help="write the records here")
     ap.add_argument("--ring", action="store_true", help="each layout resumed by the next one only (the test's pairs)")
+    ap.add_argument("--show", help="print the matrices of records a --json run wrote, run nothing")
     args = ap.parse_args(argv)
+    if args.show:
+        rows = json.loads(Path(args.show).read_text())
+        print_matrix(rows)
+        return 0 if all(r["ok"] for r in rows) else 1
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         rows = run(args.models.split(","), Path(args.out or tmp), ring=args.ring)
