@@ -102,12 +102,26 @@ def torchrun(nproc: int, argv: list[str]) -> None:
         raise SystemExit(f"reshard worker failed on {nproc} ranks:\n{(proc.stdout + proc.stderr)[-3000:]}")
 
 
-def run(models: list[str], root: Path, launch: Launch = torchrun, *, ring: bool = False) -> list[dict]:
+def run(
+    models: list[str],
+    root: Path,
+    launch: Launch = torchrun,
+    *,
+    ring: bool = False,
+    only: list[tuple[str, str, str]] | None = None,
+) -> list[dict]:
     """Write, resume and compare every pair; one record per (model, source, target). ``ring``: only each layout
     resumed by the next in :data:`LAYOUTS` order (the last by the first), every layout writing once and resuming
-    once (the test's share of the matrix)."""
+    once. ``only``: just these (model, source, target) pairs (the test's share of the matrix)."""
     plans = write_plans(models, root)
-    if ring:
+    if only is not None:
+        pairs = list(only)
+        sources = {(m, a) for m, a, _ in pairs}
+        plans = {
+            m: {a: v for a, v in by.items() if (m, a) in sources or any(p[0] == m and p[2] == a for p in pairs)}
+            for m, by in plans.items()
+        }
+    elif ring:
         pairs = [(m, a, b) for m, by in plans.items() for a, b in zip(by, [*list(by)[1:], next(iter(by))])]
     else:
         pairs = [(m, a, b) for m, by in plans.items() for a in by for b in by if a != b]
@@ -115,9 +129,14 @@ def run(models: list[str], root: Path, launch: Launch = torchrun, *, ring: bool 
     def out(m: str, a: str, b: str | None = None) -> Path:
         return root / _slug(m) / (a if b is None else f"{a}-to-{b}")
 
+    written = {(m, a) for m, a, _ in pairs}
+
     def save(n: int) -> list[dict]:
         return [
-            {"plan": str(p), "out": str(out(m, a))} for m, by in plans.items() for a, (p, w) in by.items() if w == n
+            {"plan": str(p), "out": str(out(m, a))}
+            for m, by in plans.items()
+            for a, (p, w) in by.items()
+            if w == n and (m, a) in written
         ]
 
     def resume(n: int, writers: tuple[int, ...]) -> list[dict]:

@@ -41,20 +41,27 @@ def _launch(nproc: int, argv: list[str]) -> None:
     assert proc.returncode == 0, tail(proc)
 
 
+# the pairs CI runs (the whole matrix, 146 pairs: benchmarks/reshard_matrix.py, benchmarks/data/reshard/): each
+# crosses what needs code beyond DCP's offsets, and world sizes 2 -> 4 and 4 -> 2
+PAIRS = [
+    ("gpt:tiny+tied", "tp2", "pp2"),  # tied head: pp = 1 names its AdamW state once, pp2 holds two copies
+    ("gpt:tiny+tied", "pp2", "tp2dp2"),  # 2 -> 4 ranks, stages -> tensor shards
+    ("gpt:tiny+tied", "tp2dp2", "cp2"),  # 4 -> 2 ranks, context parallel
+    ("moe:tiny", "ep2", "etp2dp4z3"),  # experts by global index -> etp slices, each ZeRO-3-sharded over edp 2
+    ("moe:tiny", "etp2dp4z3", "zero3"),  # etp slices joined again, 4 -> 2 ranks
+    ("moe:tiny", "zero3", "ep2"),
+]
+
+
 @pytest.mark.slow
 def test_each_layout_resumes_another_layouts_checkpoint(tmp_path, capsys):
-    """The ring of the matrix on gpt:tiny with its LM head tied to the embedding (dp2 -> zero3 -> tp2 -> pp2 ->
-    tp2dp2 -> cp2 -> dp2; a pp = 1 layout names the shared weight's AdamW state once, pp2 holds two copies) and
-    moe:tiny (dp2 -> ... -> ep2 -> etp2z3 -> etp2dp4z3 -> dp2): every layout writes once and resumes once, across
-    world sizes 2 and 4. The whole matrix (untied gpt:tiny and llama:tiny too): benchmarks/reshard_matrix.py."""
-    models = ["gpt:tiny+tied", "moe:tiny"]
-    rows = reshard_matrix.run(models, tmp_path, launch=_launch, ring=True)
+    """Checkpoint under one layout, resume under another: the state loaded equals the checkpoint entry by entry and
+    the next 3 losses are those of the run that never stopped (``benchmarks/reshard_matrix.py``'s checks)."""
+    rows = reshard_matrix.run(["gpt:tiny+tied", "moe:tiny"], tmp_path, launch=_launch, only=PAIRS)
     reshard_matrix.print_matrix(rows)
     table = capsys.readouterr().out
+    assert [(r["model"], r["source"], r["target"]) for r in rows] == PAIRS
     assert all(r["ok"] for r in rows), table
-    layouts = {m: {r["source"] for r in rows if r["model"] == m} for m in models}
-    assert layouts["gpt:tiny+tied"] == {"dp2", "zero3", "tp2", "pp2", "tp2dp2", "cp2"}
-    assert layouts["moe:tiny"] == {"dp2", "zero3", "tp2", "pp2", "tp2dp2", "ep2", "etp2z3", "etp2dp4z3"}
     assert all(r["entries"] > 400 for r in rows)  # model and AdamW entries were compared, not an empty file
 
 

@@ -480,6 +480,8 @@ def replan_argv(argv: list[str]) -> list[str]:
 
     >>> replan_argv(["-v", "plan", "--model", "gpt:tiny", "--gpus", "4", "--out", "p.json"])
     ['plan', '--model', 'gpt:tiny', '--gpus', '4']
+    >>> replan_argv(["plan", "--compare-to", "megatron", "--tp 8 " * 40])[-1] == "--tp 8 " * 40  # not a path
+    True
     """
     rest = argv[argv.index("plan") :] if "plan" in argv else ["plan", *argv]
     out, skip = [], False
@@ -491,8 +493,16 @@ def replan_argv(argv: list[str]) -> list[str]:
         elif arg.startswith("--out=") or arg in ("-v", "--verbose"):
             continue
         else:
-            out.append(str(Path(arg).resolve()) if arg != "plan" and Path(arg).is_file() else arg)
+            out.append(str(Path(arg).resolve()) if arg != "plan" and _is_file(arg) else arg)
     return out
+
+
+def _is_file(arg: str) -> bool:
+    """``arg`` names an existing file (False for text no path can be: too long, a NUL byte)."""
+    try:
+        return Path(arg).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def replan(command: list[str], gpus: int) -> Plan:
