@@ -25,21 +25,9 @@ TENSOR_KEY = "peak_tensor_bytes"  # live tensor bytes per rank, measured in the 
 
 def load_metrics(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """(step records, summary record or None) from a metrics JSON-lines file."""
-    path = Path(path)
-    lines = read_text(path, what="metrics").splitlines()
     steps: dict[int, dict[str, Any]] = {}
     summary = None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        record = parse_json(
-            line,
-            source=f"file {path} line {number}",
-            what="metrics",
-            fix="the launch was probably interrupted while writing: delete that line",
-        )
-        if not isinstance(record, dict):
-            raise StratagemError(f"metrics file {path} line {number} is not a JSON object; re-run the launch")
+    for number, record in _records(path):
         if record.get("summary") or record.get("event") == "summary":
             summary = record
         elif "step" in record and record.get("event", "step") == "step":
@@ -180,7 +168,7 @@ def run_segments(path: str | Path) -> pd.DataFrame:
     attempt finished to this attempt's first step (detection, rendezvous, start-up, the checkpoint's load; steps
     redone after the checkpoint are counted apart, ``steps_redone``). Times need the records' ``unix_time``
     (metrics written since it was added); without it those columns are NaN."""
-    records = [r for r in _records(path) if isinstance(r.get("attempt", 0), int)]  # no attempt: an older file, one
+    records = [r for _, r in _records(path) if isinstance(r.get("attempt", 0), int)]  # no attempt: an older file
     rows: list[dict[str, Any]] = []
     for attempt in sorted({r.get("attempt", 0) for r in records}):
         mine = [r for r in records if r.get("attempt", 0) == attempt]
@@ -216,12 +204,20 @@ def run_segments(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("attempt")
 
 
-def _records(path: str | Path) -> list[dict[str, Any]]:
+def _records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, record) of every non-empty line of a metrics file; a line that is not a JSON object raises."""
     path = Path(path)
     out = []
     for number, line in enumerate(read_text(path, what="metrics").splitlines(), start=1):
-        if line.strip():
-            record = parse_json(line, source=f"file {path} line {number}", what="metrics", fix="delete that line")
-            if isinstance(record, dict):
-                out.append(record)
+        if not line.strip():
+            continue
+        record = parse_json(
+            line,
+            source=f"file {path} line {number}",
+            what="metrics",
+            fix="the launch was probably interrupted while writing: delete that line",
+        )
+        if not isinstance(record, dict):
+            raise StratagemError(f"metrics file {path} line {number} is not a JSON object; re-run the launch")
+        out.append((number, record))
     return out

@@ -183,14 +183,14 @@ def elastic_choice(plan_paths: list[str], elastic_paths: list[str], world_size: 
     first = load_plan(plan_paths[0])
     if first.world_size == world_size or not elastic_paths:
         return plan_paths[0], None
-    sizes = {load_plan(p).world_size: p for p in elastic_paths}
-    if world_size not in sizes:
-        have = ", ".join(str(n) for n in sorted({first.world_size, *sizes}))
+    plans = {plan.world_size: (p, plan) for p in elastic_paths for plan in [load_plan(p)]}
+    if world_size not in plans:
+        have = ", ".join(str(n) for n in sorted({first.world_size, *plans}))
         raise StratagemError(
             f"the job restarted on {world_size} ranks but plans exist only for {have}; "
             f"relaunch with --min-gpus at a count that has a plan"
         )
-    chosen = load_plan(sizes[world_size])
+    path, chosen = plans[world_size]
     record = {
         "event": "replan",
         "from_world_size": first.world_size,
@@ -198,9 +198,9 @@ def elastic_choice(plan_paths: list[str], elastic_paths: list[str], world_size: 
         "from_plan_hash": first.content_hash,
         "to_plan_hash": chosen.content_hash,
         "from_plan_path": str(Path(plan_paths[0]).resolve()),
-        "to_plan_path": str(Path(sizes[world_size]).resolve()),
+        "to_plan_path": str(Path(path).resolve()),
     }
-    return sizes[world_size], record
+    return path, record
 
 
 def _maybe_sigterm_launcher(step: int) -> None:
