@@ -64,8 +64,10 @@ def test_a_lost_node_is_replanned_around_and_training_finishes(tmp_path):
     endpoint = f"127.0.0.1:{_free_port()}"
     common = [str(plan), "--elastic", "--min-gpus", "2", "--nnodes", "2", "--nproc-per-node", "2"]
     common += ["--rdzv-endpoint", endpoint, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
-    common += ["--steps", str(STEPS), "--max-restarts", "2", "--rejoin-timeout-s", "3", "--timeout-s", "240"]
+    common += ["--steps", str(STEPS), "--max-restarts", "2", "--rejoin-timeout-s", "8", "--timeout-s", "240"]
     common += ["--metrics", str(metrics)]  # one file on the shared folder: whichever node holds rank 0 writes it
+    # the rejoin timeout is also how long the first rendezvous waits for the second node once the first is in: each
+    # launcher re-plans before starting torchrun, which under a busy CPU (two test workers) took over 3 s once
     survivor = _launch([*common, "--node-rank", "0"])
     time.sleep(1.0)  # node 0 hosts the rendezvous store: it is started first and survives
     lost = _launch([*common, "--node-rank", "1"], env={"STRATAGEM_TEST_KILL_NODE_AT_STEP": str(LOST_AT)})
