@@ -78,11 +78,21 @@ def _ranks(est):
     return [rk for t in est.per_replica_type for rk in t.per_rank] if est.per_replica_type else est.per_rank
 
 
-def _brute(costs: CandidateCosts, outer, tables, capacity: dict[str, float]):
+def _estimate(costs: CandidateCosts, outer, tables, choice, cache: dict):
+    """``estimate`` of one per-layer choice; choices that aggregate to the same parallel configuration (layers of
+    one group swapping options) are scored once per instance (the memory limit does not enter the estimate)."""
+    config = costs.parallel_config(outer, tables, to_assignment(tables, choice))
+    key = repr(config)  # ParallelConfig holds dicts (not hashable); its repr names every field
+    if key not in cache:
+        cache[key] = costs.estimate(config)
+    return cache[key]
+
+
+def _brute(costs: CandidateCosts, outer, tables, capacity: dict[str, float], cache: dict):
     """Every assignment scored by estimate: (best fitting step time or None, peak memories seen)."""
     best, peaks = None, []
     for choice in iter_layer_assignments(tables):
-        est = costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, choice)))
+        est = _estimate(costs, outer, tables, choice, cache)
         peaks.append(max(rk.memory.peak_bytes / capacity[rk.node_type] for rk in _ranks(est)))
         fits = all(rk.memory.peak_bytes <= capacity[rk.node_type] * costs.search.memory_fraction for rk in _ranks(est))
         if fits and (best is None or est.step_time_s < best):
@@ -101,7 +111,8 @@ def test_ilp_equals_brute_force_under_estimate():
         if size > MAX_BRUTE:
             continue
         capacity = {nt.name: float(nt.device_memory_bytes) for nt in cluster.node_types}
-        _, peaks = _brute(costs, outer, tables, capacity)
+        cache: dict = {}
+        _, peaks = _brute(costs, outer, tables, capacity, cache)
         # a memory limit midway between two assignments' peaks (so it binds; no knife-edge ties within the
         # solver's 1e-7 feasibility tolerance), or below the leanest, or above the fattest
         levels = sorted(set(peaks))
@@ -117,7 +128,7 @@ def test_ilp_equals_brute_force_under_estimate():
             memory_semantics=config.memory_semantics,
         )
         tables = costs.tables(outer)
-        best, _ = _brute(costs, outer, tables, capacity)
+        best, _ = _brute(costs, outer, tables, capacity, cache)
         est = check_ilp_against_brute(costs, outer, tables, best, cuts=rng.random() < 0.5)
         checked += 1
         replica_types += outer.replica_node_types is not None
@@ -128,8 +139,7 @@ def test_ilp_equals_brute_force_under_estimate():
             continue
         feasible += 1
         binding += best > min(
-            costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, ch))).step_time_s
-            for ch in iter_layer_assignments(tables)
+            _estimate(costs, outer, tables, ch, cache).step_time_s for ch in iter_layer_assignments(tables)
         ) * (1 + 1e-12)
     assert feasible >= 30 and infeasible >= 3 and binding >= 5, (feasible, infeasible, binding)
     assert replica_types >= 5, replica_types  # dp replicas on A100 and V100 with their own m_t (lanes)
@@ -224,14 +234,15 @@ def test_ilp_equals_brute_force_on_moe_instances():
         if sum(1 for _ in iter_layer_assignments(tables)) > MAX_BRUTE:
             continue
         capacity = {nt.name: float(nt.device_memory_bytes) for nt in cluster.node_types}
-        _, peaks = _brute(costs, outer, tables, capacity)
+        cache: dict = {}
+        _, peaks = _brute(costs, outer, tables, capacity, cache)
         levels = sorted(set(peaks))
         j = rng.randrange(len(levels) - 1) if len(levels) > 1 else 0
         mid = (levels[j] + levels[min(j + 1, len(levels) - 1)]) / 2
         fraction = rng.choice([min(peaks) * 0.99, mid, mid, max(peaks) * 1.01])
         costs.search = SearchConfig(time_limit_s=30, allow=config.allow, memory_fraction=min(fraction, 1.0))
         tables = costs.tables(outer)
-        best, _ = _brute(costs, outer, tables, capacity)
+        best, _ = _brute(costs, outer, tables, capacity, cache)
         est = check_ilp_against_brute(costs, outer, tables, best, cuts=rng.random() < 0.5)
         checked += 1
         with_ep += outer.ep > 1
@@ -242,7 +253,6 @@ def test_ilp_equals_brute_force_on_moe_instances():
         assert any(st.time_s.get("ep_comm", 0.0) > 0 for st in est.per_stage) == moves_tokens
         feasible += 1
         binding += best > min(
-            costs.estimate(costs.parallel_config(outer, tables, to_assignment(tables, ch))).step_time_s
-            for ch in iter_layer_assignments(tables)
+            _estimate(costs, outer, tables, ch, cache).step_time_s for ch in iter_layer_assignments(tables)
         ) * (1 + 1e-12)
     assert feasible >= 8 and infeasible >= 1 and binding >= 2 and with_ep >= 8, (feasible, infeasible, binding, with_ep)

@@ -27,15 +27,6 @@ import torch.distributed as dist
 
 from planner.core import ParallelDims, StratagemError, atomic_write_text
 from planner.plan import Plan, load_plan, lr_at_step, validate
-from runtime.executor.checkpoint import (
-    check_compatible,
-    checkpoint_meta,
-    find_latest_checkpoint,
-    load_checkpoint,
-    read_checkpoint_meta,
-    save_checkpoint,
-    torn_checkpoints,
-)
 from runtime.executor.context import ContextShard, build_context_shard
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import build_mesh
@@ -48,7 +39,6 @@ from runtime.executor.metrics import (
 )
 from runtime.executor.moe import build_expert_groups, set_aux_loss_scale, take_aux_loss
 from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
-from runtime.executor.pretrained import load_pretrained
 from runtime.executor.schedule import LocalRunner, PipelineRunner, build_runner, check_replica_schedules
 from runtime.executor.speed import (
     COMPILE_CHOICES,
@@ -427,6 +417,8 @@ def build_job(
     experts = build_expert_groups(plan, dims, rank, mesh["tp"].get_group(), device.type)
     chunks = [build_chunk(plan, stage, mesh, device, context, experts, compile_blocks=compile_blocks) for stage in mine]
     if init_from:
+        from runtime.executor.pretrained import load_pretrained  # DCP: 2 s of imports per rank, only here
+
         load_pretrained(init_from, [c.module for c in chunks], plan.model)
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
@@ -616,18 +608,20 @@ def run_plan(
         return run_spatial_plan(plan, steps=args.steps, data=args.data, metrics_path=metrics_path, device=device)
     compile_blocks = resolve_compile(getattr(args, "compile", "auto"), device)
     check_attention_kernel(plan, device)
-    latest = None
-    if args.checkpoint_dir and (args.resume or _restart_count() > 0):
-        latest = find_latest_checkpoint(args.checkpoint_dir)
+    latest, ckpt = None, None
+    if args.checkpoint_dir:  # DCP: 2 s of imports per rank, only for runs that checkpoint
+        from runtime.executor import checkpoint as ckpt
+    if ckpt is not None and (args.resume or _restart_count() > 0):
+        latest = ckpt.find_latest_checkpoint(args.checkpoint_dir)
     if latest is not None:
         init_from = None  # the run's own checkpoint has the newer weights
     job = build_job(
         plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks, init_from=init_from
     )
     rank, first = dist.get_rank(), 1
-    if latest is not None:
-        check_compatible(latest, read_checkpoint_meta(latest), plan)
-        first = load_checkpoint(latest, job.modules, job.optimizers, aliases=tied_aliases(plan)) + 1
+    if ckpt is not None and latest is not None:
+        ckpt.check_compatible(latest, ckpt.read_checkpoint_meta(latest), plan)
+        first = ckpt.load_checkpoint(latest, job.modules, job.optimizers, aliases=tied_aliases(plan)) + 1
         log.info("rank %d resumed from %s", rank, latest)
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
     if replanned is not None:  # launch --elastic: the world changed, this is the plan made for the ranks left
@@ -648,11 +642,14 @@ def run_plan(
             "precision": job.chunks[0].precision,
             "compiled_blocks": sum(len(c.compiled) for c in job.chunks),
             "resumed_from": str(latest) if latest is not None else None,
-            "resume_skipped": [str(p) for p in torn_checkpoints(args.checkpoint_dir)] if latest is not None else [],
+            "resume_skipped": (
+                [str(p) for p in ckpt.torn_checkpoints(args.checkpoint_dir)] if ckpt and latest is not None else []
+            ),
         }
     )
     tr = plan.training
     tokens = tr.global_batch * (tr.seq_len if plan.model.is_language_model else 1)
+    meta = ckpt.checkpoint_meta(plan, dist.get_world_size()) if ckpt is not None else {}
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         _maybe_kill_node(step)
@@ -688,10 +685,9 @@ def run_plan(
                 micro_batches=job.micro_batches,
                 context=job.context,
             )
-        meta = checkpoint_meta(plan, dist.get_world_size())
         saved = None
-        if args.checkpoint_dir and ((args.checkpoint_every and step % args.checkpoint_every == 0) or res.preempted):
-            saved = save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers, meta=meta)
+        if ckpt is not None and ((args.checkpoint_every and step % args.checkpoint_every == 0) or res.preempted):
+            saved = ckpt.save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers, meta=meta)
         if res.preempted:
             log.warning(
                 "rank %d: SIGTERM; stopping after step %d%s",
