@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
@@ -583,6 +584,17 @@ def _run_step(job: Job, step: int, first: int, profile_tag: str) -> StepResult:
         raise
 
 
+def _resume_point(args: argparse.Namespace) -> tuple[ModuleType | None, Path | None]:
+    """The checkpoint module, imported only by runs that checkpoint (DCP is 2 s of imports per rank), and the newest
+    complete checkpoint to resume from (None: start at step 1)."""
+    if not args.checkpoint_dir:
+        return None, None
+    from runtime.executor import checkpoint as ckpt
+
+    resuming = args.resume or _restart_count() > 0
+    return ckpt, ckpt.find_latest_checkpoint(args.checkpoint_dir) if resuming else None
+
+
 def run_plan(
     plan: Plan,
     args: argparse.Namespace,
@@ -608,18 +620,14 @@ def run_plan(
         return run_spatial_plan(plan, steps=args.steps, data=args.data, metrics_path=metrics_path, device=device)
     compile_blocks = resolve_compile(getattr(args, "compile", "auto"), device)
     check_attention_kernel(plan, device)
-    latest, ckpt = None, None
-    if args.checkpoint_dir:  # DCP: 2 s of imports per rank, only for runs that checkpoint
-        from runtime.executor import checkpoint as ckpt
-    if ckpt is not None and (args.resume or _restart_count() > 0):
-        latest = ckpt.find_latest_checkpoint(args.checkpoint_dir)
+    ckpt, latest = _resume_point(args)
     if latest is not None:
         init_from = None  # the run's own checkpoint has the newer weights
     job = build_job(
         plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks, init_from=init_from
     )
     rank, first = dist.get_rank(), 1
-    if ckpt is not None and latest is not None:
+    if ckpt and latest is not None:
         ckpt.check_compatible(latest, ckpt.read_checkpoint_meta(latest), plan)
         first = ckpt.load_checkpoint(latest, job.modules, job.optimizers, aliases=tied_aliases(plan)) + 1
         log.info("rank %d resumed from %s", rank, latest)
