@@ -418,3 +418,20 @@ def test_dry_run_prints_command_and_starts_nothing(tmp_path, capsys, no_processe
     out = capsys.readouterr().out.splitlines()
     assert "torch.distributed.run --standalone --nproc-per-node 2" in out[0]
     assert out[1].startswith("rank 0 (pp 0, dp 0, tp 0)") and "batch rows 0..3" in out[1]
+
+
+@pytest.mark.parametrize("replicated", ["norm", "embed"])
+def test_a_micro_batch_the_tp_group_cannot_slice_is_refused_before_launch(replicated, tmp_path):
+    """A replicated layer under tp > 1 computes a batch slice; one sample over two ranks crashed the ranks (issue 28's
+    tp2 micro-batch-1 trials): `launch` now refuses it in one line naming the layer, and mb 2 still passes."""
+    from runtime.executor.parallelize import check_supported
+
+    spec = parse_model("gpt:tiny")
+    split = [p for p in layer_paths(spec) if p not in (replicated, "norm")]
+    plan = make_plan(spec, tp=2, global_batch=4, num_micro_batches=4, schedule="1f1b", split=split)
+    with pytest.raises(
+        StratagemError, match=rf"layer {replicated} is replicated under tp=2.*--micro-batch a multiple of 2"
+    ):
+        check_supported(plan)
+    assert cli_main(["launch", str(save_plan(plan, tmp_path / "plan.json")), "--steps", "1", "--dry-run"]) == 2
+    check_supported(make_plan(spec, tp=2, global_batch=4, num_micro_batches=2, schedule="1f1b", split=split))

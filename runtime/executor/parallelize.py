@@ -32,6 +32,7 @@ from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
 from runtime.executor.tp import (
     ReplicaGradSync,
+    check_batch_slices,
     apply_tp,
     record_replica_rows,
     replica_paths,
@@ -84,6 +85,7 @@ def check_supported(plan: Plan) -> None:
             f"scaling); re-plan with --dtype bf16 or fp32"
         )
     check_tied(plan)
+    check_batch_slices(plan)
     check_context_supported(plan)
     check_experts(plan)
     paths = layer_paths(plan.model)

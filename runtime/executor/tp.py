@@ -189,6 +189,22 @@ def tp_styles(spec: ModelSpec, layout: Mapping[str, LayerLayout], paths: Sequenc
     return {k: v for k, v in plan.items() if any(k == p or k.startswith(p + ".") for p in keep)}
 
 
+def check_batch_slices(plan) -> None:
+    """A replicated layer under ``tp > 1`` computes a batch slice of each micro-batch (Whale's replica): refuse,
+    before any process starts, a micro-batch the TP group cannot slice evenly (DTensor's batch slices would be
+    uneven, ``[1, 0]`` rows for one sample over two ranks, which the gathers after the replica do not take)."""
+    tp, mb = plan.mesh.size("tp"), plan.schedule.micro_batch_size
+    if tp == 1 or mb % tp == 0:
+        return
+    replicas = [p for st in plan.stages for p in replica_paths(tp_styles(plan.model, plan.layout, st.module_paths))]
+    if replicas:
+        raise StratagemError(
+            f"layer {replicas[0]} is replicated under tp={tp}, so each rank computes a batch slice of every "
+            f"micro-batch, but a micro-batch of {mb} sample(s) does not split evenly over {tp} ranks; re-plan with "
+            f"--micro-batch a multiple of {tp} (the runtime does not run uneven batch slices)"
+        )
+
+
 def _replica(plan: dict[str, str], path: str, incoming: str, *, last: bool) -> None:
     """Styles of a replicated layer (Whale's replica): slice its input along the batch unless it already is
     a batch slice; make its output whole when it is the last layer of its stage or of the model."""
