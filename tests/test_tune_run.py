@@ -78,6 +78,21 @@ def test_failed_trials_never_stop_the_loop_and_out_of_memory_lowers_the_memory_l
     assert plan.mesh == out.best.plan.mesh and plan.tune.calibration == out.calibration.values
 
 
+def test_plans_the_trainer_refuses_are_never_tried():
+    runner, ran = _fake({})
+    lines: list[str] = []
+
+    def refuses(plan):
+        return "tp=2 refused here" if plan.mesh.size("tp") > 1 else None
+
+    out = run_trials(
+        TARGET, SPEC, PROFILE, CLUSTER, TRAINING, runner, trials=4, search=SearchConfig(), report=lines.append,
+        refuses=refuses,
+    )  # fmt: skip
+    assert ran and all(p.mesh.size("tp") == 1 for p in ran) and out.best is not None
+    assert sum("not tried (the trainer refuses it)" in line and "tp=2 refused here" in line for line in lines) == 1
+
+
 def test_a_loop_whose_every_trial_fails_writes_no_plan():
     runner, _ = _fake({n: TrialOutcome(status="failed", detail="exit 1") for n in range(1, 4)})
     out = run_trials(TARGET, SPEC, PROFILE, CLUSTER, TRAINING, runner, trials=3, search=SearchConfig())

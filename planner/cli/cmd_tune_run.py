@@ -99,6 +99,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _runtime_refuses(plan) -> str | None:
+    """Why `stratagem launch` would refuse ``plan`` before starting a process (its plan checks), else None."""
+    from runtime.executor.parallelize import check_supported  # the CLI is the composition root
+
+    try:
+        check_supported(plan)
+    except StratagemError as exc:
+        return str(exc)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from planner.cli.cmd_plan import full_spec, model_profile
     from planner.plan import TrainingSettings, save_plan
@@ -148,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         report=report,
         on_trial=on_trial,
         confirm=args.confirm,
+        refuses=_runtime_refuses,
     )
     print(("stop: " if outcome.stop else "trials done: ") + outcome.reason)
     best = final_plan(outcome)

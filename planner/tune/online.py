@@ -37,7 +37,7 @@ from planner.calibrate import MeasuredRun, apply
 from planner.core import StratagemError, is_gpu
 from planner.cost import plan_config, with_gpus
 from planner.model import ModelSpec
-from planner.plan import Plan, TrainingSettings, TuneRecord, TuneTrial, fullest_share
+from planner.plan import Plan, TrainingSettings, TuneRecord, TuneTrial, fullest_share, plan_label
 from planner.profile import ClusterProfile, ModelProfile
 from planner.search import SearchConfig, candidate_plan, plan_search
 from planner.tune.suggest import (
@@ -122,6 +122,15 @@ def candidate_pool(
     return out
 
 
+def _refused(refuses: Callable[[Plan], str | None], plan: Plan, seen: set[str], report: Callable[[str], None]) -> bool:
+    """Whether the trainer refuses ``plan``; its reason reported the first time it comes up."""
+    reason = refuses(plan)
+    if reason is not None and reason not in seen:
+        seen.add(reason)
+        report(f"not tried (the trainer refuses it): {plan_label(plan)}: {reason}")
+    return reason is not None
+
+
 def run_trials(
     target: Target,
     spec: ModelSpec,
@@ -137,15 +146,19 @@ def run_trials(
     confirm: bool = True,
     report: Callable[[str], None] | None = None,
     on_trial: Callable[[tuple[TrialRecord, ...]], None] | None = None,
+    refuses: Callable[[Plan], str | None] | None = None,
 ) -> TuneOutcome:
     """Run up to ``trials`` trials (module docstring); ``report`` gets a line per trial and its result, ``on_trial``
-    every record so far after each trial (to keep a file of them current)."""
+    every record so far after each trial (to keep a file of them current). ``refuses(plan)``: why the trainer would
+    refuse the plan before running it (the CLI passes the runtime's launch checks), None when it runs; refused
+    plans are never tried (each reason is reported once)."""
     report = report or (lambda _line: None)
     on_trial = on_trial or (lambda _records: None)
     cluster = with_gpus(cluster, target.gpus)
     records: list[TrialRecord] = []
     runs: list[MeasuredRun] = []  # measured trials, as calibration runs with the tuned profile
     tried: set[tuple] = set()
+    refused: set[str] = set()  # reasons already reported
     spreads: list[float] = []
     memory_fraction = search.memory_fraction
     stop, reason = False, f"ran all {trials} trials"
@@ -172,6 +185,8 @@ def run_trials(
         plans = {config_key(run.config): plan for run, plan in pool_}
         priced = price([run for run, _ in pool_], profile, calibrated, memory_fraction=memory_fraction)
         open_ = [s for s in priced if s.fits and config_key(s.run.config) not in tried]
+        if refuses is not None:
+            open_ = [s for s in open_ if not _refused(refuses, plans[config_key(s.run.config)], refused, report)]
         measured = fastest_of_repeats(runs)
         best = min(measured.values(), key=lambda r: r.step_time_s) if measured else None
         if not open_:
