@@ -18,13 +18,16 @@ venv: $(STAMP)
 # extras go in, so pip never replaces torch: test (pytest, notebooks, transformers for hf: models) and export
 # (Megatron-Core, DeepSpeed, Accelerate, torchtitan's config classes; ~100 MB, seconds), which validates exports.
 # --no-compile: Python compiles a module's bytecode on its first import (into the venv), so only what runs is
-# compiled -- byte-compiling every installed file took 1.5 of the 2.6 minutes the venv took.
+# compiled -- byte-compiling every installed file took 1.5 of the 2.6 minutes the venv took. The last step compiles
+# what every launch imports (a few seconds), so `.venv/bin/python` run outside make, in an environment that sets
+# PYTHONDONTWRITEBYTECODE, still finds torch's bytecode.
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --no-compile torch==2.13.0
 	$(BIN)/pip install -q --no-compile -c constraints.txt -e '.[test,export]'
 	$(BIN)/pip install -q --no-compile -c constraints.txt --no-deps torchtitan==0.3.0
+	$(BIN)/python -c "import torch.distributed.checkpoint, torch.distributed.fsdp, torch.distributed.run"
 	touch $(STAMP)
 
 # profile -> plan -> launch -> show on the small built-in default (gpt:tiny), on this machine's CPU.

@@ -185,12 +185,14 @@ def run_trials(
         plans = {config_key(run.config): plan for run, plan in pool_}
         priced = price([run for run, _ in pool_], profile, calibrated, memory_fraction=memory_fraction)
         open_ = [s for s in priced if s.fits and config_key(s.run.config) not in tried]
+        untried = len(open_)
         if refuses is not None:
             open_ = [s for s in open_ if not _refused(refuses, plans[config_key(s.run.config)], refused, report)]
         measured = fastest_of_repeats(runs)
         best = min(measured.values(), key=lambda r: r.step_time_s) if measured else None
         if not open_:
-            stop, reason = True, f"every plan of the search's {len(priced)} best has been tried"
+            refusals = f" ({untried} untried, refused by the trainer: {sorted(refused)[0]})" if untried else ""
+            stop, reason = True, f"every plan of the search's {len(priced)} best has been tried{refusals}"
             break
         chosen, stop, reason = choose(open_, best, profile, cluster, cal, memory_fraction=memory_fraction, k=1)
         if stop:

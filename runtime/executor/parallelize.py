@@ -32,8 +32,8 @@ from runtime.executor.stage import cut_stage
 from runtime.executor.tied import check_tied, retie
 from runtime.executor.tp import (
     ReplicaGradSync,
-    check_batch_slices,
     apply_tp,
+    check_batch_slices,
     record_replica_rows,
     replica_paths,
     tp_styles,
@@ -85,7 +85,6 @@ def check_supported(plan: Plan) -> None:
             f"scaling); re-plan with --dtype bf16 or fp32"
         )
     check_tied(plan)
-    check_batch_slices(plan)
     check_context_supported(plan)
     check_experts(plan)
     paths = layer_paths(plan.model)
@@ -96,6 +95,7 @@ def check_supported(plan: Plan) -> None:
             f"{plan.model.name} has {len(paths)} ({paths[:3]}...); the plan is for another model, "
             f"re-plan"
         )
+    check_batch_slices(plan)  # after the model and expert checks: a plan for another model is named as such
 
 
 def build_chunk(
