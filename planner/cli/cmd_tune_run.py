@@ -100,11 +100,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _runtime_refuses(plan) -> str | None:
-    """Why `stratagem launch` would refuse ``plan`` before starting a process (its plan checks), else None."""
-    from runtime.executor.parallelize import check_supported  # the CLI is the composition root
+    """Why `stratagem launch` would refuse ``plan`` before starting a process (every check a trial's launch runs:
+    ``runtime.launch.check_launch`` with its options), else None."""
+    from runtime.launch import LaunchOptions, check_launch  # the CLI is the composition root
 
     try:
-        check_supported(plan)
+        check_launch(plan, LaunchOptions(plan_path=Path("trial.json"), steps=1))
     except StratagemError as exc:
         return str(exc)
     return None
