@@ -66,6 +66,7 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
 
     ``slurm``: the launch is written as an sbatch script, whose rendezvous endpoint is the first node.
     """
+    from runtime.executor.checkpoint import check_resumable
     from runtime.executor.data import FileData
     from runtime.executor.parallelize import check_supported
     from runtime.executor.schedule import check_replica_schedules
@@ -96,8 +97,6 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     if opts.resume:
         if opts.checkpoint_dir is None:
             raise StratagemError("--resume needs --checkpoint-dir DIR (the folder of the run to resume)")
-        from runtime.executor.checkpoint import check_resumable  # DCP: 3 s of imports, only here
-
         check_resumable(opts.checkpoint_dir, plan)
     if opts.init_from is not None:
         if "sd" in plan.mesh.axes:

@@ -59,7 +59,7 @@ from torch.distributed.tensor.parallel import (
 
 from planner.core import StratagemError
 from planner.model import ModelSpec
-from planner.plan import LayerLayout
+from planner.plan import LayerLayout, Plan
 
 SEQ = Shard(1)  # (batch, seq, hidden): dim 1 is the sequence
 BATCH = Shard(0)
@@ -189,7 +189,7 @@ def tp_styles(spec: ModelSpec, layout: Mapping[str, LayerLayout], paths: Sequenc
     return {k: v for k, v in plan.items() if any(k == p or k.startswith(p + ".") for p in keep)}
 
 
-def check_batch_slices(plan) -> None:
+def check_batch_slices(plan: Plan) -> None:
     """A replicated layer under ``tp > 1`` computes a batch slice of each micro-batch (Whale's replica): refuse,
     before any process starts, a micro-batch the TP group cannot slice evenly (DTensor's batch slices would be
     uneven, ``[1, 0]`` rows for one sample over two ranks, which the gathers after the replica do not take)."""

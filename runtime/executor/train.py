@@ -21,13 +21,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from types import ModuleType
 
 import torch
 import torch.distributed as dist
 
 from planner.core import ParallelDims, StratagemError, atomic_write_text
 from planner.plan import Plan, load_plan, lr_at_step, validate
+from runtime.executor.checkpoint import (
+    check_compatible,
+    checkpoint_meta,
+    find_latest_checkpoint,
+    load_checkpoint,
+    read_checkpoint_meta,
+    save_checkpoint,
+    torn_checkpoints,
+)
 from runtime.executor.context import ContextShard, build_context_shard
 from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import build_mesh
@@ -40,6 +48,7 @@ from runtime.executor.metrics import (
 )
 from runtime.executor.moe import build_expert_groups, set_aux_loss_scale, take_aux_loss
 from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
+from runtime.executor.pretrained import load_pretrained
 from runtime.executor.schedule import LocalRunner, PipelineRunner, build_runner, check_replica_schedules
 from runtime.executor.speed import (
     COMPILE_CHOICES,
@@ -418,8 +427,6 @@ def build_job(
     experts = build_expert_groups(plan, dims, rank, mesh["tp"].get_group(), device.type)
     chunks = [build_chunk(plan, stage, mesh, device, context, experts, compile_blocks=compile_blocks) for stage in mine]
     if init_from:
-        from runtime.executor.pretrained import load_pretrained  # DCP: 2 s of imports per rank, only here
-
         load_pretrained(init_from, [c.module for c in chunks], plan.model)
     tr = plan.training
     rows, num_micro = split.rows, split.micro_batches[coords["dp"]]
@@ -584,17 +591,6 @@ def _run_step(job: Job, step: int, first: int, profile_tag: str) -> StepResult:
         raise
 
 
-def _resume_point(args: argparse.Namespace) -> tuple[ModuleType | None, Path | None]:
-    """The checkpoint module, imported only by runs that checkpoint (DCP is 2 s of imports per rank), and the newest
-    complete checkpoint to resume from (None: start at step 1)."""
-    if not args.checkpoint_dir:
-        return None, None
-    from runtime.executor import checkpoint as ckpt
-
-    resuming = args.resume or _restart_count() > 0
-    return ckpt, ckpt.find_latest_checkpoint(args.checkpoint_dir) if resuming else None
-
-
 def run_plan(
     plan: Plan,
     args: argparse.Namespace,
@@ -620,16 +616,18 @@ def run_plan(
         return run_spatial_plan(plan, steps=args.steps, data=args.data, metrics_path=metrics_path, device=device)
     compile_blocks = resolve_compile(getattr(args, "compile", "auto"), device)
     check_attention_kernel(plan, device)
-    ckpt, latest = _resume_point(args)
+    latest = None
+    if args.checkpoint_dir and (args.resume or _restart_count() > 0):
+        latest = find_latest_checkpoint(args.checkpoint_dir)
     if latest is not None:
         init_from = None  # the run's own checkpoint has the newer weights
     job = build_job(
         plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks, init_from=init_from
     )
     rank, first = dist.get_rank(), 1
-    if ckpt and latest is not None:
-        ckpt.check_compatible(latest, ckpt.read_checkpoint_meta(latest), plan)
-        first = ckpt.load_checkpoint(latest, job.modules, job.optimizers, aliases=tied_aliases(plan)) + 1
+    if latest is not None:
+        check_compatible(latest, read_checkpoint_meta(latest), plan)
+        first = load_checkpoint(latest, job.modules, job.optimizers, aliases=tied_aliases(plan)) + 1
         log.info("rank %d resumed from %s", rank, latest)
     metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
     if replanned is not None:  # launch --elastic: the world changed, this is the plan made for the ranks left
@@ -650,14 +648,12 @@ def run_plan(
             "precision": job.chunks[0].precision,
             "compiled_blocks": sum(len(c.compiled) for c in job.chunks),
             "resumed_from": str(latest) if latest is not None else None,
-            "resume_skipped": (
-                [str(p) for p in ckpt.torn_checkpoints(args.checkpoint_dir)] if ckpt and latest is not None else []
-            ),
+            "resume_skipped": [str(p) for p in torn_checkpoints(args.checkpoint_dir)] if latest is not None else [],
         }
     )
     tr = plan.training
     tokens = tr.global_batch * (tr.seq_len if plan.model.is_language_model else 1)
-    meta = ckpt.checkpoint_meta(plan, dist.get_world_size()) if ckpt is not None else {}
+    meta = checkpoint_meta(plan, dist.get_world_size()) if args.checkpoint_dir else {}  # once, not every step
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         _maybe_kill_node(step)
@@ -694,8 +690,8 @@ def run_plan(
                 context=job.context,
             )
         saved = None
-        if ckpt is not None and ((args.checkpoint_every and step % args.checkpoint_every == 0) or res.preempted):
-            saved = ckpt.save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers, meta=meta)
+        if args.checkpoint_dir and ((args.checkpoint_every and step % args.checkpoint_every == 0) or res.preempted):
+            saved = save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers, meta=meta)
         if res.preempted:
             log.warning(
                 "rank %d: SIGTERM; stopping after step %d%s",
