@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import socket
 import time
 from pathlib import Path
 
@@ -57,6 +58,15 @@ def _launch(argv: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
     )
 
 
+def _listening(endpoint: str) -> bool:
+    host, port = endpoint.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 @pytest.mark.slow
 def test_a_lost_node_is_replanned_around_and_training_finishes(tmp_path):
     plan = _plan(tmp_path)
@@ -69,7 +79,11 @@ def test_a_lost_node_is_replanned_around_and_training_finishes(tmp_path):
     # the rejoin timeout is also how long the first rendezvous waits for the second node once the first is in: each
     # launcher re-plans before starting torchrun, which under a busy CPU (two test workers) took over 3 s once
     survivor = _launch([*common, "--node-rank", "0"])
-    time.sleep(1.0)  # node 0 hosts the rendezvous store: it is started first and survives
+    # node 0 hosts the rendezvous store and survives: node 1 starts once that store listens (a fixed 1 s wait could
+    # let node 1's torchrun bind the endpoint first under load; killing node 1 then closed the store)
+    deadline = time.monotonic() + 120
+    while not _listening(endpoint) and survivor.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     lost = _launch([*common, "--node-rank", "1"], env={"STRATAGEM_TEST_KILL_NODE_AT_STEP": str(LOST_AT)})
     try:
         out = survivor.communicate(timeout=300)[0]
