@@ -129,6 +129,16 @@ def check_elastic(plan: Plan, opts: LaunchOptions) -> None:
         raise StratagemError("--elastic restarts the job on the nodes left: give --max-restarts 1 or more")
     if min_nodes(opts, nproc) > opts.nnodes:
         raise StratagemError(f"--min-gpus {opts.min_gpus} needs more than the job's {opts.nnodes} nodes")
+    if opts.node_rank == 0 and not opts.resume:  # every elastic attempt resumes what the folder holds
+        from runtime.executor.checkpoint import find_latest_checkpoint
+
+        held = find_latest_checkpoint(opts.checkpoint_dir)
+        if held is not None:
+            raise StratagemError(
+                f"--checkpoint-dir {opts.checkpoint_dir} holds checkpoints of an earlier run (newest: {held.name}), "
+                f"and an elastic job resumes whatever it finds there; give --resume to continue that run, or an "
+                f"empty folder"
+            )
 
 
 def min_nodes(opts: LaunchOptions, nproc: int) -> int:
@@ -162,6 +172,8 @@ def train_args(opts: LaunchOptions) -> list[str]:
         args += ["--layout-report", str(opts.layout_report)]
     for path in opts.elastic_plans:
         args += ["--elastic-plan", str(path)]
+    if opts.elastic:
+        args.append("--elastic")
     return args
 
 
@@ -178,7 +190,11 @@ def build_command(plan: Plan, opts: LaunchOptions) -> list[str]:
             # a lost node's agent stops its keep-alive heartbeats; it leaves the rendezvous after interval x 3
             beat = max(1, min(5, round(opts.rejoin_timeout_s / 3)))
             conf = f"last_call_timeout={max(1, round(opts.rejoin_timeout_s))},keep_alive_interval={beat}"
-            cmd += ["--rdzv-conf", conf + ",keep_alive_max_attempt=3"]
+            # the first node hosts the rendezvous store (the endpoint is its address); without is_host every agent
+            # whose hostname matches the endpoint's tries to, and on one host a later node could win and take the
+            # store down with it when that node is lost
+            conf += f",keep_alive_max_attempt=3,is_host={int(opts.node_rank == 0)}"
+            cmd += ["--rdzv-conf", conf]
         cmd += [
             "--nnodes",
             nodes,
@@ -195,6 +211,18 @@ def build_command(plan: Plan, opts: LaunchOptions) -> list[str]:
     if opts.max_restarts:
         cmd += ["--max-restarts", str(opts.max_restarts)]
     return cmd + ["-m", "runtime.executor.train", *train_args(opts)]
+
+
+# torch's agents share one TCP store across rendezvous rounds and publish its address only in the first round
+# (``DynamicRendezvousHandler.next_rendezvous``), so a node joining a later round (a node back, or one that
+# started after the job had gone on without it) waits for a MASTER_ADDR no one writes; torch's opt-out makes
+# every round publish its own
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def command_env(opts: LaunchOptions) -> dict[str, str]:
+    """Environment torchrun needs for these options beside :func:`build_command`'s arguments."""
+    return dict(ELASTIC_ENV) if opts.elastic and opts.nnodes > 1 else {}
 
 
 def build_slurm_script(plan: Plan, opts: LaunchOptions) -> str:

@@ -28,7 +28,7 @@ from runtime.executor.describe import describe_ranks
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
 from runtime.executor.tp import tp_styles
-from runtime.launch import LaunchOptions, build_command, build_slurm_script
+from runtime.launch import LaunchOptions, build_command, build_slurm_script, command_env
 from runtime.models import build_model, init_weights, layer_paths, loss_fn
 
 GPT = parse_model("gpt:tiny")
@@ -269,6 +269,33 @@ def test_command_and_slurm_script(tmp_path):
     assert build_command(plan, multi)[build_command(plan, multi).index("--nproc-per-node") + 1] == "1"
     script = build_slurm_script(plan, multi)
     assert "#SBATCH --nodes=2" in script and "--rdzv-backend c10d" in script
+
+
+def test_elastic_command_names_the_store_host_and_publishes_each_round(tmp_path):
+    """Elastic: the first node hosts the rendezvous store (another node on the same host must not take it and
+    take it down when lost), and torch's shared store is turned off so a node joining a later round finds the
+    round's address (torch publishes the shared store's only in the first round)."""
+    plan = make_plan(GPT, dp=2)
+    conf = {}
+    for rank in (0, 1):
+        opts = LaunchOptions(
+            plan_path=tmp_path / "p.json",
+            nnodes=2,
+            node_rank=rank,
+            rdzv_endpoint="h:29500",
+            elastic=True,
+            min_gpus=1,
+            max_restarts=1,
+            rejoin_timeout_s=9,
+        )
+        cmd = build_command(plan, opts)
+        conf[rank] = dict(kv.split("=") for kv in cmd[cmd.index("--rdzv-conf") + 1].split(","))
+        assert cmd[cmd.index("--nnodes") + 1] == "1:2"
+        assert command_env(opts) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert (conf[0]["is_host"], conf[1]["is_host"]) == ("1", "0")
+    assert conf[0]["last_call_timeout"] == "9" and conf[0]["keep_alive_interval"] == "3"
+    fixed = LaunchOptions(plan_path=tmp_path / "p.json", nnodes=2, rdzv_endpoint="h:29500")
+    assert command_env(fixed) == {} and "--rdzv-conf" not in build_command(plan, fixed)
 
 
 def test_slurm_script_takes_no_line_or_command_from_a_plan(tmp_path):

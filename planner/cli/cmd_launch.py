@@ -82,14 +82,15 @@ def register(subparsers) -> None:
         action="store_true",
         help="lose a node, keep training: a restart after a node is lost for good re-plans for the GPUs left "
         "(plans made now, one per smaller whole-node count down to --min-gpus, written beside the plan) and "
-        "resumes from the last checkpoint, resharded; needs --nnodes >= 2, checkpoints and --max-restarts",
+        "resumes from the last checkpoint, resharded; a node that joins later grows the job the same way (the "
+        "first node hosts the rendezvous and must stay); needs --nnodes >= 2, checkpoints and --max-restarts",
     )
     p.add_argument("--min-gpus", type=int_in(1, MAX_DEVICES), help="with --elastic: the fewest GPUs to continue on")
     p.add_argument(
         "--rejoin-timeout-s",
         type=float_in(0, 86_400, low_open=True),
         default=30.0,
-        help="with --elastic: how long a restart waits for a lost node to come back before going on without it",
+        help="with --elastic: how long a (re)start waits for a missing node before going on without it (s)",
     )
     p.add_argument("--layout-report", type=out_path, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -146,7 +147,9 @@ def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
     """``launch --elastic``: the plan for each smaller whole-node device count down to ``--min-gpus``, re-planned
     with the plan's own `stratagem plan` arguments (its ``search.command``: same model, profiles, training settings
     and flags; the cluster profile at that count) and written beside it as ``<plan>.elastic<N>.json``. A count no
-    plan fits is skipped, saying why; the job then cannot continue on it."""
+    plan fits is skipped, saying why; the job then cannot continue on it. Another node than the first reuses the
+    plans the first wrote for this plan (same `stratagem plan` arguments and training settings) when it sees them
+    (a shared folder), so a node joining a running job runs the plans that job runs."""
     from planner.cli.cmd_plan import replan
     from planner.plan import save_plan
     from runtime.launch import min_nodes
@@ -160,6 +163,11 @@ def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
     out = []
     for nodes in range(opts.nnodes - 1, min_nodes(opts, nproc) - 1, -1):
         gpus = nodes * nproc
+        path = plan_path.with_suffix(f".elastic{gpus}.json")
+        if opts.node_rank != 0 and (kept := _elastic_plan_of(plan, path, gpus)) is not None:
+            print(f"elastic: {gpus} GPUs -> {plan_label(kept)} (the job's own, {path})", file=sys.stderr)
+            out.append(path)
+            continue
         try:
             smaller = replan(plan.search.command, gpus)
         except StratagemError as exc:
@@ -168,7 +176,7 @@ def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
         if smaller.training != plan.training:
             print(f"elastic: the plan for {gpus} GPUs changes the training settings; not used", file=sys.stderr)
             continue
-        path = save_plan(smaller, plan_path.with_suffix(f".elastic{gpus}.json"))
+        path = save_plan(smaller, path)
         pred = smaller.predictions.step_time_s if smaller.predictions else None
         print(
             f"elastic: {gpus} GPUs -> {plan_label(smaller)}"
@@ -180,6 +188,23 @@ def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
     return tuple(out)
 
 
+def _elastic_plan_of(plan, path: Path, gpus: int):
+    """The plan at ``path`` when it is ``plan``'s re-plan for ``gpus`` devices (its recorded `stratagem plan`
+    arguments are ``plan``'s with that count, and it trains the same way); else None."""
+    if not path.is_file():
+        return None
+    try:
+        other = load_plan(path)
+    except StratagemError:
+        return None
+    mine = list(plan.search.command)
+    if "--gpus" in mine:
+        mine[mine.index("--gpus") + 1] = str(gpus)
+    theirs = list(other.search.command) if other.search is not None else []
+    same = theirs == mine or theirs == [*mine, "--gpus", str(gpus)]
+    return other if same and other.world_size == gpus and other.training == plan.training else None
+
+
 def _run_with_oom_fallback(plan, opts, args: argparse.Namespace, metrics: Path | None) -> int:
     """Run the job; when a rank runs out of memory, move to the fastest runner-up plan in the plan file with more
     memory headroom (written beside the plan as ``<plan>.fallback<N>.json``, logged in the metrics and here) and
@@ -189,12 +214,12 @@ def _run_with_oom_fallback(plan, opts, args: argparse.Namespace, metrics: Path |
 
     from planner.core import atomic_write_text
     from planner.plan import save_plan
-    from runtime.launch import FALLBACK_ENV, OOM_DIR_ENV, build_command, oom_fallback, run_command
+    from runtime.launch import FALLBACK_ENV, OOM_DIR_ENV, build_command, command_env, oom_fallback, run_command
 
     fallbacks = 0
     with tempfile.TemporaryDirectory(prefix="stratagem-oom-") as notes_dir:
         while True:
-            env = {OOM_DIR_ENV: notes_dir, **({FALLBACK_ENV: str(fallbacks)} if fallbacks else {})}
+            env = {**command_env(opts), OOM_DIR_ENV: notes_dir, **({FALLBACK_ENV: str(fallbacks)} if fallbacks else {})}
             status = run_command(build_command(plan, opts), timeout_s=args.timeout_s, env_extra=env)
             notes = sorted(Path(notes_dir).glob("oom-rank*.json"))
             if status == 0 or not notes:
@@ -349,7 +374,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         from runtime.executor.describe import describe_ranks  # torch's FSDP and DTensor: 4 s of imports
 
-        print(shlex.join(cmd))
+        from runtime.launch import command_env
+
+        print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in command_env(opts).items()), shlex.join(cmd)]))
         every = args.all_ranks or plan.world_size <= DRY_RUN_ALL_RANKS
         shown = (
             None

@@ -42,6 +42,7 @@ from runtime.executor.mesh import build_mesh
 from runtime.executor.metrics import (
     MetricsLog,
     peak_memory_bytes,
+    read_metrics,
     peak_reserved_bytes,
     peak_rss_bytes,
     reset_peak_memory,
@@ -100,6 +101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="plan file for another world size (launch --elastic): run when the job (re)starts with its ranks",
     )
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="launch --elastic: nodes may leave or join between attempts, so every attempt resumes the newest "
+        "checkpoint of --checkpoint-dir (a joining node's agent counts no restart) and records a re-plan when "
+        "the world differs from the one that wrote it",
+    )
     return p.parse_args(argv)
 
 
@@ -146,6 +154,9 @@ def _attempt_store(timeout: timedelta):
     return dist.PrefixStore(f"stratagem/attempt_{_restart_count()}", store)
 
 
+HOLD_LIMIT_S = 300.0
+
+
 def _restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
@@ -175,32 +186,66 @@ def _maybe_kill_node(step: int) -> None:
         os._exit(19)
 
 
-def elastic_choice(plan_paths: list[str], elastic_paths: list[str], world_size: int) -> tuple[str, dict | None]:
+def _maybe_hold(step: int) -> None:
+    """Test hook: ``STRATAGEM_TEST_HOLD_AT_STEP=k:n`` makes every rank of an attempt with fewer than ``n`` ranks
+    wait before step k until its agent stops it (a node joined: the agent restarts the workers to grow the job),
+    at most ``HOLD_LIMIT_S``; a test of ``launch --elastic`` growing so knows the job has not finished first."""
+    at, _, ranks = os.environ.get("STRATAGEM_TEST_HOLD_AT_STEP", "").partition(":")
+    if at != str(step) or dist.get_world_size() >= int(ranks):
+        return
+    log.warning("test hook: rank %d holds before step %d until a node joins", dist.get_rank(), step)
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while not Preemption.requested:
+        if time.monotonic() > deadline:
+            raise StratagemError(f"test hook: no node joined within {HOLD_LIMIT_S:g} s")
+        time.sleep(0.1)
+    os._exit(0)  # the agent is stopping this attempt; step k-1's checkpoint is the one the next attempt resumes
+
+
+def elastic_choice(plan_paths: list[str], elastic_paths: list[str], world_size: int) -> str:
     """The plan file to run on ``world_size`` ranks: the launched one when it has that many, else the
-    ``--elastic-plan`` made for it; with the re-plan record (old and new plan) when it is not the launched one."""
+    ``--elastic-plan`` made for it."""
     if len(plan_paths) != 1:
         raise StratagemError("--elastic-plan needs exactly one --plan")
     first = load_plan(plan_paths[0])
     if first.world_size == world_size or not elastic_paths:
-        return plan_paths[0], None
-    plans = {plan.world_size: (p, plan) for p in elastic_paths for plan in [load_plan(p)]}
+        return plan_paths[0]
+    plans = {plan.world_size: p for p in elastic_paths for plan in [load_plan(p)]}
     if world_size not in plans:
         have = ", ".join(str(n) for n in sorted({first.world_size, *plans}))
         raise StratagemError(
             f"the job restarted on {world_size} ranks but plans exist only for {have}; "
             f"relaunch with --min-gpus at a count that has a plan"
         )
-    path, chosen = plans[world_size]
-    record = {
+    return plans[world_size]
+
+
+def replan_record(plan: Plan, plan_path: str, before: dict, plan_files: list[str]) -> dict | None:
+    """The ``replan`` event of an elastic attempt whose world differs from the one before it (``before``: the
+    resumed checkpoint's meta, or the launched plan's world size and hash when nothing was resumed); ``None``
+    when it is the same. The earlier plan's file is found among ``plan_files`` by its hash."""
+    world = plan.world_size
+    if before["world_size"] == world and before["plan_hash"] == plan.content_hash:
+        return None
+    paths = {load_plan(p).content_hash: str(Path(p).resolve()) for p in plan_files}
+    return {
         "event": "replan",
-        "from_world_size": first.world_size,
-        "to_world_size": world_size,
-        "from_plan_hash": first.content_hash,
-        "to_plan_hash": chosen.content_hash,
-        "from_plan_path": str(Path(plan_paths[0]).resolve()),
-        "to_plan_path": str(Path(path).resolve()),
+        "from_world_size": before["world_size"],
+        "to_world_size": world,
+        "from_plan_hash": before["plan_hash"],
+        "to_plan_hash": plan.content_hash,
+        "from_plan_path": paths.get(before["plan_hash"]),
+        "to_plan_path": str(Path(plan_path).resolve()),
     }
-    return path, record
+
+
+def next_attempt(metrics_path: str | None) -> int:
+    """An elastic job's attempt number: one past the last one in its metrics file (0 for the first). torch's
+    restart count does not serve: an agent counts no restart when a node joins, and a joining node starts at 0."""
+    if metrics_path is None or not Path(metrics_path).exists():
+        return 0
+    done = [r.get("attempt") for r in read_metrics(metrics_path)]
+    return max((a for a in done if isinstance(a, int)), default=-1) + 1
 
 
 def _maybe_sigterm_launcher(step: int) -> None:
@@ -591,6 +636,36 @@ def _run_step(job: Job, step: int, first: int, profile_tag: str) -> StepResult:
         raise
 
 
+def _resume(
+    plan: Plan,
+    job: Job,
+    latest: Path | None,
+    metrics_path: str | None,
+    plan_path: str | None,
+    elastic_from: dict | None,
+) -> tuple[int, MetricsLog]:
+    """Load ``latest`` (if any) into the job; (first step, the metrics log). Under ``launch --elastic``
+    (``elastic_from``: the launched plan's world size and hash, and every plan file of the job) the attempt is
+    numbered from the metrics file and a ``replan`` event is written when the world differs from the one that wrote
+    the checkpoint (or, with none, from the launched plan's): a node was lost or joined."""
+    first = 1
+    before = None if elastic_from is None else {k: elastic_from[k] for k in ("world_size", "plan_hash")}
+    if latest is not None:
+        meta = read_checkpoint_meta(latest)
+        check_compatible(latest, meta, plan)
+        first = load_checkpoint(latest, job.modules, job.optimizers, aliases=tied_aliases(plan)) + 1
+        log.info("rank %d resumed from %s", dist.get_rank(), latest)
+        if before is not None and "world_size" in meta and "plan_hash" in meta:
+            before = {"world_size": meta["world_size"], "plan_hash": meta["plan_hash"]}
+    attempt = _restart_count() if elastic_from is None else next_attempt(metrics_path)
+    metrics = MetricsLog(metrics_path, plan, attempt=attempt)
+    if elastic_from is not None and before is not None:
+        record = replan_record(plan, plan_path or "", before, elastic_from["plans"])
+        if record is not None:
+            metrics.write({**record, "resumed_from": str(latest) if latest is not None else None, "first_step": first})
+    return first, metrics
+
+
 def run_plan(
     plan: Plan,
     args: argparse.Namespace,
@@ -601,7 +676,7 @@ def run_plan(
     plan_path: str | None = None,
     profile_tag: str = "",
     init_from: str | None = None,
-    replanned: dict | None = None,
+    elastic_from: dict | None = None,
 ) -> dict:
     """Train ``plan`` for ``args.steps`` steps on this rank; returns the summary record (rank 0's is real).
     ``profile_tag``: appended to the operator tables' names (``STRATAGEM_TORCH_PROFILE``); ``init_from``: the
@@ -617,21 +692,15 @@ def run_plan(
     compile_blocks = resolve_compile(getattr(args, "compile", "auto"), device)
     check_attention_kernel(plan, device)
     latest = None
-    if args.checkpoint_dir and (args.resume or _restart_count() > 0):
+    if args.checkpoint_dir and (args.resume or _restart_count() > 0 or elastic_from is not None):
         latest = find_latest_checkpoint(args.checkpoint_dir)
     if latest is not None:
         init_from = None  # the run's own checkpoint has the newer weights
     job = build_job(
         plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks, init_from=init_from
     )
-    rank, first = dist.get_rank(), 1
-    if latest is not None:
-        check_compatible(latest, read_checkpoint_meta(latest), plan)
-        first = load_checkpoint(latest, job.modules, job.optimizers, aliases=tied_aliases(plan)) + 1
-        log.info("rank %d resumed from %s", rank, latest)
-    metrics = MetricsLog(metrics_path if rank == 0 else None, plan, attempt=_restart_count())
-    if replanned is not None:  # launch --elastic: the world changed, this is the plan made for the ranks left
-        metrics.write({**replanned, "resumed_from": str(latest) if latest is not None else None, "first_step": first})
+    rank = dist.get_rank()
+    first, metrics = _resume(plan, job, latest, metrics_path if rank == 0 else None, plan_path, elastic_from)
     metrics.write(
         {
             "event": "start",
@@ -657,6 +726,7 @@ def run_plan(
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         _maybe_kill_node(step)
+        _maybe_hold(step)
         _maybe_sigterm_launcher(step)
         res = _run_step(job, step, first, profile_tag)
         metrics.step(
@@ -716,10 +786,15 @@ def main(argv: list[str] | None = None) -> int:
     Preemption.install()
     device = init_distributed(args.timeout_s)
     try:
-        replanned = None
-        if args.elastic_plan:
-            chosen, replanned = elastic_choice(args.plan, args.elastic_plan, dist.get_world_size())
-            args.plan = [chosen]
+        elastic_from = None
+        if args.elastic:  # the world before this attempt, unless a checkpoint says otherwise: the launched plan's
+            launched = load_plan(args.plan[0])
+            elastic_from = {
+                "world_size": launched.world_size,
+                "plan_hash": launched.content_hash,
+                "plans": [*args.plan, *args.elastic_plan],
+            }
+            args.plan = [elastic_choice(args.plan, args.elastic_plan, dist.get_world_size())]
         for i, path in enumerate(args.plan):
             run_plan(
                 load_plan(path),
@@ -730,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
                 plan_path=path,
                 profile_tag=f"_plan{i}" if len(args.plan) > 1 else "",
                 init_from=init_from[i] if init_from else None,
-                replanned=replanned,
+                elastic_from=elastic_from,
             )
             dist.barrier()
     except StratagemError as exc:
