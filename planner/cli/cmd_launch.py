@@ -197,10 +197,10 @@ def _elastic_plan_of(plan, path: Path, gpus: int):
         other = load_plan(path)
     except StratagemError:
         return None
-    mine = list(plan.search.command)
+    mine = list(plan.search.command or [])
     if "--gpus" in mine:
         mine[mine.index("--gpus") + 1] = str(gpus)
-    theirs = list(other.search.command) if other.search is not None else []
+    theirs = list(other.search.command or []) if other.search is not None else []
     same = theirs == mine or theirs == [*mine, "--gpus", str(gpus)]
     return other if same and other.world_size == gpus and other.training == plan.training else None
 
