@@ -173,6 +173,13 @@ def test_elastic_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     (old / "step_000002" / COMPLETE_MARKER).write_text("")
     earlier = [str(plan), "--elastic", "--min-gpus", "2", "--nnodes", "2", *base[:5], str(old), *base[6:]]
     cases["holds checkpoints of an earlier run (newest: step_000002)"] = earlier
+    mixed = tmp_path / "mixed.json"  # which devices a lost node leaves depends on its type: refused
+    argv = ["plan", "--model", "gpt:tiny", "--cluster", "mixed-a100-v100", "--gpus", "32", "--global-batch", "32"]
+    assert main([*argv, "--seq", "32", "--dtype", "fp32", "--out", str(mixed)]) == 0
+    capsys.readouterr()
+    cases["cluster mixed-a100-v100 mixes node types"] = [
+        str(mixed), "--elastic", "--min-gpus", "16", "--nnodes", "4", "--nproc-per-node", "8", *base[2:],
+    ]  # fmt: skip
     for needle, argv in cases.items():
         assert main(["launch", *argv]) == 2, needle
         err = capsys.readouterr().err.strip()

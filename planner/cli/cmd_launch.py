@@ -150,7 +150,7 @@ def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
     plan fits is skipped, saying why; the job then cannot continue on it. Another node than the first reuses the
     plans the first wrote for this plan (same `stratagem plan` arguments and training settings) when it sees them
     (a shared folder), so a node joining a running job runs the plans that job runs."""
-    from planner.cli.cmd_plan import replan
+    from planner.cli.cmd_plan import replan, replan_cluster_is_mixed
     from planner.plan import save_plan
     from runtime.launch import min_nodes
 
@@ -158,6 +158,13 @@ def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
         raise StratagemError(
             f"{plan_path} does not record the `stratagem plan` arguments that made it (written by an older "
             f"stratagem or by hand), so --elastic cannot re-plan it; re-plan it with `stratagem plan`"
+        )
+    mixed = replan_cluster_is_mixed(plan.search.command)
+    if mixed is not None:
+        raise StratagemError(
+            f"--elastic re-plans for the devices left, but cluster {mixed} mixes node types, and which devices are "
+            f"left depends on which node is lost (not supported yet); launch it without --elastic (--max-restarts "
+            f"restarts the same plan)"
         )
     nproc = opts.procs_per_node(plan)
     out = []

@@ -505,6 +505,16 @@ def _is_file(arg: str) -> bool:
         return False
 
 
+def replan_cluster_is_mixed(command: list[str]) -> str | None:
+    """The name of the cluster profile a plan's recorded `stratagem plan` arguments name, when it mixes node types
+    (else None): which devices are left after a node is lost then depends on which node it was."""
+    from planner.cli.main import build_parser
+
+    args = build_parser().parse_args([*command, "--out", "plan.json"])
+    cluster = load_cluster_profile(resolve_cluster_path(args.cluster))
+    return cluster.name if cluster.is_mixed else None
+
+
 def replan(command: list[str], gpus: int) -> Plan:
     """The plan `stratagem plan` writes for ``command`` (a plan file's ``search.command``) on ``gpus`` devices:
     the same search, flags and profiles; nothing printed, nothing written."""
