@@ -6,6 +6,7 @@ switched."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from fixtures.reference import reference_losses
 from planner.cli.main import main
@@ -212,3 +214,94 @@ def test_run_segments_name_each_attempts_plan_steps_and_the_time_lost(tmp_path):
     assert list(seg["world_size"]) == [4, 4, 2] and list(seg["steps_redone"]) == [0, 1, 0]
     assert list(seg["plan_path"]) == ["/p.json", "/p.json", "/p.elastic2.json"]
     assert seg["time_lost_s"].isna().iloc[0] and list(seg["time_lost_s"].iloc[1:]) == [7.0, 16.0]
+
+
+def test_a_changed_batch_reads_the_run_from_the_next_sample():
+    """A step at another global batch reads the run's sample stream (numbered by its first batch) from the sample
+    after the last one trained: rows spanning two of the stream's steps are joined in order."""
+    from planner.model import parse_model
+    from runtime.executor.data import DataStream, build_data_source, synthetic_batch
+
+    spec = parse_model("gpt:tiny")
+    at8 = {s: synthetic_batch(spec, batch=8, seq_len=16, seed=0, step=s) for s in (3, 4)}
+    read = build_data_source(spec, "synthetic", global_batch=6, seq_len=16, seed=0, stream=DataStream(8, 3, 16))
+    assert torch.equal(read(3).inputs, at8[3].inputs[:6])  # samples 16-21
+    assert torch.equal(read(4).inputs, torch.cat([at8[3].inputs[6:], at8[4].inputs[:4]]))  # samples 22-27
+    assert torch.equal(read(4).targets, torch.cat([at8[3].targets[6:], at8[4].targets[:4]]))
+    aligned = build_data_source(spec, "synthetic", global_batch=8, seq_len=16, seed=0, stream=DataStream(8, 3, 16))
+    assert torch.equal(aligned(4).inputs, at8[4].inputs)
+
+
+def test_elastic_takes_the_nearest_batch_only_where_the_runs_cannot_fit(tmp_path, capsys):
+    """Pinned to pure data parallelism (--tp 1 --pp 1), 6 GPUs cannot split a global batch of 8 (dp 6): that count
+    gets the nearest batch the 6 can split, stated; 4 and 2 GPUs keep the run's batch."""
+    from planner.cli.cmd_launch import elastic_plans
+    from runtime.launch import LaunchOptions
+
+    cluster = json.loads((REPO / "profiles/hardware/local-cpu-2core.json").read_text())
+    cluster["nodes"][0]["count"], cluster["name"] = 4, "local-cpu-4x2"
+    # "nodes" on one host talk over the same loopback: the measured fits serve as the inter-node ones too
+    links = cluster["node_types"][0]["intra_node"]
+    cluster["inter_node"] = [{**fit, "level": "inter_node"} for fit in links]
+    cluster.pop("content_hash", None)
+    (tmp_path / "cluster.json").write_text(json.dumps(cluster))
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", "gpt:tiny", "--cluster", str(tmp_path / "cluster.json"), "--gpus", "8"]
+    argv += ["--global-batch", "8", "--seq", "16", "--dtype", "fp32", "--tp", "1", "--pp", "1", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    plan = load_plan(out)
+    opts = LaunchOptions(
+        plan_path=out, nnodes=4, rdzv_endpoint="h:1", elastic=True, min_gpus=2, max_restarts=1,
+        checkpoint_dir=tmp_path / "c", checkpoint_every=1,
+    )  # fmt: skip
+    paths = elastic_plans(plan, opts, out)
+    err = capsys.readouterr().err
+    plans = {p.world_size: p for p in map(load_plan, paths)}
+    assert sorted(plans) == [2, 4, 6]
+    assert [plans[n].training.global_batch for n in (2, 4, 6)] == [8, 8, 6]
+    assert plans[6].mesh.size("dp") == 6
+    assert plans[6].training.model_copy(update={"global_batch": 8}) == plan.training
+    assert "no plan of global batch 8 fits 6 GPUs" in err and "trains 6 samples per step" in err, err
+    # a node that joins later runs these very plans (it does not re-plan them)
+    again = elastic_plans(plan, dataclasses.replace(opts, node_rank=1), out)
+    assert [load_plan(p).content_hash for p in again] == [plans[n].content_hash for n in (6, 4, 2)]
+    assert capsys.readouterr().err.count("the job's own") == 3
+
+
+@pytest.mark.slow
+def test_a_resume_at_another_batch_continues_from_the_next_sample(tmp_path):
+    """Two ranks resume a checkpoint of a run at global batch 8 (step 2) under the plan at batch 6 that launch
+    --elastic made for a world the run's batch did not fit: steps 3-4 read samples 16-27 of the run and the losses
+    are one process's that trained so."""
+    from fixtures.plans import make_plan
+    from planner.model import parse_model
+    from runtime.executor.data import DataStream, build_data_source
+    from runtime_helpers import spawn_ranks, tail
+
+    spec = parse_model("gpt:tiny")
+    first = save_plan(make_plan(spec, dp=2, global_batch=8), tmp_path / "b8.json")
+    second = save_plan(make_plan(spec, dp=2, global_batch=6), tmp_path / "b6.json")
+    ckpt = tmp_path / "ckpt"
+    base = ["-m", "runtime.executor.train", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    proc = spawn_ranks(2, [*base, "--plan", str(first), "--steps", "2"], timeout_s=120)
+    assert proc.returncode == 0, tail(proc)
+    metrics = tmp_path / "m.jsonl"
+    argv = [*base, "--plan", str(second), "--steps", "4", "--elastic", "--metrics", str(metrics)]
+    proc = spawn_ranks(2, argv, timeout_s=120)
+    assert proc.returncode == 0, tail(proc)
+    records = read_metrics(metrics)
+    (event,) = [r for r in records if r.get("event") == "replan"]
+    assert Path(event["resumed_from"]).name == "step_000002" and event["first_step"] == 3
+    assert json.loads((ckpt / "step_000004" / "meta.json").read_text())["data"] == {"batch": 8, "samples": 28}
+
+    plan8, plan6 = load_plan(first), load_plan(second)
+    tr = plan8.training
+    at8 = build_data_source(spec, "synthetic", global_batch=8, seq_len=tr.seq_len, seed=tr.seed)
+    at6 = build_data_source(
+        spec, "synthetic", global_batch=6, seq_len=tr.seq_len, seed=tr.seed, stream=DataStream(8, 3, 16)
+    )
+    expected = reference_losses(plan6, 4, source=lambda step: at8(step) if step <= 2 else at6(step))
+    got = final_step_losses(records)
+    for step in (3, 4):
+        assert got[step] == pytest.approx(expected[step - 1], rel=1e-5), (step, got, expected)

@@ -150,7 +150,7 @@ def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
     plan fits is skipped, saying why; the job then cannot continue on it. Another node than the first reuses the
     plans the first wrote for this plan (same `stratagem plan` arguments and training settings) when it sees them
     (a shared folder), so a node joining a running job runs the plans that job runs."""
-    from planner.cli.cmd_plan import replan, replan_cluster_is_mixed
+    from planner.cli.cmd_plan import replan_cluster_is_mixed
     from planner.plan import save_plan
     from runtime.launch import min_nodes
 
@@ -175,41 +175,76 @@ def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
             print(f"elastic: {gpus} GPUs -> {plan_label(kept)} (the job's own, {path})", file=sys.stderr)
             out.append(path)
             continue
-        try:
-            smaller = replan(plan.search.command, gpus)
-        except StratagemError as exc:
-            print(f"elastic: no plan for {gpus} GPUs ({exc}); the job stops if fewer nodes are left", file=sys.stderr)
-            continue
-        if smaller.training != plan.training:
-            print(f"elastic: the plan for {gpus} GPUs changes the training settings; not used", file=sys.stderr)
+        smaller, note = _replan_for(plan, gpus)
+        if smaller is None:
+            print(f"elastic: no plan for {gpus} GPUs ({note}); the job stops if fewer nodes are left", file=sys.stderr)
             continue
         path = save_plan(smaller, path)
         pred = smaller.predictions.step_time_s if smaller.predictions else None
         print(
             f"elastic: {gpus} GPUs -> {plan_label(smaller)}"
             + (f", predicted {pred:.4g} s/step" if pred is not None else "")
-            + f" ({path})",
+            + f" ({path}){note}",
             file=sys.stderr,
         )
         out.append(path)
     return tuple(out)
 
 
+def _replan_for(plan, gpus: int):
+    """(plan for ``gpus`` devices or None, a note): at the run's global batch; only if no plan of it fits, at the
+    nearest batch the recipe allows (``nearest_batches``: a split the run's batch rules out), stated in the note
+    (else the note is the reason no plan exists)."""
+    from planner.cli.cmd_plan import replan
+    from planner.plan.recipe import nearest_batches
+
+    batch = plan.training.global_batch
+    try:
+        smaller = replan(plan.search.command, gpus)
+    except StratagemError as exc:
+        reason = str(exc).splitlines()[0]
+    else:
+        if smaller.training == plan.training:
+            return smaller, ""
+        return None, "its plan changes the training settings"
+    for other in nearest_batches(batch, gpus):
+        try:
+            smaller = replan(plan.search.command, gpus, global_batch=other)
+        except StratagemError:
+            continue
+        if smaller.training.model_copy(update={"global_batch": batch}) != plan.training:
+            continue
+        rate = (
+            "the rate scaled linearly by its recipe (Goyal et al. 2017)"
+            if plan.training.lr_schedule is not None
+            else "the rate unchanged (the plan has no --lr recipe to scale it)"
+        )
+        return smaller, (
+            f"; no plan of global batch {batch} fits {gpus} GPUs ({reason}), so this one trains {other} samples per "
+            f"step from the same sample on, {rate}, the steps of the run unchanged"
+        )
+    return None, reason
+
+
 def _elastic_plan_of(plan, path: Path, gpus: int):
     """The plan at ``path`` when it is ``plan``'s re-plan for ``gpus`` devices (its recorded `stratagem plan`
-    arguments are ``plan``'s with that count, and it trains the same way); else None."""
+    arguments are ``plan``'s with that count, and it trains the same way but perhaps at another batch); else
+    None."""
+    from planner.cli.cmd_plan import replan_command
+
     if not path.is_file():
         return None
     try:
         other = load_plan(path)
     except StratagemError:
         return None
-    mine = list(plan.search.command or [])
-    if "--gpus" in mine:
-        mine[mine.index("--gpus") + 1] = str(gpus)
+    batch = other.training.global_batch
+    mine = replan_command(
+        list(plan.search.command or []), gpus, global_batch=None if batch == plan.training.global_batch else batch
+    )
     theirs = list(other.search.command or []) if other.search is not None else []
-    same = theirs == mine or theirs == [*mine, "--gpus", str(gpus)]
-    return other if same and other.world_size == gpus and other.training == plan.training else None
+    same_training = other.training.model_copy(update={"global_batch": plan.training.global_batch}) == plan.training
+    return other if theirs == mine and other.world_size == gpus and same_training else None
 
 
 def _run_with_oom_fallback(plan, opts, args: argparse.Namespace, metrics: Path | None) -> int:

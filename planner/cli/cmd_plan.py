@@ -515,17 +515,41 @@ def replan_cluster_is_mixed(command: list[str]) -> str | None:
     return cluster.name if cluster.is_mixed else None
 
 
-def replan(command: list[str], gpus: int) -> Plan:
+def _set_flag(argv: list[str], flag: str, value: str) -> None:
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+
+
+def replan_command(command: list[str], gpus: int, *, global_batch: int | None = None) -> list[str]:
+    """``command`` (a plan's `stratagem plan` arguments) for ``gpus`` devices, and at ``global_batch`` when given
+    (with ``--lr``, the reference batch pinned to the command's own batch, so the rate scales to the new one).
+
+    >>> replan_command(["plan", "--gpus", "8", "--global-batch", "8", "--lr", "1e-3"], 6, global_batch=6)
+    ['plan', '--gpus', '6', '--global-batch', '6', '--lr', '1e-3', '--reference-batch', '8']
+    """
+    from planner.cli.main import build_parser
+
+    argv = [*command]
+    if global_batch is not None:
+        old = build_parser().parse_args([*argv, "--out", "plan.json"]).global_batch
+        if "--lr" in argv and "--reference-batch" not in argv:
+            argv += ["--reference-batch", str(old)]
+        _set_flag(argv, "--global-batch", str(global_batch))
+    _set_flag(argv, "--gpus", str(gpus))
+    return argv
+
+
+def replan(command: list[str], gpus: int, *, global_batch: int | None = None) -> Plan:
     """The plan `stratagem plan` writes for ``command`` (a plan file's ``search.command``) on ``gpus`` devices:
-    the same search, flags and profiles; nothing printed, nothing written."""
+    the same search, flags and profiles; nothing printed, nothing written. ``global_batch``: at another global
+    batch, the recipe's rate (``--lr``) still tuned at the command's reference batch, so it scales linearly
+    (Goyal et al. 2017) to the new one."""
     from planner.cli.main import build_parser
     from planner.search import fallback_candidate, plan_search
 
-    argv = [*command]
-    if "--gpus" in argv:
-        argv[argv.index("--gpus") + 1] = str(gpus)
-    else:
-        argv += ["--gpus", str(gpus)]
+    argv = replan_command(command, gpus, global_batch=global_batch)
     args = build_parser().parse_args([*argv, "--out", "plan.json"])
     args.argv = argv
     if args.model.partition(":")[0] in SPATIAL_FAMILIES:

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 def _segments_table(segments) -> Table:
     """The run's timeline of plans (``planner.inspect.run_segments``)."""
     table = Table(title="the run's plans: which plan trained which steps, and the time lost between them")
-    for column in ("attempt", "why", "ranks", "plan", "steps", "redone", "time lost"):
+    for column in ("attempt", "why", "ranks", "batch", "plan", "steps", "redone", "time lost"):
         table.add_column(column, justify="left" if column in ("why", "plan") else "right")
     for attempt, row in segments.iterrows():
         plan = Path(str(row["plan_path"])).name if row["plan_path"] else str(row["plan_hash"])[:19]
@@ -118,6 +118,9 @@ def _segments_table(segments) -> Table:
             str(attempt),
             row["why"],
             str(row["world_size"]),
+            ""
+            if row.get("global_batch") is None or row["global_batch"] != row["global_batch"]
+            else str(int(row["global_batch"])),
             plan,
             f"{row['first_step']}-{row['last_step']}",
             str(row["steps_redone"]),

@@ -189,6 +189,7 @@ def run_segments(path: str | Path) -> pd.DataFrame:
                 "plan_hash": start.get("plan_hash"),
                 "plan_path": (replan or {}).get("to_plan_path") or start.get("plan_path"),
                 "world_size": start.get("world_size"),
+                "global_batch": start.get("global_batch"),
                 "first_step": first["step"],
                 "last_step": last["step"],
                 "steps": len(steps),

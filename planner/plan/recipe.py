@@ -107,3 +107,22 @@ def lr_at_step(schedule: LRSchedule, *, global_batch: int, step: int) -> float:
         return schedule.min_lr
     ratio = (step - warm) / max(1, schedule.total_steps - warm)  # cosine (SGDR eq. 5, one period)
     return schedule.min_lr + (peak - schedule.min_lr) * 0.5 * (math.cos(math.pi * ratio) + 1.0)
+
+
+def nearest_batches(global_batch: int, gpus: int, *, limit: int = 4) -> list[int]:
+    """Global batches near ``global_batch`` that ``gpus`` devices can split in a way ``global_batch`` cannot,
+    nearest first (ties: the smaller first): for each divisor ``d`` of ``gpus`` that does not divide
+    ``global_batch`` (a data-parallel degree the batch rules out), the multiples of ``d`` just below and above it.
+    ``launch --elastic`` tries them, the rate scaled linearly (Goyal et al. 2017 §2.1), only where no plan of the
+    run's own batch fits the devices left.
+
+    >>> nearest_batches(8, 6)  # dp 3 or 6 need a multiple of 3
+    [9, 6, 12]
+    >>> nearest_batches(8, 4)  # every split of 4 devices divides 8
+    []
+    """
+    found: set[int] = set()
+    for d in (d for d in range(2, gpus + 1) if gpus % d == 0 and global_batch % d):
+        below = global_batch // d * d
+        found.update(b for b in (below, below + d) if b >= d)
+    return sorted(found, key=lambda b: (abs(b - global_batch), b))[:limit]

@@ -413,10 +413,12 @@ def check_resumable(ckpt_dir: str | Path, plan: Plan) -> Path:
     return latest
 
 
-def check_compatible(path: str | Path, meta: dict, plan: Plan) -> None:
+def check_compatible(path: str | Path, meta: dict, plan: Plan, *, batch_may_change: bool = False) -> None:
     """Refuse, in one line, a checkpoint of another model or other training settings. Its layout (tp, pp, dp,
     cp, ep, etp, ZeRO stage, stage boundaries, world size) may differ: the load reshards. A checkpoint written
-    before ``meta.json`` recorded the training settings resumes only under its own world size and expert layout."""
+    before ``meta.json`` recorded the training settings resumes only under its own world size and expert layout.
+    ``batch_may_change`` (``launch --elastic``, whose plan for a world may take the nearest global batch the
+    recipe allows when no plan of the run's batch fits it): the global batch may differ too."""
     if meta.get("model") != plan.model.name:
         raise StratagemError(
             f"checkpoint {path} was written for model {meta.get('model')} but the plan "
@@ -446,6 +448,8 @@ def check_compatible(path: str | Path, meta: dict, plan: Plan) -> None:
     if not isinstance(theirs, dict):
         raise StratagemError(f"checkpoint {path} has a malformed 'training' entry in {META_FILE}")
     diff = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+    if batch_may_change:
+        diff = [k for k in diff if k != "global_batch"]
     if diff:
         what = ", ".join(f"{k} {theirs.get(k)} -> {mine.get(k)}" for k in diff[:4])
         raise StratagemError(

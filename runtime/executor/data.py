@@ -130,9 +130,56 @@ class FileData:
         return Batch(inputs=self.inputs[idx], targets=self.targets[idx])
 
 
-def build_data_source(spec: ModelSpec, data: str, *, global_batch: int, seq_len: int, seed: int):
-    """A function ``step -> Batch`` (the global batch) for ``--data synthetic`` or ``--data FILE``."""
-    if data == "synthetic":
-        return lambda step: synthetic_batch(spec, batch=global_batch, seq_len=seq_len, seed=seed, step=step)
-    source = FileData(data)
-    return lambda step: source.batch(batch=global_batch, index=step - 1)
+def build_data_source(
+    spec: ModelSpec,
+    data: str,
+    *,
+    global_batch: int,
+    seq_len: int,
+    seed: int,
+    stream: DataStream | None = None,
+):
+    """A function ``step -> Batch`` (the global batch) for ``--data synthetic`` or ``--data FILE``.
+
+    ``stream``: where the steps read the run's sample stream when the global batch changed during the run
+    (``launch --elastic`` on a world no plan of the first batch fits). The stream is the run's first batches in
+    order (its sample ``i`` is row ``i % stream.batch`` of step ``i // stream.batch + 1`` at that batch), and
+    step ``s`` reads its ``global_batch`` samples from ``stream.first_sample + (s - stream.first_step) *
+    global_batch`` on, so a changed batch continues from the sample after the last one trained. Without it (or
+    aligned with it) step ``s`` reads step ``s``'s batch, as always."""
+    source = None if data == "synthetic" else FileData(data)
+
+    def at(step: int, batch: int) -> Batch:
+        if source is None:
+            return synthetic_batch(spec, batch=batch, seq_len=seq_len, seed=seed, step=step)
+        return source.batch(batch=batch, index=step - 1)
+
+    if stream is None or stream.aligned(global_batch):
+        return lambda step: at(step, global_batch)
+
+    def read(step: int) -> Batch:
+        lo = stream.first_sample + (step - stream.first_step) * global_batch
+        pieces, i = [], lo
+        while i < lo + global_batch:
+            row = i % stream.batch
+            take = min(stream.batch - row, lo + global_batch - i)
+            pieces.append(at(i // stream.batch + 1, stream.batch).rows(row, row + take))
+            i += take
+        return Batch(inputs=torch.cat([p.inputs for p in pieces]), targets=torch.cat([p.targets for p in pieces]))
+
+    return read
+
+
+@dataclass(frozen=True, slots=True)
+class DataStream:
+    """A run's sample stream seen from a resumed step: ``batch`` (the run's first global batch, which numbers
+    the stream's samples), ``first_step`` (the step resumed at) and ``first_sample`` (the samples trained before
+    it)."""
+
+    batch: int
+    first_step: int
+    first_sample: int
+
+    def aligned(self, global_batch: int) -> bool:
+        """True when step ``s`` at ``global_batch`` reads exactly step ``s``'s batch of the stream."""
+        return global_batch == self.batch and self.first_sample == (self.first_step - 1) * self.batch

@@ -37,7 +37,7 @@ from runtime.executor.checkpoint import (
     torn_checkpoints,
 )
 from runtime.executor.context import ContextShard, build_context_shard
-from runtime.executor.data import Batch, build_data_source, loss_scale, replica_rows
+from runtime.executor.data import Batch, DataStream, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import build_mesh
 from runtime.executor.metrics import (
     MetricsLog,
@@ -432,6 +432,7 @@ class Job:
     memory_baseline_bytes: int = 0
     loss_scale: float = 1.0
     context: ContextShard | None = None  # this rank's two chunks of each sequence (context parallelism)
+    stream: DataStream | None = None  # where the steps read the run's samples (set when the run starts or resumes)
 
     @property
     def modules(self) -> list[torch.nn.Module]:
@@ -636,9 +637,22 @@ def _run_step(job: Job, step: int, first: int, profile_tag: str) -> StepResult:
         raise
 
 
+def resumed_stream(meta: dict, first: int, global_batch: int) -> DataStream:
+    """Where step ``first`` reads the run's samples, from the resumed checkpoint's ``meta``: its ``data`` entry
+    (the stream's batch and the samples trained), or for a checkpoint without one its training settings' batch
+    times its steps."""
+    pos = meta.get("data")
+    if isinstance(pos, dict) and isinstance(pos.get("batch"), int) and isinstance(pos.get("samples"), int):
+        return DataStream(batch=pos["batch"], first_step=first, first_sample=pos["samples"])
+    training = meta.get("training")
+    batch = training.get("global_batch", global_batch) if isinstance(training, dict) else global_batch
+    return DataStream(batch=int(batch), first_step=first, first_sample=(first - 1) * int(batch))
+
+
 def _resume(
     plan: Plan,
     job: Job,
+    data: str,
     latest: Path | None,
     metrics_path: str | None,
     plan_path: str | None,
@@ -650,13 +664,30 @@ def _resume(
     the checkpoint (or, with none, from the launched plan's): a node was lost or joined."""
     first = 1
     before = None if elastic_from is None else {k: elastic_from[k] for k in ("world_size", "plan_hash")}
+    job.stream = DataStream(batch=plan.training.global_batch, first_step=1, first_sample=0)
     if latest is not None:
         meta = read_checkpoint_meta(latest)
-        check_compatible(latest, meta, plan)
+        check_compatible(latest, meta, plan, batch_may_change=elastic_from is not None)
         first = load_checkpoint(latest, job.modules, job.optimizers, aliases=tied_aliases(plan)) + 1
         log.info("rank %d resumed from %s", dist.get_rank(), latest)
         if before is not None and "world_size" in meta and "plan_hash" in meta:
             before = {"world_size": meta["world_size"], "plan_hash": meta["plan_hash"]}
+        job.stream = resumed_stream(meta, first, plan.training.global_batch)
+        if not job.stream.aligned(plan.training.global_batch):
+            tr = plan.training
+            job.data = build_data_source(
+                plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed, stream=job.stream
+            )
+            log.info(
+                "rank %d: global batch %d -> %d (launch --elastic: the nearest the recipe allows on %d ranks); "
+                "step %d reads from sample %d of the run",
+                dist.get_rank(),
+                job.stream.batch,
+                tr.global_batch,
+                plan.world_size,
+                first,
+                job.stream.first_sample,
+            )
     attempt = _restart_count() if elastic_from is None else next_attempt(metrics_path)
     metrics = MetricsLog(metrics_path, plan, attempt=attempt)
     if elastic_from is not None and before is not None:
@@ -700,7 +731,7 @@ def run_plan(
         plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks, init_from=init_from
     )
     rank = dist.get_rank()
-    first, metrics = _resume(plan, job, latest, metrics_path if rank == 0 else None, plan_path, elastic_from)
+    first, metrics = _resume(plan, job, args.data, latest, metrics_path if rank == 0 else None, plan_path, elastic_from)
     metrics.write(
         {
             "event": "start",
@@ -711,6 +742,10 @@ def run_plan(
             "first_step": first,
             "device": device.type,
             "world_size": dist.get_world_size(),
+            "global_batch": plan.training.global_batch,
+            "first_sample": job.stream.first_sample
+            if job.stream is not None
+            else (first - 1) * plan.training.global_batch,
             "plan_hash": plan.content_hash,
             "plan_path": str(Path(plan_path).resolve()) if plan_path else None,
             "attention": job.chunks[0].attention,
@@ -723,6 +758,9 @@ def run_plan(
     tr = plan.training
     tokens = tr.global_batch * (tr.seq_len if plan.model.is_language_model else 1)
     meta = checkpoint_meta(plan, dist.get_world_size()) if args.checkpoint_dir else {}  # once, not every step
+    stream = job.stream or DataStream(
+        batch=tr.global_batch, first_step=first, first_sample=(first - 1) * tr.global_batch
+    )
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         _maybe_kill_node(step)
@@ -761,7 +799,11 @@ def run_plan(
             )
         saved = None
         if args.checkpoint_dir and ((args.checkpoint_every and step % args.checkpoint_every == 0) or res.preempted):
-            saved = save_checkpoint(args.checkpoint_dir, step, job.modules, job.optimizers, meta=meta)
+            trained = stream.first_sample + (step - stream.first_step + 1) * tr.global_batch
+            data_pos = {"batch": stream.batch, "samples": trained}  # where the next step reads the run's samples
+            saved = save_checkpoint(
+                args.checkpoint_dir, step, job.modules, job.optimizers, meta={**meta, "data": data_pos}
+            )
         if res.preempted:
             log.warning(
                 "rank %d: SIGTERM; stopping after step %d%s",
