@@ -224,3 +224,17 @@ def test_stored_micro_batch_counts_must_match_the_split(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(StratagemError, match="micro_batches_per_replica"):
         load_plan(tmp_path / "bad.json")
+
+
+def test_no_plan_names_the_candidates_that_could_not_be_priced(tmp_path, capsys):
+    """Four localhost "nodes" with no inter-node link fits: no plan for 8 devices, and the error names the missing
+    fit (not a memory shortfall, which it is not)."""
+    cluster = json.loads((PROFILES_DIR / "hardware/local-cpu-2core.json").read_text())
+    cluster["nodes"][0]["count"], cluster["name"] = 4, "local-cpu-4x2"
+    cluster.pop("content_hash", None)
+    (tmp_path / "cluster.json").write_text(json.dumps(cluster))
+    argv = ["plan", "--model", "gpt:tiny", "--cluster", str(tmp_path / "cluster.json"), "--gpus", "8"]
+    assert main([*argv, "--global-batch", "8", "--seq", "16", "--dtype", "fp32", "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "could not be priced" in err and "no collective fit for all_reduce" in err, err
+    assert not (tmp_path / "p").exists()

@@ -542,6 +542,11 @@ class _BranchAndBound:
                 f"solved ({counts['refined']} of {self.n_candidates} candidates bounded); raise "
                 f"--budget-s (e.g. --budget-s {max(60.0, 10 * config.budget_s):g})"
             )
+        if not ranked and self.dropped:  # the candidates the cost model could not price are the likelier cause
+            raise StratagemError(
+                f"no plan on {gpus} devices: {len(self.dropped)} candidate(s) could not be priced and were not "
+                f"searched ({self.dropped[0][1]}), and every other one overflows memory"
+            )
         if not ranked:
             raise _no_plan_error(self.shortfall, gpus)
         status, gap = _global_status(ranked[0].step_s, open_bounds)
