@@ -70,7 +70,7 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     from runtime.executor.data import FileData
     from runtime.executor.parallelize import check_supported
     from runtime.executor.schedule import check_replica_schedules
-    from runtime.executor.tp import tp_styles
+    from runtime.executor.tp import plan_tp_styles
 
     if opts.steps < 1:
         raise StratagemError(f"--steps {opts.steps} must be >= 1")
@@ -89,7 +89,7 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     check_replica_schedules(plan)
     for stage in plan.stages:
         if plan.mesh.size("tp") > 1:
-            tp_styles(plan.model, plan.layout, stage.module_paths)
+            plan_tp_styles(plan, stage.module_paths)
     if opts.data != "synthetic":
         FileData(opts.data).check_shapes(plan.model, plan.training.seq_len)
     if opts.checkpoint_every and opts.checkpoint_dir is None:

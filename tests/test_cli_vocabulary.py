@@ -133,7 +133,6 @@ def test_time_limit_flags_end_in_seconds(tmp_path, capsys):
 
 
 def test_dry_run_summarises_large_plans(tmp_path, capsys):
-    # micro-batch 2: the replicated norm's batch slice must split over tp=2 (runtime.executor.tp.check_batch_slices)
     plan = build_example_plan(
         "1f1b", pp=2, num_micro_batches=4, dp=16, tp=2, micro_batch_size=2, with_alternatives=False
     )

@@ -47,6 +47,9 @@ PLANS_2 = {
     # the blocks as Whale replicas under tp 2: each TP rank routes its own batch slice
     "ep2_tp2_whale": dict(tp=2, split=["embed", "head"], experts={"ep": 2}),
     "dense_whale_norm_tp2": dict(tp=2, split=["embed", "blocks.0", "blocks.1", "head"], spec="llama:tiny"),
+    # one sample per micro-batch over tp 2: the MoE blocks run on the whole micro-batch on both TP ranks, each
+    # routing its token shard (as a split block's expert layer does)
+    "ep2_tp2_whole_replica_mb1": dict(tp=2, split=["embed", "head"], num_micro_batches=8, experts={"ep": 2}),
 }
 PLANS_4 = {
     # edp 2: experts ZeRO-2 sharded over 2 ranks, 2 micro-batches (one gradient reduction per step)

@@ -47,6 +47,15 @@ PLANS_2 = {
     "llama_tp2_sp_mixed": dict(
         tp=2, split=["embed", "blocks.1", "head"], sequence_parallel=["blocks.0"], spec="llama:tiny"
     ),
+    # one sample per micro-batch over tp 2: the replicated layers (the final norm; llama's embedding) run on the
+    # whole micro-batch on both TP ranks (a batch slice of one sample cannot split), fed from a sequence shard too
+    "tp2_mb1_whole_replica": dict(tp=2, split=ALL_SPLIT, num_micro_batches=8),
+    "tp2_sp_mb1_whole_replica": dict(
+        tp=2, split=["embed", "head"], sequence_parallel=["blocks.0", "blocks.1"], num_micro_batches=8
+    ),
+    "llama_tp2_mb1_replicated_embed": dict(
+        tp=2, split=["blocks.0", "blocks.1", "head"], num_micro_batches=8, spec="llama:tiny"
+    ),
     "bf16_pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2, dtype="bf16"),
     "bf16_tp2": dict(tp=2, split=ALL_SPLIT, dtype="bf16"),
     "tied_pp2": dict(pp=2, schedule="1f1b", num_micro_batches=2, spec="gpt:tiny", tie=True),

@@ -448,17 +448,38 @@ def test_dry_run_prints_command_and_starts_nothing(tmp_path, capsys, no_processe
 
 
 @pytest.mark.parametrize("replicated", ["norm", "embed"])
-def test_a_micro_batch_the_tp_group_cannot_slice_is_refused_before_launch(replicated, tmp_path):
-    """A replicated layer under tp > 1 computes a batch slice; one sample over two ranks crashed the ranks (issue 28's
-    tp2 micro-batch-1 trials): `launch` now refuses it in one line naming the layer, and mb 2 still passes."""
+def test_a_micro_batch_the_tp_group_cannot_slice_runs_replicas_on_the_whole_batch(replicated, tmp_path):
+    """A replicated layer under tp > 1 computes a batch slice when the micro-batch splits over tp; one sample over
+    two ranks cannot (issue 28's crashed tp2 micro-batch-1 trials): the replica then runs on the whole micro-batch
+    on both TP ranks (no batch-slice style, nothing to sum over TP), and launch accepts the plan."""
     from runtime.executor.parallelize import check_supported
+    from runtime.executor.tp import plan_tp_styles, replica_paths
 
     spec = parse_model("gpt:tiny")
     split = [p for p in layer_paths(spec) if p not in (replicated, "norm")]
     plan = make_plan(spec, tp=2, global_batch=4, num_micro_batches=4, schedule="1f1b", split=split)
-    with pytest.raises(
-        StratagemError, match=rf"layer {replicated} is replicated under tp=2.*--micro-batch a multiple of 2"
-    ):
-        check_supported(plan)
-    assert cli_main(["launch", str(save_plan(plan, tmp_path / "plan.json")), "--steps", "1", "--dry-run"]) == 2
-    check_supported(make_plan(spec, tp=2, global_batch=4, num_micro_batches=2, schedule="1f1b", split=split))
+    check_supported(plan)
+    styles = plan_tp_styles(plan, layer_paths(spec))
+    assert replica_paths(styles) == [] and replicated not in styles and "norm" not in styles
+    assert styles["head"] == "colwise_sharded_output"  # takes the whole replica's R output
+    assert cli_main(["launch", str(save_plan(plan, tmp_path / "plan.json")), "--steps", "1", "--dry-run"]) == 0
+    sliced = make_plan(spec, tp=2, global_batch=4, num_micro_batches=2, schedule="1f1b", split=split)
+    assert "norm" in replica_paths(plan_tp_styles(sliced, layer_paths(spec)))  # mb 2: Whale's batch slices
+
+
+def test_a_whole_batch_replica_between_sequence_shards_gathers_and_scatters():
+    """Sequence-parallel blocks around a replicated one at micro-batch 1 over tp 2: the replica gathers the
+    sequence shard into the whole activation and scatters its output back (one combined style)."""
+    from runtime.executor.tp import tp_styles
+
+    layout = {
+        "embed": LayerLayout(style="split"),
+        "blocks.0": LayerLayout(style="split", sequence_parallel=True),
+        "blocks.1": LayerLayout(style="replicate"),
+        "norm": LayerLayout(style="split", sequence_parallel=True),
+        "head": LayerLayout(style="split"),
+    }
+    spec = parse_model("gpt:tiny")
+    styles = tp_styles(spec, layout, layer_paths(spec), whole_batch_replicas=True)
+    assert styles["blocks.1"] == "gather_scatter_sequence" and styles["norm"] == "sequence_parallel_local"
+    assert not any(k.startswith("blocks.1.") for k in styles)

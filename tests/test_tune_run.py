@@ -184,12 +184,10 @@ def test_a_launch_that_fails_after_its_summary_still_measured(tmp_path):
 def test_the_runtime_refusal_tune_run_uses_is_launchs_own_check():
     from fixtures.plans import make_plan
     from planner.cli.cmd_tune_run import _runtime_refuses
-    from runtime.models import layer_paths
 
     spec = parse_model("gpt:tiny")
-    split = [p for p in layer_paths(spec) if p != "norm"]
-    refused = make_plan(spec, tp=2, global_batch=4, num_micro_batches=4, schedule="1f1b", split=split)
-    assert "does not split evenly over 2 ranks" in (_runtime_refuses(refused) or "")
+    fp16 = make_plan(spec, dp=2, dtype="fp16")
+    assert "plan trains in fp16, which the runtime does not run" in (_runtime_refuses(fp16) or "")
     bad_schedule = make_plan(spec, pp=2, global_batch=4, num_micro_batches=1, schedule="1f1b")
     assert "1f1b needs at least one micro-batch per stage" in (_runtime_refuses(bad_schedule) or "")
     assert _runtime_refuses(make_plan(spec, dp=2)) is None

@@ -7,7 +7,7 @@ from runtime.executor.data import replica_rows
 from runtime.executor.fsdp import ZERO_MAPPING
 from runtime.executor.moe import describe_experts
 from runtime.executor.schedule import check_replica_schedules
-from runtime.executor.tp import tp_styles, uses_loss_parallel
+from runtime.executor.tp import plan_tp_styles, uses_loss_parallel
 
 
 def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
@@ -27,7 +27,7 @@ def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:
         c = dims.coords(rank)
         parts = []
         for st in sorted((s for s in plan.stages if s.pp_rank == c["pp"]), key=lambda s: s.index):
-            styles = tp_styles(plan.model, plan.layout, st.module_paths) if dims.tp > 1 else {}
+            styles = plan_tp_styles(plan, st.module_paths) if dims.tp > 1 else {}
             tp_text = ", ".join(f"{k}={v}" for k, v in styles.items()) or "replicated"
             rec = ", ".join(f"{k}={v}" for k, v in st.recompute.items() if v != "none") or "none"
             lp = " +loss_parallel" if uses_loss_parallel(styles) else ""

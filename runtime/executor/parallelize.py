@@ -33,10 +33,9 @@ from runtime.executor.tied import check_tied, retie
 from runtime.executor.tp import (
     ReplicaGradSync,
     apply_tp,
-    check_batch_slices,
     record_replica_rows,
+    plan_tp_styles,
     replica_paths,
-    tp_styles,
     uses_loss_parallel,
 )
 from runtime.models.attention import apply_attention
@@ -95,7 +94,6 @@ def check_supported(plan: Plan) -> None:
             f"{plan.model.name} has {len(paths)} ({paths[:3]}...); the plan is for another model, "
             f"re-plan"
         )
-    check_batch_slices(plan)  # after the model and expert checks: a plan for another model is named as such
 
 
 def build_chunk(
@@ -127,7 +125,7 @@ def build_chunk(
         from runtime.models.hf import use_loop_experts
 
         use_loop_experts(model)
-    styles = tp_styles(plan.model, plan.layout, stage.module_paths) if mesh["tp"].size() > 1 else {}
+    styles = plan_tp_styles(plan, stage.module_paths) if mesh["tp"].size() > 1 else {}
     apply_tp(model, mesh["tp"], styles)
     if plan.model.is_external and styles:  # as shard_module does: head counts kept as attributes (OPT)
         for path in (p for p in stage.module_paths if any(s.startswith(p + ".") for s in styles)):

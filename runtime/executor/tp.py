@@ -23,11 +23,14 @@ style name, and maps the names to torch.distributed.tensor.parallel styles:
 | gather_batch | ``PrepareModuleInput(Shard(0) -> R)``: all-gather along the batch (backward: reduce-scatter) | same |
 | batch_to_sequence | ``PrepareModuleInput(Shard(0) -> S)`` | same |
 | gather_batch_output / batch_slice_gather_output | ``PrepareModule(Input)Output``: a replica's output made whole again | same |
+| gather_scatter_sequence | ``PrepareModuleInputOutput(S -> R, R -> S)``: a whole-batch replica between sequence shards | — |
 | colwise_sharded_output_from_batch | as colwise_sharded_output, input Shard(0) (all-gathered) | same |
 
 Replicated layers under ``tp > 1`` are Whale's replicas: data-parallel INSIDE the TP group, each rank
 computing a batch slice (B, a local ``(batch/tp, ...)`` tensor: ``Shard(0)`` of the micro-batch); their
 gradients are summed over the TP group by :class:`ReplicaGradSync` (and averaged over DP by the DP wrapper).
+Where the micro-batch does not split evenly over tp (one sample over two ranks), every TP rank runs them on the
+whole micro-batch instead (R in and out; ``tp_styles(whole_batch_replicas=True)``), with nothing to sum.
 A replica's output is made whole (``gather_batch_output``) where it leaves the stage or the model, so
 pipeline sends and the loss see the whole micro-batch.
 
@@ -97,6 +100,14 @@ TP_STYLES = {  # style name -> factory of the torch ParallelStyle (public: the o
     "gather_batch_output": lambda: PrepareModuleOutput(
         output_layouts=(BATCH,), desired_output_layouts=(Replicate(),), use_local_output=True
     ),
+    "gather_scatter_sequence": lambda: PrepareModuleInputOutput(
+        input_layouts=(SEQ,),
+        desired_input_layouts=(Replicate(),),
+        use_local_input=True,
+        output_layouts=(Replicate(),),
+        desired_output_layouts=(SEQ,),
+        use_local_output=True,
+    ),
     "batch_slice_gather_output": lambda: PrepareModuleInputOutput(
         input_layouts=(Replicate(),),
         desired_input_layouts=(BATCH,),
@@ -158,9 +169,28 @@ def _layer_styles(spec: ModelSpec, path: str, sp: bool, incoming: str) -> tuple[
     return styles, "S", "S"
 
 
-def tp_styles(spec: ModelSpec, layout: Mapping[str, LayerLayout], paths: Sequence[str]) -> dict[str, str]:
+def plan_tp_styles(plan: Plan, paths: Sequence[str]) -> dict[str, str]:
+    """:func:`tp_styles` of ``plan`` for the modules in ``paths``: replicated layers run on batch slices when the
+    micro-batch splits evenly over tp, else on the whole micro-batch (``whole_batch_replicas``)."""
+    tp = plan.mesh.size("tp")
+    whole = tp > 1 and plan.schedule.micro_batch_size % tp != 0
+    return tp_styles(plan.model, plan.layout, paths, whole_batch_replicas=whole)
+
+
+def tp_styles(
+    spec: ModelSpec,
+    layout: Mapping[str, LayerLayout],
+    paths: Sequence[str],
+    *,
+    whole_batch_replicas: bool = False,
+) -> dict[str, str]:
     """Plain-data TP plan for the modules in ``paths`` (one pipeline stage, or the whole model):
-    full submodule path -> style name (see the table above)."""
+    full submodule path -> style name (see the table above).
+
+    ``whole_batch_replicas`` (a micro-batch that does not split evenly over tp, e.g. one sample over two ranks):
+    a replicated layer runs on the whole micro-batch on every TP rank (R in and out, gathered from a sequence
+    shard first), as Megatron-LM runs the layers it does not split; its gradients are then equal on the TP ranks
+    (the split neighbours' backward all-reduces the activation gradient), so nothing sums them."""
     from runtime.models import layer_paths
 
     plan: dict[str, str] = {}
@@ -172,6 +202,10 @@ def tp_styles(spec: ModelSpec, layout: Mapping[str, LayerLayout], paths: Sequenc
         split = lay is not None and lay.style == "split"
         if prev_out == "B" and prev_path not in keep:
             prev_out = "R"  # the other stage made its replica's output whole before sending it
+        if not split and whole_batch_replicas:
+            _whole_replica(plan, path, prev_out)
+            prev_out, prev_path = "R", path
+            continue
         if not split:
             _replica(plan, path, prev_out, last=n + 1 == len(order) or path in keep and order[n + 1] not in keep)
             prev_out, prev_path = ("R" if plan[path].endswith("output") else "B"), path
@@ -179,7 +213,8 @@ def tp_styles(spec: ModelSpec, layout: Mapping[str, LayerLayout], paths: Sequenc
         assert lay is not None  # split
         styles, want, out = _layer_styles(spec, path, bool(lay.sequence_parallel), prev_out)
         if prev_out == "R" and want == "S" and prev_path is not None:
-            plan[prev_path] = "scatter_sequence"
+            gathered = plan.get(prev_path) == "gather_sequence"  # a whole replica fed by a sequence shard
+            plan[prev_path] = "gather_scatter_sequence" if gathered else "scatter_sequence"
         elif prev_out == "S" and want == "R":
             styles[path] = "gather_sequence"
         elif prev_out == "B":
@@ -189,20 +224,15 @@ def tp_styles(spec: ModelSpec, layout: Mapping[str, LayerLayout], paths: Sequenc
     return {k: v for k, v in plan.items() if any(k == p or k.startswith(p + ".") for p in keep)}
 
 
-def check_batch_slices(plan: Plan) -> None:
-    """A replicated layer under ``tp > 1`` computes a batch slice of each micro-batch (Whale's replica): refuse,
-    before any process starts, a micro-batch the TP group cannot slice evenly (DTensor's batch slices would be
-    uneven, ``[1, 0]`` rows for one sample over two ranks, which the gathers after the replica do not take)."""
-    tp, mb = plan.mesh.size("tp"), plan.schedule.micro_batch_size
-    if tp == 1 or mb % tp == 0:
-        return
-    replicas = [p for st in plan.stages for p in replica_paths(tp_styles(plan.model, plan.layout, st.module_paths))]
-    if replicas:
+def _whole_replica(plan: dict[str, str], path: str, incoming: str) -> None:
+    """Styles of a replicated layer on the whole micro-batch (``whole_batch_replicas``): a sequence shard is
+    gathered into it; nothing else is applied."""
+    if incoming == "C":
         raise StratagemError(
-            f"layer {replicas[0]} is replicated under tp={tp}, so each rank computes a batch slice of every "
-            f"micro-batch, but a micro-batch of {mb} sample(s) does not split evenly over {tp} ranks; re-plan with "
-            f"--micro-batch a multiple of {tp} (the runtime does not run uneven batch slices)"
+            f"layer {path} is replicated after a split classifier's class-sharded output; split {path} too or re-plan"
         )
+    if incoming == "S":
+        plan[path] = "gather_sequence"
 
 
 def _replica(plan: dict[str, str], path: str, incoming: str, *, last: bool) -> None:
