@@ -26,8 +26,10 @@ TYPES = (A100, A100, V100, V100)
 GPT = build_gpt_profile(parse_model("gpt:megatron-1.7b"), seq_len=2048, dtype="fp16")
 
 
-def _mixed(shares=None, **kw) -> ParallelConfig:
-    return ParallelConfig(tp=8, pp=1, dp=4, micro_batch=1, replica_node_types=TYPES, batch_shares=shares, **kw)
+def _mixed(shares=None, micro_batch=1, **kw) -> ParallelConfig:
+    return ParallelConfig(
+        tp=8, pp=1, dp=4, micro_batch=micro_batch, replica_node_types=TYPES, batch_shares=shares, **kw
+    )
 
 
 @pytest.mark.parametrize(
@@ -94,13 +96,14 @@ def test_mixed_step_is_formula_h_and_speed_shares_beat_equal_shares():
 
 
 def test_mixed_gradient_sync_runs_on_the_inter_node_link():
-    est = estimate(GPT, MIXED, _mixed(), global_batch=64, dtype="fp16")
+    est = estimate(GPT, MIXED, _mixed(micro_batch=8), global_batch=64, dtype="fp16")
     a, v = est.per_replica_type
     # tp = 8 fills a node: the DP group is 4 ranks, one per node. Flat ring over the inter-node fit
     # (alpha 296.4 us for its 16-rank ring = 30 steps; bus bw 2.8 GB/s per node, 1/8 of it per rank,
     # collectives._flat_link), 2(n-1) = 6 latency steps, bus factor 2(n-1)/n = 1.5, per 25 MiB bucket.
-    # Layers that cannot be tensor-split (the final norm) are replicated over the TP group and sync over the
-    # dp x tp group instead: 32 ranks, 8 per node, at the slower node type's time (V100's intra-node steps).
+    # Layers that cannot be tensor-split (the final norm) are replicated over the TP group and, on batch slices
+    # of the micro-batch of 8, sync over the dp x tp group instead: 32 ranks, 8 per node, at the slower node
+    # type's time (V100's intra-node steps).
     wide_bytes = 2 * sum(layer.shards[0].params for layer in GPT.layers if layer.tp_style == "none")
     split_bytes = a.per_rank[0].memory.params - wide_bytes  # fp16: 2 bytes per parameter, weights and grads
     per_bucket_s = 6 * 2.964e-4 / 30 + 1.5 * DDP_BUCKET_BYTES / (2.8e9 / 8)
@@ -112,6 +115,9 @@ def test_mixed_gradient_sync_runs_on_the_inter_node_link():
     expected_s = (split_bytes * per_bucket_s + wide_bytes * wide_s[V100]) / DDP_BUCKET_BYTES
     assert a.per_rank[0].dp_sync_s == pytest.approx(expected_s, rel=1e-10)
     assert v.per_rank[0].dp_sync_s == a.per_rank[0].dp_sync_s
+    # at micro-batch 1 the replicated norm runs on the whole micro-batch on every TP rank: it syncs over dp
+    whole = estimate(GPT, MIXED, _mixed(), global_batch=64, dtype="fp16").per_replica_type[0]
+    assert whole.per_rank[0].dp_sync_s == pytest.approx(a.per_rank[0].memory.params * per_bucket_s / DDP_BUCKET_BYTES)
     # exposed against each type's own backward window (the V100's is longer: less exposed)
     assert v.per_rank[0].dp_sync_exposed_s < a.per_rank[0].dp_sync_exposed_s
 

@@ -51,7 +51,14 @@ Rules a mirror of ``estimate`` (the ILP tables) must follow — each is document
 """
 
 from planner.cost.collectives import Algorithm, collective_time
-from planner.cost.compute import SYNC_PROBE_BYTES, full_saved_bytes, layer_cost, layout_change_cost, working_set_bytes
+from planner.cost.compute import (
+    SYNC_PROBE_BYTES,
+    batch_sliced,
+    full_saved_bytes,
+    layer_cost,
+    layout_change_cost,
+    working_set_bytes,
+)
 from planner.cost.config import LayerCost, MemorySemantics, ParallelConfig
 from planner.cost.context import (
     ContextParallelError,
@@ -202,6 +209,7 @@ __all__ = [
     "layer_options",
     "layer_overhead_s",
     "layout_change_cost",
+    "batch_sliced",
     "list_collective_s",
     "model_states_bytes",
     "op_backward",

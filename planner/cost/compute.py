@@ -20,9 +20,10 @@ flash backward recomputes QK^T itself (half of the score FLOPs, Dao et al. 2022 
 Whale styles (Jia et al., ATC'22): ``split`` shards the layer over the TP group (Megatron layout, the
 shard at ``tp``); ``replicate`` keeps the full layer on every TP rank and, as Whale's replica does, data-
 parallelises it INSIDE the TP group: each of the ``tp`` ranks computes (and saves activations for) a
-batch slice of ``ceil(micro_batch / tp)`` samples (the busiest rank of ``torch.tensor_split``), with no TP
-collectives; its gradients are averaged over the ``dp x tp`` group (``estimate``). Between a replicated
-(batch-sharded) and a split neighbour, the activation is re-laid-out (``layout_change_cost``).
+batch slice of ``micro_batch / tp`` samples, with no TP collectives; its gradients are averaged over the
+``dp x tp`` group (``estimate``). Where tp does not divide the micro-batch, every TP rank runs the layer on the whole
+micro-batch instead (Megatron-LM's unsplit layers; gradients equal over TP, synced over dp). Between a replicated
+and a split neighbour, the activation is re-laid-out (``layout_change_cost``).
 """
 
 from __future__ import annotations
@@ -84,9 +85,16 @@ def sp_gathered_bytes(layer: LayerProfile, tp: int) -> float:
     return gathered * (1 - 1 / tp)
 
 
+def batch_sliced(micro_batch: int, tp: int, style: TPStyle) -> bool:
+    """A replicated layer under ``tp > 1`` runs on a batch slice (Whale's replica, data parallel inside the TP
+    group) when the micro-batch splits evenly over tp; otherwise (one sample over two ranks) every TP rank runs
+    it on the whole micro-batch, its gradients equal over TP (``runtime.executor.tp``)."""
+    return style == "replicate" and tp > 1 and micro_batch % tp == 0
+
+
 def replica_samples(micro_batch: int, tp: int, style: TPStyle) -> int:
-    """Samples one rank computes: a batch slice of a replicated layer under ``tp > 1`` (Whale), else all."""
-    return -(-micro_batch // tp) if style == "replicate" and tp > 1 else micro_batch
+    """Samples one rank computes: a batch slice of a batch-sliced replica (:func:`batch_sliced`), else all."""
+    return micro_batch // tp if batch_sliced(micro_batch, tp, style) else micro_batch
 
 
 def _interpolate(timings: list[LayerTiming], samples: float) -> tuple[float, float]:
@@ -464,6 +472,7 @@ def layout_change_cost(
     del next  # the boundary tensor is prev's output
     if tp == 1 or prev_style == next_style:
         return 0.0
+    whole = not batch_sliced(micro_batch, tp, "replicate")  # the replica holds the whole micro-batch (R)
     nbytes = prev.output_bytes_per_sample * micro_batch
     coll: dict[str, Any] = dict(
         node_type=node,
@@ -471,6 +480,10 @@ def layout_change_cost(
         ranks_per_node=node.devices_per_node if tp_group_spans_nodes else tp,
     )
     gather = collective_time(cluster, "all_gather", nbytes, tp, **coll)
+    if whole:  # R on the replica's side: only a sequence shard on the split side is gathered (its gradient sliced),
+        # or scattered into (a local slice; its gradient gathered)
+        sharded = sequence_parallel or (prev_style == "split" and prev.tp_style == "column")
+        return gather if sharded else 0.0
     if prev_style == "replicate":
         return gather + collective_time(cluster, "reduce_scatter", nbytes, tp, **coll)
     sharded_output = sequence_parallel or prev.tp_style == "column"

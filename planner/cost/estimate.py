@@ -57,7 +57,7 @@ from planner.core import (
     is_gpu,
 )
 from planner.cost.collectives import collective_time, group_collective_s
-from planner.cost.compute import layer_cost, layer_working_set_bytes, layout_change_cost
+from planner.cost.compute import batch_sliced, layer_cost, layer_working_set_bytes, layout_change_cost
 from planner.cost.config import LayerCost, ParallelConfig
 from planner.cost.context import fold
 from planner.cost.framework import chunk_overhead_s, dp_wrapper, timings_scale
@@ -299,7 +299,7 @@ class _Assembler:
         return sum(k.params for _, k in pairs) - wide + self._tied_copy(r), wide, pairs
 
     def _batch_split(self, layer: LayerProfile) -> bool:
-        return self.cfg.tp > 1 and layer_style(self.cfg, layer) == "replicate"
+        return batch_sliced(self.cfg.micro_batch, self.cfg.tp, layer_style(self.cfg, layer))
 
     def _tied_copy(self, r: int) -> float:
         """Word-embedding copy held by the head's pp rank when tied and on another rank."""

@@ -18,6 +18,7 @@ from planner.cost import (
     KVExchange,
     LayerCost,
     ParallelConfig,
+    batch_sliced,
     block_unit_bytes,
     collective_time,
     combine_expert_costs,
@@ -266,7 +267,7 @@ class LayerOptions:
 
     def option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
         k = self.outer_layer_cost(layer, nt, outer, opt)
-        wide = outer.tp > 1 and opt.style == "replicate"  # batch-split replica: syncs over dp x tp
+        wide = batch_sliced(outer.micro_batch, outer.tp, opt.style)  # batch-split replica: syncs over dp x tp
         z3_mb = z3_gather = 0.0
         if outer.zero_stage == 3:  # over the dp (or dp x tp) group (estimate._zero3_s)
             gather, scatter = self._zero3_collectives_s(layer, nt, k.params, outer.dp, outer.tp, wide)
