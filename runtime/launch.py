@@ -97,7 +97,7 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     if opts.resume:
         if opts.checkpoint_dir is None:
             raise StratagemError("--resume needs --checkpoint-dir DIR (the folder of the run to resume)")
-        check_resumable(opts.checkpoint_dir, plan)
+        check_resumable(opts.checkpoint_dir, plan, batch_may_change=opts.elastic)
     if opts.init_from is not None:
         if "sd" in plan.mesh.axes:
             raise StratagemError("--init-from is not supported for spatial (3D CNN) plans yet; launch without it")
@@ -107,11 +107,17 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
     if opts.max_restarts and not (opts.checkpoint_dir and opts.checkpoint_every):
         log.warning("--max-restarts without --checkpoint-dir/--checkpoint-every restarts from step 1")
     if opts.elastic:
-        check_elastic(plan, opts)
+        check_elastic(plan, opts, slurm=slurm)
 
 
-def check_elastic(plan: Plan, opts: LaunchOptions) -> None:
-    """``--elastic`` needs several nodes, checkpoints to resume from, restarts, and a minimum within the job."""
+def check_elastic(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> None:
+    """``--elastic`` needs several nodes, checkpoints to resume from, restarts, and a minimum within the job;
+    not an sbatch script (``slurm``), whose job has a fixed size."""
+    if slurm:
+        raise StratagemError(
+            "--slurm writes a fixed-size job; --elastic needs each node's own `stratagem launch --elastic` "
+            "(drop one of the two)"
+        )
     nproc = opts.procs_per_node(plan)
     if opts.nnodes < 2:
         raise StratagemError("--elastic continues on the nodes left when one is lost: it needs --nnodes 2 or more")
@@ -211,6 +217,16 @@ def build_command(plan: Plan, opts: LaunchOptions) -> list[str]:
     if opts.max_restarts:
         cmd += ["--max-restarts", str(opts.max_restarts)]
     return cmd + ["-m", "runtime.executor.train", *train_args(opts)]
+
+
+ATTEMPTS_FILE = "elastic_attempts.json"  # in --checkpoint-dir: how many attempts an elastic job has started
+
+
+def start_elastic_job(opts: LaunchOptions) -> None:
+    """The first node of a new elastic job (no ``--resume``) restarts the attempt count in ``--checkpoint-dir``
+    (:func:`check_elastic` has made sure the folder holds no checkpoint)."""
+    if opts.elastic and opts.node_rank == 0 and not opts.resume and opts.checkpoint_dir is not None:
+        (opts.checkpoint_dir / ATTEMPTS_FILE).unlink(missing_ok=True)
 
 
 # torch's agents share one TCP store across rendezvous rounds and publish its address only in the first round

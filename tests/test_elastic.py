@@ -19,6 +19,7 @@ import torch
 
 from fixtures.reference import reference_losses
 from planner.cli.main import main
+from planner.core import StratagemError
 from planner.inspect import run_segments
 from planner.plan import load_plan, save_plan
 from runtime.executor.checkpoint import COMPLETE_MARKER
@@ -175,6 +176,8 @@ def test_elastic_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     (old / "step_000002" / COMPLETE_MARKER).write_text("")
     earlier = [str(plan), "--elastic", "--min-gpus", "2", "--nnodes", "2", *base[:5], str(old), *base[6:]]
     cases["holds checkpoints of an earlier run (newest: step_000002)"] = earlier
+    cases["--slurm writes a fixed-size job"] = [*cases["give --max-restarts 1 or more"], "--max-restarts", "1"]
+    cases["--slurm writes a fixed-size job"] += ["--slurm", str(tmp_path / "job.sbatch")]
     mixed = tmp_path / "mixed.json"  # which devices a lost node leaves depends on its type: refused
     argv = ["plan", "--model", "gpt:tiny", "--cluster", "mixed-a100-v100", "--gpus", "32", "--global-batch", "32"]
     assert main([*argv, "--seq", "32", "--dtype", "fp32", "--out", str(mixed)]) == 0
@@ -296,6 +299,13 @@ def test_a_resume_at_another_batch_continues_from_the_next_sample(tmp_path):
     assert json.loads((ckpt / "step_000004" / "meta.json").read_text())["data"] == {"batch": 8, "samples": 28}
 
     plan8, plan6 = load_plan(first), load_plan(second)
+    # launch --elastic --resume of the batch-8 plan from the batch-6 checkpoint: accepted (a job whose world shrank
+    # and grew back); a plain --resume still refuses the other batch
+    from runtime.executor.checkpoint import check_resumable
+
+    assert check_resumable(ckpt, plan8, batch_may_change=True).name == "step_000004"
+    with pytest.raises(StratagemError, match="global_batch 6 -> 8"):
+        check_resumable(ckpt, plan8)
     tr = plan8.training
     at8 = build_data_source(spec, "synthetic", global_batch=8, seq_len=tr.seq_len, seed=tr.seed)
     at6 = build_data_source(

@@ -73,6 +73,15 @@ PLANS_4 = {
         sequence_parallel=["blocks.0", "blocks.1", "norm"],
     ),
     "dp2_tp2_zero3": dict(dp=2, tp=2, split=ALL_SPLIT, zero_stage=3),
+    # a batch-sliced replica (blocks.1, micro-batch 4 over tp 2) ends stage 0; stage 1 opens sequence-parallel
+    "pp2_tp2_replica_then_sp": dict(
+        pp=2,
+        tp=2,
+        schedule="gpipe",
+        num_micro_batches=2,
+        split=["embed", "blocks.0", "head"],
+        sequence_parallel=["norm"],
+    ),
     "tied_pp2_tp2": dict(pp=2, tp=2, schedule="1f1b", num_micro_batches=2, split=ALL_SPLIT, tie=True),
     # two independent 1F1B pipelines: 12 and 4 rows in micro-batches of 2 -> 6 and 2 micro-batches (>= pp)
     "pp2_dp2_uneven": dict(pp=2, dp=2, schedule="1f1b", global_batch=16, batch_shares=[0.75, 0.25], micro_batch_size=2),

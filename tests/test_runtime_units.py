@@ -483,3 +483,22 @@ def test_a_whole_batch_replica_between_sequence_shards_gathers_and_scatters():
     styles = tp_styles(spec, layout, layer_paths(spec), whole_batch_replicas=True)
     assert styles["blocks.1"] == "gather_scatter_sequence" and styles["norm"] == "sequence_parallel_local"
     assert not any(k.startswith("blocks.1.") for k in styles)
+
+
+def test_a_batch_sliced_replica_ending_its_stage_hands_a_sequence_shard_on():
+    """pp 2 with a replicated block ending stage 0 (micro-batch 4 over tp 2: batch slices) and a
+    sequence-parallel norm opening stage 1: the replica's output goes from its batch slice straight to a sequence
+    shard (one style, still a replica whose gradients are summed over TP), not overwritten by a plain scatter."""
+    from runtime.executor.tp import replica_paths, tp_styles
+
+    spec = parse_model("gpt:tiny")
+    layout = {
+        "embed": LayerLayout(style="split"),
+        "blocks.0": LayerLayout(style="split"),
+        "blocks.1": LayerLayout(style="replicate"),
+        "norm": LayerLayout(style="split", sequence_parallel=True),
+        "head": LayerLayout(style="split"),
+    }
+    first = tp_styles(spec, layout, ["embed", "blocks.0", "blocks.1"])
+    assert first["blocks.1"] == "batch_slice_to_sequence_output" and replica_paths(first) == ["blocks.1"]
+    assert tp_styles(spec, layout, ["norm", "head"])["norm"] == "sequence_parallel_local"

@@ -178,6 +178,8 @@ def elastic_plans(plan, opts, plan_path: Path) -> tuple[Path, ...]:
         smaller, note = _replan_for(plan, gpus)
         if smaller is None:
             print(f"elastic: no plan for {gpus} GPUs ({note}); the job stops if fewer nodes are left", file=sys.stderr)
+            if opts.node_rank == 0:  # a plan an earlier launch left there must not be taken for this job's
+                path.unlink(missing_ok=True)
             continue
         path = save_plan(smaller, path)
         pred = smaller.predictions.step_time_s if smaller.predictions else None
@@ -196,7 +198,7 @@ def _replan_for(plan, gpus: int):
     nearest batch the recipe allows (``nearest_batches``: a split the run's batch rules out), stated in the note
     (else the note is the reason no plan exists)."""
     from planner.cli.cmd_plan import replan
-    from planner.plan.recipe import nearest_batches
+    from planner.plan import nearest_batches
 
     batch = plan.training.global_batch
     try:
@@ -256,7 +258,17 @@ def _run_with_oom_fallback(plan, opts, args: argparse.Namespace, metrics: Path |
 
     from planner.core import atomic_write_text
     from planner.plan import save_plan
-    from runtime.launch import FALLBACK_ENV, OOM_DIR_ENV, build_command, command_env, oom_fallback, run_command
+    from runtime.launch import (
+        FALLBACK_ENV,
+        OOM_DIR_ENV,
+        build_command,
+        command_env,
+        oom_fallback,
+        run_command,
+        start_elastic_job,
+    )
+
+    start_elastic_job(opts)
 
     fallbacks = 0
     with tempfile.TemporaryDirectory(prefix="stratagem-oom-") as notes_dir:

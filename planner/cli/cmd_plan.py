@@ -526,16 +526,17 @@ def replan_command(command: list[str], gpus: int, *, global_batch: int | None = 
     """``command`` (a plan's `stratagem plan` arguments) for ``gpus`` devices, and at ``global_batch`` when given
     (with ``--lr``, the reference batch pinned to the command's own batch, so the rate scales to the new one).
 
-    >>> replan_command(["plan", "--gpus", "8", "--global-batch", "8", "--lr", "1e-3"], 6, global_batch=6)
-    ['plan', '--gpus', '6', '--global-batch', '6', '--lr', '1e-3', '--reference-batch', '8']
+    >>> argv = ["plan", "--model", "gpt:tiny", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8"]
+    >>> replan_command([*argv, "--lr", "1e-3", "--train-steps", "9"], 6, global_batch=6)[5:]
+    ['--gpus', '6', '--global-batch', '6', '--lr', '1e-3', '--train-steps', '9', '--reference-batch', '8']
     """
     from planner.cli.main import build_parser
 
     argv = [*command]
     if global_batch is not None:
-        old = build_parser().parse_args([*argv, "--out", "plan.json"]).global_batch
-        if "--lr" in argv and "--reference-batch" not in argv:
-            argv += ["--reference-batch", str(old)]
+        parsed = build_parser().parse_args([*argv, "--out", "plan.json"])
+        if parsed.lr is not None and parsed.reference_batch is None:
+            argv += ["--reference-batch", str(parsed.global_batch)]
         _set_flag(argv, "--global-batch", str(global_batch))
     _set_flag(argv, "--gpus", str(gpus))
     return argv

@@ -468,8 +468,12 @@ def layout_change_cost(
     * split -> replicate: a local slice forward — preceded by an all-gather when the split side is
       sharded (sequence parallelism, or a column-parallel ``prev`` such as a split classifier) — and an
       all-gather of the batch-sliced gradient backward.
+
+    Where tp does not divide the micro-batch the replica holds the whole activation (R, as the split side does
+    without sequence parallelism): only a split block or norm under sequence parallelism, whose side is a
+    sequence shard, costs one all-gather (forward from it, or of the gradient into it); an embedding or a head
+    keeps whole activations under sequence parallelism (``runtime.executor.tp``).
     """
-    del next  # the boundary tensor is prev's output
     if tp == 1 or prev_style == next_style:
         return 0.0
     whole = not batch_sliced(micro_batch, tp, "replicate")  # the replica holds the whole micro-batch (R)
@@ -480,9 +484,9 @@ def layout_change_cost(
         ranks_per_node=node.devices_per_node if tp_group_spans_nodes else tp,
     )
     gather = collective_time(cluster, "all_gather", nbytes, tp, **coll)
-    if whole:  # R on the replica's side: only a sequence shard on the split side is gathered (its gradient sliced),
-        # or scattered into (a local slice; its gradient gathered)
-        sharded = sequence_parallel or (prev_style == "split" and prev.tp_style == "column")
+    if whole:
+        split_side = prev if prev_style == "split" else next
+        sharded = sequence_parallel and split_side.kind in ("block", "norm")
         return gather if sharded else 0.0
     if prev_style == "replicate":
         return gather + collective_time(cluster, "reduce_scatter", nbytes, tp, **coll)

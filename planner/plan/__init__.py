@@ -6,7 +6,7 @@ carries) and ``comparison`` (the record of a plan compared with another).
 """
 
 from planner.plan.comparison import ComparisonRecord
-from planner.plan.recipe import LRSchedule, build_lr_schedule, lr_at_step, peak_lr
+from planner.plan.recipe import LRSchedule, build_lr_schedule, lr_at_step, nearest_batches, peak_lr
 from planner.plan.schema import (
     PLAN_SCHEMA_VERSION,
     Alternative,
@@ -70,6 +70,7 @@ __all__ = [
     "expert_groups",
     "load_plan",
     "lr_at_step",
+    "nearest_batches",
     "make_schedule",
     "mesh_coords",
     "micro_batches_per_replica",

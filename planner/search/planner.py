@@ -545,7 +545,7 @@ class _BranchAndBound:
         if not ranked and self.dropped:  # the candidates the cost model could not price are the likelier cause
             raise StratagemError(
                 f"no plan on {gpus} devices: {len(self.dropped)} candidate(s) could not be priced and were not "
-                f"searched ({self.dropped[0][1]}), and every other one overflows memory"
+                f"searched ({self.dropped[0][1]}); no candidate that could be priced fits in memory"
             )
         if not ranked:
             raise _no_plan_error(self.shortfall, gpus)

@@ -391,9 +391,9 @@ def model_digest(plan: Plan) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-def check_resumable(ckpt_dir: str | Path, plan: Plan) -> Path:
+def check_resumable(ckpt_dir: str | Path, plan: Plan, *, batch_may_change: bool = False) -> Path:
     """Launcher-side check for ``--resume``: a complete checkpoint exists, of this model and training settings
-    (:func:`check_compatible`), with metadata that is DCP's. Returns its folder."""
+    (:func:`check_compatible`, ``batch_may_change`` passed on), with metadata that is DCP's. Returns its folder."""
     latest = find_latest_checkpoint(ckpt_dir)
     if latest is None:
         raise StratagemError(
@@ -402,7 +402,7 @@ def check_resumable(ckpt_dir: str | Path, plan: Plan) -> Path:
         )
     for torn in torn_checkpoints(ckpt_dir):
         log.warning("%s is incomplete (its save was interrupted): resuming from %s", torn, latest)
-    check_compatible(latest, read_checkpoint_meta(latest), plan)
+    check_compatible(latest, read_checkpoint_meta(latest), plan, batch_may_change=batch_may_change)
     try:
         SafeFileSystemReader(str(latest)).read_metadata()  # refuses metadata that is not DCP's, before any rank starts
     except OSError as exc:

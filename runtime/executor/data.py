@@ -3,8 +3,9 @@
 Every rank builds the same global batch for step ``s`` (synthetic data is drawn from a generator seeded
 with ``(seed, s)``; file data is read at position ``s * global_batch``), then keeps the rows of its dp
 replica. So each sample of the global batch is used exactly once per step, a resumed job sees the same
-data as an uninterrupted one (the data position *is* the step), and a single-process run of the full
-batch is the reference for every parallel layout.
+data as an uninterrupted one (the data position is the step), and a single-process run of the full
+batch is the reference for every parallel layout. The one exception: an elastic job whose plan for the devices
+left took another global batch reads the run's sample stream on from the next sample (:class:`DataStream`).
 
 Uneven ``batch_shares`` (mixed clusters): replica ``r`` gets ``n_r = share_r * B`` rows and runs
 ``m_r = n_r / micro_batch_size`` micro-batches of the plan's one ``schedule.micro_batch_size`` — the same

@@ -24,6 +24,7 @@ style name, and maps the names to torch.distributed.tensor.parallel styles:
 | batch_to_sequence | ``PrepareModuleInput(Shard(0) -> S)`` | same |
 | gather_batch_output / batch_slice_gather_output | ``PrepareModule(Input)Output``: a replica's output made whole again | same |
 | gather_scatter_sequence | ``PrepareModuleInputOutput(S -> R, R -> S)``: a whole-batch replica between sequence shards | — |
+| batch(_slice)_to_sequence_output | as gather_batch_output / batch_slice_gather_output, output a sequence shard: a replica ending its stage before a sequence-parallel one | — |
 | colwise_sharded_output_from_batch | as colwise_sharded_output, input Shard(0) (all-gathered) | same |
 
 Replicated layers under ``tp > 1`` are Whale's replicas: data-parallel INSIDE the TP group, each rank
@@ -108,6 +109,17 @@ TP_STYLES = {  # style name -> factory of the torch ParallelStyle (public: the o
         desired_output_layouts=(SEQ,),
         use_local_output=True,
     ),
+    "batch_to_sequence_output": lambda: PrepareModuleOutput(
+        output_layouts=(BATCH,), desired_output_layouts=(SEQ,), use_local_output=True
+    ),
+    "batch_slice_to_sequence_output": lambda: PrepareModuleInputOutput(
+        input_layouts=(Replicate(),),
+        desired_input_layouts=(BATCH,),
+        use_local_input=True,
+        output_layouts=(BATCH,),
+        desired_output_layouts=(SEQ,),
+        use_local_output=True,
+    ),
     "batch_slice_gather_output": lambda: PrepareModuleInputOutput(
         input_layouts=(Replicate(),),
         desired_input_layouts=(BATCH,),
@@ -125,6 +137,8 @@ _REPLICA_STYLES = (
     "batch_slice_from_sequence",
     "gather_batch_output",
     "batch_slice_gather_output",
+    "batch_to_sequence_output",
+    "batch_slice_to_sequence_output",
 )
 
 
@@ -212,9 +226,8 @@ def tp_styles(
             continue
         assert lay is not None  # split
         styles, want, out = _layer_styles(spec, path, bool(lay.sequence_parallel), prev_out)
-        if prev_out == "R" and want == "S" and prev_path is not None:
-            gathered = plan.get(prev_path) == "gather_sequence"  # a whole replica fed by a sequence shard
-            plan[prev_path] = "gather_scatter_sequence" if gathered else "scatter_sequence"
+        if prev_out == "R" and want == "S" and prev_path in keep:  # (another stage's layer: that stage scatters)
+            plan[prev_path] = _then_scatter(prev_path, plan.get(prev_path))
         elif prev_out == "S" and want == "R":
             styles[path] = "gather_sequence"
         elif prev_out == "B":
@@ -222,6 +235,24 @@ def tp_styles(
         plan.update(styles)
         prev_out, prev_path = out, path
     return {k: v for k, v in plan.items() if any(k == p or k.startswith(p + ".") for p in keep)}
+
+
+_SCATTERED = {  # a layer's own style -> the style that also leaves its output a sequence shard
+    None: "scatter_sequence",
+    "gather_sequence": "gather_scatter_sequence",  # a whole replica fed by a sequence shard
+    "gather_batch_output": "batch_to_sequence_output",  # a batch-sliced replica ending its stage
+    "batch_slice_gather_output": "batch_slice_to_sequence_output",
+}
+
+
+def _then_scatter(path: str, own: str | None) -> str:
+    """The style of ``path`` whose output must become a sequence shard for the next (sequence-parallel) layer."""
+    if own not in _SCATTERED:
+        raise StratagemError(
+            f"layer {path} ({own}) cannot hand a sequence shard to the sequence-parallel layer after it; "
+            f"split both or neither with sequence parallelism"
+        )
+    return _SCATTERED[own]
 
 
 def _whole_replica(plan: dict[str, str], path: str, incoming: str) -> None:

@@ -42,7 +42,6 @@ from runtime.executor.mesh import build_mesh
 from runtime.executor.metrics import (
     MetricsLog,
     peak_memory_bytes,
-    read_metrics,
     peak_reserved_bytes,
     peak_rss_bytes,
     reset_peak_memory,
@@ -62,7 +61,7 @@ from runtime.executor.speed import (
 )
 from runtime.executor.tensor_memory import KINDS, TensorMemory, TensorPeak, steady_peak
 from runtime.executor.tied import TiedGradSync, build_tied_sync, tied_aliases
-from runtime.launch import FALLBACK_ENV, OOM_DIR_ENV
+from runtime.launch import ATTEMPTS_FILE, FALLBACK_ENV, OOM_DIR_ENV
 
 log = logging.getLogger("runtime.executor.train")
 
@@ -214,7 +213,7 @@ def elastic_choice(plan_paths: list[str], elastic_paths: list[str], world_size: 
     if world_size not in plans:
         have = ", ".join(str(n) for n in sorted({first.world_size, *plans}))
         raise StratagemError(
-            f"the job restarted on {world_size} ranks but plans exist only for {have}; "
+            f"the job (re)started on {world_size} ranks but plans exist only for {have}; "
             f"relaunch with --min-gpus at a count that has a plan"
         )
     return plans[world_size]
@@ -239,13 +238,17 @@ def replan_record(plan: Plan, plan_path: str, before: dict, plan_files: list[str
     }
 
 
-def next_attempt(metrics_path: str | None) -> int:
-    """An elastic job's attempt number: one past the last one in its metrics file (0 for the first). torch's
-    restart count does not serve: an agent counts no restart when a node joins, and a joining node starts at 0."""
-    if metrics_path is None or not Path(metrics_path).exists():
-        return 0
-    done = [r.get("attempt") for r in read_metrics(metrics_path)]
-    return max((a for a in done if isinstance(a, int)), default=-1) + 1
+def next_attempt(ckpt_dir: str | Path) -> int:
+    """Rank 0 of an elastic attempt: its number (0 for the first), counted in ``--checkpoint-dir`` (which every
+    node reads: the checkpoints are resharded from it), so it holds whichever node has rank 0. torch's restart
+    count does not serve: an agent counts no restart when a node joins, and a joining node starts at 0."""
+    path = Path(ckpt_dir) / ATTEMPTS_FILE
+    try:
+        started = int(json.loads(path.read_text(encoding="utf-8"))["started"])
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: count from here
+        started = 0
+    atomic_write_text(path, json.dumps({"started": started + 1}) + "\n")
+    return started
 
 
 def _maybe_sigterm_launcher(step: int) -> None:
@@ -653,6 +656,7 @@ def _resume(
     plan: Plan,
     job: Job,
     data: str,
+    checkpoint_dir: str | None,
     latest: Path | None,
     metrics_path: str | None,
     plan_path: str | None,
@@ -688,7 +692,9 @@ def _resume(
                 first,
                 job.stream.first_sample,
             )
-    attempt = _restart_count() if elastic_from is None else next_attempt(metrics_path)
+    attempt = _restart_count()
+    if elastic_from is not None and checkpoint_dir is not None:
+        attempt = next_attempt(checkpoint_dir) if dist.get_rank() == 0 else 0  # only rank 0 writes metrics
     metrics = MetricsLog(metrics_path, plan, attempt=attempt)
     if elastic_from is not None and before is not None:
         record = replan_record(plan, plan_path or "", before, elastic_from["plans"])
@@ -731,7 +737,9 @@ def run_plan(
         plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks, init_from=init_from
     )
     rank = dist.get_rank()
-    first, metrics = _resume(plan, job, args.data, latest, metrics_path if rank == 0 else None, plan_path, elastic_from)
+    first, metrics = _resume(
+        plan, job, args.data, args.checkpoint_dir, latest, metrics_path if rank == 0 else None, plan_path, elastic_from
+    )
     metrics.write(
         {
             "event": "start",
