@@ -38,6 +38,17 @@ PLANS_4 = {
     "cp2_llama_tp2_sp": dict(
         cp=2, tp=2, split=["embed", "head"], sequence_parallel=["blocks.0", "blocks.1", "norm"], spec="llama:tiny"
     ),
+    # the planner's Llama-3-70B shape at 512+ GPUs: ring cp, tp 2 with sequence parallelism, micro-batch 1, so the
+    # replicated final norm runs on the whole micro-batch on both TP ranks (gathered from the sequence shards)
+    "cp2_llama_ring_tp2_sp_mb1": dict(
+        cp=2,
+        tp=2,
+        split=["embed", "head"],
+        sequence_parallel=["blocks.0", "blocks.1"],
+        num_micro_batches=4,
+        spec="llama:tiny",
+        context_parallel="ring",
+    ),
     "cp2_in_pp2": dict(cp=2, pp=2, schedule="1f1b", num_micro_batches=2),
     "cp4_llama_ring": dict(cp=4, spec="llama:tiny", context_parallel="ring"),
     # tied head and embedding on different pp ranks: one gradient all-reduce pair per (dp, cp, tp) coordinate
