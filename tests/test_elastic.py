@@ -21,7 +21,7 @@ from fixtures.reference import reference_losses
 from planner.cli.main import main
 from planner.core import StratagemError
 from planner.inspect import run_segments
-from planner.plan import load_plan, save_plan
+from planner.plan import load_plan, lr_at_step, save_plan
 from runtime.executor.checkpoint import COMPLETE_MARKER
 from runtime.executor.metrics import final_step_losses, read_metrics
 
@@ -251,7 +251,7 @@ def test_elastic_takes_the_nearest_batch_only_where_the_runs_cannot_fit(tmp_path
     out = tmp_path / "plan.json"
     argv = ["plan", "--model", "gpt:tiny", "--cluster", str(tmp_path / "cluster.json"), "--gpus", "8"]
     argv += ["--global-batch", "8", "--seq", "16", "--dtype", "fp32", "--tp", "1", "--pp", "1", "--out", str(out)]
-    assert main(argv) == 0
+    assert main([*argv, "--lr", "1e-3", "--train-steps", "10"]) == 0  # a recipe: its rate scales with the batch
     capsys.readouterr()
     plan = load_plan(out)
     opts = LaunchOptions(
@@ -266,6 +266,12 @@ def test_elastic_takes_the_nearest_batch_only_where_the_runs_cannot_fit(tmp_path
     assert plans[6].mesh.size("dp") == 6
     assert plans[6].training.model_copy(update={"global_batch": 8}) == plan.training
     assert "no plan of global batch 8 fits 6 GPUs" in err and "trains 6 samples per step" in err, err
+    assert "the rate scaled linearly by its recipe" in err
+    schedule = plan.training.lr_schedule
+    assert plans[6].training.lr_schedule == schedule and schedule is not None and schedule.reference_batch == 8
+    assert lr_at_step(schedule, global_batch=6, step=3) == pytest.approx(
+        0.75 * lr_at_step(schedule, global_batch=8, step=3)
+    )
     # a node that joins later runs these very plans (it does not re-plan them)
     again = elastic_plans(plan, dataclasses.replace(opts, node_rank=1), out)
     assert [load_plan(p).content_hash for p in again] == [plans[n].content_hash for n in (6, 4, 2)]

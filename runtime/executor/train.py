@@ -664,8 +664,10 @@ def _resume(
 ) -> tuple[int, MetricsLog]:
     """Load ``latest`` (if any) into the job; (first step, the metrics log). Under ``launch --elastic``
     (``elastic_from``: the launched plan's world size and hash, and every plan file of the job) the attempt is
-    numbered from the metrics file and a ``replan`` event is written when the world differs from the one that wrote
-    the checkpoint (or, with none, from the launched plan's): a node was lost or joined."""
+    counted in ``checkpoint_dir`` (:func:`next_attempt`) and a ``replan`` event is written when the world differs
+    from the one that wrote the checkpoint (or, with none, from the launched plan's): a node was lost or joined.
+    A checkpoint written at another global batch (an elastic plan's nearest batch) is read on from its next
+    sample (:class:`runtime.executor.data.DataStream`)."""
     first = 1
     before = None if elastic_from is None else {k: elastic_from[k] for k in ("world_size", "plan_hash")}
     job.stream = DataStream(batch=plan.training.global_batch, first_step=1, first_sample=0)
