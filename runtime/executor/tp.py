@@ -258,21 +258,23 @@ def _then_scatter(path: str, own: str | None) -> str:
 def _whole_replica(plan: dict[str, str], path: str, incoming: str) -> None:
     """Styles of a replicated layer on the whole micro-batch (``whole_batch_replicas``): a sequence shard is
     gathered into it; nothing else is applied."""
+    _after_classifier(path, incoming)
+    if incoming == "S":
+        plan[path] = "gather_sequence"
+
+
+def _after_classifier(path: str, incoming: str) -> None:
+    """A replicated layer cannot follow a split classifier's class-sharded output (``C``)."""
     if incoming == "C":
         raise StratagemError(
             f"layer {path} is replicated after a split classifier's class-sharded output; split {path} too or re-plan"
         )
-    if incoming == "S":
-        plan[path] = "gather_sequence"
 
 
 def _replica(plan: dict[str, str], path: str, incoming: str, *, last: bool) -> None:
     """Styles of a replicated layer (Whale's replica): slice its input along the batch unless it already is
     a batch slice; make its output whole when it is the last layer of its stage or of the model."""
-    if incoming == "C":
-        raise StratagemError(
-            f"layer {path} is replicated after a split classifier's class-sharded output; split {path} too or re-plan"
-        )
+    _after_classifier(path, incoming)
     if incoming == "B":
         plan[path] = "gather_batch_output" if last else "replica"
         return

@@ -435,7 +435,6 @@ class Job:
     memory_baseline_bytes: int = 0
     loss_scale: float = 1.0
     context: ContextShard | None = None  # this rank's two chunks of each sequence (context parallelism)
-    stream: DataStream | None = None  # where the steps read the run's samples (set when the run starts or resumes)
 
     @property
     def modules(self) -> list[torch.nn.Module]:
@@ -661,16 +660,16 @@ def _resume(
     metrics_path: str | None,
     plan_path: str | None,
     elastic_from: dict | None,
-) -> tuple[int, MetricsLog]:
-    """Load ``latest`` (if any) into the job; (first step, the metrics log). Under ``launch --elastic``
-    (``elastic_from``: the launched plan's world size and hash, and every plan file of the job) the attempt is
-    counted in ``checkpoint_dir`` (:func:`next_attempt`) and a ``replan`` event is written when the world differs
-    from the one that wrote the checkpoint (or, with none, from the launched plan's): a node was lost or joined.
-    A checkpoint written at another global batch (an elastic plan's nearest batch) is read on from its next
-    sample (:class:`runtime.executor.data.DataStream`)."""
+) -> tuple[int, MetricsLog, DataStream]:
+    """Load ``latest`` (if any) into the job; (first step, the metrics log, where the steps read the run's
+    samples). Under ``launch --elastic`` (``elastic_from``: the launched plan's world size and hash, and every plan
+    file of the job) the attempt is counted in ``checkpoint_dir`` (:func:`next_attempt`) and a ``replan`` event is
+    written when the world differs from the one that wrote the checkpoint (or, with none, from the launched
+    plan's): a node was lost or joined. A checkpoint written at another global batch (an elastic plan's nearest
+    batch) is read on from its next sample (:class:`runtime.executor.data.DataStream`)."""
     first = 1
     before = None if elastic_from is None else {k: elastic_from[k] for k in ("world_size", "plan_hash")}
-    job.stream = DataStream(batch=plan.training.global_batch, first_step=1, first_sample=0)
+    stream = DataStream(batch=plan.training.global_batch, first_step=1, first_sample=0)
     if latest is not None:
         meta = read_checkpoint_meta(latest)
         check_compatible(latest, meta, plan, batch_may_change=elastic_from is not None)
@@ -678,21 +677,21 @@ def _resume(
         log.info("rank %d resumed from %s", dist.get_rank(), latest)
         if before is not None and "world_size" in meta and "plan_hash" in meta:
             before = {"world_size": meta["world_size"], "plan_hash": meta["plan_hash"]}
-        job.stream = resumed_stream(meta, first, plan.training.global_batch)
-        if not job.stream.aligned(plan.training.global_batch):
+        stream = resumed_stream(meta, first, plan.training.global_batch)
+        if not stream.aligned(plan.training.global_batch):
             tr = plan.training
             job.data = build_data_source(
-                plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed, stream=job.stream
+                plan.model, data, global_batch=tr.global_batch, seq_len=tr.seq_len, seed=tr.seed, stream=stream
             )
             log.info(
                 "rank %d: global batch %d -> %d (launch --elastic: the nearest the recipe allows on %d ranks); "
                 "step %d reads from sample %d of the run",
                 dist.get_rank(),
-                job.stream.batch,
+                stream.batch,
                 tr.global_batch,
                 plan.world_size,
                 first,
-                job.stream.first_sample,
+                stream.first_sample,
             )
     attempt = _restart_count()
     if elastic_from is not None and checkpoint_dir is not None:
@@ -702,7 +701,7 @@ def _resume(
         record = replan_record(plan, plan_path or "", before, elastic_from["plans"])
         if record is not None:
             metrics.write({**record, "resumed_from": str(latest) if latest is not None else None, "first_step": first})
-    return first, metrics
+    return first, metrics, stream
 
 
 def run_plan(
@@ -739,7 +738,7 @@ def run_plan(
         plan, device, data=args.data, report_dir=report_dir, compile_blocks=compile_blocks, init_from=init_from
     )
     rank = dist.get_rank()
-    first, metrics = _resume(
+    first, metrics, stream = _resume(
         plan, job, args.data, args.checkpoint_dir, latest, metrics_path if rank == 0 else None, plan_path, elastic_from
     )
     metrics.write(
@@ -753,9 +752,7 @@ def run_plan(
             "device": device.type,
             "world_size": dist.get_world_size(),
             "global_batch": plan.training.global_batch,
-            "first_sample": job.stream.first_sample
-            if job.stream is not None
-            else (first - 1) * plan.training.global_batch,
+            "first_sample": stream.first_sample,
             "plan_hash": plan.content_hash,
             "plan_path": str(Path(plan_path).resolve()) if plan_path else None,
             "attention": job.chunks[0].attention,
@@ -768,9 +765,6 @@ def run_plan(
     tr = plan.training
     tokens = tr.global_batch * (tr.seq_len if plan.model.is_language_model else 1)
     meta = checkpoint_meta(plan, dist.get_world_size()) if args.checkpoint_dir else {}  # once, not every step
-    stream = job.stream or DataStream(
-        batch=tr.global_batch, first_step=first, first_sample=(first - 1) * tr.global_batch
-    )
     for step in range(first, args.steps + 1):
         _maybe_die(step)
         _maybe_kill_node(step)
