@@ -52,7 +52,7 @@ check: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	@$(MAKE) --no-print-directory check > $(VENV)/check.log 2>&1 & gates=$$!; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20; tests=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 --cpu-top 25; tests=$$?; \
 	wait $$gates; checks=$$?; cat $(VENV)/check.log; \
 	if [ $$checks -ne 0 ]; then echo "make check failed (above)"; fi; \
 	[ $$tests -eq 0 ] && [ $$checks -eq 0 ]
