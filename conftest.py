@@ -45,10 +45,23 @@ _CPU_LAST: list[float] = []
 
 
 def _cpu_now() -> float:
+    import os
     import resource
+    import sys
 
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    total = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    # ranks forked by this worker's zygotes (tests/runtime_helpers.py) are the zygotes' children, not ours: their
+    # CPU and the zygotes' own, from /proc (utime, stime, cutime, cstime), while a zygote lives
+    helpers = sys.modules.get("runtime_helpers")
+    for zygote in getattr(helpers, "_ZYGOTES", ()):
+        try:
+            with open(f"/proc/{zygote.proc.pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def pytest_runtest_logstart():

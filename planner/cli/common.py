@@ -129,11 +129,12 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def check_layer_paths(spec, paths: list[str], *, source: str) -> None:
     """``paths`` (a profile's layers or a plan's stages, in order) must be the model's top-level layers.
 
-    The CLI is the one place the planner may ask the runtime's model zoo (the composition root)."""
-    from runtime.models import layer_paths
+    The CLI is the one place the planner may ask the runtime's model zoo (the composition root); zoo models'
+    paths need no torch (``runtime.models.paths``)."""
+    from runtime.models.paths import spec_layer_paths
 
     try:
-        expected = layer_paths(spec)
+        expected = spec_layer_paths(spec)
     except KeyError:  # a family this build's model zoo does not have (e.g. moe before its runtime lands)
         raise StratagemError(
             f"this build's runtime model zoo has no {spec.family} models, so {source} cannot be checked against "

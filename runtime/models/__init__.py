@@ -15,28 +15,70 @@ Models from outside the zoo (``hf:`` configs, ``py:``/``module:`` functions) go 
 ``custom.py``: the README contract) and gives their layer paths, kinds and TP layouts as plain data.
 """
 
-from runtime.models.dims import resolve_dims
-from runtime.models.init import init_weights, tie_weights
-from runtime.models.layered import LayeredModel
-from runtime.models.tp import (
-    SPLIT_STYLES,
-    build_tp_shard,
-    check_tp,
-    is_splittable,
-    tp_collectives,
-    tp_constraints,
-    tp_layout,
-)
-from runtime.models.zoo import (
-    build_layer,
-    build_model,
-    example_batch,
-    layer_kind,
-    layer_paths,
-    loss_fn,
-    num_classes,
-    sample_shape,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# name -> the module that defines it, imported on first use: runtime.models.paths and runtime.models.dims need no
+# torch, so a command that only checks layer paths (show, plan --model-profile) does not pay torch's import
+_HOMES = {
+    "resolve_dims": "runtime.models.dims",
+    "init_weights": "runtime.models.init",
+    "tie_weights": "runtime.models.init",
+    "LayeredModel": "runtime.models.layered",
+    **dict.fromkeys(
+        (
+            "SPLIT_STYLES",
+            "build_tp_shard",
+            "check_tp",
+            "is_splittable",
+            "tp_collectives",
+            "tp_constraints",
+            "tp_layout",
+        ),
+        "runtime.models.tp",
+    ),
+    **dict.fromkeys(
+        ("build_layer", "build_model", "example_batch", "layer_kind", "layer_paths", "loss_fn", "num_classes"),
+        "runtime.models.zoo",
+    ),
+    "sample_shape": "runtime.models.zoo",
+}
+
+if TYPE_CHECKING:
+    from runtime.models.dims import resolve_dims
+    from runtime.models.init import init_weights, tie_weights
+    from runtime.models.layered import LayeredModel
+    from runtime.models.tp import (
+        SPLIT_STYLES,
+        build_tp_shard,
+        check_tp,
+        is_splittable,
+        tp_collectives,
+        tp_constraints,
+        tp_layout,
+    )
+    from runtime.models.zoo import (
+        build_layer,
+        build_model,
+        example_batch,
+        layer_kind,
+        layer_paths,
+        loss_fn,
+        num_classes,
+        sample_shape,
+    )
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "LayeredModel",

@@ -108,10 +108,6 @@ def build_volume_layer(dims: VolumeDims, path: str, tp: int = 1) -> nn.Module:
     raise KeyError(path)
 
 
-def volume_paths(dims: VolumeDims) -> list[str]:
-    return [layer.path for layer in dims.layers]
-
-
 def volume_loss(dims: VolumeDims):
     """Per-voxel cross-entropy (U-Net: logits (N, classes, D, H, W), labels (N, D, H, W)) or MSE (CosmoFlow)."""
     if dims.spec.family == "cosmoflow":

@@ -22,7 +22,7 @@ from torch import nn
 
 from runtime.models.attention import attend, causal_bias, dropout  # noqa: F401 - causal_bias re-exported
 from runtime.models.dims import GPTDims
-from runtime.models.layered import LayeredModel, LMHead, build_decoder, decoder_paths
+from runtime.models.layered import LayeredModel, LMHead, build_decoder
 
 
 class Attention(nn.Module):
@@ -146,10 +146,6 @@ def build_gpt_layer(dims: GPTDims, path: str, tp: int = 1) -> nn.Module:
     if path == "head":
         return LMHead(dims.hidden, dims.vocab // tp, bias=False)
     raise KeyError(path)
-
-
-def gpt_paths(dims: GPTDims) -> list[str]:
-    return decoder_paths(dims.layers)
 
 
 def build_gpt(dims: GPTDims) -> LayeredModel:

@@ -80,11 +80,6 @@ class LMHead(nn.Linear):
         return F.linear(x, F.pad(self.weight, (0, 0, 0, pad)), bias)[..., :rows]
 
 
-def decoder_paths(layers: int) -> list[str]:
-    """Top-level layer paths of a decoder-only transformer (GPT, Llama), in forward order."""
-    return ["embed", *(f"blocks.{i}" for i in range(layers)), "norm", "head"]
-
-
 def build_decoder(dims, build_layer) -> LayeredModel:
     """A whole decoder from ``build_layer(dims, path)``; the head shares the token embedding's weight when
     ``dims.tie_embeddings``."""

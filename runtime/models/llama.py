@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from runtime.models.attention import attend
 from runtime.models.dims import LlamaDims
 from runtime.models.gpt import VocabShardEmbedding, embedding_table
-from runtime.models.layered import LayeredModel, LMHead, build_decoder, decoder_paths
+from runtime.models.layered import LayeredModel, LMHead, build_decoder
 
 RMS_EPS = 1e-5  # Meta llama ModelArgs.norm_eps
 
@@ -160,10 +160,6 @@ def build_llama_layer(dims: LlamaDims, path: str, tp: int = 1) -> nn.Module:
     if path == "head":
         return LMHead(dims.hidden, dims.vocab // tp, bias=False)
     raise KeyError(path)
-
-
-def llama_paths(dims: LlamaDims) -> list[str]:
-    return decoder_paths(dims.layers)
 
 
 def build_llama(dims: LlamaDims) -> LayeredModel:

@@ -28,10 +28,6 @@ def build_mlp_layer(dims: MLPDims, path: str, tp: int = 1) -> nn.Module:
     raise KeyError(path)
 
 
-def mlp_paths(dims: MLPDims) -> list[str]:
-    return [*(f"blocks.{i}" for i in range(dims.layers)), "out"]
-
-
 def build_mlp(dims: MLPDims) -> LayeredModel:
     blocks = [build_mlp_layer(dims, f"blocks.{i}") for i in range(dims.layers)]
     return LayeredModel({"blocks": blocks_dict(blocks), "out": build_mlp_layer(dims, "out")})

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.models.dims import MoEDims
-from runtime.models.layered import LayeredModel, build_decoder, decoder_paths
+from runtime.models.layered import LayeredModel, build_decoder
 from runtime.models.llama import Attention, Block, FeedForward, RMSNorm, build_llama_layer
 
 if TYPE_CHECKING:
@@ -232,10 +232,6 @@ def build_moe_layer(dims: MoEDims, path: str, tp: int = 1) -> nn.Module:
     if path.startswith("blocks."):
         return Block(dims.llama, tp)
     return build_llama_layer(dims.llama, path, tp)
-
-
-def moe_paths(dims: MoEDims) -> list[str]:
-    return decoder_paths(dims.layers)
 
 
 def build_moe(dims: MoEDims) -> LayeredModel:

@@ -79,10 +79,6 @@ def build_resnet_layer(dims: ResNetDims, path: str, tp: int = 1) -> nn.Module:
     raise KeyError(path)
 
 
-def resnet_paths(dims: ResNetDims) -> list[str]:
-    return ["stem", *(f"blocks.{i}" for i in range(sum(dims.depths))), "pool", "fc"]
-
-
 def build_resnet(dims: ResNetDims) -> LayeredModel:
     return LayeredModel(
         {

@@ -14,27 +14,27 @@ from runtime.models.cnn3d import (
     build_volume_layer,
     build_volume_model,
     volume_loss,
-    volume_paths,
     volume_targets,
 )
 from runtime.models.dims import GPTDims, LlamaDims, MoEDims, ResNetDims, VolumeDims, resolve_dims
 from runtime.models.external import build_external, build_external_layer, external, input_dtype
-from runtime.models.gpt import build_gpt, build_gpt_layer, gpt_paths
+from runtime.models.gpt import build_gpt, build_gpt_layer
 from runtime.models.layered import LayeredModel
-from runtime.models.llama import build_llama, build_llama_layer, llama_paths
-from runtime.models.mlp import build_mlp, build_mlp_layer, mlp_paths
-from runtime.models.moe import build_moe, build_moe_layer, moe_paths
-from runtime.models.resnet import build_resnet, build_resnet_layer, resnet_paths
+from runtime.models.paths import spec_layer_paths
+from runtime.models.llama import build_llama, build_llama_layer
+from runtime.models.mlp import build_mlp, build_mlp_layer
+from runtime.models.moe import build_moe, build_moe_layer
+from runtime.models.resnet import build_resnet, build_resnet_layer
 
-# family -> (whole-model builder, layer builder (dims, path, tp), layer paths in forward order)
+# family -> (whole-model builder, layer builder (dims, path, tp)); layer paths: runtime.models.paths
 _FAMILIES = {
-    "gpt": (build_gpt, build_gpt_layer, gpt_paths),
-    "llama": (build_llama, build_llama_layer, llama_paths),
-    "moe": (build_moe, build_moe_layer, moe_paths),
-    "resnet": (build_resnet, build_resnet_layer, resnet_paths),
-    "mlp": (build_mlp, build_mlp_layer, mlp_paths),
-    "unet3d": (build_volume_model, build_volume_layer, volume_paths),
-    "cosmoflow": (build_volume_model, build_volume_layer, volume_paths),
+    "gpt": (build_gpt, build_gpt_layer),
+    "llama": (build_llama, build_llama_layer),
+    "moe": (build_moe, build_moe_layer),
+    "resnet": (build_resnet, build_resnet_layer),
+    "mlp": (build_mlp, build_mlp_layer),
+    "unet3d": (build_volume_model, build_volume_layer),
+    "cosmoflow": (build_volume_model, build_volume_layer),
 }
 # first path component -> LayerProfile.kind
 _KINDS = {
@@ -103,13 +103,6 @@ def build_model(spec: ModelSpec, *, device: DeviceLike = "cpu", dtype: torch.dty
         return _materialized(build_external(spec), device, dtype)
     dims = resolve_dims(spec)
     return _built(lambda: _FAMILIES[spec.family][0](dims), device, dtype)  # type: ignore[operator]
-
-
-def spec_layer_paths(spec: ModelSpec) -> list[str]:
-    """Top-level layer paths of the full model ``spec`` describes, in forward order."""
-    if spec.is_external:
-        return list(external(spec).paths)
-    return _FAMILIES[spec.family][2](resolve_dims(spec))  # type: ignore[operator]
 
 
 def layer_paths(model_or_spec: LayeredModel | ModelSpec) -> list[str]:
