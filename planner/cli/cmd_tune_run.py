@@ -166,9 +166,12 @@ def run(args: argparse.Namespace) -> int:
     best = final_plan(outcome)
     save_plan(best, args.out)
     assert outcome.best is not None  # final_plan raised otherwise
+    launches = sum(1 for r in outcome.trials if r.label == outcome.best.label and r.measured_s is not None)
+    mean = f", the geometric mean of {launches} launches" if launches > 1 else ""
     print(
         f"measured best: {outcome.best.measured_s:.4g} s per step, {outcome.best.label} (trial {outcome.best.number} "
-        f"of {len(outcome.trials)}; measurement noise {outcome.noise_rel:.1%}); calibration: {outcome.calibration.note}"
+        f"of {len(outcome.trials)}{mean}; measurement noise {outcome.noise_rel:.1%}); calibration: "
+        f"{outcome.calibration.note}"
     )
     print(f"wrote {args.out} and {folder / 'trials.csv'}")
     return 0

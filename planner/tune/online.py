@@ -13,8 +13,8 @@ Each round
 
 With 3 trials or more the last one launches the measured best again: the repeat's gap states the noise between
 launches (one pair's standard deviation of a log), which the spread of steps inside one launch understates, and the
-faster of the two is the measurement. The loop states the largest of that gap, the trials' median step spread
-(:func:`planner.calibrate.step_stats`) and ``NOISE_FLOOR``.
+geometric mean of the two is the measurement (:func:`typical_of_launches`). The loop states the largest of that
+gap, the trials' median step spread (:func:`planner.calibrate.step_stats`) and ``NOISE_FLOOR``.
 
 A failed trial never stops the loop. Out of memory teaches the memory model: the search's memory limit drops
 below that plan's predicted peak share (``OOM_SHARE``), so no plan predicted as full runs again. A timeout whose
@@ -194,7 +194,9 @@ def run_trials(
             refusals = f" ({untried} untried, refused by the trainer: {sorted(refused)[0]})" if untried else ""
             stop, reason = True, f"every plan of the search's {len(priced)} best has been tried{refusals}"
             break
-        chosen, stop, reason = choose(open_, best, profile, cluster, cal, memory_fraction=memory_fraction, k=1)
+        chosen, stop, reason = choose(
+            open_, best, list(measured.values()), profile, cluster, cal, memory_fraction=memory_fraction, k=1
+        )
         if stop:
             break
         pick: Scored = chosen[0]
@@ -252,11 +254,28 @@ def run_trials(
             report(f"  {outcome.status}{': ' + outcome.detail if outcome.detail else ''}")
     if runs:
         cal = calibrate(cluster, runs, folds=folds, noise_floor=noise)
-    ok = [r for r in records if r.measured_s is not None]
-    best_record = min(ok, key=lambda r: r.measured_s or math.inf) if ok else None
+    typical = typical_of_launches(records)
+    best_record = min(typical, key=lambda r: r.measured_s or math.inf) if typical else None
     return TuneOutcome(
         trials=tuple(records), best=best_record, stop=stop, reason=reason, calibration=cal, noise_rel=noise
     )
+
+
+def typical_of_launches(records: list[TrialRecord]) -> list[TrialRecord]:
+    """One record per configuration that measured a step time: its first, with the geometric mean of its launches.
+
+    The best is chosen on these, not on the fastest launch: a configuration launched twice (the confirmation)
+    would otherwise get two draws at the lottery that a noisy machine runs (llama:tiny on 2 CPU ranks: a repeat
+    measured 0.0496 s and then 0.0796 s, and its faster draw beat a configuration whose one launch, 0.0522 s,
+    was the faster in three more rounds)."""
+    by_label: dict[str, list[TrialRecord]] = {}
+    for r in records:
+        if r.measured_s is not None:
+            by_label.setdefault(r.label, []).append(r)
+    return [
+        replace(group[0], measured_s=math.exp(statistics.fmean(math.log(r.measured_s or 1.0) for r in group)))
+        for group in by_label.values()
+    ]
 
 
 def final_plan(outcome: TuneOutcome) -> Plan:

@@ -13,10 +13,13 @@ One step of the model-guided trial loop (issue 28). From the runs measured so fa
    run-to-run noise floor), and, for every parameter the runs did
    not fit, its prior width (``PRIOR_WIDTH``) times the candidate's sensitivity to it (``d log t / d log p``)
    beyond the measured best's -- a candidate unlike the measured runs (another mix of compute and links) is as
-   uncertain as the profile's own figures. With no run of the job yet, the fastest predictions come first;
+   uncertain as the profile's own figures -- and, for a parallel layout no run used (its degrees above 1:
+   :func:`family`), ``FAMILY_WIDTH`` more: the model's error on a mechanism no run exercised is not in the
+   cross-validated residuals. With no run of the job yet, the fastest predictions come first;
 4. ranks the unmeasured candidates by the expected gain over the measured best (lognormal step time:
-   ``E[max(best - T, 0)] = best Phi(d) - t exp(s^2/2) Phi(d - s)``, ``d = ln(best/t)/s``), and stops when none
-   beats the measured best with probability ``STOP_PROBABILITY`` or more.
+   ``E[max(best - T, 0)] = best Phi(d) - t exp(s^2/2) Phi(d - s)``, ``d = ln(best/t)/s``), a plausible layout no
+   run used first (:func:`choose`), and stops when none beats the measured best with probability
+   ``STOP_PROBABILITY`` or more.
 
 The runs may include other models or GPU counts on the same cluster: all of them calibrate; only those of the
 target (model, sequence, GPUs, global batch, dtype) are measured candidates.
@@ -229,11 +232,24 @@ def fastest_of_repeats(runs: list[MeasuredRun]) -> dict[tuple, MeasuredRun]:
 
 
 SENSITIVITY_STEP = 0.05  # log step of the finite difference d log t / d log p
+# the uncertainty a candidate carries for a parallel layout no measured run used (module docstring, item 3)
+FAMILY_WIDTH = PRIOR_WIDTH
+
+
+def family(config: ParallelConfig) -> tuple[str, ...]:
+    """The parallel mechanisms a configuration exercises: the degrees above 1 (``("pp",)``, ``("dp", "tp")``, ...).
+
+    >>> family(ParallelConfig(tp=2, dp=4))
+    ('dp', 'tp')
+    """
+    degrees = {"dp": config.dp, "tp": config.tp, "pp": config.pp, "cp": config.cp, "ep": config.ep}
+    return tuple(name for name, degree in sorted(degrees.items()) if degree > 1)
 
 
 def uncertainties(
     scored: list[Scored],
     best: MeasuredRun,
+    measured: list[MeasuredRun],
     profile: ModelProfile,
     cluster: ClusterProfile,
     cal: TuneCalibration,
@@ -242,9 +258,11 @@ def uncertainties(
 ) -> list[float]:
     """Each candidate's relative uncertainty against the measured ``best``: the calibration's cross-validated error
     and, in quadrature, the prior width of every parameter the runs did not fit times the candidate's sensitivity
-    to it beyond the measured best's (an error both share moves both alike; module docstring)."""
+    to it beyond the measured best's (an error both share moves both alike; module docstring), and ``FAMILY_WIDTH``
+    for a candidate whose parallel layout (:func:`family`) none of ``measured`` used."""
     base = cal.sigma if cal.sigma is not None else NOISE_FLOOR
-    var = [base * base] * len(scored)
+    seen = {family(run.config) for run in measured}
+    var = [base * base + (0.0 if family(s.run.config) in seen else FAMILY_WIDTH**2) for s in scored]
     runs = [s.run for s in scored] + [best]
     now = scored + price([best], profile, apply(cluster, cal.values), memory_fraction=memory_fraction, strict=True)
     for param in candidate_parameters(cluster):
@@ -358,13 +376,16 @@ def suggest(
     if not open_:
         why = "every candidate that fits has been measured" if priced else "there are no candidates"
         return answer([], True, why)
-    chosen, stop, reason = choose(open_, best, profile, cluster, cal, memory_fraction=memory_fraction, k=k)
+    chosen, stop, reason = choose(
+        open_, best, list(measured.values()), profile, cluster, cal, memory_fraction=memory_fraction, k=k
+    )
     return answer(chosen, stop, reason)
 
 
 def choose(
     open_: list[Scored],
     best: MeasuredRun | None,
+    measured: list[MeasuredRun],
     profile: ModelProfile,
     cluster: ClusterProfile,
     cal: TuneCalibration,
@@ -374,14 +395,21 @@ def choose(
 ) -> tuple[list[Scored], bool, str]:
     """(the ``k`` unmeasured candidates most worth measuring, stop, why): the fastest predictions while nothing is
     measured, else the largest expected gains over the measured ``best``; stop when none beats it with probability
-    ``STOP_PROBABILITY`` or more (module docstring). ``cluster`` is uncalibrated; ``cal`` says how it was fitted."""
+    ``STOP_PROBABILITY`` or more (module docstring). ``measured``: the target's measured runs. ``cluster`` is
+    uncalibrated; ``cal`` says how it was fitted.
+
+    Layouts first: while a parallel layout (:func:`family`) that no run used has a candidate that beats the
+    measured best with probability ``STOP_PROBABILITY`` or more, the most promising such layout's best candidate
+    comes first. A calibration fitted on one layout's runs cannot tell how far off the model is on another
+    (gpt:small on 2 CPU ranks: pipeline runs measured 3.7x their prediction, data-parallel ones 2.1x, so scaling
+    by the first ranked the faster data-parallel layout last)."""
     if best is None:
         return (
             sorted(open_, key=lambda s: s.predicted_s)[:k],
             False,
             "no measured run of this job yet: the fastest predictions",
         )
-    sigmas = uncertainties(open_, best, profile, cluster, cal, memory_fraction=memory_fraction)
+    sigmas = uncertainties(open_, best, measured, profile, cluster, cal, memory_fraction=memory_fraction)
     scored = []
     for s, sigma in zip(open_, sigmas):
         p, gain = score(s.predicted_s, best.step_time_s, sigma)
@@ -396,5 +424,14 @@ def choose(
             f"{cal.sigma_source} and the unfitted parameters' prior widths)"
         )
         return [], True, reason
-    chosen = [s for s in scored if (s.p_better or 0.0) >= STOP_PROBABILITY][:k] or scored[:k]
+    plausible = [s for s in scored if (s.p_better or 0.0) >= STOP_PROBABILITY]
+    seen = {family(run.config) for run in measured}
+    new_layouts: dict[tuple[str, ...], Scored] = {}
+    for s in plausible:  # best first: each unmeasured layout's most promising candidate
+        new_layouts.setdefault(family(s.run.config), s)
+    first = [s for layout, s in new_layouts.items() if layout not in seen]
+    chosen = (first + [s for s in plausible if s not in first])[:k] or scored[:k]
+    if first:
+        layout = " x ".join(family(chosen[0].run.config)) or "one device"
+        return chosen, False, f"a layout no run has used yet ({layout}), largest expected gain among its candidates"
     return chosen, False, "largest expected gain over the measured best"
