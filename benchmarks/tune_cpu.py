@@ -122,13 +122,15 @@ def refine(model: str, profile_path: Path, truth: list[dict], folder: Path, step
         print(f"  refined {row['configuration']:45s} {[round(t, 4) for t in _times(row)]}")
 
 
-def recheck(model: str, profile_path: Path, truth: list[dict], chosen: str, folder: Path, steps: int, rounds: int):
-    """Step 5: the chosen configuration and the ``RECHECKED`` fastest of the ground truth, launched in turn for
-    ``rounds`` rounds; configuration -> its step times from this sitting."""
+def recheck(model: str, profile_path: Path, truth: list[dict], chosen: tuple[str, Path], folder: Path, steps: int,
+            rounds: int):  # fmt: skip
+    """Step 5: the chosen configuration (its label and the plan ``tune run`` wrote) and the ``RECHECKED`` fastest of
+    the ground truth, launched in turn for ``rounds`` rounds; configuration -> its step times from this sitting."""
     plans = {label(run.config): plan for run, plan in every_candidate(model, profile_path)}
+    plans[chosen[0]] = load_plan(chosen[1])
     args = argparse.Namespace(steps=steps, trial_timeout_s=300.0, compile=None)
     fastest = [r["configuration"] for r in sorted((r for r in truth if r["measured_s"]), key=lambda r: min(_times(r)))]
-    names = list(dict.fromkeys([chosen, *fastest[:RECHECKED]]))
+    names = list(dict.fromkeys([chosen[0], *fastest[:RECHECKED]]))
     times: dict[str, list[float]] = {name: [] for name in names}
     for k in range(rounds):
         for i, name in enumerate(names):
@@ -139,9 +141,12 @@ def recheck(model: str, profile_path: Path, truth: list[dict], chosen: str, fold
     return times
 
 
-def sitting(times: dict[str, list[float]], chosen: str) -> dict:
-    """Regret of ``chosen`` on the medians of one sitting, and that sitting's launch-to-launch noise."""
+def sitting(times: dict[str, list[float]], chosen: str) -> dict | None:
+    """Regret of ``chosen`` on the medians of one sitting, and that sitting's launch-to-launch noise (None when no
+    launch measured)."""
     medians = {name: statistics.median(t) for name, t in times.items() if t}
+    if not medians:
+        return None
     best = min(medians, key=medians.__getitem__)
     spreads = [statistics.stdev(math.log(x) for x in t) for t in times.values() if len(t) >= 2]
     return {
@@ -225,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         same = None
         if args.recheck:
             print(f"{model}: the chosen and the {RECHECKED} fastest ground-truth configurations, {args.recheck} rounds")
-            times = recheck(model, profile_path, truth, chosen.summary, args.out / f"{name}-recheck", args.steps,
-                            args.recheck)  # fmt: skip
+            times = recheck(model, profile_path, truth, (chosen.summary, tuned), args.out / f"{name}-recheck",
+                            args.steps, args.recheck)  # fmt: skip
             same = sitting(times, chosen.summary)
         result = {
             "model": model,
@@ -288,12 +293,14 @@ def print_result(r: dict) -> None:
     if same:
         print("same sitting (launched in turn):")
         for name, times in same["times_s"].items():
-            shown = " ".join(f"{x:.4f}" for x in times)
-            print(f"  {name:45s} median {statistics.median(times):.4f}  ({shown})")
-        noise = same["noise_log_sd_median"]
+            shown = " ".join(f"{x:.4f}" for x in times) or "no launch measured"
+            median = f"{statistics.median(times):.4f}" if times else "-"
+            print(f"  {name:45s} median {median}  ({shown})")
+        noise = "n/a" if same["noise_log_sd_median"] is None else f"{same['noise_log_sd_median']:.1%}"
+        regret_now = "n/a (the chosen one measured nothing)" if same["regret"] is None else f"{same['regret']:.1%}"
         print(
-            f"  best {same['best']}; chosen {t['chosen']}: regret {same['regret']:.1%} on this sitting's medians "
-            f"(its launch-to-launch noise {noise:.1%}; stated noise {t['stated_noise']:.1%})"
+            f"  best {same['best']}; chosen {t['chosen']}: regret {regret_now} on this sitting's medians "
+            f"(its launch-to-launch noise {noise}; stated noise {t['stated_noise']:.1%})"
         )
     print(
         f"ended with {t['chosen']} (trial {t['chosen_at_trial']} of {len(t['trials'])}, "

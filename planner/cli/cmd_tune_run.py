@@ -166,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     best = final_plan(outcome)
     save_plan(best, args.out)
     assert outcome.best is not None  # final_plan raised otherwise
-    launches = sum(1 for r in outcome.trials if r.label == outcome.best.label and r.measured_s is not None)
+    number = outcome.best.number
+    launches = sum(1 for r in outcome.trials if (r.repeat_of or r.number) == number and r.measured_s is not None)
     mean = f", the geometric mean of {launches} launches" if launches > 1 else ""
     print(
         f"measured best: {outcome.best.measured_s:.4g} s per step, {outcome.best.label} (trial {outcome.best.number} "

@@ -268,13 +268,15 @@ def typical_of_launches(records: list[TrialRecord]) -> list[TrialRecord]:
     would otherwise get two draws at the lottery that a noisy machine runs (llama:tiny on 2 CPU ranks: a repeat
     measured 0.0496 s and then 0.0796 s, and its faster draw beat a configuration whose one launch, 0.0522 s,
     was the faster in three more rounds)."""
-    by_label: dict[str, list[TrialRecord]] = {}
+    by_trial: dict[int, list[TrialRecord]] = {}  # a repeat joins the trial it repeats (labels can coincide)
     for r in records:
-        if r.measured_s is not None:
-            by_label.setdefault(r.label, []).append(r)
+        if r.measured_s is not None and math.isfinite(r.measured_s) and r.measured_s > 0:
+            by_trial.setdefault(r.repeat_of or r.number, []).append(r)
     return [
         replace(group[0], measured_s=math.exp(statistics.fmean(math.log(r.measured_s or 1.0) for r in group)))
-        for group in by_label.values()
+        if len(group) > 1
+        else group[0]
+        for group in by_trial.values()
     ]
 
 

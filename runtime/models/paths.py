@@ -17,6 +17,9 @@ def decoder_paths(layers: int) -> list[str]:
     return ["embed", *(f"blocks.{i}" for i in range(layers)), "norm", "head"]
 
 
+ZOO_FAMILIES = ("gpt", "llama", "moe", "resnet", "mlp", "unet3d", "cosmoflow")  # runtime.models.zoo builds these
+
+
 def spec_layer_paths(spec: ModelSpec) -> list[str]:
     """Top-level layer paths of the full model ``spec`` describes, in forward order. ``KeyError``: a family this
     build's zoo does not have."""
@@ -24,6 +27,8 @@ def spec_layer_paths(spec: ModelSpec) -> list[str]:
         from runtime.models.external import external  # built on meta: imports torch
 
         return list(external(spec).paths)
+    if spec.family not in ZOO_FAMILIES:
+        raise KeyError(spec.family)
     dims = resolve_dims(spec)
     if isinstance(dims, GPTDims | LlamaDims | MoEDims):
         return decoder_paths(dims.layers)
