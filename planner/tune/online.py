@@ -266,8 +266,8 @@ def typical_of_launches(records: list[TrialRecord]) -> list[TrialRecord]:
 
     The best is chosen on these, not on the fastest launch: a configuration launched twice (the confirmation)
     would otherwise get two draws at the lottery that a noisy machine runs (llama:tiny on 2 CPU ranks: a repeat
-    measured 0.0496 s and then 0.0796 s, and its faster draw beat a configuration whose one launch, 0.0522 s,
-    was the faster in three more rounds)."""
+    measured 0.0496 s and then 0.0796 s, and its faster draw beat a configuration whose one launch took 0.0522 s;
+    three more rounds in turn gave medians of 0.0801 s and 0.0599 s)."""
     by_trial: dict[int, list[TrialRecord]] = {}  # a repeat joins the trial it repeats (labels can coincide)
     for r in records:
         if r.measured_s is not None and math.isfinite(r.measured_s) and r.measured_s > 0:
