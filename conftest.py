@@ -78,7 +78,7 @@ def pytest_runtest_makereport():
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """With --cpu-top N (make test: 20): the N test files that used most CPU, and their largest tests."""
+    """With --cpu-top N (make test: 25): the N test files that used most CPU, and their largest tests."""
     top = config.getoption("cpu_top")
     if not top:
         return
