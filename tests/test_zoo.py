@@ -228,3 +228,9 @@ def test_build_layer_matches_model_layer_shapes():
         alone = build_layer(spec, path)
         want = [p.shape for p in model.get_submodule(path).parameters()]
         assert [p.shape for p in alone.parameters()] == want
+
+
+def test_the_torch_free_path_table_names_every_zoo_family():
+    from runtime.models import paths, zoo
+
+    assert tuple(zoo._FAMILIES) == paths.ZOO_FAMILIES
