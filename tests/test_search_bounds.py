@@ -15,6 +15,7 @@ from planner.model import parse_model
 from planner.profile import build_gpt_profile, load_cluster_profile, resolve_cluster_path
 from planner.search import (
     CandidateCosts,
+    LayerCostCache,
     SearchConfig,
     dominates,
     expand_experts,
@@ -90,3 +91,33 @@ def test_every_bound_is_below_its_candidates_solved_optimum():
                 solved.append((member, tables, candidate.step_s))
                 checked += 1
     assert checked >= 40, checked
+
+
+def test_bounds_and_tables_do_not_depend_on_what_was_priced_before():
+    """Every cached term (layer costs, groups of option costs, rank models, least layer times, the hidden sync and
+    ZeRO-3 terms) is keyed by all it reads: a candidate's quick bound and tables are the same from costs that priced
+    other candidates first, and shared a LayerCostCache with searches of other device counts and global batches
+    (as `stratagem frontier` shares it), as from fresh costs. A term cached under too short a key (ZeRO-3's hidden
+    gathers once ignored the micro-batch count) gives a candidate another's bound."""
+    rng = random.Random(20261129)
+    spec = parse_model("llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, max_seq=256)
+    profile = build_gpt_profile(spec, seq_len=256, dtype="bf16")
+    config = SearchConfig(time_limit_s=60, top_k=1)
+    shared = LayerCostCache()
+    checked = zero3_pp = 0
+    for gpus, batch in ((8, 32), (16, 32), (16, 64)):
+        cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), gpus)
+        warm = CandidateCosts(profile, cluster, global_batch=batch, config=config, shared=shared)
+        members = [
+            member
+            for entry in _enumerate(profile, cluster, gpus=gpus, global_batch=batch, config=config)
+            for member in (entry.members(families=True) if isinstance(entry, OuterShape) else [entry])
+        ]
+        rng.shuffle(members)
+        for outer in members[:60]:
+            fresh = CandidateCosts(profile, cluster, global_batch=batch, config=config)
+            assert warm.quick_bound_s(outer) == fresh.quick_bound_s(outer), outer.summary()
+            assert warm.tables(outer) == fresh.tables(outer), outer.summary()
+            checked += 1
+            zero3_pp += outer.zero_stage == 3 and outer.pp > 1
+    assert checked == 180 and zero3_pp >= 5, (checked, zero3_pp)

@@ -173,10 +173,16 @@ class CandidateCosts:
             shared=shared,
             profile_digest=profile_digest,
         )
-        self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}  # (groups, layout changes) by key
-        self._least: dict[tuple, tuple[float, float, list[float]]] = {}  # least layer times by key
-        self._hidden: dict[tuple, float] = {}  # least hidden ZeRO-3 / sync time
-        self._ranks: dict[tuple, RankModel] = {}  # rank models by what they depend on (see _rank_model)
+        # terms that do not read the device count, kept across searches with ``shared`` (their keys name what they
+        # read beyond the layer costs' context, the global batch through the micro-batch count); candidates with
+        # replicas of several node types read the whole cluster's replica sets: theirs stay with this search
+        terms = shared.terms(self.layers.key) if shared is not None else {}
+        self._groups: dict[tuple, tuple[tuple[Group, ...], dict]] = terms.setdefault("groups", {})  # with changes
+        self._least: dict[tuple, tuple[float, float, list[float]]] = terms.setdefault("least", {})  # layer times
+        self._hidden: dict[tuple, float] = terms.setdefault("hidden", {})  # least hidden ZeRO-3 / sync time
+        self._ranks: dict[tuple, RankModel] = terms.setdefault("ranks", {})  # rank models (see _rank_model)
+        self._replica_groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}
+        self._replica_ranks: dict[tuple, RankModel] = {}
         # per (schedule, pp, v, m): in-flight micro-batches and peak moments per rank; per (pp, v): chunk sizes
         self._schedule_terms: dict[tuple, Any] = {}
         self._aliases_input = pipeline_aliases_input(profile)
@@ -358,9 +364,10 @@ class CandidateCosts:
                 outer.replica_node_types,
                 outer.replica_micro_batches,
             )
-        if key not in self._ranks:
-            self._ranks[key] = self._build_rank_model(nt, outer)
-        return self._ranks[key]
+        store = self._replica_ranks if outer.replica_node_types else self._ranks
+        if key not in store:
+            store[key] = self._build_rank_model(nt, outer)
+        return store[key]
 
     def _build_rank_model(self, nt: str, outer: OuterChoice) -> RankModel:
         node = self.cluster.node_type(nt)
@@ -515,8 +522,10 @@ class CandidateCosts:
         return self._hidden[key]
 
     def _least_hidden_z3_s(self, outer: OuterChoice, types: tuple[str, ...]) -> float:
-        """kappa x the least ZeRO-3 communication of all layers per micro-batch (cached per tp, dp, types)."""
-        key = ("z3", types, outer.tp, outer.dp)
+        """kappa x the least ZeRO-3 communication of all layers per micro-batch (cached by what it reads)."""
+        # option_cost's z3_mb_s reads the micro-batch (batch-split replicas sync over dp x tp) and, with pp > 1,
+        # the micro-batch count (the gathers of accumulation, zero3.py)
+        key = ("z3", types, outer.tp, outer.dp, outer.micro_batch, outer.num_micro_batches if outer.pp > 1 else 0)
         if key not in self._hidden:
             kappa = min(contention(self.cluster.node_type(nt)) for nt in types)
             self._hidden[key] = (
@@ -624,8 +633,8 @@ class CandidateCosts:
         return self._schedule_terms[key]
 
     def _tables(self, outer: OuterChoice, types: list[str], rank_types: tuple[str, ...], m: int) -> Tables:
-        # groups and layout changes do not depend on the schedule, the micro-batch count or the order of the
-        # node types over the pp ranks: candidates that differ only there share them (frozen records)
+        # groups and layout changes do not depend on the schedule, the micro-batch count (but for ZeRO-3 over pp
+        # ranks) or the order of the node types over the pp ranks: candidates that differ only there share them
         key = (
             tuple(types),
             outer.tp,
@@ -636,12 +645,14 @@ class CandidateCosts:
             outer.ep,
             outer.etp,
             outer.pp > 1,
+            outer.num_micro_batches if outer.pp > 1 and outer.zero_stage == 3 else 0,  # option_cost's z3_mb_s
             (outer.pp, outer.replica_node_types) if outer.replica_node_types else None,
         )
-        if key not in self._groups:
+        store = self._replica_groups if outer.replica_node_types else self._groups
+        if key not in store:
             groups = tuple(self._group(layers, outer, types) for layers in self.groups)
-            self._groups[key] = (groups, self._changes(list(groups), outer, types))
-        groups, changes = self._groups[key]
+            store[key] = (groups, self._changes(list(groups), outer, types))
+        groups, changes = store[key]
         return Tables(
             groups=groups,
             pp=outer.pp,

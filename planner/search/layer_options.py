@@ -52,6 +52,7 @@ class LayerCostCache:
 
     def __init__(self) -> None:
         self._by_context: dict[str, tuple[dict[tuple, LayerCost], dict[tuple, Any]]] = {}
+        self._terms: dict[str, dict[str, dict]] = {}  # context -> the searches' derived terms (CandidateCosts)
         self._profiles: dict[int, tuple[ModelProfile, str]] = {}  # id -> (profile, digest): each dumped once
 
     def profile_digest(self, profile: ModelProfile) -> str:
@@ -65,6 +66,12 @@ class LayerCostCache:
     def tables(self, key: str) -> tuple[dict[tuple, LayerCost], dict[tuple, Any]]:
         """The (layer costs, routed-expert terms) dictionaries of one context, created empty on first use."""
         return self._by_context.setdefault(key, ({}, {}))
+
+    def terms(self, key: str) -> dict[str, dict]:
+        """The terms searches derive from one context's layer costs and share across device counts (groups of
+        per-layer option costs, rank models, least layer times: ``planner.search.costs.CandidateCosts``), by kind,
+        created empty on first use. Each kind's keys name what its terms read beyond the context."""
+        return self._terms.setdefault(key, {})
 
 
 class LayerOptions:

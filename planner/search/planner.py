@@ -421,6 +421,7 @@ class _BranchAndBound:
         self.need = self.keep if config.exhaustive_top_k else 1
         self.state = _State(keep=self.keep)
         self.solved_tables: dict[tuple, list[Tables]] = {}
+        self.built_tables: dict[tuple, list[Tables]] = {}  # tables of candidates that fit, by _key
         self.base_s: dict[int, float] = {}  # heap index -> lower_bound_s of its tables (stage 1 to stage 2)
         self.shortfall, self.notes = math.inf, ""
         self.pool = ThreadPoolExecutor(max_workers=config.jobs) if config.jobs > 1 else None
@@ -473,6 +474,13 @@ class _BranchAndBound:
             self.shortfall = min(self.shortfall, short)
             self.state.counts["infeasible"] += 1
             return True
+        # a candidate whose tables an earlier one's dominate (same time terms, no less memory: ZeRO-2 after an
+        # equal ZeRO-1) cannot beat it: that one's bounds are no higher, so it is settled no later, and when it is
+        # pruned or does not fit, so would this be
+        if _dominated(tables, outer, self.built_tables):
+            self.state.counts["dominated"] += 1
+            return True
+        self.built_tables.setdefault(_key(outer), []).append(tables)
         base = lower_bound_s(tables)
         self.base_s[idx] = base  # the refined bound adds to it (refined_lower_bound_s)
         heapq.heappush(self.heap, (max(bound, base), idx, 1, outer, tables))
