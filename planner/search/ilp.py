@@ -25,6 +25,7 @@ from planner.search.ilp_terms import (
     concave_term,
     conjunction,
     indicator,
+    linear,
 )
 from planner.search.tables import Assignment, Tables, moment_grads, pipeline_bytes, rank_moments, sweep_grad_bytes
 
@@ -179,7 +180,7 @@ def _rank_sums(tables: Tables, n: dict, u: dict, st: dict, r: int) -> dict[str, 
     nt = tables.rank_node_types[r]
     items = [(n[r, g, i], grp.costs[nt][i]) for g, grp in enumerate(tables.groups) for i in range(len(grp.options))]
     sums = {
-        key: pulp.lpSum(var * getattr(k, attr) for var, k in items)
+        key: linear((var, getattr(k, attr)) for var, k in items)
         for key, attr in (
             ("time", "time_s"),
             ("P", "params_dp"),
@@ -368,11 +369,9 @@ def _memory_sweep(prob, tables: Tables, n: dict, r: int, x: dict, parts: list, p
     def sweep_rows(mode: str) -> list:
         if tables.v > 1:  # every activation with the largest working set
             return [k * x["act"] + at_least(prob, f"WS[{r}]", "h_working_set", [ws_of(g) for g in range(len(groups))])]
-        acts = [
-            pulp.lpSum(n[r, g, i] * c.act_bytes for i, c in enumerate(grp.costs[nt])) for g, grp in enumerate(groups)
-        ]
+        acts = [linear((n[r, g, i], c.act_bytes) for i, c in enumerate(grp.costs[nt])) for g, grp in enumerate(groups)]
         grads = [
-            pulp.lpSum(n[r, g, i] * sweep_grad_bytes(rm, c, mode) for i, c in enumerate(grp.costs[nt]))
+            linear((n[r, g, i], sweep_grad_bytes(rm, c, mode)) for i, c in enumerate(grp.costs[nt]))
             for g, grp in enumerate(groups)
         ]
         rows = []

@@ -177,6 +177,8 @@ def add_block_cuts(prob, tables: Tables, n: dict, rank_total: dict, scale: float
     group's time on the rank >= the floor of its count. Returns the number of cuts added."""
     import pulp
 
+    from planner.search.ilp_terms import linear
+
     added = 0
     for g in blocks_worth_cutting(tables):
         grp = tables.groups[g]
@@ -187,13 +189,13 @@ def add_block_cuts(prob, tables: Tables, n: dict, rank_total: dict, scale: float
             counts = [k for k in range(len(floor)) if np.isfinite(floor[k])]
             z = prob.add_variable_dicts(f"z{g}_{r}", counts, cat="Binary")
             prob += (pulp.lpSum(z.values()) == 1, f"i_one_count[{g},{r}]")
-            prob += (rank_total[g, r] == pulp.lpSum(k * z[k] for k in counts), f"i_count[{g},{r}]")
+            prob += (rank_total[g, r] == linear((z[k], k) for k in counts), f"i_count[{g},{r}]")
             nt = tables.rank_node_types[r]
-            own = pulp.lpSum(n[r, g, i] * c.time_s for i, c in enumerate(grp.costs[nt]))
+            own = linear((n[r, g, i], c.time_s) for i, c in enumerate(grp.costs[nt]))
             # weakened by CUT_SLACK: the floor is met with equality by the best split, and presolve's
             # integer rounding of n >= 3.0000000000000004 would otherwise cut that split off
             prob += (
-                own * (1 / scale) >= pulp.lpSum(float(floor[k]) * (1 - CUT_SLACK) / scale * z[k] for k in counts),
+                own * (1 / scale) >= linear((z[k], float(floor[k]) * (1 - CUT_SLACK) / scale) for k in counts),
                 f"i_floor[{g},{r}]",
             )
             added += 1

@@ -4,6 +4,7 @@ terms, each constraint named with its family tag."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import pulp
@@ -25,6 +26,22 @@ class ScalingError(RuntimeError):
     def __init__(self, message: str, *, largest: float, smallest: float):
         super().__init__(message)
         self.largest, self.smallest = largest, smallest
+
+
+def linear(pairs: Iterable[tuple[Any, float]]) -> pulp.LpAffineExpression:
+    """The sum of coefficient x variable over ``pairs`` (variable, coefficient): the expression
+    ``pulp.lpSum(var * coef for var, coef in pairs)`` builds (a zero coefficient left out, a repeated variable's
+    added, a NaN or infinite one an error), without an expression per term, where the build spends its time."""
+    out = pulp.LpAffineExpression()
+    for var, coef in pairs:
+        if not math.isfinite(coef):
+            raise pulp.PulpError("Cannot multiply variables with NaN/inf values")
+        if coef != 0:
+            if var in out:
+                out[var] += coef
+            else:
+                out[var] = coef
+    return out
 
 
 def at_least(prob: pulp.LpProblem, name: str, tag: str, lower_bounds: list) -> Any:
