@@ -55,7 +55,9 @@ from planner.cost.compute import (
     SYNC_PROBE_BYTES,
     batch_sliced,
     full_saved_bytes,
+    LayerWork,
     layer_cost,
+    layer_work,
     layout_change_cost,
     working_set_bytes,
 )
@@ -205,6 +207,8 @@ __all__ = [
     "kv_bytes_per_sample",
     "kv_exchange",
     "layer_cost",
+    "layer_work",
+    "LayerWork",
     "layer_kernels",
     "layer_options",
     "layer_overhead_s",

@@ -28,6 +28,7 @@ and a split neighbour, the activation is re-laid-out (``layout_change_cost``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from planner.core import (
@@ -207,6 +208,121 @@ def _tp_comm_s(
     return times["forward"], times["backward"]
 
 
+@dataclass(frozen=True, slots=True)
+class LayerWork:
+    """What :func:`layer_cost` computes of one layer at one (tp, style, sequence parallel, micro-batch) before the
+    recompute mode and the data-parallel wrapper enter: the shard, its kernel or roofline times, its TP
+    collectives and K/V exchange. The same for every recompute mode and wrapper, so a caller pricing many of them
+    (``planner.search.layer_options``) computes it once. ``forward_s``/``backward_s``: the measured timings before
+    the wrapper's overheads and ``timings_scale`` when ``timed``, else the kernel or roofline times (neither with
+    the K/V exchange, nor the flash backward's recomputed scores outside the kernel model)."""
+
+    shard: ShardProfile
+    split: bool
+    samples: int
+    sp: bool
+    rate: float
+    replicated: float
+    scores: float
+    rest: float
+    scores_traffic_s: float
+    score_flops: float
+    skipped: float
+    flash_bwd_flops: float
+    timed: bool
+    forward_s: float
+    backward_s: float
+    kernels: Any
+    dev: Device | None
+    comm_fwd_s: float
+    comm_bwd_s: float
+    model_flops: float
+    cp: ExchangeCost
+
+
+def layer_work(
+    layer: LayerProfile,
+    *,
+    node: NodeType,
+    cluster: ClusterProfile,
+    tp: int,
+    style: TPStyle,
+    sequence_parallel: bool,
+    micro_batch: int,
+    flash_attention: bool,
+    dtype: str,
+    tp_group_spans_nodes: bool = False,
+    use_timings: bool = True,
+    context: KVExchange | None = None,
+    causal_skip: bool = False,
+) -> LayerWork:
+    """:class:`LayerWork` of ``layer`` (the arguments as :func:`layer_cost`'s)."""
+    shard, split = _shard_for(layer, tp, style)
+    samples = replica_samples(micro_batch, tp, style)
+    sp = sequence_parallel and split and tp > 1
+    rate = _achieved_flops(node, dtype)
+    replicated, scores, rest = _saved_parts(shard, samples, tp, sp)
+    scores_traffic_s = 0.0 if flash_attention else _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["scores"] * scores)
+    score_flops = shard.attention_scores_flops_per_sample * samples
+    flash_flops = score_flops * (CAUSAL_FLASH_WORK_FRACTION if causal_skip else 1.0)  # what the flash kernel computes
+    skipped = score_flops - flash_flops if flash_attention else 0.0  # masked blocks a causal flash kernel skips
+    kernels, dev = None, None
+    timed = bool(use_timings and shard.timings)
+    if timed:
+        forward_s, backward_s = _interpolate(shard.timings, samples)  # the wrapper's overheads: layer_cost
+    elif (dev := _kernel_device(node, shard, dtype, causal_skip)) is not None:
+        kernels = layer_kernels(
+            shard.ops, samples, dev, sp_tp=tp if sp else 1, flash=flash_attention, score_flops=flash_flops
+        )
+        forward_s, backward_s = kernels.forward.wall_s(dev.km), kernels.backward.wall_s(dev.km)
+    else:
+        fwd_traffic_s = (
+            _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["replicated"] * replicated + TRAFFIC_PER_SAVED_BYTE["split"] * rest)
+            + scores_traffic_s
+        )
+        forward_s = (shard.fwd_flops_per_sample * samples - skipped) / rate + fwd_traffic_s
+        backward_s = (
+            shard.bwd_flops_per_sample * samples - 2 * skipped
+        ) / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
+    comm_fwd_s, comm_bwd_s = (
+        _tp_comm_s(layer, cluster, node, tp, samples, sp, tp_group_spans_nodes) if (split and tp > 1) else (0.0, 0.0)
+    )
+    cp = _context_cost(
+        context,
+        cluster,
+        node,
+        dtype,
+        tp if split else 1,
+        samples,
+        flash_flops if flash_attention else score_flops,
+        causal_skip,
+    )
+    return LayerWork(
+        shard=shard,
+        split=split,
+        samples=samples,
+        sp=sp,
+        rate=rate,
+        replicated=replicated,
+        scores=scores,
+        rest=rest,
+        scores_traffic_s=scores_traffic_s,
+        score_flops=score_flops,
+        skipped=skipped,
+        flash_bwd_flops=flash_flops / 2 if flash_attention else 0.0,
+        timed=timed,
+        forward_s=forward_s,
+        backward_s=backward_s,
+        kernels=kernels,
+        dev=dev,
+        comm_fwd_s=comm_fwd_s,
+        comm_bwd_s=comm_bwd_s,
+        # causal skipping: the model's FLOPs are the causal ones too (forward, and the backward's two products)
+        model_flops=(shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples - 3 * skipped,
+        cp=cp,
+    )
+
+
 def layer_cost(
     layer: LayerProfile,
     *,
@@ -227,6 +343,7 @@ def layer_cost(
     context: KVExchange | None = None,
     causal_skip: bool = False,
     torch_tp_memory: bool = False,
+    work: LayerWork | None = None,
 ) -> LayerCost:
     """Per-micro-batch cost of ``layer`` on one rank of a TP group of ``tp`` (see the module docstring).
 
@@ -253,56 +370,41 @@ def layer_cost(
     ``causal_skip``: a flash kernel does ``CAUSAL_FLASH_WORK_FRACTION`` of the score FLOPs (causal block
     skipping; ``ParallelConfig.causal_skip``), and the model FLOPs count that fraction too (so MFU at long
     sequence counts the causal attention a model needs, not the full ``s^2`` square).
+    ``work``: :func:`layer_work` of the same arguments when the caller keeps it (it depends on neither
+    ``recompute`` nor ``dp_wrapper``, ``timings_scale``, ``overlap_tp_comm`` or ``torch_tp_memory``).
     """
-    shard, split = _shard_for(layer, tp, style)
-    samples = replica_samples(micro_batch, tp, style)
-    sp = sequence_parallel and split and tp > 1
-    rate = _achieved_flops(node, dtype)
-    replicated, scores, rest = _saved_parts(shard, samples, tp, sp)
-    scores_traffic_s = 0.0 if flash_attention else _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["scores"] * scores)
-    score_flops = shard.attention_scores_flops_per_sample * samples
-    flash_flops = score_flops * (CAUSAL_FLASH_WORK_FRACTION if causal_skip else 1.0)  # what the flash kernel computes
-    skipped = score_flops - flash_flops if flash_attention else 0.0  # masked blocks a causal flash kernel skips
+    if work is None:
+        work = layer_work(
+            layer,
+            node=node,
+            cluster=cluster,
+            tp=tp,
+            style=style,
+            sequence_parallel=sequence_parallel,
+            micro_batch=micro_batch,
+            flash_attention=flash_attention,
+            dtype=dtype,
+            tp_group_spans_nodes=tp_group_spans_nodes,
+            use_timings=use_timings,
+            context=context,
+            causal_skip=causal_skip,
+        )
+    shard, split, samples, sp, rate = work.shard, work.split, work.samples, work.sp, work.rate
+    replicated, scores, rest = work.replicated, work.scores, work.rest
+    scores_traffic_s, score_flops, skipped = work.scores_traffic_s, work.score_flops, work.skipped
+    kernels, dev, cp = work.kernels, work.dev, work.cp
+    forward_s, backward_s = work.forward_s, work.backward_s
     optimizer_s = 0.0
-    kernels, dev = None, None
-    if use_timings and shard.timings:
-        forward_s, backward_s = _interpolate(shard.timings, samples)
+    if work.timed:
         extra_fwd_s, extra_bwd_s, optimizer_s = layer_overhead_s(layer, split_tp=split and tp > 1, wrapper=dp_wrapper)
         forward_s = (forward_s + extra_fwd_s) * timings_scale
         backward_s = (backward_s + extra_bwd_s) * timings_scale
         optimizer_s *= timings_scale
-    elif (dev := _kernel_device(node, shard, dtype, causal_skip)) is not None:
-        kernels = layer_kernels(
-            shard.ops, samples, dev, sp_tp=tp if sp else 1, flash=flash_attention, score_flops=flash_flops
-        )
-        forward_s, backward_s = kernels.forward.wall_s(dev.km), kernels.backward.wall_s(dev.km)
-    else:
-        fwd_traffic_s = (
-            _traffic_s(node, TRAFFIC_PER_SAVED_BYTE["replicated"] * replicated + TRAFFIC_PER_SAVED_BYTE["split"] * rest)
-            + scores_traffic_s
-        )
-        forward_s = (shard.fwd_flops_per_sample * samples - skipped) / rate + fwd_traffic_s
-        backward_s = (
-            shard.bwd_flops_per_sample * samples - 2 * skipped
-        ) / rate + BACKWARD_TRAFFIC_FACTOR * fwd_traffic_s
-    flash_bwd_flops = flash_flops / 2 if flash_attention else 0.0
+    flash_bwd_flops = work.flash_bwd_flops
     if kernels is None:
         backward_s += flash_bwd_flops / rate
-    comm_fwd_s, comm_bwd_s = (
-        _tp_comm_s(layer, cluster, node, tp, samples, sp, tp_group_spans_nodes) if (split and tp > 1) else (0.0, 0.0)
-    )
-    # causal skipping: the model's FLOPs are the causal ones too (forward, and the backward's two products)
-    model_flops = (shard.fwd_flops_per_sample + shard.bwd_flops_per_sample) * samples - 3 * skipped
-    cp = _context_cost(
-        context,
-        cluster,
-        node,
-        dtype,
-        tp if split else 1,
-        samples,
-        flash_flops if flash_attention else score_flops,
-        causal_skip,
-    )
+    comm_fwd_s, comm_bwd_s = work.comm_fwd_s, work.comm_bwd_s
+    model_flops = work.model_flops
     forward_s, backward_s = forward_s + cp.forward_s, backward_s + cp.backward_s
     if overlap_tp_comm:
         comm_fwd_s = max(0.0, comm_fwd_s - shard.fwd_flops_per_sample * samples / rate)

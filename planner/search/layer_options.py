@@ -30,6 +30,7 @@ from planner.cost import (
     fsdp_call_latency_s,
     full_saved_bytes,
     layer_cost,
+    layer_work,
     precision_kind,
     root_unit_layers,
     timings_apply,
@@ -218,24 +219,32 @@ class LayerOptions:
         zero: int,
     ) -> LayerCost:
         node = self.cluster.node_type(nt)
-        return layer_cost(
-            layer,
+        common: dict[str, Any] = dict(
             node=node,
             cluster=self.cluster,
             tp=tp,
             style=style,
-            recompute=recompute,
             sequence_parallel=sp,
             micro_batch=mb,
             flash_attention=self.search.flash_attention,
             dtype=self.dtype,
             tp_group_spans_nodes=tp_group(tp, node.devices_per_node).spans_nodes,
             use_timings=timings_apply(self.profile, node),
-            dp_wrapper=dp_wrapper(dp, zero),
-            timings_scale=timings_scale(self.profile, node),
             context=self.exchange,
             causal_skip=self.search.flash_attention,
+        )
+        # the kernels, TP collectives and K/V exchange are the same for every recompute mode and dp wrapper
+        work_key = ("work", layer.signature, nt, tp, style, sp, mb)
+        if work_key not in self._moe:
+            self._moe[work_key] = layer_work(layer, **common)
+        return layer_cost(
+            layer,
+            **common,
+            recompute=recompute,
+            dp_wrapper=dp_wrapper(dp, zero),
+            timings_scale=timings_scale(self.profile, node),
             torch_tp_memory=self.runtime_memory,  # ParallelConfig.memory_semantics, as the estimate
+            work=self._moe[work_key],
         )
 
     def _zero3_collectives_s(
