@@ -121,3 +121,23 @@ def test_bounds_and_tables_do_not_depend_on_what_was_priced_before():
             checked += 1
             zero3_pp += outer.zero_stage == 3 and outer.pp > 1
     assert checked == 180 and zero3_pp >= 5, (checked, zero3_pp)
+
+
+def test_a_shapes_size_counts_its_members():
+    """OuterShape.size, counted without making the candidates, is what members() yields (expert layouts counted,
+    GPipe skipped where an MoE model's 1F1B runs): the search's candidate totals rest on it."""
+    cases = [
+        (parse_model("gpt", layers=4, hidden=64, heads=4, vocab=512, max_seq=256), 256, 16, 32),
+        (parse_model("moe:tiny"), 64, 8, 16),
+        (parse_model("llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, max_seq=16384), 16384, 8, 8),
+    ]
+    shapes = 0
+    for spec, seq, gpus, batch in cases:
+        cluster = with_gpus(load_cluster_profile(resolve_cluster_path("dgx-h100")), gpus)
+        config = SearchConfig(time_limit_s=60, top_k=1, flash_attention=True, cp_min_seq_len=8192)
+        profile = build_gpt_profile(spec, seq_len=seq, dtype="bf16")
+        for entry in _enumerate(profile, cluster, gpus=gpus, global_batch=batch, config=config):
+            if isinstance(entry, OuterShape):
+                assert entry.size == sum(len(c.expert_family) or 1 for c in entry.members(families=True)), entry
+                shapes += 1
+    assert shapes >= 30, shapes

@@ -436,7 +436,14 @@ class CandidateCosts:
         )
 
     def _tied(self, outer: OuterChoice) -> dict[str, float]:
-        """Embedding copy on the LM head's rank when tied and pp > 1 (``estimate._Assembler._tied_copy``)."""
+        """Embedding copy on the LM head's rank when tied and pp > 1 (``estimate._Assembler._tied_copy``); cached
+        by tp and pp > 1 (the tables share the record)."""
+        key = ("tied", outer.tp, outer.pp > 1)
+        if key not in self._schedule_terms:
+            self._schedule_terms[key] = self._tied_uncached(outer)
+        return self._schedule_terms[key]
+
+    def _tied_uncached(self, outer: OuterChoice) -> dict[str, float]:
         paths = [layer.path for layer in self.profile.layers]
         if not bool(self.profile.model.dims.get("tie_embeddings", False)) or outer.pp == 1:
             return {}

@@ -276,8 +276,15 @@ class OuterShape:
 
     @property
     def size(self) -> int:
-        """How many candidates the shape holds (expert layouts counted)."""
-        return sum(len(c.expert_family) or 1 for c in self.members(families=True))
+        """How many candidates the shape holds (expert layouts counted): what :meth:`members` yields, counted
+        without making them."""
+        schedules = sum(
+            1
+            for schedule, _ in self.schedules
+            if not (self.skip_gpipe and schedule == "gpipe" and self.num_micro_batches >= self.pp)
+        )
+        layouts = len(self.expert_family) if len(self.expert_family) > 1 else 1
+        return schedules * len(self.zero_stages) * len(self.sequence_parallel) * len(self.orders) * layouts
 
 
 def enumerate_shapes(
