@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from planner.search.ilp_terms import linear
 from planner.search.tables import Group, RankModel, Tables
 
 CUT_SLACK = 1e-7  # relative weakening of each cut (keeps exact ties feasible under float rounding)
@@ -177,8 +178,6 @@ def add_block_cuts(prob, tables: Tables, n: dict, rank_total: dict, scale: float
     """(i) for every cut group and rank: one-hot z over its feasible block counts, tied to R[g,r], and the
     group's time on the rank >= the floor of its count. Returns the number of cuts added."""
     import pulp
-
-    from planner.search.ilp_terms import linear
 
     added = 0
     for g in blocks_worth_cutting(tables):
