@@ -1,9 +1,13 @@
 """``stratagem launch``: check a plan against the launch, then run it under torchrun.
 
 Everything that can be checked without processes is checked first (plan file, world size, model,
-data file, checkpoint), so a mismatch is one ``StratagemError`` line and nothing starts. The command is
-``python -m torch.distributed.run [--standalone | rendezvous] --nproc-per-node N [--max-restarts R]
--m runtime.executor.train --plan PLAN ...``; each rank then picks NCCL when CUDA is present, else gloo.
+data file, checkpoint), so a mismatch is one ``StratagemError`` line and nothing starts. For a zoo model those
+checks import no torch (``runtime.executor.checks``, ``.tp_plan``, ``.checkpoint_dirs``), which would cost the CLI
+seconds before torchrun starts; only what needs it does: ``hf:`` and ``py:`` models (built on meta to read their
+layers), ``--data FILE`` (a ``torch.save`` file), ``--resume`` (DCP's checkpoint metadata) and ``--init-from`` (DCP's
+safetensors reader). The command is ``python -m torch.distributed.run [--standalone | rendezvous] --nproc-per-node N
+[--max-restarts R] -m runtime.executor.train --plan PLAN ...``; each rank then picks NCCL when CUDA is present, else
+gloo.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from pathlib import Path
 
 from planner.core import StratagemError
 from planner.plan import Plan, fullest_share, validate
+from runtime.executor.checkpoint_dirs import find_latest_checkpoint
+from runtime.executor.checks import check_replica_schedules, check_supported
+from runtime.executor.tp_plan import plan_tp_styles
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = 10.0  # after SIGTERM on timeout, how long torchrun gets to stop its workers
@@ -64,14 +71,9 @@ class LaunchOptions:
 def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> None:
     """Every check that needs no process: raises ``StratagemError`` naming the fix.
 
-    ``slurm``: the launch is written as an sbatch script, whose rendezvous endpoint is the first node.
+    ``slurm``: the launch is written as an sbatch script, whose rendezvous endpoint is the first node. Imports
+    torch only where the module docstring says.
     """
-    from runtime.executor.checkpoint import check_resumable
-    from runtime.executor.data import FileData
-    from runtime.executor.parallelize import check_supported
-    from runtime.executor.schedule import check_replica_schedules
-    from runtime.executor.tp import plan_tp_styles
-
     if opts.steps < 1:
         raise StratagemError(f"--steps {opts.steps} must be >= 1")
     if opts.nnodes > 1 and not opts.rdzv_endpoint and not slurm:
@@ -91,12 +93,16 @@ def check_launch(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> Non
         if plan.mesh.size("tp") > 1:
             plan_tp_styles(plan, stage.module_paths)
     if opts.data != "synthetic":
+        from runtime.executor.data import FileData  # torch.load of the data file
+
         FileData(opts.data).check_shapes(plan.model, plan.training.seq_len)
     if opts.checkpoint_every and opts.checkpoint_dir is None:
         raise StratagemError("--checkpoint-every needs --checkpoint-dir DIR")
     if opts.resume:
         if opts.checkpoint_dir is None:
             raise StratagemError("--resume needs --checkpoint-dir DIR (the folder of the run to resume)")
+        from runtime.executor.checkpoint import check_resumable  # reads DCP's .metadata: torch
+
         check_resumable(opts.checkpoint_dir, plan, batch_may_change=opts.elastic)
     if opts.init_from is not None:
         if "sd" in plan.mesh.axes:
@@ -136,8 +142,6 @@ def check_elastic(plan: Plan, opts: LaunchOptions, *, slurm: bool = False) -> No
     if min_nodes(opts, nproc) > opts.nnodes:
         raise StratagemError(f"--min-gpus {opts.min_gpus} needs more than the job's {opts.nnodes} nodes")
     if opts.node_rank == 0 and not opts.resume:  # every elastic attempt resumes what the folder holds
-        from runtime.executor.checkpoint import find_latest_checkpoint
-
         held = find_latest_checkpoint(opts.checkpoint_dir)
         if held is not None:
             raise StratagemError(

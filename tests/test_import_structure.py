@@ -181,3 +181,45 @@ def test_show_and_plan_with_a_model_profile_do_not_import_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "torch imported: False" in done.stdout
+
+
+def test_launch_checks_of_a_zoo_plan_do_not_import_torch(tmp_path):
+    """`stratagem launch` checks a zoo model's plan before torchrun starts (layer paths, tied embedding, context
+    parallelism, experts, each replica's schedule, every stage's TP styles, an elastic run's checkpoint folder)
+    without importing torch (runtime/executor/checks.py, tp_plan.py, checkpoint_dirs.py): torch's 3-4 s of imports
+    would come before torchrun's own."""
+    import subprocess
+    import sys
+
+    from fixtures.plans import make_plan
+    from planner.model import parse_model
+    from planner.plan import save_plan
+
+    gpt, llama = parse_model("gpt:tiny"), parse_model("llama:tiny")
+    plans = {
+        "tp2-sp": make_plan(gpt, tp=2, split=["embed", "blocks.0", "blocks.1", "head"], sequence_parallel=["blocks.0"]),
+        "pp2-1f1b": make_plan(llama, pp=2, schedule="1f1b", num_micro_batches=2),
+        "cp2": make_plan(llama, cp=2),
+        "ep2": make_plan(parse_model("moe:tiny"), dp=2, experts={"ep": 2}),
+        "dp2-shares": make_plan(gpt, dp=2, batch_shares=[0.75, 0.25]),
+    }
+    for name, plan in plans.items():
+        save_plan(plan, tmp_path / f"{name}.json")
+    elastic = (  # two nodes of one rank each, resuming from an empty checkpoint folder
+        f"nnodes=2, rdzv_endpoint='127.0.0.1:29500', elastic=True, min_gpus=1, checkpoint_dir=Path({str(tmp_path)!r}) "
+        "/ 'ckpt', checkpoint_every=1, max_restarts=1"
+    )
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from planner.plan import load_plan\n"
+        "from runtime.launch import LaunchOptions, check_launch\n"
+        f"for path in sorted(Path({str(tmp_path)!r}).glob('*.json')):\n"
+        "    check_launch(load_plan(path), LaunchOptions(plan_path=path))\n"
+        f"path = Path({str(tmp_path)!r}) / 'dp2-shares.json'\n"
+        f"check_launch(load_plan(path), LaunchOptions(plan_path=path, {elastic}))\n"
+        "print('torch imported:', 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torch imported: False" in done.stdout

@@ -4,7 +4,8 @@ Layout: ``DIR/step_000004/`` holds the DCP shards, ``meta.json`` (:func:`checkpo
 marker. A save goes to ``DIR/step_000004.tmp/``; only after every rank has written its shards does rank
 0 write ``meta.json`` and ``COMPLETE`` into it and rename it to ``DIR/step_000004`` (``os.replace``, atomic
 on POSIX). A save killed half-way therefore leaves a ``.tmp`` folder (or, at worst, a folder without the
-marker), which :func:`find_latest_checkpoint` never picks (a resume names it: :func:`torn_checkpoints`).
+marker), which :func:`find_latest_checkpoint` never picks (a resume names it: :func:`torn_checkpoints`). The folders
+are read without torch in :mod:`runtime.executor.checkpoint_dirs`.
 
 What is saved: model and AdamW state of every pipeline chunk this rank holds (keys are full-model FQNs,
 so chunks merge into one dict; ``flatten_optimizer_state_dict`` keys optimizer state by FQN too), the
@@ -39,7 +40,6 @@ import json
 import logging
 import os
 import pickle
-import re
 import shutil
 import warnings
 from pathlib import Path
@@ -62,8 +62,16 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from planner.core import StratagemError, atomic_write_text, read_json
+from planner.core import StratagemError, atomic_write_text
 from planner.plan import Plan
+from runtime.executor.checkpoint_dirs import (
+    COMPLETE_MARKER,
+    META_FILE,
+    find_latest_checkpoint,
+    read_checkpoint_meta,
+    step_dir,
+    torn_checkpoints,
+)
 from runtime.executor.etp_keys import (
     etp_sliced_fqns,
     join_slices,
@@ -75,9 +83,6 @@ from runtime.executor.etp_keys import (
 )
 
 log = logging.getLogger(__name__)
-COMPLETE_MARKER = "COMPLETE"
-META_FILE = "meta.json"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -141,45 +146,6 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[fqn], value)
         else:
             self.state_dict[fqn] = value
-
-
-def step_dir(ckpt_dir: str | Path, step: int) -> Path:
-    return Path(ckpt_dir) / f"step_{step:06d}"
-
-
-def find_latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint folder under ``ckpt_dir`` (``None`` if there is none).
-
-    Complete = named ``step_<digits>`` (not ``.tmp``) and holding the ``COMPLETE`` marker.
-    """
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return None
-    done = [
-        (int(m.group(1)), p)
-        for p in ckpt_dir.iterdir()
-        if (m := _STEP_DIR.match(p.name)) and (p / COMPLETE_MARKER).is_file()
-    ]
-    return max(done)[1] if done else None
-
-
-def torn_checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    """Folders under ``ckpt_dir`` of saves that never completed (``step_N.tmp``, or ``step_N`` without the
-    marker) and are newer than the newest complete checkpoint: what a resume skips, oldest first."""
-    ckpt_dir, latest = Path(ckpt_dir), find_latest_checkpoint(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    newest = int(_STEP_DIR.match(latest.name).group(1)) if latest else -1  # type: ignore[union-attr]
-    torn = []
-    for p in ckpt_dir.iterdir():
-        m = _STEP_DIR.match(p.name.removesuffix(".tmp"))
-        if m and int(m.group(1)) > newest and not (p / COMPLETE_MARKER).is_file():
-            torn.append((int(m.group(1)), p))
-    return [p for _, p in sorted(torn)]
-
-
-def read_checkpoint_meta(path: str | Path) -> dict:
-    return read_json(Path(path) / META_FILE, what="checkpoint metadata")
 
 
 def _state(chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer], step: int, rank: int):

@@ -42,11 +42,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from planner.core import StratagemError
 from planner.plan import Plan
-from runtime.models.attention import attend
 
-CONTEXT_FAMILIES = ("gpt", "llama")  # models whose attention takes a ContextShard (runtime/models/gpt.py, llama.py)
+# moved to the torch-free runtime.executor.checks (launch runs them in the CLI); still importable here
+from runtime.executor.checks import CONTEXT_FAMILIES, check_context_supported  # noqa: F401
+from runtime.models.attention import attend
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,31 +218,6 @@ class _RingShift(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return _shift(grad, ctx.shard, -1), None
-
-
-def check_context_supported(plan: Plan) -> None:
-    """Reject a context-parallel plan the runtime cannot run (before any process starts)."""
-    cp = plan.mesh.size("cp")
-    if cp == 1:
-        return
-    if plan.model.family not in CONTEXT_FAMILIES:
-        raise StratagemError(
-            f"plan splits the sequence over cp={cp} ranks but {plan.model.name} ({plan.model.family}) has no "
-            f"attention the runtime can split (gpt and llama only); re-plan with --cp 1"
-        )
-    if plan.training.seq_len % (2 * cp):
-        raise StratagemError(
-            f"plan's seq_len {plan.training.seq_len} does not split into 2 x cp = {2 * cp} equal chunks; "
-            f"re-plan with --seq a multiple of {2 * cp}"
-        )
-    if plan.batch_shares is not None:
-        raise StratagemError("context parallelism with uneven batch_shares is not supported; re-plan with --cp 1")
-    if plan.context_parallel == "ring" and float(plan.model.dims.get("dropout", 0.0) or 0.0) > 0:
-        raise StratagemError(
-            "ring context parallelism merges attention blocks without attention dropout, and "
-            f"{plan.model.name} has dropout {plan.model.dims.get('dropout')}; use --dropout 0 or the all-gather "
-            "exchange (plan --cp with context_parallel allgather)"
-        )
 
 
 def build_context_shard(plan: Plan, mesh, coords: dict[str, int]) -> ContextShard | None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from planner.plan import Plan
+from runtime.executor.checks import check_replica_schedules
 from runtime.executor.data import replica_rows
 from runtime.executor.fsdp import ZERO_MAPPING
 from runtime.executor.moe import describe_experts
-from runtime.executor.schedule import check_replica_schedules
-from runtime.executor.tp import plan_tp_styles, uses_loss_parallel
+from runtime.executor.tp_plan import plan_tp_styles, uses_loss_parallel
 
 
 def describe_ranks(plan: Plan, ranks: list[int] | None = None) -> list[str]:

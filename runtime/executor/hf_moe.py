@@ -53,11 +53,6 @@ _PLAIN_LAYOUT = {
 }
 
 
-def is_hf_ep(plan: Plan) -> bool:
-    """An ``hf:`` plan with an expert layout (the search writes one when ep x etp > 1)."""
-    return plan.model.family == "hf" and getattr(plan, "experts", None) is not None
-
-
 def fused_experts(model: nn.Module) -> dict[str, nn.Module]:
     """Path -> transformers fused-experts module (3D ``gate_up_proj`` and ``down_proj``) in ``model``."""
     out = {}

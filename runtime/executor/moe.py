@@ -45,87 +45,20 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from planner.core import ParallelDims, StratagemError
+from planner.core import ParallelDims
 from planner.plan import Plan
-from runtime.executor.hf_moe import apply_hf_ep, check_hf_experts, hf_local_experts, is_hf_ep
+
+# check_experts moved to the torch-free runtime.executor.checks (launch runs it in the CLI); still importable here
+from runtime.executor.checks import check_experts, expert_layout, is_hf_ep, is_moe  # noqa: F401
+from runtime.executor.hf_moe import apply_hf_ep, hf_local_experts
 from runtime.executor.moe_dispatch import ExpertExchange, TokenShard, shard_expert_ffn
 from runtime.models.moe import MoE, moe_layers
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ExpertLayout:
-    """The plan's ``experts`` (``planner.plan.schema.ExpertLayout``), or the default for a plan without one."""
-
-    ep: int = 1
-    etp: int = 1
-    capacity_factor: float | None = None  # None = the model's own (0 = dropless)
-
-
-def expert_layout(plan: Plan) -> ExpertLayout:
-    experts = getattr(plan, "experts", None)
-    if experts is None:
-        return ExpertLayout()
-    return ExpertLayout(ep=experts.ep, etp=experts.etp, capacity_factor=experts.capacity_factor)
-
-
-def is_moe(plan: Plan) -> bool:
-    return plan.model.family == "moe"
 
 
 def _moe_dims(plan: Plan):
     from runtime.models import resolve_dims
 
     return resolve_dims(plan.model)
-
-
-def check_experts(plan: Plan) -> None:
-    """One-line errors, before any process starts, for expert layouts the runtime cannot run."""
-    lay = expert_layout(plan)
-    if is_hf_ep(plan):
-        return check_hf_experts(plan)
-    if not is_moe(plan):
-        if getattr(plan, "experts", None) is not None:
-            raise StratagemError(
-                f"the plan sets experts (ep={lay.ep}) but {plan.model.name} has no experts; re-plan without them"
-            )
-        return
-    dims = _moe_dims(plan)
-    dp, tp = plan.mesh.size("dp"), plan.mesh.size("tp")
-    if dims.experts % lay.ep:
-        divisors = [d for d in range(1, dims.experts + 1) if dims.experts % d == 0]
-        raise StratagemError(
-            f"experts={dims.experts} of {plan.model.name} is not divisible by ep={lay.ep}; choose ep among {divisors}"
-        )
-    if dims.expert_ffn % lay.etp:
-        raise StratagemError(
-            f"etp={lay.etp} does not divide expert_ffn={dims.expert_ffn} of {plan.model.name}; "
-            f"choose etp dividing {dims.expert_ffn}"
-        )
-    if (dp * tp) % (lay.ep * lay.etp):
-        raise StratagemError(
-            f"ep={lay.ep} x etp={lay.etp} does not divide a stage's dp x tp = {dp} x {tp} ranks; "
-            f"choose ep dividing {dp * tp}"
-        )
-    if lay.capacity_factor is not None and lay.capacity_factor < 0:
-        raise StratagemError(f"capacity_factor={lay.capacity_factor} must be >= 0 (or None for dropless)")
-    _check_tp(plan, tp)
-    spans_replicas = lay.ep * lay.etp > tp  # an ep or etp group holds ranks of different dp replicas
-    if spans_replicas and plan.batch_shares is not None and len(set(plan.schedule.micro_batches_per_replica or [])) > 1:
-        raise StratagemError(
-            "expert all-to-alls span dp replicas whose batch shares give them different micro-batch counts, "
-            "which would deadlock; use equal batch shares or ep x etp dividing tp"
-        )
-
-
-def _check_tp(plan: Plan, tp: int) -> None:
-    if tp == 1:
-        return
-    tokens = plan.schedule.micro_batch_size * plan.training.seq_len
-    if tokens % tp:
-        raise StratagemError(
-            f"a micro-batch's {tokens} tokens do not split over tp={tp} for the expert layers; "
-            f"choose a sequence length or micro-batch size divisible by {tp}"
-        )
 
 
 # ---------------------------------------------------------------------------------------------- groups

@@ -14,39 +14,28 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from planner.core import StratagemError
 from planner.plan import Plan, Stage
-from runtime.executor.context import ContextShard, apply_cp, check_context_supported, data_parallel_mesh
+
+# moved to the torch-free runtime.executor.checks (launch runs it in the CLI); still importable here
+from runtime.executor.checks import check_supported  # noqa: F401
+from runtime.executor.context import ContextShard, apply_cp, data_parallel_mesh
 from runtime.executor.fsdp import apply_dp
 from runtime.executor.moe import (
     ExpertGradSync,
     ExpertGroups,
     apply_ep,
     apply_expert_dp,
-    check_experts,
     expert_params,
 )
 from runtime.executor.recompute import apply_ac
 from runtime.executor.speed import apply_compile, compile_mode, fsdp_mp_policy, precision_scheme, weight_dtype
 from runtime.executor.stage import cut_stage
-from runtime.executor.tied import check_tied, retie
-from runtime.executor.tp import (
-    ReplicaGradSync,
-    apply_tp,
-    record_replica_rows,
-    plan_tp_styles,
-    replica_paths,
-    uses_loss_parallel,
-)
+from runtime.executor.tied import retie
+from runtime.executor.tp import ReplicaGradSync, apply_tp, record_replica_rows
+from runtime.executor.tp_plan import plan_tp_styles, replica_paths, uses_loss_parallel
 from runtime.models.attention import apply_attention
 from runtime.models.external import localise_head_counts
 from runtime.models.layered import LayeredModel
-
-# plan dtypes the runtime trains (runtime.executor.speed says how: fp32, autocast, FSDP2 bf16 or bf16 weights with
-# fp32 masters); fp32 master weights and AdamW state in every case (the plan schema: "mixed precision keeps fp32
-# master weights");
-# tf32 is fp32 with TF32 matmuls on CUDA.
-RUN_DTYPES = ("fp32", "tf32", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,28 +61,6 @@ class Chunk:
     @property
     def loss_parallel(self) -> bool:
         return uses_loss_parallel(self.tp_styles)
-
-
-def check_supported(plan: Plan) -> None:
-    """Reject plan features the runtime cannot execute, before any process starts."""
-    from runtime.models import layer_paths
-
-    if plan.training.dtype not in RUN_DTYPES:
-        raise StratagemError(
-            f"plan trains in {plan.training.dtype}, which the runtime does not run (it needs loss "
-            f"scaling); re-plan with --dtype bf16 or fp32"
-        )
-    check_tied(plan)
-    check_context_supported(plan)
-    check_experts(plan)
-    paths = layer_paths(plan.model)
-    placed = [p for st in sorted(plan.stages, key=lambda s: s.index) for p in st.module_paths]
-    if placed != paths:
-        raise StratagemError(
-            f"the plan's stages hold {len(placed)} modules in model order {placed[:3]}..., but "
-            f"{plan.model.name} has {len(paths)} ({paths[:3]}...); the plan is for another model, "
-            f"re-plan"
-        )
 
 
 def build_chunk(

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from planner.core import StratagemError
 from planner.model import ModelSpec
 from planner.plan import Plan
-from runtime.executor.moe import expert_layout
+from runtime.executor.checks import expert_layout
 from runtime.models import build_model
 from runtime.models.hf import hf_conversion_mapping, hf_parts
 

@@ -25,9 +25,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from planner.core import StratagemError
-from planner.plan import Plan
-from runtime.executor.data import Batch, BatchSplit, split_batch
+# check_replica_schedules moved to the torch-free runtime.executor.checks (launch runs it in the CLI); still
+# importable here
+from runtime.executor.checks import check_replica_schedules, check_schedule  # noqa: F401
+from runtime.executor.data import Batch
 from runtime.executor.moe import exclude_shape_probes
 from runtime.executor.parallelize import Chunk
 
@@ -118,80 +119,6 @@ class LocalRunner:
                 (loss / self.num_micro_batches).backward()
             losses.append(_scalar(loss))
         return losses
-
-
-def micro_batch_problem(kind: str, *, pp: int, num_micro_batches: int) -> str | None:
-    """Why a ``pp``-stage ``kind`` schedule cannot run ``num_micro_batches`` micro-batches (None if it can).
-
-    Rules of torch 2.13 (pipelining/schedules.py): 1F1B needs at least one micro-batch per stage;
-    interleaved 1F1B runs ``rounds = max(1, m // pp)`` rounds and needs ``m % rounds == 0``.
-    """
-    if pp == 1:
-        return None
-    if kind == "1f1b" and num_micro_batches < pp:
-        return f"1f1b needs at least one micro-batch per stage ({pp}) but gets {num_micro_batches}"
-    rounds = max(1, num_micro_batches // pp)
-    if kind == "interleaved_1f1b" and num_micro_batches % rounds:
-        return (
-            f"interleaved_1f1b with pp={pp} runs {rounds} rounds, which {num_micro_batches} micro-batches do not divide"
-        )
-    return None
-
-
-def _check_virtual_stages(kind: str, virtual_stages: int) -> None:
-    if virtual_stages > 1 and kind != "interleaved_1f1b":
-        raise StratagemError(
-            f"schedule {kind} runs one stage per pp rank but the plan has virtual_stages="
-            f"{virtual_stages}; use interleaved_1f1b or virtual_stages=1"
-        )
-
-
-def check_schedule(kind: str, *, pp: int, virtual_stages: int, num_micro_batches: int) -> None:
-    """Reject a schedule torch.distributed.pipelining cannot build, before any process starts."""
-    if pp == 1:
-        return
-    _check_virtual_stages(kind, virtual_stages)
-    problem = micro_batch_problem(kind, pp=pp, num_micro_batches=num_micro_batches)
-    if problem:
-        fix = (
-            f"use a multiple of {pp} micro-batches"
-            if kind == "interleaved_1f1b"
-            else "raise num_micro_batches or use gpipe"
-        )
-        raise StratagemError(f"{problem} (the plan's schedule.micro_batches_per_replica); {fix}")
-
-
-def check_replica_schedules(plan: Plan) -> BatchSplit:
-    """Split ``plan``'s global batch over its dp replicas (``data.split_batch``) and check that each
-    replica's pipeline can run its own micro-batch count; returns the split.
-
-    Each dp replica's pipeline is independent (its pp group holds only its own ranks), so replicas with
-    uneven ``batch_shares`` run schedules of different lengths. Only the dp gradient reduction, once per
-    step after each replica's last micro-batch, ties them together — except ZeRO-3, which all-gathers
-    weights over dp in every micro-batch's forward, so its replicas must run equal counts.
-    """
-    pp, kind, sched = plan.mesh.size("pp"), plan.schedule.kind, plan.schedule
-    split = split_batch(plan)
-    if plan.batch_shares is None:
-        check_schedule(kind, pp=pp, virtual_stages=sched.virtual_stages, num_micro_batches=sched.max_micro_batches)
-        return split
-    if pp > 1:
-        _check_virtual_stages(kind, sched.virtual_stages)
-    for r, (n, m) in enumerate(zip(split.rows, split.micro_batches)):
-        problem = micro_batch_problem(kind, pp=pp, num_micro_batches=m)
-        if problem:
-            raise StratagemError(
-                f"dp replica {r} trains {n} rows = {m} micro-batches of {sched.micro_batch_size} "
-                f"samples: {problem}; give it a larger batch share, re-plan with a smaller "
-                f"micro_batch_size, or use gpipe"
-            )
-    if plan.zero_stage == 3 and len(set(split.micro_batches)) > 1:
-        raise StratagemError(
-            f"ZeRO-3 all-gathers weights over dp in every micro-batch, so dp replicas running "
-            f"{list(split.micro_batches)} micro-batches would deadlock; use zero_stage 0, 1 or 2, "
-            f"or batch shares giving every replica the same count"
-        )
-    return split
 
 
 def build_runner(

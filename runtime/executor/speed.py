@@ -43,6 +43,7 @@ from torch import nn
 
 from planner.core import StratagemError
 from planner.plan import Plan
+from runtime.executor.checks import expert_layout, is_moe
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,6 @@ def precision_scheme(plan: Plan) -> str:
     or ``autocast``."""
     if plan.training.dtype != "bf16":
         return "fp32"
-    from runtime.executor.moe import expert_layout, is_moe
-
     shards = plan.mesh.size("dp") * plan.mesh.size("cp") > 1 and plan.zero_stage >= 1
     lay = expert_layout(plan)
     experts_apart = is_moe(plan) or lay.ep > 1 or lay.etp > 1  # experts outside the FSDP units (their own group)

@@ -17,34 +17,19 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from planner.core import ParallelDims, StratagemError
+from planner.core import ParallelDims
 from planner.plan import Plan
 
+# check_tied moved to the torch-free runtime.executor.checks (launch runs it in the CLI); still importable here
+from runtime.executor.checks import check_tied, is_tied  # noqa: F401
+
 EMBED, HEAD = "embed.tok.weight", "head.weight"
-
-
-def is_tied(plan: Plan) -> bool:
-    return plan.model.is_language_model and bool(
-        plan.model.dims.get("tie_embeddings", False) if plan.model.is_external else plan.model.dim("tie_embeddings")
-    )
 
 
 def tied_aliases(plan: Plan) -> dict[str, str]:
     """Checkpoint aliases of a tied model (``checkpoint.load_checkpoint``): the head's entries are the
     embedding's where a pp = 1 layout, whose AdamW state names the shared Parameter once, wrote them."""
     return {HEAD: EMBED} if is_tied(plan) else {}
-
-
-def check_tied(plan: Plan) -> None:
-    """A tied embedding and head must be both split or both replicated."""
-    if not is_tied(plan) or plan.mesh.size("tp") == 1:
-        return
-    split = {p: p in plan.layout and plan.layout[p].style == "split" for p in ("embed", "head")}
-    if split["embed"] != split["head"]:
-        raise StratagemError(
-            f"{plan.model.name} ties its LM head to the token embedding but the plan splits only "
-            f"{'embed' if split['embed'] else 'head'}; split both or neither, or re-plan"
-        )
 
 
 def retie(model: nn.Module, plan: Plan) -> None:

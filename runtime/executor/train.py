@@ -36,6 +36,7 @@ from runtime.executor.checkpoint import (
     save_checkpoint,
     torn_checkpoints,
 )
+from runtime.executor.checks import check_replica_schedules, check_supported
 from runtime.executor.context import ContextShard, build_context_shard
 from runtime.executor.data import Batch, DataStream, build_data_source, loss_scale, replica_rows
 from runtime.executor.mesh import build_mesh
@@ -47,9 +48,9 @@ from runtime.executor.metrics import (
     reset_peak_memory,
 )
 from runtime.executor.moe import build_expert_groups, set_aux_loss_scale, take_aux_loss
-from runtime.executor.parallelize import Chunk, build_chunk, check_supported, describe_params
+from runtime.executor.parallelize import Chunk, build_chunk, describe_params
 from runtime.executor.pretrained import load_pretrained
-from runtime.executor.schedule import LocalRunner, PipelineRunner, build_runner, check_replica_schedules
+from runtime.executor.schedule import LocalRunner, PipelineRunner, build_runner
 from runtime.executor.speed import (
     COMPILE_CHOICES,
     autocast_dtype,

@@ -20,51 +20,34 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-# name -> the module that defines it, imported on first use: runtime.models.paths and runtime.models.dims need no
-# torch, so a command that only checks layer paths (show, plan --model-profile) does not pay torch's import
+# name -> the module that defines it, imported on first use: runtime.models.paths, .dims and .tp_layouts need no
+# torch (for zoo models), so a command that only checks layer paths or TP layouts (show, plan --model-profile,
+# launch) does not pay torch's import
 _HOMES = {
     "resolve_dims": "runtime.models.dims",
     "init_weights": "runtime.models.init",
     "tie_weights": "runtime.models.init",
     "LayeredModel": "runtime.models.layered",
+    **dict.fromkeys(("layer_kind", "layer_paths"), "runtime.models.paths"),
+    **dict.fromkeys(("SPLIT_STYLES", "is_splittable", "tp_layout"), "runtime.models.tp_layouts"),
+    **dict.fromkeys(("build_tp_shard", "check_tp", "tp_collectives", "tp_constraints"), "runtime.models.tp"),
     **dict.fromkeys(
-        (
-            "SPLIT_STYLES",
-            "build_tp_shard",
-            "check_tp",
-            "is_splittable",
-            "tp_collectives",
-            "tp_constraints",
-            "tp_layout",
-        ),
-        "runtime.models.tp",
-    ),
-    **dict.fromkeys(
-        ("build_layer", "build_model", "example_batch", "layer_kind", "layer_paths", "loss_fn", "num_classes"),
+        ("build_layer", "build_model", "example_batch", "loss_fn", "num_classes", "sample_shape"),
         "runtime.models.zoo",
     ),
-    "sample_shape": "runtime.models.zoo",
 }
 
 if TYPE_CHECKING:
     from runtime.models.dims import resolve_dims
     from runtime.models.init import init_weights, tie_weights
     from runtime.models.layered import LayeredModel
-    from runtime.models.tp import (
-        SPLIT_STYLES,
-        build_tp_shard,
-        check_tp,
-        is_splittable,
-        tp_collectives,
-        tp_constraints,
-        tp_layout,
-    )
+    from runtime.models.paths import layer_kind, layer_paths
+    from runtime.models.tp import build_tp_shard, check_tp, tp_collectives, tp_constraints
+    from runtime.models.tp_layouts import SPLIT_STYLES, is_splittable, tp_layout
     from runtime.models.zoo import (
         build_layer,
         build_model,
         example_batch,
-        layer_kind,
-        layer_paths,
         loss_fn,
         num_classes,
         sample_shape,

@@ -20,7 +20,7 @@ from runtime.models.dims import GPTDims, LlamaDims, MoEDims, ResNetDims, VolumeD
 from runtime.models.external import build_external, build_external_layer, external, input_dtype
 from runtime.models.gpt import build_gpt, build_gpt_layer
 from runtime.models.layered import LayeredModel
-from runtime.models.paths import spec_layer_paths
+from runtime.models.paths import check_layer_path
 from runtime.models.llama import build_llama, build_llama_layer
 from runtime.models.mlp import build_mlp, build_mlp_layer
 from runtime.models.moe import build_moe, build_moe_layer
@@ -35,18 +35,6 @@ _FAMILIES = {
     "mlp": (build_mlp, build_mlp_layer),
     "unet3d": (build_volume_model, build_volume_layer),
     "cosmoflow": (build_volume_model, build_volume_layer),
-}
-# first path component -> LayerProfile.kind
-_KINDS = {
-    "embed": "embedding",
-    "blocks": "block",
-    "norm": "norm",
-    "head": "head",
-    "stem": "stem",
-    "pool": "pool",
-    "fc": "classifier",
-    "out": "head",
-    "dense": "linear",
 }
 SEQUENCE_FAMILIES = ("gpt", "llama", "moe", "hf")
 
@@ -103,32 +91,6 @@ def build_model(spec: ModelSpec, *, device: DeviceLike = "cpu", dtype: torch.dty
         return _materialized(build_external(spec), device, dtype)
     dims = resolve_dims(spec)
     return _built(lambda: _FAMILIES[spec.family][0](dims), device, dtype)  # type: ignore[operator]
-
-
-def layer_paths(model_or_spec: LayeredModel | ModelSpec) -> list[str]:
-    """Top-level layer paths in forward order: of a (possibly pipeline-cut) model, or of a spec's full model."""
-    if isinstance(model_or_spec, ModelSpec):
-        return spec_layer_paths(model_or_spec)
-    return model_or_spec.layer_paths()
-
-
-def layer_kind(path: str, spec: ModelSpec | None = None) -> str:
-    """``LayerProfile.kind`` of a top-level path: embedding, block, norm, head, stem, pool or classifier
-    (a custom model's layers: block inside a container, else layer)."""
-    if spec is not None and spec.is_external:
-        check_layer_path(spec, path)
-        return external(spec).kinds[path]
-    try:
-        return _KINDS[path.split(".")[0]]
-    except KeyError:
-        raise StratagemError(f"{path!r} is not a top-level layer path; use one of layer_paths(spec)") from None
-
-
-def check_layer_path(spec: ModelSpec, path: str) -> None:
-    paths = spec_layer_paths(spec)
-    if path not in paths:
-        shown = ", ".join(paths[:3] + (["...", paths[-1]] if len(paths) > 4 else paths[3:]))
-        raise StratagemError(f"{spec.name} has no top-level layer {path!r}; its layers are {shown}")
 
 
 def build_layer(

@@ -65,7 +65,7 @@ def _mesh():
 
 def _tp_styles(spec: ModelSpec, path: str) -> dict[str, str]:
     """The runtime's TP styles for ``path`` split alone, relative to the layer ('' = the layer itself)."""
-    from runtime.executor.tp import tp_styles
+    from runtime.executor.tp_plan import tp_styles
 
     full = tp_styles(spec, {path: LayerLayout(style="split")}, [path])
     return {("" if k == path else k.removeprefix(path + ".")): v for k, v in full.items()}
