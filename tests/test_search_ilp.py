@@ -228,3 +228,24 @@ def test_ilp_equals_brute_force_on_random_tables():
         assert math.isclose(result.objective_s, ev.step_s, rel_tol=1e-6)
         assert lower_bound_s(tables) <= ev.step_s * (1 + 1e-12)
     assert feasible >= 40 and infeasible >= 1  # the memory limits bind in some instances
+
+
+def test_linear_builds_what_lpsum_of_products_builds():
+    """ilp_terms.linear, the build's fast path, makes the expression pulp.lpSum(var * coef ...) makes: zero
+    coefficients left out, a repeated variable's coefficients added in order, int coefficients kept, NaN refused."""
+    import pulp
+
+    from planner.search.ilp_terms import linear
+
+    prob = pulp.LpProblem("linear")
+    x, y, z = (prob.add_variable(n) for n in "xyz")
+    pairs = [(x, 0.5), (y, 0.0), (z, 3), (x, 1e-3), (y, -0.0), (z, 2.25)]
+    mine, theirs = linear(pairs), pulp.lpSum(v * c for v, c in pairs)
+    assert list(mine.items()) == list(theirs.items())
+    assert [type(c) for c in mine.values()] == [type(c) for c in theirs.values()]
+    assert mine.constant == theirs.constant == 0
+    assert list(linear([(x, 2)]).items()) == [(x, 2)] and type(linear([(x, 2)])[x]) is int
+    with pytest.raises(pulp.PulpError):
+        linear([(x, float("nan"))])
+    with pytest.raises(pulp.PulpError):
+        pulp.lpSum(v * c for v, c in [(x, float("nan"))])

@@ -208,7 +208,7 @@ def _tp_comm_s(
     return times["forward"], times["backward"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LayerWork:
     """What :func:`layer_cost` computes of one layer at one (tp, style, sequence parallel, micro-batch) before the
     recompute mode and the data-parallel wrapper enter: the shard, its kernel or roofline times, its TP

@@ -532,7 +532,15 @@ class CandidateCosts:
         """kappa x the least ZeRO-3 communication of all layers per micro-batch (cached by what it reads)."""
         # option_cost's z3_mb_s reads the micro-batch (batch-split replicas sync over dp x tp) and, with pp > 1,
         # the micro-batch count (the gathers of accumulation, zero3.py)
-        key = ("z3", types, outer.tp, outer.dp, outer.micro_batch, outer.num_micro_batches if outer.pp > 1 else 0)
+        key = (
+            "z3",
+            types,
+            outer.tp,
+            outer.dp,
+            outer.zero_stage,
+            outer.micro_batch,
+            outer.num_micro_batches if outer.pp > 1 else 0,
+        )
         if key not in self._hidden:
             kappa = min(contention(self.cluster.node_type(nt)) for nt in types)
             self._hidden[key] = (

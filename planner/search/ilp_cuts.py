@@ -158,10 +158,9 @@ def pipeline_floor(tables: Tables, r: int, inflight: float) -> float:
     rm = tables.ranks[tables.rank_node_types[r]]
     if not rm.pp_buffers:
         return 0.0
-    chunks = tables.pp * tables.v
     if rm.pp_textbook:  # two buffers of each chunk's output (the last chunk's too)
-        return 2 * len(range(r, chunks, tables.pp)) * min(g.out_buffer_bytes for g in tables.groups)
-    sent = len(range(r, chunks - 1, tables.pp))
+        return 2 * len(range(r, tables.chunks, tables.pp)) * min(g.out_buffer_bytes for g in tables.groups)
+    sent = len(range(r, tables.chunks - 1, tables.pp))
     return (tables.m + inflight) * sent * min(grp.out_buffer_bytes for grp in tables.groups)
 
 

@@ -37,10 +37,7 @@ def linear(pairs: Iterable[tuple[Any, float]]) -> pulp.LpAffineExpression:
         if not math.isfinite(coef):
             raise pulp.PulpError("Cannot multiply variables with NaN/inf values")
         if coef != 0:
-            if var in out:
-                out[var] += coef
-            else:
-                out[var] = coef
+            out.addterm(var, coef)
     return out
 
 

@@ -3,8 +3,10 @@
 ``expert_time`` / ``expert_states``) and turns a :class:`planner.cost.LayerCost` into the ILP's
 :class:`planner.search.tables.OptionCost`.
 
-Layer costs are cached by (signature, node type, tp, style, recompute, sp, micro-batch): candidates that
-differ only in pp, dp, ZeRO or schedule reuse them.
+Layer costs are cached by (signature, node type, tp, style, recompute, sp, micro-batch, dp wrapper): candidates
+that differ only in pp, dp, ZeRO or schedule reuse them; each layer's kernels, TP collectives and K/V exchange
+(``planner.cost.layer_work``) by (signature, node type, tp, style, sp, micro-batch), the same for every recompute
+mode and wrapper.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class LayerCostCache:
         return known[1]
 
     def tables(self, key: str) -> tuple[dict[tuple, LayerCost], dict[tuple, Any]]:
-        """The (layer costs, routed-expert terms) dictionaries of one context, created empty on first use."""
+        """The (layer costs, tagged terms: routed experts, ZeRO-3 collectives, layer work) dictionaries of one
+        context, created empty on first use."""
         return self._by_context.setdefault(key, ({}, {}))
 
     def terms(self, key: str) -> dict[str, dict]:
@@ -94,11 +97,13 @@ class LayerOptions:
         self.profile, self.cluster, self.search, self.exchange = profile, cluster, search, exchange
         self.dtype, self.state_dtype = dtype, state_dtype
         self._cache: dict[tuple, LayerCost]
-        self._moe: dict[tuple, Any]  # routed experts' time and state terms (planner.cost.moe)
-        self._cache, self._moe, self.key = {}, {}, ""
+        # tagged terms beside the layer costs: routed experts' time and states (planner.cost.moe), ZeRO-3
+        # collectives, and each layer's recompute- and wrapper-free work (planner.cost.layer_work)
+        self._terms: dict[tuple, Any]
+        self._cache, self._terms, self.key = {}, {}, ""
         if shared is not None:
             self.key = self.context_key(profile_digest or shared.profile_digest(profile))
-            self._cache, self._moe = shared.tables(self.key)
+            self._cache, self._terms = shared.tables(self.key)
 
     def context_key(self, profile_digest: str) -> str:
         """A digest of everything the cached costs depend on besides their own keys: the model profile (its
@@ -198,12 +203,16 @@ class LayerOptions:
             )
             node = self.cluster.node_type(nt)
             t_key = ("moe-time", layer.signature, nt, tp, sp, mb, ep, etp)
-            if t_key not in self._moe:
-                self._moe[t_key] = expert_time(layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype)
+            if t_key not in self._terms:
+                self._terms[t_key] = expert_time(layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype)
             s_key = ("moe-states", layer.signature, nt, tp, dp, zero, ep, etp)
-            if s_key not in self._moe:
-                self._moe[s_key] = expert_states(layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype)
-            self._cache[full] = combine_expert_costs(self._cache[key], self._moe[t_key], self._moe[s_key], recompute)
+            if s_key not in self._terms:
+                self._terms[s_key] = expert_states(
+                    layer, node=node, cluster=self.cluster, split=split, dtype=self.dtype
+                )
+            self._cache[full] = combine_expert_costs(
+                self._cache[key], self._terms[t_key], self._terms[s_key], recompute
+            )
         return self._cache[full]
 
     def _layer_cost_uncached(
@@ -235,8 +244,8 @@ class LayerOptions:
         )
         # the kernels, TP collectives and K/V exchange are the same for every recompute mode and dp wrapper
         work_key = ("work", layer.signature, nt, tp, style, sp, mb)
-        if work_key not in self._moe:
-            self._moe[work_key] = layer_work(layer, **common)
+        if work_key not in self._terms:
+            self._terms[work_key] = layer_work(layer, **common)
         return layer_cost(
             layer,
             **common,
@@ -244,7 +253,7 @@ class LayerOptions:
             dp_wrapper=dp_wrapper(dp, zero),
             timings_scale=timings_scale(self.profile, node),
             torch_tp_memory=self.runtime_memory,  # ParallelConfig.memory_semantics, as the estimate
-            work=self._moe[work_key],
+            work=self._terms[work_key],
         )
 
     def _zero3_collectives_s(
@@ -253,7 +262,7 @@ class LayerOptions:
         """(all-gather, reduce-scatter) seconds of one layer's ZeRO-3 parameters over its dp (or dp x tp) group,
         per call latency included; the same for every recompute option of the layer, so cached."""
         key = ("z3", layer.signature, nt, params, dp, tp, wide)
-        if key not in self._moe:
+        if key not in self._terms:
             node = self.cluster.node_type(nt)
             group = dp_group(dp, tp, node.devices_per_node, include_tp=wide)
             per = STATE_BYTES_PER_PARAM[precision_kind(self.state_dtype)]
@@ -278,8 +287,8 @@ class LayerOptions:
             roots = root_unit_layers(self.profile.layers)  # CPU ranks: per-call latency (zero3.fsdp_call_latency_s)
             gather += fsdp_call_latency_s(self.cluster, node, "all_gather", group, layer, roots)
             scatter += fsdp_call_latency_s(self.cluster, node, "reduce_scatter", group, layer, roots)
-            self._moe[key] = (gather, scatter)
-        return self._moe[key]
+            self._terms[key] = (gather, scatter)
+        return self._terms[key]
 
     def option_cost(self, layer: LayerProfile, nt: str, outer: OuterChoice, opt: Option) -> OptionCost:
         k = self.outer_layer_cost(layer, nt, outer, opt)

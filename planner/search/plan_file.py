@@ -142,7 +142,7 @@ def build_search_record(result: SearchResult, runners_up: list[Plan] | None = No
         memory_semantics=result.memory_semantics,
         notes=(
             f"{result.candidates_total} outer candidates; {result.candidates_infeasible} infeasible (memory), "
-            f"{result.candidates_dominated} dominated (same time, more memory than a solved one), "
+            f"{result.candidates_dominated} dominated (same time, no less memory than another candidate), "
             f"{result.candidates_cut_off} cut off inside CBC (cannot beat the best); {proven}; "
             + (
                 "runners-up are proven the next best candidates (--prove-top-k). "

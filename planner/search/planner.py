@@ -262,11 +262,12 @@ def _key(outer: OuterChoice) -> tuple:
     )
 
 
-def _dominated(tables: Tables, outer: OuterChoice, solved: dict) -> bool:
-    """True when a solved candidate with the same degrees and micro-batching has the same time terms and
-    no more memory in every term (ZeRO-1 vs ZeRO-2, GPipe vs 1F1B): its optimum is at least as good."""
+def _dominated(tables: Tables, outer: OuterChoice, others: dict) -> bool:
+    """True when a candidate in ``others`` (tables by :func:`_key`: built, or solved) with the same degrees and
+    micro-batching has the same time terms and no more memory in every term (ZeRO-1 vs ZeRO-2, GPipe vs 1F1B): its
+    optimum is at least as good."""
     key = _key(outer)
-    return any(dominates(other, tables) for other in solved.get(key, ()))
+    return any(dominates(other, tables) for other in others.get(key, ()))
 
 
 def _no_plan_error(shortfall_bytes: float, gpus: int) -> StratagemError:
@@ -475,8 +476,9 @@ class _BranchAndBound:
             self.state.counts["infeasible"] += 1
             return True
         # a candidate whose tables an earlier one's dominate (same time terms, no less memory: ZeRO-2 after an
-        # equal ZeRO-1) cannot beat it: that one's bounds are no higher, so it is settled no later, and when it is
-        # pruned or does not fit, so would this be
+        # equal ZeRO-1) cannot beat it: its optimum is no lower than that one's, and however that one is settled
+        # (solved, stopped with a proven floor, pruned by its bound, cut off, found not to fit) the floor it leaves
+        # is no higher than this one's optimum
         if _dominated(tables, outer, self.built_tables):
             self.state.counts["dominated"] += 1
             return True
