@@ -187,7 +187,7 @@ def test_launch_checks_of_a_zoo_plan_do_not_import_torch(tmp_path):
     """`stratagem launch` checks a zoo model's plan before torchrun starts (layer paths, tied embedding, context
     parallelism, experts, each replica's schedule, every stage's TP styles, an elastic run's checkpoint folder)
     without importing torch (runtime/executor/checks.py, tp_plan.py, checkpoint_dirs.py): torch's 3-4 s of imports
-    would come before torchrun's own."""
+    would come before torchrun's own. Nor does reading the metrics file afterwards."""
     import subprocess
     import sys
 
@@ -209,6 +209,7 @@ def test_launch_checks_of_a_zoo_plan_do_not_import_torch(tmp_path):
         f"nnodes=2, rdzv_endpoint='127.0.0.1:29500', elastic=True, min_gpus=1, checkpoint_dir=Path({str(tmp_path)!r}) "
         "/ 'ckpt', checkpoint_every=1, max_restarts=1"
     )
+    (tmp_path / "metrics.jsonl").write_text('{"event": "summary", "steps": 1}\n')
     code = (
         "import sys\n"
         "from pathlib import Path\n"
@@ -218,6 +219,9 @@ def test_launch_checks_of_a_zoo_plan_do_not_import_torch(tmp_path):
         "    check_launch(load_plan(path), LaunchOptions(plan_path=path))\n"
         f"path = Path({str(tmp_path)!r}) / 'dp2-shares.json'\n"
         f"check_launch(load_plan(path), LaunchOptions(plan_path=path, {elastic}))\n"
+        # after torchrun, the CLI reads the metrics file for its summary and a preemption (runtime.executor.metrics)
+        "from runtime.executor.metrics import read_metrics\n"
+        f"read_metrics(Path({str(tmp_path)!r}) / 'metrics.jsonl')\n"
         "print('torch imported:', 'torch' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -32,10 +32,12 @@ import time
 import resource
 import statistics
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from planner.plan import Plan, predicted_tensor_bytes
+
+if TYPE_CHECKING:  # the CLI reads metrics files after a launch: it should not pay torch's import for that
+    import torch
 
 KIB = 1024  # ru_maxrss unit on Linux (getrusage(2))
 
@@ -53,6 +55,8 @@ def _proc_status_bytes(field: str) -> int | None:
 def reset_peak_memory(device: torch.device) -> int:
     """Start a new peak-memory window; returns the baseline that :func:`peak_memory_bytes` subtracts."""
     if device.type == "cuda":
+        import torch
+
         torch.cuda.reset_peak_memory_stats(device)
         return 0
     try:
@@ -72,12 +76,18 @@ def peak_reserved_bytes(device: torch.device) -> int | None:
     """On CUDA the caching allocator's peak of reserved bytes since :func:`reset_peak_memory`
     (``torch.cuda.max_memory_reserved``: what ``max_memory_allocated`` counts plus the blocks it keeps cached and
     the rounding); None on other devices, which have no such allocator."""
-    return int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else None
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.max_memory_reserved(device))
 
 
 def peak_memory_bytes(device: torch.device, baseline_bytes: int = 0) -> int:
     """Peak bytes this rank used since :func:`reset_peak_memory` returned ``baseline_bytes``."""
     if device.type == "cuda":
+        import torch
+
         return int(torch.cuda.max_memory_allocated(device))
     hwm = _proc_status_bytes("VmHWM") if baseline_bytes else None
     if hwm is None:
