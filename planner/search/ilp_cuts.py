@@ -12,6 +12,7 @@ unchanged (it is the convex hull of each rank's block knapsack, per count).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,8 +68,8 @@ def block_time_floors(
     while len(costs) < MAX_OPTIONS:  # pad with copies of the slowest option (never better)
         costs.append(costs[-1])
     t = [c.time_s for c in costs]
-    inflight = np.array([row[0] for row in rows])[:, None, None]
-    fixed = np.array([row[1] for row in rows])[:, None, None]
+    inflight = np.array([row[0] for row in rows])[:, None]
+    fixed = np.array([row[1] for row in rows])[:, None]
     # per-layer bytes of each option: states, and activations times the row's micro-batches in flight
     state = [
         rm.state_bytes_per_param_dp * c.params_dp + rm.state_bytes_per_param_dpt * c.params_dpt + c.state_bytes
@@ -98,10 +99,9 @@ def block_time_floors(
 
     size = group.size
     top = size if max_count is None else max(0, min(size, max_count))
-    k = np.arange(top + 1)[:, None]
-    n2 = np.arange(top + 1)[None, :]
-    valid = n2 <= k
-    rest = np.where(valid, k - n2, 0)
+    # the (k, n2) pairs with n2 <= k, k-major: axis 1 of every array below (axis 0: the rows)
+    k, n2 = _count_pairs(top)
+    rest = k - n2
     if np.all(each[0] > each[1]):  # memory grows with n0 inside (0, rest): the largest n0 the limit allows
         slack = limit - memory(np.ones_like(rest), np.maximum(rest - 1, 0), n2)
         interior = np.clip(1 + np.floor(slack / (each[0] - each[1])), 1, np.maximum(rest - 1, 1)).astype(int)
@@ -115,19 +115,37 @@ def block_time_floors(
         interior = np.where(
             grows, np.clip(1 + np.floor(step), 1, np.maximum(rest - 1, 1)), np.maximum(rest - 1, 1)
         ).astype(int)
-    best = np.full(np.broadcast_shapes(inflight.shape, k.shape, n2.shape), np.inf)
+    best = np.full(np.broadcast_shapes(inflight.shape, k.shape), np.inf)
     # memory(n0, rest - n0, n2) = base + n0 (each0 - each1) + the terms of present options (no row axis)
     base = rest * each[1] + n2 * each[2] + fixed
     step01 = each[0] - each[1]
     for n0 in (np.zeros_like(rest), rest, np.minimum(interior, rest)):
         n1 = rest - n0
-        ok = valid & (base + n0 * step01 + _present_bytes(rm, n0, n1, n2, ws, pbytes, params) <= limit)
+        ok = base + n0 * step01 + _present_bytes(rm, n0, n1, n2, ws, pbytes, params) <= limit
         best = np.where(ok, np.minimum(best, n0 * t[0] + n1 * t[1] + n2 * t[2]), best)
-    floor = best.min(axis=2)
+    floor = np.minimum.reduceat(best, _pair_starts(top), axis=1)  # least over n2 of each k
     if top < size:  # floor[k] >= floor[top] + (k - top) t0 beyond the enumerated counts
         beyond = floor[:, top : top + 1] + np.arange(1, size - top + 1)[None, :] * t[0]
         floor = np.concatenate([floor, beyond], axis=1)
     return floor
+
+
+@functools.cache
+def _count_pairs(top: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k, n2) for 0 <= n2 <= k <= top, k-major: the block counts and slowest-option counts
+    :func:`block_time_floors` enumerates (read-only arrays, shared by every call with this ``top``)."""
+    k = np.repeat(np.arange(top + 1), np.arange(1, top + 2))
+    n2 = np.concatenate([np.arange(c + 1) for c in range(top + 1)])
+    k.flags.writeable = n2.flags.writeable = False
+    return k, n2
+
+
+@functools.cache
+def _pair_starts(top: int) -> np.ndarray:
+    """Where each k's pairs begin in :func:`_count_pairs` (k (k + 1) / 2)."""
+    starts = np.arange(top + 1) * np.arange(1, top + 2) // 2
+    starts.flags.writeable = False
+    return starts
 
 
 def _present_bytes(rm: RankModel, n0, n1, n2, ws, pbytes, params) -> np.ndarray:
