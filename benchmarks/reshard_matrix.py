@@ -46,7 +46,7 @@ Launch = Callable[[int, list[str]], None]  # (ranks, argv of python) -> runs it,
 
 def layout_kwargs(spec, layout: str) -> dict | None:
     """``make_plan`` arguments of ``layout`` for ``spec``; None when the model cannot take it."""
-    from runtime.executor.context import CONTEXT_FAMILIES
+    from runtime.executor.checks import CONTEXT_FAMILIES
     from runtime.models import is_splittable, layer_paths
 
     split = [p for p in layer_paths(spec) if is_splittable(spec, p)]

@@ -339,7 +339,7 @@ def test_hf_expert_layouts_the_runtime_cannot_run_are_one_line_errors(tmp_path):
     tp > 1 (no TP layout for the block: TP ranks would dispatch the same tokens), replicas with different
     micro-batch counts (the all-to-alls would deadlock)."""
     from planner.core import StratagemError
-    from runtime.executor.parallelize import check_supported
+    from runtime.executor.checks import check_supported
 
     spec = _spec(tmp_path, "mixtral")
     cases = {

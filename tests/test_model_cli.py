@@ -12,7 +12,7 @@ from runtime_helpers import REPO
 from planner.cli.main import main
 from planner.plan import load_plan
 from planner.profile import load_model_profile
-from runtime.executor.parallelize import check_supported
+from runtime.executor.checks import check_supported
 
 EXAMPLE = f"py:{REPO / 'examples' / 'custom_model.py'}:build"
 CUSTOM_GPT = ["--model", "gpt", "--layers", "3", "--hidden", "32", "--heads", "2", "--vocab", "128"]

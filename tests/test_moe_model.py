@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from fixtures.plans import make_plan
 from planner.core import StratagemError
 from planner.model import parse_model
-from runtime.executor.moe import check_experts, fold_stage_ranks
-from runtime.executor.parallelize import check_supported
+from runtime.executor.checks import check_experts, check_supported
+from runtime.executor.moe import fold_stage_ranks
 from runtime.models import build_layer, build_model, init_weights, loss_fn, resolve_dims
 from runtime.models.moe import MoE, capacity, moe_layers, route_tokens
 

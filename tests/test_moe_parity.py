@@ -23,7 +23,8 @@ from planner.model import parse_model
 from planner.plan import Plan, save_plan
 from runtime.executor.data import build_data_source
 from runtime.executor.metrics import final_step_losses, read_metrics
-from runtime.executor.moe import apply_capacity, expert_layout, take_aux_loss
+from runtime.executor.checks import expert_layout
+from runtime.executor.moe import apply_capacity, take_aux_loss
 
 pytestmark = pytest.mark.slow
 STEPS = 3

@@ -19,7 +19,8 @@ from fixtures.reference import reference_losses
 from planner.core import StratagemError
 from planner.model import parse_model
 from planner.plan import save_plan
-from runtime.executor.context import ContextShard, _to_rank_order, _to_sequence_order, check_context_supported
+from runtime.executor.checks import check_context_supported
+from runtime.executor.context import ContextShard, _to_rank_order, _to_sequence_order
 from runtime.executor.metrics import final_step_losses, read_metrics
 
 STEPS = 3

@@ -27,7 +27,7 @@ from runtime.executor.data import (
 from runtime.executor.describe import describe_ranks
 from runtime.executor.recompute import apply_ac
 from runtime.executor.stage import cut_stage
-from runtime.executor.tp import tp_styles
+from runtime.executor.tp_plan import tp_styles
 from runtime.launch import LaunchOptions, build_command, build_slurm_script, command_env
 from runtime.models import build_model, init_weights, layer_paths, loss_fn
 
@@ -76,7 +76,7 @@ def test_uneven_replicas_run_more_micro_batches_of_one_size():
 
 
 def test_each_replica_schedule_is_checked_with_its_own_count():
-    from runtime.executor.schedule import check_replica_schedules
+    from runtime.executor.checks import check_replica_schedules
 
     ok = make_plan(GPT, pp=2, dp=2, schedule="1f1b", global_batch=16, batch_shares=[0.75, 0.25], micro_batch_size=2)
     assert check_replica_schedules(ok).micro_batches == (6, 2)
@@ -371,7 +371,7 @@ def test_bad_launches_fail_in_one_line_before_starting(tmp_path, capsys, no_proc
 
 
 def test_unbuildable_schedules_are_rejected():
-    from runtime.executor.schedule import check_schedule
+    from runtime.executor.checks import check_schedule
 
     with pytest.raises(StratagemError, match="at least one micro-batch per stage"):
         check_schedule("1f1b", pp=4, virtual_stages=1, num_micro_batches=2)
@@ -385,7 +385,7 @@ def test_unbuildable_schedules_are_rejected():
 
 
 def test_tied_head_and_embedding_must_share_a_layout():
-    from runtime.executor.tied import check_tied
+    from runtime.executor.checks import check_tied
 
     tied = parse_model("gpt:tiny", tie_embeddings=True)
     check_tied(make_plan(tied, tp=2, split=["embed", "head"]))
@@ -452,8 +452,8 @@ def test_a_micro_batch_the_tp_group_cannot_slice_runs_replicas_on_the_whole_batc
     """A replicated layer under tp > 1 computes a batch slice when the micro-batch splits over tp; one sample over
     two ranks cannot (issue 28's crashed tp2 micro-batch-1 trials): the replica then runs on the whole micro-batch
     on both TP ranks (no batch-slice style, nothing to sum over TP), and launch accepts the plan."""
-    from runtime.executor.parallelize import check_supported
-    from runtime.executor.tp import plan_tp_styles, replica_paths
+    from runtime.executor.checks import check_supported
+    from runtime.executor.tp_plan import plan_tp_styles, replica_paths
 
     spec = parse_model("gpt:tiny")
     split = [p for p in layer_paths(spec) if p not in (replicated, "norm")]
@@ -470,7 +470,7 @@ def test_a_micro_batch_the_tp_group_cannot_slice_runs_replicas_on_the_whole_batc
 def test_a_whole_batch_replica_between_sequence_shards_gathers_and_scatters():
     """Sequence-parallel blocks around a replicated one at micro-batch 1 over tp 2: the replica gathers the
     sequence shard into the whole activation and scatters its output back (one combined style)."""
-    from runtime.executor.tp import tp_styles
+    from runtime.executor.tp_plan import tp_styles
 
     layout = {
         "embed": LayerLayout(style="split"),
@@ -489,7 +489,7 @@ def test_a_batch_sliced_replica_ending_its_stage_hands_a_sequence_shard_on():
     """pp 2 with a replicated block ending stage 0 (micro-batch 4 over tp 2: batch slices) and a
     sequence-parallel norm opening stage 1: the replica's output goes from its batch slice straight to a sequence
     shard (one style, still a replica whose gradients are summed over TP), not overwritten by a plain scatter."""
-    from runtime.executor.tp import replica_paths, tp_styles
+    from runtime.executor.tp_plan import replica_paths, tp_styles
 
     spec = parse_model("gpt:tiny")
     layout = {

@@ -183,7 +183,8 @@ class CandidateCosts:
         self._ranks: dict[tuple, RankModel] = terms.setdefault("ranks", {})  # rank models (see _rank_model)
         self._replica_groups: dict[tuple, tuple[tuple[Group, ...], dict]] = {}
         self._replica_ranks: dict[tuple, RankModel] = {}
-        # per (schedule, pp, v, m): in-flight micro-batches and peak moments per rank; per (pp, v): chunk sizes
+        # per (schedule, pp, v, m): in-flight micro-batches and peak moments per rank; per (pp, v): chunk sizes; per
+        # (tp, pp > 1): the tied-embedding record
         self._schedule_terms: dict[tuple, Any] = {}
         self._aliases_input = pipeline_aliases_input(profile)
 

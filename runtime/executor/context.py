@@ -44,8 +44,6 @@ from torch import nn
 
 from planner.plan import Plan
 
-# moved to the torch-free runtime.executor.checks (launch runs them in the CLI); still importable here
-from runtime.executor.checks import CONTEXT_FAMILIES, check_context_supported  # noqa: F401
 from runtime.models.attention import attend
 
 

@@ -48,8 +48,7 @@ from torch.distributed.tensor import DTensor
 from planner.core import ParallelDims
 from planner.plan import Plan
 
-# check_experts moved to the torch-free runtime.executor.checks (launch runs it in the CLI); still importable here
-from runtime.executor.checks import check_experts, expert_layout, is_hf_ep, is_moe  # noqa: F401
+from runtime.executor.checks import expert_layout, is_hf_ep, is_moe
 from runtime.executor.hf_moe import apply_hf_ep, hf_local_experts
 from runtime.executor.moe_dispatch import ExpertExchange, TokenShard, shard_expert_ffn
 from runtime.models.moe import MoE, moe_layers

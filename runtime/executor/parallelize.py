@@ -15,9 +15,6 @@ import torch
 from torch import nn
 
 from planner.plan import Plan, Stage
-
-# moved to the torch-free runtime.executor.checks (launch runs it in the CLI); still importable here
-from runtime.executor.checks import check_supported  # noqa: F401
 from runtime.executor.context import ContextShard, apply_cp, data_parallel_mesh
 from runtime.executor.fsdp import apply_dp
 from runtime.executor.moe import (

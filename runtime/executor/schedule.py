@@ -25,9 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-# check_replica_schedules moved to the torch-free runtime.executor.checks (launch runs it in the CLI); still
-# importable here
-from runtime.executor.checks import check_replica_schedules, check_schedule  # noqa: F401
+from runtime.executor.checks import check_schedule
 from runtime.executor.data import Batch
 from runtime.executor.moe import exclude_shape_probes
 from runtime.executor.parallelize import Chunk

@@ -20,8 +20,7 @@ from torch.distributed.tensor import DTensor
 from planner.core import ParallelDims
 from planner.plan import Plan
 
-# check_tied moved to the torch-free runtime.executor.checks (launch runs it in the CLI); still importable here
-from runtime.executor.checks import check_tied, is_tied  # noqa: F401
+from runtime.executor.checks import is_tied
 
 EMBED, HEAD = "embed.tok.weight", "head.weight"
 

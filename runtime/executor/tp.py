@@ -44,9 +44,6 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-# the TP plan was built here before it moved to tp_plan (torch-free, for launch's checks); imports from here still work
-from runtime.executor.tp_plan import plan_tp_styles, replica_paths, tp_styles  # noqa: F401
-
 SEQ = Shard(1)  # (batch, seq, hidden): dim 1 is the sequence
 BATCH = Shard(0)
 
